@@ -1,0 +1,217 @@
+"""Command line: parse, call the library, render. Every input error is one line and exit code 2.
+
+The heavy modules (numpy, pydantic models, the search) are imported inside the commands so that
+``advisor --help`` answers at once; torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+EXIT_USAGE = 2
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def common_plan_options(f):
+    """Options shared by ``estimate`` and ``plan`` (names as the issues specify)."""
+    opts = [
+        click.option("--model", "model", required=True, help="catalogue name (advisor models) or path to a HF config.json"),
+        click.option("--hw", "hw", required=True, help="profile name (advisor profiles) or path to a profile YAML"),
+        click.option("--gpus", type=int, default=None, help="total GPUs (default: one full node for plan, dp*tp*pp for estimate)"),
+        click.option("--nodes", type=int, default=None, help="nodes of the profile (alternative to --gpus)"),
+        click.option("--seq", type=int, default=None, help="sequence length in tokens [default: 1024, or the model's context if shorter]"),
+        click.option("--precision", type=click.Choice(["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"]), default="bf16-mixed", show_default=True),
+        click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
+        click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default="adamw", show_default=True),
+        click.option("--framework", type=click.Choice(["auto", "hf", "megatron"]), default="auto", show_default=True,
+                     help="kernel style: eager HF modules or Megatron's fused kernels (auto: megatron when tp/pp > 1)"),
+        click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _default_seq(model_name: str, seq):
+    if seq is not None:
+        return seq
+    from advisor.model import load_model
+
+    return min(1024, load_model(model_name).max_positions)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="show tracebacks (for bug reports)")
+@click.version_option("0.1.0", prog_name="advisor")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """advisor: which parallel plan trains your model fastest on your GPUs, and why."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+@cli.command()
+@common_plan_options
+@click.option("--dp", type=int, default=None, help="data-parallel degree [default: gpus / (tp*pp)]")
+@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel degree")
+@click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel degree")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage")
+@click.option("--fsdp", type=click.Choice(["full-shard", "shard-grad-op", "hybrid-shard", "no-shard"]), default=None, help="FSDP mode (alias for the ZeRO stage)")
+@click.option("--sp/--no-sp", default=False, help="Megatron sequence parallelism")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b", show_default=True)
+@click.option("--virtual-stages", type=int, default=None, help="interleaved schedule: model chunks per GPU")
+@click.option("--micro-batch", type=int, default=1, show_default=True)
+@click.option("--global-batch", type=int, default=None)
+@click.option("--grad-accum", type=int, default=None)
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
+@click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None, help="overlap gradient reduction with backward [default: on]")
+@click.option("--data-parallel", type=click.Choice(["ddp", "dp"]), default="ddp", show_default=True, help="DDP or single-process nn.DataParallel")
+@click.option("--allow-tp-across-nodes", is_flag=True, help="let TP span nodes (normally rejected)")
+def estimate(as_json: bool, **kw) -> None:
+    """Estimate one plan: step time, throughput, MFU, memory, and the full breakdown."""
+    from advisor.api import estimate as run_estimate
+    from advisor.render import render_estimate
+
+    kw["seq"] = _default_seq(kw["model"], kw["seq"])
+    model, hw = kw.pop("model"), kw.pop("hw")
+    result = run_estimate(model=model, hw=hw, **kw)
+    if as_json:
+        click.echo(json.dumps(result.model_dump(), indent=2))
+    else:
+        click.echo(render_estimate(result))
+
+
+@cli.command()
+@common_plan_options
+@click.option("--global-batch", type=int, default=None, help="sequences per step [default: stated in the output]")
+@click.option("--memory-headroom", type=float, default=0.05, show_default=True, help="fraction of GPU memory kept free beyond the modelled overheads")
+@click.option("--objective", type=click.Choice(["time", "throughput", "memory", "cost"]), default="time", show_default=True)
+@click.option("--top", type=int, default=10, show_default=True)
+@click.option("--explain", is_flag=True, help="also show rejected plans counted by reason")
+@click.option("--export", "export_kind", type=click.Choice(["accelerate", "deepspeed", "megatron", "torchrun"]), default=None, help="write the launch config of the top plan")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="file for --export (default: stdout)")
+@click.option("--allow-tp-across-nodes", is_flag=True)
+def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None:
+    """Search every valid plan and rank them (fastest first), each with the reason for its rank."""
+    from advisor.render import render_plan
+    from advisor.search import plan as run_plan
+
+    kw["seq"] = _default_seq(kw["model"], kw["seq"])
+    model, hw = kw.pop("model"), kw.pop("hw")
+    result = run_plan(model=model, hw=hw, top=top, **kw)
+    if export_kind:
+        from advisor.export import export_config
+
+        if not result.plans:
+            _fail("no plan fits, nothing to export")
+        best = result.plans[0]
+        name, text = export_config(export_kind, result.model_spec, result.hardware, best.plan_obj, best.setup_obj,
+                                   best.estimate.grad_accum, best.estimate.world_size)
+        if out:
+            from advisor.io import write_atomic
+
+            write_atomic(out, text)
+            click.echo(f"wrote {export_kind} config for '{best.estimate.label}' to {out}", err=True)
+        else:
+            click.echo(text)
+        return
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo(render_plan(result, explain=explain))
+
+
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def profiles(ctx: click.Context) -> None:
+    """List the hardware profiles (`advisor profiles show NAME` prints one)."""
+    if ctx.invoked_subcommand is None:
+        from advisor.hardware import list_profiles, load_hardware
+
+        for name in list_profiles():
+            hw = load_hardware(name)
+            click.echo(f"{name:18s} {hw.gpus_per_node}x {hw.gpu.name:16s} {hw.intra_node.kind.value}, {hw.inter_node.kind.value}  {hw.description}")
+
+
+@profiles.command("show")
+@click.argument("name")
+def profiles_show(name: str) -> None:
+    """Print a profile as YAML that --hw accepts back unchanged."""
+    from advisor.hardware import hardware_to_yaml, load_hardware
+
+    click.echo(hardware_to_yaml(load_hardware(name)), nl=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def models(as_json: bool) -> None:
+    """List the built-in models with their parameter counts."""
+    from advisor.model import CATALOGUE
+
+    if as_json:
+        click.echo(json.dumps({n: {"params": m.n_params, **m.model_dump(mode="json")} for n, m in CATALOGUE.items()}, indent=2))
+        return
+    for name, m in CATALOGUE.items():
+        gqa = f" kv_heads={m.kv_heads}" if m.kv_heads != m.n_heads else ""
+        click.echo(f"{name:14s} {m.n_params / 1e9:8.3f}B  layers={m.n_layers} d_model={m.d_model} heads={m.n_heads}{gqa} d_ff={m.d_ff} vocab={m.vocab} {m.mlp.value}")
+
+
+def _register_optional() -> None:
+    """Commands that live in their own modules (calibrate, export, validate)."""
+    import importlib
+
+    for module, attr in (("advisor.cli_calibrate", "calibrate"), ("advisor.cli_export", "export"), ("advisor.cli_validate", "validate")):
+        try:
+            cmd = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(cmd, click.Command):
+            cli.add_command(cmd)
+
+
+_register_optional()
+
+
+def main(argv=None) -> None:
+    """Entry point: one-line errors with exit code 2 for bad input; --debug shows tracebacks."""
+    from advisor.errors import AdvisorError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="advisor", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except AdvisorError as exc:
+        if debug:
+            raise
+        _fail(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)
+    except (ValueError, OverflowError, MemoryError, RecursionError) as exc:
+        if debug:
+            raise
+        _fail(f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else 'invalid input'} (rerun with --debug for the traceback)")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: say so in one line, traceback only with --debug
+        if debug:
+            raise
+        click.echo(f"internal error: {exc.__class__.__name__}: {exc} (rerun with --debug and report it)", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Compute: FLOPs of a training step as a named breakdown, and the time the GPU needs for them.
+
+FLOPs per token of one transformer layer, forward (a multiply-add = 2 FLOPs; Narayanan et al. 2021,
+arXiv 2104.04473 eq. 3, extended to GQA and SwiGLU):
+    attention/qkv    2 h (q_dim + 2 kv_dim)          q_dim = heads*d_head, kv_dim = kv_heads*d_head
+    attention/core   4 s q_dim                        QK^T and (softmax)V over s keys
+    attention/out    2 q_dim h
+    mlp              4 h d_ff (GELU) or 6 h d_ff (SwiGLU: gate, up, down)
+    logits           2 h V                            once per token, on the last pipeline stage
+Backward costs twice the forward (grad w.r.t. inputs and w.r.t. weights); full recomputation adds
+one more layer forward, selective recomputation the attention core only (Korthikanti et al. 2022).
+
+Time: each GEMM runs at peak(precision) x matmul efficiency, where efficiency falls for thin GEMMs:
+    eff(n, k) = matmul_max * n/(n + h0) * k/(k + h0)
+fitted per GPU from measured GEMMs (reference/h100/kernels.jsonl; ``advisor calibrate``). Causal
+fused attention (SDPA/flash) does half of the core's FLOPs at its own measured efficiency; eager
+attention runs the core as batched GEMMs plus memory-bound passes over the s x s scores.
+Element-wise work (norms, activations, dropout, residuals, rotary, the loss) is memory-bound:
+bytes moved / (HBM bandwidth x memory efficiency). Each eager kernel also costs a host-side launch;
+a layer takes the longer of its GPU time and its launch time (the CPU runs ahead of the GPU).
+
+Two kernel styles are modelled: ``hf`` (Hugging Face eager modules: GELU-tanh and RMSNorm written as
+several element-wise kernels) and ``megatron`` (fused bias-GELU, fused layer norm, fused
+bias-dropout-add). Deliberately left out: CUDA graphs, torch.compile fusion, FP8 scaling overheads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from advisor.hardware import Hardware
+from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.plans import Attention, Precision, Recompute
+
+# Math precision of the GEMMs and bytes of activations, per training precision.
+MATH = {
+    Precision.fp32: "fp32",  # PyTorch default: TF32 off for matmuls (torch.backends.cuda.matmul.allow_tf32)
+    Precision.bf16_mixed: "bf16",
+    Precision.fp16_mixed: "fp16",
+    Precision.bf16: "bf16",
+    Precision.fp8_mixed: "fp8",
+}
+ACT_BYTES = {
+    Precision.fp32: 4.0,
+    Precision.bf16_mixed: 2.0,
+    Precision.fp16_mixed: 2.0,
+    Precision.bf16: 2.0,
+    Precision.fp8_mixed: 2.0,  # fp8 GEMM inputs are cast per GEMM; activations stay bf16 (Transformer Engine)
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The scalar part of a training setup that the compute and memory models need."""
+
+    seq_len: int
+    precision: Precision
+    attention: Attention
+    framework: str  # "hf" or "megatron"
+
+
+def layer_flops_per_token(m: ModelSpec, seq_len: int) -> dict[str, float]:
+    """Forward FLOPs per token of one layer, unsharded (see module docstring)."""
+    h, q, kv = m.d_model, m.q_dim, m.kv_dim
+    mlp = (6.0 if m.mlp is MLPKind.swiglu else 4.0) * h * m.d_ff
+    return {
+        "attention/qkv": 2.0 * h * (q + 2 * kv),
+        "attention/core": 4.0 * seq_len * q,
+        "attention/out": 2.0 * q * h,
+        "mlp": mlp,
+    }
+
+
+def logits_flops_per_token(m: ModelSpec) -> float:
+    return 2.0 * m.d_model * m.vocab
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Forward+backward FLOPs per token of the whole model, no recomputation (3 x forward)."""
+    per_layer = sum(layer_flops_per_token(m, seq_len).values())
+    return 3.0 * (m.n_layers * per_layer + logits_flops_per_token(m))
+
+
+def gemm_eff(hw: Hardware, math: str, n: Any, k: Any) -> Any:
+    e = hw.efficiency
+    key = math if math in e.matmul_max else "fp32"
+    h0 = e.matmul_half_dim.get(key, 0.0)
+    n = np.asarray(n, dtype=float)
+    k = np.asarray(k, dtype=float)
+    return e.matmul_max[key] * n / (n + h0) * k / (k + h0)
+
+
+def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any) -> Any:
+    return flops / (hw.gpu.peak_flops_per_s(math) * gemm_eff(hw, math, n, k))
+
+
+def mem_time(hw: Hardware, nbytes: Any) -> Any:
+    return nbytes / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+
+
+def elementwise_per_token(m: ModelSpec, w: Workload) -> tuple[float, float]:
+    """(bytes moved, kernels launched) per token of one layer's forward, outside GEMMs and attention.
+
+    Counted kernel by kernel (read + write of each element-wise op), unsharded by TP; ``megatron``
+    style fuses bias+GELU, bias+dropout+add and runs fused LayerNorm.
+    """
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    e = ACT_BYTES[w.precision]
+    amp = w.precision in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)
+    if w.framework == "megatron":
+        # 2 fused LN (r+w), fused bias-GELU on d_ff (r+w) or SwiGLU (r 2f, w f), 2 fused bias-dropout-add
+        # (r 2h, w h, mask h/e), q/k/v layout copies (r+w of q+2kv), core output merge (r+w q).
+        act = 2 * f if m.mlp is MLPKind.gelu else 3 * f
+        elems = 2 * 2 * h + act + 2 * (3 * h + 0.5 * h) + 2 * (q + 2 * kv) + 2 * q
+        return elems * e, 8.0
+    # Hugging Face eager modules. Under torch.autocast the residual stream stays fp32 (fp32 embeddings
+    # plus half-precision block outputs promote to fp32), norms run in fp32, and each Linear casts its
+    # fp32 input to half precision again (F.linear under autocast: r 4 + w 2 bytes per element).
+    r = 4.0 if (amp or e == 4.0) else e
+    bytes_, ops = 0.0, 0.0
+    bytes_ += 2 * (2 * r + e) * h  # two residual adds: r residual + r/e block output, w residual
+    bytes_ += 2 * e * q  # attention output: transpose + reshape to a contiguous (tokens, q_dim)
+    ops += 3
+    if m.norm is NormKind.rmsnorm:
+        # LlamaRMSNorm: [upcast], pow(2) (r+w 4), mean (r 4), x*rsqrt (r+w 4), [downcast], weight mul (r+w).
+        up = (r + 4.0) * h if r < 4 else 0.0
+        down = (4.0 + e) * h if r < 4 else 0.0
+        bytes_ += 2 * (up + 8 * h + 4 * h + 8 * h + down + 2 * r * h)
+        ops += 2 * (4 + (2 if r < 4 else 0))
+        if amp:
+            bytes_ += 5 * (4.0 + e) * h  # q, k, v, gate and up projections each cast the fp32 normed input
+            ops += 5
+    else:
+        bytes_ += 2 * 2 * r * h  # two LayerNorms, r + w
+        ops += 2
+        if amp:
+            bytes_ += 2 * (4.0 + e) * h  # c_attn and c_fc cast the fp32 LayerNorm output
+            ops += 2
+    if m.mlp is MLPKind.gelu:
+        # GPT-2's gelu_new 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) runs as 8 kernels. In fp32 they move
+        # 72 bytes per d_ff element. Under autocast pow() is on the fp32 list, so the chain runs in fp32 from
+        # there (cast 6, pow 8, mul 8, add 10, mul 8, tanh 8, add 8, 0.5*x 4, mul 10) plus the cast of the
+        # result for the next GEMM (6): 76 bytes per element.
+        bytes_ += (76.0 if amp else 18.0 * e) * f
+        ops += 8 + (2 if amp else 0)
+    else:
+        bytes_ += 5 * e * f  # silu(gate) r+w f, * up r 2f w f
+        ops += 2
+    if m.position is PositionKind.rotary:
+        # q*cos + rotate_half(q)*sin for q and k: mul, neg, cat, mul, add: ~10 elements moved each.
+        bytes_ += 10 * e * (q + kv)
+        ops += 10
+    if m.family in ("gpt", "bloom"):
+        bytes_ += 2 * (2 * e * h + h)  # dropout(p=0.1) after attention and MLP: r + w and a 1-byte mask
+        ops += 2
+    return bytes_, ops
+
+
+def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
+    """(forward seconds, backward seconds, kernels) of the attention core for ``tokens`` tokens."""
+    s, d = w.seq_len, m.d_head
+    heads = m.n_heads / tp
+    full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
+    math = MATH[w.precision]
+    e = ACT_BYTES[w.precision]
+    if w.attention is Attention.sdpa:
+        eff = hw.efficiency.attention_max * s * d / (s * d + hw.efficiency.attention_half_sd)
+        fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("bf16" if math == "fp8" else math) * eff)
+        if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
+            fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
+        # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
+        return fwd, 2.5 * fwd, 1.0
+    # Eager: two batched GEMMs (s x d x s and s x s x d) and memory passes over the b*heads*s*s scores:
+    # scale, causal mask, softmax, dropout (GPT-2) each read+write the scores; backward about twice that.
+    gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d)
+    score_elems = tokens * s * heads
+    passes = 4.0 if m.family in ("gpt", "bloom") else 3.0
+    fwd = gemm + mem_time(hw, passes * 2 * score_elems * e + score_elems * 4.0 * (e < 4))
+    return fwd, 2.0 * fwd, passes + 2
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds for one layer and one micro-batch on one GPU (arrays over plans)."""
+
+    fwd_s: Any
+    bwd_s: Any
+    recompute_s: Any
+    gemm_fwd_s: Any
+    attention_fwd_s: Any
+    elementwise_fwd_s: Any
+
+
+def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: Any, recompute: Any) -> LayerTimes:
+    tokens = np.asarray(micro_batch, dtype=float) * w.seq_len
+    tp = np.asarray(tp, dtype=float)
+    math = MATH[w.precision]
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    gemms = [  # (flops per token unsharded, n, k) per GEMM, n and k per GPU under TP
+        (2.0 * h * (q + 2 * kv), (q + 2 * kv) / tp, h),
+        (2.0 * q * h, h, q / tp),
+    ]
+    if m.mlp is MLPKind.swiglu:
+        gemms += [(2.0 * h * f, f / tp, h), (2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
+    else:
+        gemms += [(2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
+    launch = hw.efficiency.kernel_launch_us * 1e-6
+    gemm_fwd = sum(np.maximum(gemm_time(hw, math, fl * tokens / tp, n, k), launch) for fl, n, k in gemms)
+    attn_fwd, attn_bwd, attn_ops = attention_core_time(m, hw, w, tokens, tp)
+    ew_bytes, ew_ops = elementwise_per_token(m, w)
+    ew_fwd = mem_time(hw, ew_bytes * tokens / tp)
+    n_ops = len(gemms) + attn_ops + ew_ops
+    gpu_fwd = gemm_fwd + attn_fwd + ew_fwd
+    gpu_bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * ew_fwd
+    fwd = np.maximum(gpu_fwd, n_ops * launch)
+    bwd = np.maximum(gpu_bwd, 2.0 * n_ops * launch)
+    recompute = np.asarray(recompute)
+    recompute_s = np.where(recompute == int(Recompute.full), fwd, np.where(recompute == int(Recompute.selective), attn_fwd, 0.0))
+    return LayerTimes(fwd, bwd, recompute_s, gemm_fwd, attn_fwd, ew_fwd)
+
+
+def head_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: Any) -> tuple[Any, Any]:
+    """(forward, backward) seconds of embedding + final norm + logits + loss for one micro-batch.
+
+    The logits GEMM is vocab-parallel under TP (Megatron). The loss reads the logits in fp32:
+    HF upcasts them (``logits.float()``), log-softmax reads and writes them, and backward does the
+    same again; ~34 bytes per logit under mixed precision, 24 in fp32.
+    """
+    tokens = np.asarray(micro_batch, dtype=float) * w.seq_len
+    tp = np.asarray(tp, dtype=float)
+    math = MATH[w.precision]
+    logits_fwd = gemm_time(hw, math, logits_flops_per_token(m) * tokens / tp, m.vocab / tp, m.d_model)
+    e = ACT_BYTES[w.precision]
+    loss_bytes_fwd = tokens * m.vocab / tp * ((e + 4 + 8) if e < 4 else 8.0)
+    loss_bytes_bwd = tokens * m.vocab / tp * ((12 + 4 + e) if e < 4 else 16.0)
+    emb_bytes = tokens * m.d_model * e * 4  # lookup (+ position add) and final norm
+    fwd = logits_fwd + mem_time(hw, loss_bytes_fwd + emb_bytes)
+    # Embedding backward: zero a V x h fp32 gradient, then scatter-add the token gradients.
+    emb_bwd = mem_time(hw, m.vocab * m.d_model / tp * 4.0 + tokens * m.d_model * 8.0)
+    bwd = 2.0 * logits_fwd + mem_time(hw, loss_bytes_bwd + emb_bytes) + emb_bwd
+    return fwd, bwd
+
+
+def optimizer_time(hw: Hardware, optimizer: str, params_local: Any, bytes_per_param: float) -> Any:
+    """Memory-bound optimizer step over the locally held parameters (bytes moved per parameter)."""
+    eff = hw.efficiency.optimizer_bandwidth.get(optimizer, hw.efficiency.optimizer_bandwidth.get("adamw", 0.3))
+    return np.asarray(params_local, dtype=float) * bytes_per_param / (hw.gpu.memory_bandwidth_bytes_per_s * eff)

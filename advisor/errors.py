@@ -1,0 +1,28 @@
+"""User-facing errors: one line that names the offending value and how to fix it."""
+
+from __future__ import annotations
+
+
+class AdvisorError(ValueError):
+    """Any input problem the CLI reports as a single line with exit code 2."""
+
+
+def format_validation_error(exc: Exception) -> str:
+    """Turn a pydantic ValidationError into one line: 'field.path: message (got VALUE)'."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc).splitlines()[0]
+    parts = []
+    for err in errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "value"
+        msg = err.get("msg", "invalid")
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            msg = "unknown key (remove it or check its spelling)"
+        elif kind == "missing":
+            msg = "required key is missing"
+        got = err.get("input")
+        got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{loc}: {msg}{got_s}")
+    more = len(errors()) - 3
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

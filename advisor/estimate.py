@@ -1,0 +1,275 @@
+"""Estimate: the one module that composes compute, communication and memory into a step time.
+
+``evaluate`` takes the three typed inputs (model, hardware, plan+setup as Columns) and returns named
+time and memory parts as numpy arrays, one entry per plan; ``estimate`` wraps it for a single plan
+and returns a typed ``Estimate``. The search calls ``evaluate`` once on all candidates.
+
+Step time (one optimizer step, busiest pipeline stage; m = grad_accum micro-batches):
+    pipeline   = (m + (pp - 1) / v) x (fwd + bwd + recompute + exposed TP comm + p2p) per micro-batch
+    bubble     = the (pp - 1) / v part of that (Narayanan et al. 2021 s.2.2)
+    dp comm    = gradient all-reduce (DDP), reduce-scatter + all-gather (ZeRO-1/2), per-layer parameter
+                 all-gathers (ZeRO-3/FSDP), exposed beyond what overlaps with backward / prefetch
+    optimizer  = memory-bound step on the local (sharded) parameters
+Every part is in ``breakdown`` and the step time is their sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from advisor import comm
+from advisor.comm import Collective
+from advisor.compute import (
+    ACT_BYTES,
+    MATH,
+    Workload,
+    head_times,
+    layer_flops_per_token,
+    layer_times,
+    logits_flops_per_token,
+    optimizer_time,
+)
+from advisor.hardware import Hardware
+from advisor.memory import (
+    activation_per_token,
+    in_flight_layers,
+    logits_loss_bytes,
+    optimizer_state_bytes,
+    weight_grad_bytes,
+)
+from advisor.model import ModelSpec
+from advisor.plans import Columns, DataParallelKind, Precision, Recompute, TrainingSetup
+from advisor.units import GiB, MiB
+
+# PyTorch DDP's default bucket_cap_mb (torch.nn.parallel.DistributedDataParallel): the last bucket's
+# all-reduce starts only when backward ends, so at least one bucket is always exposed.
+DDP_BUCKET_BYTES = 25 * MiB
+# NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
+# per process with several communicators (nvidia-smi minus torch's allocations in NCCL jobs).
+NCCL_BUFFER_BYTES = 0.25 * GiB
+# Allocator fragmentation: reserved exceeds allocated by 2.5-8% in reference/h100/train_examples.jsonl
+# (peak_reserved / peak_mem); 5% is kept as headroom in the `fits` verdict.
+FRAGMENTATION = 0.05
+# Copy-engine peer copies (cudaMemcpyPeer, as torch.cuda.comm.gather uses) reach 88% of the link rate:
+# nvbandwidth on H200 NVLink4, 396 of 450 GB/s (reference/published_collectives.yaml, mleng_h200_pairwise_copy).
+COPY_ENGINE_EFFICIENCY = 0.88
+
+TIME_PARTS = (
+    "compute/forward",
+    "compute/backward",
+    "compute/recompute",
+    "comm/tp",
+    "comm/pp_p2p",
+    "pipeline_bubble",
+    "comm/dp_grad",
+    "comm/zero_params",
+    "comm/dataparallel",
+    "optimizer",
+)
+MEMORY_PARTS = ("weights", "gradients", "optimizer_states", "activations", "logits_loss", "transient")
+OVERHEAD_PARTS = ("cuda_context", "comm_buffers", "fragmentation")
+
+
+@dataclass(frozen=True)
+class Scalars:
+    """Setup fields that are the same for every candidate plan."""
+
+    seq_len: int
+    precision: Precision
+    attention: Any
+    optimizer: str
+    framework: str  # auto | hf | megatron
+
+    @classmethod
+    def of(cls, setup: TrainingSetup) -> "Scalars":
+        return cls(setup.seq_len, setup.precision, setup.attention, setup.optimizer.value, setup.framework)
+
+
+def _where_framework(megatron_mask: Any, f_hf, f_mg):
+    return np.where(megatron_mask, f_mg, f_hf)
+
+
+def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: Any) -> dict[str, Any]:
+    """All time parts (seconds) and memory parts (bytes) for the plans in ``c`` (vectorised)."""
+    f = {k: np.asarray(getattr(c, k)) for k in ("dp", "tp", "pp", "zero", "micro_batch", "grad_accum", "recompute", "schedule", "v", "dp_kind")}
+    dp, tp, pp, zero = (f[k].astype(float) for k in ("dp", "tp", "pp", "zero"))
+    mb, ga, rc = f["micro_batch"].astype(float), f["grad_accum"].astype(float), f["recompute"]
+    v = np.where(f["schedule"] == 2, f["v"], 1).astype(float)
+    sp = np.asarray(c.sp, dtype=bool)
+    hybrid = np.asarray(c.hybrid, dtype=bool)
+    overlap = np.asarray(c.overlap, dtype=bool)
+    is_dp_kind = f["dp_kind"] == int(DataParallelKind.dp)
+    gpn = hw.gpus_per_node
+    megatron = (tp > 1) | (pp > 1) if sc.framework == "auto" else np.full(np.shape(dp), sc.framework == "megatron")
+    megatron = np.asarray(megatron, dtype=bool)
+    e = ACT_BYTES[sc.precision]
+    tokens = mb * sc.seq_len
+
+    # --- compute, per micro-batch on the busiest stage ------------------------------------------
+    w_hf = Workload(sc.seq_len, sc.precision, sc.attention, "hf")
+    w_mg = Workload(sc.seq_len, sc.precision, sc.attention, "megatron")
+    lt_hf, lt_mg = layer_times(m, hw, w_hf, mb, tp, rc), layer_times(m, hw, w_mg, mb, tp, rc)
+    layer_fwd = _where_framework(megatron, lt_hf.fwd_s, lt_mg.fwd_s)
+    layer_bwd = _where_framework(megatron, lt_hf.bwd_s, lt_mg.bwd_s)
+    layer_rc = _where_framework(megatron, lt_hf.recompute_s, lt_mg.recompute_s)
+    head_fwd, head_bwd = head_times(m, hw, w_hf, mb, tp)
+    layers_stage = np.ceil(m.n_layers / pp)
+    fwd_mb = layers_stage * layer_fwd + head_fwd
+    bwd_mb = layers_stage * layer_bwd + head_bwd
+    rc_mb = layers_stage * layer_rc
+
+    # --- tensor parallel: 2 all-reduces per layer forward, 2 backward (+2 per recomputed forward) ---
+    act_bytes = tokens * m.d_model * e
+    tp_per_node = np.minimum(tp, gpn)
+    ar = comm.collective_time(Collective.all_reduce, tp, act_bytes, hw, tp_per_node)
+    ag_rs = comm.collective_time(Collective.all_gather, tp, act_bytes, hw, tp_per_node) + comm.collective_time(
+        Collective.reduce_scatter, tp, act_bytes, hw, tp_per_node
+    )
+    per_ar = np.where(sp, ag_rs, ar)  # sequence parallel: each all-reduce becomes an all-gather + reduce-scatter
+    n_ar = 4.0 + np.where(rc == int(Recompute.full), 2.0, 0.0)
+    tp_mb = np.where(tp > 1, layers_stage * n_ar * per_ar, 0.0)
+
+    # --- pipeline: activations to the next stage forward, gradients back (scatter-gather: /tp) ---
+    p2p_bytes = act_bytes / np.where(sp, tp, 1.0)
+    stage_span = tp * dp  # GPUs of one stage; a boundary crosses nodes when a stage fills a node
+    across = stage_span >= gpn
+    p2p_mb = np.where(pp > 1, 2.0 * v * comm.p2p_time(p2p_bytes, hw, across), 0.0)
+
+    per_mb = fwd_mb + bwd_mb + rc_mb + tp_mb + p2p_mb
+    bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
+    pipeline = ga * per_mb
+    bubble = bubble_frac * per_mb
+
+    # --- parameters held per GPU ----------------------------------------------------------------
+    p_layer = m.params_per_layer / tp
+    stage_extra = np.where(pp > 1, m.vocab * m.d_model + (m.max_positions * m.d_model if m.position.value == "learned" else 0), m.embedding_params)
+    params_local = layers_stage * p_layer + stage_extra / tp
+    shard = np.where(hybrid, np.minimum(dp, gpn), dp)
+
+    # --- data-parallel communication --------------------------------------------------------------
+    master = (zero >= 1) | megatron
+    wb, gb = weight_grad_bytes(sc.precision, master)
+    grad_comm_bytes = params_local * gb
+    dp_per_node = np.clip(np.floor(gpn / tp), 1, dp)
+    ar_grad = comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes, hw, dp_per_node)
+    rs_grad = comm.collective_time(Collective.reduce_scatter, shard, grad_comm_bytes, hw, np.minimum(dp_per_node, shard))
+    ag_param = comm.collective_time(Collective.all_gather, shard, params_local * wb, hw, np.minimum(dp_per_node, shard))
+    # Hybrid shard also all-reduces the shard across the replicas (nodes).
+    rep = np.maximum(dp / shard, 1.0)
+    hsdp_ar = np.where(hybrid, comm.collective_time(Collective.all_reduce, rep, grad_comm_bytes / shard, hw, 1), 0.0)
+    # The input embedding's gradient is the last one backward produces, so its bucket (at least the
+    # embedding table, at least bucket_cap_mb) can never overlap with backward.
+    last_bucket = np.minimum(np.maximum(DDP_BUCKET_BYTES, m.vocab * m.d_model / tp * gb), grad_comm_bytes)
+    bucket = comm.collective_time(Collective.all_reduce, dp, last_bucket, hw, dp_per_node)
+    last_bwd = bwd_mb + rc_mb  # the backward of the last micro-batch, which the gradient reduce can hide behind
+    # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned
+    # host memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: modelled
+    # as no overlap.
+    can_overlap = overlap & (hw.intra_node.kind.value != "pcie")
+    hide = np.where(can_overlap, last_bwd, 0.0)
+    ddp_exposed = np.maximum(ar_grad - hide, np.where(can_overlap, bucket, ar_grad))
+    # ZeRO-2 / SHARD_GRAD_OP: per micro-batch all-gather of params (forward) and reduce-scatter (backward);
+    # ZeRO-3 / FULL_SHARD: all-gather in forward and again in backward. Prefetch overlaps them with compute;
+    # the first layer's gather is always exposed.
+    per_layer_ag = ag_param / np.maximum(layers_stage, 1)
+    fwd_comp, bwd_comp = layers_stage * layer_fwd, layers_stage * (layer_bwd + layer_rc)
+    z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
+    z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
+    z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
+    z23_exposed_mb = z2_fwd + np.where(zero >= 3, z3_bwd, z2_bwd)
+    dp_active = dp > 1
+    grad_part = np.where(dp_active & ~is_dp_kind & (zero == 0), ddp_exposed, 0.0)
+    grad_part = grad_part + np.where(dp_active & (zero == 1), np.maximum(rs_grad - hide, 0.0), 0.0)
+    zero_part = np.where(dp_active & (zero == 1), ag_param, 0.0)
+    zero_part = zero_part + np.where(dp_active & (zero >= 2), ga * z23_exposed_mb + hsdp_ar, 0.0)
+
+    # nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits)
+    # on GPU 0, and reduce the gradients back to it; single-process threads, nothing overlapped.
+    bcast = comm.collective_time(Collective.broadcast, dp, params_local * wb, hw, dp)
+    gather_logits = tokens * m.vocab * 4.0 * (dp - 1) / (hw.intra_node.bandwidth_bytes_per_s * COPY_ENGINE_EFFICIENCY)
+    reduce = comm.collective_time(Collective.reduce, dp, params_local * gb, hw, dp)
+    dataparallel = np.where(is_dp_kind & dp_active, ga * (bcast + gather_logits) + reduce, 0.0)
+
+    # --- optimizer --------------------------------------------------------------------------------
+    opt_shard = np.where(zero >= 1, shard, 1.0)
+    bytes_pp = {"adamw": 28.0, "adamw-fused": 28.0, "sgd": 20.0}[sc.optimizer]
+    if sc.precision is Precision.bf16:
+        bytes_pp /= 2.0
+    opt_bytes_extra = np.where(master, 6.0, 0.0)  # read fp32 master, write the half-precision copy
+    optimizer = optimizer_time(hw, sc.optimizer, params_local / opt_shard, 1.0) * (bytes_pp + opt_bytes_extra)
+    if sc.precision is Precision.fp16_mixed:
+        # GradScaler: unscale_ (r+w grads) and the inf/nan check (r grads): 12 bytes/param, memory-bound.
+        optimizer = optimizer + params_local * 12.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+    # autocast re-casts fp32 weights to half precision every forward (r 4, w 2 bytes per parameter)
+    amp_cast = np.where(~master & (sc.precision in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)), 1.0, 0.0)
+    cast_s = amp_cast * ga * params_local * 6.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+
+    time = {
+        "compute/forward": ga * fwd_mb + cast_s,
+        "compute/backward": ga * bwd_mb,
+        "compute/recompute": ga * rc_mb,
+        "comm/tp": ga * tp_mb,
+        "comm/pp_p2p": ga * p2p_mb,
+        "pipeline_bubble": bubble,
+        "comm/dp_grad": grad_part,
+        "comm/zero_params": zero_part,
+        "comm/dataparallel": dataparallel,
+        "optimizer": optimizer,
+    }
+
+    # --- memory -----------------------------------------------------------------------------------
+    w_sel = np.where(megatron, 1, 0)
+    act_tok = np.where(w_sel, activation_per_token(m, w_mg, tp, sp, rc), activation_per_token(m, w_hf, tp, sp, rc))
+    n_inflight = in_flight_layers(m.n_layers, pp, v, f["schedule"], ga)
+    acts_first = act_tok * tokens * n_inflight
+    acts_last = act_tok * tokens * layers_stage
+    logits = logits_loss_bytes(m, w_hf, tokens, tp) * np.where(megatron, 8.0 / (e + 12.0), 1.0)
+    # Full recomputation of one layer in backward re-materialises that layer's activations.
+    rc_layer = np.where(rc == int(Recompute.full), np.where(w_sel, activation_per_token(m, w_mg, tp, sp, 0), activation_per_token(m, w_hf, tp, sp, 0)) * tokens, 0.0)
+    activations = np.where(pp > 1, np.maximum(acts_first, acts_last), acts_first) + rc_layer
+    weights = params_local * wb / np.where(zero >= 3, shard, 1.0)
+    grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
+    opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
+    opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
+    # transient: ZeRO-3 gathers two layers (current + prefetch); autocast caches half weights;
+    # DDP keeps flat gradient buckets beside .grad; foreach AdamW holds one fp32 temporary per param.
+    z3_gather = np.where(zero >= 3, 2.0 * p_layer * 2.0, 0.0)
+    autocast_copies = amp_cast * params_local * 2.0
+    ddp_buckets = np.where(dp_active & ~is_dp_kind & (zero == 0) & ~megatron, params_local * gb, 0.0)
+    logits_stage = np.where(pp > 1, np.where(acts_last + logits > acts_first, logits, 0.0), logits)
+    # Gradients exist during forward/backward when they persist across micro-batches (accumulation),
+    # in Megatron's contiguous grad buffer, or as ZeRO/FSDP shards; otherwise (set_to_none, one
+    # micro-batch) backward allocates them while it frees activations, and at its start only the
+    # head's gradient exists beside all activations.
+    persistent = (ga > 1) | megatron | (zero >= 2)
+    head_grad = np.minimum(m.vocab * m.d_model / tp * gb, grads)
+    grads_fb = np.where(persistent, grads, head_grad)
+    fwd_bwd_phase = activations + logits_stage + z3_gather + autocast_copies + ddp_buckets + grads_fb
+    opt_temp = np.where(np.asarray(sc.optimizer == "adamw"), params_local / opt_shard * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
+    opt_phase = grads + opt_temp + ddp_buckets
+    in_fb = fwd_bwd_phase >= opt_phase
+    memory = {
+        "weights": weights,
+        "gradients": np.where(in_fb, grads_fb, grads),
+        "optimizer_states": opt_states,
+        "activations": np.where(in_fb, activations, 0.0),
+        "logits_loss": np.where(in_fb, logits_stage, 0.0),
+        "transient": np.where(in_fb, z3_gather + autocast_copies + ddp_buckets, opt_temp + ddp_buckets),
+    }
+    peak = sum(memory.values())
+    overhead = {
+        "cuda_context": np.full(np.shape(peak), hw.efficiency.framework_overhead_GiB * GiB),
+        "comm_buffers": np.where((dp > 1) | (tp > 1) | (pp > 1), NCCL_BUFFER_BYTES, 0.0) * np.ones(np.shape(peak)),
+        "fragmentation": FRAGMENTATION * peak,
+    }
+
+    # --- FLOPs --------------------------------------------------------------------------------------
+    per_layer_tok = sum(layer_flops_per_token(m, sc.seq_len).values())
+    tokens_step = dp * ga * tokens
+    model_flops = 3.0 * (m.n_layers * per_layer_tok + logits_flops_per_token(m)) * tokens_step
+    rc_flops = np.where(rc == int(Recompute.full), m.n_layers * per_layer_tok, np.where(rc == int(Recompute.selective), m.n_layers * 4.0 * sc.seq_len * m.q_dim, 0.0)) * tokens_step
+    return {"time": time, "memory": memory, "overhead": overhead, "model_flops": model_flops,
+            "hw_flops": model_flops + rc_flops, "tokens": tokens_step, "params_local": params_local}

@@ -1,0 +1,236 @@
+"""Hardware: a GPU, the links inside a node and between nodes, and the efficiencies calibration fits.
+
+A profile is one system (e.g. a DGX A100 node) described in YAML with human units in the keys
+(``memory_GiB``, ``bandwidth_GBps`` for NVLink/PCIe in bytes, ``bandwidth_Gbps`` for NICs in bits).
+Datasheet figures sit beside a ``source:`` line; efficiency figures are either fitted by
+``advisor calibrate`` or justified in the profile's comments.
+
+Deliberately left out: per-GPU NIC affinity (PXN, rail-optimised topologies), NVLink SHARP (NVLS)
+in-switch reductions, power/thermal clock throttling.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from advisor.errors import AdvisorError
+from advisor.units import GB, GiB, Gbit, TFLOP, us
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+# Installed wheels carry the profiles inside the package (see pyproject's package-data).
+_PACKAGED_PROFILE_DIR = Path(__file__).resolve().parent / "hardware_profiles"
+
+
+class Spec(BaseModel):
+    """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class LinkKind(str, Enum):
+    nvlink = "nvlink"  # point-to-point NVLink bridge (e.g. 2x Titan RTX)
+    nvswitch = "nvswitch"  # all-to-all NVLink through NVSwitch (DGX)
+    pcie = "pcie"  # PCIe through the host bridge, no peer-to-peer (NCCL_P2P_DISABLE)
+    infiniband = "infiniband"
+    efa = "efa"  # AWS Elastic Fabric Adapter
+    ethernet = "ethernet"  # RoCE or TCP
+
+
+class GPU(Spec):
+    name: str
+    memory_GiB: float = Field(gt=0, le=1e5)
+    memory_bandwidth_GBps: float = Field(gt=0, le=1e6, description="HBM/GDDR bandwidth, datasheet")
+    peak_tflops: dict[str, float] = Field(
+        description="dense peak per math precision: fp32, tf32, bf16, fp16, fp8 (where the GPU has it)"
+    )
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _check_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        allowed = {"fp32", "tf32", "bf16", "fp16", "fp8"}
+        for key, val in v.items():
+            if key not in allowed:
+                raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
+            if not (0 < val < 1e6):
+                raise ValueError(f"peak_tflops.{key}={val} must be a positive TFLOP/s figure")
+        if "fp32" not in v:
+            raise ValueError("peak_tflops needs at least fp32")
+        return v
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_GiB * GiB
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_GBps * GB
+
+    def peak_flops_per_s(self, math: str) -> float:
+        """Datasheet dense peak for a math precision; a GPU without it falls back to what it can run."""
+        fallback = {"fp8": "fp16", "bf16": "fp16", "fp16": "fp32", "tf32": "fp32", "fp32": "fp32"}
+        key = math
+        while key not in self.peak_tflops:
+            key = fallback[key]
+        return self.peak_tflops[key] * TFLOP
+
+
+class CommFit(Spec):
+    """Alpha-beta parameters of one link class, as fitted from nccl-tests style sweeps.
+
+    See advisor.comm.link_time for the formula and the meaning of each term.
+    """
+
+    latency_us: float = Field(ge=0, le=1e6)
+    latency_per_hop_us: float = Field(default=0.0, ge=0, le=1e6)
+    bandwidth_efficiency: float = Field(gt=0, le=1.0)
+    group_penalty: float = Field(default=0.0, ge=0, lt=2.0)
+    half_size_MiB: float = Field(default=0.0, ge=0, le=1e6)
+    half_size_exponent: float = Field(default=1.0, ge=0, le=10)
+    loop_MiB_per_rank: float = Field(default=0.0, ge=0, le=1e5)
+    loop_quantization: float = Field(default=0.0, ge=0, le=1.0)
+    floor_us: float = Field(default=0.0, ge=0, le=1e6)
+    floor_per_hop_us: float = Field(default=0.0, ge=0, le=1e6)
+
+
+class Link(Spec):
+    kind: LinkKind
+    bandwidth_GBps: Optional[float] = Field(default=None, gt=0, le=1e5)
+    bandwidth_Gbps: Optional[float] = Field(default=None, gt=0, le=1e6)
+    latency_us: float = Field(ge=0, le=1e6, description="datasheet/typical one-way latency")
+    fit: CommFit
+    note: Optional[str] = None
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        if self.bandwidth_GBps is not None:
+            return self.bandwidth_GBps * GB
+        if self.bandwidth_Gbps is not None:
+            return self.bandwidth_Gbps * Gbit
+        raise ValueError("link needs bandwidth_GBps or bandwidth_Gbps")
+
+
+class ComputeEfficiency(Spec):
+    """What fraction of the datasheet a GPU reaches, per kind of work (fitted or justified)."""
+
+    matmul_max: dict[str, float] = Field(
+        description="fraction of peak reached by large GEMMs, per math precision"
+    )
+    matmul_half_dim: dict[str, float] = Field(
+        description="GEMM n or k at which efficiency halves, per math precision: small GEMMs lose most"
+    )
+    memory_bandwidth: float = Field(gt=0, le=1.0, description="fraction of HBM bandwidth reached by copies")
+    optimizer_bandwidth: dict[str, float] = Field(
+        description="fraction of HBM bandwidth reached by the optimizer step, per implementation"
+    )
+    attention_max: float = Field(gt=0, le=1.0, description="fused attention kernel: fraction of matmul peak")
+    attention_half_sd: float = Field(
+        default=61230.0, ge=0, le=1e12, description="seq_len x head_dim at which fused attention reaches half of attention_max"
+    )
+    kernel_launch_us: float = Field(
+        ge=0, le=1e4, description="host-side cost to launch one eager kernel; bounds tiny kernels"
+    )
+    framework_overhead_GiB: float = Field(
+        ge=0, le=1e3, description="CUDA context + library workspaces outside tensor allocations"
+    )
+
+
+class Hardware(Spec):
+    name: str
+    description: str = ""
+    source: str = Field(min_length=1, description="where the datasheet figures come from")
+    gpu: GPU
+    gpus_per_node: int = Field(ge=1, le=4096)
+    intra_node: Link
+    inter_node: Link
+    efficiency: ComputeEfficiency
+    price_per_gpu_hour_usd: Optional[float] = Field(default=None, gt=0, le=1e4)
+    calibration: Optional[dict] = Field(
+        default=None, description="provenance of fitted values: date, host, versions, results file"
+    )
+
+    @property
+    def inter_node_bytes_per_s_per_gpu(self) -> float:
+        """The per-node NIC bandwidth shared by the node's GPUs (rail-optimised nodes: one NIC per GPU)."""
+        return self.inter_node.bandwidth_bytes_per_s / self.gpus_per_node
+
+
+class HardwareError(AdvisorError):
+    """A profile that cannot be found or read; the message is one line for the user."""
+
+
+def profile_dirs() -> list[Path]:
+    return [d for d in (PROFILE_DIR, _PACKAGED_PROFILE_DIR) if d.is_dir()]
+
+
+def list_profiles() -> list[str]:
+    names: set[str] = set()
+    for d in profile_dirs():
+        names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def _find_profile(name: str) -> Path:
+    for d in profile_dirs():
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return p
+    close = difflib.get_close_matches(name, list_profiles(), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_profiles())}"
+    raise HardwareError(f"unknown hardware profile {name!r}: {hint} (or pass a path to a .yaml file)")
+
+
+def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
+    """Load a profile by built-in name (``dgx-a100``) or by path to a YAML file."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
+    text_path = str(name_or_path)
+    is_path = text_path.endswith((".yaml", ".yml")) or "/" in text_path or Path(text_path).is_file()
+    path = Path(text_path) if is_path else _find_profile(text_path)
+    if not path.is_file():
+        raise HardwareError(f"hardware profile file {text_path!r} not found")
+    return hardware_from_yaml(path.read_text(), origin=str(path))
+
+
+def hardware_from_yaml(text: str, origin: str = "<yaml>") -> Hardware:
+    from advisor.errors import format_validation_error
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise HardwareError(f"{origin}: malformed YAML{where}: fix the syntax") from None
+    if not isinstance(data, dict):
+        raise HardwareError(f"{origin}: a hardware profile must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Hardware.model_validate(data)
+    except Exception as exc:  # pydantic.ValidationError, reported as one line
+        raise HardwareError(f"{origin}: {format_validation_error(exc)}") from None
+
+
+def hardware_to_yaml(hw: Hardware) -> str:
+    """YAML that ``load_hardware`` accepts back unchanged (round trip tested)."""
+    return yaml.safe_dump(hw.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)
+
+
+__all__ = [
+    "GPU",
+    "CommFit",
+    "ComputeEfficiency",
+    "Hardware",
+    "HardwareError",
+    "Link",
+    "LinkKind",
+    "Spec",
+    "hardware_from_yaml",
+    "hardware_to_yaml",
+    "list_profiles",
+    "load_hardware",
+    "us",
+]

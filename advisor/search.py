@@ -1,0 +1,287 @@
+"""Search: enumerate every plan for a model, profile and cluster, evaluate them at once, rank, explain.
+
+The space: dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across
+nodes, nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages,
+micro-batch size, recomputation. Candidates are numpy columns; constraints (advisor.plans.violations)
+and the cost model (advisor.estimate.evaluate) run once over all of them, with no Python loop per
+plan. Rejections are counted by reason. The ranked plans are explained against the seeds' decision
+tree (Hugging Face, "Efficient Training on Multiple GPUs": single/multi node, fits or not, fast or
+slow links), and the explanation says when the cost model overrules that rule of thumb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from advisor.api import Estimate, PlanError, make_estimate, resolve_world
+from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, TIME_PARTS, Scalars, evaluate
+from advisor.hardware import Hardware, load_hardware
+from advisor.model import ModelSpec, load_model
+from advisor.plans import Columns, Plan, TrainingSetup, violations
+from advisor.units import GB
+
+MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
+# (schedule code, virtual stages): 0 gpipe, 1 1f1b, 2 interleaved
+SCHEDULES = [(1, 1), (0, 1), (2, 2), (2, 3), (2, 4), (2, 6), (2, 8)]
+# data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
+VARIANTS = (0, 1, 2)
+OBJECTIVES = ("time", "throughput", "memory", "cost")
+# Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
+# (8x 200 Gb/s HDR in a DGX A100 is 200 Gb/s per GPU; a 400 Gb/s EFA node shares 50 Gb/s per GPU).
+FAST_NETWORK_BYTES_PER_GPU = 100e9 / 8
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def default_global_batch(world: int, seq_len: int) -> int:
+    """About half a million tokens per step (GPT-3's smallest models; Brown et al. 2020 Table 2.1),
+    rounded up to a multiple of the world size so that every pure-DP plan divides it."""
+    target = max(1, round(2**19 / seq_len))
+    return int(world * max(1, -(-target // world)))
+
+
+def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_node: bool) -> Columns:
+    """All combinations as numpy columns (structural duplicates removed, constraints not applied)."""
+    pairs = [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
+    tp_a = np.array([p[0] for p in pairs])
+    pp_a = np.array([p[1] for p in pairs])
+    grids = np.meshgrid(np.arange(len(pairs)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
+                        np.arange(len(MICRO_BATCHES)), np.arange(3), np.array(VARIANTS), indexing="ij")
+    pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
+    tp, pp = tp_a[pi], pp_a[pi]
+    dp = world // (tp * pp)
+    sched = np.array([s[0] for s in SCHEDULES])[si]
+    v = np.array([s[1] for s in SCHEDULES])[si]
+    mb = MICRO_BATCHES[mi]
+    keep = (
+        ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
+        & ~((pp == 1) & (si != 0))  # schedules only differ with a pipeline
+        & (global_batch % (mb * dp) == 0)  # Megatron: global batch divisible by micro_batch x dp
+        & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
+        & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
+        & ~((dp == 1) & (zero > 0))  # ZeRO over one replica is no ZeRO
+    )
+    idx = np.nonzero(keep)[0]
+    ga = global_batch // (mb[idx] * dp[idx])
+    return Columns(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
+                   schedule=sched[idx], v=v[idx], dp_kind=(var[idx] == 1).astype(int), overlap=np.ones(len(idx), bool),
+                   micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx], tp_across_nodes_ok=False)
+
+
+@dataclass
+class RankedPlan:
+    plan_obj: Plan
+    setup_obj: TrainingSetup
+    estimate: Estimate
+    reason: str
+
+    @property
+    def plan(self) -> dict:
+        return self.estimate.plan
+
+
+@dataclass
+class PlanSearch:
+    model_spec: ModelSpec
+    hardware: Hardware
+    world_size: int
+    global_batch: int
+    global_batch_defaulted: bool
+    seq_len: int
+    objective: str
+    candidates: int
+    rejected: dict[str, int]
+    plans: list[RankedPlan]
+    tree: dict[str, Any] = field(default_factory=dict)
+
+    def header(self) -> str:
+        gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
+        return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {self.world_size}x {self.hardware.name}: "
+                f"{gb}, seq {self.seq_len}; {self.candidates:,} plans evaluated, {sum(self.rejected.values()):,} rejected, "
+                f"ranked by {self.objective}")
+
+    def notes(self) -> list[str]:
+        t = self.tree
+        return [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+
+    def suggestion(self) -> str:
+        return suggest_fix(self)
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
+            "global_batch": self.global_batch, "seq_len": self.seq_len, "objective": self.objective,
+            "candidates": self.candidates, "rejected": dict(self.rejected),
+            "decision_tree": self.tree,
+            "plans": [{"rank": i + 1, "reason": p.reason, **p.estimate.model_dump()} for i, p in enumerate(self.plans)],
+        }
+
+
+def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool) -> dict[str, Any]:
+    """Where this question sits in seed 001's decision tree, and the rule of thumb it gives."""
+    fast = hw.inter_node_bytes_per_s_per_gpu >= FAST_NETWORK_BYTES_PER_GPU
+    nvlink = hw.intra_node.kind.value in ("nvlink", "nvswitch")
+    if world == 1:
+        pos, rule, first = "single GPU", "normal training" if fits_one_gpu else "ZeRO + CPU offload", "single"
+    elif world <= hw.gpus_per_node:
+        if fits_one_gpu:
+            pos, rule, first = "single node, model fits on one GPU", "DDP first; ZeRO may or may not be faster", "ddp"
+        else:
+            pos = "single node, model does not fit on one GPU"
+            rule = "PP, ZeRO or TP (on par with NVLink/NVSwitch)" if nvlink else "PP (without NVLink PP beats TP and ZeRO)"
+            first = "any" if nvlink else "pp"
+    else:
+        if fast:
+            pos, rule, first = "multi node, fast inter-node network", "ZeRO, or PP+TP+DP", "zero"
+        else:
+            pos, rule, first = "multi node, slow inter-node network", "DP+PP+TP+ZeRO-1", "3d"
+        if fits_one_gpu:
+            pos += ", model fits on one GPU"
+    return {"position": pos, "rule": rule, "first_choice": first, "fast_network": fast, "nvlink": nvlink,
+            "fits_one_gpu": fits_one_gpu}
+
+
+def plan_kind(p: dict) -> str:
+    if p["data_parallel"] == "dp" and p["dp"] > 1:
+        return "dp"
+    if p["tp"] > 1 and p["pp"] > 1:
+        return "3d"
+    if p["pp"] > 1:
+        return "pp"
+    if p["tp"] > 1:
+        return "tp"
+    if p["zero"] > 0:
+        return "zero"
+    return "ddp" if p["dp"] > 1 else "single"
+
+
+PART_WORDS = {
+    "compute/forward": "forward compute", "compute/backward": "backward compute", "compute/recompute": "recomputation",
+    "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
+    "comm/dp_grad": "gradient reduction", "comm/zero_params": "ZeRO/FSDP parameter gathers", "comm/dataparallel": "nn.DataParallel replicate/gather",
+    "optimizer": "optimizer step",
+}
+
+
+def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float) -> str:
+    parts = e.breakdown
+    compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
+    overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
+    words = [f"compute {100 * compute / e.step_time_s:.0f}%"]
+    if overhead:
+        k = max(overhead, key=overhead.get)
+        link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
+        where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
+        words.append(f"largest overhead {PART_WORDS[k]}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
+    words.append(f"headroom {e.memory.headroom_bytes / GB:.1f} GB")
+    if best_time > 0 and e.step_time_s > best_time * 1.0005:
+        words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
+    kind = plan_kind(e.plan)
+    first = tree.get("first_choice")
+    if first == "ddp" and kind in ("zero",):
+        words.append("overrules the rule of thumb (DDP first): sharding is cheap on this link")
+    elif first == "pp" and kind in ("tp", "zero"):
+        words.append("overrules the rule of thumb (PP first without NVLink)")
+    elif first == "3d" and kind in ("zero", "ddp"):
+        words.append("overrules the rule of thumb (DP+PP+TP+ZeRO-1 on a slow network)")
+    return "; ".join(words)
+
+
+def suggest_fix(s: PlanSearch) -> str:
+    tips = []
+    if s.rejected.get("does not fit in memory"):
+        tips.append("more GPUs (--gpus), ZeRO-3 or tensor/pipeline parallelism, full recomputation, or a smaller micro batch")
+    if not tips:
+        tips.append("check the constraints with --explain (global batch divisibility, heads vs tp, layers vs pp)")
+    return "; ".join(tips)
+
+
+def _single_gpu_fits(m: ModelSpec, hw: Hardware, sc: Scalars) -> bool:
+    c = Columns(dp=1, tp=1, pp=1, zero=0, hybrid=False, sp=False, schedule=1, v=1, dp_kind=0, overlap=True,
+                micro_batch=1, grad_accum=1, recompute=2)
+    out = evaluate(m, hw, sc, c, 1)
+    peak = sum(np.asarray(out["memory"][k]).reshape(-1)[0] for k in MEMORY_PARTS)
+    over = sum(np.asarray(out["overhead"][k]).reshape(-1)[0] for k in OVERHEAD_PARTS)
+    return bool(peak + over <= hw.gpu.memory_bytes)
+
+
+def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq: int = 1024,
+         global_batch: Optional[int] = None, precision: str = "bf16-mixed", attention: str = "sdpa",
+         optimizer: str = "adamw", framework: str = "auto", memory_headroom: float = 0.05,
+         objective: str = "time", top: int = 10, allow_tp_across_nodes: bool = False) -> PlanSearch:
+    """Search every valid plan and return the ``top`` best by ``objective`` (Python API of `advisor plan`)."""
+    spec = load_model(model)
+    hardware = load_hardware(hw)
+    if objective not in OBJECTIVES:
+        raise PlanError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if not (0.0 <= memory_headroom < 1.0):
+        raise PlanError(f"--memory-headroom {memory_headroom} must be a fraction in [0, 1)")
+    if objective == "cost" and hardware.price_per_gpu_hour_usd is None:
+        raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
+    if top < 1:
+        raise PlanError(f"--top must be at least 1 (got {top})")
+    world = resolve_world(hardware, gpus, nodes, hardware.gpus_per_node)
+    if world > 10_000_000:
+        raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most 10,000,000")
+    defaulted = global_batch is None
+    gb = default_global_batch(world, seq) if defaulted else global_batch
+    try:
+        setup = TrainingSetup(seq_len=seq, global_batch=gb, precision=precision, optimizer=optimizer,
+                              attention=attention, framework=framework)
+    except Exception as exc:
+        from advisor.errors import format_validation_error
+
+        raise PlanError(format_validation_error(exc)) from None
+    if seq > spec.max_positions and spec.position.value == "learned":
+        raise PlanError(f"--seq {seq} exceeds {spec.name}'s {spec.max_positions} learned positions")
+    sc = Scalars.of(setup)
+    if framework == "auto":
+        # One kernel style for the whole search, so that plans are compared on equal kernels: models that
+        # fit on one GPU are typically trained with eager HF modules (DDP/FSDP), larger ones with Megatron.
+        style = "hf" if _single_gpu_fits(spec, hardware, Scalars(seq, sc.precision, sc.attention, sc.optimizer, "hf")) else "megatron"
+        sc = Scalars(seq, sc.precision, sc.attention, sc.optimizer, style)
+        setup = setup.model_copy(update={"framework": style})
+    multi = world > hardware.gpus_per_node
+    cols = enumerate_candidates(world, spec.n_layers, gb, multi)
+    cols = Columns(**{**cols.__dict__, "tp_across_nodes_ok": allow_tp_across_nodes})
+    n = len(np.atleast_1d(cols.dp))
+    bad = violations(cols, spec, hardware, world)
+    rejected: dict[str, int] = {}
+    ok = np.ones(n, dtype=bool)
+    for reason, mask in bad.items():
+        newly = mask & ok
+        if newly.any():
+            rejected[reason] = int(newly.sum())
+        ok &= ~mask
+    valid = cols.take(np.nonzero(ok)[0])
+    out = evaluate(spec, hardware, sc, valid, world)
+    step = sum(np.asarray(out["time"][k], dtype=float) for k in TIME_PARTS)
+    peak = sum(np.asarray(out["memory"][k], dtype=float) for k in MEMORY_PARTS)
+    over = sum(np.asarray(out["overhead"][k], dtype=float) for k in OVERHEAD_PARTS)
+    fits = peak + over <= hardware.gpu.memory_bytes * (1.0 - memory_headroom)
+    if (~fits).any():
+        rejected["does not fit in memory"] = int((~fits).sum())
+    idx = np.nonzero(fits)[0]
+    key = {"time": step, "throughput": step, "memory": peak + over, "cost": step}[objective][idx]
+    order = idx[np.lexsort((step[idx], key))][:top]
+    tree = decision_tree(spec, hardware, world, _single_gpu_fits(spec, hardware, sc))
+    best = float(step[order[0]]) if len(order) else 0.0
+    ranked = []
+    for i in order:  # only the top K become typed objects
+        row = valid.take(np.array([i]))
+        p = Plan(dp=int(row.dp[0]), tp=int(row.tp[0]), pp=int(row.pp[0]), zero=int(row.zero[0]),
+                 hybrid_shard=bool(row.hybrid[0]), sp=bool(row.sp[0]),
+                 schedule={0: "gpipe", 1: "1f1b", 2: "interleaved"}[int(row.schedule[0])],
+                 virtual_stages=int(row.v[0]), data_parallel="dp" if int(row.dp_kind[0]) else "ddp",
+                 overlap_grad_reduce=True, allow_tp_across_nodes=allow_tp_across_nodes)
+        st = setup.model_copy(update={"micro_batch": int(row.micro_batch[0]),
+                                      "recompute": ("none", "selective", "full")[int(row.recompute[0])]})
+        est = make_estimate(spec, hardware, p, st, world, out, int(i))
+        ranked.append(RankedPlan(p, st, est, explain(est, hardware, tree, best)))
+    return PlanSearch(spec, hardware, world, gb, defaulted, seq, objective, n, rejected, ranked, tree)

@@ -1,0 +1,400 @@
+"""Validation: run the cost model on every measured dataset in ``validation/data`` and say how close it is.
+
+Per dataset: rows, rows compared, mean and max absolute percentage error (APE) of the compared quantity
+(step time; TFLOP/s per GPU for published runs that report it; all-reduce time for nccl-tests), of peak
+memory where measured, Spearman rank agreement inside groups of comparable runs, and for the seeds
+whether each measured direction (A faster than B) is reproduced and by what ratio. Plans the estimator
+rejects are counted by reason, never dropped silently.
+
+Nothing here is fitted: every prediction is ``advisor.estimate`` (or ``advisor.comm.collective_time``)
+with the shipped profiles, and the measured values are only compared against.
+
+Left out: figures (validation/plots.py) and the command line (advisor/cli_validate.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, defaultdict
+from functools import lru_cache
+from typing import Callable, Optional
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.stats import spearmanr
+
+from advisor import comm
+from advisor.api import Estimate, estimate
+from advisor.comm import Collective
+from advisor.errors import AdvisorError
+from advisor.hardware import Hardware, load_hardware
+from advisor.units import MiB
+from validation import datasets as ds
+
+# The project's accuracy goals (issue 5): what the model should reach on each dataset.
+# metric name -> (dataset, threshold, "max" | "min"); tests/test_validate.py checks each.
+GOALS = {
+    "vtrain step-time MAPE %": ("vtrain", 15.0, "max"),
+    "vtrain Spearman (gpus, d_model, n_layers)": ("vtrain", 0.8, "min"),
+    "vtrain Spearman (model, gpus, global batch)": ("vtrain", 0.8, "min"),
+    "vtrain top-1 regret mean %": ("vtrain", 5.0, "max"),
+    "nccl all-reduce MAPE % (>= 4 MiB)": ("nccl", 10.0, "max"),
+    "published TFLOP/s MAPE %": ("published", 15.0, "max"),
+    "h100 step-time MAPE %": ("h100", 15.0, "max"),
+    "h100 peak-memory MAPE %": ("h100", 10.0, "max"),
+    "titan seed comparisons agree": ("titan", 1.0, "min"),
+    "dgx seed comparisons agree": ("dgx", 1.0, "min"),
+}
+RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is within 10%
+# vTrain (Megatron-DeepSpeed) and the published Megatron runs use Megatron's fused kernels even when
+# tp = pp = 1; the loaders leave `framework` at auto, which picks eager HF kernels for pure data parallelism.
+MEGATRON = "megatron"
+NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Point(Result):
+    """One compared row: predicted and measured values of the dataset's quantity."""
+
+    label: str
+    kind: str  # plan kind, for the error-by-kind figure
+    predicted: float
+    measured: float
+    breakdown: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted - self.measured) / self.measured
+
+
+class Comparison(Result):
+    """A measured direction of a seed: ``faster`` took less time than ``slower`` by ``measured_ratio``."""
+
+    faster: str
+    slower: str
+    measured_ratio: float
+    predicted_ratio: float
+    direction_ok: bool
+    ratio_error_pct: float  # predicted / measured - 1
+    agrees: bool
+    why: str
+
+
+class Ranking(Result):
+    groups: int
+    mean_rho: float
+    min_rho: float
+
+
+class KindError(Result):
+    n: int
+    mape_pct: float
+    mean_error_pct: float  # signed: > 0 the model is slow (pessimistic)
+
+
+class DatasetReport(Result):
+    name: str
+    description: str
+    quantity: str  # what the APE is of, with its unit
+    rows: int
+    compared: int
+    mape_pct: float
+    max_ape_pct: float
+    memory_mape_pct: Optional[float] = None
+    memory_max_ape_pct: Optional[float] = None
+    spearman: dict[str, Ranking] = Field(default_factory=dict)
+    comparisons: list[Comparison] = Field(default_factory=list)
+    rejected: dict[str, int] = Field(default_factory=dict)
+    extra: dict[str, float] = Field(default_factory=dict)
+    by_kind: dict[str, "KindError"] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    points: list[Point] = Field(default_factory=list, exclude=True)
+    secondary: dict[str, list[Point]] = Field(default_factory=dict, exclude=True)  # e.g. published step times
+
+
+class Report(Result):
+    datasets: list[DatasetReport]
+    wall_s: float
+
+    def get(self, name: str) -> DatasetReport:
+        return next(d for d in self.datasets if d.name == name)
+
+    def goals(self) -> dict[str, tuple[float, float, bool]]:
+        """Goal name -> (value, threshold, met) for the datasets in this report."""
+        have = {d.name: d for d in self.datasets}
+        out = {}
+        for goal, (name, threshold, sense) in GOALS.items():
+            if name in have:
+                value = goal_value(have[name], goal)
+                out[goal] = (value, threshold, value <= threshold if sense == "max" else value >= threshold)
+        return out
+
+
+def goal_value(d: DatasetReport, goal: str) -> float:
+    if "Spearman" in goal:
+        return d.spearman[goal.split("Spearman ")[1]].mean_rho
+    if "regret" in goal:
+        return d.extra["top1_regret_mean_pct"]
+    if "agree" in goal:
+        return sum(c.agrees for c in d.comparisons) / max(len(d.comparisons), 1)
+    if "memory" in goal:
+        return d.memory_mape_pct
+    return d.mape_pct
+
+
+# --- shared helpers ---------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _hardware(name: str) -> Hardware:
+    return load_hardware(name)
+
+
+def _estimate(kw: dict, rejected: Counter) -> Optional[Estimate]:
+    """``advisor.estimate`` with the profile loaded once; a rejected plan is counted by its reason."""
+    kw = dict(kw)
+    if isinstance(kw["hw"], str):
+        kw["hw"] = _hardware(kw["hw"])
+    try:
+        return estimate(**kw)
+    except AdvisorError as exc:
+        rejected[str(exc).splitlines()[0]] += 1
+        return None
+
+
+def plan_kind(dp: int, tp: int, pp: int, zero: int = 0) -> str:
+    parts = [n for n, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1] or ["1 GPU"]
+    if zero and dp > 1:
+        parts[0] = f"ZeRO-{zero} dp"
+    return "+".join(parts)
+
+
+def ape_stats(points: list[Point]) -> tuple[float, float]:
+    """(mean, max) absolute percentage error; NaN when nothing was compared."""
+    if not points:
+        return math.nan, math.nan
+    ape = np.abs([p.error_pct for p in points])
+    return float(ape.mean()), float(ape.max())
+
+
+def rank_agreement(points: list[Point], key: Callable[[Point], tuple]) -> Ranking:
+    """Spearman's rho of predicted vs measured inside each group of >= 3 rows with distinct measurements."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[key(p)].append(p)
+    rhos = []
+    for members in groups.values():
+        meas = [p.measured for p in members]
+        if len(members) >= 3 and len(set(meas)) > 1:
+            rhos.append(float(spearmanr([p.predicted for p in members], meas).statistic))
+    rhos = [r for r in rhos if not math.isnan(r)]
+    if not rhos:
+        return Ranking(groups=0, mean_rho=math.nan, min_rho=math.nan)
+    return Ranking(groups=len(rhos), mean_rho=float(np.mean(rhos)), min_rho=float(np.min(rhos)))
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def explain(fast: Point, slow: Point) -> str:
+    """The dominant breakdown terms on each side and the terms that carry the predicted gap."""
+
+    def top(p: Point) -> str:
+        parts = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:2]
+        return ", ".join(f"{k} {_ms(v)} ({100 * v / p.predicted:.0f}%)" for k, v in parts)
+
+    gap = {k: slow.breakdown.get(k, 0.0) - fast.breakdown.get(k, 0.0) for k in set(fast.breakdown) | set(slow.breakdown)}
+    carriers = sorted(gap.items(), key=lambda kv: -abs(kv[1]))[:2]
+    return (f"{slow.label}: {top(slow)}; {fast.label}: {top(fast)}. Predicted gap {_ms(slow.predicted - fast.predicted)}"
+            f" (measured {_ms(slow.measured - fast.measured)}), carried by "
+            + ", ".join(f"{k} {'+' if v >= 0 else ''}{_ms(v)}" for k, v in carriers))
+
+
+def compare(points: dict[str, Point], faster: str, slower: str, note: str = "") -> Comparison:
+    fast, slow = points[faster], points[slower]
+    measured, predicted = slow.measured / fast.measured, slow.predicted / fast.predicted
+    direction_ok = predicted > 1.0
+    err = predicted / measured - 1.0
+    agrees = direction_ok and abs(err) <= RATIO_TOLERANCE
+    verdict = "agrees" if agrees else ("DIRECTION WRONG" if not direction_ok else f"ratio off by {100 * err:+.0f}%")
+    return Comparison(faster=faster, slower=slower, measured_ratio=measured, predicted_ratio=predicted,
+                      direction_ok=direction_ok, ratio_error_pct=100 * err, agrees=agrees,
+                      why=f"{verdict}. {explain(fast, slow)}" + (f". {note}" if note else ""))
+
+
+def _point(label: str, kind: str, est: Estimate, measured: float) -> Point:
+    return Point(label=label, kind=kind, predicted=est.step_time_s, measured=measured, breakdown=est.breakdown)
+
+
+def _report(name: str, description: str, quantity: str, rows: int, points: list[Point], rejected: Counter,
+            **kw) -> DatasetReport:
+    mape, mx = ape_stats(points)
+    errors = defaultdict(list)
+    for p in points:
+        errors[p.kind].append(p.error_pct)
+    by_kind = {k: KindError(n=len(e), mape_pct=float(np.mean(np.abs(e))), mean_error_pct=float(np.mean(e)))
+               for k, e in sorted(errors.items())}
+    return DatasetReport(name=name, description=description, quantity=quantity, rows=rows, compared=len(points),
+                         mape_pct=mape, max_ape_pct=mx, rejected=dict(rejected), points=points, by_kind=by_kind, **kw)
+
+
+def _seed_comparisons(yaml_name: str) -> list[dict]:
+    return yaml.safe_load((ds.DATA_DIR / yaml_name).read_text())["comparisons"]
+
+
+# --- datasets ---------------------------------------------------------------------------------------------
+def validate_titan() -> DatasetReport:
+    """Seed 001: 2x Titan RTX, gpt2, nn.DataParallel vs DDP with and without NVLink."""
+    runs, rejected, points = ds.load_titan_seed(), Counter(), {}
+    for r in runs:
+        est = _estimate(r.estimate_kwargs(), rejected)
+        if est is not None:
+            points[r.id] = _point(r.id, f"{r.data_parallel} {r.hardware_profile}", est, r.step_time_s)
+    comps = [compare(points, c["faster"], c["slower"]) for c in _seed_comparisons("seeds_titan_rtx.yaml")
+             if c["faster"] in points and c["slower"] in points]
+    return _report("titan", "seed 001: 2x Titan RTX, gpt2 b4 s1024 fp32, DP vs DDP, NVLink vs PCIe",
+                   "step time (s)", len(runs), list(points.values()), rejected, comparisons=comps,
+                   notes=["measured step = Trainer runtime / 200 steps (warm-up and logging included)"])
+
+
+def validate_dgx() -> DatasetReport:
+    """Seed 000: DGX A100, DDP vs FSDP SHARD_GRAD_OP (primary reading of --block_size: 12)."""
+    runs, rejected, points = ds.load_dgx_seed(), Counter(), {}
+    for r in runs:
+        est = _estimate(r.estimate_kwargs(), rejected)
+        if est is not None:
+            points[r.id] = _point(r.id, "FSDP SHARD_GRAD_OP" if r.fsdp else "DDP", est, r.step_time_s())
+    note = ("measured wall time includes start-up, tokenisation and evaluation, which dilutes the measured "
+            "ratio: a predicted ratio above the measured one is expected")
+    comps = [compare(points, c["faster"], c["slower"], note) for c in _seed_comparisons("seeds_dgx_a100.yaml")
+             if c["faster"] in points and c["slower"] in points]
+    return _report("dgx", "seed 000: 8x A100-80GB, gpt2-large b11 / gpt2-xl b5, DDP vs FSDP SHARD_GRAD_OP, seq 12",
+                   "step time (s)", len(runs), list(points.values()), rejected, comparisons=comps,
+                   notes=["measured step = wall time / steps per epoch: an upper bound, so APE is of limited meaning; "
+                          "the ratios are what counts"])
+
+
+def validate_vtrain() -> DatasetReport:
+    """vTrain: 1,440 Megatron-DeepSpeed iterations on 2/4/8 A100s; ranks within groups, top-1 regret."""
+    rows, meta, rejected = ds.load_vtrain(), ds.vtrain_meta(), Counter()
+    spec_cache = {}
+    points, keys = [], {}
+    for i, r in enumerate(rows):
+        kw = dict(r.estimate_kwargs(meta), framework=MEGATRON)
+        shape = (r.n_layers, r.d_model, r.n_heads, r.seq_len)
+        kw["model"] = spec_cache.setdefault(shape, kw["model"])
+        est = _estimate(kw, rejected)
+        if est is None:
+            continue
+        label = f"#{i} l{r.n_layers} h{r.d_model} gpus{r.gpus} gb{r.global_batch} mb{r.micro_batch} dp{r.dp} tp{r.tp} pp{r.pp}"
+        points.append(_point(label, plan_kind(r.dp, r.tp, r.pp), est, r.iter_time_s))
+        keys[label] = dict(shape_gpus=(r.gpus, r.d_model, r.n_layers), job=(shape, r.gpus, r.global_batch))
+    spearman = {
+        "(gpus, d_model, n_layers)": rank_agreement(points, lambda p: keys[p.label]["shape_gpus"]),
+        "(model, gpus, global batch)": rank_agreement(points, lambda p: keys[p.label]["job"]),
+    }
+    regrets = top1_regrets(points, lambda p: keys[p.label]["job"])
+    extra = {"top1_groups": len(regrets), "top1_regret_mean_pct": float(np.mean(regrets)) if regrets else math.nan,
+             "top1_regret_max_pct": float(np.max(regrets)) if regrets else math.nan,
+             "top1_exact_fraction": float(np.mean([g == 0 for g in regrets])) if regrets else math.nan}
+    return _report("vtrain", "vTrain: Megatron-DeepSpeed on 2/4/8 A100 (one node), fp16, full recompute",
+                   "step time (s)", len(rows), points, rejected, spearman=spearman, extra=extra)
+
+
+def top1_regrets(points: list[Point], key: Callable[[Point], tuple]) -> list[float]:
+    """Per group of >= 2 plans: % by which the measured time of the predicted-fastest plan exceeds the fastest."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[key(p)].append(p)
+    out = []
+    for members in groups.values():
+        if len(members) >= 2:
+            pick = min(members, key=lambda p: p.predicted)
+            out.append(100.0 * (pick.measured / min(p.measured for p in members) - 1.0))
+    return out
+
+
+def validate_nccl() -> DatasetReport:
+    """nccl-tests all_reduce_perf on 2..8 A100s in one node vs the comm model (dgx-a100 profile)."""
+    rows = ds.load_nccl_a100()
+    hw = _hardware(rows[0].hardware_profile)
+    use = [r for r in rows if r.size_bytes >= NCCL_MIN_BYTES]
+    n = np.array([r.n_gpus for r in use], dtype=float)
+    size = np.array([r.size_bytes for r in use], dtype=float)
+    pred = comm.collective_time(Collective.all_reduce, n, size, hw, n)
+    points = [Point(label=f"{r.n_gpus} GPUs {r.size_bytes / MiB:.0f} MiB", kind=f"{r.n_gpus} GPUs",
+                    predicted=float(t), measured=r.time_s) for r, t in zip(use, pred)]
+    large = [p for p, r in zip(points, use) if r.size_bytes >= 256 * MiB]
+    return _report("nccl", "nccl-tests all_reduce_perf, 2..8 A100 in one NVSwitch node, float32",
+                   "all-reduce time (s)", len(rows), points, Counter(),
+                   extra={"mape_ge_256MiB_pct": ape_stats(large)[0]},
+                   notes=[f"{len(rows) - len(use)} rows below 4 MiB are not scored (latency-bound)"])
+
+
+def validate_h100() -> DatasetReport:
+    """One H100: Hugging Face training steps, step time and peak allocated memory."""
+    rows, rejected, points, mem = ds.load_h100_single(), Counter(), [], []
+    for r in rows:
+        est = _estimate(r.estimate_kwargs(), rejected)
+        if est is None:
+            continue
+        kind = f"{r.precision} {r.attention}" + (" recompute" if r.recompute != "none" else "")
+        points.append(_point(r.model, kind, est, r.step_time_s))
+        mem.append(Point(label=r.model, kind=kind, predicted=est.memory.peak_bytes, measured=r.peak_mem_bytes))
+    mem_mape, mem_max = ape_stats(mem)
+    return _report("h100", "one H100 80GB: HF transformers causal LMs (gpt2, gpt2-medium, llama-1b), AdamW",
+                   "step time (s)", len(rows), points, rejected, memory_mape_pct=mem_mape,
+                   memory_max_ape_pct=mem_max, secondary={"peak memory (bytes)": mem})
+
+
+def _published_kind(r: ds.PublishedRun) -> str:
+    base = plan_kind(r.dp, r.tp, r.pp, r.zero)
+    return base + ("+sp" if r.sp else "") + f", {r.recompute} recompute"
+
+
+def _published_group(source_id: str) -> str:
+    """SC21 Table 1 is one weak-scaling series; Table 2 groups by method and model: the id less its last field."""
+    return source_id.rsplit("_", 1)[0]
+
+
+def validate_published() -> DatasetReport:
+    """Published runs: TFLOP/s per GPU like with like (the source's FLOP accounting), else step time."""
+    rows, rejected = ds.load_published_runs(), Counter()
+    tflops, steps, no_fit = [], [], []
+    for r in rows:
+        est = _estimate(dict(r.estimate_kwargs(), framework=MEGATRON), rejected)
+        if est is None:
+            continue
+        if not est.fits:
+            no_fit.append(r.source_id)
+        steps.append(_point(r.source_id, _published_kind(r), est, r.step_time_s))
+        if r.measured_tflops_per_gpu is not None:
+            pred = est.hw_tflops_per_gpu if r.flops_accounting == "with_recompute" else est.tflops_per_gpu
+            tflops.append(Point(label=r.source_id, kind=_published_kind(r), predicted=pred,
+                                measured=r.measured_tflops_per_gpu, breakdown=est.breakdown))
+    # Ranks of TFLOP/s inside one table and model (e.g. SC21 Table 2's ZeRO-3 175B on 384/768/1536 GPUs).
+    spearman = {"(table, model) TFLOP/s": rank_agreement(tflops, lambda p: _published_group(p.label))}
+    notes = [f"TFLOP/s compared for {len(tflops)} rows (with_recompute: est.hw_tflops_per_gpu); "
+             f"step time for all {len(steps)} (SC21 times derived from TFLOP/s with the paper's formula)"]
+    if no_fit:
+        notes.append("predicted not to fit in memory: " + ", ".join(no_fit))
+    rep = _report("published", "Megatron SC21 Tables 1-2, Korthikanti 2022 Table 5 (Selene, A100)",
+                  "TFLOP/s per GPU", len(rows), tflops, rejected, spearman=spearman,
+                  extra={"step_time_mape_pct": ape_stats(steps)[0], "step_time_max_ape_pct": ape_stats(steps)[1]},
+                  notes=notes)
+    return rep.model_copy(update={"secondary": {"step time (s)": steps}})
+
+
+VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
+              "h100": validate_h100, "published": validate_published}
+
+
+def run(names: Optional[list[str]] = None) -> Report:
+    """Validate on the named datasets (default: all) and time it."""
+    t0 = time.perf_counter()
+    reports = [VALIDATORS[n]() for n in (names or list(VALIDATORS))]
+    return Report(datasets=reports, wall_s=time.perf_counter() - t0)
