@@ -86,8 +86,8 @@ def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, 
         if fsdp not in FSDP_TO_ZERO:
             raise PlanError(f"--fsdp {fsdp!r} is not one of {', '.join(FSDP_TO_ZERO)}")
         zero = FSDP_TO_ZERO[fsdp]
-    tp = tp or 1
-    pp = pp or 1
+    tp = 1 if tp is None else tp
+    pp = 1 if pp is None else pp
     if any(x is not None and x < 1 for x in (tp, pp, dp)):
         raise PlanError(f"parallel degrees must be >= 1 (got dp={dp}, tp={tp}, pp={pp})")
     world = resolve_world(hardware, gpus, nodes, (dp or 1) * tp * pp if dp else None)

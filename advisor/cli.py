@@ -110,7 +110,8 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         from advisor.export import export_config
 
         if not result.plans:
-            _fail("no plan fits, nothing to export")
+            _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}, nothing to export: "
+                  f"{result.suggestion()}")
         best = result.plans[0]
         name, text = export_config(export_kind, result.model_spec, result.hardware, best.plan_obj, best.setup_obj,
                                    best.estimate.grad_accum, best.estimate.world_size)
@@ -124,8 +125,10 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         return
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
-    else:
+    elif result.plans or explain:
         click.echo(render_plan(result, explain=explain))
+    if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
+        _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {result.suggestion()}")
 
 
 @cli.group(invoke_without_command=True)
@@ -190,9 +193,16 @@ def main(argv=None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `advisor` or a group alone: the help, as click shows it
+        click.echo(exc.format_message())
+        sys.exit(0)
+    except click.ClickException as exc:  # one line, not click's usage block
+        if debug:
+            raise
+        msg = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if isinstance(exc, click.UsageError) and ctx is not None else ""
+        _fail(msg + hint)
     except AdvisorError as exc:
         if debug:
             raise

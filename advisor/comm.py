@@ -78,13 +78,14 @@ def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link) -> An
     nn = np.maximum(n, 2.0)
     bw = link.bandwidth_bytes_per_s
     eff = f.bandwidth_efficiency * (1.0 - f.group_penalty / nn)
-    if f.half_size_MiB > 0:
-        eff = eff * (S / (S + f.half_size_MiB * MiB) + 1e-30) ** f.half_size_exponent
     if f.loop_MiB_per_rank > 0 and f.loop_quantization > 0:
         L = f.loop_MiB_per_rank * MiB * nn
         S_loop = S + f.loop_quantization * (np.ceil(S / L) * L - S)
     else:
         S_loop = S
+    if f.half_size_MiB > 0:
+        # evaluated at S_loop, so that S_loop / eff (and the time) never decreases with S
+        eff = eff * (S_loop / (S_loop + f.half_size_MiB * MiB) + 1e-30) ** f.half_size_exponent
     alpha = (f.latency_us + f.latency_per_hop_us * (nn - 1.0)) * us
     t = alpha + bus_factor(coll, nn) * S_loop / (bw * eff)
     t = np.maximum(t, (f.floor_us + f.floor_per_hop_us * (nn - 1.0)) * us)

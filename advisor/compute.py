@@ -182,13 +182,35 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
     return fwd, 2.0 * fwd, passes + 2
 
 
+# Aten ops one layer issues per micro-batch (forward, backward), counted with a TorchDispatchMode on CPU
+# by validation/probes/host_overhead.py (data: validation/data/host_overhead.json). Each costs the host
+# ``kernel_launch_us`` (dispatcher + CUDA launch); the GPU idles when its kernels are shorter.
+HOST_OPS = {
+    ("megatron", "gpt"): (49, 86),
+    ("hf", "gpt", "sdpa"): (75, 98),
+    ("hf", "gpt", "eager"): (91, 96),
+    ("hf", "llama", "sdpa"): (77, 142),
+    ("hf", "llama", "eager"): (123, 164),
+}
+
+
+def host_ops(m: ModelSpec, w: Workload) -> tuple[float, float]:
+    arch = "llama" if m.mlp is MLPKind.swiglu else "gpt"
+    if w.framework == "megatron":
+        return HOST_OPS[("megatron", "gpt")]
+    return HOST_OPS[("hf", arch, w.attention.value)]
+
+
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds for one layer and one micro-batch on one GPU (arrays over plans)."""
 
-    fwd_s: Any
+    fwd_s: Any  # GPU time of the kernels
     bwd_s: Any
     recompute_s: Any
+    host_fwd_s: Any  # host time to issue them
+    host_bwd_s: Any
+    host_recompute_s: Any
     gemm_fwd_s: Any
     attention_fwd_s: Any
     elementwise_fwd_s: Any
@@ -208,18 +230,19 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
     else:
         gemms += [(2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
     launch = hw.efficiency.kernel_launch_us * 1e-6
-    gemm_fwd = sum(np.maximum(gemm_time(hw, math, fl * tokens / tp, n, k), launch) for fl, n, k in gemms)
-    attn_fwd, attn_bwd, attn_ops = attention_core_time(m, hw, w, tokens, tp)
-    ew_bytes, ew_ops = elementwise_per_token(m, w)
+    gemm_fwd = sum(gemm_time(hw, math, fl * tokens / tp, n, k) for fl, n, k in gemms)
+    attn_fwd, attn_bwd, _ = attention_core_time(m, hw, w, tokens, tp)
+    ew_bytes, _ = elementwise_per_token(m, w)
     ew_fwd = mem_time(hw, ew_bytes * tokens / tp)
-    n_ops = len(gemms) + attn_ops + ew_ops
-    gpu_fwd = gemm_fwd + attn_fwd + ew_fwd
-    gpu_bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * ew_fwd
-    fwd = np.maximum(gpu_fwd, n_ops * launch)
-    bwd = np.maximum(gpu_bwd, 2.0 * n_ops * launch)
+    fwd = gemm_fwd + attn_fwd + ew_fwd
+    bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * ew_fwd
+    n_fwd, n_bwd = host_ops(m, w)
     recompute = np.asarray(recompute)
-    recompute_s = np.where(recompute == int(Recompute.full), fwd, np.where(recompute == int(Recompute.selective), attn_fwd, 0.0))
-    return LayerTimes(fwd, bwd, recompute_s, gemm_fwd, attn_fwd, ew_fwd)
+    full, sel = recompute == int(Recompute.full), recompute == int(Recompute.selective)
+    recompute_s = np.where(full, fwd, np.where(sel, attn_fwd, 0.0))
+    host_rc = np.where(full, n_fwd * launch, np.where(sel, 8 * launch, 0.0))
+    ones = np.ones(np.shape(fwd))
+    return LayerTimes(fwd, bwd, recompute_s, n_fwd * launch * ones, n_bwd * launch * ones, host_rc * ones, gemm_fwd, attn_fwd, ew_fwd)
 
 
 def head_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: Any) -> tuple[Any, Any]:

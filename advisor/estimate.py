@@ -35,6 +35,7 @@ from advisor.compute import (
 from advisor.hardware import Hardware
 from advisor.memory import (
     activation_per_token,
+    hf_nonlayer_bytes,
     in_flight_layers,
     logits_loss_bytes,
     optimizer_state_bytes,
@@ -62,6 +63,7 @@ TIME_PARTS = (
     "compute/backward",
     "compute/recompute",
     "comm/tp",
+    "host_overhead",
     "comm/pp_p2p",
     "pipeline_bubble",
     "comm/dp_grad",
@@ -112,9 +114,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     w_hf = Workload(sc.seq_len, sc.precision, sc.attention, "hf")
     w_mg = Workload(sc.seq_len, sc.precision, sc.attention, "megatron")
     lt_hf, lt_mg = layer_times(m, hw, w_hf, mb, tp, rc), layer_times(m, hw, w_mg, mb, tp, rc)
-    layer_fwd = _where_framework(megatron, lt_hf.fwd_s, lt_mg.fwd_s)
-    layer_bwd = _where_framework(megatron, lt_hf.bwd_s, lt_mg.bwd_s)
-    layer_rc = _where_framework(megatron, lt_hf.recompute_s, lt_mg.recompute_s)
+    pick = lambda attr: _where_framework(megatron, getattr(lt_hf, attr), getattr(lt_mg, attr))  # noqa: E731
+    layer_fwd, layer_bwd, layer_rc = pick("fwd_s"), pick("bwd_s"), pick("recompute_s")
+    host_layer = pick("host_fwd_s") + pick("host_bwd_s") + pick("host_recompute_s")
     head_fwd, head_bwd = head_times(m, hw, w_hf, mb, tp)
     layers_stage = np.ceil(m.n_layers / pp)
     fwd_mb = layers_stage * layer_fwd + head_fwd
@@ -138,7 +140,12 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     across = stage_span >= gpn
     p2p_mb = np.where(pp > 1, 2.0 * v * comm.p2p_time(p2p_bytes, hw, across), 0.0)
 
-    per_mb = fwd_mb + bwd_mb + rc_mb + tp_mb + p2p_mb
+    # The host issues kernels asynchronously and runs ahead of the GPU; a micro-batch takes the longer of
+    # the GPU's work and the host's. The host-bound excess is reported as "host_overhead".
+    gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb
+    host_mb = layers_stage * host_layer
+    host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
+    per_mb = gpu_mb + host_excess_mb + p2p_mb
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
     pipeline = ga * per_mb
     bubble = bubble_frac * per_mb
@@ -212,6 +219,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
         "compute/backward": ga * bwd_mb,
         "compute/recompute": ga * rc_mb,
         "comm/tp": ga * tp_mb,
+        "host_overhead": ga * host_excess_mb,
         "comm/pp_p2p": ga * p2p_mb,
         "pipeline_bubble": bubble,
         "comm/dp_grad": grad_part,
@@ -221,43 +229,56 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     }
 
     # --- memory -----------------------------------------------------------------------------------
-    w_sel = np.where(megatron, 1, 0)
-    act_tok = np.where(w_sel, activation_per_token(m, w_mg, tp, sp, rc), activation_per_token(m, w_hf, tp, sp, rc))
+    def per_style(fn):
+        return np.where(megatron, fn(w_mg), fn(w_hf))
+
+    act_tok = per_style(lambda w: activation_per_token(m, w, tp, sp, rc))
+    full_layer_tok = per_style(lambda w: activation_per_token(m, w, tp, sp, 0))
+    nonlayer = np.where(megatron, 0.0, hf_nonlayer_bytes(m, w_hf)) * tokens
+    # HF eager attention builds one b x s x s causal mask (fp32 residual dtype) for the whole model.
+    eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * min(4.0, 4.0 if sc.precision is not Precision.bf16 else 2.0), 0.0)
     n_inflight = in_flight_layers(m.n_layers, pp, v, f["schedule"], ga)
-    acts_first = act_tok * tokens * n_inflight
-    acts_last = act_tok * tokens * layers_stage
-    logits = logits_loss_bytes(m, w_hf, tokens, tp) * np.where(megatron, 8.0 / (e + 12.0), 1.0)
-    # Full recomputation of one layer in backward re-materialises that layer's activations.
-    rc_layer = np.where(rc == int(Recompute.full), np.where(w_sel, activation_per_token(m, w_mg, tp, sp, 0), activation_per_token(m, w_hf, tp, sp, 0)) * tokens, 0.0)
-    activations = np.where(pp > 1, np.maximum(acts_first, acts_last), acts_first) + rc_layer
+    acts_first = act_tok * tokens * n_inflight + nonlayer + eager_mask
+    acts_last = act_tok * tokens * layers_stage + nonlayer + eager_mask
+    held_lg, peak_lg = (np.where(megatron, a, b) for a, b in zip(logits_loss_bytes(m, w_mg, tokens, tp), logits_loss_bytes(m, w_hf, tokens, tp)))
     weights = params_local * wb / np.where(zero >= 3, shard, 1.0)
     grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
     opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
     opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
-    # transient: ZeRO-3 gathers two layers (current + prefetch); autocast caches half weights;
-    # DDP keeps flat gradient buckets beside .grad; foreach AdamW holds one fp32 temporary per param.
+    # transient: ZeRO-3 gathers two layers (current + prefetch); autocast caches a half-precision copy of
+    # every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
     z3_gather = np.where(zero >= 3, 2.0 * p_layer * 2.0, 0.0)
     autocast_copies = amp_cast * params_local * 2.0
     ddp_buckets = np.where(dp_active & ~is_dp_kind & (zero == 0) & ~megatron, params_local * gb, 0.0)
-    logits_stage = np.where(pp > 1, np.where(acts_last + logits > acts_first, logits, 0.0), logits)
-    # Gradients exist during forward/backward when they persist across micro-batches (accumulation),
-    # in Megatron's contiguous grad buffer, or as ZeRO/FSDP shards; otherwise (set_to_none, one
-    # micro-batch) backward allocates them while it frees activations, and at its start only the
-    # head's gradient exists beside all activations.
-    persistent = (ga > 1) | megatron | (zero >= 2)
+    # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),
+    # in Megatron's contiguous buffer, in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise (zero_grad(set_to_none=True), one
+    # micro-batch) backward allocates them as it frees activations: none exist when the loss backward starts.
+    persistent = (ga > 1) | megatron | (zero >= 1)
+    grads_fb = np.where(persistent, grads, 0.0)
     head_grad = np.minimum(m.vocab * m.d_model / tp * gb, grads)
-    grads_fb = np.where(persistent, grads, head_grad)
-    fwd_bwd_phase = activations + logits_stage + z3_gather + autocast_copies + ddp_buckets + grads_fb
+    fixed = z3_gather + autocast_copies + ddp_buckets
+    # Candidate peaks (the probe's timeline): (a) start of the loss backward: every activation plus the
+    # cross-entropy buffers; (b) full recomputation: while the last layer is recomputed, its full
+    # activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the head's
+    # gradient; (c) the optimizer step: all gradients and the optimizer's temporaries.
+    # 1F1B: the first stage holds the most in-flight activations, the last holds the logits.
+    loss_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + peak_lg), acts_first + peak_lg)
+    rc_extra = np.where(rc == int(Recompute.full), full_layer_tok * tokens + 3.0 * m.d_ff / tp * e * tokens + head_grad, 0.0)
+    rc_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + held_lg), acts_first + held_lg) + rc_extra
+    fb = np.maximum(loss_peak, rc_peak)
+    fwd_bwd_phase = fb + fixed + grads_fb
     opt_temp = np.where(np.asarray(sc.optimizer == "adamw"), params_local / opt_shard * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
     opt_phase = grads + opt_temp + ddp_buckets
     in_fb = fwd_bwd_phase >= opt_phase
+    lg_part = np.where(loss_peak >= rc_peak, np.where(pp > 1, np.where(acts_last + peak_lg > acts_first, peak_lg, 0.0), peak_lg),
+                       np.where(pp > 1, np.where(acts_last + held_lg > acts_first, held_lg, 0.0), held_lg))
     memory = {
         "weights": weights,
         "gradients": np.where(in_fb, grads_fb, grads),
         "optimizer_states": opt_states,
-        "activations": np.where(in_fb, activations, 0.0),
-        "logits_loss": np.where(in_fb, logits_stage, 0.0),
-        "transient": np.where(in_fb, z3_gather + autocast_copies + ddp_buckets, opt_temp + ddp_buckets),
+        "activations": np.where(in_fb, fb - lg_part, 0.0),
+        "logits_loss": np.where(in_fb, lg_part, 0.0),
+        "transient": np.where(in_fb, fixed, opt_temp + ddp_buckets),
     }
     peak = sum(memory.values())
     overhead = {

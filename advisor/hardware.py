@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
 from advisor.units import GB, GiB, Gbit, TFLOP, us
@@ -27,10 +27,21 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 _PACKAGED_PROFILE_DIR = Path(__file__).resolve().parent / "hardware_profiles"
 
 
+_NUMBER_TYPES = (int, float, Optional[int], Optional[float])
+
+
 class Spec(BaseModel):
     """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v, info):
+        """YAML/JSON ``true`` where a number belongs would silently become 1: refuse it."""
+        if isinstance(v, bool) and info.field_name and cls.model_fields[info.field_name].annotation in _NUMBER_TYPES:
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        return v
 
 
 class LinkKind(str, Enum):
@@ -55,6 +66,8 @@ class GPU(Spec):
     def _check_peaks(cls, v: dict[str, float]) -> dict[str, float]:
         allowed = {"fp32", "tf32", "bf16", "fp16", "fp8"}
         for key, val in v.items():
+            if isinstance(val, bool):
+                raise ValueError(f"peak_tflops.{key} must be a number, not {str(val).lower()}")
             if key not in allowed:
                 raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
             if not (0 < val < 1e6):
@@ -105,6 +118,12 @@ class Link(Spec):
     latency_us: float = Field(ge=0, le=1e6, description="datasheet/typical one-way latency")
     fit: CommFit
     note: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_bandwidth(self) -> "Link":
+        if (self.bandwidth_GBps is None) == (self.bandwidth_Gbps is None):
+            raise ValueError("give exactly one of bandwidth_GBps (bytes, NVLink/PCIe) or bandwidth_Gbps (bits, NICs)")
+        return self
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -178,11 +197,29 @@ def list_profiles() -> list[str]:
 def _find_profile(name: str) -> Path:
     for d in profile_dirs():
         p = d / f"{name}.yaml"
-        if p.is_file():
+        if is_file(p):
             return p
     close = difflib.get_close_matches(name, list_profiles(), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_profiles())}"
-    raise HardwareError(f"unknown hardware profile {name!r}: {hint} (or pass a path to a .yaml file)")
+    raise HardwareError(f"unknown hardware profile {name[:200]!r}: {hint} (or pass a path to a .yaml file)")
+
+
+def is_file(path: str | Path) -> bool:
+    """Path.is_file that answers False for names the OS refuses (too long, NUL bytes) instead of raising."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
+    """A user-named file's text, or one line naming the file and the problem (unreadable, not UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file (not UTF-8); give a {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc.__class__.__name__})") from None
 
 
 def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
@@ -190,11 +227,11 @@ def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     if isinstance(name_or_path, Hardware):
         return name_or_path
     text_path = str(name_or_path)
-    is_path = text_path.endswith((".yaml", ".yml")) or "/" in text_path or Path(text_path).is_file()
+    is_path = text_path.endswith((".yaml", ".yml")) or "/" in text_path or is_file(text_path)
     path = Path(text_path) if is_path else _find_profile(text_path)
-    if not path.is_file():
-        raise HardwareError(f"hardware profile file {text_path!r} not found")
-    return hardware_from_yaml(path.read_text(), origin=str(path))
+    if not is_file(path):
+        raise HardwareError(f"hardware profile file {text_path[:200]!r} not found")
+    return hardware_from_yaml(read_text(path, "hardware profile YAML", HardwareError), origin=str(path))
 
 
 def hardware_from_yaml(text: str, origin: str = "<yaml>") -> Hardware:

@@ -53,62 +53,76 @@ def weight_grad_bytes(precision: Precision, master: Any) -> tuple[Any, Any]:
 
 
 def activation_per_token(m: ModelSpec, w: Workload, tp: Any, sp: Any, recompute: Any) -> Any:
-    """Bytes saved for backward by one layer per token of a micro-batch (arrays over plans)."""
+    """Bytes saved for backward by one layer per token of a micro-batch (arrays over plans).
+
+    ``megatron`` style: Korthikanti et al. 2022 Table 2 (16-bit: 10h + 24h/t, or 34h/t with sequence
+    parallelism, plus 5 a s / t for the eager attention scores), scaled to the activation precision.
+    ``hf`` style: what autograd keeps in Hugging Face GPT-2 / Llama layers, measured tensor by tensor
+    (see ``hf_layer_bytes``). Full recomputation keeps each layer's input; selective drops the s x s part.
+    """
     tp = np.asarray(tp, dtype=float)
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    h, f = m.d_model, m.d_ff
     e = ACT_BYTES[w.precision]
-    heads = m.n_heads
-    s = w.seq_len
-    scores = 0.0
-    if w.attention is Attention.eager:
-        # scores (QK^T, scaled, masked) and softmax probabilities, b*heads*s*s each; dropout mask on them for GPT-2.
-        drop = 1.0 if m.family in ("gpt", "bloom") else 0.0
-        scores = heads * s * (2 * e + drop + (e if drop else 0.0))
-    else:
-        scores = heads * 4.0 * 2  # flash: logsumexp (fp32) + RNG state per head, negligible
     if w.framework == "megatron":
-        # Korthikanti et al. Table 2, generalised: 10h+24h/t without SP (34h/t with SP) for 16-bit;
-        # the eager scores term 5as/t (2 bytes scores + 2 softmax + 1 dropout mask per element).
         base16 = np.where(sp, 34.0 * h / tp, 10.0 * h + 24.0 * h / tp)
-        if m.mlp is MLPKind.swiglu:
-            base16 = base16 + np.where(sp, 1.0, 1.0) * (3 * f - 8 * h) * 2 / tp
-        per = base16 * (e / 2.0) + scores / tp
+        if m.mlp is MLPKind.swiglu:  # 34h assumes a 4h GELU MLP; SwiGLU keeps three d_ff-sized tensors
+            base16 = base16 + (6.0 * f - 8.0 * h) / tp
+        s2 = 5.0 * m.n_heads * w.seq_len / tp if w.attention is Attention.eager else 0.0
+        full_layer = (base16 + s2) * (e / 2.0)
+        no_scores = base16 * (e / 2.0)
+        keep_input = 2.0 * h * (e / 2.0) * np.where(sp, 1.0 / tp, 1.0)
     else:
-        per = _hf_layer_bytes(m, w) / tp + scores / tp
+        base, s2 = hf_layer_bytes(m, w)
+        full_layer, no_scores = (base + s2) / tp, base / tp
+        keep_input = (2.0 * h + 10.0 if w.precision is Precision.bf16 else 4.0 * h + 10.0) * np.ones_like(tp)
     recompute = np.asarray(recompute)
-    keep_input = 2.0 * h * (e / 2.0) * np.where(sp, 1.0 / tp, 1.0)
-    selective = per - scores / tp
-    return np.where(recompute == int(Recompute.full), keep_input, np.where(recompute == int(Recompute.selective), selective, per))
+    return np.where(recompute == int(Recompute.full), keep_input,
+                    np.where(recompute == int(Recompute.selective), no_scores, full_layer))
 
 
-def _hf_layer_bytes(m: ModelSpec, w: Workload) -> float:
-    """Per-token bytes autograd keeps for one Hugging Face decoder layer (GPT-2 or Llama modules)."""
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-    amp = w.precision in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)
-    e = ACT_BYTES[w.precision]
-    r = 4.0 if (amp or w.precision is Precision.fp32) else e  # residual stream: fp32 under autocast
-    total = 0.0
-    # norm inputs (residual stream), saved by LayerNorm/RMSNorm
-    total += 2 * h * r
-    if m.norm is NormKind.rmsnorm:
-        # LlamaRMSNorm saves the fp32 upcast input and the normalised fp32 hidden state (x*rsqrt) for the weight mul
-        total += 2 * (h * 4.0 + (h * 4.0 if e < 4 else 0.0))
-    # GEMM inputs: norm outputs cast for the qkv and first MLP GEMMs, the attention output for o_proj
-    total += 2 * h * e + q * e
-    # q, k, v and the attention output saved by SDPA (q/k/v after rotary for Llama)
-    total += (q + 2 * kv) * e + q * e
-    if m.position is PositionKind.rotary:
-        total += 0.0  # cos/sin are shared across layers; rotary mul saves cos/sin views only
-    if m.mlp is MLPKind.gelu:
-        # fc output, gelu_new intermediates (tanh output, 0.5x and 1+tanh: fp32 under autocast), fc2 input
-        inner = 3 * f * (4.0 if amp else e)
-        total += f * e + inner + f * e
-    else:
-        # gate and up outputs, silu(gate), and down's input silu(gate)*up
-        total += 4 * f * e
-    if m.family in ("gpt", "bloom"):
-        total += 2 * h * 1.0  # two dropout masks (bool)
-    return total
+def hf_layer_bytes(m: ModelSpec, w: Workload) -> tuple[float, float]:
+    """(bytes per token, s x s bytes per token) one Hugging Face decoder layer keeps for backward.
+
+    Measured on CPU with CUDA's autocast lists emulated (validation/probes/activation_probe.py, data in
+    validation/data/activation_probe.json, transformers 5.23): saved tensors deduplicated by storage and
+    checked by layer differencing. h = d_model, f = d_ff, kvd = kv_heads * d_head, nh = heads, s = seq.
+    Includes the KV cache HF builds in training (``use_cache`` defaults to True): its concatenated K/V
+    copies stay alive with the model output. Norm statistics and the flash logsumexp (4 nh) are the
+    small constants.
+    """
+    h, f, kvd, nh, s = m.d_model, m.d_ff, m.kv_dim, m.n_heads, w.seq_len
+    p = w.precision
+    mode = "fp32" if p is Precision.fp32 else ("pure" if p is Precision.bf16 else "amp")
+    eager = w.attention is Attention.eager
+    if m.mlp is MLPKind.gelu:  # GPT-2: LayerNorm, gelu_new (four d_ff-sized saves), dropout masks
+        table = {
+            ("fp32", False): (34 * h + 20 * f + 16 + 4 * nh + 8 * h, 0.0),
+            ("fp32", True): (34 * h + 20 * f + 16, 9.0 * nh * s),
+            ("amp", False): (22 * h + 16 * f + 16 + 4 * nh + 4 * h, 0.0),
+            ("amp", True): (22 * h + 16 * f + 16, 7.0 * nh * s),
+            ("pure", False): (18 * h + 10 * f + 12 + 4 * nh + 4 * h, 0.0),
+            ("pure", True): (18 * h + 10 * f + 8, 5.0 * nh * s),
+        }
+    else:  # Llama: RMSNorm, rotary, SwiGLU, no dropout; under autocast q/k/v and gate/up each cast the norm output
+        table = {
+            ("fp32", False): (32 * h + 8 * kvd + 16 * f + 8 + 4 * nh, 0.0),
+            ("fp32", True): (40 * h + 16 * f + 8 + 8 * kvd, 4.0 * nh * s),
+            ("amp", False): (30 * h + 4 * kvd + 8 * f + 8 + 4 * nh + 8 * kvd, 0.0),
+            ("amp", True): (34 * h + 8 * f + 8 + 8 * kvd, 6.0 * nh * s),
+            ("pure", False): (20 * h + 4 * kvd + 8 * f + 8 + 4 * nh, 0.0),
+            ("pure", True): (24 * h + 8 * f + 8 + 4 * kvd, 6.0 * nh * s),
+        }
+    return table[(mode, eager)]
+
+
+def hf_nonlayer_bytes(m: ModelSpec, w: Workload) -> float:
+    """Per-token bytes outside the layers at the end of forward, logits excluded (same probe)."""
+    h = m.d_model
+    p = w.precision
+    extra = 9 * h if p is Precision.fp32 else (5 * h if p is Precision.bf16 else 7 * h)
+    if m.mlp is MLPKind.swiglu:
+        extra += (12 * h if p is Precision.fp32 else 10 * h) + 8 * m.d_head  # + rotary cos/sin
+    return float(extra)
 
 
 def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any) -> Any:
@@ -147,12 +161,16 @@ class MemoryParts:
         return self.overhead_context + self.overhead_comm + self.overhead_fragmentation
 
 
-def logits_loss_bytes(m: ModelSpec, w: Workload, tokens: Any, tp: Any) -> Any:
-    """Logits and cross-entropy buffers alive at their peak (start of the loss backward).
+def logits_loss_bytes(m: ModelSpec, w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
+    """(held, peak) bytes of the logits and cross-entropy buffers.
 
-    logits in activation precision (held by the model output), log-softmax output in fp32 (saved),
-    its gradient and the gradient w.r.t. the logits in fp32; under autocast also the fp32 upcast.
+    HF ``ForCausalLMLoss`` (probe above): at the end of forward the logits (held by the model output,
+    4 or 2 bytes) and the fp32 log-softmax result (4) are alive; inside log-softmax backward the nll
+    gradient and the input gradient (4 + 4) join them: 16 bytes per logit in fp32, 14 in half precision.
+    Megatron's vocab-parallel cross entropy works on fp32 logits in place: 4 held, 8 at the peak.
     """
     e = ACT_BYTES[w.precision]
-    per = e + 4.0 + 4.0 + 4.0 if w.framework != "megatron" else 4.0 + 4.0
-    return np.asarray(tokens, dtype=float) * m.vocab / np.asarray(tp, dtype=float) * per
+    n = np.asarray(tokens, dtype=float) * m.vocab / np.asarray(tp, dtype=float)
+    if w.framework == "megatron":
+        return n * 4.0, n * 8.0
+    return n * (e + 4.0), n * (e + 4.0 + 8.0)

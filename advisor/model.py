@@ -18,7 +18,7 @@ from typing import Optional
 from pydantic import Field, model_validator
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.hardware import Spec
+from advisor.hardware import Spec, is_file, read_text
 
 
 class MLPKind(str, Enum):
@@ -189,15 +189,15 @@ def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     if key in CATALOGUE:
         return CATALOGUE[key]
     path = Path(text)
-    if path.is_dir() and (path / "config.json").is_file():
+    if is_file(path / "config.json"):
         path = path / "config.json"
-    if path.is_file():
+    if is_file(path):
         return model_from_hf_config(path)
     if text.endswith(".json") or "/" in text:
-        raise ModelError(f"model config file {text!r} not found")
+        raise ModelError(f"model config file {text[:200]!r} not found")
     close = difflib.get_close_matches(key, list(CATALOGUE) + list(ALIASES), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(CATALOGUE)}"
-    raise ModelError(f"unknown model {text!r}: {hint} (or pass a path to a Hugging Face config.json)")
+    raise ModelError(f"unknown model {text[:200]!r}: {hint} (or pass a path to a Hugging Face config.json)")
 
 
 def _need(cfg: dict, key: str, origin: str, default=None):
@@ -212,8 +212,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face config.json offline (GPT-2 or Llama-style keys)."""
     origin = str(path)
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        cfg = json.loads(read_text(path, "Hugging Face config.json", ModelError))
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ModelError(f"{origin}: malformed JSON ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(cfg, dict):
         raise ModelError(f"{origin}: config.json must be a JSON object")

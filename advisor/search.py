@@ -32,6 +32,11 @@ OBJECTIVES = ("time", "throughput", "memory", "cost")
 # Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
 # (8x 200 Gb/s HDR in a DGX A100 is 200 Gb/s per GPU; a 400 Gb/s EFA node shares 50 Gb/s per GPU).
 FAST_NETWORK_BYTES_PER_GPU = 100e9 / 8
+# Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
+# 2M rows is ~0.5-1 GB. Realistic clusters stay far below (16,384 GPUs: ~0.5M rows before constraints).
+MAX_CANDIDATES = 2_000_000
+# The largest cluster the search accepts (10x today's largest training clusters).
+MAX_WORLD = 10_000_000
 
 
 def divisors(n: int) -> list[int]:
@@ -46,19 +51,19 @@ def default_global_batch(world: int, seq_len: int) -> int:
     return int(world * max(1, -(-target // world)))
 
 
-def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_node: bool) -> Columns:
-    """All combinations as numpy columns (structural duplicates removed, constraints not applied)."""
-    pairs = [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
-    tp_a = np.array([p[0] for p in pairs])
-    pp_a = np.array([p[1] for p in pairs])
-    grids = np.meshgrid(np.arange(len(pairs)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
+def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
+    """Every (tp, pp) with tp * pp dividing the world size (dp = world / (tp * pp))."""
+    return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
+
+
+def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool):
+    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant) and which rows are kept."""
+    grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
                         np.arange(len(MICRO_BATCHES)), np.arange(3), np.array(VARIANTS), indexing="ij")
     pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
-    tp, pp = tp_a[pi], pp_a[pi]
-    dp = world // (tp * pp)
-    sched = np.array([s[0] for s in SCHEDULES])[si]
-    v = np.array([s[1] for s in SCHEDULES])[si]
+    tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
     mb = MICRO_BATCHES[mi]
+    multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
     keep = (
         ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
         & ~((pp == 1) & (si != 0))  # schedules only differ with a pipeline
@@ -67,11 +72,58 @@ def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_nod
         & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
         & ~((dp == 1) & (zero > 0))  # ZeRO over one replica is no ZeRO
     )
+    return (pi, zero, sp, si, mi, rc, var), keep
+
+
+def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool) -> np.ndarray:
+    """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
+    through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
+    if not pairs:
+        return np.zeros(0, dtype=np.int64)
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64)
+    keys = np.stack([world // (tp_a * pp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    counts = np.zeros(len(uniq), dtype=np.int64)
+    for start in range(0, len(uniq), 256):  # bounded memory: 256 keys x 4,032 rows at a time
+        u = uniq[start:start + 256]
+        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node)
+        counts[start:start + len(u)] = np.bincount(pi[keep], minlength=len(u))
+    return counts[np.asarray(inverse).reshape(-1)]
+
+
+def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_node: bool,
+                         pairs: Optional[list[tuple[int, int]]] = None) -> Columns:
+    """All combinations as numpy columns (structural duplicates removed, constraints not applied).
+
+    ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
+    pairs = tp_pp_pairs(world) if pairs is None else pairs
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+    (pi, zero, sp, si, mi, rc, var), keep = _grid(tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node)
+    tp, pp = tp_a[pi], pp_a[pi]
+    dp = world // (tp * pp)
+    sched = np.array([s[0] for s in SCHEDULES])[si]
+    v = np.array([s[1] for s in SCHEDULES])[si]
+    mb = MICRO_BATCHES[mi]
     idx = np.nonzero(keep)[0]
     ga = global_batch // (mb[idx] * dp[idx])
     return Columns(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
                    schedule=sched[idx], v=v[idx], dp_kind=(var[idx] == 1).astype(int), overlap=np.ones(len(idx), bool),
                    micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx], tp_across_nodes_ok=False)
+
+
+def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
+                    allow_tp_across_nodes: bool) -> dict[str, np.ndarray]:
+    """The constraints that a (tp, pp) layout breaks whatever the rest of the plan (checked once per pair)."""
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+    n = len(tp_a)
+    c = Columns(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
+                sp=np.zeros(n, bool), schedule=np.ones(n, int), v=np.ones(n, int), dp_kind=np.zeros(n, int),
+                overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=np.ones(n, int),
+                recompute=np.zeros(n, int), tp_across_nodes_ok=allow_tp_across_nodes)
+    return violations(c, spec, hw, world)
 
 
 @dataclass
@@ -99,6 +151,9 @@ class PlanSearch:
     rejected: dict[str, int]
     plans: list[RankedPlan]
     tree: dict[str, Any] = field(default_factory=dict)
+    scalars: Optional[Scalars] = None  # precision, attention, optimizer, kernel style of the search
+    memory_headroom: float = 0.05
+    allow_tp_across_nodes: bool = False
 
     def header(self) -> str:
         gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
@@ -193,13 +248,17 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float) -> str:
     return "; ".join(words)
 
 
+def _round_world(world: int, hw: Hardware) -> int:
+    """A nearby GPU count with few divisors: whole nodes, a power of two of them."""
+    nodes = max(1, world // hw.gpus_per_node)
+    return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
+
+
 def suggest_fix(s: PlanSearch) -> str:
-    tips = []
-    if s.rejected.get("does not fit in memory"):
-        tips.append("more GPUs (--gpus), ZeRO-3 or tensor/pipeline parallelism, full recomputation, or a smaller micro batch")
-    if not tips:
-        tips.append("check the constraints with --explain (global batch divisibility, heads vs tp, layers vs pp)")
-    return "; ".join(tips)
+    """What would fit when nothing does (advisor.suggest computes it by re-running a lean search)."""
+    from advisor.suggest import suggest_fix as _suggest
+
+    return _suggest(s)
 
 
 def _single_gpu_fits(m: ModelSpec, hw: Hardware, sc: Scalars) -> bool:
@@ -227,8 +286,8 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
     if top < 1:
         raise PlanError(f"--top must be at least 1 (got {top})")
     world = resolve_world(hardware, gpus, nodes, hardware.gpus_per_node)
-    if world > 10_000_000:
-        raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most 10,000,000")
+    if world > MAX_WORLD:
+        raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most {MAX_WORLD:,}")
     defaulted = global_batch is None
     gb = default_global_batch(world, seq) if defaulted else global_batch
     try:
@@ -248,16 +307,31 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
         sc = Scalars(seq, sc.precision, sc.attention, sc.optimizer, style)
         setup = setup.model_copy(update={"framework": style})
     multi = world > hardware.gpus_per_node
-    cols = enumerate_candidates(world, spec.n_layers, gb, multi)
+    # (tp, pp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
+    # counted, not built: a highly composite world size has thousands of layouts x 4,032 rows each.
+    pairs = tp_pp_pairs(world)
+    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes)
+    pair_reason = np.full(len(pairs), -1)
+    for j, mask in enumerate(pair_bad.values()):
+        pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
+    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi)
+    kept_pairs = [p for p, r in zip(pairs, pair_reason) if r < 0]
+    rows = int(count_candidates(world, kept_pairs, gb, multi).sum())
+    if rows > MAX_CANDIDATES:
+        raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
+                        f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
+    cols = enumerate_candidates(world, spec.n_layers, gb, multi, kept_pairs)
     cols = Columns(**{**cols.__dict__, "tp_across_nodes_ok": allow_tp_across_nodes})
-    n = len(np.atleast_1d(cols.dp))
+    n_rows = len(np.atleast_1d(cols.dp))
+    n = n_rows + int(pruned_counts.sum())
     bad = violations(cols, spec, hardware, world)
+    pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
     rejected: dict[str, int] = {}
-    ok = np.ones(n, dtype=bool)
-    for reason, mask in bad.items():
-        newly = mask & ok
-        if newly.any():
-            rejected[reason] = int(newly.sum())
+    ok = np.ones(n_rows, dtype=bool)
+    for j, (reason, mask) in enumerate(bad.items()):
+        newly = int((mask & ok).sum()) + (int(pruned_by_reason[j]) if j < len(pruned_by_reason) else 0)
+        if newly:
+            rejected[reason] = newly
         ok &= ~mask
     valid = cols.take(np.nonzero(ok)[0])
     out = evaluate(spec, hardware, sc, valid, world)
@@ -284,4 +358,5 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
                                       "recompute": ("none", "selective", "full")[int(row.recompute[0])]})
         est = make_estimate(spec, hardware, p, st, world, out, int(i))
         ranked.append(RankedPlan(p, st, est, explain(est, hardware, tree, best)))
-    return PlanSearch(spec, hardware, world, gb, defaulted, seq, objective, n, rejected, ranked, tree)
+    return PlanSearch(spec, hardware, world, gb, defaulted, seq, objective, n, rejected, ranked, tree,
+                      scalars=sc, memory_headroom=memory_headroom, allow_tp_across_nodes=allow_tp_across_nodes)

@@ -134,7 +134,7 @@ def test_llama_1b_shape_gives_measured_param_count(kv_heads, d_ff):
 
 def test_llama_1b_recorded_shape():
     row = next(r for r in ds.load_h100_single() if r.model == "llama-1b")
-    assert (row.shape.n_layers, row.shape.d_model, row.shape.n_heads, row.shape.n_kv_heads, row.shape.d_ff) == (16, 2048, 32, 8, 6656)
+    assert (row.shape.n_layers, row.shape.d_model, row.shape.n_heads, row.shape.n_kv_heads, row.shape.d_ff) == (16, 2048, 32, 32, 5632)
     assert row.model_spec().n_params == 953_223_168
 
 
@@ -185,7 +185,7 @@ def test_published_copies_are_verbatim(name):
 def test_estimate_kwargs_use_the_estimator_vocabulary(loader):
     allowed = {"model", "hw", "gpus", "dp", "tp", "pp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "grad_accum", "seq", "precision", "attention", "recompute",
-               "optimizer", "data_parallel", "overlap_grad_reduce"}
+               "optimizer", "data_parallel", "overlap_grad_reduce", "framework"}
     for row in loader()[:50]:
         kw = row.estimate_kwargs()
         assert set(kw) <= allowed

@@ -157,7 +157,8 @@ class VTrainRow(Row):
                     schedule=s["schedule"], virtual_stages=s["virtual_stages"], micro_batch=self.micro_batch,
                     global_batch=self.global_batch, seq=self.seq_len, precision=s["precision"],
                     attention=s["attention"], recompute=s["recompute"], optimizer=s["optimizer"],
-                    data_parallel=s["data_parallel"], overlap_grad_reduce=s["overlap_grad_reduce"])
+                    data_parallel=s["data_parallel"], overlap_grad_reduce=s["overlap_grad_reduce"],
+                    framework="megatron")  # Megatron-DeepSpeed's fused kernels, also for pure-DP rows
 
 
 def vtrain_meta() -> dict:
@@ -304,7 +305,7 @@ class PublishedRun(Row):
                     precision=self.precision, recompute=self.recompute, data_parallel="ddp",
                     overlap_grad_reduce=self.overlap_grad_reduce,
                     # Megatron 2021-22: Adam, fused-softmax attention that stores the s x s scores (no flash)
-                    optimizer="adamw", attention="eager")
+                    optimizer="adamw", attention="eager", framework="megatron")
 
 
 def load_published_runs() -> list[PublishedRun]:

@@ -40,7 +40,7 @@ MODEL_SHAPES = {
                     "n_heads": 16, "n_kv_heads": 16, "d_ff": 4096, "vocab": 50257, "max_positions": 1024,
                     "tied_embeddings": True},
     "llama-1b": {"catalogue": None, "family": "llama", "n_layers": 16, "d_model": 2048, "n_heads": 32,
-                 "n_kv_heads": 8, "d_ff": 6656, "vocab": 32000, "max_positions": 2048,
+                 "n_kv_heads": 32, "d_ff": 5632, "vocab": 32000, "max_positions": 2048,
                  "tied_embeddings": False},
 }
 

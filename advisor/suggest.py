@@ -1,0 +1,143 @@
+"""What would fit when no plan does: computed, not guessed.
+
+When every plan of a search is rejected, this re-runs the least-memory corner of the search space
+(micro batch 1, full recomputation, every ZeRO stage and tp x pp layout the constraints allow) for
+other GPU counts (doubling, then bisecting in whole nodes), shorter sequences and the profiles with
+more GPU memory, and names the first that fits. When constraints rather than memory reject every
+plan, it names the constraints and their counts.
+
+Deliberately left out: CPU/NVMe offload (not modelled), changing the model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, Scalars, evaluate
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.plans import Columns, Plan
+from advisor.search import MAX_WORLD, PlanSearch, default_global_batch, pair_violations, tp_pp_pairs
+from advisor.units import GB
+
+
+def _gpus(n: int) -> str:
+    return f"{n:,} GPU{'' if n == 1 else 's'}"
+
+
+def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool) -> Optional[Columns]:
+    """The least-memory corner of the search space for one world size: micro batch 1, full recomputation,
+    every (tp, pp) layout that passes the layout constraints, every ZeRO stage it allows, SP on and off."""
+    pairs = tp_pp_pairs(world)
+    bad = np.zeros(len(pairs), dtype=bool)
+    for mask in pair_violations(world, pairs, spec, hw, allow_tp).values():
+        bad |= mask
+    rows = []
+    for (tp, pp), b in zip(pairs, bad):
+        dp = world // (tp * pp)
+        if b or gb % dp:
+            continue
+        for zero in ((0,) if dp == 1 else (0, 1, 2, 3) if pp == 1 else (0, 1)):
+            rows.extend((dp, tp, pp, zero, sp) for sp in ((0, 1) if tp > 1 else (0,)))
+    if not rows:
+        return None
+    a = np.array(rows, dtype=np.int64)
+    n = len(a)
+    return Columns(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
+                   schedule=np.ones(n, int), v=np.ones(n, int), dp_kind=np.zeros(n, int), overlap=np.ones(n, bool),
+                   micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0], recompute=np.full(n, 2),
+                   tp_across_nodes_ok=allow_tp)
+
+
+def _leanest(s: "PlanSearch", world: int, seq: Optional[int] = None,
+             hw: Optional[Hardware] = None) -> tuple[float, Optional[str]]:
+    """(least per-GPU memory of any plan on ``world`` GPUs, its label); (inf, None) when no layout is valid."""
+    hw = hw or s.hardware
+    seq = seq or s.seq_len
+    gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
+    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes)
+    if cols is None:
+        return float("inf"), None
+    sc = s.scalars or Scalars(seq, "bf16-mixed", "sdpa", "adamw", "auto")
+    sc = Scalars(seq, sc.precision, sc.attention, sc.optimizer, sc.framework)
+    out = evaluate(s.model_spec, hw, sc, cols, world)
+    need = (sum(np.asarray(out["memory"][k], dtype=float) for k in MEMORY_PARTS)
+            + sum(np.asarray(out["overhead"][k], dtype=float) for k in OVERHEAD_PARTS))
+    need = np.broadcast_to(need, np.shape(cols.dp))
+    i = int(np.argmin(need))
+    label = Plan(dp=int(cols.dp[i]), tp=int(cols.tp[i]), pp=int(cols.pp[i]), zero=int(cols.zero[i]),
+                 sp=bool(cols.sp[i])).label()
+    return float(need[i]), label
+
+
+def _fits(s: "PlanSearch", world: int, **kw) -> tuple[bool, float, Optional[str]]:
+    hw = kw.get("hw") or s.hardware
+    need, label = _leanest(s, world, **kw)
+    return need <= hw.gpu.memory_bytes * (1.0 - s.memory_headroom), need, label
+
+
+def min_fitting_world(s: "PlanSearch") -> Optional[tuple[int, str]]:
+    """The fewest GPUs (whole nodes beyond one node) on which the leanest plan fits, by doubling then bisecting."""
+    gpn = s.hardware.gpus_per_node
+    snap = lambda w: w if w <= gpn else -(-w // gpn) * gpn  # noqa: E731
+    lo, hi, w = s.world_size, None, snap(s.world_size * 2)
+    while w <= MAX_WORLD:
+        ok, _, label = _fits(s, w)
+        if ok:
+            hi = (w, label)
+            break
+        lo, w = w, snap(w * 2)
+    if hi is None:
+        return None
+    step = gpn if lo >= gpn else 1
+    a, b = lo // step, hi[0] // step  # bisect in units of nodes (or GPUs below one node)
+    while b - a > 1:
+        mid = (a + b) // 2
+        ok, _, label = _fits(s, mid * step)
+        if ok:
+            b, hi = mid, (mid * step, label)
+        else:
+            a = mid
+    return hi
+
+
+def suggest_fix(s: PlanSearch) -> str:
+    """What would fit, computed: the fewest GPUs, a shorter sequence, a GPU with more memory; or the
+    constraint that rejected every plan."""
+    tips = []
+    if s.rejected.get("does not fit in memory"):
+        cap = s.hardware.gpu.memory_bytes * (1.0 - s.memory_headroom)
+        ok, need, label = _fits(s, s.world_size)
+        if label:
+            tips.append(f"even the leanest plan on {_gpus(s.world_size)} ({label}, full recomputation, micro batch 1) needs "
+                        f"{need / GB:,.1f} GB per GPU, more than the {cap / GB:,.1f} GB usable")
+        found = min_fitting_world(s)
+        if found:
+            tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, full recomputation, micro batch 1)")
+        else:
+            tips.append(f"no GPU count up to {MAX_WORLD:,} fits it on {s.hardware.name}")
+        seq = s.seq_len // 2
+        while seq >= 128:
+            if _fits(s, s.world_size, seq=seq)[0]:
+                tips.append(f"--seq {seq} fits on {_gpus(s.world_size)}")
+                break
+            seq //= 2
+        from advisor.hardware import list_profiles, load_hardware
+
+        bigger = [h for h in (load_hardware(p) for p in list_profiles()) if h.gpu.memory_bytes > s.hardware.gpu.memory_bytes]
+        for h in sorted(bigger, key=lambda h: h.gpu.memory_bytes):
+            if _fits(s, s.world_size, hw=h)[0]:
+                tips.append(f"--hw {h.name} ({h.gpu.memory_GiB:g} GiB GPUs) fits on {_gpus(s.world_size)}")
+                break
+    else:
+        worst = sorted(s.rejected.items(), key=lambda kv: -kv[1])[:2]
+        if worst:
+            tips.append("every plan breaks a constraint: " + ", ".join(f"{r} ({n:,} plans)" for r, n in worst))
+        if s.candidates == 0 or not worst:
+            tips.append(f"no dp x tp x pp layout of {s.world_size:,} GPUs has a dp that divides global batch "
+                        f"{s.global_batch:,}; use --global-batch a multiple of {s.world_size:,}")
+        else:
+            tips.append("see --explain for every rejection; change --gpus or --global-batch")
+    return "; ".join(tips)

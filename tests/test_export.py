@@ -1,0 +1,345 @@
+"""advisor.export: every launch config is read back by the launching library's own parser.
+
+Optional parsers (skipped when absent; CI installs them, see the export section of the CI script):
+accelerate==1.15.0 (ClusterConfig + the `accelerate launch` argument path + the FSDP/DeepSpeed plugins),
+deepspeed==0.19.8 (DeepSpeedConfig), megatron-core==0.16.1 (TransformerConfig, DistributedDataParallelConfig,
+OptimizerConfig); torch (torch.distributed.run's own argument parser for the torchrun line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from advisor.cli_export import export_command
+from advisor.export import KINDS, ExportError, deepspeed_dict, export, export_config, megatron_args
+from advisor.hardware import load_hardware
+from advisor.model import load_model
+from advisor.plans import Plan, TrainingSetup, resolve_grad_accum
+
+# id: (model, hardware, world_size, plan, setup)
+CASES = {
+    "single-gpu-fp32": ("gpt2", "dgx-a100", 1, dict(dp=1), dict(micro_batch=4, precision="fp32")),
+    "ddp": ("gpt2", "dgx-a100", 8, dict(dp=8), dict(micro_batch=4, global_batch=64)),
+    "zero1-fp16-selective": ("gpt2-xl", "dgx-a100", 16, dict(dp=16, zero=1),
+                             dict(micro_batch=2, global_batch=256, precision="fp16-mixed", recompute="selective")),
+    "zero1-pure-bf16-full": ("gpt2-medium", "titan-rtx-nvlink", 2, dict(dp=2, zero=1),
+                             dict(micro_batch=2, grad_accum=8, precision="bf16", recompute="full")),
+    "zero2-pure-bf16": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1, grad_accum=4, precision="bf16")),
+    "zero3-full-fp16": ("llama2-7b", "dgx-a100", 16, dict(dp=16, zero=3),
+                        dict(micro_batch=2, global_batch=512, seq_len=4096, precision="fp16-mixed", recompute="full")),
+    "hsdp": ("llama2-13b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True), dict(micro_batch=1, global_batch=128)),
+    "zero3-fp8": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=2, precision="fp8-mixed")),
+    "3d-interleaved": ("llama3-70b", "dgx-h100", 64,
+                       dict(dp=2, tp=8, pp=4, zero=1, sp=True, schedule="interleaved", virtual_stages=2),
+                       dict(micro_batch=1, global_batch=256, seq_len=8192, recompute="full")),
+    "tp-pp-1f1b-fp16": ("gpt3-175b", "dgx-a100", 128, dict(dp=2, tp=8, pp=8),
+                        dict(micro_batch=1, global_batch=64, seq_len=2048, precision="fp16-mixed", recompute="selective")),
+}
+MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16"}
+
+
+def inputs(case: str):
+    model, hw, world, plan_kw, setup_kw = CASES[case]
+    plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
+    grad_accum, err = resolve_grad_accum(setup, plan)
+    assert err is None
+    return load_model(model), load_hardware(hw), plan, setup, grad_accum, world
+
+
+def exportable(kind: str, case: str) -> bool:
+    return not (kind == "accelerate" and case in MODEL_PARALLEL) and not (
+        kind == "deepspeed" and case == "3d-interleaved")
+
+
+ALL = [(k, c) for k in KINDS for c in CASES if exportable(k, c)]
+
+
+# -- library-free checks ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,case", ALL)
+def test_export_config_returns_name_and_text(kind, case):
+    name, text = export_config(kind, *inputs(case))
+    assert name and text.endswith("\n")
+    if kind == "accelerate":
+        assert isinstance(yaml.safe_load(text), dict)
+    if kind == "deepspeed":
+        assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_batch_identity(case):
+    """train_batch_size = micro x grad_accum x dp in DeepSpeed, and Megatron's --global-batch-size the same."""
+    model, hw, plan, setup, ga, world = inputs(case)
+    expected = setup.global_batch or setup.micro_batch * ga * plan.dp
+    if case != "3d-interleaved":
+        ds, _ = deepspeed_dict(model, hw, plan, setup, ga, world)
+        assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan.dp
+        assert ds["train_batch_size"] == expected
+    args, _ = megatron_args(model, hw, plan, setup, ga)
+    assert int(args[args.index("--global-batch-size") + 1]) == expected
+
+
+@pytest.mark.parametrize("kind,case,message", [
+    ("accelerate", "3d-interleaved", "accelerate cannot express tp=8 x pp=4"),
+    ("deepspeed", "3d-interleaved", "no interleaved schedule"),
+])
+def test_refuses_what_the_launcher_cannot_express(kind, case, message):
+    with pytest.raises(ExportError, match=message):
+        export(kind, *inputs(case))
+
+
+def test_refusals_are_one_line():
+    model, hw, plan, setup, ga, world = inputs("ddp")
+    cases = [
+        (dict(model=load_model("bloom-176b"), plan=Plan(dp=8)), "megatron", "ALiBi"),
+        (dict(plan=Plan(dp=4, data_parallel="dp"), world=4), "torchrun", "nn.DataParallel"),
+        (dict(plan=Plan(dp=12), world=12, setup=TrainingSetup(micro_batch=4)), "torchrun", "not a multiple of 8"),
+        (dict(plan=Plan(dp=4)), "deepspeed", r"dp\(4\) x tp\(1\) x pp\(1\) = 4 != world size 8"),
+        (dict(), "slurm", "unknown export format"),
+    ]
+    for change, kind, message in cases:
+        args = dict(model=model, hw=hw, plan=plan, setup=setup, ga=ga, world=world) | change
+        with pytest.raises(ExportError, match=message) as err:
+            export(kind, args["model"], args["hw"], args["plan"], args["setup"], args["ga"], args["world"])
+        assert "\n" not in str(err.value)
+
+
+def test_megatron_model_flags():
+    args, _ = megatron_args(*inputs("3d-interleaved")[:5])
+    joined = " ".join(args)
+    for flag in ["--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4", "--sequence-parallel",
+                 "--num-layers-per-virtual-pipeline-stage 10", "--recompute-granularity full",
+                 "--recompute-method uniform", "--recompute-num-layers 1", "--group-query-attention",
+                 "--num-query-groups 8", "--swiglu", "--normalization RMSNorm", "--position-embedding-type rope",
+                 "--untie-embeddings-and-output-weights", "--bf16", "--use-distributed-optimizer"]:
+        assert flag in joined
+    gpt, _ = megatron_args(*inputs("tp-pp-1f1b-fp16")[:5])
+    assert "--position-embedding-type learned_absolute" in " ".join(gpt) and "--fp16" in gpt
+    assert "--untie-embeddings-and-output-weights" not in gpt and "--swiglu" not in gpt
+
+
+# -- torchrun: torch.distributed.run's own parser --------------------------------------------------
+def _torchrun_tokens(text: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith("torchrun"))
+    return shlex.split(line.replace("$MASTER_ADDR", "node0").replace("$JOB_ID", "job"))[1:]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_torchrun_line_parses(case):
+    run = pytest.importorskip("torch.distributed.run")
+    model, hw, plan, setup, ga, world = inputs(case)
+    ns = run.get_args_parser().parse_args(_torchrun_tokens(export("torchrun", model, hw, plan, setup, ga, world).text))
+    nnodes, nproc = int(ns.nnodes), int(ns.nproc_per_node)
+    assert nnodes * nproc == world and nproc <= hw.gpus_per_node
+    assert ns.training_script == "train.py"
+    if nnodes > 1:
+        assert (ns.rdzv_backend, ns.rdzv_endpoint) == ("c10d", "node0:29500")
+    else:
+        assert ns.standalone
+
+
+# -- accelerate: ClusterConfig and the `accelerate launch` path ------------------------------------
+def _accelerate_launch_env(path):
+    """What `accelerate launch --config_file path train.py` exports to the training processes."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args, defaults, mp_from_config = _validate_launch_command(
+        launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    if args.use_deepspeed:  # as accelerate.commands.launch.launch_command does before deepspeed_launcher
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        return prepare_deepspeed_cmd_env(args)[1]
+    return prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if exportable("accelerate", c)])
+def test_accelerate_config_loads(case, tmp_path, monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    model, hw, plan, setup, ga, world = inputs(case)
+    out = export("accelerate", model, hw, plan, setup, ga, world)
+    path = tmp_path / out.filename
+    path.write_text(out.text)
+    cfg = load_config_from_file(str(path))
+    assert cfg.num_processes == world and cfg.num_machines == -(-world // hw.gpus_per_node)
+    assert cfg.mixed_precision == {"fp32": "no", "bf16": "bf16" if plan.zero == 1 else "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16",
+                                   "fp8-mixed": "fp8"}[setup.precision.value]
+    kind = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero] if world > 1 else "NO"
+    assert cfg.distributed_type.value == kind
+    if kind == "NO":
+        return
+    if setup.precision.value == "fp8-mixed":  # the launcher checks an FP8 backend (Transformer Engine) is installed
+        monkeypatch.setattr("accelerate.utils.launch.is_fp8_available", lambda: True)
+    env = _accelerate_launch_env(path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert env["ACCELERATE_MIXED_PRECISION"] == cfg.mixed_precision
+    if cfg.mixed_precision == "fp8":
+        assert env["ACCELERATE_FP8_BACKEND"] == "TE" and env["ACCELERATE_FP8_FORMAT"] == "HYBRID"
+    if kind == "FSDP":
+        # sync_module_states asks for a CUDA device; it is about loading, not sharding.
+        fsdp = FullyShardedDataParallelPlugin(sync_module_states=False, cpu_ram_efficient_loading=False)
+        want = "HYBRID_SHARD" if plan.hybrid_shard else {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}[plan.zero]
+        assert fsdp.sharding_strategy.name == want
+        assert fsdp.activation_checkpointing == (setup.recompute == "full")
+    if kind == "DEEPSPEED":
+        ds = DeepSpeedPlugin()
+        assert ds.zero_stage == 1 and ds.gradient_accumulation_steps == ga
+
+
+# -- DeepSpeed: DeepSpeedConfig ---------------------------------------------------------------------
+@pytest.mark.parametrize("case", [c for c in CASES if exportable("deepspeed", c)])
+def test_deepspeed_config_loads(case, monkeypatch):
+    pytest.importorskip("deepspeed")
+    import deepspeed.runtime.config as ds_config
+
+    model, hw, plan, setup, ga, world = inputs(case)
+    cfg = json.loads(export("deepspeed", model, hw, plan, setup, ga, world).text)
+
+    class MPU:  # the data-parallel size DeepSpeed divides the batch by, without a process group
+        def get_data_parallel_world_size(self):
+            return plan.dp
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    parsed = ds_config.DeepSpeedConfig(cfg, mpu=MPU())  # asserts train_batch = micro x grad_accum x dp
+    assert parsed.world_size == plan.dp
+    assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (
+        setup.micro_batch * ga * plan.dp, setup.micro_batch, ga)
+    assert parsed.zero_optimization_stage == plan.zero and parsed.gradient_clipping == 1.0
+    p = setup.precision.value
+    assert parsed.float16_config.enabled == (p == "fp16-mixed")
+    assert parsed.bfloat16_config.enabled == (p in ("bf16", "bf16-mixed", "fp8-mixed"))
+    if p == "fp16-mixed":
+        assert parsed.float16_config.loss_scale == 0  # 0 = dynamic loss scaling
+    if p == "bf16" and plan.zero:
+        assert parsed.bfloat16_config.bf16_master_weights_and_grads
+    if plan.hybrid_shard:
+        assert parsed.zero_config.zero_hpz_partition_size == hw.gpus_per_node
+    if plan.tp > 1:
+        assert parsed.tensor_parallel_config.autotp_size == plan.tp
+    assert ("activation_checkpointing" in cfg) == (setup.recompute != "none")
+    known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+             "gradient_clipping", "zero_optimization", "fp16", "bf16", "activation_checkpointing", "tensor_parallel"}
+    assert set(cfg) <= known  # DeepSpeedConfig ignores unknown top-level keys, so check them here
+
+
+# -- Megatron: megatron-core's config dataclasses ---------------------------------------------------
+def _megatron_flags(text: str) -> dict[str, object]:
+    body = re.search(r"MEGATRON_ARGS=\((.*?)\n\)", text, re.S).group(1)
+    tokens, flags = shlex.split(body, comments=True), {}
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else "--"
+            flags[tok[2:].replace("-", "_")] = True if nxt.startswith("--") else nxt
+    return flags
+
+
+# Megatron-LM flags (megatron/training/arguments.py) that configure training, not a megatron-core dataclass.
+TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_position_embeddings", "swiglu",
+                 "group_query_attention", "position_embedding_type", "untie_embeddings_and_output_weights",
+                 "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "fp8_format", "normalization"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_megatron_args_build_core_configs(case):
+    pytest.importorskip("megatron.core")
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+
+    model, hw, plan, setup, ga, world = inputs(case)
+    f = _megatron_flags(export("megatron", model, hw, plan, setup, ga, world).text)
+    names = set().union(*({x.name for x in dataclasses.fields(c)}
+                          for c in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)))
+    assert set(f) - names <= TRAINING_ONLY, set(f) - names - TRAINING_ONLY
+
+    # As Megatron-LM's core_transformer_config_from_args maps the parsed arguments.
+    dtype = torch.bfloat16 if f.get("bf16") else torch.float16 if f.get("fp16") else torch.float32
+    n_layers, pp = int(f["num_layers"]), int(f["pipeline_model_parallel_size"])
+    vpp = f.get("num_layers_per_virtual_pipeline_stage")
+    swiglu = bool(f.get("swiglu"))
+    opt = lambda k: int(f[k]) if k in f else None  # noqa: E731
+    tc = TransformerConfig(
+        num_layers=n_layers, hidden_size=int(f["hidden_size"]), num_attention_heads=int(f["num_attention_heads"]),
+        num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
+        ffn_hidden_size=int(f["ffn_hidden_size"]), kv_channels=opt("kv_channels"),
+        tensor_model_parallel_size=int(f["tensor_model_parallel_size"]), pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else None,
+        sequence_parallel=bool(f.get("sequence_parallel")), recompute_granularity=f.get("recompute_granularity"),
+        recompute_method=f.get("recompute_method"), recompute_num_layers=opt("recompute_num_layers"),
+        bf16=bool(f.get("bf16")), fp16=bool(f.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
+        fp8=f.get("fp8_format"), normalization=f["normalization"], add_bias_linear=not f.get("disable_bias_linear"),
+        add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+    )
+    assert tc.kv_channels * tc.num_attention_heads == model.q_dim
+    assert (tc.num_query_groups or tc.num_attention_heads) == model.kv_heads
+    assert tc.tensor_model_parallel_size * pp * plan.dp == world
+    if plan.schedule == "interleaved":
+        assert tc.virtual_pipeline_model_parallel_size == plan.virtual_stages
+    ddp = DistributedDataParallelConfig(
+        overlap_grad_reduce=bool(f.get("overlap_grad_reduce")),
+        use_distributed_optimizer=bool(f.get("use_distributed_optimizer")),
+        use_megatron_fsdp=bool(f.get("use_megatron_fsdp")),
+        data_parallel_sharding_strategy=f.get("data_parallel_sharding_strategy", "no_shard"),
+        num_distributed_optimizer_instances=opt("num_distributed_optimizer_instances") or 1,
+    )
+    assert ddp.use_distributed_optimizer == (plan.zero >= 1)
+    OptimizerConfig(bf16=tc.bf16, fp16=tc.fp16, params_dtype=dtype, clip_grad=float(f["clip_grad"]),
+                    use_distributed_optimizer=ddp.use_distributed_optimizer)
+    assert int(f["global_batch_size"]) == int(f["micro_batch_size"]) * ga * plan.dp
+
+
+# -- CLI --------------------------------------------------------------------------------------------
+BASE = ["--model", "llama2-7b", "--hw", "dgx-a100", "--gpus", "16", "--zero", "3", "--micro-batch", "2",
+        "--global-batch", "512", "--seq", "4096"]
+
+
+@pytest.mark.parametrize("fmt", KINDS)
+def test_cli_prints_to_stdout(fmt):
+    result = CliRunner().invoke(export_command, BASE + ["--format", fmt])
+    assert result.exit_code == 0, result.output
+    if fmt == "deepspeed":
+        start = result.stdout.index("{")
+        assert json.loads(result.stdout[start:])["train_batch_size"] == 512
+    else:
+        assert "llama2-7b" in result.stdout
+
+
+def test_cli_writes_out(tmp_path):
+    out = tmp_path / "ds.json"
+    result = CliRunner().invoke(export_command, BASE + ["--format", "deepspeed", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 3
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tp", "2", "--format", "accelerate"], "accelerate cannot express"),
+    (["--global-batch", "500", "--format", "deepspeed"], "not divisible"),
+    (["--tp", "3", "--format", "megatron"], "not divisible by tp x pp"),
+])
+def test_cli_errors_are_one_line_exit_2(extra, message):
+    result = CliRunner().invoke(export_command, BASE + extra)
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_no_torch_import():
+    """advisor.export stays a pure library: importing it must not pull in torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, advisor.export, advisor.cli_export; print('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"
