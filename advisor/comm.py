@@ -20,10 +20,9 @@ The parameters are fitted per profile by ``advisor calibrate`` (advisor.calibrat
 
 Across nodes a group of n GPUs with g of them in each of k nodes is costed two ways, and the cheaper
 is taken and named (NCCL picks between ring and tree similarly):
-- ring bottleneck: one ring crosses every node boundary; each crossing carries a rank's full share,
-  so busbw is bounded by the network bandwidth the g GPUs of a node share (g x per-GPU NIC share).
-- hierarchical: reduce-scatter inside the node (g), all-reduce of S/g across the k nodes on each
-  GPU's NIC share, all-gather inside the node (g).
+- ring bottleneck: busbw bounded by each GPU's share of its node's network (and the intra link).
+- hierarchical (all-reduce only): reduce-scatter inside the node (g), all-reduce of S/g across the k
+  nodes on each GPU's NIC share, all-gather inside the node (g): all of a node's NICs carry data.
 PCIe without peer-to-peer (NCCL_P2P_DISABLE=1, ``titan-rtx-pcie``) stages through host memory; the
 profile's pcie bandwidth is that staged path's effective rate.
 
@@ -109,14 +108,15 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     g = np.clip(np.asarray(per_node, dtype=float), 1.0, np.maximum(n, 1.0))
     k = np.ceil(n / g)
     intra = link_time(c, n, S, hw.intra_node)
-    # Ring across nodes: the g GPUs of a node share g NIC shares; the ring runs at the slower of that
-    # and the intra-node link (scaled so that link_time's bandwidth becomes the bottleneck's).
-    nic_share = hw.inter_node_bytes_per_s_per_gpu * g
-    ratio = np.minimum(1.0, nic_share / hw.inter_node.bandwidth_bytes_per_s)
-    ring = link_time(c, n, S, hw.inter_node) / np.maximum(ratio, 1e-12)
-    ring = np.maximum(ring, intra)
-    # Hierarchical: intra-node reduce-scatter / inter-node on S/g / intra-node all-gather.
+    # Ring across nodes: every GPU of the group sends and receives its full share over the inter-node
+    # network, so busbw is bounded by each GPU's share of its node's NICs (rail-optimised nodes: one NIC
+    # per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs show
+    # (Narayanan et al. 2021 Table 2: the step time stays flat from 768 to 1536 GPUs).
     share = hw.inter_node_bytes_per_s_per_gpu / hw.inter_node.bandwidth_bytes_per_s
+    ring = np.maximum(link_time(c, n, S, hw.inter_node) / share, intra)
+    # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
+    # nodes on each GPU's NIC share (all g NICs of a node busy at once), intra-node all-gather. NCCL has
+    # no such algorithm for all-gather / reduce-scatter alone: those stay on the ring.
     inter_part = link_time(c, k, S / g, hw.inter_node) / share
     if c is Collective.all_reduce:
         hier = (
@@ -124,8 +124,6 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
             + inter_part
             + link_time(Collective.all_gather, g, S, hw.intra_node)
         )
-    elif c in (Collective.all_gather, Collective.reduce_scatter):
-        hier = link_time(c, g, S, hw.intra_node) + inter_part
     else:
         hier = ring
     multi = k > 1

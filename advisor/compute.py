@@ -173,12 +173,16 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
             fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
         return fwd, 2.5 * fwd, 1.0
-    # Eager: two batched GEMMs (s x d x s and s x s x d) and memory passes over the b*heads*s*s scores:
-    # scale, causal mask, softmax, dropout (GPT-2) each read+write the scores; backward about twice that.
+    # Eager: two batched GEMMs (s x d x s and s x s x d) and memory passes over the b*heads*s*s scores.
+    # HF GPT-2: scale, causal mask, softmax, dropout each read+write the scores (4 passes); HF Llama: mask,
+    # softmax (fp32), cast (3). Megatron fuses scale+mask+softmax into one kernel and adds dropout (2).
     gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d)
     score_elems = tokens * s * heads
-    passes = 4.0 if m.family in ("gpt", "bloom") else 3.0
-    fwd = gemm + mem_time(hw, passes * 2 * score_elems * e + score_elems * 4.0 * (e < 4))
+    if w.framework == "megatron":
+        passes = 2.0
+    else:
+        passes = 4.0 if m.family in ("gpt", "bloom") else 3.0
+    fwd = gemm + mem_time(hw, passes * 2 * score_elems * e + score_elems * 4.0 * (e < 4) * (w.framework != "megatron"))
     return fwd, 2.0 * fwd, passes + 2
 
 
@@ -186,7 +190,7 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
 # by validation/probes/host_overhead.py (data: validation/data/host_overhead.json). Each costs the host
 # ``kernel_launch_us`` (dispatcher + CUDA launch); the GPU idles when its kernels are shorter.
 HOST_OPS = {
-    ("megatron", "gpt"): (49, 86),
+    ("megatron", "gpt"): (65, 95),  # megatron-core 0.16 GPT layer, local spec (no apex/TE)
     ("hf", "gpt", "sdpa"): (75, 98),
     ("hf", "gpt", "eager"): (91, 96),
     ("hf", "llama", "sdpa"): (77, 142),

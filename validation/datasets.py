@@ -305,7 +305,7 @@ class PublishedRun(Row):
                     precision=self.precision, recompute=self.recompute, data_parallel="ddp",
                     overlap_grad_reduce=self.overlap_grad_reduce,
                     # Megatron 2021-22: Adam, fused-softmax attention that stores the s x s scores (no flash)
-                    optimizer="adamw", attention="eager", framework="megatron")
+                    optimizer="adamw-fused", attention="eager", framework="megatron")  # apex FusedAdam
 
 
 def load_published_runs() -> list[PublishedRun]:

@@ -60,6 +60,38 @@ def megatron_layer(h=64, heads=4):
     return Layer()
 
 
+def megatron_core_layer():
+    """megatron-core's GPT layer (local spec, no apex/TE), CPU-patched: returns (layer, input, mask) or None."""
+    import contextlib
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from megatron.core import parallel_state as ps
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.tensor_parallel import random as mrandom
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.transformer.transformer_layer import TransformerLayer
+    except ImportError:
+        return None
+    torch.cuda.current_device = lambda: "cpu"  # megatron's global buffer asks for the CUDA device
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PROBE_PORT", "29533"), RANK="0", WORLD_SIZE="1")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    ps.initialize_model_parallel(1, 1)
+    mrandom.get_cuda_rng_tracker().fork = lambda name="model-parallel-rng": contextlib.nullcontext()
+    cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True,
+                            attention_dropout=0.1, hidden_dropout=0.1, add_bias_linear=True, bias_dropout_fusion=False,
+                            masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+                            bias_activation_fusion=False, persist_layer_norm=False)
+    layer = TransformerLayer(cfg, get_gpt_layer_local_spec().submodules)
+    x = torch.randn(8, 1, 64, requires_grad=True)
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).triu(1)
+    return layer, x, mask
+
+
 def hf_layers():
     try:
         import transformers  # noqa: F401
@@ -86,6 +118,10 @@ def measure(reps: int = 30):
     layer = megatron_layer()
     x = torch.randn(1, 8, 64, requires_grad=True)
     rows.append(_time("megatron-gpt", lambda: layer(x), reps))
+    mc = megatron_core_layer()
+    if mc is not None:
+        mlayer, mx, mmask = mc
+        rows.append(_time("megatron-core-gpt", lambda: mlayer(mx, attention_mask=mmask)[0], reps))
     for name, model in hf_layers().items():
         model.train()
         ids = torch.randint(0, 128, (1, 8))

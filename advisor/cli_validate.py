@@ -1,0 +1,117 @@
+"""`advisor validate`: run the cost model on every measured dataset and print how close it is.
+
+Thin: import ``validation`` (it sits at the repository root, beside ``advisor``, and is not installed),
+run ``validation.validate.run``, render a table per dataset, or ``--json``, and ``--plot DIR`` for PNGs.
+Everything heavy (scipy, matplotlib, the datasets) is imported inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+DATASETS = ("titan", "dgx", "vtrain", "nccl", "h100", "published")
+
+
+def _import_validation():
+    """``validation.validate``, found beside the installed ``advisor`` when run from a checkout; else exit 2."""
+    try:
+        from validation import validate
+        return validate
+    except ImportError:
+        pass
+    import advisor
+
+    root = Path(advisor.__file__).resolve().parents[1]
+    if (root / "validation" / "validate.py").is_file():
+        sys.path.insert(0, str(root))
+        try:
+            from validation import validate
+            return validate
+        except ImportError as exc:
+            click.echo(f"error: cannot import validation from {root}: {exc}", err=True)
+            raise SystemExit(2)
+    click.echo("error: the `validation` package is not installed with advisor: run `advisor validate` from the "
+               "repository checkout (an editable install: pip install -e .)", err=True)
+    raise SystemExit(2)
+
+
+def _f(x: Optional[float], fmt: str = ".1f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def render(report, goals: dict) -> str:
+    """One table per dataset, then the goals (validation.validate.GOALS)."""
+    out = []
+    for d in report.datasets:
+        out += [f"== {d.name}: {d.description}",
+                f"  rows {d.rows}, compared {d.compared}; {d.quantity}: MAPE {_f(d.mape_pct)}%, max APE {_f(d.max_ape_pct)}%"]
+        if d.memory_mape_pct is not None:
+            out.append(f"  peak memory: MAPE {_f(d.memory_mape_pct)}%, max APE {_f(d.memory_max_ape_pct)}%")
+        for g, rk in d.spearman.items():
+            out.append(f"  Spearman {g}: mean {_f(rk.mean_rho, '.3f')}, min {_f(rk.min_rho, '.3f')} over {rk.groups} groups")
+        for k, v in d.extra.items():
+            out.append(f"  {k}: {_f(v, '.3g')}")
+        if d.compared > 12 and len(d.by_kind) > 1:
+            out.append("  by plan kind: " + "; ".join(f"{k} n={e.n} MAPE {e.mape_pct:.0f}% bias {e.mean_error_pct:+.0f}%"
+                                                      for k, e in d.by_kind.items()))
+        if d.compared <= 12:
+            out.append(f"  {'row':40s} {'kind':26s} {'predicted':>10s} {'measured':>10s} {'error':>8s}")
+            for p in d.points:
+                out.append(f"  {p.label[:40]:40s} {p.kind[:26]:26s} {p.predicted:10.4g} {p.measured:10.4g} {p.error_pct:+7.1f}%")
+        for c in d.comparisons:
+            out.append(f"  [{'ok' if c.agrees else 'NO'}] {c.faster} faster than {c.slower}: measured x{c.measured_ratio:.3f}, "
+                       f"predicted x{c.predicted_ratio:.3f} ({c.ratio_error_pct:+.0f}%)")
+            if not c.agrees:
+                out.append(f"       why: {c.why}")
+        for reason, count in d.rejected.items():
+            out.append(f"  rejected {count}: {reason}")
+        out += [f"  note: {n}" for n in d.notes] + [""]
+    out.append("goals:")
+    for goal, (value, threshold, met) in report.goals().items():
+        sense = "<=" if goals[goal].sense == "max" else ">="
+        out.append(f"  [{'met' if met else 'NOT MET':7s}] {goal}: {_f(value, '.3g')} (goal {sense} {threshold:g})")
+    out.append(f"validated in {report.wall_s:.1f} s")
+    return "\n".join(out)
+
+
+@click.command("validate")
+@click.option("--dataset", "names", type=click.Choice(DATASETS), multiple=True,
+              help="validate only these datasets (repeatable) [default: all]")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="write PNG figures into this directory")
+def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[Path]) -> None:
+    """Compare the model with measured runs (seeds, vTrain, nccl-tests, H100 steps, published tables)."""
+    v = _import_validation()
+    report = v.run(list(names) or None)
+    written = []
+    if plot_dir is not None:
+        from validation.plots import write_figures
+
+        written = write_figures(report, plot_dir)
+    if as_json:
+        doc = report.model_dump(mode="json")
+        doc["goals"] = {k: {"value": val, "threshold": thr, "met": met} for k, (val, thr, met) in report.goals().items()}
+        doc["figures"] = [str(p) for p in written]
+        click.echo(json.dumps(_nan_to_none(doc), indent=2))
+        return
+    click.echo(render(report, v.GOALS))
+    for p in written:
+        click.echo(f"wrote {p}")
+
+
+def _nan_to_none(x):
+    """JSON has no NaN: a quantity that could not be computed (no rows compared) is null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return x

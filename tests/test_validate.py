@@ -1,0 +1,155 @@
+"""`advisor validate`: the report's structure, the project's accuracy goals, the CLI and its figures.
+
+The goals (validation.validate.GOALS) are asserted as they stand; those the current model does not yet
+meet are xfail(strict=False) with the number measured when the mark was set, so the suite stays green
+and says how far off the model is. An XPASS means a goal is now met: remove its mark.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `validation` is not an installed package; run from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from advisor.cli_validate import validate as validate_command  # noqa: E402
+from advisor.estimate import TIME_PARTS  # noqa: E402
+from validation import datasets as ds  # noqa: E402
+from validation import validate as v  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def report():
+    return v.run()
+
+
+def test_every_dataset_is_reported_in_under_a_minute(report):
+    assert [d.name for d in report.datasets] == list(v.VALIDATORS)
+    assert report.wall_s < 60  # the issue's budget for the whole validation, offline
+
+
+@pytest.mark.parametrize("name, loader", [
+    ("titan", ds.load_titan_seed), ("dgx", ds.load_dgx_seed), ("vtrain", ds.load_vtrain),
+    ("nccl", ds.load_nccl_a100), ("h100", ds.load_h100_single), ("published", ds.load_published_runs),
+])
+def test_rows_are_counted_and_none_dropped_silently(report, name, loader):
+    d = report.get(name)
+    assert d.rows == len(loader())
+    estimated = len(d.secondary.get("step time (s)", d.points))  # published: every estimated row has a step time
+    if name == "nccl":
+        assert d.compared == sum(r.size_bytes >= v.NCCL_MIN_BYTES for r in loader())
+    else:
+        assert estimated + sum(d.rejected.values()) == d.rows
+    assert sum(k.n for k in d.by_kind.values()) == d.compared
+
+
+def test_errors_are_consistent(report):
+    for d in report.datasets:
+        assert d.compared > 0, d.name
+        assert 0 <= d.mape_pct <= d.max_ape_pct, d.name
+        assert all(math.isfinite(p.predicted) and p.predicted > 0 for p in d.points), d.name
+        assert d.max_ape_pct == pytest.approx(max(abs(p.error_pct) for p in d.points))
+    h100 = report.get("h100")
+    assert 0 <= h100.memory_mape_pct <= h100.memory_max_ape_pct
+
+
+def test_rank_agreement_and_regret_are_well_formed(report):
+    vt = report.get("vtrain")
+    assert set(vt.spearman) == {"(gpus, d_model, n_layers)", "(model, gpus, global batch)"}
+    for rk in vt.spearman.values():
+        assert rk.groups > 0 and -1 <= rk.min_rho <= rk.mean_rho <= 1
+    assert vt.extra["top1_groups"] > 0
+    assert 0 <= vt.extra["top1_regret_mean_pct"] <= vt.extra["top1_regret_max_pct"]
+    assert 0 <= vt.extra["top1_exact_fraction"] <= 1
+
+
+def test_spearman_and_regret_on_a_known_ordering():
+    """Helpers on hand-made points: a perfect ranking has rho 1 and regret 0; a reversed one rho -1."""
+    pts = [v.Point(label=str(i), kind="k", predicted=i + 1.0, measured=10.0 * (i + 1)) for i in range(4)]
+    rev = [v.Point(label=str(i), kind="k", predicted=4.0 - i, measured=10.0 * (i + 1)) for i in range(4)]
+    assert v.rank_agreement(pts, lambda p: 0).mean_rho == pytest.approx(1.0)
+    assert v.rank_agreement(rev, lambda p: 0).mean_rho == pytest.approx(-1.0)
+    assert v.top1_regrets(pts, lambda p: 0) == [0.0]
+    assert v.top1_regrets(rev, lambda p: 0) == [pytest.approx(300.0)]  # picks the 40 s plan over the 10 s one
+
+
+def test_seed_comparisons_are_all_checked_and_explained(report):
+    titan, dgx = report.get("titan"), report.get("dgx")
+    assert {(c.faster, c.slower) for c in titan.comparisons} == {
+        ("titan_ddp_nvlink", "titan_dp_nvlink"), ("titan_dp_nvlink", "titan_ddp_pcie"), ("titan_ddp_nvlink", "titan_ddp_pcie")}
+    assert {c.slower for c in dgx.comparisons} == {"dgx_gpt2large_ddp", "dgx_gpt2xl_ddp"}
+    measured = {("titan_ddp_nvlink", "titan_ddp_pcie"): 131.4367 / 101.9003, ("dgx_gpt2xl_fsdp_sgo", "dgx_gpt2xl_ddp"): 1292 / 877}
+    for c in titan.comparisons + dgx.comparisons:
+        if (c.faster, c.slower) in measured:
+            assert c.measured_ratio == pytest.approx(measured[(c.faster, c.slower)], rel=1e-3)  # the yaml's 4 digits
+        assert c.agrees == (c.direction_ok and abs(c.ratio_error_pct) <= 100 * v.RATIO_TOLERANCE)
+        # every verdict names the dominant breakdown terms of both sides
+        assert c.slower in c.why and c.faster in c.why
+        assert any(term in c.why for term in TIME_PARTS)
+
+
+NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-11-22)
+    "vtrain step-time MAPE %": "32.8% (every plan kind predicted too fast; tp -46%, dp -18% on average)",
+    "vtrain Spearman (model, gpus, global batch)": "mean rho 0.60 over 136 groups",
+    "vtrain top-1 regret mean %": "8.8% (51% of groups exact)",
+    "published TFLOP/s MAPE %": "55% (SC21 Table 2 ZeRO-3 rows: +163% on average)",
+    "titan seed comparisons agree": "1 of 3 (PCIe DDP vs DP / DDP NVLink: x1.02 and x1.13, measured x1.19 and x1.29)",
+    "dgx seed comparisons agree": "0 of 2 (DDP/FSDP ratio 1.58 and 1.80 vs measured 1.34 and 1.47)",
+}
+
+
+@pytest.mark.parametrize("goal", [
+    pytest.param(g, marks=pytest.mark.xfail(strict=False, reason=f"not yet met: {NOT_YET_MET[g]}")) if g in NOT_YET_MET else g
+    for g in v.GOALS
+])
+def test_accuracy_goal(report, goal):
+    value, threshold, met = report.goals()[goal]
+    assert met, f"{goal}: {value:.3g}, goal {'<=' if v.GOALS[goal].sense == 'max' else '>='} {threshold}"
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+SMALL = ["--dataset", "titan", "--dataset", "dgx", "--dataset", "h100"]
+
+
+def test_cli_prints_a_table_per_dataset():
+    res = CliRunner().invoke(validate_command, SMALL)
+    assert res.exit_code == 0, res.output
+    for name in ("== titan", "== dgx", "== h100", "goals:", "MAPE", "faster than"):
+        assert name in res.output
+
+
+def test_cli_json_parses():
+    res = CliRunner().invoke(validate_command, SMALL + ["--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert [d["name"] for d in doc["datasets"]] == ["titan", "dgx", "h100"]
+    assert {"value", "threshold", "met"} <= set(doc["goals"]["titan seed comparisons agree"])
+    assert doc["datasets"][0]["comparisons"][0]["why"]
+
+
+def test_cli_plot_writes_readable_pngs(tmp_path):
+    import matplotlib.image as mpimg
+
+    res = CliRunner().invoke(validate_command, SMALL + ["--plot", str(tmp_path / "figs")])
+    assert res.exit_code == 0, res.output
+    pngs = sorted((tmp_path / "figs").glob("*.png"))
+    assert {p.name for p in pngs} == {"predicted_vs_measured.png", "error_by_kind.png", "seed_breakdown.png"}
+    for p in pngs:
+        assert p.stat().st_size > 10_000, p
+        img = mpimg.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
+
+
+def test_advisor_import_stays_light():
+    """`advisor --help` must not pay for the validation stack (scipy, matplotlib, the datasets)."""
+    code = "import sys, advisor.cli; print(sorted(m for m in ('validation', 'scipy', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "[]"

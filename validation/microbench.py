@@ -1,0 +1,249 @@
+"""Microbenchmarks for `advisor calibrate` (torch.distributed; nccl on GPUs, gloo on CPU).
+
+Collectives are measured as nccl-tests measures them (doc/PERFORMANCE.md): ``size`` is the buffer each
+rank contributes (all-reduce), or the full output (all-gather) / full input (reduce-scatter);
+``algbw = size / time``, ``busbw = algbw * advisor.comm.bus_factor(collective, n)`` (the model's table).
+Each measurement: ``warmup`` untimed calls, then ``iters`` timed calls; a call's time is the slowest
+rank's (max over the group), and the median and spread (min, max) of the calls are kept.
+
+Groups: inside a node, groups of 2, 4, ... ranks and the whole node; across nodes, one rank per node
+(the inter-node link alone). With one node only the intra-node link is measured.
+
+Runnable on its own:  python -m validation.microbench --nproc 2 --backend gloo --sizes 1K:1M --out r.jsonl
+Every row is appended and flushed to the results JSONL as soon as it is measured (rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from advisor.calibrate import parse_sizes
+from advisor.comm import bus_factor
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+# transformer-shaped GEMMs (m = tokens, k/n = d_model or d_ff) and squares; CPU runs use the first few
+MATMUL_SHAPES = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+                 (8192, 4096, 4096), (8192, 4096, 16384), (8192, 16384, 4096))
+
+
+@dataclass
+class BenchConfig:
+    sizes: list[int]
+    collectives: tuple[str, ...] = COLLECTIVES
+    warmup: int = 3
+    iters: int = 10
+    backend: str = "gloo"
+    out: str = "results.jsonl"
+    compute: bool = True
+    p2p: bool = True
+    timeout_s: float = 120.0
+    skip: list = field(default_factory=list)  # (link, collective, n, size) already measured (resume)
+
+
+def measurement_plan(cfg: BenchConfig, world: int, local: int) -> list[tuple[str, list[int], str, int]]:
+    """(link, ranks, collective, size) in sweep order: what every rank walks through in lockstep."""
+    nodes = max(1, world // local)
+    intra_sizes = sorted({g for g in (2, 4, 8, 16, 32, 64, local) if 2 <= g <= local})
+    groups = [("intra", list(range(g))) for g in intra_sizes]
+    if nodes > 1:
+        groups.append(("inter", [k * local for k in range(nodes)]))
+    plan = []
+    for link, ranks in groups:
+        for coll in cfg.collectives:
+            for size in cfg.sizes:
+                plan.append((link, ranks, coll, size))
+        if cfg.p2p:
+            for size in cfg.sizes:
+                plan.append((link, ranks[:2], "send_recv", size))
+    return plan
+
+
+def _sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_collective(coll: str, size: int, group, ranks: list[int], cfg: BenchConfig, device) -> list[float]:
+    """Per-call seconds (slowest rank per call) of one collective at one size."""
+    import torch
+    import torch.distributed as dist
+
+    n = len(ranks)
+    elem = 4  # float32, as nccl-tests' default
+    count = max(n, size // elem // n * n)
+    x = torch.ones(count, dtype=torch.float32, device=device)
+    me = dist.get_rank()
+    if coll == "all_reduce":
+        call = lambda: dist.all_reduce(x, group=group)  # noqa: E731
+    elif coll == "all_gather":
+        shard = x[: count // n].clone()
+        call = lambda: dist.all_gather_into_tensor(x, shard, group=group)  # noqa: E731
+    elif coll == "reduce_scatter":
+        shard = torch.empty(count // n, dtype=torch.float32, device=device)
+        call = lambda: dist.reduce_scatter_tensor(shard, x, group=group)  # noqa: E731
+    else:  # send_recv: ranks[0] sends to ranks[1]
+        peer = ranks[1] if me == ranks[0] else ranks[0]
+        call = (lambda: dist.send(x, peer)) if me == ranks[0] else (lambda: dist.recv(x, peer))  # noqa: E731
+    times = []
+    for i in range(cfg.warmup + cfg.iters):
+        dist.barrier(group=group)
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        if i >= cfg.warmup:
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def collective_row(link: str, coll: str, n: int, size: int, times: list[float]) -> dict:
+    med = statistics.median(times)
+    algbw = size / med
+    return {"kind": "collective", "link": link, "collective": coll, "n_ranks": n, "size_bytes": size,
+            "time_s": med, "time_min_s": min(times), "time_max_s": max(times), "iters": len(times),
+            "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * float(bus_factor(coll, n)) / 1e9, "status": "ok"}
+
+
+def compute_rows(device, cpu: bool) -> list[dict]:
+    """Matmul TFLOP/s per precision and shape, device copy bandwidth, optimizer step rates."""
+    import torch
+
+    rows = []
+    shapes = MATMUL_SHAPES[:3] if cpu else MATMUL_SHAPES
+    precisions = [("fp32", torch.float32, False)] + ([] if cpu else [("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)])
+    for math, dtype, tf32 in precisions:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        for m, k, n in shapes:
+            a = torch.randn(m, k, dtype=dtype, device=device)
+            b = torch.randn(k, n, dtype=dtype, device=device)
+            t = _median_time(lambda: a @ b, device, 2 if cpu else 10)
+            rows.append({"kind": "matmul", "math": math, "m": m, "k": k, "n": n, "time_s": t,
+                         "TFLOPs": 2 * m * k * n / t / 1e12, "status": "ok"})
+    nbytes = (64 if cpu else 1024) << 20
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    t = _median_time(lambda: dst.copy_(src), device, 3 if cpu else 20)
+    rows.append({"kind": "copy", "bytes_moved": 2 * nbytes, "time_s": t, "GBps": 2 * nbytes / t / 1e9, "status": "ok"})
+    rows += optimizer_rows(device, params=(2 << 20) if cpu else (200 << 20))
+    return rows
+
+
+def optimizer_rows(device, params: int) -> list[dict]:
+    import torch
+
+    rows = []
+    impls = [("adamw", dict(foreach=True)), ("sgd", dict(foreach=True))]
+    if device.type == "cuda":
+        impls.insert(1, ("adamw-fused", dict(fused=True)))
+    per = 8 << 20 if params >= 8 << 20 else params
+    ps = [torch.zeros(per, device=device, requires_grad=True) for _ in range(max(1, params // per))]
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    for name, kw in impls:
+        opt = (torch.optim.SGD(ps, lr=1e-3, momentum=0.9, **kw) if name == "sgd"
+               else torch.optim.AdamW(ps, lr=1e-3, **kw))
+        t = _median_time(opt.step, device, 3)
+        rows.append({"kind": "optimizer", "optimizer": name, "params": per * len(ps), "time_s": t, "status": "ok"})
+    return rows
+
+
+def _median_time(fn, device, iters: int) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
+    """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cfg.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % local)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group(cfg.backend, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    plan = measurement_plan(cfg, world, local)
+    groups = {}
+    for link, ranks, _, _ in plan:  # every rank creates every group, in the same order
+        if tuple(ranks) not in groups:
+            groups[tuple(ranks)] = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
+    out = open(cfg.out, "a") if rank == 0 else None
+    skip = {tuple(s) for s in cfg.skip}
+    beat = Path(progress_dir) / f"rank{rank}" if progress_dir else None
+    try:
+        for i, (link, ranks, coll, size) in enumerate(plan):
+            if beat:
+                beat.write_text(f"{i} {len(plan)} {time.time()}")
+            if rank not in ranks or (link, coll, len(ranks), size) in skip:
+                continue
+            try:
+                times = time_collective(coll, size, groups[tuple(ranks)], ranks, cfg, device)
+                row = collective_row(link, coll, len(ranks), size, times)
+            except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
+                row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
+                       "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        if cfg.compute and rank == 0:
+            for row in compute_rows(device, cpu=device.type == "cpu"):
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        if beat:
+            beat.write_text(f"{len(plan)} {len(plan)} {time.time()} done")
+        dist.barrier()
+    finally:
+        if out:
+            out.close()
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    """Under torchrun (RANK set): one worker. Otherwise use `advisor calibrate` to launch."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1K:1G")
+    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default="results.jsonl")
+    ap.add_argument("--nproc", type=int, default=0, help="launch this many local workers (else: under torchrun)")
+    args = ap.parse_args(argv)
+    cfg = BenchConfig(sizes=parse_sizes(args.sizes), backend=args.backend, iters=args.iters, warmup=args.warmup, out=args.out)
+    if args.nproc:
+        from validation.launch import launch_local
+
+        launch_local(cfg, args.nproc)
+    else:
+        run_worker(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["BenchConfig", "asdict", "collective_row", "measurement_plan", "parse_sizes", "run_worker"]
