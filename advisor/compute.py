@@ -97,66 +97,63 @@ def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any) -> Any:
     return flops / (hw.gpu.peak_flops_per_s(math) * gemm_eff(hw, math, n, k))
 
 
+# Tensor-core GEMMs want every dimension a multiple of 8 half-precision elements (16 bytes; NVIDIA
+# "Matrix Multiplication Background" guide, Tensor Core requirements); otherwise cuBLAS falls back to
+# kernels for unaligned operands. nanoGPT measured ~25% faster GPT-2 124M training from padding the
+# vocabulary 50257 -> 50304, which for its logits GEMM + loss share means roughly half speed unaligned.
+UNALIGNED_GEMM_EFFICIENCY = 0.5
+
+
+def aligned(dim: Any, math: str) -> Any:
+    return (np.asarray(dim) % 8 == 0) | (math == "fp32")
+
+
 def mem_time(hw: Hardware, nbytes: Any) -> Any:
     return nbytes / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
 
 
-def elementwise_per_token(m: ModelSpec, w: Workload) -> tuple[float, float]:
-    """(bytes moved, kernels launched) per token of one layer's forward, outside GEMMs and attention.
+# Hugging Face modules, bytes per token per layer moved by element-wise kernels, (forward, backward), as
+# (coefficient of d_model, coefficient of d_ff); and bytes per attention-score element for eager attention.
+# Measured by validation/probes/traffic_probe.py (every aten op's input + output bytes, views, GEMMs and
+# attention kernels excluded, 1-layer minus 0-layer model, CUDA autocast lists emulated; data in
+# validation/data/traffic_probe.json), with autocast's per-step weight casts taken out (costed apart).
+HF_TRAFFIC = {
+    # arch, mode: ((fwd h, fwd f), (bwd h, bwd f))
+    ("gpt", "fp32"): ((74.1, 72.0), (110.3, 116.0)),
+    ("gpt", "amp"): ((66.2, 76.0), (104.3, 120.0)),
+    ("gpt", "pure"): ((38.1, 36.0), (56.1, 58.0)),
+    ("llama", "fp32"): ((150.2, 20.0), (350.3, 36.0)),
+    ("llama", "amp"): ((172.2, 10.0), (389.3, 18.0)),
+    ("llama", "pure"): ((119.2, 10.0), (271.3, 18.0)),
+}
+HF_SCORE_TRAFFIC = {  # bytes per b*heads*s*s element, (forward, backward)
+    ("gpt", "fp32"): (34.0, 29.0), ("gpt", "amp"): (12.0, 15.0), ("gpt", "pure"): (17.5, 15.0),
+    ("llama", "fp32"): (25.0, 20.0), ("llama", "amp"): (2.5, 5.5), ("llama", "pure"): (28.5, 28.0),
+}
 
-    Counted kernel by kernel (read + write of each element-wise op), unsharded by TP; ``megatron``
-    style fuses bias+GELU, bias+dropout+add and runs fused LayerNorm.
+
+def _hf_key(m: ModelSpec, w: Workload) -> tuple[str, str]:
+    p = w.precision
+    mode = "fp32" if p is Precision.fp32 else ("pure" if p is Precision.bf16 else "amp")
+    return ("llama" if m.mlp is MLPKind.swiglu else "gpt", mode)
+
+
+def elementwise_per_token(m: ModelSpec, w: Workload) -> tuple[float, float]:
+    """(forward, backward) bytes moved per token of one layer by element-wise kernels, unsharded by TP.
+
+    ``hf``: measured per module style (HF_TRAFFIC). ``megatron``: counted kernel by kernel: 2 fused
+    LayerNorms (r+w), fused bias-GELU on d_ff (r+w; SwiGLU r 2f w f), 2 fused bias-dropout-adds (r 2h,
+    w h, 1-byte mask), q/k/v layout copies (r+w of q+2kv) and the core output merge (r+w q); backward
+    reads the saved input and the incoming gradient and writes one gradient per kernel: twice forward.
     """
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     e = ACT_BYTES[w.precision]
-    amp = w.precision in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)
     if w.framework == "megatron":
-        # 2 fused LN (r+w), fused bias-GELU on d_ff (r+w) or SwiGLU (r 2f, w f), 2 fused bias-dropout-add
-        # (r 2h, w h, mask h/e), q/k/v layout copies (r+w of q+2kv), core output merge (r+w q).
         act = 2 * f if m.mlp is MLPKind.gelu else 3 * f
         elems = 2 * 2 * h + act + 2 * (3 * h + 0.5 * h) + 2 * (q + 2 * kv) + 2 * q
-        return elems * e, 8.0
-    # Hugging Face eager modules. Under torch.autocast the residual stream stays fp32 (fp32 embeddings
-    # plus half-precision block outputs promote to fp32), norms run in fp32, and each Linear casts its
-    # fp32 input to half precision again (F.linear under autocast: r 4 + w 2 bytes per element).
-    r = 4.0 if (amp or e == 4.0) else e
-    bytes_, ops = 0.0, 0.0
-    bytes_ += 2 * (2 * r + e) * h  # two residual adds: r residual + r/e block output, w residual
-    bytes_ += 2 * e * q  # attention output: transpose + reshape to a contiguous (tokens, q_dim)
-    ops += 3
-    if m.norm is NormKind.rmsnorm:
-        # LlamaRMSNorm: [upcast], pow(2) (r+w 4), mean (r 4), x*rsqrt (r+w 4), [downcast], weight mul (r+w).
-        up = (r + 4.0) * h if r < 4 else 0.0
-        down = (4.0 + e) * h if r < 4 else 0.0
-        bytes_ += 2 * (up + 8 * h + 4 * h + 8 * h + down + 2 * r * h)
-        ops += 2 * (4 + (2 if r < 4 else 0))
-        if amp:
-            bytes_ += 5 * (4.0 + e) * h  # q, k, v, gate and up projections each cast the fp32 normed input
-            ops += 5
-    else:
-        bytes_ += 2 * 2 * r * h  # two LayerNorms, r + w
-        ops += 2
-        if amp:
-            bytes_ += 2 * (4.0 + e) * h  # c_attn and c_fc cast the fp32 LayerNorm output
-            ops += 2
-    if m.mlp is MLPKind.gelu:
-        # GPT-2's gelu_new 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) runs as 8 kernels. In fp32 they move
-        # 72 bytes per d_ff element. Under autocast pow() is on the fp32 list, so the chain runs in fp32 from
-        # there (cast 6, pow 8, mul 8, add 10, mul 8, tanh 8, add 8, 0.5*x 4, mul 10) plus the cast of the
-        # result for the next GEMM (6): 76 bytes per element.
-        bytes_ += (76.0 if amp else 18.0 * e) * f
-        ops += 8 + (2 if amp else 0)
-    else:
-        bytes_ += 5 * e * f  # silu(gate) r+w f, * up r 2f w f
-        ops += 2
-    if m.position is PositionKind.rotary:
-        # q*cos + rotate_half(q)*sin for q and k: mul, neg, cat, mul, add: ~10 elements moved each.
-        bytes_ += 10 * e * (q + kv)
-        ops += 10
-    if m.family in ("gpt", "bloom"):
-        bytes_ += 2 * (2 * e * h + h)  # dropout(p=0.1) after attention and MLP: r + w and a 1-byte mask
-        ops += 2
-    return bytes_, ops
+        return elems * e, 2.0 * elems * e
+    (fh, ff), (bh, bf) = HF_TRAFFIC[_hf_key(m, w)]
+    return fh * h + ff * f, bh * h + bf * f
 
 
 def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
@@ -179,11 +176,11 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
     gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d)
     score_elems = tokens * s * heads
     if w.framework == "megatron":
-        passes = 2.0
-    else:
-        passes = 4.0 if m.family in ("gpt", "bloom") else 3.0
-    fwd = gemm + mem_time(hw, passes * 2 * score_elems * e + score_elems * 4.0 * (e < 4) * (w.framework != "megatron"))
-    return fwd, 2.0 * fwd, passes + 2
+        # fused scale+mask+softmax (r+w) and dropout (r+w + 1-byte mask); backward reads two, writes one each
+        fwd = gemm + mem_time(hw, score_elems * (4 * e + 1))
+        return fwd, 2.0 * gemm + mem_time(hw, score_elems * (5 * e + 1)), 4.0
+    fwd_b, bwd_b = HF_SCORE_TRAFFIC[_hf_key(m, w)]
+    return gemm + mem_time(hw, score_elems * fwd_b), 2.0 * gemm + mem_time(hw, score_elems * bwd_b), 4.0
 
 
 # Aten ops one layer issues per micro-batch (forward, backward), counted with a TorchDispatchMode on CPU
@@ -236,10 +233,11 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
     launch = hw.efficiency.kernel_launch_us * 1e-6
     gemm_fwd = sum(gemm_time(hw, math, fl * tokens / tp, n, k) for fl, n, k in gemms)
     attn_fwd, attn_bwd, _ = attention_core_time(m, hw, w, tokens, tp)
-    ew_bytes, _ = elementwise_per_token(m, w)
-    ew_fwd = mem_time(hw, ew_bytes * tokens / tp)
+    ew_fwd_bytes, ew_bwd_bytes = elementwise_per_token(m, w)
+    ew_fwd = mem_time(hw, ew_fwd_bytes * tokens / tp)
+    ew_bwd = mem_time(hw, ew_bwd_bytes * tokens / tp)
     fwd = gemm_fwd + attn_fwd + ew_fwd
-    bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * ew_fwd
+    bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
     n_fwd, n_bwd = host_ops(m, w)
     recompute = np.asarray(recompute)
     full, sel = recompute == int(Recompute.full), recompute == int(Recompute.selective)
@@ -260,6 +258,9 @@ def head_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: An
     tp = np.asarray(tp, dtype=float)
     math = MATH[w.precision]
     logits_fwd = gemm_time(hw, math, logits_flops_per_token(m) * tokens / tp, m.vocab / tp, m.d_model)
+    # Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by 128): aligned.
+    ok = aligned(m.vocab / tp, math) | (w.framework == "megatron")
+    logits_fwd = logits_fwd / np.where(ok, 1.0, UNALIGNED_GEMM_EFFICIENCY)
     e = ACT_BYTES[w.precision]
     loss_bytes_fwd = tokens * m.vocab / tp * ((e + 4 + 8) if e < 4 else 8.0)
     loss_bytes_bwd = tokens * m.vocab / tp * ((12 + 4 + e) if e < 4 else 16.0)

@@ -117,7 +117,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     pick = lambda attr: _where_framework(megatron, getattr(lt_hf, attr), getattr(lt_mg, attr))  # noqa: E731
     layer_fwd, layer_bwd, layer_rc = pick("fwd_s"), pick("bwd_s"), pick("recompute_s")
     host_layer = pick("host_fwd_s") + pick("host_bwd_s") + pick("host_recompute_s")
-    head_fwd, head_bwd = head_times(m, hw, w_hf, mb, tp)
+    head_fwd, head_bwd = (np.where(megatron, a, b) for a, b in zip(head_times(m, hw, w_mg, mb, tp), head_times(m, hw, w_hf, mb, tp)))
     layers_stage = np.ceil(m.n_layers / pp)
     fwd_mb = layers_stage * layer_fwd + head_fwd
     bwd_mb = layers_stage * layer_bwd + head_bwd
