@@ -49,19 +49,27 @@ def _agreeing(d: "DatasetReport") -> float:
     return sum(c.agrees for c in d.comparisons) / max(len(d.comparisons), 1)
 
 
-# The project's accuracy goals (issue 5): what the model should reach on each dataset; tests/test_validate.py
-# asserts each one.
+def _direction(d: "DatasetReport") -> float:
+    return sum(c.direction_ok for c in d.comparisons) / max(len(d.comparisons), 1)
+
+
+# The project's accuracy goals, as the issues state them; tests/test_validate.py asserts each one.
 GOALS = {
-    "vtrain step-time MAPE %": Goal("vtrain", 15.0, "max", lambda d: d.mape_pct),
-    "vtrain Spearman (gpus, d_model, n_layers)": Goal("vtrain", 0.8, "min", lambda d: d.spearman["(gpus, d_model, n_layers)"].mean_rho),
-    "vtrain Spearman (model, gpus, global batch)": Goal("vtrain", 0.8, "min", lambda d: d.spearman["(model, gpus, global batch)"].mean_rho),
-    "vtrain top-1 regret mean %": Goal("vtrain", 5.0, "max", lambda d: d.extra["top1_regret_mean_pct"]),
-    "nccl all-reduce MAPE % (>= 4 MiB)": Goal("nccl", 10.0, "max", lambda d: d.mape_pct),
-    "published TFLOP/s MAPE %": Goal("published", 15.0, "max", lambda d: d.mape_pct),
-    "h100 step-time MAPE %": Goal("h100", 15.0, "max", lambda d: d.mape_pct),
-    "h100 peak-memory MAPE %": Goal("h100", 10.0, "max", lambda d: d.memory_mape_pct),
+    # issue 3: vTrain MAPE <= 10%, Spearman >= 0.9 within each (GPUs, hidden, layers) group
+    "vtrain step-time MAPE %": Goal("vtrain", 10.0, "max", lambda d: d.mape_pct),
+    "vtrain Spearman (gpus, d_model, n_layers)": Goal("vtrain", 0.9, "min", lambda d: d.spearman["(gpus, d_model, n_layers)"].mean_rho),
+    # issue 7: in every (model, GPUs, global batch) group the predicted-fastest plan is within 5% of the fastest measured
+    "vtrain top-1 regret max %": Goal("vtrain", 5.0, "max", lambda d: d.extra["top1_regret_max_pct"]),
+    # issue 3: within 10% at every size from 4 MiB up
+    "nccl all-reduce max APE % (>= 4 MiB)": Goal("nccl", 10.0, "max", lambda d: d.max_ape_pct),
+    # issue 7: each published plan within 15%
+    "published TFLOP/s max APE %": Goal("published", 15.0, "max", lambda d: d.max_ape_pct),
+    # issue 2: peak memory within 5% and step time within 10% on the H100 rows
+    "h100 step-time max APE %": Goal("h100", 10.0, "max", lambda d: d.max_ape_pct),
+    "h100 peak-memory max APE %": Goal("h100", 5.0, "max", lambda d: d.memory_max_ape_pct),
+    # issue 3: Titan ratios within 10%; DGX DDP vs FSDP SHARD_GRAD_OP in direction
     "titan seed comparisons agree": Goal("titan", 1.0, "min", _agreeing),
-    "dgx seed comparisons agree": Goal("dgx", 1.0, "min", _agreeing),
+    "dgx seed directions reproduced": Goal("dgx", 1.0, "min", _direction),
 }
 RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is within 10%
 NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB

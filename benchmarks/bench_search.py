@@ -1,0 +1,47 @@
+"""Benchmark of the plan search: candidates evaluated per second (not a timed test).
+
+    python benchmarks/bench_search.py [--model gpt3-175b] [--hw dgx-a100] [--gpus 1536] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.plans import TrainingSetup
+    from advisor.estimate import Scalars, evaluate
+    from advisor.search import enumerate_candidates, plan
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt3-175b")
+    ap.add_argument("--hw", default="dgx-a100")
+    ap.add_argument("--gpus", type=int, default=1536)
+    ap.add_argument("--global-batch", type=int, default=1536)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    m, hw = load_model(a.model), load_hardware(a.hw)
+    t0 = time.perf_counter()
+    res = plan(model=m, hw=hw, gpus=a.gpus, global_batch=a.global_batch, seq=a.seq)
+    t_plan = time.perf_counter() - t0
+    cols = enumerate_candidates(a.gpus, m.n_layers, a.global_batch, a.gpus > hw.gpus_per_node)
+    n = len(np.atleast_1d(cols.dp))
+    sc = Scalars.of(TrainingSetup(seq_len=a.seq, global_batch=a.global_batch, framework="megatron"))
+    best = float("inf")
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        evaluate(m, hw, sc, cols, a.gpus)
+        best = min(best, time.perf_counter() - t0)
+    print(f"{a.model} on {a.gpus}x {a.hw}: plan() {t_plan:.3f} s for {res.candidates:,} candidates "
+          f"({res.candidates / t_plan:,.0f}/s end to end); evaluate() alone {n:,} candidates in {best * 1e3:.1f} ms "
+          f"= {n / best:,.0f} candidates/s")
+
+
+if __name__ == "__main__":
+    main()
