@@ -107,21 +107,23 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     model, hw = kw.pop("model"), kw.pop("hw")
     result = run_plan(model=model, hw=hw, top=top, **kw)
     if export_kind:
-        from advisor.export import export_config
+        from advisor.export import export as export_plan
 
         if not result.plans:
-            _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}, nothing to export: "
-                  f"{result.suggestion()}")
+            _fail("no plan fits, nothing to export: " + result.suggestion())
         best = result.plans[0]
-        name, text = export_config(export_kind, result.model_spec, result.hardware, best.plan_obj, best.setup_obj,
-                                   best.estimate.grad_accum, best.estimate.world_size)
-        if out:
+        out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan_obj, best.setup_obj,
+                              best.estimate.grad_accum, best.estimate.world_size)
+        if out:  # write first: a bad --out is then a one-line error, not notes followed by an error
             from advisor.io import write_atomic
 
-            write_atomic(out, text)
+            write_atomic(out, out_cfg.text)
+        for note in out_cfg.notes:
+            click.echo(f"note: {note}", err=True)
+        if out:
             click.echo(f"wrote {export_kind} config for '{best.estimate.label}' to {out}", err=True)
         else:
-            click.echo(text)
+            click.echo(out_cfg.text)
         return
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

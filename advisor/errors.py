@@ -14,15 +14,29 @@ def format_validation_error(exc: Exception) -> str:
         return str(exc).splitlines()[0]
     parts = []
     for err in errors()[:3]:
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "value"
+        loc = ".".join(_key(p) for p in err.get("loc", ())) or "value"
         msg = err.get("msg", "invalid")
         kind = err.get("type", "")
+        if kind == "value_error" and msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
         if kind == "extra_forbidden":
             msg = "unknown key (remove it or check its spelling)"
         elif kind == "missing":
             msg = "required key is missing"
         got = err.get("input")
-        got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+        got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {_short(got)})"
         parts.append(f"{loc}: {msg}{got_s}")
     more = len(errors()) - 3
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    text = "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    return text.replace("\r", "\\r").replace("\n", "\\n")  # one line, even for keys or values with newlines
+
+
+def _key(part) -> str:
+    """A key as the user typed it; quoted when it is empty, padded or holds control characters."""
+    text = str(part)
+    return text if text and text.isprintable() and text.strip() == text else repr(text)
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

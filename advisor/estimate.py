@@ -171,7 +171,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # embedding table, at least bucket_cap_mb) can never overlap with backward.
     last_bucket = np.minimum(np.maximum(DDP_BUCKET_BYTES, m.vocab * m.d_model / tp * gb), grad_comm_bytes)
     bucket = comm.collective_time(Collective.all_reduce, dp, last_bucket, hw, dp_per_node)
-    last_bwd = bwd_mb + rc_mb  # the backward of the last micro-batch, which the gradient reduce can hide behind
+    # The backward of the last micro-batch, which the gradient reduction can hide behind: it lasts as long
+    # as the GPU's work or, when the host is the bottleneck, as long as the host takes to issue it.
+    last_bwd = np.maximum(bwd_mb + rc_mb, layers_stage * (pick("host_bwd_s") + pick("host_recompute_s")))
     # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned
     # host memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: modelled
     # as no overlap.
@@ -182,7 +184,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # ZeRO-3 / FULL_SHARD: all-gather in forward and again in backward. Prefetch overlaps them with compute;
     # the first layer's gather is always exposed.
     per_layer_ag = ag_param / np.maximum(layers_stage, 1)
-    fwd_comp, bwd_comp = layers_stage * layer_fwd, layers_stage * (layer_bwd + layer_rc)
+    # windows the gathers hide behind: the forward / backward wall time (GPU work, or host issue time when longer)
+    fwd_comp = layers_stage * np.maximum(layer_fwd, pick("host_fwd_s"))
+    bwd_comp = layers_stage * np.maximum(layer_bwd + layer_rc, pick("host_bwd_s") + pick("host_recompute_s"))
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
     z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
     z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
@@ -247,7 +251,8 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
     # transient: ZeRO-3 gathers two layers (current + prefetch); autocast caches a half-precision copy of
     # every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
-    z3_gather = np.where(zero >= 3, 2.0 * p_layer * 2.0, 0.0)
+    # (never more than the unsharded weights this GPU does not already hold)
+    z3_gather = np.where(zero >= 3, np.minimum(2.0 * p_layer * 2.0, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
     autocast_copies = amp_cast * params_local * 2.0
     ddp_buckets = np.where(dp_active & ~is_dp_kind & (zero == 0) & ~megatron, params_local * gb, 0.0)
     # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),

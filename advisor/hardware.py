@@ -39,8 +39,13 @@ class Spec(BaseModel):
     @classmethod
     def _no_bool_numbers(cls, v, info):
         """YAML/JSON ``true`` where a number belongs would silently become 1: refuse it."""
-        if isinstance(v, bool) and info.field_name and cls.model_fields[info.field_name].annotation in _NUMBER_TYPES:
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(v, bool) and annotation in _NUMBER_TYPES:
             raise ValueError(f"must be a number, not {str(v).lower()}")
+        if isinstance(v, dict) and annotation == dict[str, float]:
+            for key, val in v.items():
+                if isinstance(val, bool):
+                    raise ValueError(f"{key} must be a number, not {str(val).lower()}")
         return v
 
 
@@ -66,8 +71,6 @@ class GPU(Spec):
     def _check_peaks(cls, v: dict[str, float]) -> dict[str, float]:
         allowed = {"fp32", "tf32", "bf16", "fp16", "fp8"}
         for key, val in v.items():
-            if isinstance(val, bool):
-                raise ValueError(f"peak_tflops.{key} must be a number, not {str(val).lower()}")
             if key not in allowed:
                 raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
             if not (0 < val < 1e6):

@@ -208,6 +208,12 @@ def _need(cfg: dict, key: str, origin: str, default=None):
     raise ModelError(f"{origin}: config.json lacks {key!r}")
 
 
+def _opt(cfg: dict, key: str, default):
+    """An optional config.json key: absent or null means the default; any other value (0 too) is validated."""
+    value = cfg.get(key)
+    return default if value is None else value
+
+
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face config.json offline (GPT-2 or Llama-style keys)."""
     origin = str(path)
@@ -224,8 +230,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             h = _need(cfg, "n_embd", origin)
             return ModelSpec(
                 name=name, n_layers=_need(cfg, "n_layer", origin), d_model=h,
-                n_heads=_need(cfg, "n_head", origin), d_ff=cfg.get("n_inner") or 4 * h,
-                vocab=_need(cfg, "vocab_size", origin), max_positions=cfg.get("n_positions", 1024),
+                n_heads=_need(cfg, "n_head", origin), d_ff=_opt(cfg, "n_inner", 4 * h),
+                vocab=_need(cfg, "vocab_size", origin), max_positions=_opt(cfg, "n_positions", 1024),
                 tied_embeddings=cfg.get("tie_word_embeddings", True), family="gpt",
             )
         if "num_hidden_layers" in cfg:
@@ -235,9 +241,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             swiglu = mtype in ("llama", "mistral", "qwen2", "qwen3", "gemma") or act in ("silu", "swish")
             return ModelSpec(
                 name=name, n_layers=cfg["num_hidden_layers"], d_model=h, n_heads=heads,
-                n_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim"),
+                n_kv_heads=_opt(cfg, "num_key_value_heads", heads), head_dim=cfg.get("head_dim"),
                 d_ff=_need(cfg, "intermediate_size", origin, 4 * h), vocab=_need(cfg, "vocab_size", origin),
-                max_positions=cfg.get("max_position_embeddings", 2048),
+                max_positions=_opt(cfg, "max_position_embeddings", 2048),
                 mlp=MLPKind.swiglu if swiglu else MLPKind.gelu,
                 norm=NormKind.rmsnorm if swiglu else NormKind.layernorm,
                 position=PositionKind.rotary,

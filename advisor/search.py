@@ -220,7 +220,7 @@ PART_WORDS = {
     "compute/forward": "forward compute", "compute/backward": "backward compute", "compute/recompute": "recomputation",
     "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
     "comm/dp_grad": "gradient reduction", "comm/zero_params": "ZeRO/FSDP parameter gathers", "comm/dataparallel": "nn.DataParallel replicate/gather",
-    "optimizer": "optimizer step",
+    "optimizer": "optimizer step", "host_overhead": "host-side kernel launches",
 }
 
 
@@ -233,7 +233,7 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float) -> str:
         k = max(overhead, key=overhead.get)
         link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
         where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
-        words.append(f"largest overhead {PART_WORDS[k]}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
+        words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
     words.append(f"headroom {e.memory.headroom_bytes / GB:.1f} GB")
     if best_time > 0 and e.step_time_s > best_time * 1.0005:
         words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
@@ -285,6 +285,8 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
     if top < 1:
         raise PlanError(f"--top must be at least 1 (got {top})")
+    if seq is None or seq < 1:
+        raise PlanError(f"--seq must be at least 1 token (got {seq})")
     world = resolve_world(hardware, gpus, nodes, hardware.gpus_per_node)
     if world > MAX_WORLD:
         raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most {MAX_WORLD:,}")

@@ -1,0 +1,536 @@
+"""Calibrate: fit a hardware profile's link and efficiency figures to measurements (no torch here).
+
+Inputs are rows of measurements, read from
+- our results JSONL (written by validation/microbench.py, one JSON object per measurement),
+- nccl-tests CSVs (``all_reduce_<n>gpu.csv``: size(B),count,type,time(ns),busbw,time(ns),busbw), as in
+  reference/a100-nccl, a file or a folder of them,
+- the reference kernel/optimizer JSONL (reference/h100/kernels.jsonl, optim.jsonl).
+
+Fits
+- per link class (intra-node, inter-node) the advisor.hardware.CommFit consumed by advisor.comm.link_time:
+  log-time least squares from several starts, then a minimax polish (p-norm continuation and a
+  sequential LP on the worst points), since a cost model is judged by its worst size, not its mean.
+  The loop size (NCCL's nchannels x chunk per rank) is chosen on a grid by a linear per-group-size
+  fit of t = a + b S + c ceil(S / (L n)); the nonlinear fit then runs at that L.
+- ComputeEfficiency: matmul_max and matmul_half_dim per precision from t = F / (peak * max * n/(n+h) *
+  k/(k+h)); memory_bandwidth from copies (bytes read + written / s over the datasheet); optimizer
+  bandwidth from optimizer steps at 28 bytes/param for AdamW (read p, g, m, v; write p, m, v in fp32)
+  and 20 for SGD with momentum (read p, g, buf; write p, buf).
+
+Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and lists outliers
+(relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
+Deliberately left out: fitting the datasheet peaks themselves (they come from the base profile).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from advisor.errors import AdvisorError
+from advisor.hardware import CommFit, ComputeEfficiency, Hardware, Link
+from advisor.units import GB, MiB, TFLOP
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed as an outlier
+LOOP_GRID_MIB = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+ADAMW_BYTES_PER_PARAM = 28.0  # 7 fp32 accesses: read p, g, m, v; write p, m, v
+SGD_BYTES_PER_PARAM = 20.0  # 5 fp32 accesses: read p, g, buf; write p, buf
+_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
+               "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+class CalibrationError(AdvisorError):
+    """Measurements that cannot be read or fitted; one line for the user."""
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def parse_sizes(text: str) -> list[int]:
+    """'1K:1G' -> 1 KiB, 2 KiB, ... 1 GiB (doubling); '4M' -> [4 MiB]; '1K,8K' -> a list (binary units)."""
+
+    def one(s: str) -> int:
+        s = s.strip().upper().removesuffix("B").removesuffix("I")
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+        try:
+            return int(float(s[:-1] if s[-1:] in ("K", "M", "G") else s) * mult)
+        except ValueError:
+            raise CalibrationError(f"sizes: cannot read {s!r}; use e.g. 1K:1G, 4M, or 1K,64K,1M") from None
+
+    if ":" in text:
+        lo, hi = (one(x) for x in text.split(":", 1))
+        if not 0 < lo <= hi:
+            raise CalibrationError(f"sizes {text}: need 0 < start <= end")
+        out = [lo]
+        while out[-1] * 2 <= hi:
+            out.append(out[-1] * 2)
+        return out
+    out = [one(x) for x in text.split(",") if x.strip()]
+    if not out or min(out) < 0:
+        raise CalibrationError(f"sizes {text!r}: give sizes like 1K:1G")
+    return out
+
+
+def on_cpu_note(info: dict) -> str:
+    if info.get("backend") == "gloo":
+        info["cpu_note"] = ("measured with gloo on CPU: the fitted link and efficiency figures describe this CPU "
+                            "machine and its gloo transport, not the base profile's GPU")
+        return "note: " + info["cpu_note"]
+    return ""
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """Rows from a results JSONL, an nccl-tests CSV, or a folder of either (sorted by name)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.suffix in (".csv", ".jsonl"))
+        if not files:
+            raise CalibrationError(f"{p}: no .csv or .jsonl measurement files in this folder")
+        return [row for f in files for row in read_results(f)]
+    if not p.is_file():
+        raise CalibrationError(f"measurements file {str(p)!r} not found")
+    if p.suffix == ".csv":
+        return _read_nccl_tests_csv(p)
+    rows = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            # a run killed mid-write leaves at most one torn last line: say so, keep the rest
+            if i == len(p.read_text().splitlines()):
+                continue
+            raise CalibrationError(f"{p}:{i}: not a JSON object: fix or remove that line") from None
+        rows.append(_normalise(raw, f"{p}:{i}"))
+    return rows
+
+
+def _read_nccl_tests_csv(p: Path) -> list[dict]:
+    m = re.match(r"([a-z_]+?)_(\d+)gpu$", p.stem)
+    if not m or m.group(1) not in COLLECTIVES:
+        raise CalibrationError(f"{p.name}: expected a name like all_reduce_<n>gpu.csv (nccl-tests sweep)")
+    coll, n = m.group(1), int(m.group(2))
+    rows = []
+    with p.open() as fh:
+        for rec in csv.reader(fh):
+            if not rec or not rec[0].strip().isdigit():
+                continue  # header
+            times = [float(rec[i]) * 1e-9 for i in range(3, len(rec), 2) if rec[i].strip()]
+            rows.append({"kind": "collective", "collective": coll, "link": "intra", "n_ranks": n,
+                         "size_bytes": float(rec[0]), "time_s": float(np.median(times)),
+                         "times_s": times, "status": "ok", "source": p.name})
+    return rows
+
+
+def _normalise(raw: dict, where: str) -> dict:
+    """Map the reference kernel/optimizer rows onto our kinds; our own rows pass through."""
+    if not isinstance(raw, dict) or "kind" not in raw:
+        raise CalibrationError(f"{where}: a measurement needs a 'kind' field")
+    kind = raw["kind"]
+    if kind == "adamw_step":  # reference/h100/optim.jsonl
+        impl = "adamw-fused" if raw.get("impl") == "fused" else "adamw"
+        return {"kind": "optimizer", "optimizer": impl, "params": raw["params"], "time_s": raw["s"], "status": "ok"}
+    if kind in ("matmul", "copy", "sdpa_fwd") and "s" in raw and "time_s" not in raw:
+        row = dict(raw, time_s=raw["s"], status="ok")
+        if kind == "matmul":
+            row["math"] = _math_of(raw)
+        return row
+    return dict(raw)
+
+
+def _math_of(raw: dict) -> str:
+    dt = str(raw.get("dtype", "float32"))
+    if raw.get("tf32") or "tf32" in dt:
+        return "tf32"
+    return _DTYPE_MATH.get(dt.replace("torch.", ""), dt)
+
+
+# ---------------------------------------------------------------------------------------------- links
+@dataclass
+class FitReport:
+    """How well one fit reproduces its measurements."""
+
+    what: str
+    points: int
+    r2: float
+    max_rel_err: float
+    mean_rel_err: float
+    outliers: list[tuple] = field(default_factory=list)
+    failed: list[tuple] = field(default_factory=list)
+    note: str = ""
+
+    def line(self) -> str:
+        out = f"; outliers {len(self.outliers)}" if self.outliers else ""
+        fail = f"; failed sizes {len(self.failed)}" if self.failed else ""
+        note = f" ({self.note})" if self.note else ""
+        return (f"{self.what}: {self.points} points, R^2 {self.r2:.4f}, max error {100 * self.max_rel_err:.1f}%, "
+                f"mean {100 * self.mean_rel_err:.2f}%{out}{fail}{note}")
+
+
+# (field, lower, upper): the CommFit fields the fit moves; loop_MiB_per_rank is chosen on a grid
+_FREE = (("latency_us", 0.0, 1e4), ("latency_per_hop_us", 0.0, 1e3), ("bandwidth_efficiency", 1e-4, 1.0),
+         ("group_penalty", 0.0, 1.9), ("half_size_MiB", 0.0, 1e5), ("half_size_exponent", 0.0, 5.0),
+         ("loop_quantization", 0.0, 1.0), ("floor_us", 0.0, 1e4), ("floor_per_hop_us", 0.0, 1e3))
+_NEEDS_SEVERAL_N = {"latency_per_hop_us", "group_penalty", "floor_per_hop_us"}
+
+
+def link_with_fit(link: Link, values: dict) -> Link:
+    """The link with its fit replaced (unvalidated: the fitter calls this in its inner loop)."""
+    fit = CommFit.model_construct(**{**link.fit.model_dump(), **values})
+    return Link.model_construct(**{**dict(link), "fit": fit})
+
+
+def collective_points(rows: Iterable[dict], link: str, collective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """(n, size, time) of the ok rows of one link class and collective, and the failed ones."""
+    ok, failed = [], []
+    for r in rows:
+        if r.get("kind") != "collective" or r.get("link", "intra") != link or r.get("collective") != collective:
+            continue
+        try:
+            point = (float(r["n_ranks"]), float(r["size_bytes"]), float(r["time_s"]))
+        except (KeyError, TypeError, ValueError):
+            point = None
+        if r.get("status", "ok") != "ok" or point is None or not (point[0] >= 2 and point[1] > 0 and point[2] > 0):
+            failed.append((r.get("n_ranks"), r.get("size_bytes"), r.get("error", r.get("status", "invalid row"))))
+        else:
+            ok.append(point)
+    a = np.array(ok, dtype=float).reshape(-1, 3)
+    return a[:, 0], a[:, 1], a[:, 2], failed
+
+
+def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.ndarray,
+             judge_from_bytes: float = 0.0, minimax: bool = True) -> tuple[CommFit, dict]:
+    """Fit ``link.fit`` to measured times of one collective; returns the CommFit and the fit stats.
+
+    ``judge_from_bytes``: sizes below it are fitted with weight 0.3 and left out of the minimax polish
+    (a profile is used for gradient buckets and activations of MiBs, not for latency-bound bytes).
+    """
+    from advisor.comm import link_time
+
+    if len(S) < 3:
+        raise CalibrationError(f"{collective}: {len(S)} measured sizes, need at least 3 to fit a link")
+    several_n = len(np.unique(n)) > 1
+    free = [f for f in _FREE if several_n or f[0] not in _NEEDS_SEVERAL_N]
+    names = [f[0] for f in free]
+    lo = np.array([f[1] for f in free])
+    hi = np.array([f[2] for f in free])
+    judged = _judged(S, judge_from_bytes)
+    # a sweep that never reaches judge_from_bytes is latency noise (CPU/gloo CI runs): least squares only
+    minimax = minimax and bool((S >= judge_from_bytes).sum() >= 4)
+    w = np.where(judged, 1.0, 0.3)
+    L = choose_loop_MiB(n, S, t)
+
+    def pred(x):
+        vals = dict(zip(names, x), loop_MiB_per_rank=L)
+        return link_time(collective, n, S, link_with_fit(link, vals))
+
+    best = None
+    for x0 in _starts(link, n, S, t, collective, names):
+        x = _least_squares(lambda x: w * np.log(pred(x) / t), np.clip(x0, lo, hi), lo, hi)
+        if minimax and judged.sum() > len(names):
+            for p in (4, 16, 64):  # p-norm continuation towards the max error (scaled: r/0.1 is O(1))
+                x = _least_squares(lambda x: _pow((pred(x)[judged] / t[judged] - 1) / 0.1, p), x, lo, hi)
+        rel = np.abs(pred(x) / t - 1)[judged]
+        if best is None or rel.max() + 0.5 * rel.mean() < best[1]:
+            best = (x, rel.max() + 0.5 * rel.mean())
+    x = best[0]
+    if minimax and judged.sum() > len(names):
+        x = _slp_minimax(lambda x: pred(x)[judged] / t[judged] - 1, x, lo, hi)
+    values = dict(zip(names, (float(v) for v in x)), loop_MiB_per_rank=float(L))
+    values = {k: (0.0 if abs(v) < 1e-12 else round(v, 6)) for k, v in values.items()}
+    fit = CommFit(**{**link.fit.model_dump(), **values})
+    return fit, {"loop_MiB_per_rank": L}
+
+
+def _judged(S: np.ndarray, judge_from_bytes: float) -> np.ndarray:
+    """Sizes the fit is judged on: from judge_from_bytes up, or all when the sweep has < 4 of those."""
+    judged = S >= judge_from_bytes
+    return judged if judged.sum() >= 4 else np.ones_like(S, dtype=bool)
+
+
+def _pow(r: np.ndarray, p: int) -> np.ndarray:
+    r = np.clip(r, -30.0, 30.0)  # a wild trial point must not overflow the power
+    return np.sign(r) * np.abs(r) ** (p / 2)
+
+
+def _least_squares(fun, x0, lo, hi):
+    from scipy.optimize import least_squares
+
+    return least_squares(fun, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000).x
+
+
+def _slp_minimax(rel, x, lo, hi, iters: int = 40, mean_weight: float = 0.5):
+    """Minimise max |rel(x)| (+ a little of the mean, so that the many minimax optima do not drift
+    to the worst mean) by sequential linear programming with a trust region."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix, hstack, identity, vstack
+
+    def score(f):
+        return np.abs(f).max() + mean_weight * np.abs(f).mean()
+
+    scale = np.maximum(np.abs(x), 1e-2)
+    tr, f0 = 0.03, rel(x)
+    m = len(f0)
+    for _ in range(iters):
+        G = np.empty((m, len(x)))
+        for i in range(len(x)):
+            d = 1e-6 * scale[i]
+            xx = x.copy()
+            xx[i] = x[i] + d if x[i] + d <= hi[i] else x[i] - d
+            G[:, i] = (rel(xx) - f0) / (xx[i] - x[i])
+        # variables: dx, z, s (one per point); rows: +-(f0 + G dx) <= z and <= s
+        ones = csr_matrix(np.ones((m, 1)))
+        eye = identity(m, format="csr")
+        Gs = csr_matrix(G)
+        zero_s = csr_matrix((m, m))
+        zero_z = csr_matrix((m, 1))
+        A = vstack([hstack([Gs, -ones, zero_s]), hstack([-Gs, -ones, zero_s]),
+                    hstack([Gs, zero_z, -eye]), hstack([-Gs, zero_z, -eye])]).tocsr()
+        b = np.r_[-f0, f0, -f0, f0]
+        c = np.r_[np.zeros(len(x)), 1.0, np.full(m, mean_weight / m)]
+        bounds = [(max(lo[i] - x[i], -tr * scale[i]), min(hi[i] - x[i], tr * scale[i])) for i in range(len(x))]
+        sol = linprog(c, A_ub=A, b_ub=b, bounds=bounds + [(0, None)] * (m + 1), method="highs")
+        if sol.status != 0:
+            break
+        xn = np.clip(x + sol.x[: len(x)], lo, hi)
+        fn = rel(xn)
+        if score(fn) < score(f0):
+            x, f0, tr = xn, fn, min(tr * 1.5, 0.3)
+        else:
+            tr /= 2
+            if tr < 1e-4:
+                break
+    return x
+
+
+def _starts(link: Link, n, S, t, collective: str, names: list[str]) -> list[np.ndarray]:
+    """Starting points: the base profile's fit, and a plain alpha-beta fit with and without size terms."""
+    from advisor.comm import bus_factor
+
+    big = S >= np.quantile(S, 0.75)
+    busbw = float(np.median(bus_factor(collective, n[big]) * S[big] / t[big]))
+    eff = float(np.clip(busbw / link.bandwidth_bytes_per_s, 1e-4, 1.0))
+    lat = float(max(np.min(t) * 1e6 * 0.5, 0.0))
+    base = link.fit.model_dump()
+    plain = dict(latency_us=lat, latency_per_hop_us=0.0, bandwidth_efficiency=eff, group_penalty=0.0,
+                 half_size_MiB=0.0, half_size_exponent=1.0, loop_quantization=0.0, floor_us=0.0, floor_per_hop_us=0.0)
+    sized = dict(plain, half_size_MiB=10.0, half_size_exponent=0.5, loop_quantization=0.1,
+                 floor_us=lat, group_penalty=0.3)
+    slow = dict(sized, half_size_MiB=1000.0, half_size_exponent=0.05)
+    knee = dict(sized, latency_us=lat / 4, latency_per_hop_us=lat / 8, half_size_MiB=10.0, half_size_exponent=0.5,
+                group_penalty=0.4, loop_quantization=0.0)
+    mid = dict(sized, latency_us=lat / 2, latency_per_hop_us=lat / 20, half_size_MiB=60.0, half_size_exponent=0.12,
+               group_penalty=0.3, loop_quantization=0.0)
+    return [np.array([d[k] for k in names], dtype=float) for d in (base, plain, sized, slow, knee, mid)]
+
+
+def choose_loop_MiB(n: np.ndarray, S: np.ndarray, t: np.ndarray) -> float:
+    """NCCL's loop size per rank: the grid value whose step term best explains t per group size."""
+    best, best_L = None, 0.0
+    for L in LOOP_GRID_MIB:
+        sse = 0.0
+        for k in np.unique(n):
+            m = n == k
+            cols = [np.ones(m.sum()), S[m]] + ([np.ceil(S[m] / (L * MiB * k))] if L > 0 else [])
+            A = np.c_[tuple(cols)] / t[m, None]
+            coef, *_ = np.linalg.lstsq(A, np.ones(m.sum()), rcond=None)
+            sse += float(np.sum((A @ coef - 1) ** 2))
+        if best is None or sse < best * 0.98:  # a finer loop must explain clearly more to be chosen
+            best, best_L = sse, L
+    return best_L
+
+
+def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0) -> FitReport:
+    from advisor.comm import link_time
+
+    p = link_time(collective, n, S, link)
+    rel = p / t - 1
+    lt = np.log(t)
+    r2 = 1 - np.sum((np.log(p) - lt) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30)
+    judged = _judged(S, judge_from_bytes)
+    outliers = [(int(a), int(b), round(float(c), 3)) for a, b, c in zip(n, S, rel) if abs(c) > OUTLIER_REL]
+    note = "" if judged.all() else (f"{int(judged.sum())} points from {judge_from_bytes / MiB:g} MiB judged; "
+                                    f"max over all sizes {100 * np.abs(rel).max():.1f}%")
+    return FitReport(what, int(len(S)), float(r2), float(np.abs(rel[judged]).max()),
+                     float(np.abs(rel[judged]).mean()), outliers, failed, note)
+
+
+# ---------------------------------------------------------------------------------------------- compute
+def fit_matmul(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, float, FitReport]]:
+    """Per precision (matmul_max, matmul_half_dim) from t = F / (peak * max * n/(n+h) * k/(k+h))."""
+    from scipy.optimize import least_squares
+
+    out: dict[str, tuple[float, float, FitReport]] = {}
+    by_math: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("kind") == "matmul" and r.get("status", "ok") == "ok":
+            by_math.setdefault(r.get("math") or _math_of(r), []).append(r)
+    for math, rs in sorted(by_math.items()):
+        if math not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+            raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16 or fp8")
+        m, k, nn = (np.array([float(r[c]) for r in rs]) for c in ("m", "k", "n"))
+        t = np.array([float(r["time_s"]) for r in rs])
+        F = 2 * m * k * nn
+        peak = hw.gpu.peak_flops_per_s(math)
+
+        def model(x):
+            return F / (peak * x[0] * nn / (nn + x[1]) * k / (k + x[1]))
+
+        x = least_squares(lambda x: np.log(model(x) / t), [0.7, 64.0], bounds=([1e-6, 0.0], [1.0, 1e5])).x
+        rel = model(x) / t - 1
+        lt = np.log(t)
+        r2 = 1 - np.sum(np.log(1 + rel) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30)
+        rep = FitReport(f"matmul {math}", len(t), float(r2), float(np.abs(rel).max()), float(np.abs(rel).mean()),
+                        [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m, k, nn, rel) if abs(e) > OUTLIER_REL])
+        out[math] = (round(float(x[0]), 4), round(float(x[1]), 1), rep)
+    return out
+
+
+def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dict[str, float], list[str]]:
+    """memory_bandwidth from copies, optimizer_bandwidth per implementation; lines saying how."""
+    hbm = hw.gpu.memory_bandwidth_bytes_per_s
+    notes: list[str] = []
+    copies = [float(r["bytes_moved"]) / float(r["time_s"]) for r in rows
+              if r.get("kind") == "copy" and r.get("status", "ok") == "ok"]
+    mem = None
+    if copies:
+        mem = round(min(1.0, max(copies) / hbm), 4)
+        notes.append(f"copy: {max(copies) / GB:.1f} GB/s (best of {len(copies)}) = {mem:.3f} of {hbm / GB:.0f} GB/s")
+    opt: dict[str, float] = {}
+    for impl in sorted({r.get("optimizer") for r in rows if r.get("kind") == "optimizer"} - {None}):
+        per_param = SGD_BYTES_PER_PARAM if impl.startswith("sgd") else ADAMW_BYTES_PER_PARAM
+        rates = [float(r["params"]) * per_param / float(r["time_s"]) for r in rows
+                 if r.get("kind") == "optimizer" and r.get("optimizer") == impl and r.get("status", "ok") == "ok"]
+        if rates:
+            opt[impl] = round(min(1.0, float(np.median(rates)) / hbm), 4)
+            notes.append(f"optimizer {impl}: {np.median(rates) / GB:.1f} GB/s at {per_param:.0f} B/param = {opt[impl]:.3f}")
+    return mem, opt, notes
+
+
+def fit_efficiency(rows: list[dict], hw: Hardware) -> tuple[ComputeEfficiency, list[str]]:
+    """The base profile's ComputeEfficiency with every measured field replaced."""
+    eff = hw.efficiency.model_dump()
+    lines: list[str] = []
+    for math, (mx, half, rep) in fit_matmul(rows, hw).items():
+        eff["matmul_max"][math] = mx
+        eff["matmul_half_dim"][math] = half
+        lines.append(f"{rep.line()}: max {mx:.3f}, half_dim {half:.0f}")
+    mem, opt, notes = fit_bandwidths(rows, hw)
+    if mem is not None:
+        eff["memory_bandwidth"] = max(mem, 1e-6)
+    eff["optimizer_bandwidth"].update({k: max(v, 1e-6) for k, v in opt.items()})
+    return ComputeEfficiency(**eff), lines + notes
+
+
+# ---------------------------------------------------------------------------------------------- profile
+def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: dict,
+                      judge_from_bytes: float = 4 * MiB) -> tuple[Hardware, list[str]]:
+    """The base profile with every measured figure refitted; report lines for the operator.
+
+    One CommFit per link class: the all-reduce fit when all-reduce was measured (DDP gradients, the
+    dominant collective), else the collective with the most points; every collective's error under
+    its own fit is reported. A link class without measurements keeps the base profile's fit.
+    """
+    lines: list[str] = []
+    links = {"intra": base.intra_node, "inter": base.inter_node}
+    for cls in ("intra", "inter"):
+        link, chosen = links[cls], None
+        for coll in COLLECTIVES:
+            n, S, t, failed = collective_points(rows, cls, coll)
+            if len(S) == 0:
+                if failed:
+                    lines.append(f"{cls}-node {coll}: every size failed ({len(failed)}): nothing to fit")
+                continue
+            link_b = _widen_bandwidth(link, coll, n, S, t, lines, cls)
+            fit, _ = fit_link(link_b, coll, n, S, t, judge_from_bytes=judge_from_bytes)
+            fitted = link_b.model_copy(update={"fit": fit})
+            rep = link_report(fitted, coll, n, S, t, failed, f"{cls}-node {coll} (n={_ns(n)})", judge_from_bytes)
+            lines.append(rep.line())
+            lines += [f"  outlier n={a} size={b} B: model off by {100 * c:+.0f}%" for a, b, c in rep.outliers[:10]]
+            lines += [f"  failed n={a} size={b}: {e}" for a, b, e in failed[:10]]
+            if chosen is None or coll == "all_reduce" or (chosen[0] != "all_reduce" and len(S) > chosen[2]):
+                chosen = (coll, fitted, len(S))
+        if chosen is None:
+            why = "one node: only intra-node links measured" if cls == "inter" else "no intra-node measurements"
+            lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
+        else:
+            links[cls] = chosen[1]
+            lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(chosen[1].fit))
+    eff, eff_lines = fit_efficiency(rows, base)
+    lines += eff_lines
+    if not eff_lines:
+        lines.append("compute: no matmul/copy/optimizer rows; efficiencies kept from the base profile")
+    hw = base.model_copy(update={"name": name, "intra_node": links["intra"], "inter_node": links["inter"],
+                                 "efficiency": eff, "calibration": provenance})
+    return Hardware.model_validate(hw.model_dump()), lines
+
+
+def _ns(n: np.ndarray) -> str:
+    return ",".join(str(int(k)) for k in np.unique(n))
+
+
+def _fit_text(f: CommFit) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in f.model_dump().items())
+
+
+def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str) -> Link:
+    """A measured busbw above the link's datasheet rate (NVLS, SHARP) cannot be an efficiency <= 1:
+    the link's rate is raised to the measured peak, and the report says so."""
+    from advisor.comm import bus_factor
+
+    peak = float(np.max(bus_factor(coll, n) * S / t))
+    rate = link.bandwidth_bytes_per_s
+    if peak <= 0.98 * rate:
+        return link
+    new = round(peak / 0.98 / GB, 1)
+    lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s exceeds the base link's "
+                 f"{rate / GB:.1f} GB/s; link bandwidth set to {new} GB/s")
+    return link.model_copy(update={"bandwidth_GBps": new, "bandwidth_Gbps": None})
+
+
+def refuse_shipped(path: str | Path) -> Path:
+    """Calibration never overwrites a shipped profile (hardware_profiles/)."""
+    from advisor.hardware import profile_dirs
+
+    p = Path(path).expanduser().resolve()
+    for d in profile_dirs():
+        if p.parent == d.resolve():
+            raise CalibrationError(f"{path}: refusing to overwrite a shipped profile directory; choose another --out path")
+    if p.suffix not in (".yaml", ".yml"):
+        raise CalibrationError(f"{path}: --out must end in .yaml (the profile); results go beside it as .jsonl")
+    return p
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write to a temporary file beside ``path`` and rename over it: never a half-written file."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_profile(hw: Hardware, path: str | Path, header: str = "") -> Path:
+    from advisor.hardware import hardware_from_yaml, hardware_to_yaml
+
+    p = refuse_shipped(path)
+    text = header + hardware_to_yaml(hw)
+    hardware_from_yaml(text, origin=str(p))  # what we write must load back
+    write_text_atomic(p, text)
+    return p

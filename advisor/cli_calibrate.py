@@ -1,0 +1,142 @@
+"""`advisor calibrate`: measure this machine (or refit saved measurements) and write a hardware profile.
+
+    advisor calibrate --nproc 8 --out mynode.yaml                 # 8 local workers (nccl on GPUs, gloo on CPU)
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m advisor.cli_calibrate --out two.yaml   # many nodes
+    advisor calibrate --from results.jsonl --out mynode.yaml      # refit, no rerun
+    advisor calibrate --from reference/a100-nccl/ --base dgx-a100 --out a100.yaml
+
+The profile is the --base profile (datasheet figures) with the fitted link and efficiency values; on a
+CPU/gloo run those values describe the CPU and its gloo transport, not the base's GPU. The raw
+measurements stay in a results JSONL beside the profile (``--out`` with .jsonl), appended as measured;
+a rerun with the same --out resumes the sweep where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+import click
+
+from advisor.errors import AdvisorError
+
+TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install the torch build for your machine first)"
+
+
+@click.command("calibrate")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="profile YAML to write")
+@click.option("--from", "from_", type=click.Path(), default=None,
+              help="refit from saved measurements: results JSONL, nccl-tests CSV(s) or a folder")
+@click.option("--base", default="dgx-a100", show_default=True, help="shipped profile giving the datasheet figures")
+@click.option("--name", default=None, help="profile name (default: the --out file's stem)")
+@click.option("--nproc", type=int, default=0, help="local workers to start (default: GPUs, or 2 on CPU)")
+@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
+@click.option("--sizes", default="1K:1G", show_default=True, help="message sizes: START:END doubling, or a list")
+@click.option("--iters", type=int, default=10, show_default=True)
+@click.option("--warmup", type=int, default=3, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+              help="seconds without progress before a rank is declared hung")
+@click.option("--compute/--no-compute", default=True, help="also measure matmul, copy and optimizer rates")
+@click.option("--judge-from", default="4M", show_default=True, help="size from which the fit is judged by its worst point")
+def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, timeout_s, compute, judge_from):
+    """Measure this machine's collectives and kernels and write a hardware profile for --hw."""
+    from advisor import calibrate as cal
+    from advisor.hardware import load_hardware
+
+    out_path = cal.refuse_shipped(out)
+    base_hw = load_hardware(base)
+    results = Path(from_) if from_ else out_path.with_suffix(".jsonl")
+    info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node()}
+    if from_ is None:
+        info.update(_measure(results, nproc, backend, sizes, iters, warmup, timeout_s, compute))
+        if info.pop("follower", False):
+            return  # a torchrun rank other than 0: rank 0 fits and writes
+    else:
+        info["refit_from"] = str(results)
+    rows = cal.read_results(results)
+    if not rows:
+        raise AdvisorError(f"{results}: no measurements to fit")
+    info["results"] = str(results)
+    if cal.on_cpu_note(info):
+        click.echo(cal.on_cpu_note(info), err=True)
+    hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, cal.parse_sizes(judge_from)[0])
+    header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
+              "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
+    path = cal.write_profile(hw, out_path, header)
+    for line in lines:
+        click.echo(line)
+    click.echo(f"wrote {path} (use it with --hw {path})")
+
+
+def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, compute) -> dict:
+    """Run the sweep (local workers, or this rank under torchrun); provenance for the profile."""
+    from advisor import calibrate as cal
+
+    try:
+        import torch
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        raise AdvisorError(TORCH_HINT) from None
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        backend = "nccl" if gpus else "gloo"
+    if backend == "nccl" and not gpus:
+        raise AdvisorError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo on CPU")
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    nproc = int(os.environ["WORLD_SIZE"]) if under_torchrun else (nproc or gpus or 2)
+    if nproc < 2:
+        raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks")
+    if backend == "nccl" and not under_torchrun and nproc > gpus:
+        raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
+    from validation.launch import launch_local
+    from validation.microbench import BenchConfig, run_worker
+
+    done = [(r["link"], r["collective"], r["n_ranks"], r["size_bytes"]) for r in
+            (cal.read_results(results) if results.is_file() else []) if r.get("status") == "ok" and r.get("kind") == "collective"]
+    has_compute = results.is_file() and any(r.get("kind") == "matmul" for r in cal.read_results(results))
+    cfg = BenchConfig(sizes=cal.parse_sizes(sizes), warmup=warmup, iters=iters, backend=backend, out=str(results),
+                      compute=compute and not has_compute, timeout_s=timeout_s, skip=done)
+    if done:
+        click.echo(f"resuming: {len(done)} measurements already in {results}", err=True)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if under_torchrun:
+            run_worker(cfg)
+            if int(os.environ["RANK"]) != 0:
+                return {"follower": True}
+        else:
+            launch_local(cfg, nproc)
+    except KeyboardInterrupt:
+        raise AdvisorError(f"interrupted: measurements so far are in {results}; rerun to resume, "
+                           f"or refit them with --from {results}") from None
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+    info = {"backend": backend, "nproc": nproc, "torch": torch.__version__, "sizes": sizes, "iters": iters}
+    if nccl:
+        info["nccl"] = nccl
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))
+    info["nodes"] = max(1, nproc // local)
+    if info["nodes"] == 1:
+        info["note"] = "one node: only the intra-node link was measured; inter_node kept from the base profile"
+    return info
+
+
+def main(argv=None) -> None:
+    """`python -m advisor.cli_calibrate ...`: the same command, with one-line errors (exit code 2)."""
+    try:
+        calibrate.main(args=argv, prog_name="advisor calibrate", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except AdvisorError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""advisor.calibrate: readers, link and compute fits on the shipped reference measurements, profile IO."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from advisor import calibrate as cal
+from advisor.comm import bus_factor, link_time
+from advisor.errors import AdvisorError
+from advisor.hardware import PROFILE_DIR, CommFit, load_hardware
+from advisor.units import MiB
+
+REF = Path("/work/shared/reference")
+A100 = REF / "a100-nccl"
+H100 = REF / "h100"
+needs_ref = pytest.mark.skipif(not A100.is_dir(), reason="shared reference measurements not mounted")
+
+
+def test_parse_sizes():
+    assert cal.parse_sizes("1K:1M") == [2**k for k in range(10, 21)]
+    assert cal.parse_sizes("4M") == [4 * 2**20]
+    assert cal.parse_sizes("1K,64KiB,1MB") == [1024, 65536, 2**20]
+    for bad in ("1M:1K", "abc", "0:4K"):
+        with pytest.raises(AdvisorError):
+            cal.parse_sizes(bad)
+
+
+@needs_ref
+def test_nccl_tests_csv_read_with_the_models_bus_factor():
+    rows = cal.read_results(A100 / "all_reduce_8gpu.csv")
+    assert len(rows) == 1024 and rows[0]["size_bytes"] == 2**20 and rows[0]["n_ranks"] == 8
+    # nccl-tests' own busbw column equals our bus factor x size / time (2 decimals printed: 1%)
+    raw = np.loadtxt(A100 / "all_reduce_8gpu.csv", delimiter=",", skiprows=1, usecols=(0, 3, 4))
+    ours = bus_factor("all_reduce", 8) * raw[:, 0] / (raw[:, 1] * 1e-9) / 1e9
+    assert ours == pytest.approx(raw[:, 2], rel=0.01)
+
+
+@needs_ref
+def test_shipped_dgx_a100_fit_reproduces_nccl_tests():
+    """The dgx-a100 intra_node.fit came from `advisor calibrate --from reference/a100-nccl`."""
+    hw = load_hardware("dgx-a100")
+    n, S, t, failed = cal.collective_points(cal.read_results(A100), "intra", "all_reduce")
+    assert not failed and set(n) == set(range(2, 9))
+    rel = np.abs(link_time("all_reduce", n, S, hw.intra_node) / t - 1)
+    big = S >= 4 * MiB
+    # Not yet the 10% goal: NCCL's sawtooth changes sign with the ring size and the 7/8-GPU dips at exactly
+    # one loop (21/24 MiB) cannot be followed by a model whose time never decreases with size (test_comm).
+    # 22 of 7,147 points from 4 MiB exceed 10% (all <= 12.3%); the mean error is ~1%.
+    assert rel[big].max() < 0.125
+    assert (rel[big] > 0.10).sum() <= 25
+    assert rel[big].mean() < 0.015
+
+
+def test_fit_recovers_a_known_link():
+    """Times made by link_time itself are reproduced by the fit (to 1%) from a plain start."""
+    base = load_hardware("dgx-a100").intra_node
+    truth = base.model_copy(update={"fit": CommFit(latency_us=12.0, latency_per_hop_us=2.0, bandwidth_efficiency=0.8,
+                                                   group_penalty=0.3, half_size_MiB=2.0, half_size_exponent=0.5)})
+    n = np.repeat([2.0, 4.0, 8.0], 14)
+    S = np.tile(2.0 ** np.arange(16, 30), 3)
+    t = link_time("all_reduce", n, S, truth)
+    fit, _ = cal.fit_link(base, "all_reduce", n, S, t, judge_from_bytes=0)
+    got = link_time("all_reduce", n, S, base.model_copy(update={"fit": fit}))
+    assert np.abs(got / t - 1).max() < 0.01
+
+
+def test_fit_with_one_group_size_fixes_the_per_hop_terms():
+    base = load_hardware("dgx-a100").intra_node
+    S = 2.0 ** np.arange(10, 24)
+    n = np.full_like(S, 2.0)
+    t = 30e-6 + S / 50e9
+    fit, _ = cal.fit_link(base, "all_reduce", n, S, t)
+    assert fit.latency_per_hop_us == base.fit.latency_per_hop_us  # not identifiable from one n: kept
+    assert np.abs(link_time("all_reduce", n, S, base.model_copy(update={"fit": fit})) / t - 1).max() < 0.02
+
+
+@needs_ref
+def test_h100_kernels_and_optimizer_fit_match_the_shipped_efficiencies():
+    hw = load_hardware("dgx-h100")
+    rows = cal.read_results(H100 / "kernels.jsonl") + cal.read_results(H100 / "optim.jsonl")
+    eff, lines = cal.fit_efficiency(rows, hw)
+    assert eff.memory_bandwidth == pytest.approx(2906.7 / 3350, abs=0.002)  # best copy / datasheet
+    assert eff.optimizer_bandwidth["adamw"] == pytest.approx(0.27, abs=0.02)  # 28 B/param, median over sizes
+    assert eff.optimizer_bandwidth["adamw-fused"] == pytest.approx(0.726, abs=0.03)
+    assert any(line.startswith("matmul bf16: 41 points") for line in lines)
+    # the fitted matmul model reproduces the large square GEMMs within 20%: one (max, half_dim) pair fitted
+    # over all 41 shapes, small ones included, is a compromise (the fit reports its max error)
+    from advisor.units import TFLOP
+
+    for r in rows:
+        if r["kind"] == "matmul" and r["math"] == "bf16" and r["m"] == r["k"] == r["n"] >= 8192:
+            F, h = 2.0 * r["m"] ** 3, eff.matmul_half_dim["bf16"]
+            pred = F / (hw.gpu.peak_flops_per_s("bf16") * eff.matmul_max["bf16"] * (r["n"] / (r["n"] + h)) ** 2)
+            assert pred == pytest.approx(r["time_s"], rel=0.20)
+
+
+def test_results_jsonl_torn_last_line_kept_rest(tmp_path):
+    p = tmp_path / "r.jsonl"
+    row = '{"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2, "size_bytes": 1024, "time_s": 1e-4, "status": "ok"}'
+    p.write_text(row + "\n" + row + "\n" + '{"kind": "coll')
+    assert len(cal.read_results(p)) == 2
+    p.write_text('{"kind": "coll\n' + row + "\n")
+    with pytest.raises(AdvisorError, match=":1:"):
+        cal.read_results(p)
+
+
+def test_failed_sizes_are_reported_not_dropped():
+    rows = [{"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2,
+             "size_bytes": 2.0**k, "time_s": 2e-5 + 2.0**k / 40e9, "status": "ok"} for k in range(12, 26)]
+    rows.append({"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2,
+                 "size_bytes": 2.0**30, "status": "failed", "error": "CUDA out of memory"})
+    hw, lines = cal.calibrate_profile(rows, load_hardware("dgx-a100"), "t", {"date": "x"})
+    text = "\n".join(lines)
+    assert "failed sizes 1" in text and "CUDA out of memory" in text
+    assert "inter-node link: not measured (one node" in text
+    assert hw.inter_node == load_hardware("dgx-a100").inter_node
+
+
+def test_write_profile_refuses_shipped_and_is_atomic(tmp_path):
+    hw = load_hardware("dgx-a100")
+    with pytest.raises(AdvisorError, match="shipped"):
+        cal.write_profile(hw, PROFILE_DIR / "dgx-a100.yaml")
+    out = cal.write_profile(hw.model_copy(update={"name": "mine"}), tmp_path / "mine.yaml", "# header\n")
+    assert load_hardware(out).name == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]  # no temporary file left behind
+
+
+def test_nccl_without_gpus_is_one_line_error(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from advisor.cli_calibrate import calibrate
+
+    res = CliRunner().invoke(calibrate, ["--backend", "nccl", "--out", str(tmp_path / "x.yaml")])
+    assert isinstance(res.exception, AdvisorError) and "needs CUDA GPUs" in str(res.exception)
+
+
+def test_missing_torch_is_one_line_error(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    from advisor.cli_calibrate import calibrate
+
+    res = CliRunner().invoke(calibrate, ["--out", str(tmp_path / "x.yaml")])
+    assert isinstance(res.exception, AdvisorError) and "pip install 'advisor[calibrate]'" in str(res.exception)
+
+
+@needs_ref
+def test_cli_refit_from_nccl_tests_subset(tmp_path):
+    """`--from` a folder of nccl-tests CSVs (every 32nd size, to stay fast) writes a loadable profile."""
+    src = tmp_path / "csv"
+    src.mkdir()
+    for k in (2, 4, 8):
+        lines = (A100 / f"all_reduce_{k}gpu.csv").read_text().splitlines()
+        (src / f"all_reduce_{k}gpu.csv").write_text("\n".join([lines[0]] + lines[1::32]) + "\n")
+    from advisor.cli_calibrate import calibrate
+
+    out = tmp_path / "a100.yaml"
+    res = CliRunner().invoke(calibrate, ["--from", str(src), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "intra-node all_reduce (n=2,4,8): 96 points" in res.output
+    hw = load_hardware(out)
+    assert hw.calibration["refit_from"] == str(src)
+    n, S, t, _ = cal.collective_points(cal.read_results(src), "intra", "all_reduce")
+    rel = np.abs(link_time("all_reduce", n, S, hw.intra_node) / t - 1)
+    assert rel[S >= 4 * MiB].max() < 0.12

@@ -1,0 +1,267 @@
+"""Robustness of plans and the search: property tests over generated models, profiles, plans and clusters.
+
+Properties (hypothesis): estimates are finite and positive; the step time is the sum of its parts and
+the peak the sum of its memory parts; per-GPU memory never grows with the ZeRO stage, the TP degree or
+the PP degree; more link bandwidth, more FLOP/s or more HBM bandwidth never makes a step slower; every
+plan the search returns satisfies every constraint (plans.violations), fits memory with the requested
+headroom, and estimates the same as `advisor estimate` for that plan; rejections + survivors = candidates.
+Bad inputs tried: the generated plans that break a constraint (the API must refuse them with a
+PlanError naming the constraint) and the table BAD_PLANS.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from _robust import tried
+from advisor.api import PlanError, build_inputs, estimate
+from advisor.errors import AdvisorError
+from advisor.hardware import Hardware, load_hardware
+from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.plans import plan_errors, resolve_grad_accum
+from advisor.search import plan as search
+
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+PROFILES = ["dgx-a100", "dgx-h100", "titan-rtx-pcie", "titan-rtx-nvlink", "aws-p4d"]
+MONOTONE_REL = 1e-9  # float round-off only: these are exact orderings, not approximations
+
+
+@st.composite
+def models(draw):
+    heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32]))
+    head_dim = draw(st.sampled_from([8, 16, 64, 128]))
+    kv = draw(st.sampled_from([k for k in range(1, heads + 1) if heads % k == 0]))
+    swiglu = draw(st.booleans())
+    d = heads * head_dim
+    return ModelSpec(name="gen", n_layers=draw(st.integers(1, 48)), d_model=d, n_heads=heads, n_kv_heads=kv,
+                     d_ff=draw(st.integers(1, 4 * d)), vocab=draw(st.integers(1, 260_000)), max_positions=8192,
+                     mlp=MLPKind.swiglu if swiglu else MLPKind.gelu, norm=NormKind.rmsnorm if swiglu else NormKind.layernorm,
+                     position=draw(st.sampled_from(list(PositionKind))), tied_embeddings=draw(st.booleans()),
+                     linear_bias=not swiglu)
+
+
+def scaled(hw: Hardware, **factors) -> Hardware:
+    """A copy of a profile with bandwidths / peaks / memory multiplied (keys: intra, inter, flops, hbm, memory)."""
+    d = hw.model_dump(mode="json", exclude_none=True)
+    for link, f in (("intra_node", factors.get("intra", 1.0)), ("inter_node", factors.get("inter", 1.0))):
+        for key in ("bandwidth_GBps", "bandwidth_Gbps"):
+            if key in d[link]:
+                d[link][key] *= f
+    d["gpu"]["peak_tflops"] = {k: v * factors.get("flops", 1.0) for k, v in d["gpu"]["peak_tflops"].items()}
+    d["gpu"]["memory_bandwidth_GBps"] *= factors.get("hbm", 1.0)
+    d["gpu"]["memory_GiB"] *= factors.get("memory", 1.0)
+    if "gpus_per_node" in factors:
+        d["gpus_per_node"] = factors["gpus_per_node"]
+    return Hardware.model_validate(d)
+
+
+BASE = {name: load_hardware(name) for name in PROFILES}  # YAML parsed once, not per example
+
+
+@st.composite
+def profiles(draw):
+    hw = BASE[draw(st.sampled_from(PROFILES))]
+    return scaled(hw, gpus_per_node=draw(st.sampled_from([1, 2, 4, 8, 16])), memory=draw(st.sampled_from([0.5, 1.0, 4.0])),
+                  intra=draw(st.floats(0.1, 10)), inter=draw(st.floats(0.1, 10)))
+
+
+@st.composite
+def setups(draw, m: ModelSpec, hw: Hardware):
+    """A valid plan for model m on hw, as estimate() options."""
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= hw.gpus_per_node and hw.gpus_per_node % t == 0 and m.n_heads % t == 0
+           and (m.kv_heads % t == 0 if t <= m.kv_heads else t % m.kv_heads == 0)]
+    tp = draw(st.sampled_from(tps))
+    pp = draw(st.sampled_from([p for p in (1, 2, 3, 4, 8) if p <= m.n_layers]))
+    dp = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    zero = draw(st.integers(0, 3 if pp == 1 else 1))
+    mb = draw(st.sampled_from([1, 2, 4]))
+    ga = draw(st.sampled_from([1, 2, 4, 8]))
+    return dict(gpus=dp * tp * pp, dp=dp, tp=tp, pp=pp, zero=zero, sp=draw(st.booleans()) and tp > 1,
+                schedule="1f1b" if pp > 1 else draw(st.sampled_from(["1f1b", "gpipe"])), micro_batch=mb, grad_accum=ga,
+                seq=draw(st.sampled_from([128, 512, 2048])), precision=draw(st.sampled_from(["bf16-mixed", "fp32", "fp16-mixed"])),
+                attention=draw(st.sampled_from(["sdpa", "eager"])), recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                optimizer=draw(st.sampled_from(["adamw", "adamw-fused", "sgd"])))
+
+
+cases = models().flatmap(lambda m: profiles().flatmap(lambda hw: setups(m, hw).map(lambda kw: (m, hw, kw))))
+
+
+def total_memory(e) -> float:
+    return e.memory.peak_bytes + e.memory.overhead_bytes
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(cases)
+def test_estimates_are_finite_positive_and_sum_their_parts(case):
+    m, hw, kw = case
+    e = estimate(m, hw, **kw)
+    assert math.isfinite(e.step_time_s) and e.step_time_s > 0
+    assert all(math.isfinite(v) and v >= 0 for v in e.breakdown.values()), e.breakdown
+    assert all(math.isfinite(v) and v >= 0 for v in e.memory.parts.values()), e.memory.parts
+    assert all(math.isfinite(v) and v >= 0 for v in e.memory.overhead.values()), e.memory.overhead
+    assert e.step_time_s == pytest.approx(sum(e.breakdown.values()), rel=1e-12)  # by construction
+    assert e.memory.peak_bytes == pytest.approx(sum(e.memory.parts.values()), rel=1e-12)
+    assert e.tokens_per_s > 0 and math.isfinite(e.tokens_per_s) and 0 < e.mfu < 10 and math.isfinite(e.hfu)
+    assert e.tokens_per_step == kw["micro_batch"] * kw["grad_accum"] * kw["dp"] * kw["seq"]
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(cases)
+def test_memory_never_grows_with_zero_stage(case):
+    m, hw, kw = case
+    assume(kw["dp"] > 1)
+    stages = range(0, 4 if kw["pp"] == 1 else 2)
+    mem = [total_memory(estimate(m, hw, **{**kw, "zero": z})) for z in stages]
+    assert all(b <= a * (1 + MONOTONE_REL) for a, b in zip(mem, mem[1:])), (kw, mem)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(cases)
+def test_memory_never_grows_with_tp(case):
+    """Tensor memory per GPU (peak_bytes). The total with overheads may grow from 1 GPU to 2: NCCL's
+    per-communicator buffers (0.25 GiB) appear once there is a communicator, which is right."""
+    m, hw, kw = case
+    tp2 = kw["tp"] * 2
+    try:
+        e2 = estimate(m, hw, **{**kw, "tp": tp2, "gpus": kw["dp"] * tp2 * kw["pp"]})
+    except PlanError:
+        assume(False)
+    e1 = estimate(m, hw, **kw)
+    assert e2.memory.peak_bytes <= e1.memory.peak_bytes * (1 + MONOTONE_REL), (kw, e1.memory.parts, e2.memory.parts)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(cases)
+def test_memory_never_grows_with_pp(case):
+    m, hw, kw = case
+    pp2 = kw["pp"] * 2
+    try:
+        e2 = estimate(m, hw, **{**kw, "pp": pp2, "gpus": kw["dp"] * kw["tp"] * pp2, "zero": min(kw["zero"], 1),
+                                "schedule": "1f1b"})
+    except PlanError:
+        assume(False)
+    e1 = estimate(m, hw, **{**kw, "zero": min(kw["zero"], 1), "schedule": "1f1b"})
+    assert e2.memory.peak_bytes <= e1.memory.peak_bytes * (1 + MONOTONE_REL), (kw, e1.memory.parts, e2.memory.parts)
+
+
+@pytest.mark.parametrize("what", ["intra", "inter", "flops", "hbm"])
+@settings(max_examples=60, **SETTINGS)
+@given(cases, st.floats(1.0, 20.0))
+def test_more_bandwidth_or_flops_never_slows_a_step(what, case, factor):
+    m, hw, kw = case
+    slow = estimate(m, hw, **kw).step_time_s
+    fast = estimate(m, scaled(hw, **{what: factor}), **kw).step_time_s
+    assert fast <= slow * (1 + MONOTONE_REL), (what, factor, kw, slow, fast)
+
+
+# --- the search -----------------------------------------------------------------------------------------
+
+@st.composite
+def searches(draw):
+    m, hw = draw(models()), draw(profiles())
+    world = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]))
+    gb = draw(st.one_of(st.none(), st.sampled_from([1, 4, 8, 16, 64, 96, 512])))
+    return m, hw, world, gb, draw(st.sampled_from([128, 1024])), draw(st.sampled_from([0.0, 0.05, 0.3]))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(searches())
+def test_every_plan_the_search_returns_is_valid_and_fits(s):
+    m, hw, world, gb, seq, headroom = s
+    res = search(m, hw, gpus=world, seq=seq, global_batch=gb, memory_headroom=headroom, top=50)
+    cap = hw.gpu.memory_bytes * (1 - headroom)
+    assert sum(res.rejected.values()) <= res.candidates
+    for rp in res.plans:
+        e = rp.estimate
+        assert rp.plan_obj.dp * rp.plan_obj.tp * rp.plan_obj.pp == world
+        assert plan_errors(rp.plan_obj, rp.setup_obj, m, hw, world) == []
+        assert e.memory.peak_bytes + e.memory.overhead_bytes <= cap * (1 + 1e-12)
+        assert math.isfinite(e.step_time_s) and e.step_time_s > 0
+        assert e.global_batch == res.global_batch
+    times = [rp.estimate.step_time_s for rp in res.plans]
+    assert times == sorted(times)
+    if res.plans:  # the search and `advisor estimate` agree on the plan they both describe
+        rp = res.plans[0]
+        p, su = rp.plan_obj, rp.setup_obj
+        e = estimate(m, hw, gpus=world, dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, sp=p.sp, schedule=p.schedule,
+                     virtual_stages=p.virtual_stages, data_parallel=p.data_parallel, micro_batch=su.micro_batch,
+                     global_batch=res.global_batch, seq=seq, recompute=su.recompute, framework=su.framework,
+                     fsdp="hybrid-shard" if p.hybrid_shard else None)
+        assert e.step_time_s == pytest.approx(rp.estimate.step_time_s, rel=1e-9)
+    else:
+        tried("plans")
+        assert res.suggestion()  # and it is one line
+        assert "\n" not in res.suggestion()
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(models(), profiles(), st.integers(-2, 40), st.integers(-2, 20), st.integers(-2, 20), st.integers(-1, 4),
+       st.sampled_from(["gpipe", "1f1b", "interleaved"]), st.integers(0, 5), st.integers(-1, 9), st.integers(0, 64))
+def test_any_plan_is_accepted_valid_or_refused_with_the_constraint(m, hw, gpus, tp, pp, zero, schedule, v, mb, gb):
+    """Generated (often invalid) plans: build_inputs either accepts a plan that passes every constraint or
+    raises an AdvisorError with one line; nothing else escapes."""
+    kw = dict(gpus=gpus, tp=tp, pp=pp, zero=zero, schedule=schedule, virtual_stages=v, micro_batch=mb,
+              global_batch=gb or None, seq=256)
+    try:
+        spec, hardware, p, su, world = build_inputs(m, hw, **kw)
+    except AdvisorError as exc:
+        tried("plans")
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert p.dp * p.tp * p.pp == world
+    ga, err = resolve_grad_accum(su, p)
+    assert err is None and plan_errors(p, su, spec, hardware, world) == []
+
+
+BAD_PLANS = [
+    (dict(gpus=8, tp=3), "not divisible by tp x pp"),
+    (dict(gpus=8, dp=3), "!= world size 8"),
+    (dict(gpus=4, tp=4), "tp does not divide the attention heads"),  # 6 heads
+    (dict(gpus=2, pp=2, zero=2), "ZeRO-2/3 with pipeline parallelism"),
+    (dict(gpus=8, pp=8), "pp=8 > 4 layers"),
+    (dict(gpus=2, pp=2, schedule="interleaved", virtual_stages=4), "interleaved schedule needs"),
+    (dict(gpus=2, pp=2, schedule="interleaved", virtual_stages=2, grad_accum=3), "micro-batch count divisible by pp"),
+    (dict(gpus=2, tp=2, data_parallel="dp"), "nn.DataParallel"),
+    (dict(gpus=8, fsdp="hybrid-shard"), "hybrid shard needs"),
+    (dict(gpus=4, global_batch=6), "global batch 6 is not divisible"),
+    (dict(gpus=16, tp=16), "tp=16 > 8 GPUs per node"),
+    (dict(gpus=0), "--gpus must be at least 1"),
+    (dict(gpus=2, tp=0), "tp=0"),
+    (dict(fsdp="sharded"), "--fsdp 'sharded'"),
+    (dict(seq=0), "seq_len"),
+    (dict(seq=float("nan")), "seq_len"),
+    (dict(micro_batch=float("inf")), "micro_batch"),
+]
+
+
+@pytest.mark.parametrize("kw,needle", BAD_PLANS, ids=[str(k) for k, _ in BAD_PLANS])
+def test_bad_plans_name_the_constraint(kw, needle):
+    tried("plans")
+    m = ModelSpec(name="tiny", n_layers=4, d_model=96, n_heads=6, d_ff=384, vocab=1000, max_positions=4096)
+    with pytest.raises(AdvisorError) as exc:
+        build_inputs(m, "dgx-a100", **kw)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_search_space_counts_match_full_enumeration():
+    """The layout pruning (pairs rejected before enumeration are counted, not built) changes no count."""
+    from advisor.model import load_model
+    from advisor.plans import Columns, violations
+    from advisor.search import enumerate_candidates
+
+    spec, hw = load_model("llama3-8b"), load_hardware("dgx-a100")
+    for world, gb in ((720, 720), (96, 48), (24, 24)):
+        res = search(spec, hw, gpus=world, global_batch=gb)
+        cols = enumerate_candidates(world, spec.n_layers, gb, world > hw.gpus_per_node)
+        cols = Columns(**{**cols.__dict__, "tp_across_nodes_ok": False})
+        assert res.candidates == len(cols.dp)
+        ok = np.ones(len(cols.dp), bool)
+        for reason, mask in violations(cols, spec, hw, world).items():
+            assert res.rejected.get(reason, 0) == int((mask & ok).sum()), reason
+            ok &= ~mask

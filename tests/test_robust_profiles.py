@@ -1,0 +1,175 @@
+"""Robustness of hardware profiles (YAML given to --hw): every bad profile is refused at load time with one
+line that names the file, the key and the value, and `advisor` exits 2.
+
+Bad inputs tried (BAD_PROFILES below, plus generated mutations of every shipped profile): malformed YAML,
+non-mapping documents, unsafe YAML tags, alias bombs, deep nesting, binary files, empty files, missing and
+extra keys, wrong units (memory_GB for memory_GiB, bandwidth in bits where bytes are meant), numbers as
+strings or booleans, zero/negative/NaN/inf numbers, unknown enums and precisions, a link with no or two
+bandwidths.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _robust import assert_one_line_error, run_main, tried
+from advisor.api import estimate
+from advisor.hardware import PROFILE_DIR, HardwareError, hardware_from_yaml, list_profiles, load_hardware
+
+GOOD = yaml.safe_load((PROFILE_DIR / "dgx-a100.yaml").read_text())
+
+
+def mutated(path: str, value=None, delete: bool = False) -> dict:
+    """GOOD with the dotted key ``path`` set to ``value`` (or deleted)."""
+    d = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return d
+
+
+# (YAML text, substrings the one-line error must contain)
+BAD_PROFILES = [
+    ("gpu: [unclosed", ["malformed YAML at line"]),
+    ("a: b: c", ["malformed YAML"]),
+    ("\t- tab", ["malformed YAML"]),
+    ("", ["must be a YAML mapping, got NoneType"]),
+    ("- 1\n- 2", ["must be a YAML mapping, got list"]),
+    ("just a string", ["must be a YAML mapping, got str"]),
+    ("!!python/object/apply:os.system ['echo pwned']", ["malformed YAML"]),  # safe_load refuses tags
+    ("!!python/name:builtins.eval ''", ["malformed YAML"]),
+    ("a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+     "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: [*d, *d, *d, *d, *d, *d, *d, *d, *d]", ["required key is missing"]),  # alias bomb
+    ("[" * 5000 + "]" * 5000, ["error"]),  # deep nesting: one line, whatever the parser says
+    (yaml.safe_dump(mutated("gpu", delete=True)), ["gpu: required key is missing"]),
+    (yaml.safe_dump(mutated("source", delete=True)), ["source: required key is missing"]),
+    (yaml.safe_dump(mutated("gpus_per_node", delete=True)), ["gpus_per_node: required key is missing"]),
+    (yaml.safe_dump(mutated("intra_node.fit", delete=True)), ["intra_node.fit: required key is missing"]),
+    (yaml.safe_dump(mutated("gpu.memory_GB", 80)), ["gpu.memory_GB: unknown key"]),  # wrong unit in the key
+    (yaml.safe_dump(mutated("gpu.memory_GiB", "80 GiB")), ["gpu.memory_GiB", "'80 GiB'"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", "80e9")), ["gpu.memory_GiB", "less than or equal to 100000"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", 0)), ["gpu.memory_GiB", "greater than 0"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", -80)), ["gpu.memory_GiB"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", float("nan"))), ["gpu.memory_GiB", "finite"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", float("inf"))), ["gpu.memory_GiB"]),
+    (yaml.safe_dump(mutated("gpu.memory_GiB", True)), ["gpu.memory_GiB: must be a number, not true"]),  # was read as 1 GiB
+    (yaml.safe_dump(mutated("gpus_per_node", True)), ["gpus_per_node: must be a number, not true"]),
+    (yaml.safe_dump(mutated("gpus_per_node", 0)), ["gpus_per_node"]),
+    (yaml.safe_dump(mutated("gpus_per_node", 8.5)), ["gpus_per_node"]),
+    (yaml.safe_dump(mutated("gpus_per_node", 10**9)), ["gpus_per_node"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops", {"bf16": 312})), ["peak_tflops needs at least fp32"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops", {"fp32": 19.5, "fp64": 9.7})), ["unknown precision 'fp64'"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops", {"fp32": 0})), ["peak_tflops.fp32=0"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops", {"fp32": float("nan")})), ["peak_tflops"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops", {"fp32": True})), ["gpu.peak_tflops: fp32 must be a number, not true"]),  # was 1 TFLOP/s
+    (yaml.safe_dump(mutated("efficiency.matmul_max", {"bf16": True})), ["bf16 must be a number, not true"]),
+    (yaml.safe_dump(mutated("bad\nkey", 1)), ["'bad\\nkey': unknown key"]),  # was a two-line message
+    (yaml.safe_dump(mutated("gpu.peak_tflops", [19.5])), ["peak_tflops"]),
+    (yaml.safe_dump(mutated("intra_node.kind", "nvlink5")), ["intra_node.kind"]),
+    (yaml.safe_dump(mutated("intra_node.bandwidth_GBps", -300)), ["intra_node.bandwidth_GBps"]),
+    (yaml.safe_dump(mutated("intra_node.bandwidth_GBps", delete=True)), ["exactly one of bandwidth_GBps"]),  # was a crash mid-estimate
+    (yaml.safe_dump(mutated("inter_node.bandwidth_GBps", 200)), ["exactly one of bandwidth_GBps"]),  # bytes and bits both given
+    (yaml.safe_dump(mutated("inter_node.latency_us", -5)), ["inter_node.latency_us"]),
+    (yaml.safe_dump(mutated("intra_node.fit.bandwidth_efficiency", 1.5)), ["bandwidth_efficiency"]),
+    (yaml.safe_dump(mutated("intra_node.fit.bandwidth_efficiency", 0)), ["bandwidth_efficiency"]),
+    (yaml.safe_dump(mutated("efficiency.memory_bandwidth", 2)), ["efficiency.memory_bandwidth"]),
+    (yaml.safe_dump(mutated("efficiency.kernel_launch_us", -1)), ["kernel_launch_us"]),
+    (yaml.safe_dump(mutated("price_per_gpu_hour_usd", 0)), ["price_per_gpu_hour_usd"]),
+    (yaml.safe_dump(mutated("name", 42)), ["name", "valid string"]),
+    (yaml.safe_dump(mutated("bogus_key", 1)), ["bogus_key: unknown key"]),
+]
+
+
+@pytest.mark.parametrize("text,needles", BAD_PROFILES, ids=[f"bad{i}" for i in range(len(BAD_PROFILES))])
+def test_bad_profile_is_one_line_exit_2(text, needles, tmp_path):
+    tried("profiles")
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    for args in (["estimate", "--model", "gpt2", "--hw", str(f)], ["profiles", "show", str(f)]):
+        assert_one_line_error(args, str(f) if needles != ["error"] else "error", *needles)
+
+
+@pytest.mark.parametrize("content,needle", [(b"\xff\xfe\x00garbage\x9f", "not a text file"), (b"", "mapping")])
+def test_binary_or_empty_file(content, needle, tmp_path):
+    tried("profiles")
+    f = tmp_path / "p.yaml"
+    f.write_bytes(content)
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(f)], needle)
+
+
+def test_a_directory_or_missing_file(tmp_path):
+    tried("profiles", 2)
+    (tmp_path / "d.yaml").mkdir()
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "d.yaml")], "not found")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "none.yaml")], "not found")
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_shipped_profiles_round_trip(name, tmp_path):
+    f = tmp_path / f"{name}.yaml"
+    code, out, err = run_main(["profiles", "show", name])
+    assert code == 0, err
+    f.write_text(out)
+    assert load_hardware(f) == load_hardware(name)
+
+
+# --- generated mutations of the shipped profiles ----------------------------------------------------------
+
+SHIPPED = {n: yaml.safe_load((PROFILE_DIR / f"{n}.yaml").read_text()) for n in list_profiles()}
+GARBAGE = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+def _paths(d, prefix=()):
+    for k, v in d.items():
+        yield prefix + (k,)
+        if isinstance(v, dict):
+            yield from _paths(v, prefix + (k,))
+
+
+@st.composite
+def mutations(draw):
+    d = copy.deepcopy(SHIPPED[draw(st.sampled_from(sorted(SHIPPED)))])
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(d))))
+        node = d
+        for p in path[:-1]:
+            node = node[p]
+        action = draw(st.sampled_from(["set", "set", "delete", "scale", "extra"]))
+        if action == "delete":
+            del node[path[-1]]
+        elif action == "scale" and isinstance(node[path[-1]], (int, float)) and not isinstance(node[path[-1]], bool):
+            node[path[-1]] = node[path[-1]] * draw(st.sampled_from([0, -1, 1e-9, 1e9, float("nan"), 0.5, 2]))
+        elif action == "extra":
+            node[draw(st.text(min_size=1, max_size=6))] = draw(GARBAGE)
+        else:
+            node[path[-1]] = draw(GARBAGE)
+    return d
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(mutations())
+def test_mutated_profiles_load_or_refuse_in_one_line(d):
+    """Either a HardwareError with one line, or a profile on which an estimate is finite and positive."""
+    tried("profiles")
+    text = yaml.safe_dump(d, allow_unicode=True)
+    try:
+        hw = hardware_from_yaml(text, origin="gen.yaml")
+    except HardwareError as exc:
+        assert str(exc).startswith("gen.yaml: ") and "\n" not in str(exc)
+        return
+    e = estimate("gpt2", hw, gpus=min(2, hw.gpus_per_node), seq=256)
+    assert math.isfinite(e.step_time_s) and e.step_time_s > 0
+    assert all(math.isfinite(v) and v >= 0 for v in e.breakdown.values())
