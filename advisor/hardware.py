@@ -157,9 +157,34 @@ class ComputeEfficiency(Spec):
     kernel_launch_us: float = Field(
         ge=0, le=1e4, description="host-side cost to launch one eager kernel; bounds tiny kernels"
     )
+    matmul_host_us: float = Field(
+        default=28.0, ge=0, le=1e4, description="host-side cost of issuing one GEMM/attention call from Python"
+    )
     framework_overhead_GiB: float = Field(
         ge=0, le=1e3, description="CUDA context + library workspaces outside tensor allocations"
     )
+
+    @field_validator("matmul_max", "optimizer_bandwidth")
+    @classmethod
+    def _fractions(cls, v: dict[str, float], info) -> dict[str, float]:
+        for key, val in v.items():
+            if not (0.0 < float(val) <= 1.0):
+                raise ValueError(f"{info.field_name}.{key}={val} must be a fraction in (0, 1]")
+        if info.field_name == "matmul_max" and "fp32" not in v:
+            raise ValueError("matmul_max needs at least fp32")
+        if info.field_name == "optimizer_bandwidth":
+            missing = {"adamw", "adamw-fused", "sgd"} - set(v)
+            if missing:
+                raise ValueError(f"optimizer_bandwidth lacks {', '.join(sorted(missing))} (fractions of HBM bandwidth)")
+        return v
+
+    @field_validator("matmul_half_dim")
+    @classmethod
+    def _half_dims(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, val in v.items():
+            if not (0.0 <= float(val) <= 1e7):
+                raise ValueError(f"matmul_half_dim.{key}={val} must be a GEMM size in [0, 1e7]")
+        return v
 
 
 class Hardware(Spec):
