@@ -508,22 +508,11 @@ def refuse_shipped(path: str | Path) -> Path:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename over it: never a half-written file."""
-    import os
-    import tempfile
+    """advisor.io.write_atomic, creating the folder the operator named for --out first."""
+    from advisor.io import write_atomic
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
 
 
 def write_profile(hw: Hardware, path: str | Path, header: str = "") -> Path:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 import click
+
+from advisor.io import write_atomic
 from pydantic import ValidationError
 
 from advisor.errors import AdvisorError, format_validation_error
@@ -75,7 +77,7 @@ def export_command(model_name: str, hw_name: str, gpus: int, dp: Optional[int], 
     if out is None:
         click.echo(result.text, nl=False)
     else:
-        out.write_text(result.text)
+        write_atomic(out, result.text)
         click.echo(f"wrote {out} ({kind}; suggested name {result.filename})", err=True)
 
 

@@ -260,10 +260,10 @@ SOURCES = sorted([*REPO.glob("advisor/*.py"), *REPO.glob("validation/*.py")])
 # test until it is checked and listed (calibration output must go through advisor/io.py write_atomic).
 WRITE_SITES = {
     "advisor/io.py": ["os.fdopen(fd, \"w\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
-    "advisor/cli_export.py": ["out.write_text(result.text)"],  # --out PATH (not atomic: reported to its owner)
+    "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
-    # calibrate --out PROFILE.yaml: written atomically (its own write_text_atomic), its folder created
-    "advisor/calibrate.py": ["p.parent.mkdir(", "tempfile.mkstemp(", "os.fdopen(fd, \"w\")", "os.replace(tmp, p)"],
+    # calibrate --out PROFILE.yaml: its folder created, then advisor/io.py write_atomic
+    "advisor/calibrate.py": ["Path(path).parent.mkdir("],
     "advisor/cli_calibrate.py": ["results.parent.mkdir("],  # the results JSONL beside --out
     # the results JSONL is appended row by row (a crash loses at most the row being written: resume reads it)
     "validation/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
