@@ -413,6 +413,23 @@ def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dic
     return mem, opt, notes
 
 
+# torch.optim.AdamW(foreach=True) step = 8 foreach kernels over the parameters (mul_ for weight decay 8 B,
+# lerp_ 12, mul_ 8, addcmul_ 12, sqrt 8, div_ 8, add_ 8, addcdiv_ 16: 80 bytes per fp32 parameter, read
+# from torch/optim/adam.py _multi_tensor_adam): a measurement of PyTorch's element-wise kernels on
+# parameter-sized tensors, which is what activations' element-wise work runs on too.
+FOREACH_ADAMW_KERNEL_BYTES = 80.0
+
+
+def fit_elementwise(rows: list[dict], hw: Hardware) -> tuple[Optional[float], list[str]]:
+    rates = [float(r["params"]) * FOREACH_ADAMW_KERNEL_BYTES / float(r["time_s"]) for r in rows
+             if r.get("kind") == "optimizer" and r.get("optimizer") in ("adamw", "adamw-foreach", "foreach")
+             and r.get("status", "ok") == "ok"]
+    if not rates:
+        return None, []
+    frac = round(min(1.0, float(np.median(rates)) / hw.gpu.memory_bandwidth_bytes_per_s), 4)
+    return frac, [f"element-wise (foreach AdamW at {FOREACH_ADAMW_KERNEL_BYTES:.0f} B/param): {np.median(rates) / GB:.1f} GB/s = {frac:.3f}"]
+
+
 def fit_efficiency(rows: list[dict], hw: Hardware) -> tuple[ComputeEfficiency, list[str]]:
     """The base profile's ComputeEfficiency with every measured field replaced."""
     eff = hw.efficiency.model_dump()
@@ -425,7 +442,10 @@ def fit_efficiency(rows: list[dict], hw: Hardware) -> tuple[ComputeEfficiency, l
     if mem is not None:
         eff["memory_bandwidth"] = max(mem, 1e-6)
     eff["optimizer_bandwidth"].update({k: max(v, 1e-6) for k, v in opt.items()})
-    return ComputeEfficiency(**eff), lines + notes
+    ew, ew_notes = fit_elementwise(rows, hw)
+    if ew is not None:
+        eff["elementwise_bandwidth"] = ew
+    return ComputeEfficiency(**eff), lines + notes + ew_notes
 
 
 # ---------------------------------------------------------------------------------------------- profile

@@ -109,7 +109,8 @@ def aligned(dim: Any, math: str) -> Any:
 
 
 def mem_time(hw: Hardware, nbytes: Any) -> Any:
-    return nbytes / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+    """Seconds for element-wise kernels moving ``nbytes`` (at the element-wise fraction of HBM bandwidth)."""
+    return nbytes / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
 
 
 # Hugging Face modules, bytes per token per layer moved by element-wise kernels, (forward, backward), as

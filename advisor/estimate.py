@@ -213,10 +213,10 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     optimizer = optimizer_time(hw, sc.optimizer, params_local / opt_shard, 1.0) * (bytes_pp + opt_bytes_extra)
     if sc.precision is Precision.fp16_mixed:
         # GradScaler: unscale_ (r+w grads) and the inf/nan check (r grads): 12 bytes/param, memory-bound.
-        optimizer = optimizer + params_local * 12.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+        optimizer = optimizer + params_local * 12.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     # autocast re-casts fp32 weights to half precision every forward (r 4, w 2 bytes per parameter)
     amp_cast = np.where(~master & (sc.precision in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)), 1.0, 0.0)
-    cast_s = amp_cast * ga * params_local * 6.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.memory_bandwidth)
+    cast_s = amp_cast * ga * params_local * 6.0 / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
 
     time = {
         "compute/forward": ga * fwd_mb + cast_s,

@@ -147,6 +147,10 @@ class ComputeEfficiency(Spec):
         description="GEMM n or k at which efficiency halves, per math precision: small GEMMs lose most"
     )
     memory_bandwidth: float = Field(gt=0, le=1.0, description="fraction of HBM bandwidth reached by copies")
+    elementwise_bandwidth: Optional[float] = Field(
+        default=None, gt=0, le=1.0,
+        description="fraction reached by PyTorch's element-wise kernels on activation-sized tensors (default: memory_bandwidth)",
+    )
     optimizer_bandwidth: dict[str, float] = Field(
         description="fraction of HBM bandwidth reached by the optimizer step, per implementation"
     )
@@ -163,6 +167,10 @@ class ComputeEfficiency(Spec):
     framework_overhead_GiB: float = Field(
         ge=0, le=1e3, description="CUDA context + library workspaces outside tensor allocations"
     )
+
+    @property
+    def elementwise(self) -> float:
+        return self.elementwise_bandwidth if self.elementwise_bandwidth is not None else self.memory_bandwidth
 
     @field_validator("matmul_max", "optimizer_bandwidth")
     @classmethod
