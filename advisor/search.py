@@ -151,6 +151,7 @@ class PlanSearch:
     rejected: dict[str, int]
     plans: list[RankedPlan]
     tree: dict[str, Any] = field(default_factory=dict)
+    best_by_kind: dict[str, float] = field(default_factory=dict)  # fastest fitting step time per plan kind
     scalars: Optional[Scalars] = None  # precision, attention, optimizer, kernel style of the search
     memory_headroom: float = 0.05
     allow_tp_across_nodes: bool = False
@@ -163,7 +164,13 @@ class PlanSearch:
 
     def notes(self) -> list[str]:
         t = self.tree
-        return [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        if self.best_by_kind:
+            best = min(self.best_by_kind.values())
+            kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
+            out.append("fastest fitting plan of each kind: " + ", ".join(
+                f"{KIND_NAMES[k]} {v:.3g} s" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "") for k, v in kinds))
+        return out
 
     def suggestion(self) -> str:
         return suggest_fix(self)
@@ -173,7 +180,7 @@ class PlanSearch:
             "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
             "global_batch": self.global_batch, "seq_len": self.seq_len, "objective": self.objective,
             "candidates": self.candidates, "rejected": dict(self.rejected),
-            "decision_tree": self.tree,
+            "decision_tree": self.tree, "best_step_time_s_by_kind": dict(self.best_by_kind),
             "plans": [{"rank": i + 1, "reason": p.reason, **p.estimate.model_dump()} for i, p in enumerate(self.plans)],
         }
 
@@ -216,6 +223,23 @@ def plan_kind(p: dict) -> str:
     return "ddp" if p["dp"] > 1 else "single"
 
 
+KIND_NAMES = {"dp": "nn.DataParallel", "ddp": "DDP", "zero": "ZeRO/FSDP", "tp": "TP", "pp": "PP", "3d": "TP+PP",
+              "single": "single GPU"}
+
+
+def kind_codes(c: Columns) -> np.ndarray:
+    """plan_kind for every candidate at once."""
+    dp, tp, pp = (np.asarray(x) for x in (c.dp, c.tp, c.pp))
+    kinds = np.array(["single"] * len(dp), dtype=object)
+    kinds[dp > 1] = "ddp"
+    kinds[(np.asarray(c.zero) > 0) & (tp == 1) & (pp == 1)] = "zero"
+    kinds[(tp > 1) & (pp == 1)] = "tp"
+    kinds[(pp > 1) & (tp == 1)] = "pp"
+    kinds[(tp > 1) & (pp > 1)] = "3d"
+    kinds[(np.asarray(c.dp_kind) == 1) & (dp > 1)] = "dp"
+    return kinds
+
+
 PART_WORDS = {
     "compute/forward": "forward compute", "compute/backward": "backward compute", "compute/recompute": "recomputation",
     "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
@@ -224,12 +248,14 @@ PART_WORDS = {
 }
 
 
-def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float) -> str:
+def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None) -> str:
     parts = e.breakdown
     compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
     overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
     words = [f"compute {100 * compute / e.step_time_s:.0f}%"]
-    if overhead:
+    if overhead and max(overhead.values()) < 0.01 * e.step_time_s:
+        words.append("no other part above 1%")
+    elif overhead:
         k = max(overhead, key=overhead.get)
         link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
         where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
@@ -239,12 +265,19 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float) -> str:
         words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
     kind = plan_kind(e.plan)
     first = tree.get("first_choice")
-    if first == "ddp" and kind in ("zero",):
-        words.append("overrules the rule of thumb (DDP first): sharding is cheap on this link")
+    best_by_kind = best_by_kind or {}
+
+    def versus(k: str) -> str:
+        t = best_by_kind.get(k)
+        return f" ({KIND_NAMES[k]}'s best {t:.3g} s, +{100 * (t / e.step_time_s - 1):.1f}%)" if t and t > e.step_time_s else ""
+
+    if first == "ddp" and kind == "zero":
+        why = "sharding the optimizer step saves more than the extra collectives cost on this link"
+        words.append(f"overrules the rule of thumb (DDP first): {why}{versus('ddp')}")
     elif first == "pp" and kind in ("tp", "zero"):
-        words.append("overrules the rule of thumb (PP first without NVLink)")
+        words.append(f"overrules the rule of thumb (PP first without NVLink){versus('pp')}")
     elif first == "3d" and kind in ("zero", "ddp"):
-        words.append("overrules the rule of thumb (DP+PP+TP+ZeRO-1 on a slow network)")
+        words.append(f"overrules the rule of thumb (DP+PP+TP+ZeRO-1 on a slow network){versus('3d')}")
     return "; ".join(words)
 
 
@@ -348,6 +381,8 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
     order = idx[np.lexsort((step[idx], key))][:top]
     tree = decision_tree(spec, hardware, world, _single_gpu_fits(spec, hardware, sc))
     best = float(step[order[0]]) if len(order) else 0.0
+    kinds = kind_codes(valid.take(idx)) if len(idx) else np.array([], dtype=object)
+    best_by_kind = {k: float(step[idx][kinds == k].min()) for k in KIND_NAMES if (kinds == k).any()}
     ranked = []
     for i in order:  # only the top K become typed objects
         row = valid.take(np.array([i]))
@@ -359,6 +394,6 @@ def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq
         st = setup.model_copy(update={"micro_batch": int(row.micro_batch[0]),
                                       "recompute": ("none", "selective", "full")[int(row.recompute[0])]})
         est = make_estimate(spec, hardware, p, st, world, out, int(i))
-        ranked.append(RankedPlan(p, st, est, explain(est, hardware, tree, best)))
-    return PlanSearch(spec, hardware, world, gb, defaulted, seq, objective, n, rejected, ranked, tree,
+        ranked.append(RankedPlan(p, st, est, explain(est, hardware, tree, best, best_by_kind)))
+    return PlanSearch(spec, hardware, world, gb, defaulted, seq, objective, n, rejected, ranked, tree, best_by_kind,
                       scalars=sc, memory_headroom=memory_headroom, allow_tp_across_nodes=allow_tp_across_nodes)

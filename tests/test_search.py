@@ -1,0 +1,70 @@
+"""The plan search: issue 7's acceptance examples, ranking, explanation, agreement with estimate."""
+
+import numpy as np
+import pytest
+
+from advisor import estimate, plan
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    # arXiv 2104.04473 Table 2 setting: GPT-3 175B, 1536 A100s, global batch 1536, seq 2048
+    return plan(model="gpt3-175b", hw="dgx-a100", gpus=1536, global_batch=1536, seq=2048, top=5)
+
+
+def test_gpt3_top_plan_keeps_tp_in_a_node_and_pipelines_across_nodes(gpt3):
+    best = gpt3.plans[0].estimate
+    assert gpt3.candidates > 10_000
+    assert best.plan["tp"] <= 8 and 8 % best.plan["tp"] == 0
+    assert best.plan["pp"] > 1 and best.plan["tp"] * best.plan["dp"] >= 8  # each stage spans >= a node
+    assert all(p.estimate.fits for p in gpt3.plans)
+
+
+def test_ranked_by_step_time_with_reasons():
+    res = plan(model="gpt2-xl", hw="dgx-a100", top=10)
+    times = [p.estimate.step_time_s for p in res.plans]
+    assert times == sorted(times) and len(times) == 10
+    assert all(p.reason and "headroom" in p.reason for p in res.plans)
+    assert {"ddp", "zero"} <= set(res.best_by_kind)
+    assert min(res.best_by_kind.values()) == pytest.approx(times[0])
+
+
+def test_search_and_estimate_agree():
+    res = plan(model="gpt2-medium", hw="dgx-h100", gpus=8, top=3)
+    for p in res.plans:
+        e = p.estimate
+        again = estimate(model="gpt2-medium", hw="dgx-h100", gpus=8, dp=e.plan["dp"], tp=e.plan["tp"], pp=e.plan["pp"],
+                         zero=e.plan["zero"], sp=e.plan["sp"], schedule=e.plan["schedule"],
+                         virtual_stages=e.plan["virtual_stages"], micro_batch=e.setup["micro_batch"],
+                         global_batch=res.global_batch, seq=e.setup["seq_len"], recompute=e.setup["recompute"],
+                         framework=e.setup["framework"])
+        assert again.step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
+        assert again.memory.peak_bytes == pytest.approx(e.memory.peak_bytes, rel=1e-9)
+
+
+def test_objective_memory_orders_by_memory():
+    res = plan(model="gpt2-large", hw="dgx-a100", objective="memory", top=5)
+    mem = [p.estimate.memory.peak_bytes + p.estimate.memory.overhead_bytes for p in res.plans]
+    assert mem == sorted(mem)
+
+
+PTD_P = dict(tp=8, pp=12, dp=16, micro_batch=1, schedule="interleaved", virtual_stages=2)  # Table 2, 1536 GPUs
+ZERO3 = dict(tp=1, pp=1, dp=1536, zero=3, micro_batch=1)
+
+
+def _table2(kw):
+    return estimate(model="gpt3-175b", hw="dgx-a100", gpus=1536, global_batch=1536, seq=2048, recompute="full",
+                    precision="fp16-mixed", attention="eager", framework="megatron", optimizer="adamw-fused",
+                    overlap_grad_reduce=False, **kw).hw_tflops_per_gpu
+
+
+def test_table2_order_ptd_p_beats_zero3():
+    # Narayanan et al. 2021 Table 2 at 1536 GPUs: PTD-P 141 TFLOP/s per GPU, ZeRO-3 44 (recompute counted)
+    assert _table2(PTD_P) > 1.5 * _table2(ZERO3)
+
+
+@pytest.mark.xfail(strict=False, reason="ZeRO-3 at 1536 GPUs predicted ~58 TFLOP/s vs 44 published (+32%): "
+                                        "gathers assumed perfectly overlapped with compute")
+def test_table2_within_15_percent():
+    assert _table2(PTD_P) == pytest.approx(141, rel=0.15)
+    assert _table2(ZERO3) == pytest.approx(44, rel=0.15)
