@@ -486,7 +486,9 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     lines += eff_lines
     if not eff_lines:
         lines.append("compute: no matmul/copy/optimizer rows; efficiencies kept from the base profile")
-    hw = base.model_copy(update={"name": name, "intra_node": links["intra"], "inter_node": links["inter"],
+    where = f" on {provenance['host']}" if provenance.get("host") else ""
+    description = f"calibrated{where} ({provenance.get('date', 'undated')}); datasheet figures from {base.name}: {base.description}"
+    hw = base.model_copy(update={"name": name, "description": description, "intra_node": links["intra"], "inter_node": links["inter"],
                                  "efficiency": eff, "calibration": provenance})
     return Hardware.model_validate(hw.model_dump()), lines
 
