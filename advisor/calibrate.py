@@ -96,19 +96,73 @@ def read_results(path: str | Path) -> list[dict]:
         raise CalibrationError(f"measurements file {str(p)!r} not found")
     if p.suffix == ".csv":
         return _read_nccl_tests_csv(p)
+    try:
+        lines = p.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise CalibrationError(f"{p}: not a text file of JSON lines (results JSONL) or an nccl-tests CSV") from None
     rows = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             raw = json.loads(line)
-        except json.JSONDecodeError:
-            # a run killed mid-write leaves at most one torn last line: say so, keep the rest
-            if i == len(p.read_text().splitlines()):
+        except (json.JSONDecodeError, RecursionError):
+            # a run killed mid-write leaves at most one torn last line (a resumed run repairs it before
+            # appending: repair_torn_tail): skip it; anywhere else it is a damaged file
+            if i == last and rows:
                 continue
             raise CalibrationError(f"{p}:{i}: not a JSON object: fix or remove that line") from None
-        rows.append(_normalise(raw, f"{p}:{i}"))
+        rows.append(_check_row(_normalise(raw, f"{p}:{i}"), f"{p}:{i}"))
     return rows
+
+
+def repair_torn_tail(path: str | Path) -> int:
+    """Cut a torn last line (a run killed mid-write) so that appended rows start on a line of their own.
+
+    Returns the bytes removed. Called by the sweep before it appends to an existing results file."""
+    p = Path(path)
+    if not p.is_file() or p.stat().st_size == 0:
+        return 0
+    data = p.read_bytes()
+    if data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    with p.open("r+b") as fh:  # the results file the operator named with --out
+        fh.truncate(keep)
+    return len(data) - keep
+
+
+_LINKS = ("intra", "inter")
+_KINDS = ("collective", "matmul", "copy", "optimizer", "sdpa_fwd")
+
+
+def _check_row(row: dict, where: str) -> dict:
+    """One measurement, validated: known kind/link/collective, finite positive numbers (rows with a failed
+    status are kept as reported failures). Raises a one-line CalibrationError naming the place."""
+    kind = row.get("kind")
+    if kind not in _KINDS:
+        raise CalibrationError(f"{where}: unknown measurement kind {kind!r} (known: {', '.join(_KINDS)})")
+    if row.get("status", "ok") != "ok":
+        return row
+    need = {"collective": ("n_ranks", "size_bytes", "time_s"), "copy": ("bytes_moved", "time_s"),
+            "optimizer": ("params", "time_s"), "matmul": ("m", "n", "k", "time_s"), "sdpa_fwd": ("time_s",)}[kind]
+    for key in need:
+        val = row.get(key)
+        try:
+            num = float(val)
+        except (TypeError, ValueError):
+            raise CalibrationError(f"{where}: {kind} row needs a number in {key!r} (got {val!r})") from None
+        if not (np.isfinite(num) and num > 0):
+            raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
+    if kind == "collective":
+        if row.get("link", "intra") not in _LINKS:
+            raise CalibrationError(f"{where}: unknown link {row.get('link')!r} (use intra or inter)")
+        if row.get("collective") not in COLLECTIVES:
+            raise CalibrationError(f"{where}: unknown collective {row.get('collective')!r} (known: {', '.join(COLLECTIVES)})")
+        if float(row["n_ranks"]) < 2:
+            raise CalibrationError(f"{where}: n_ranks={row['n_ranks']!r}: a collective needs at least 2 ranks")
+    return row
 
 
 def _read_nccl_tests_csv(p: Path) -> list[dict]:

@@ -48,6 +48,16 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
 
     out_path = cal.refuse_shipped(out)
     base_hw = load_hardware(base)
+    # every option is checked before a sweep that can take minutes
+    judge_bytes = cal.parse_sizes(judge_from)[0]
+    if from_ is None:
+        if min(cal.parse_sizes(sizes)) <= 0:
+            raise AdvisorError(f"--sizes {sizes!r}: sizes must be positive, e.g. 1K:1G")
+        if iters < 1 or warmup < 0:
+            raise AdvisorError(f"--iters {iters} / --warmup {warmup}: need at least 1 timed iteration and no negative warm-up")
+        if not (timeout_s > 0 and timeout_s < 1e6):
+            raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
+
     results = Path(from_) if from_ else out_path.with_suffix(".jsonl")
     info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node()}
     if from_ is None:
@@ -62,7 +72,7 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     info["results"] = str(results)
     if cal.on_cpu_note(info):
         click.echo(cal.on_cpu_note(info), err=True)
-    hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, cal.parse_sizes(judge_from)[0])
+    hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
               "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
     path = cal.write_profile(hw, out_path, header)
@@ -94,6 +104,8 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
     from validation.launch import launch_local
     from validation.microbench import BenchConfig, run_worker
 
+    if cal.repair_torn_tail(results):
+        click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)
     done = [(r["link"], r["collective"], r["n_ranks"], r["size_bytes"]) for r in
             (cal.read_results(results) if results.is_file() else []) if r.get("status") == "ok" and r.get("kind") == "collective"]
     has_compute = results.is_file() and any(r.get("kind") == "matmul" for r in cal.read_results(results))

@@ -7,7 +7,7 @@ a size, NaN/negative/zero times, zero ranks, unknown links/collectives/kinds, ba
 empty folders, --out outside .yaml or inside the shipped profiles, garbage --sizes/--judge-from/--nproc/
 --timeout/--iters, and workers that exit, crash after writing, or hang.
 Skipped where advisor/cli_calibrate.py or validation/launch.py is absent; tests of faults that the
-calibration owner has yet to handle are xfail with the input in the reason.
+calibration owner fixed are kept as regular cases.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ def rows(**change) -> str:
     return "\n".join(out) + "\n"
 
 
-OWNER = "calibration owner (advisor/calibrate.py): "
 BAD_FROM = [
     ("empty.jsonl", "", ["no measurements to fit"]),
     ("mid.jsonl", json.dumps(ROW) + "\n{torn\n" + json.dumps(ROW) + "\n", ["mid.jsonl:2", "not a JSON object"]),
@@ -51,28 +50,15 @@ BAD_FROM = [
     ("array.jsonl", "[1, 2]\n", ["array.jsonl:1", "'kind'"]),
     ("all_reduce_xgpu.csv", "1,2,3\n", ["expected a name like all_reduce_<n>gpu.csv"]),
     ("one.jsonl", json.dumps(ROW) + "\n", ["need at least 3"]),
-    pytest.param("nosize.jsonl", rows(size_bytes=None), ["size_bytes"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "a row without size_bytes is KeyError, exit 1")),
-    pytest.param("nan.jsonl", rows(time_s=float("nan")), ["nan.jsonl", "time_s"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "NaN times reach LAPACK: 'SVD did not converge' and "
-                                         "DLASCL lines on stderr")),
-    pytest.param("neg.jsonl", rows(time_s=-1.0), ["neg.jsonl", "time_s"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "negative times: RuntimeWarning lines + 'Residuals "
-                                         "are not finite'")),
-    pytest.param("zero.jsonl", rows(time_s=0.0), ["zero.jsonl", "time_s"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "zero times are fitted silently (exit 0, a profile "
-                                         "from impossible data)")),
-    pytest.param("nranks0.jsonl", rows(n_ranks=0), ["n_ranks"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "n_ranks 0: divide-by-zero warnings, generic error")),
-    pytest.param("strsize.jsonl", rows(size_bytes="big"), ["strsize.jsonl", "size_bytes"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "'could not convert string to float' without file/line")),
-    pytest.param("badlink.jsonl", rows(link="warp"), ["warp"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "unknown link 'warp': every row ignored, the base "
-                                         "profile written unchanged with exit 0")),
-    pytest.param("badcoll.jsonl", rows(collective="all_to_all"), ["all_to_all"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "unknown collective ignored silently, exit 0")),
-    pytest.param("copy.jsonl", '{"kind": "copy", "bytes_moved": 8, "time_s": 0, "status": "ok"}\n', ["time_s"],
-                 marks=pytest.mark.xfail(strict=False, reason=OWNER + "copy row with time_s 0: ZeroDivisionError, exit 1")),
+    pytest.param("nosize.jsonl", rows(size_bytes=None), ["size_bytes"]),
+    pytest.param("nan.jsonl", rows(time_s=float("nan")), ["nan.jsonl", "time_s"]),
+    pytest.param("neg.jsonl", rows(time_s=-1.0), ["neg.jsonl", "time_s"]),
+    pytest.param("zero.jsonl", rows(time_s=0.0), ["zero.jsonl", "time_s"]),
+    pytest.param("nranks0.jsonl", rows(n_ranks=0), ["n_ranks"]),
+    pytest.param("strsize.jsonl", rows(size_bytes="big"), ["strsize.jsonl", "size_bytes"]),
+    pytest.param("badlink.jsonl", rows(link="warp"), ["warp"]),
+    pytest.param("badcoll.jsonl", rows(collective="all_to_all"), ["all_to_all"]),
+    pytest.param("copy.jsonl", '{"kind": "copy", "bytes_moved": 8, "time_s": 0, "status": "ok"}\n', ["time_s"]),
 ]
 
 
@@ -113,13 +99,9 @@ BAD_OPTIONS = [
     (["--nproc", "-3"], "at least 2 ranks"),
     (["--backend", "mpi"], "--backend"),
     (["--base", "dgx-a1OO"], "did you mean"),
-    pytest.param(["--judge-from", "x"], "cannot read 'X'", marks=pytest.mark.xfail(
-        strict=False, reason="calibration owner (cli_calibrate.py): --judge-from is parsed after the whole sweep (163 s here)")),
-    pytest.param(["--timeout", "0"], "--timeout", marks=pytest.mark.xfail(
-        strict=False, reason="calibration owner (cli_calibrate.py): --timeout 0/nan/negative not validated (0: 'hung' at once)")),
-    pytest.param(["--iters", "0"], "--iters", marks=pytest.mark.xfail(
-        strict=False, reason="calibration owner (cli_calibrate.py): --iters 0 kills workers ('no median for empty data'), "
-                             "-1 aborts them (exit -6)")),
+    pytest.param(["--judge-from", "x"], "cannot read 'X'"),
+    pytest.param(["--timeout", "0"], "--timeout"),
+    pytest.param(["--iters", "0"], "--iters"),
 ]
 
 
@@ -225,9 +207,6 @@ def test_rerun_resumes_and_from_refits(tmp_path):
     assert code == 0, err
 
 
-@pytest.mark.xfail(strict=False, reason="calibration owner (microbench.py/calibrate.py): after a run killed mid-write, "
-                   "the rerun appends after the torn line, which is then no longer last: read_results refuses "
-                   "'node.jsonl:4: not a JSON object' and the resumed run ends with exit 2")
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
 def test_rerun_resumes_after_a_run_killed_mid_write(tmp_path):
     tried("calibrate")
