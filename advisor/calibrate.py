@@ -29,13 +29,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
 from advisor.errors import AdvisorError
 from advisor.hardware import CommFit, ComputeEfficiency, Hardware, Link
-from advisor.units import GB, MiB, TFLOP
+from advisor.units import GB, MiB
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed as an outlier

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from advisor.hardware import Hardware
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import MLPKind, ModelSpec
 from advisor.plans import Attention, Precision, Recompute
 
 # Math precision of the GEMMs and bytes of activations, per training precision.

@@ -16,7 +16,7 @@ Every part is in ``breakdown`` and the step time is their sum.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from advisor import comm
 from advisor.comm import Collective
 from advisor.compute import (
     ACT_BYTES,
-    MATH,
     Workload,
     head_times,
     layer_flops_per_token,
@@ -147,7 +146,6 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
     per_mb = gpu_mb + host_excess_mb + p2p_mb
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
-    pipeline = ga * per_mb
     bubble = bubble_frac * per_mb
 
     # --- parameters held per GPU ----------------------------------------------------------------

@@ -19,16 +19,13 @@ offload, expert parallelism.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from advisor.compute import ACT_BYTES, Workload
-from advisor.hardware import Hardware
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import MLPKind, ModelSpec
 from advisor.plans import Attention, Precision, Recompute, Schedule
-from advisor.units import GiB, MiB
 
 
 def optimizer_state_bytes(optimizer: str, master: bool, precision: Precision) -> float:
@@ -140,25 +137,6 @@ def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: 
     inter = per_stage * np.minimum(pp, m) * (1.0 + (pp - 1.0) / (pp * np.maximum(v, 1.0)))
     out = np.where(schedule == int(Schedule.gpipe), gpipe, np.where(schedule == int(Schedule.interleaved), inter, one_f))
     return np.where(pp <= 1, float(n_layers), out)
-
-
-@dataclass(frozen=True)
-class MemoryParts:
-    weights: Any
-    gradients: Any
-    optimizer_states: Any
-    activations: Any
-    logits_loss: Any
-    transient: Any
-    overhead_context: Any
-    overhead_comm: Any
-    overhead_fragmentation: Any
-
-    def peak(self) -> Any:
-        return self.weights + self.gradients + self.optimizer_states + self.activations + self.logits_loss + self.transient
-
-    def overhead(self) -> Any:
-        return self.overhead_context + self.overhead_comm + self.overhead_fragmentation
 
 
 def logits_loss_bytes(m: ModelSpec, w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:

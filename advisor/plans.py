@@ -204,7 +204,7 @@ def violations(c: Columns, model: Any, hw: Hardware, world_size: Any) -> dict[st
     ones = np.ones_like(np.asarray(c.dp * c.tp * c.pp), dtype=bool)
     n_layers = model.n_layers
     out = {
-        f"dp x tp x pp != world size": (c.dp * c.tp * c.pp) != world_size,
+        "dp x tp x pp != world size": (c.dp * c.tp * c.pp) != world_size,
         "tp does not divide the attention heads": (model.n_heads % c.tp) != 0,
         "tp does not divide the KV heads": ((model.kv_heads % c.tp) != 0) & (c.tp <= model.kv_heads),
         "tp > KV heads does not divide evenly": (c.tp > model.kv_heads) & ((c.tp % model.kv_heads) != 0),

@@ -28,7 +28,6 @@ Native CPU autocast is also probed (``emulate: false`` rows) to show the differe
 """
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -36,16 +35,13 @@ import time
 
 def main():
     import torch
-    import torch.nn.functional as F
     import transformers
-    from torch.overrides import TorchFunctionMode
     from torch.profiler import ProfilerActivity, profile, record_function
     from torch._C._profiler import _EventType
 
     torch.manual_seed(0)
     torch.set_num_threads(8)
 
-    import sys
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
     from cuda_like import CudaLike  # validation/probes/cuda_like.py
 
