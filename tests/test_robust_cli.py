@@ -263,7 +263,7 @@ WRITE_SITES = {
     "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
     # calibrate --out PROFILE.yaml: its folder created, then advisor/io.py write_atomic
-    "advisor/calibrate.py": ["Path(path).parent.mkdir("],
+    "advisor/measurements.py": ["Path(path).parent.mkdir("],
     "advisor/cli_calibrate.py": ["results.parent.mkdir("],  # the results JSONL beside --out
     # the results JSONL is appended row by row (a crash loses at most the row being written: resume reads it)
     "validation/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
