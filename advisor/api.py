@@ -15,7 +15,15 @@ from advisor.errors import AdvisorError, format_validation_error
 from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, TIME_PARTS, Scalars, evaluate
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
-from advisor.plans import FSDP_TO_ZERO, MATH_OF, Plan, TrainingSetup, columns_of, plan_errors, resolve_grad_accum
+from advisor.plans import (
+    FSDP_TO_ZERO,
+    MATH_OF,
+    Plan,
+    TrainingSetup,
+    columns_of,
+    plan_errors,
+    resolve_grad_accum,
+)
 
 
 class Result(BaseModel):

@@ -32,8 +32,8 @@ import numpy as np
 from advisor.hardware import CommFit, ComputeEfficiency, Hardware, Link
 from advisor.measurements import (  # noqa: F401  (re-exported: calibrate is the public entry point)
     COLLECTIVES,
-    _math_of,
     CalibrationError,
+    _math_of,
     on_cpu_note,
     parse_sizes,
     read_results,

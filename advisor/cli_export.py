@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Optional
 
 import click
-
-from advisor.io import write_atomic
 from pydantic import ValidationError
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.export import KINDS, export as export_plan
+from advisor.export import KINDS
+from advisor.export import export as export_plan
 from advisor.hardware import load_hardware
+from advisor.io import write_atomic
 from advisor.model import load_model
 from advisor.plans import Plan, Precision, TrainingSetup, resolve_grad_accum
 

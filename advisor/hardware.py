@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
-from advisor.units import GB, GiB, Gbit, TFLOP, us
+from advisor.units import GB, TFLOP, Gbit, GiB, us
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 # Installed wheels carry the profiles inside the package (see pyproject's package-data).

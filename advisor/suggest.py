@@ -19,7 +19,13 @@ from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, Scalars, evaluate
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.plans import Columns, Plan
-from advisor.search import MAX_WORLD, PlanSearch, default_global_batch, pair_violations, tp_pp_pairs
+from advisor.search import (
+    MAX_WORLD,
+    PlanSearch,
+    default_global_batch,
+    pair_violations,
+    tp_pp_pairs,
+)
 from advisor.units import GB
 
 

@@ -1,0 +1,118 @@
+"""Explain: where a question sits in the seeds' decision tree, what each plan kind is, and why a plan ranks
+where it does (dominant cost, memory headroom, and when the cost model overrules the rule of thumb).
+
+The decision tree is Hugging Face's "Efficient Training on Multiple GPUs" (seed 001): single GPU / single
+node / multi node, model fits on one GPU or not, fast or slow links.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from advisor.api import Estimate
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.plans import Columns
+from advisor.units import GB
+
+# Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
+# (8x 200 Gb/s HDR in a DGX A100 is 200 Gb/s per GPU; a 400 Gb/s EFA node shares 50 Gb/s per GPU).
+FAST_NETWORK_BYTES_PER_GPU = 100e9 / 8
+
+
+def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool) -> dict[str, Any]:
+    """Where this question sits in seed 001's decision tree, and the rule of thumb it gives."""
+    fast = hw.inter_node_bytes_per_s_per_gpu >= FAST_NETWORK_BYTES_PER_GPU
+    nvlink = hw.intra_node.kind.value in ("nvlink", "nvswitch")
+    if world == 1:
+        pos, rule, first = "single GPU", "normal training" if fits_one_gpu else "ZeRO + CPU offload", "single"
+    elif world <= hw.gpus_per_node:
+        if fits_one_gpu:
+            pos, rule, first = "single node, model fits on one GPU", "DDP first; ZeRO may or may not be faster", "ddp"
+        else:
+            pos = "single node, model does not fit on one GPU"
+            rule = "PP, ZeRO or TP (on par with NVLink/NVSwitch)" if nvlink else "PP (without NVLink PP beats TP and ZeRO)"
+            first = "any" if nvlink else "pp"
+    else:
+        if fast:
+            pos, rule, first = "multi node, fast inter-node network", "ZeRO, or PP+TP+DP", "zero"
+        else:
+            pos, rule, first = "multi node, slow inter-node network", "DP+PP+TP+ZeRO-1", "3d"
+        if fits_one_gpu:
+            pos += ", model fits on one GPU"
+    return {"position": pos, "rule": rule, "first_choice": first, "fast_network": fast, "nvlink": nvlink,
+            "fits_one_gpu": fits_one_gpu}
+
+
+def plan_kind(p: dict) -> str:
+    if p["data_parallel"] == "dp" and p["dp"] > 1:
+        return "dp"
+    if p["tp"] > 1 and p["pp"] > 1:
+        return "3d"
+    if p["pp"] > 1:
+        return "pp"
+    if p["tp"] > 1:
+        return "tp"
+    if p["zero"] > 0:
+        return "zero"
+    return "ddp" if p["dp"] > 1 else "single"
+
+
+KIND_NAMES = {"dp": "nn.DataParallel", "ddp": "DDP", "zero": "ZeRO/FSDP", "tp": "TP", "pp": "PP", "3d": "TP+PP",
+              "single": "single GPU"}
+
+
+def kind_codes(c: Columns) -> np.ndarray:
+    """plan_kind for every candidate at once."""
+    dp, tp, pp = (np.asarray(x) for x in (c.dp, c.tp, c.pp))
+    kinds = np.array(["single"] * len(dp), dtype=object)
+    kinds[dp > 1] = "ddp"
+    kinds[(np.asarray(c.zero) > 0) & (tp == 1) & (pp == 1)] = "zero"
+    kinds[(tp > 1) & (pp == 1)] = "tp"
+    kinds[(pp > 1) & (tp == 1)] = "pp"
+    kinds[(tp > 1) & (pp > 1)] = "3d"
+    kinds[(np.asarray(c.dp_kind) == 1) & (dp > 1)] = "dp"
+    return kinds
+
+
+PART_WORDS = {
+    "compute/forward": "forward compute", "compute/backward": "backward compute", "compute/recompute": "recomputation",
+    "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
+    "comm/dp_grad": "gradient reduction", "comm/zero_params": "ZeRO/FSDP parameter gathers", "comm/dataparallel": "nn.DataParallel replicate/gather",
+    "optimizer": "optimizer step", "host_overhead": "host-side kernel launches",
+}
+
+
+def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None) -> str:
+    parts = e.breakdown
+    compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
+    overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
+    words = [f"compute {100 * compute / e.step_time_s:.0f}%"]
+    if overhead and max(overhead.values()) < 0.01 * e.step_time_s:
+        words.append("no other part above 1%")
+    elif overhead:
+        k = max(overhead, key=overhead.get)
+        link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
+        where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
+        words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
+    words.append(f"headroom {e.memory.headroom_bytes / GB:.1f} GB")
+    if best_time > 0 and e.step_time_s > best_time * 1.0005:
+        words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
+    kind = plan_kind(e.plan)
+    first = tree.get("first_choice")
+    best_by_kind = best_by_kind or {}
+
+    def versus(k: str) -> str:
+        t = best_by_kind.get(k)
+        return f" ({KIND_NAMES[k]}'s best {t:.3g} s, +{100 * (t / e.step_time_s - 1):.1f}%)" if t and t > e.step_time_s else ""
+
+    if first == "ddp" and kind == "zero":
+        why = "sharding the optimizer step saves more than the extra collectives cost on this link"
+        words.append(f"overrules the rule of thumb (DDP first): {why}{versus('ddp')}")
+    elif first == "pp" and kind in ("tp", "zero"):
+        words.append(f"overrules the rule of thumb (PP first without NVLink){versus('pp')}")
+    elif first == "3d" and kind in ("zero", "ddp"):
+        words.append(f"overrules the rule of thumb (DP+PP+TP+ZeRO-1 on a slow network){versus('3d')}")
+    return "; ".join(words)
