@@ -63,6 +63,7 @@ class Estimate(Result):
     memory: MemoryReport
     breakdown: dict[str, float]
     dominant: str
+    usd_per_million_tokens: Optional[float] = None  # when the profile has a price per GPU-hour
 
 
 class PlanError(AdvisorError):
@@ -156,6 +157,8 @@ def make_estimate(spec: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetu
         memory=MemoryReport(peak_bytes=peak, parts=mem_parts, overhead_bytes=sum(over.values()), overhead=over,
                             capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(fits)),
         breakdown=breakdown, dominant=dominant_part(breakdown),
+        usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
+                                if hw.price_per_gpu_hour_usd else None),
     )
 
 
