@@ -231,6 +231,58 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     }
 
     # --- memory -----------------------------------------------------------------------------------
+    memory, overhead = _memory(m, hw, sc, _PlanArrays(
+        dp=dp, tp=tp, pp=pp, zero=zero, mb=mb, ga=ga, rc=rc, v=v, schedule=f["schedule"], sp=sp,
+        megatron=megatron, tokens=tokens, layers_stage=layers_stage, params_local=params_local, p_layer=p_layer,
+        shard=shard, opt_shard=opt_shard, master=master, wb=wb, gb=gb, amp_cast=amp_cast,
+        ddp_kind=dp_active & ~is_dp_kind & (zero == 0)))
+
+    # --- FLOPs --------------------------------------------------------------------------------------
+    per_layer_tok = sum(layer_flops_per_token(m, sc.seq_len).values())
+    tokens_step = dp * ga * tokens
+    model_flops = 3.0 * (m.n_layers * per_layer_tok + logits_flops_per_token(m)) * tokens_step
+    rc_flops = np.where(rc == int(Recompute.full), m.n_layers * per_layer_tok, np.where(rc == int(Recompute.selective), m.n_layers * 4.0 * sc.seq_len * m.q_dim, 0.0)) * tokens_step
+    return {"time": time, "memory": memory, "overhead": overhead, "model_flops": model_flops,
+            "hw_flops": model_flops + rc_flops, "tokens": tokens_step, "params_local": params_local}
+
+
+@dataclass(frozen=True)
+class _PlanArrays:
+    """The per-plan arrays the memory model needs (derived once in ``evaluate``)."""
+
+    dp: Any
+    tp: Any
+    pp: Any
+    zero: Any
+    mb: Any
+    ga: Any
+    rc: Any
+    v: Any
+    schedule: Any
+    sp: Any
+    megatron: Any
+    tokens: Any
+    layers_stage: Any
+    params_local: Any
+    p_layer: Any
+    shard: Any
+    opt_shard: Any
+    master: Any
+    wb: Any
+    gb: Any
+    amp_cast: Any
+    ddp_kind: Any  # DDP proper (not nn.DataParallel, not ZeRO) with more than one replica
+
+
+def _memory(m: ModelSpec, hw: Hardware, sc: Scalars, p: _PlanArrays) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Named memory parts (bytes) at the busiest GPU's peak, and the overheads reported apart."""
+    dp, tp, pp, zero, mb, ga, rc, v, sp = p.dp, p.tp, p.pp, p.zero, p.mb, p.ga, p.rc, p.v, p.sp
+    megatron, tokens, layers_stage, params_local, p_layer = p.megatron, p.tokens, p.layers_stage, p.params_local, p.p_layer
+    shard, opt_shard, master, wb, gb, amp_cast = p.shard, p.opt_shard, p.master, p.wb, p.gb, p.amp_cast
+    e = ACT_BYTES[sc.precision]
+    w_hf = Workload(sc.seq_len, sc.precision, sc.attention, "hf")
+    w_mg = Workload(sc.seq_len, sc.precision, sc.attention, "megatron")
+
     def per_style(fn):
         return np.where(megatron, fn(w_mg), fn(w_hf))
 
@@ -238,8 +290,8 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     full_layer_tok = per_style(lambda w: activation_per_token(m, w, tp, sp, 0))
     nonlayer = np.where(megatron, 0.0, hf_nonlayer_bytes(m, w_hf)) * tokens
     # HF eager attention builds one b x s x s causal mask (fp32 residual dtype) for the whole model.
-    eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * min(4.0, 4.0 if sc.precision is not Precision.bf16 else 2.0), 0.0)
-    n_inflight = in_flight_layers(m.n_layers, pp, v, f["schedule"], ga)
+    eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
+    n_inflight = in_flight_layers(m.n_layers, pp, v, p.schedule, ga)
     acts_first = act_tok * tokens * n_inflight + nonlayer + eager_mask
     acts_last = act_tok * tokens * layers_stage + nonlayer + eager_mask
     held_lg, peak_lg = (np.where(megatron, a, b) for a, b in zip(logits_loss_bytes(m, w_mg, tokens, tp), logits_loss_bytes(m, w_hf, tokens, tp)))
@@ -252,7 +304,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # (never more than the unsharded weights this GPU does not already hold)
     z3_gather = np.where(zero >= 3, np.minimum(2.0 * p_layer * 2.0, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
     autocast_copies = amp_cast * params_local * 2.0
-    ddp_buckets = np.where(dp_active & ~is_dp_kind & (zero == 0) & ~megatron, params_local * gb, 0.0)
+    ddp_buckets = np.where(p.ddp_kind & ~megatron, params_local * gb, 0.0)
     # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),
     # in Megatron's contiguous buffer, in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise (zero_grad(set_to_none=True), one
     # micro-batch) backward allocates them as it frees activations: none exist when the loss backward starts.
@@ -289,11 +341,4 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
         "comm_buffers": np.where((dp > 1) | (tp > 1) | (pp > 1), NCCL_BUFFER_BYTES, 0.0) * np.ones(np.shape(peak)),
         "fragmentation": FRAGMENTATION * peak,
     }
-
-    # --- FLOPs --------------------------------------------------------------------------------------
-    per_layer_tok = sum(layer_flops_per_token(m, sc.seq_len).values())
-    tokens_step = dp * ga * tokens
-    model_flops = 3.0 * (m.n_layers * per_layer_tok + logits_flops_per_token(m)) * tokens_step
-    rc_flops = np.where(rc == int(Recompute.full), m.n_layers * per_layer_tok, np.where(rc == int(Recompute.selective), m.n_layers * 4.0 * sc.seq_len * m.q_dim, 0.0)) * tokens_step
-    return {"time": time, "memory": memory, "overhead": overhead, "model_flops": model_flops,
-            "hw_flops": model_flops + rc_flops, "tokens": tokens_step, "params_local": params_local}
+    return memory, overhead
