@@ -7,6 +7,9 @@ by the tokens: bytes moved per token by one layer's element-wise work (norms, ac
 residuals, rotary, casts). CUDA's autocast lists are emulated (cuda_like.py). Runs on CPU in seconds.
 
     python validation/probes/traffic_probe.py --out validation/data/traffic_probe.json
+
+The per-token coefficients in advisor.compute.HF_TRAFFIC are solved from these rows (h and d_ff varied,
+autocast's per-step weight casts taken out); HF_SCORE_TRAFFIC is the "eager score bytes per element" rows.
 """
 
 from __future__ import annotations
@@ -111,6 +114,16 @@ def main() -> None:
                     r.update(torch=torch.__version__, transformers=transformers.__version__)
                     rows.append(r)
                     print(json.dumps(r), flush=True)
+    # bytes per attention-score element of eager attention: (eager - sdpa) per token / (heads * s) at s = 512
+    for arch in ("gpt2", "llama"):
+        for prec in ("fp32", "bf16-amp", "bf16-pure"):
+            e, d = (measure(arch, prec, attn, h=256, ffn=1024, s=512) for attn in ("eager", "sdpa"))
+            r = {"arch": arch, "precision": prec, "quantity": "eager score bytes per element", "seq": 512,
+                 "fwd_bytes_per_score": (e["fwd_bytes_per_token"] - d["fwd_bytes_per_token"]) / (e["heads"] * 512),
+                 "bwd_bytes_per_score": (e["bwd_bytes_per_token"] - d["bwd_bytes_per_token"]) / (e["heads"] * 512),
+                 "torch": torch.__version__, "transformers": transformers.__version__}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
