@@ -11,13 +11,13 @@ from typing import Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from advisor.compute import MATH
 from advisor.errors import AdvisorError, format_validation_error
 from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, TIME_PARTS, Scalars, evaluate
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
 from advisor.plans import (
     FSDP_TO_ZERO,
-    MATH_OF,
     Plan,
     TrainingSetup,
     columns_of,
@@ -141,7 +141,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetu
     fits = peak + sum(over.values()) <= cap
     tokens = pick(out["tokens"])
     grad_accum, _ = resolve_grad_accum(setup, plan)
-    peak_flops = hw.gpu.peak_flops_per_s(MATH_OF[setup.precision.value])
+    peak_flops = hw.gpu.peak_flops_per_s(MATH[setup.precision])
     return Estimate(
         model=spec.name, hw=hw.name, params=spec.n_params, world_size=world,
         nodes=int(-(-world // hw.gpus_per_node)),

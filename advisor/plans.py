@@ -252,6 +252,3 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: Any, hw: Hardware, worl
             reasons.append(reason)
     return reasons
 
-
-# GEMM math precision per training precision (what the tensor cores run); the compute model's table.
-MATH_OF = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8-mixed": "fp8"}
