@@ -15,8 +15,8 @@ Every part is in ``breakdown`` and the step time is their sum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from advisor import comm
 from advisor.comm import Collective
 from advisor.compute import (
     ACT_BYTES,
+    LayerTimes,
     Workload,
     head_times,
     layer_flops_per_token,
@@ -89,8 +90,26 @@ class Scalars:
         return cls(setup.seq_len, setup.precision, setup.attention, setup.optimizer.value, setup.framework)
 
 
-def _where_framework(megatron_mask: Any, f_hf, f_mg):
-    return np.where(megatron_mask, f_mg, f_hf)
+def _per_style(megatron: Any, sc: Scalars, fn: Callable[[Workload], Any]) -> Any:
+    """``fn(workload)`` for the kernel style of each plan: HF eager modules or Megatron's fused kernels.
+
+    Only the style(s) present are evaluated (a search runs one style); with both, the results - arrays,
+    tuples of arrays or a LayerTimes - are merged plan by plan.
+    """
+    w_hf, w_mg = (Workload(sc.seq_len, sc.precision, sc.attention, style) for style in ("hf", "megatron"))
+    if megatron.all():
+        return fn(w_mg)
+    if not megatron.any():
+        return fn(w_hf)
+    return _merge(megatron, fn(w_hf), fn(w_mg))
+
+
+def _merge(megatron: Any, hf: Any, mg: Any) -> Any:
+    if isinstance(hf, LayerTimes):
+        return LayerTimes(*(_merge(megatron, getattr(hf, f.name), getattr(mg, f.name)) for f in fields(LayerTimes)))
+    if isinstance(hf, tuple):
+        return tuple(_merge(megatron, a, b) for a, b in zip(hf, mg))
+    return np.where(megatron, mg, hf)
 
 
 def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: Any) -> dict[str, Any]:
@@ -110,13 +129,10 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     tokens = mb * sc.seq_len
 
     # --- compute, per micro-batch on the busiest stage ------------------------------------------
-    w_hf = Workload(sc.seq_len, sc.precision, sc.attention, "hf")
-    w_mg = Workload(sc.seq_len, sc.precision, sc.attention, "megatron")
-    lt_hf, lt_mg = layer_times(m, hw, w_hf, mb, tp, rc), layer_times(m, hw, w_mg, mb, tp, rc)
-    pick = lambda attr: _where_framework(megatron, getattr(lt_hf, attr), getattr(lt_mg, attr))  # noqa: E731
-    layer_fwd, layer_bwd, layer_rc = pick("fwd_s"), pick("bwd_s"), pick("recompute_s")
-    host_layer = pick("host_fwd_s") + pick("host_bwd_s") + pick("host_recompute_s")
-    head_fwd, head_bwd = (np.where(megatron, a, b) for a, b in zip(head_times(m, hw, w_mg, mb, tp), head_times(m, hw, w_hf, mb, tp)))
+    lt = _per_style(megatron, sc, lambda w: layer_times(m, hw, w, mb, tp, rc))
+    layer_fwd, layer_bwd, layer_rc = lt.fwd_s, lt.bwd_s, lt.recompute_s
+    host_layer = lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s
+    head_fwd, head_bwd = _per_style(megatron, sc, lambda w: head_times(m, hw, w, mb, tp))
     layers_stage = np.ceil(m.n_layers / pp)
     fwd_mb = layers_stage * layer_fwd + head_fwd
     bwd_mb = layers_stage * layer_bwd + head_bwd
@@ -171,7 +187,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     bucket = comm.collective_time(Collective.all_reduce, dp, last_bucket, hw, dp_per_node)
     # The backward of the last micro-batch, which the gradient reduction can hide behind: it lasts as long
     # as the GPU's work or, when the host is the bottleneck, as long as the host takes to issue it.
-    last_bwd = np.maximum(bwd_mb + rc_mb, layers_stage * (pick("host_bwd_s") + pick("host_recompute_s")))
+    last_bwd = np.maximum(bwd_mb + rc_mb, layers_stage * (lt.host_bwd_s + lt.host_recompute_s))
     # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned
     # host memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: modelled
     # as no overlap.
@@ -183,8 +199,8 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # the first layer's gather is always exposed.
     per_layer_ag = ag_param / np.maximum(layers_stage, 1)
     # windows the gathers hide behind: the forward / backward wall time (GPU work, or host issue time when longer)
-    fwd_comp = layers_stage * np.maximum(layer_fwd, pick("host_fwd_s"))
-    bwd_comp = layers_stage * np.maximum(layer_bwd + layer_rc, pick("host_bwd_s") + pick("host_recompute_s"))
+    fwd_comp = layers_stage * np.maximum(layer_fwd, lt.host_fwd_s)
+    bwd_comp = layers_stage * np.maximum(layer_bwd + layer_rc, lt.host_bwd_s + lt.host_recompute_s)
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
     z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
     z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
@@ -280,21 +296,15 @@ def _memory(m: ModelSpec, hw: Hardware, sc: Scalars, p: _PlanArrays) -> tuple[di
     megatron, tokens, layers_stage, params_local, p_layer = p.megatron, p.tokens, p.layers_stage, p.params_local, p.p_layer
     shard, opt_shard, master, wb, gb, amp_cast = p.shard, p.opt_shard, p.master, p.wb, p.gb, p.amp_cast
     e = ACT_BYTES[sc.precision]
-    w_hf = Workload(sc.seq_len, sc.precision, sc.attention, "hf")
-    w_mg = Workload(sc.seq_len, sc.precision, sc.attention, "megatron")
-
-    def per_style(fn):
-        return np.where(megatron, fn(w_mg), fn(w_hf))
-
-    act_tok = per_style(lambda w: activation_per_token(m, w, tp, sp, rc))
-    full_layer_tok = per_style(lambda w: activation_per_token(m, w, tp, sp, 0))
-    nonlayer = np.where(megatron, 0.0, hf_nonlayer_bytes(m, w_hf)) * tokens
+    act_tok = _per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, rc))
+    full_layer_tok = _per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, 0))
+    nonlayer = _per_style(megatron, sc, lambda w: 0.0 if w.framework == "megatron" else hf_nonlayer_bytes(m, w)) * tokens
     # HF eager attention builds one b x s x s causal mask (fp32 residual dtype) for the whole model.
     eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
     n_inflight = in_flight_layers(m.n_layers, pp, v, p.schedule, ga)
     acts_first = act_tok * tokens * n_inflight + nonlayer + eager_mask
     acts_last = act_tok * tokens * layers_stage + nonlayer + eager_mask
-    held_lg, peak_lg = (np.where(megatron, a, b) for a, b in zip(logits_loss_bytes(m, w_mg, tokens, tp), logits_loss_bytes(m, w_hf, tokens, tp)))
+    held_lg, peak_lg = _per_style(megatron, sc, lambda w: logits_loss_bytes(m, w, tokens, tp))
     weights = params_local * wb / np.where(zero >= 3, shard, 1.0)
     grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
     opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
