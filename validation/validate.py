@@ -213,7 +213,7 @@ def explain(fast: Point, slow: Point) -> str:
         return ", ".join(f"{k} {_ms(v)} ({100 * v / p.predicted:.0f}%)" for k, v in parts)
 
     gap = {k: slow.breakdown.get(k, 0.0) - fast.breakdown.get(k, 0.0) for k in set(fast.breakdown) | set(slow.breakdown)}
-    carriers = sorted(gap.items(), key=lambda kv: -abs(kv[1]))[:2]
+    carriers = sorted(gap.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:2]  # ties by name: set order varies per run
     return (f"{slow.label}: {top(slow)}; {fast.label}: {top(fast)}. Predicted gap {_ms(slow.predicted - fast.predicted)}"
             f" (measured {_ms(slow.measured - fast.measured)}), carried by "
             + ", ".join(f"{k} {'+' if v >= 0 else ''}{_ms(v)}" for k, v in carriers))
