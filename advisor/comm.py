@@ -5,7 +5,7 @@ The measured quantity is defined as nccl-tests defines it (doc/PERFORMANCE.md in
 bandwidth into the bandwidth each rank's link actually carries in a ring:
     all_reduce 2(n-1)/n, all_gather (n-1)/n, reduce_scatter (n-1)/n, broadcast/reduce/send_recv 1,
     all_to_all (n-1)/n.
-``BUS_FACTOR`` below is that table, written once and shared with validation/microbench.py.
+``bus_factor`` below is that table, written once and used by validation/microbench.py for its busbw column.
 
 One link class (advisor.hardware.CommFit) costs
     t(n, S) = max(floor(n), alpha(n) + bus_factor(n) * S_loop / (B_link * eff(n, S)))
@@ -60,9 +60,6 @@ def bus_factor(coll: Collective | str, n: Any) -> Any:
         return (n - 1.0) / n
     return np.ones_like(n)
 
-
-# The table as data, for the microbenchmarks and reports (same formulas as bus_factor).
-BUS_FACTOR = {c.value: (lambda n, _c=c: float(bus_factor(_c, n))) for c in Collective}
 
 
 def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link) -> Any:
