@@ -41,7 +41,7 @@ from advisor.memory import (
     optimizer_state_bytes,
     weight_grad_bytes,
 )
-from advisor.model import ModelSpec
+from advisor.model import MLPKind, ModelSpec
 from advisor.plans import Columns, DataParallelKind, Precision, Recompute, TrainingSetup
 from advisor.units import GiB, MiB
 
@@ -110,6 +110,42 @@ def _merge(megatron: Any, hf: Any, mg: Any) -> Any:
     if isinstance(hf, tuple):
         return tuple(_merge(megatron, a, b) for a, b in zip(hf, mg))
     return np.where(megatron, mg, hf)
+
+
+def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, tp: Any, rc: Any, ag_layer: Any, rs_layer: Any) -> tuple[Any, Any]:
+    """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch under DeepSpeed's parameter coordinator.
+
+    DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
+    parameters are in flight it waits for them and synchronises the device (stage3.py in the 0.3 releases
+    Megatron-DeepSpeed ran in 2021: ``_synchronize_communication`` ends in ``torch.cuda.synchronize()``),
+    then prefetches only the next ``stage3_prefetch_bucket_size`` (5e7) elements: one linear layer of a
+    large model. So the gather of each linear layer hides only behind the compute of the one before it,
+    not behind the whole pass: a layer is four steps, (qkv + attention), out-projection, MLP in, MLP out,
+    and each lasts the longer of its compute and the next step's gather (the gradient reduce-scatter of
+    the step just finished joins that gather in backward, on the same link). With full recomputation the
+    recomputed forward gathers again (the hooks fire on it as on any forward).
+    Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
+    """
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    mlp_in = f * (2 if m.mlp is MLPKind.swiglu else 1)
+    params = np.array([h * (q + 2 * kv), q * h, h * mlp_in, f * h], dtype=float)
+    share_p = params / params.sum()
+    fl = params  # a linear layer's GEMM FLOPs are proportional to its weights
+    g = lt.gemm_fwd_s * 1.0
+    comp = [g * fl[0] / fl.sum() + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, g * fl[1] / fl.sum(),
+            g * fl[2] / fl.sum() + lt.elementwise_fwd_s / 2.0, g * fl[3] / fl.sum()]
+    total = sum(comp)
+    share_c = [np.where(total > 0, c / np.where(total > 0, total, 1.0), 0.25) for c in comp]
+    win_f = np.maximum(lt.fwd_s, lt.host_fwd_s)
+    win_r = np.maximum(lt.recompute_s, lt.host_recompute_s)
+    win_b = np.maximum(lt.bwd_s, lt.host_bwd_s)
+    ag = [ag_layer * s for s in share_p]
+    rs = [rs_layer * s for s in share_p]
+    fwd = sum(np.maximum(win_f * share_c[k], ag[(k + 1) % 4]) - win_f * share_c[k] for k in range(4))
+    rcp = sum(np.maximum(win_r * share_c[k], ag[(k + 1) % 4]) - win_r * share_c[k] for k in range(4))
+    bwd = sum(np.maximum(win_b * share_c[k], ag[(k - 1) % 4] + rs[(k + 1) % 4]) - win_b * share_c[k] for k in range(4))
+    full = np.asarray(rc) == int(Recompute.full)
+    return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
 
 
 def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: Any) -> dict[str, Any]:
@@ -204,7 +240,25 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
     z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
     z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
-    z23_exposed_mb = z2_fwd + np.where(zero >= 3, z3_bwd, z2_bwd)
+    # DeepSpeed's ZeRO-3 (the engine Megatron-DeepSpeed runs) releases a module's parameters after every
+    # forward, and a checkpointed layer's recomputation is a forward: it fires the pre-forward hook and gathers
+    # the parameters once more (stage3.py fetch_sub_module), so full recomputation makes three gathers per
+    # micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4: parameters are needed in forward,
+    # recomputation and backward). The recomputation's gather hides behind the recomputed forward, the
+    # backward's gather and the gradient reduce-scatter behind the backward proper.
+    rc_comp = layers_stage * np.maximum(layer_rc, lt.host_recompute_s)
+    bwd_only = layers_stage * np.maximum(layer_bwd, lt.host_bwd_s)
+    z3_regather = (
+        np.maximum(ag_param - rc_comp, per_layer_ag)
+        + np.maximum(ag_param + rs_grad - bwd_only, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
+    )
+    z3_bwd = np.where(megatron & (rc == int(Recompute.full)), z3_regather, z3_bwd)
+    z3_fwd = z2_fwd
+    if np.any(megatron & (zero >= 3)):
+        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lt, layers_stage, tp, rc, ag_param / np.maximum(layers_stage, 1), rs_grad / np.maximum(layers_stage, 1))
+        z3_fwd = np.where(megatron, ds_fwd, z2_fwd)
+        z3_bwd = np.where(megatron, ds_bwd, z3_bwd)
+    z23_exposed_mb = np.where(zero >= 3, z3_fwd + z3_bwd, z2_fwd + z2_bwd)
     dp_active = dp > 1
     grad_part = np.where(dp_active & ~is_dp_kind & (zero == 0), ddp_exposed, 0.0)
     grad_part = grad_part + np.where(dp_active & (zero == 1), np.maximum(rs_grad - hide, 0.0), 0.0)
@@ -309,10 +363,15 @@ def _memory(m: ModelSpec, hw: Hardware, sc: Scalars, p: _PlanArrays) -> tuple[di
     grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
     opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
     opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
-    # transient: ZeRO-3 gathers two layers (current + prefetch); autocast caches a half-precision copy of
-    # every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
+    # transient: ZeRO-3 holds two gathered units (current + prefetch): FSDP wraps a layer per unit; DeepSpeed
+    # (the megatron style's ZeRO-3 engine) gathers per sub-module, the largest being one linear layer
+    # (stage3.py fetch_sub_module: named_parameters(recurse=False)); autocast caches a half-precision copy
+    # of every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
     # (never more than the unsharded weights this GPU does not already hold)
-    z3_gather = np.where(zero >= 3, np.minimum(2.0 * p_layer * 2.0, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
+    mlp_in = m.d_ff * (2 if m.mlp.value == "swiglu" else 1)
+    largest_linear = m.d_model * max(m.q_dim + 2 * m.kv_dim, mlp_in) / tp
+    z3_unit = np.where(megatron, largest_linear, p_layer)
+    z3_gather = np.where(zero >= 3, np.minimum(2.0 * z3_unit * wb, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
     autocast_copies = amp_cast * params_local * 2.0
     ddp_buckets = np.where(p.ddp_kind & ~megatron, params_local * gb, 0.0)
     # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),

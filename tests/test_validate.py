@@ -101,7 +101,6 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
                                "micro-batches whose Megatron-DeepSpeed host time the op-count model does not fully reach)",
     "vtrain top-1 regret max %": "52% (mean 3.6%)",
     "nccl all-reduce max APE % (>= 4 MiB)": "12.2% at 22 sawtooth points of 7,147 (MAPE 1.1%)",
-    "published TFLOP/s max APE %": "45% (SC21 Table 2 ZeRO-3 rows +17..+45%; the 3D rows within 7%)",
     "h100 step-time max APE %": "16.5% (gpt2-medium bf16-mixed; gpt2 fp32 -5%, llama-1b -8%)",
 }
 
