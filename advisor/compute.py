@@ -93,8 +93,12 @@ def gemm_eff(hw: Hardware, math: str, n: Any, k: Any) -> Any:
     return e.matmul_max[key] * n / (n + h0) * k / (k + h0)
 
 
-def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any) -> Any:
-    return flops / (hw.gpu.peak_flops_per_s(math) * gemm_eff(hw, math, n, k))
+def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any, kernels: float = 1.0) -> Any:
+    """GPU seconds of ``kernels`` GEMM kernels doing ``flops`` in all: FLOPs at the shape's efficiency plus
+    the fixed time each kernel pays (``matmul_fixed_us``: fitted, e.g. 24 us for bf16 on an H100)."""
+    key = math if math in hw.efficiency.matmul_max else "fp32"
+    fixed = hw.efficiency.matmul_fixed_us.get(key, 0.0) * 1e-6 * kernels
+    return flops / (hw.gpu.peak_flops_per_s(math) * gemm_eff(hw, math, n, k)) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
 
 # Tensor-core GEMMs want every dimension a multiple of 8 half-precision elements (16 bytes; NVIDIA
@@ -170,12 +174,14 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
         fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("bf16" if math == "fp8" else math) * eff)
         if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
             fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
+        # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate.fit_attention)
+        fwd = fwd + hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
         return fwd, 2.5 * fwd, 1.0
     # Eager: two batched GEMMs (s x d x s and s x s x d) and memory passes over the b*heads*s*s scores.
     # HF GPT-2: scale, causal mask, softmax, dropout each read+write the scores (4 passes); HF Llama: mask,
     # softmax (fp32), cast (3). Megatron fuses scale+mask+softmax into one kernel and adds dropout (2).
-    gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d)
+    gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d, kernels=2.0)  # QK^T and PV
     score_elems = tokens * s * heads
     if w.framework == "megatron":
         # fused scale+mask+softmax (r+w) and dropout (r+w + 1-byte mask); backward reads two, writes one each

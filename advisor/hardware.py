@@ -61,7 +61,8 @@ class LinkKind(str, Enum):
 class GPU(Spec):
     name: str
     memory_GiB: float = Field(gt=0, le=1e5)
-    memory_bandwidth_GBps: float = Field(gt=0, le=1e6, description="HBM/GDDR bandwidth, datasheet")
+    # floors far below any real GPU (1 GB/s; 1 GFLOP/s) keep a denormal from overflowing a time to inf
+    memory_bandwidth_GBps: float = Field(ge=1.0, le=1e6, description="HBM/GDDR bandwidth, datasheet")
     peak_tflops: dict[str, float] = Field(
         description="dense peak per math precision: fp32, tf32, bf16, fp16, fp8 (where the GPU has it)"
     )
@@ -73,8 +74,8 @@ class GPU(Spec):
         for key, val in v.items():
             if key not in allowed:
                 raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
-            if not (0 < val < 1e6):
-                raise ValueError(f"peak_tflops.{key}={val} must be a positive TFLOP/s figure")
+            if not (1e-3 <= val < 1e6):
+                raise ValueError(f"peak_tflops.{key}={val} must be a TFLOP/s figure in [0.001, 1e6)")
         if "fp32" not in v:
             raise ValueError("peak_tflops needs at least fp32")
         return v
@@ -104,7 +105,7 @@ class CommFit(Spec):
 
     latency_us: float = Field(ge=0, le=1e6)
     latency_per_hop_us: float = Field(default=0.0, ge=0, le=1e6)
-    bandwidth_efficiency: float = Field(gt=0, le=1.0)
+    bandwidth_efficiency: float = Field(ge=1e-6, le=1.0)
     group_penalty: float = Field(default=0.0, ge=0, lt=2.0)
     half_size_MiB: float = Field(default=0.0, ge=0, le=1e6)
     half_size_exponent: float = Field(default=1.0, ge=0, le=10)
@@ -116,8 +117,8 @@ class CommFit(Spec):
 
 class Link(Spec):
     kind: LinkKind
-    bandwidth_GBps: Optional[float] = Field(default=None, gt=0, le=1e5)
-    bandwidth_Gbps: Optional[float] = Field(default=None, gt=0, le=1e6)
+    bandwidth_GBps: Optional[float] = Field(default=None, ge=1e-3, le=1e5)  # floor: 1 MB/s
+    bandwidth_Gbps: Optional[float] = Field(default=None, ge=1e-3, le=1e6)  # floor: 1 Mb/s
     latency_us: float = Field(ge=0, le=1e6, description="datasheet/typical one-way latency")
     fit: CommFit
     note: Optional[str] = None
@@ -146,17 +147,22 @@ class ComputeEfficiency(Spec):
     matmul_half_dim: dict[str, float] = Field(
         description="GEMM n or k at which efficiency halves, per math precision: small GEMMs lose most"
     )
-    memory_bandwidth: float = Field(gt=0, le=1.0, description="fraction of HBM bandwidth reached by copies")
+    matmul_fixed_us: dict[str, float] = Field(
+        default_factory=dict,
+        description="GPU time every GEMM kernel pays beyond its FLOPs (ramp-up, wave tail), per math precision; "
+                    "absent = 0",
+    )
+    memory_bandwidth: float = Field(ge=1e-6, le=1.0, description="fraction of HBM bandwidth reached by copies")
     elementwise_bandwidth: Optional[float] = Field(
-        default=None, gt=0, le=1.0,
+        default=None, ge=1e-6, le=1.0,
         description="fraction reached by PyTorch's element-wise kernels on activation-sized tensors (default: memory_bandwidth)",
     )
     optimizer_bandwidth: dict[str, float] = Field(
         description="fraction of HBM bandwidth reached by the optimizer step, per implementation"
     )
-    attention_max: float = Field(gt=0, le=1.0, description="fused attention kernel: fraction of matmul peak")
+    attention_max: float = Field(ge=1e-6, le=1.0, description="fused attention kernel: fraction of matmul peak")
     attention_half_sd: float = Field(
-        default=61230.0, ge=0, le=1e12, description="seq_len x head_dim at which fused attention reaches half of attention_max"
+        default=113620.0, ge=0, le=1e12, description="seq_len x head_dim at which fused attention reaches half of attention_max"
     )
     kernel_launch_us: float = Field(
         ge=0, le=1e4, description="host-side cost to launch one eager kernel; bounds tiny kernels"
@@ -176,8 +182,8 @@ class ComputeEfficiency(Spec):
     @classmethod
     def _fractions(cls, v: dict[str, float], info) -> dict[str, float]:
         for key, val in v.items():
-            if not (0.0 < float(val) <= 1.0):
-                raise ValueError(f"{info.field_name}.{key}={val} must be a fraction in (0, 1]")
+            if not (1e-6 <= float(val) <= 1.0):  # the floor keeps a denormal from overflowing a time to inf
+                raise ValueError(f"{info.field_name}.{key}={val} must be a fraction in [1e-6, 1]")
         if info.field_name == "matmul_max" and "fp32" not in v:
             raise ValueError("matmul_max needs at least fp32")
         if info.field_name == "optimizer_bandwidth":
@@ -192,6 +198,14 @@ class ComputeEfficiency(Spec):
         for key, val in v.items():
             if not (0.0 <= float(val) <= 1e7):
                 raise ValueError(f"matmul_half_dim.{key}={val} must be a GEMM size in [0, 1e7]")
+        return v
+
+    @field_validator("matmul_fixed_us")
+    @classmethod
+    def _fixed(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, val in v.items():
+            if not (0.0 <= float(val) <= 1e4):
+                raise ValueError(f"matmul_fixed_us.{key}={val} must be microseconds in [0, 10000]")
         return v
 
 

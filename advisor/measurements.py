@@ -166,7 +166,9 @@ def _normalise(raw: dict, where: str) -> dict:
     if kind == "adamw_step":  # reference/h100/optim.jsonl
         impl = "adamw-fused" if raw.get("impl") == "fused" else "adamw"
         return {"kind": "optimizer", "optimizer": impl, "params": raw["params"], "time_s": raw["s"], "status": "ok"}
-    if kind in ("matmul", "copy", "sdpa_fwd") and "s" in raw and "time_s" not in raw:
+    if kind == "sdpa_fwd" and "s_time" in raw and "time_s" not in raw:  # there "s" is the sequence length
+        return dict(raw, time_s=raw["s_time"], status="ok")
+    if kind in ("matmul", "copy") and "s" in raw and "time_s" not in raw:
         row = dict(raw, time_s=raw["s"], status="ok")
         if kind == "matmul":
             row["math"] = _math_of(raw)
