@@ -205,6 +205,22 @@ HOST_OPS = {  # (forward ops, backward ops, CPU us per op)
 }
 
 
+# The rest of a micro-batch's host work: embedding, final norm, LM head and loss (aten ops, forward and
+# backward), from the same probe: megatron-core's GPTModel with one layer less that layer; HF models with
+# no layers ("-head" rows of host_overhead.json, three runs). Each op costs the style's CPU time per op.
+HOST_HEAD_OPS = {("megatron", "gpt"): (44, 27), ("hf", "gpt"): (25, 23), ("hf", "llama"): (31, 34)}
+
+
+def head_host_time(m: ModelSpec, hw: Hardware, w: Workload) -> float:
+    """Host seconds per micro-batch to issue the embedding, LM head and loss (their ops and the 3 GEMM calls)."""
+    arch = "llama" if m.mlp is MLPKind.swiglu else "gpt"
+    n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt") if w.framework == "megatron" else ("hf", arch)]
+    cpu_us = host_ops(m, w)[2]
+    launch = (hw.efficiency.kernel_launch_us + cpu_us) * 1e-6
+    extra = max(hw.efficiency.matmul_host_us * 1e-6 - launch, 0.0)
+    return (n_f + n_b) * launch + 3 * extra  # logits GEMM: one call forward, two backward
+
+
 def host_ops(m: ModelSpec, w: Workload) -> tuple[float, float, float]:
     arch = "llama" if m.mlp is MLPKind.swiglu else "gpt"
     if w.framework == "megatron":
@@ -271,7 +287,8 @@ def head_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: An
 
     The logits GEMM is vocab-parallel under TP (Megatron). The loss reads the logits in fp32:
     HF upcasts them (``logits.float()``), log-softmax reads and writes them, and backward does the
-    same again; ~34 bytes per logit under mixed precision, 24 in fp32.
+    same again; ~34 bytes per logit under mixed precision, 24 in fp32. Megatron's cross-entropy makes
+    more passes (52 bytes per logit under mixed precision, see below).
     """
     tokens = np.asarray(micro_batch, dtype=float) * w.seq_len
     tp = np.asarray(tp, dtype=float)
@@ -281,8 +298,17 @@ def head_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: An
     ok = aligned(m.vocab / tp, math) | (w.framework == "megatron")
     logits_fwd = logits_fwd / np.where(ok, 1.0, UNALIGNED_GEMM_EFFICIENCY)
     e = ACT_BYTES[w.precision]
-    loss_bytes_fwd = tokens * m.vocab / tp * ((e + 4 + 8) if e < 4 else 8.0)
-    loss_bytes_bwd = tokens * m.vocab / tp * ((12 + 4 + e) if e < 4 else 16.0)
+    if w.framework == "megatron":
+        # Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, the same
+        # in Megatron-DeepSpeed) on ``logits.float()``: the upcast (r e, w 4), max (r 4), in-place subtract
+        # (r+w 8), exp (8), sum (r 4), in-place divide into the saved softmax (8); backward multiplies it by
+        # the loss gradient in place (8) and casts back to the half-precision logits' dtype (r 4, w e).
+        up = (e + 4) if e < 4 else 0.0
+        loss_bytes_fwd = tokens * m.vocab / tp * (up + 4 + 8 + 8 + 4 + 8)
+        loss_bytes_bwd = tokens * m.vocab / tp * (8 + ((4 + e) if e < 4 else 0.0))
+    else:
+        loss_bytes_fwd = tokens * m.vocab / tp * ((e + 4 + 8) if e < 4 else 8.0)
+        loss_bytes_bwd = tokens * m.vocab / tp * ((12 + 4 + e) if e < 4 else 16.0)
     emb_bytes = tokens * m.d_model * e * 4  # lookup (+ position add) and final norm
     fwd = logits_fwd + mem_time(hw, loss_bytes_fwd + emb_bytes)
     # Embedding backward: zero a V x h fp32 gradient, then scatter-add the token gradients.

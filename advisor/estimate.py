@@ -26,6 +26,7 @@ from advisor.compute import (
     ACT_BYTES,
     LayerTimes,
     Workload,
+    head_host_time,
     head_times,
     layer_flops_per_token,
     layer_times,
@@ -194,7 +195,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # The host issues kernels asynchronously and runs ahead of the GPU; a micro-batch takes the longer of
     # the GPU's work and the host's. The host-bound excess is reported as "host_overhead".
     gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb
-    host_mb = layers_stage * host_layer
+    host_mb = layers_stage * host_layer + _per_style(megatron, sc, lambda w: head_host_time(m, hw, w))
     host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
     per_mb = gpu_mb + host_excess_mb + p2p_mb
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)

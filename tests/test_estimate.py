@@ -92,3 +92,33 @@ def test_estimates_finite_positive(layers, heads, dh, mb, seq, gpus, zero, rc, p
     assert np.isfinite(e.step_time_s) and e.step_time_s > 0
     assert all(v >= 0 and np.isfinite(v) for v in e.breakdown.values())
     assert e.memory.peak_bytes > 0 and 0 < e.mfu < 1
+
+
+def test_megatron_cross_entropy_moves_52_bytes_per_logit_under_fp16():
+    # megatron/core/tensor_parallel/cross_entropy.py on logits.float(): upcast 6, max 4, sub_ 8, exp 8, sum 4,
+    # div_ 8 forward; mul_ 8 and the cast back 6 backward = 52 bytes per logit; HF's log-softmax path 32
+    from advisor.compute import Workload, head_times, mem_time
+    from advisor.hardware import load_hardware
+    from advisor.plans import Attention, Precision
+
+    hw = load_hardware("dgx-a100")
+    m = ModelSpec(name="aligned", n_layers=2, d_model=512, n_heads=8, d_ff=2048, vocab=50304, max_positions=1024)
+    times = {style: head_times(m, hw, Workload(1024, Precision.fp16_mixed, Attention.eager, style), 8, 1)
+             for style in ("megatron", "hf")}
+    extra = sum(float(t) for t in times["megatron"]) - sum(float(t) for t in times["hf"])
+    assert extra == pytest.approx(float(mem_time(hw, 8 * 1024 * 50304 * (52 - 32))), rel=1e-6)
+
+
+def test_host_time_per_micro_batch_includes_the_head_ops():
+    # validation/data/host_overhead.json "-head" rows: megatron-core's GPTModel issues 44 + 27 aten ops
+    # outside its layers per micro-batch (embedding, final norm, output layer, vocab-parallel loss)
+    from advisor.compute import HOST_HEAD_OPS, Workload, head_host_time, host_ops
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.plans import Attention, Precision
+
+    hw, m = load_hardware("dgx-a100"), load_model("gpt2")
+    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
+    per_op = (host_ops(m, w)[2] + hw.efficiency.kernel_launch_us) * 1e-6
+    assert HOST_HEAD_OPS[("megatron", "gpt")] == (44, 27)
+    assert head_host_time(m, hw, w) == pytest.approx(71 * per_op + 3 * (hw.efficiency.matmul_host_us * 1e-6 - per_op))

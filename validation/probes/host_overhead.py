@@ -92,6 +92,20 @@ def megatron_core_layer():
     return layer, x, mask
 
 
+def megatron_core_model(n_layers: int):
+    """megatron-core's GPTModel (embedding, layers, final norm, output layer, vocab-parallel loss) on CPU;
+    call megatron_core_layer() first (it sets up the CPU patches and the process group)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=n_layers, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True,
+                            attention_dropout=0.1, hidden_dropout=0.1, add_bias_linear=True, bias_dropout_fusion=False,
+                            masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+                            bias_activation_fusion=False, persist_layer_norm=False)
+    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=128, max_sequence_length=8)
+
+
 def hf_layers():
     try:
         import transformers  # noqa: F401
@@ -121,7 +135,14 @@ def measure(reps: int = 30):
     mc = megatron_core_layer()
     if mc is not None:
         mlayer, mx, mmask = mc
-        rows.append(_time("megatron-core-gpt", lambda: mlayer(mx, attention_mask=mmask)[0], reps))
+        layer_row = _time("megatron-core-gpt", lambda: mlayer(mx, attention_mask=mmask)[0], reps)
+        rows.append(layer_row)
+        # the rest of a micro-batch: embedding, final norm, output layer, cross-entropy (a 1-layer model
+        # less its layer)
+        model = megatron_core_model(1)
+        ids, pos = torch.randint(0, 128, (1, 8)), torch.arange(8)[None]
+        whole = _time("megatron-core-gpt-head", lambda: model(ids, pos, mmask, labels=ids).sum(), reps)
+        rows.append({k: (whole[k] - layer_row[k] if isinstance(whole[k], (int, float)) else whole[k]) for k in whole})
     for name, model in hf_layers().items():
         model.train()
         ids = torch.randint(0, 128, (1, 8))
@@ -131,6 +152,7 @@ def measure(reps: int = 30):
         full = _time(name, lambda: model(ids, labels=ids).loss, reps)
         zero = _time(name, lambda: base(ids, labels=ids).loss, reps)
         rows.append({k: (full[k] - zero[k] if isinstance(full[k], (int, float)) else full[k]) for k in full})
+        rows.append({**zero, "style": f"{name}-head"})  # embedding, final norm, LM head and loss
     return rows
 
 
