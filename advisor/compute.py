@@ -274,11 +274,16 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
     g_bwd = 2 * g_fwd
     extra = max(hw.efficiency.matmul_host_us * 1e-6 - launch, 0.0)
     host_fwd, host_bwd = n_fwd * launch + g_fwd * extra, n_bwd * launch + g_bwd * extra
+    # Tensor parallelism adds two collective calls per layer forward and two backward (all-reduces, or
+    # all-gather + reduce-scatter under sequence parallelism), which the probe (run at TP=1, where Megatron
+    # skips them) did not count: each is one more op through the dispatcher.
+    coll = np.where(tp > 1, 2.0 * launch, 0.0)
+    host_fwd, host_bwd = host_fwd + coll, host_bwd + coll
     recompute = np.asarray(recompute)
     full, sel = recompute == int(Recompute.full), recompute == int(Recompute.selective)
     recompute_s = np.where(full, fwd, np.where(sel, attn_fwd, 0.0))
     host_rc = np.where(full, host_fwd, np.where(sel, 8 * launch + extra, 0.0))
-    ones = np.ones(np.shape(fwd))
+    ones = np.ones(np.broadcast_shapes(np.shape(fwd), np.shape(host_fwd)))
     return LayerTimes(fwd, bwd, recompute_s, host_fwd * ones, host_bwd * ones, host_rc * ones, gemm_fwd, attn_fwd, ew_fwd)
 
 

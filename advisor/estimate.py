@@ -199,7 +199,11 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
     per_mb = gpu_mb + host_excess_mb + p2p_mb
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
-    bubble = bubble_frac * per_mb
+    # Fill and drain pass once through each of the other stages, which hold layers only: the last stage's
+    # logits and loss are paid once per micro-batch, not (p-1)/v more times (a pipeline with stage times
+    # t_i takes sum(t_i) + (m-1) max(t_i); Narayanan et al. 2021's (p-1)/m bubble assumes equal t_i).
+    body_mb = np.maximum(layers_stage * (layer_fwd + layer_bwd + layer_rc) + tp_mb, layers_stage * host_layer) + p2p_mb
+    bubble = bubble_frac * body_mb
 
     # --- parameters held per GPU ----------------------------------------------------------------
     p_layer = m.params_per_layer / tp

@@ -122,3 +122,17 @@ def test_host_time_per_micro_batch_includes_the_head_ops():
     per_op = (host_ops(m, w)[2] + hw.efficiency.kernel_launch_us) * 1e-6
     assert HOST_HEAD_OPS[("megatron", "gpt")] == (44, 27)
     assert head_host_time(m, hw, w) == pytest.approx(71 * per_op + 3 * (hw.efficiency.matmul_host_us * 1e-6 - per_op))
+
+
+def test_pipeline_bubble_does_not_repeat_the_last_stages_head():
+    # 1F1B with stage times t_i takes sum(t_i) + (m-1) max(t_i): fill and drain cross the layer-only stages,
+    # so the logits and loss on the last stage do not enter the bubble. Two models that differ only in
+    # vocabulary (GPT-2's 50,257 vs 512) have the same bubble, though their step times differ.
+    big = ModelSpec(name="big-vocab", n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab=50257, max_positions=1024)
+    small = big.model_copy(update={"name": "small-vocab", "vocab": 512})
+    kw = dict(hw="dgx-a100", gpus=4, pp=4, micro_batch=8, global_batch=64, seq=1024, precision="bf16-mixed",
+              framework="megatron")
+    eb, es = estimate(model=big, **kw), estimate(model=small, **kw)
+    assert eb.breakdown["pipeline_bubble"] == pytest.approx(es.breakdown["pipeline_bubble"], rel=1e-9)
+    assert eb.breakdown["pipeline_bubble"] > 0
+    assert eb.step_time_s > 1.05 * es.step_time_s
