@@ -335,6 +335,64 @@ def test_cli_errors_are_one_line_exit_2(extra, message):
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_export_takes_estimates_plan_options():
+    """One option set for every single-plan command: same names, types, defaults and flags as `advisor estimate`."""
+    from advisor.cli import estimate
+
+    def params(cmd, skip=()):
+        return {p.name: (tuple(p.opts), tuple(p.secondary_opts), repr(p.type), p.default, p.required,
+                         getattr(p, "is_flag", False), getattr(p, "hidden", False))
+                for p in cmd.params if p.name not in skip}
+
+    assert params(export_command, skip={"kind", "out"}) == params(estimate)
+
+
+def test_cli_fsdp_shard_grad_op_to_accelerate(tmp_path, monkeypatch):
+    """--fsdp shard-grad-op (ZeRO-2) becomes FSDP SHARD_GRAD_OP, read back by accelerate's ClusterConfig and plugin."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    path = tmp_path / "accelerate_config.yaml"
+    result = CliRunner().invoke(export_command, ["--model", "gpt2-xl", "--hw", "dgx-a100", "--gpus", "8", "--fsdp",
+                                                 "shard-grad-op", "--micro-batch", "5", "--format", "accelerate",
+                                                 "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    cfg = load_config_from_file(str(path))
+    assert cfg.distributed_type.value == "FSDP" and cfg.num_processes == 8
+    assert cfg.fsdp_config["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
+    for key, value in _accelerate_launch_env(path).items():
+        monkeypatch.setenv(key, value)
+    fsdp = FullyShardedDataParallelPlugin(sync_module_states=False, cpu_ram_efficient_loading=False)
+    assert fsdp.sharding_strategy.name == "SHARD_GRAD_OP"
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "gpt2", "--hw", "dgx-a100", "--seq", "4096"],
+    ["--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--tp", "3"],
+    ["--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--dp", "2"],
+    ["--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--nodes", "2"],
+    ["--model", "gpt2", "--hw", "dgx-a100", "--gpus", "4", "--pp", "2", "--fsdp", "full-shard"],
+    ["--model", "gpt2", "--hw", "dgx-a100", "--gpus", "2", "--global-batch", "3"],
+    ["--model", "gpt2-xll", "--hw", "dgx-a100"],
+])
+def test_cli_refuses_what_estimate_refuses(args):
+    """Plans go through advisor.api.build_inputs: the same one-line error, exit code 2, as `advisor estimate`."""
+    from _robust import run_main
+
+    code_e, _, err_e = run_main(["estimate", *args])
+    code_x, _, err_x = run_main(["export", *args, "--format", "torchrun"])
+    assert code_e == code_x == 2 and err_x.count("\n") == 1
+    assert err_x == err_e
+
+
+def test_cli_refuses_json_and_the_old_hybrid_shard_flag():
+    for extra, message in ((["--json"], "--json does not apply to export"),
+                           (["--hybrid-shard"], "No such option '--hybrid-shard'")):
+        result = CliRunner().invoke(export_command, BASE + ["--format", "deepspeed", *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_no_torch_import():
     """advisor.export stays a pure library: importing it must not pull in torch."""
     import subprocess

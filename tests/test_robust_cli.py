@@ -25,6 +25,7 @@ from _robust import assert_one_line_error, run_main, tried
 REPO = Path(__file__).resolve().parent.parent
 E = ["estimate", "--model", "gpt2", "--hw", "dgx-a100"]
 P = ["plan", "--model", "gpt2", "--hw", "dgx-a100"]
+X = ["export", "--model", "gpt2", "--hw", "dgx-a100", "--format", "torchrun"]
 
 # (argv, substrings the one-line error must contain)
 BAD_OPTIONS = [
@@ -97,6 +98,14 @@ BAD_OPTIONS = [
     (["plan", "--model", "llama3-405b", "--hw", "titan-rtx-pcie", "--gpus", "2", "--json"], ["no plan fits"]),
     (["plan", "--model", "llama3-405b", "--hw", "dgx-a100", "--gpus", "1", "--export", "deepspeed"], ["no plan fits", "nothing to export"]),
     (["plan", *P[1:], "--export", "deepspeed", "--out", "/nonexistent/dir/ds.json"], ["directory /nonexistent/dir does not exist"]),
+    (["export", *X[1:5]], ["Missing option '--format'"]),
+    ([*X, "--gpus", "8", "--tp", "3"], ["not divisible by tp x pp = 3 x 1"]),
+    ([*X, "--seq", "4096"], ["--seq 4096 exceeds gpt2's 1024 learned positions"]),
+    ([*X, "--fsdp", "yes"], ["--fsdp"]),
+    ([*X, "--hybrid-shard"], ["No such option '--hybrid-shard'"]),  # now --fsdp hybrid-shard, as in estimate
+    ([*X, "--json"], ["--json does not apply to export"]),
+    (["export", *X[1:5], "--nodes", "2", "--fsdp", "hybrid-shard", "--format", "deepspeed", "--out", "/nonexistent/dir/ds.json"],
+     ["directory /nonexistent/dir does not exist"]),  # a plan with notes: the bad --out is still the only line
     (["profiles", "show"], ["Missing argument 'NAME'"]),
     (["nosuchcommand"], ["No such command"]),
 ]
@@ -201,17 +210,17 @@ CHOICE_OPTS = {
 }
 INT_OPTS = {"estimate": ["--gpus", "--nodes", "--seq", "--dp", "--tp", "--pp", "--zero", "--virtual-stages", "--micro-batch",
                          "--global-batch", "--grad-accum"],
-            "plan": ["--gpus", "--nodes", "--seq", "--global-batch", "--top"],
-            "export": ["--gpus", "--dp", "--tp", "--pp", "--zero", "--virtual-stages", "--micro-batch", "--global-batch",
-                       "--grad-accum", "--seq"]}
+            "plan": ["--gpus", "--nodes", "--seq", "--global-batch", "--top"]}
 OTHER_OPTS = {"estimate": ["--precision", "--attention", "--optimizer", "--framework", "--fsdp", "--schedule", "--recompute",
                            "--data-parallel"],
-              "plan": ["--precision", "--attention", "--optimizer", "--framework", "--objective", "--export"],
-              "export": ["--precision", "--schedule", "--recompute", "--format"]}
+              "plan": ["--precision", "--attention", "--optimizer", "--framework", "--objective", "--export"]}
 FLAG_OPTS = {"estimate": ["--json", "--sp", "--no-sp", "--allow-tp-across-nodes", "--overlap-grad-reduce",
                           "--no-overlap-grad-reduce"],
-             "plan": ["--json", "--explain", "--allow-tp-across-nodes"],
-             "export": ["--sp", "--hybrid-shard", "--no-overlap-grad-reduce"]}
+             "plan": ["--json", "--explain", "--allow-tp-across-nodes"]}
+# export takes estimate's plan options (advisor/cli_options.py), plus --format; --json is refused there
+INT_OPTS["export"] = INT_OPTS["estimate"]
+OTHER_OPTS["export"] = [*OTHER_OPTS["estimate"], "--format"]
+FLAG_OPTS["export"] = FLAG_OPTS["estimate"]
 
 
 def _option(cmd: str):
@@ -227,6 +236,9 @@ def _option(cmd: str):
 def _command(cmd: str):
     head = st.tuples(st.sampled_from(MODELS[:4] * 3 + MODELS), st.sampled_from(PROFILES[:4] * 3 + PROFILES)).map(
         lambda mh: ["--model", mh[0], "--hw", mh[1]])
+    if cmd == "export":  # --format is required: give one mostly, so that the plan options are reached
+        fmt = st.sampled_from([["--format", k] for k in CHOICE_OPTS["--format"][:4]] * 3 + [[]])
+        head = st.tuples(head, fmt).map(lambda t: t[0] + t[1])
     return st.tuples(head, st.lists(_option(cmd), max_size=6)).map(lambda t: [cmd, *t[0], *(x for o in t[1] for x in o)])
 
 
