@@ -94,3 +94,22 @@ def test_deepspeed_zero3_regathers_for_recomputation_and_overlaps_per_linear_lay
     # hides each gather only behind the layer before it: exposed communication remains.
     big = _zero3_gpt3("megatron", "full", gpus=384, mb=4)
     assert big.breakdown["comm/zero_params"] > 0.2 * (3 * ag + rs)
+
+
+def test_fits_one_gpu_is_asked_again_only_when_the_kernel_style_changed(monkeypatch):
+    """The auto kernel style asks whether the model fits one GPU with HF kernels; when it does, the decision
+    tree reuses that answer (the same question). When it does not, the tree asks again with Megatron's
+    kernels, whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU with Megatron's only."""
+    from advisor import search
+    from advisor.hardware import load_hardware
+
+    calls, real = [], search._single_gpu_fits
+    monkeypatch.setattr(search, "_single_gpu_fits", lambda m, hw, sc: calls.append(sc.framework) or real(m, hw, sc))
+    res = search.plan("gpt2-xl", "dgx-a100", top=1)
+    assert calls == ["hf"] and res.tree["fits_one_gpu"]
+    calls.clear()
+    a100 = load_hardware("dgx-a100")
+    small = a100.model_copy(update={"gpu": a100.gpu.model_copy(update={"memory_GiB": 3.04})})
+    res = search.plan("gpt2", small, gpus=8, top=1)
+    assert calls == ["hf", "megatron"]
+    assert res.plans[0].setup_obj.framework == "megatron" and res.tree["fits_one_gpu"]
