@@ -184,9 +184,12 @@ def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp
     gemm = gemm_time(hw, "bf16" if math == "fp8" else math, full_flops, s, d, kernels=2.0)  # QK^T and PV
     score_elems = tokens * s * heads
     if w.framework == "megatron":
-        # fused scale+mask+softmax (r+w) and dropout (r+w + 1-byte mask); backward reads two, writes one each
-        fwd = gemm + mem_time(hw, score_elems * (4 * e + 1))
-        return fwd, 2.0 * gemm + mem_time(hw, score_elems * (5 * e + 1)), 4.0
+        # Megatron's causal fused softmax (scaled_upper_triang_masked_softmax) reads only the lower triangle
+        # (half the scores) and writes every row; dropout reads and writes the scores and a 1-byte mask.
+        # Backward: the softmax gradient reads output and gradient on the triangle and writes full rows;
+        # dropout's reads the gradient and the mask and writes one.
+        fwd = gemm + mem_time(hw, score_elems * (1.5 * e + 2 * e + 1))
+        return fwd, 2.0 * gemm + mem_time(hw, score_elems * (2 * e + 2 * e + 1)), 4.0
     fwd_b, bwd_b = HF_SCORE_TRAFFIC[_hf_key(m, w)]
     return gemm + mem_time(hw, score_elems * fwd_b), 2.0 * gemm + mem_time(hw, score_elems * bwd_b), 4.0
 
