@@ -7,15 +7,26 @@ bandwidth into the bandwidth each rank's link actually carries in a ring:
     all_to_all (n-1)/n.
 ``bus_factor`` below is that table, written once and used by validation/microbench.py for its busbw column.
 
-One link class (advisor.hardware.CommFit) costs
-    t(n, S) = max(floor(n), alpha(n) + bus_factor(n) * S_loop / (B_link * eff(n, S)))
+One link class (advisor.hardware.CommFit) costs the cheaper of NCCL's two bulk protocols, as NCCL's
+tuner picks the protocol with the lower predicted time per call (src/graph/tuning.cc):
+    t(n, S) = max(floor(n), alpha(n) + bus_factor(n) * min(X_simple, X_ll128) / B_link)
+    X_simple  = S_simple / eff(n, S_simple)
+    S_simple  = S + loop_quantization * (ceil(S / L) * L - S) + simple_fill_MiB_per_rank * n,
+                L = loop_MiB_per_rank * n
+              Simple moves data in loops of nchannels x nranks x chunk; a partly filled last loop
+              costs part of a full one, which is the sawtooth visible in nccl-tests sweeps (period
+              L: 3 MiB per rank on 2..8 A100s). Its chunks go through a pipeline of FIFO slots on
+              each of the ring's steps: filling and draining it costs like moving
+              simple_fill_MiB_per_rank more per rank, so Simple is slow for small messages.
+    X_ll128   = S / (ll128_bandwidth_ratio * eff(n, S))                    (absent when the ratio is 0)
+              LL128 sends 128-byte lines with an 8-byte flag in each (120 bytes of data), so it has
+              no loop handshakes or pipeline to fill, and a lower peak rate than Simple.
     alpha(n)  = latency_us + latency_per_hop_us * (n - 1)           ring/tree start-up, per hop
-    eff(n, S) = bandwidth_efficiency * (1 - group_penalty / n)       large-message busbw / link rate;
-                * (S / (S + half_size)) ** half_size_exponent        small messages fill fewer channels
-    S_loop    = S + loop_quantization * (ceil(S / L) * L - S),  L = loop_MiB_per_rank * n
-              NCCL moves data in loops of nchannels x nranks x chunk; a partly filled last loop
-              costs part of a full one, which is the sawtooth visible in nccl-tests sweeps.
+    eff(n, x) = bandwidth_efficiency * (1 - group_penalty / n)       large-message busbw / link rate;
+                * (x / (x + half_size)) ** half_size_exponent        small messages fill fewer channels
     floor(n)  = floor_us + floor_per_hop_us * (n - 1)               the smallest launch-to-completion time
+With the exponent at most 1, x / eff(n, x) never decreases with x, and both protocols' times never
+decrease with S: neither does their minimum.
 The parameters are fitted per profile by ``advisor calibrate`` (advisor.calibrate).
 
 Across nodes a group of n GPUs with g of them in each of k nodes is costed two ways, and the cheaper
@@ -69,23 +80,49 @@ def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link) -> An
     full output (all-gather) / full input (reduce-scatter). Zero ranks-1 or zero bytes cost nothing.
     """
     f = link.fit
-    n = np.asarray(n, dtype=float)
-    S = np.asarray(size_bytes, dtype=float)
+    # 1-d and of one shape, so that the in-place steps below (the search costs millions of plans a
+    # second, and temporary arrays are most of that time) also work for scalars
+    n, S = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float))
+    shape = n.shape
+    n, S = n.reshape(-1), S.reshape(-1)
     nn = np.maximum(n, 2.0)
-    bw = link.bandwidth_bytes_per_s
-    eff = f.bandwidth_efficiency * (1.0 - f.group_penalty / nn)
+    hops = nn - 1.0
+    S_simple = S  # Simple's bytes: the loop padding and the pipeline fill count as moved data
     if f.loop_MiB_per_rank > 0 and f.loop_quantization > 0:
-        L = f.loop_MiB_per_rank * MiB * nn
-        S_loop = S + f.loop_quantization * (np.ceil(S / L) * L - S)
-    else:
-        S_loop = S
-    if f.half_size_MiB > 0:
-        # evaluated at S_loop, so that S_loop / eff (and the time) never decreases with S
-        eff = eff * (S_loop / (S_loop + f.half_size_MiB * MiB) + 1e-30) ** f.half_size_exponent
-    alpha = (f.latency_us + f.latency_per_hop_us * (nn - 1.0)) * us
-    t = alpha + bus_factor(coll, nn) * S_loop / (bw * eff)
-    t = np.maximum(t, (f.floor_us + f.floor_per_hop_us * (nn - 1.0)) * us)
-    return np.where((n <= 1) | (S <= 0), 0.0, t)
+        L = (f.loop_MiB_per_rank * MiB) * nn
+        S_simple = np.divide(S, L)
+        np.ceil(S_simple, out=S_simple)
+        S_simple *= L
+        S_simple -= S
+        S_simple *= f.loop_quantization
+        S_simple += S
+    if f.simple_fill_MiB_per_rank > 0:
+        S_simple = S_simple + (f.simple_fill_MiB_per_rank * MiB) * nn
+    moved = S_simple / _size_ramp(S_simple, f)
+    if f.ll128_bandwidth_ratio > 0:
+        # LL128 can only be faster where S / ratio < S_simple (both ramps grow with size): cost it there
+        ll = S < S_simple * f.ll128_bandwidth_ratio
+        S_ll = S[ll]
+        moved[ll] = np.minimum(moved[ll], S_ll / (f.ll128_bandwidth_ratio * _size_ramp(S_ll, f)))
+    eff = f.bandwidth_efficiency - (f.bandwidth_efficiency * f.group_penalty) / nn
+    t = moved
+    t *= bus_factor(coll, nn)
+    t /= link.bandwidth_bytes_per_s * eff
+    t += (f.latency_us * us) + (f.latency_per_hop_us * us) * hops
+    if f.floor_us > 0 or f.floor_per_hop_us > 0:
+        np.maximum(t, (f.floor_us * us) + (f.floor_per_hop_us * us) * hops, out=t)
+    t[(n <= 1) | (S <= 0)] = 0.0
+    return t.reshape(shape)
+
+
+def _size_ramp(x: Any, f) -> Any:
+    """(x / (x + half_size)) ** exponent: the fraction of the large-message rate that x bytes reach."""
+    if f.half_size_MiB <= 0:
+        return 1.0
+    r = x + f.half_size_MiB * MiB
+    np.divide(x, r, out=r)
+    r += 1e-30
+    return np.power(r, f.half_size_exponent, out=r)
 
 
 def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any) -> Any:

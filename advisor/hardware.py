@@ -108,9 +108,16 @@ class CommFit(Spec):
     bandwidth_efficiency: float = Field(ge=1e-6, le=1.0)
     group_penalty: float = Field(default=0.0, ge=0, lt=2.0)
     half_size_MiB: float = Field(default=0.0, ge=0, le=1e6)
-    half_size_exponent: float = Field(default=1.0, ge=0, le=10)
+    # at most 1: x / (x / (x + h)) ** e never decreases with x then, so neither does the time
+    half_size_exponent: float = Field(default=1.0, ge=0, le=1.0)
     loop_MiB_per_rank: float = Field(default=0.0, ge=0, le=1e5)
     loop_quantization: float = Field(default=0.0, ge=0, le=1.0)
+    # NCCL's Simple protocol fills and drains a pipeline of chunks on every ring step: it costs like
+    # this much more data per rank (0: no such cost), so small messages go faster on LL128
+    simple_fill_MiB_per_rank: float = Field(default=0.0, ge=0, le=1e3)
+    # LL128's large-message rate as a fraction of Simple's (0: Simple only). LL128 carries 120 data
+    # bytes in each 128-byte line and has no pipeline to fill; NCCL runs a call on the faster protocol
+    ll128_bandwidth_ratio: float = Field(default=0.0, ge=0, le=1.0)
     floor_us: float = Field(default=0.0, ge=0, le=1e6)
     floor_per_hop_us: float = Field(default=0.0, ge=0, le=1e6)
 

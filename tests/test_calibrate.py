@@ -45,12 +45,28 @@ def test_shipped_dgx_a100_fit_reproduces_nccl_tests():
     assert not failed and set(n) == set(range(2, 9))
     rel = np.abs(link_time("all_reduce", n, S, hw.intra_node) / t - 1)
     big = S >= 4 * MiB
-    # Not yet the 10% goal: NCCL's sawtooth changes sign with the ring size and the 7/8-GPU dips at exactly
-    # one loop (21/24 MiB) cannot be followed by a model whose time never decreases with size (test_comm).
-    # 22 of 7,147 points from 4 MiB exceed 10% (all <= 12.3%); the mean error is ~1%.
-    assert rel[big].max() < 0.125
-    assert (rel[big] > 0.10).sum() <= 25
-    assert rel[big].mean() < 0.015
+    # The 10% goal (issues #3, #4) at every size from 4 MiB for every ring size, from the fitted formula
+    # (LL128 / Simple with 3 MiB-per-rank loops); the 7/8-GPU dips at exactly one loop (21/24 MiB) are what a
+    # time that never decreases with size (test_comm) cannot follow closer: 9.9% is the worst point.
+    assert rel[big].max() <= 0.10
+    assert rel[big].mean() < 0.0115  # 1.11%: the one-protocol fit it replaced had 1.09% at a 12.2% worst point
+    assert hw.intra_node.fit.loop_MiB_per_rank == 3.0  # the sawtooth's period: 3n MiB on n GPUs
+
+
+@needs_ref
+@pytest.mark.slow  # ~60 s: the full sweep, 7,168 points, through every start and the minimax polish
+def test_refit_of_the_shipped_sweep_from_a_plain_start_meets_the_goal():
+    """Issues #3/#4: `advisor calibrate --from reference/a100-nccl` gives a profile within 10% at every size
+    from 4 MiB. The fit starts from a base that knows nothing of the A100 (one latency, one efficiency),
+    so the shipped numbers are what the fitter finds, not what it was given."""
+    hw = load_hardware("dgx-a100")
+    n, S, t, _ = cal.collective_points(cal.read_results(A100), "intra", "all_reduce")
+    plain = hw.intra_node.model_copy(update={"fit": CommFit(latency_us=20.0, bandwidth_efficiency=0.8)})
+    fit, _ = cal.fit_link(plain, "all_reduce", n, S, t, judge_from_bytes=4 * MiB)
+    rel = np.abs(link_time("all_reduce", n, S, hw.intra_node.model_copy(update={"fit": fit})) / t - 1)[S >= 4 * MiB]
+    assert rel.max() <= 0.10 and rel.mean() < 0.0115
+    for k, v in fit.model_dump().items():  # the shipped profile holds this fit (rounded to 6 decimals)
+        assert getattr(hw.intra_node.fit, k) == pytest.approx(v, rel=1e-3, abs=1e-4), k
 
 
 def test_fit_recovers_a_known_link():
@@ -64,6 +80,28 @@ def test_fit_recovers_a_known_link():
     fit, _ = cal.fit_link(base, "all_reduce", n, S, t, judge_from_bytes=0)
     got = link_time("all_reduce", n, S, base.model_copy(update={"fit": fit}))
     assert np.abs(got / t - 1).max() < 0.01
+
+
+def test_fit_recovers_nccl_protocols():
+    """LL128's rate and Simple's pipeline fill and loop, made by link_time, are recovered by the fit: each
+    protocol wins over a range of the sweep, and the loop's sawtooth has the period the grid proposes."""
+    base = load_hardware("dgx-a100").intra_node
+    truth_fit = CommFit(latency_us=20.0, latency_per_hop_us=2.0, bandwidth_efficiency=0.85, group_penalty=0.4,
+                        half_size_MiB=50.0, half_size_exponent=0.1, loop_MiB_per_rank=3.0, loop_quantization=0.25,
+                        simple_fill_MiB_per_rank=1.0, ll128_bandwidth_ratio=0.7)
+    truth = base.model_copy(update={"fit": truth_fit})
+    sizes = np.r_[np.arange(1, 97), 128, 256, 512, 1024] * MiB  # an nccl-tests sweep, thinned out above 96 MiB
+    n = np.repeat([2.0, 4.0, 8.0], len(sizes))
+    S = np.tile(sizes, 3)
+    t = link_time("all_reduce", n, S, truth)
+    fit, stats = cal.fit_link(base, "all_reduce", n, S, t, judge_from_bytes=4 * MiB)
+    assert stats["loop_MiB_per_rank"] == 3.0
+    got = link_time("all_reduce", n, S, base.model_copy(update={"fit": fit}))
+    assert np.abs(got / t - 1).max() < 0.01
+    # both protocols are identified, not only the times they make together
+    assert fit.ll128_bandwidth_ratio == pytest.approx(0.7, rel=0.05)
+    assert fit.simple_fill_MiB_per_rank == pytest.approx(1.0, rel=0.15)
+    assert fit.loop_quantization == pytest.approx(0.25, rel=0.15)
 
 
 def test_fit_with_one_group_size_fixes_the_per_hop_terms():

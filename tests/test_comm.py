@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from advisor.comm import Collective, bus_factor, collective_time, link_time
-from advisor.hardware import load_hardware
+from advisor.hardware import CommFit, load_hardware
 
 A100 = load_hardware("dgx-a100")
 
@@ -27,6 +27,48 @@ def test_allreduce_bandwidth_term_is_rs_plus_ag(n, size):
 def test_time_grows_with_bytes(n, s1, s2):
     lo, hi = sorted((s1, s2))
     assert link_time("all_reduce", n, hi, A100.intra_node) >= link_time("all_reduce", n, lo, A100.intra_node) - 1e-12
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(2, 64), s1=st.floats(1.0, 1e10), s2=st.floats(1.0, 1e10),
+       fit=st.fixed_dictionaries({
+           "latency_us": st.floats(0, 100), "latency_per_hop_us": st.floats(0, 20),
+           "bandwidth_efficiency": st.floats(0.05, 1.0), "group_penalty": st.floats(0, 1.9),
+           "half_size_MiB": st.floats(0, 1e6), "half_size_exponent": st.floats(0, 1.0),
+           "loop_MiB_per_rank": st.one_of(st.just(0.0), st.floats(0.01, 16)), "loop_quantization": st.floats(0, 1.0),
+           "simple_fill_MiB_per_rank": st.floats(0, 10), "ll128_bandwidth_ratio": st.floats(0, 1.0),
+           "floor_us": st.floats(0, 100), "floor_per_hop_us": st.floats(0, 20)}))
+def test_time_grows_with_bytes_for_any_fit(n, s1, s2, fit):
+    """Within CommFit's bounds (half_size_exponent <= 1) neither protocol, nor the cheaper of the two, gets
+    faster with more bytes: a calibrated profile cannot make a larger gradient bucket look cheaper."""
+    link = A100.intra_node.model_copy(update={"fit": CommFit(**fit)})
+    lo, hi = sorted((s1, s2))
+    assert link_time("all_reduce", n, hi, link) >= link_time("all_reduce", n, lo, link) * (1 - 1e-12)
+
+
+def test_shipped_fit_never_decreases_across_loops_and_protocols():
+    """Every 64 KiB from 64 KiB to 1 GiB on 2..8 GPUs: loop boundaries and the LL128/Simple switch included."""
+    S = np.arange(1, 2**14 + 1) * 2.0**16
+    for n in range(2, 9):
+        assert np.all(np.diff(link_time("all_reduce", n, S, A100.intra_node)) >= 0), n
+
+
+def test_protocols_reduce_to_one_alpha_beta_term_when_off():
+    """Without LL128 and Simple's fill (the defaults: other profiles' fits), t = alpha + busbw term."""
+    fit = CommFit(latency_us=10.0, latency_per_hop_us=1.0, bandwidth_efficiency=0.5)
+    link = A100.intra_node.model_copy(update={"fit": fit})
+    t = link_time("all_reduce", 4, 1e8, link)
+    assert t == pytest.approx(13e-6 + 1.5 * 1e8 / (0.5 * link.bandwidth_bytes_per_s), rel=1e-12)
+
+
+def test_ll128_takes_small_messages_and_leaves_large_ones_to_simple():
+    """The shipped A100 fit: LL128 (no pipeline fill, 0.72 of Simple's rate) is faster up to a few MiB, and
+    large messages cost what Simple alone costs."""
+    f = A100.intra_node.fit
+    simple_only = A100.intra_node.model_copy(update={"fit": f.model_copy(update={"ll128_bandwidth_ratio": 0.0})})
+    small, large = 4 * 2**20, 512 * 2**20
+    assert link_time("all_reduce", 8, small, A100.intra_node) < 0.95 * link_time("all_reduce", 8, small, simple_only)
+    assert link_time("all_reduce", 8, large, A100.intra_node) == link_time("all_reduce", 8, large, simple_only)
 
 
 def test_single_rank_or_zero_bytes_cost_nothing():

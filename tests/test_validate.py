@@ -100,7 +100,6 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     "vtrain step-time MAPE %": "10.7% (TP=8 rows -19..-33%: host-bound small micro-batches whose Megatron-DeepSpeed "
                                "host time the op-count model does not fully reach; large micro-batches +10..+25%)",
     "vtrain top-1 regret max %": "27% (mean 3.7%)",
-    "nccl all-reduce max APE % (>= 4 MiB)": "12.2% at 22 sawtooth points of 7,147 (MAPE 1.1%)",
 }
 
 
