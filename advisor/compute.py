@@ -216,19 +216,30 @@ HOST_HEAD_OPS = {("megatron", "gpt"): (44, 27), ("hf", "gpt"): (25, 23), ("hf", 
 
 def head_host_time(m: ModelSpec, hw: Hardware, w: Workload) -> float:
     """Host seconds per micro-batch to issue the embedding, LM head and loss (their ops and the 3 GEMM calls)."""
-    arch = "llama" if m.mlp is MLPKind.swiglu else "gpt"
-    n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt") if w.framework == "megatron" else ("hf", arch)]
-    cpu_us = host_ops(m, w)[2]
-    launch = (hw.efficiency.kernel_launch_us + cpu_us) * 1e-6
-    extra = max(hw.efficiency.matmul_host_us * 1e-6 - launch, 0.0)
+    n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt") if w.framework == "megatron" else ("hf", _arch(m))]
+    launch, extra = host_op_costs(m, hw, w)
     return (n_f + n_b) * launch + 3 * extra  # logits GEMM: one call forward, two backward
 
 
+def _arch(m: ModelSpec) -> str:
+    return "llama" if m.mlp is MLPKind.swiglu else "gpt"
+
+
 def host_ops(m: ModelSpec, w: Workload) -> tuple[float, float, float]:
-    arch = "llama" if m.mlp is MLPKind.swiglu else "gpt"
     if w.framework == "megatron":
         return HOST_OPS[("megatron", "gpt")]
-    return HOST_OPS[("hf", arch, w.attention.value)]
+    return HOST_OPS[("hf", _arch(m), w.attention.value)]
+
+
+def host_op_costs(m: ModelSpec, hw: Hardware, w: Workload) -> tuple[float, float]:
+    """(seconds the host spends on one op, extra seconds for a GEMM/attention call) in this kernel style.
+
+    One op: its CPU dispatch (HOST_OPS) plus the CUDA launch. GEMM-like calls (cuBLAS and attention:
+    heuristics, workspace, launch) cost the host more: a Python-issued matmul has a ~28 us floor in
+    reference/h100/kernels.jsonl (1024^3 takes 35 us though the GPU needs 3).
+    """
+    launch = (hw.efficiency.kernel_launch_us + host_ops(m, w)[2]) * 1e-6
+    return launch, max(hw.efficiency.matmul_host_us * 1e-6 - launch, 0.0)
 
 
 @dataclass(frozen=True)
@@ -259,7 +270,6 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
         gemms += [(2.0 * h * f, f / tp, h), (2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
     else:
         gemms += [(2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
-    launch = hw.efficiency.kernel_launch_us * 1e-6
     gemm_fwd = sum(gemm_time(hw, math, fl * tokens / tp, n, k) for fl, n, k in gemms)
     attn_fwd, attn_bwd, _ = attention_core_time(m, hw, w, tokens, tp)
     ew_fwd_bytes, ew_bwd_bytes = elementwise_per_token(m, w)
@@ -267,15 +277,11 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
     ew_bwd = mem_time(hw, ew_bwd_bytes * tokens / tp)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
-    n_fwd, n_bwd, cpu_us = host_ops(m, w)
-    launch = launch + cpu_us * 1e-6  # host cost of one op: its CPU dispatch plus the CUDA launch
-    # GEMM-like ops (cuBLAS and attention calls: heuristics, workspace, launch) cost the host more than an
-    # element-wise launch: a Python-issued matmul has a ~28 us floor in reference/h100/kernels.jsonl (the
-    # intercept of the bf16 GEMM fit: 1024^3 takes 35 us though the GPU needs 3). Forward issues one per GEMM
-    # and one attention call, backward two per GEMM.
+    n_fwd, n_bwd, _ = host_ops(m, w)
+    launch, extra = host_op_costs(m, hw, w)
+    # Forward issues one GEMM-like call per GEMM and one attention call (two eager bmm), backward two each.
     g_fwd = len(gemms) + (1 if w.attention is Attention.sdpa else 2)
     g_bwd = 2 * g_fwd
-    extra = max(hw.efficiency.matmul_host_us * 1e-6 - launch, 0.0)
     host_fwd, host_bwd = n_fwd * launch + g_fwd * extra, n_bwd * launch + g_bwd * extra
     # Tensor parallelism adds two collective calls per layer forward and two backward (all-reduces, or
     # all-gather + reduce-scatter under sequence parallelism), which the probe (run at TP=1, where Megatron

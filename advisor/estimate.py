@@ -113,7 +113,7 @@ def _merge(megatron: Any, hf: Any, mg: Any) -> Any:
     return np.where(megatron, mg, hf)
 
 
-def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, tp: Any, rc: Any, ag_layer: Any, rs_layer: Any) -> tuple[Any, Any]:
+def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, rc: Any, ag_layer: Any, rs_layer: Any) -> tuple[Any, Any]:
     """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch under DeepSpeed's parameter coordinator.
 
     DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
@@ -123,28 +123,30 @@ def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, tp: Any, rc
     large model. So the gather of each linear layer hides only behind the compute of the one before it,
     not behind the whole pass: a layer is four steps, (qkv + attention), out-projection, MLP in, MLP out,
     and each lasts the longer of its compute and the next step's gather (the gradient reduce-scatter of
-    the step just finished joins that gather in backward, on the same link). With full recomputation the
-    recomputed forward gathers again (the hooks fire on it as on any forward).
+    the step just finished joins that gather in backward, on the same link). A checkpointed layer's
+    recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
+    makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
     Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
     """
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     mlp_in = f * (2 if m.mlp is MLPKind.swiglu else 1)
     params = np.array([h * (q + 2 * kv), q * h, h * mlp_in, f * h], dtype=float)
-    share_p = params / params.sum()
-    fl = params  # a linear layer's GEMM FLOPs are proportional to its weights
-    g = lt.gemm_fwd_s * 1.0
-    comp = [g * fl[0] / fl.sum() + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, g * fl[1] / fl.sum(),
-            g * fl[2] / fl.sum() + lt.elementwise_fwd_s / 2.0, g * fl[3] / fl.sum()]
+    share = params / params.sum()  # of the layer's weights, and of its GEMM FLOPs (proportional to them)
+    comp = [lt.gemm_fwd_s * share[0] + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[1],
+            lt.gemm_fwd_s * share[2] + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[3]]
     total = sum(comp)
     share_c = [np.where(total > 0, c / np.where(total > 0, total, 1.0), 0.25) for c in comp]
-    win_f = np.maximum(lt.fwd_s, lt.host_fwd_s)
-    win_r = np.maximum(lt.recompute_s, lt.host_recompute_s)
-    win_b = np.maximum(lt.bwd_s, lt.host_bwd_s)
-    ag = [ag_layer * s for s in share_p]
-    rs = [rs_layer * s for s in share_p]
-    fwd = sum(np.maximum(win_f * share_c[k], ag[(k + 1) % 4]) - win_f * share_c[k] for k in range(4))
-    rcp = sum(np.maximum(win_r * share_c[k], ag[(k + 1) % 4]) - win_r * share_c[k] for k in range(4))
-    bwd = sum(np.maximum(win_b * share_c[k], ag[(k - 1) % 4] + rs[(k + 1) % 4]) - win_b * share_c[k] for k in range(4))
+    ag = [ag_layer * s for s in share]
+    rs = [rs_layer * s for s in share]
+
+    def exposed(window: Any, comm_during: list) -> Any:
+        """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
+        return sum(np.maximum(window * c, x) - window * c for c, x in zip(share_c, comm_during))
+
+    next_gather = [ag[(k + 1) % 4] for k in range(4)]
+    fwd = exposed(np.maximum(lt.fwd_s, lt.host_fwd_s), next_gather)
+    rcp = exposed(np.maximum(lt.recompute_s, lt.host_recompute_s), next_gather)
+    bwd = exposed(np.maximum(lt.bwd_s, lt.host_bwd_s), [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
     full = np.asarray(rc) == int(Recompute.full)
     return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
 
@@ -197,7 +199,6 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb
     host_mb = layers_stage * host_layer + _per_style(megatron, sc, lambda w: head_host_time(m, hw, w))
     host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
-    per_mb = gpu_mb + host_excess_mb + p2p_mb
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
     # Fill and drain pass once through each of the other stages, which hold layers only: the last stage's
     # logits and loss are paid once per micro-batch, not (p-1)/v more times (a pipeline with stage times
@@ -245,22 +246,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
     z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
     z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
-    # DeepSpeed's ZeRO-3 (the engine Megatron-DeepSpeed runs) releases a module's parameters after every
-    # forward, and a checkpointed layer's recomputation is a forward: it fires the pre-forward hook and gathers
-    # the parameters once more (stage3.py fetch_sub_module), so full recomputation makes three gathers per
-    # micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4: parameters are needed in forward,
-    # recomputation and backward). The recomputation's gather hides behind the recomputed forward, the
-    # backward's gather and the gradient reduce-scatter behind the backward proper.
-    rc_comp = layers_stage * np.maximum(layer_rc, lt.host_recompute_s)
-    bwd_only = layers_stage * np.maximum(layer_bwd, lt.host_bwd_s)
-    z3_regather = (
-        np.maximum(ag_param - rc_comp, per_layer_ag)
-        + np.maximum(ag_param + rs_grad - bwd_only, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
-    )
-    z3_bwd = np.where(megatron & (rc == int(Recompute.full)), z3_regather, z3_bwd)
     z3_fwd = z2_fwd
-    if np.any(megatron & (zero >= 3)):
-        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lt, layers_stage, tp, rc, ag_param / np.maximum(layers_stage, 1), rs_grad / np.maximum(layers_stage, 1))
+    if np.any(megatron & (zero >= 3)):  # Megatron-DeepSpeed's ZeRO-3: its own coordinator (see the function)
+        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lt, layers_stage, rc, per_layer_ag, rs_grad / np.maximum(layers_stage, 1))
         z3_fwd = np.where(megatron, ds_fwd, z2_fwd)
         z3_bwd = np.where(megatron, ds_bwd, z3_bwd)
     z23_exposed_mb = np.where(zero >= 3, z3_fwd + z3_bwd, z2_fwd + z2_bwd)

@@ -145,6 +145,11 @@ class Link(Spec):
         raise ValueError("link needs bandwidth_GBps or bandwidth_Gbps")
 
 
+# per-precision efficiency figures that are not fractions: (upper bound, what the number is)
+_EFFICIENCY_RANGES = {"matmul_half_dim": (1e7, "a GEMM size in [0, 1e7]"),
+                      "matmul_fixed_us": (1e4, "microseconds in [0, 10000]")}
+
+
 class ComputeEfficiency(Spec):
     """What fraction of the datasheet a GPU reaches, per kind of work (fitted or justified)."""
 
@@ -199,20 +204,13 @@ class ComputeEfficiency(Spec):
                 raise ValueError(f"optimizer_bandwidth lacks {', '.join(sorted(missing))} (fractions of HBM bandwidth)")
         return v
 
-    @field_validator("matmul_half_dim")
+    @field_validator("matmul_half_dim", "matmul_fixed_us")
     @classmethod
-    def _half_dims(cls, v: dict[str, float]) -> dict[str, float]:
+    def _in_range(cls, v: dict[str, float], info) -> dict[str, float]:
+        upper, what = _EFFICIENCY_RANGES[info.field_name]
         for key, val in v.items():
-            if not (0.0 <= float(val) <= 1e7):
-                raise ValueError(f"matmul_half_dim.{key}={val} must be a GEMM size in [0, 1e7]")
-        return v
-
-    @field_validator("matmul_fixed_us")
-    @classmethod
-    def _fixed(cls, v: dict[str, float]) -> dict[str, float]:
-        for key, val in v.items():
-            if not (0.0 <= float(val) <= 1e4):
-                raise ValueError(f"matmul_fixed_us.{key}={val} must be microseconds in [0, 10000]")
+            if not (0.0 <= float(val) <= upper):
+                raise ValueError(f"{info.field_name}.{key}={val} must be {what}")
         return v
 
 
