@@ -27,7 +27,7 @@ Deliberately left out: fitting the datasheet peaks themselves (they come from th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
@@ -263,13 +263,18 @@ def choose_loop_MiB(n: np.ndarray, S: np.ndarray, t: np.ndarray) -> float:
     return best_L
 
 
+def log_r2(predicted: Any, measured: Any) -> float:
+    """R^2 of a fit in log time (the fits minimise log errors: every size counts alike)."""
+    lt = np.log(measured)
+    return float(1 - np.sum((np.log(predicted) - lt) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30))
+
+
 def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0) -> FitReport:
     from advisor.comm import link_time
 
     p = link_time(collective, n, S, link)
     rel = p / t - 1
-    lt = np.log(t)
-    r2 = 1 - np.sum((np.log(p) - lt) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30)
+    r2 = log_r2(p, t)
     judged = _judged(S, judge_from_bytes)
     outliers = [(int(a), int(b), round(float(c), 3)) for a, b, c in zip(n, S, rel) if abs(c) > OUTLIER_REL]
     note = "" if judged.all() else (f"{int(judged.sum())} points from {judge_from_bytes / MiB:g} MiB judged; "
@@ -316,8 +321,7 @@ def fit_matmul(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, float, 
         x = least_squares(lambda x: np.log(model(x)[gpu] / t[gpu]), [0.7, 64.0, 0.0],
                           bounds=([1e-6, 0.0, 0.0], [1.0, 1e5, fixed_bound])).x
         rel = model(x)[gpu] / t[gpu] - 1
-        lt = np.log(t[gpu])
-        r2 = 1 - np.sum(np.log(1 + rel) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30)
+        r2 = log_r2(model(x)[gpu], t[gpu])
         note = "" if gpu.all() else f"{int((~gpu).sum())} host-bound points (< {HOST_FLOOR_FACTOR} x the fastest) left out"
         rep = FitReport(f"matmul {math}", int(gpu.sum()), float(r2), float(np.abs(rel).max()), float(np.abs(rel).mean()),
                         [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m[gpu], k[gpu], nn[gpu], rel)
@@ -384,8 +388,7 @@ def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[t
 
     x = least_squares(lambda x: np.log(model(x) / t), [0.6, 6e4], bounds=([1e-6, 0.0], [1.0, 1e9])).x
     rel = model(x) / t - 1
-    lt = np.log(t)
-    r2 = 1 - np.sum(np.log(1 + rel) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30)
+    r2 = log_r2(model(x), t)
     rep = FitReport("attention (fused, causal, forward)", len(t), float(r2), float(np.abs(rel).max()),
                     float(np.abs(rel).mean()), note=f"with the bf16 GEMM's {fixed_us:.1f} us per kernel")
     return round(float(x[0]), 4), round(float(x[1]), -1), rep
