@@ -194,11 +194,23 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     across = stage_span >= gpn
     p2p_mb = np.where(pp > 1, 2.0 * v * comm.p2p_time(p2p_bytes, hw, across), 0.0)
 
-    # The host issues kernels asynchronously and runs ahead of the GPU; a micro-batch takes the longer of
-    # the GPU's work and the host's. The host-bound excess is reported as "host_overhead".
+    # The host issues kernels asynchronously and runs ahead of the GPU; a micro-batch takes at least the
+    # longer of the GPU's work and the host's. Each micro-batch also starts on an empty GPU queue: the
+    # training loops synchronise the device once per micro-batch (DeepSpeed's ThroughputTimer.start() in
+    # every engine.forward() when the engine has no dataloader, as under Megatron-DeepSpeed, deepspeed
+    # 0.9.5 runtime/engine.py and utils/timer.py; Megatron-LM's 2021 timers; the HF Trainer's per-step
+    # isnan(loss) check). So it is a two-stage flow shop restarted each micro-batch: its makespan is the
+    # longest of "host issues the first k ops, then the GPU runs the rest", taken here at the phase
+    # boundaries: when the forward is host-bound and the backward GPU-bound, the backward cannot start
+    # early and the GPU idles through the forward. The excess over the GPU's work is "host_overhead".
     gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb
-    host_mb = layers_stage * host_layer + _per_style(megatron, sc, lambda w: head_host_time(m, hw, w))
-    host_excess_mb = np.maximum(host_mb - gpu_mb, 0.0)
+    head_host = _per_style(megatron, sc, lambda w: head_host_time(m, hw, w))
+    host_mb = layers_stage * host_layer + head_host
+    tp_after_fwd = tp_mb * (n_ar - 2.0) / n_ar  # the collectives of recompute and backward
+    gpu_after_fwd = layers_stage * (layer_bwd + layer_rc) + tp_after_fwd
+    host_fwd = layers_stage * lt.host_fwd_s
+    flow_mb = np.maximum(host_fwd + head_fwd + head_bwd, host_fwd + head_host) + gpu_after_fwd
+    host_excess_mb = np.maximum(np.maximum(host_mb, flow_mb) - gpu_mb, 0.0)
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
     # Fill and drain pass once through each of the other stages, which hold layers only: the last stage's
     # logits and loss are paid once per micro-batch, not (p-1)/v more times (a pipeline with stage times
