@@ -144,22 +144,29 @@ def _hf_key(m: ModelSpec, w: Workload) -> tuple[str, str]:
     return ("llama" if m.mlp is MLPKind.swiglu else "gpt", mode)
 
 
-def elementwise_per_token(m: ModelSpec, w: Workload) -> tuple[float, float]:
-    """(forward, backward) bytes moved per token of one layer by element-wise kernels, unsharded by TP.
+def elementwise_per_token(m: ModelSpec, w: Workload, tp: Any = 1, sp: Any = False) -> tuple[Any, Any]:
+    """(forward, backward) bytes moved per token of one layer by element-wise kernels, per GPU under TP.
 
-    ``hf``: measured per module style (HF_TRAFFIC). ``megatron``: counted kernel by kernel: 2 fused
-    LayerNorms (r+w), fused bias-GELU on d_ff (r+w; SwiGLU r 2f w f), 2 fused bias-dropout-adds (r 2h,
-    w h, 1-byte mask), q/k/v layout copies (r+w of q+2kv) and the core output merge (r+w q); backward
-    reads the saved input and the incoming gradient and writes one gradient per kernel: twice forward.
+    ``hf``: measured per module style (HF_TRAFFIC; no tensor parallelism). ``megatron``: counted kernel
+    by kernel: 2 fused LayerNorms (r+w), fused bias-GELU on d_ff (r+w; SwiGLU r 2f w f), 2 fused
+    bias-dropout-adds (r 2h, w h, 1-byte mask), q/k/v layout copies (r+w of q+2kv) and the core output
+    merge (r+w q); backward reads the saved input and the incoming gradient and writes one gradient per
+    kernel: twice forward. Under TP the GELU and the q/k/v work are split across the ranks (columns and
+    heads), but without sequence parallelism the LayerNorms and bias-dropout-adds run on the whole
+    [s, b, h] tensor on every rank (Korthikanti et al. 2022, arXiv 2205.05198, s.4.2.2: TP leaves them
+    unsplit, the 10sbh term of its activation count); sequence parallelism splits them along the sequence.
     """
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     e = ACT_BYTES[w.precision]
+    tp = np.asarray(tp, dtype=float)
     if w.framework == "megatron":
         act = 2 * f if m.mlp is MLPKind.gelu else 3 * f
-        elems = 2 * 2 * h + act + 2 * (3 * h + 0.5 * h) + 2 * (q + 2 * kv) + 2 * q
+        split = act + 2 * (q + 2 * kv) + 2 * q  # column- and head-parallel: 1/tp per rank
+        norms_dropouts = 2 * 2 * h + 2 * (3 * h + 0.5 * h)  # replicated unless sequence parallel
+        elems = split / tp + norms_dropouts / np.where(np.asarray(sp, dtype=bool), tp, 1.0)
         return elems * e, 2.0 * elems * e
     (fh, ff), (bh, bf) = HF_TRAFFIC[_hf_key(m, w)]
-    return fh * h + ff * f, bh * h + bf * f
+    return (fh * h + ff * f) / tp, (bh * h + bf * f) / tp
 
 
 def attention_core_time(m: ModelSpec, hw: Hardware, w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
@@ -257,7 +264,7 @@ class LayerTimes:
     elementwise_fwd_s: Any
 
 
-def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: Any, recompute: Any) -> LayerTimes:
+def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: Any, recompute: Any, sp: Any = False) -> LayerTimes:
     tokens = np.asarray(micro_batch, dtype=float) * w.seq_len
     tp = np.asarray(tp, dtype=float)
     math = MATH[w.precision]
@@ -272,9 +279,9 @@ def layer_times(m: ModelSpec, hw: Hardware, w: Workload, micro_batch: Any, tp: A
         gemms += [(2.0 * h * f, f / tp, h), (2.0 * f * h, h, f / tp)]
     gemm_fwd = sum(gemm_time(hw, math, fl * tokens / tp, n, k) for fl, n, k in gemms)
     attn_fwd, attn_bwd, _ = attention_core_time(m, hw, w, tokens, tp)
-    ew_fwd_bytes, ew_bwd_bytes = elementwise_per_token(m, w)
-    ew_fwd = mem_time(hw, ew_fwd_bytes * tokens / tp)
-    ew_bwd = mem_time(hw, ew_bwd_bytes * tokens / tp)
+    ew_fwd_bytes, ew_bwd_bytes = elementwise_per_token(m, w, tp, sp)
+    ew_fwd = mem_time(hw, ew_fwd_bytes * tokens)
+    ew_bwd = mem_time(hw, ew_bwd_bytes * tokens)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
     n_fwd, n_bwd, _ = host_ops(m, w)

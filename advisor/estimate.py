@@ -168,7 +168,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     tokens = mb * sc.seq_len
 
     # --- compute, per micro-batch on the busiest stage ------------------------------------------
-    lt = _per_style(megatron, sc, lambda w: layer_times(m, hw, w, mb, tp, rc))
+    lt = _per_style(megatron, sc, lambda w: layer_times(m, hw, w, mb, tp, rc, sp))
     layer_fwd, layer_bwd, layer_rc = lt.fwd_s, lt.bwd_s, lt.recompute_s
     host_layer = lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s
     head_fwd, head_bwd = _per_style(megatron, sc, lambda w: head_times(m, hw, w, mb, tp))

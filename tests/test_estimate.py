@@ -136,3 +136,18 @@ def test_pipeline_bubble_does_not_repeat_the_last_stages_head():
     assert eb.breakdown["pipeline_bubble"] == pytest.approx(es.breakdown["pipeline_bubble"], rel=1e-9)
     assert eb.breakdown["pipeline_bubble"] > 0
     assert eb.step_time_s > 1.05 * es.step_time_s
+
+
+def test_tp_without_sequence_parallel_repeats_layernorm_and_dropout_traffic():
+    # Megatron, GPT d=1024, d_ff=4096, fp16: per token, GELU 2f + q/k/v copies 2(q+2kv) + core merge 2q =
+    # 16,384 elements split by TP; 2 LayerNorms 4h + 2 bias-dropout-adds 7h = 11,264 on every TP rank
+    # unless sequence parallel (Korthikanti et al. 2022 s.4.2.2). 2 bytes each, backward twice forward.
+    from advisor.compute import Workload, elementwise_per_token
+    from advisor.model import load_model
+    from advisor.plans import Attention, Precision
+
+    m = load_model("gpt2-medium")
+    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
+    assert [float(x) for x in elementwise_per_token(m, w, 1, False)] == [2 * 27648, 4 * 27648]
+    assert [float(x) for x in elementwise_per_token(m, w, 8, False)] == [2 * (2048 + 11264), 4 * (2048 + 11264)]
+    assert [float(x) for x in elementwise_per_token(m, w, 8, True)] == [2 * 27648 / 8, 4 * 27648 / 8]
