@@ -188,11 +188,16 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     n_ar = 4.0 + np.where(rc == int(Recompute.full), 2.0, 0.0)
     tp_mb = np.where(tp > 1, layers_stage * n_ar * per_ar, 0.0)
 
-    # --- pipeline: activations to the next stage forward, gradients back (scatter-gather: /tp) ---
-    p2p_bytes = act_bytes / np.where(sp, tp, 1.0)
+    # --- pipeline: activations to the next stage forward, gradients back ---
+    # Megatron's scatter/gather optimisation (Narayanan et al. 2021 s.4.1; --scatter-gather-tensors-in-pipeline,
+    # on by default): each TP rank sends 1/tp of the activation over its own link and the receiving stage
+    # all-gathers it over the intra-node link. Under sequence parallelism the activation is already split.
+    scatter = megatron & (tp > 1)
+    p2p_bytes = act_bytes / np.where(scatter | sp, tp, 1.0)
+    regather = np.where(scatter & ~sp, comm.collective_time(Collective.all_gather, tp, act_bytes, hw, tp_per_node), 0.0)
     stage_span = tp * dp  # GPUs of one stage; a boundary crosses nodes when a stage fills a node
     across = stage_span >= gpn
-    p2p_mb = np.where(pp > 1, 2.0 * v * comm.p2p_time(p2p_bytes, hw, across), 0.0)
+    p2p_mb = np.where(pp > 1, 2.0 * v * (comm.p2p_time(p2p_bytes, hw, across) + regather), 0.0)
 
     # The host issues kernels asynchronously and runs ahead of the GPU; a micro-batch takes at least the
     # longer of the GPU's work and the host's. Each micro-batch also starts on an empty GPU queue: the
