@@ -221,11 +221,15 @@ HOST_OPS = {  # (forward ops, backward ops, CPU us per op)
 HOST_HEAD_OPS = {("megatron", "gpt"): (44, 27), ("hf", "gpt"): (25, 23), ("hf", "llama"): (31, 34)}
 
 
-def head_host_time(m: ModelSpec, hw: Hardware, w: Workload) -> float:
-    """Host seconds per micro-batch to issue the embedding, LM head and loss (their ops and the 3 GEMM calls)."""
+def head_host_time(m: ModelSpec, hw: Hardware, w: Workload, tp: Any = 1) -> Any:
+    """Host seconds per micro-batch to issue the embedding, LM head and loss (their ops and the 3 GEMM calls).
+
+    Under TP, five collective calls more (embedding, LM-head gradient, three in the cross-entropy), which
+    the probe, run at TP=1 where Megatron skips them, did not count."""
     n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt") if w.framework == "megatron" else ("hf", _arch(m))]
     launch, extra = host_op_costs(m, hw, w)
-    return (n_f + n_b) * launch + 3 * extra  # logits GEMM: one call forward, two backward
+    coll = np.where(np.asarray(tp) > 1, 5.0 * launch, 0.0)
+    return (n_f + n_b) * launch + 3 * extra + coll  # logits GEMM: one call forward, two backward
 
 
 def _arch(m: ModelSpec) -> str:

@@ -187,6 +187,12 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     per_ar = np.where(sp, ag_rs, ar)  # sequence parallel: each all-reduce becomes an all-gather + reduce-scatter
     n_ar = 4.0 + np.where(rc == int(Recompute.full), 2.0, 0.0)
     tp_mb = np.where(tp > 1, layers_stage * n_ar * per_ar, 0.0)
+    # Outside the layers (megatron-core): the vocab-parallel embedding all-reduces its output, the LM head's
+    # input gradient is all-reduced in backward (under SP: reduce-scatter, all-gather + reduce-scatter), and
+    # the vocab-parallel cross-entropy all-reduces three fp32 values per token (max, target logit, sum of exp).
+    emb_tp = np.where(sp, 0.5 * ag_rs, ar)
+    ce_tp = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, tp_per_node)
+    head_tp = np.where(tp > 1, emb_tp + np.where(sp, ag_rs, ar) + ce_tp, 0.0)
 
     # --- pipeline: activations to the next stage forward, gradients back ---
     # Megatron's scatter/gather optimisation (Narayanan et al. 2021 s.4.1; --scatter-gather-tensors-in-pipeline,
@@ -208,10 +214,10 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # longest of "host issues the first k ops, then the GPU runs the rest", taken here at the phase
     # boundaries: when the forward is host-bound and the backward GPU-bound, the backward cannot start
     # early and the GPU idles through the forward. The excess over the GPU's work is "host_overhead".
-    gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb
-    head_host = _per_style(megatron, sc, lambda w: head_host_time(m, hw, w))
+    gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb + head_tp
+    head_host = _per_style(megatron, sc, lambda w: head_host_time(m, hw, w, tp))
     host_mb = layers_stage * host_layer + head_host
-    tp_after_fwd = tp_mb * (n_ar - 2.0) / n_ar  # the collectives of recompute and backward
+    tp_after_fwd = tp_mb * (n_ar - 2.0) / n_ar + head_tp - np.where(tp > 1, emb_tp, 0.0)  # all but the forward layers'
     gpu_after_fwd = layers_stage * (layer_bwd + layer_rc) + tp_after_fwd
     host_fwd = layers_stage * lt.host_fwd_s
     flow_mb = np.maximum(host_fwd + head_fwd + head_bwd, host_fwd + head_host) + gpu_after_fwd
@@ -300,7 +306,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
         "compute/forward": ga * fwd_mb + cast_s,
         "compute/backward": ga * bwd_mb,
         "compute/recompute": ga * rc_mb,
-        "comm/tp": ga * tp_mb,
+        "comm/tp": ga * (tp_mb + head_tp),
         "host_overhead": ga * host_excess_mb,
         "comm/pp_p2p": ga * p2p_mb,
         "pipeline_bubble": bubble,

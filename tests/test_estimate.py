@@ -151,3 +151,20 @@ def test_tp_without_sequence_parallel_repeats_layernorm_and_dropout_traffic():
     assert [float(x) for x in elementwise_per_token(m, w, 1, False)] == [2 * 27648, 4 * 27648]
     assert [float(x) for x in elementwise_per_token(m, w, 8, False)] == [2 * (2048 + 11264), 4 * (2048 + 11264)]
     assert [float(x) for x in elementwise_per_token(m, w, 8, True)] == [2 * 27648 / 8, 4 * 27648 / 8]
+
+
+def test_tp_comm_counts_layer_and_head_collectives():
+    # Megatron, no SP, full recompute: 2 all-reduces per layer forward, 2 backward, 2 recomputed; outside
+    # the layers the embedding output and the LM head's input gradient (tokens x h) and the vocab-parallel
+    # cross-entropy's three fp32 per-token all-reduces (megatron-core tensor_parallel/cross_entropy.py).
+    from advisor import comm
+    from advisor.comm import Collective
+    from advisor.hardware import load_hardware
+
+    hw = load_hardware("dgx-a100")
+    e = estimate(model="gpt2", hw="dgx-a100", gpus=2, tp=2, micro_batch=2, global_batch=2, seq=1024,
+                 precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+    tokens = 2 * 1024
+    ar = float(comm.collective_time(Collective.all_reduce, 2, tokens * 768 * 2.0, hw, 2))
+    ce = float(comm.collective_time(Collective.all_reduce, 2, tokens * 4.0, hw, 2))
+    assert e.breakdown["comm/tp"] == pytest.approx((12 * 6 + 2) * ar + 3 * ce, rel=1e-9)
