@@ -24,6 +24,7 @@ from advisor import comm
 from advisor.comm import Collective
 from advisor.compute import (
     ACT_BYTES,
+    HOST_HEAD_OPS,
     LayerTimes,
     Workload,
     head_host_time,
@@ -221,6 +222,15 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     gpu_after_fwd = layers_stage * (layer_bwd + layer_rc) + tp_after_fwd
     host_fwd = layers_stage * lt.host_fwd_s
     flow_mb = np.maximum(host_fwd + head_fwd + head_bwd, host_fwd + head_host) + gpu_after_fwd
+    # Megatron's pipeline schedules synchronise the device after every stage-to-stage exchange
+    # (p2p_communication._communicate: batch_isend_irecv, wait, then torch.cuda.synchronize(); megatron-core
+    # 0.8.0 with its defaults batch_p2p_comm = batch_p2p_sync = True, and Megatron-LM since 2021), so with pp > 1 a micro-batch's forward and its backward each start
+    # on an empty queue and end drained: each phase takes the longer of its host and GPU time.
+    gpu_fwd = layers_stage * layer_fwd + head_fwd + tp_mb * 2.0 / n_ar + np.where(tp > 1, emb_tp + ce_tp, 0.0)
+    n_hf, n_hb = HOST_HEAD_OPS[("megatron", "gpt")]
+    host_fwd_all = host_fwd + head_host * n_hf / (n_hf + n_hb)
+    phases_mb = np.maximum(host_fwd_all, gpu_fwd) + np.maximum(host_mb - host_fwd_all, gpu_mb - gpu_fwd)
+    flow_mb = np.where(megatron & (pp > 1), np.maximum(flow_mb, phases_mb), flow_mb)
     host_excess_mb = np.maximum(np.maximum(host_mb, flow_mb) - gpu_mb, 0.0)
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
     # Fill and drain pass once through each of the other stages, which hold layers only: the last stage's

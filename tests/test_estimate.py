@@ -168,3 +168,25 @@ def test_tp_comm_counts_layer_and_head_collectives():
     ar = float(comm.collective_time(Collective.all_reduce, 2, tokens * 768 * 2.0, hw, 2))
     ce = float(comm.collective_time(Collective.all_reduce, 2, tokens * 4.0, hw, 2))
     assert e.breakdown["comm/tp"] == pytest.approx((12 * 6 + 2) * ar + 3 * ce, rel=1e-9)
+
+
+def test_pipeline_phases_start_and_end_drained():
+    # megatron-core p2p_communication (batch_p2p_sync, default on) calls torch.cuda.synchronize() after
+    # every stage exchange: a host-bound forward cannot hide behind a GPU-bound backward. gpt2-medium,
+    # micro-batch 2 on A100: the host issues a layer's forward slower than the GPU runs it, but the whole
+    # micro-batch (with the backward) is GPU-bound; the drained phases still leave the GPU idle.
+    from advisor.compute import Workload, head_host_time, head_times, layer_times
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.plans import Attention, Precision
+
+    hw, m = load_hardware("dgx-a100"), load_model("gpt2-medium")
+    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
+    lt = layer_times(m, hw, w, 2, 1, 2)
+    layers = m.n_layers / 2
+    host = layers * float(lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s) + float(head_host_time(m, hw, w))
+    gpu = layers * float(lt.fwd_s + lt.bwd_s + lt.recompute_s) + sum(float(x) for x in head_times(m, hw, w, 2, 1))
+    assert float(lt.host_fwd_s) > float(lt.fwd_s) and host < gpu
+    kw = dict(model="gpt2-medium", hw="dgx-a100", gpus=2, micro_batch=2, global_batch=16, seq=1024,
+              precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+    assert estimate(pp=2, **kw).breakdown["host_overhead"] > 0.01
