@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict
 
 from advisor.compute import MATH
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, TIME_PARTS, Scalars, evaluate
+from advisor.estimate import TIME_PARTS, evaluate
 from advisor.hardware import Hardware, load_hardware
+from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
 from advisor.model import ModelSpec, load_model
 from advisor.plans import (
     FSDP_TO_ZERO,
@@ -24,6 +25,7 @@ from advisor.plans import (
     plan_errors,
     resolve_grad_accum,
 )
+from advisor.styles import Scalars
 
 
 class Result(BaseModel):

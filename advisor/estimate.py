@@ -5,18 +5,19 @@ time and memory parts as numpy arrays, one entry per plan; ``estimate`` wraps it
 and returns a typed ``Estimate``. The search calls ``evaluate`` once on all candidates.
 
 Step time (one optimizer step, busiest pipeline stage; m = grad_accum micro-batches):
-    pipeline   = (m + (pp - 1) / v) x (fwd + bwd + recompute + exposed TP comm + p2p) per micro-batch
-    bubble     = the (pp - 1) / v part of that (Narayanan et al. 2021 s.2.2)
+    pipeline   = m x (fwd + bwd + recompute + TP comm + p2p) per micro-batch, each micro-batch lasting
+                 the longer of its GPU work and the host's issue time, as a flow shop restarted at every
+                 device synchronisation (one per micro-batch; per phase under pp > 1): "host_overhead"
+    bubble     = (pp - 1) / v x the layer-only stage time (Narayanan et al. 2021 s.2.2)
     dp comm    = gradient all-reduce (DDP), reduce-scatter + all-gather (ZeRO-1/2), per-layer parameter
                  all-gathers (ZeRO-3/FSDP), exposed beyond what overlaps with backward / prefetch
     optimizer  = memory-bound step on the local (sharded) parameters
-Every part is in ``breakdown`` and the step time is their sum.
+Every part is in ``breakdown`` and the step time is their sum. Memory: ``memory.plan_memory``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,6 @@ from advisor.compute import (
     ACT_BYTES,
     HOST_HEAD_OPS,
     LayerTimes,
-    Workload,
     head_host_time,
     head_times,
     layer_flops_per_token,
@@ -35,27 +35,15 @@ from advisor.compute import (
     optimizer_time,
 )
 from advisor.hardware import Hardware
-from advisor.memory import (
-    activation_per_token,
-    hf_nonlayer_bytes,
-    in_flight_layers,
-    logits_loss_bytes,
-    optimizer_state_bytes,
-    weight_grad_bytes,
-)
+from advisor.memory import PlanArrays, plan_memory, weight_grad_bytes
 from advisor.model import MLPKind, ModelSpec
-from advisor.plans import Columns, DataParallelKind, Precision, Recompute, TrainingSetup
-from advisor.units import GiB, MiB
+from advisor.plans import Columns, DataParallelKind, Precision, Recompute
+from advisor.styles import Scalars, per_style
+from advisor.units import MiB
 
 # PyTorch DDP's default bucket_cap_mb (torch.nn.parallel.DistributedDataParallel): the last bucket's
 # all-reduce starts only when backward ends, so at least one bucket is always exposed.
 DDP_BUCKET_BYTES = 25 * MiB
-# NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
-# per process with several communicators (nvidia-smi minus torch's allocations in NCCL jobs).
-NCCL_BUFFER_BYTES = 0.25 * GiB
-# Allocator fragmentation: reserved exceeds allocated by 2.5-8% in reference/h100/train_examples.jsonl
-# (peak_reserved / peak_mem); 5% is kept as headroom in the `fits` verdict.
-FRAGMENTATION = 0.05
 # Copy-engine peer copies (cudaMemcpyPeer, as torch.cuda.comm.gather uses) reach 88% of the link rate:
 # nvbandwidth on H200 NVLink4, 396 of 450 GB/s (reference/published_collectives.yaml, mleng_h200_pairwise_copy).
 COPY_ENGINE_EFFICIENCY = 0.88
@@ -73,45 +61,6 @@ TIME_PARTS = (
     "comm/dataparallel",
     "optimizer",
 )
-MEMORY_PARTS = ("weights", "gradients", "optimizer_states", "activations", "logits_loss", "transient")
-OVERHEAD_PARTS = ("cuda_context", "comm_buffers", "fragmentation")
-
-
-@dataclass(frozen=True)
-class Scalars:
-    """Setup fields that are the same for every candidate plan."""
-
-    seq_len: int
-    precision: Precision
-    attention: Any
-    optimizer: str
-    framework: str  # auto | hf | megatron
-
-    @classmethod
-    def of(cls, setup: TrainingSetup) -> "Scalars":
-        return cls(setup.seq_len, setup.precision, setup.attention, setup.optimizer.value, setup.framework)
-
-
-def _per_style(megatron: Any, sc: Scalars, fn: Callable[[Workload], Any]) -> Any:
-    """``fn(workload)`` for the kernel style of each plan: HF eager modules or Megatron's fused kernels.
-
-    Only the style(s) present are evaluated (a search runs one style); with both, the results - arrays,
-    tuples of arrays or a LayerTimes - are merged plan by plan.
-    """
-    w_hf, w_mg = (Workload(sc.seq_len, sc.precision, sc.attention, style) for style in ("hf", "megatron"))
-    if megatron.all():
-        return fn(w_mg)
-    if not megatron.any():
-        return fn(w_hf)
-    return _merge(megatron, fn(w_hf), fn(w_mg))
-
-
-def _merge(megatron: Any, hf: Any, mg: Any) -> Any:
-    if isinstance(hf, LayerTimes):
-        return LayerTimes(*(_merge(megatron, getattr(hf, f.name), getattr(mg, f.name)) for f in fields(LayerTimes)))
-    if isinstance(hf, tuple):
-        return tuple(_merge(megatron, a, b) for a, b in zip(hf, mg))
-    return np.where(megatron, mg, hf)
 
 
 def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, rc: Any, ag_layer: Any, rs_layer: Any) -> tuple[Any, Any]:
@@ -169,10 +118,10 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     tokens = mb * sc.seq_len
 
     # --- compute, per micro-batch on the busiest stage ------------------------------------------
-    lt = _per_style(megatron, sc, lambda w: layer_times(m, hw, w, mb, tp, rc, sp))
+    lt = per_style(megatron, sc, lambda w: layer_times(m, hw, w, mb, tp, rc, sp))
     layer_fwd, layer_bwd, layer_rc = lt.fwd_s, lt.bwd_s, lt.recompute_s
     host_layer = lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s
-    head_fwd, head_bwd = _per_style(megatron, sc, lambda w: head_times(m, hw, w, mb, tp))
+    head_fwd, head_bwd = per_style(megatron, sc, lambda w: head_times(m, hw, w, mb, tp))
     layers_stage = np.ceil(m.n_layers / pp)
     fwd_mb = layers_stage * layer_fwd + head_fwd
     bwd_mb = layers_stage * layer_bwd + head_bwd
@@ -216,7 +165,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # boundaries: when the forward is host-bound and the backward GPU-bound, the backward cannot start
     # early and the GPU idles through the forward. The excess over the GPU's work is "host_overhead".
     gpu_mb = fwd_mb + bwd_mb + rc_mb + tp_mb + head_tp
-    head_host = _per_style(megatron, sc, lambda w: head_host_time(m, hw, w, tp))
+    head_host = per_style(megatron, sc, lambda w: head_host_time(m, hw, w, tp))
     host_mb = layers_stage * host_layer + head_host
     tp_after_fwd = tp_mb * (n_ar - 2.0) / n_ar + head_tp - np.where(tp > 1, emb_tp, 0.0)  # all but the forward layers'
     gpu_after_fwd = layers_stage * (layer_bwd + layer_rc) + tp_after_fwd
@@ -327,7 +276,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     }
 
     # --- memory -----------------------------------------------------------------------------------
-    memory, overhead = _memory(m, hw, sc, _PlanArrays(
+    memory, overhead = plan_memory(m, hw, sc, PlanArrays(
         dp=dp, tp=tp, pp=pp, zero=zero, mb=mb, ga=ga, rc=rc, v=v, schedule=f["schedule"], sp=sp,
         megatron=megatron, tokens=tokens, layers_stage=layers_stage, params_local=params_local, p_layer=p_layer,
         shard=shard, opt_shard=opt_shard, master=master, wb=wb, gb=gb, amp_cast=amp_cast,
@@ -340,100 +289,3 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     rc_flops = np.where(rc == int(Recompute.full), m.n_layers * per_layer_tok, np.where(rc == int(Recompute.selective), m.n_layers * 4.0 * sc.seq_len * m.q_dim, 0.0)) * tokens_step
     return {"time": time, "memory": memory, "overhead": overhead, "model_flops": model_flops,
             "hw_flops": model_flops + rc_flops, "tokens": tokens_step, "params_local": params_local}
-
-
-@dataclass(frozen=True)
-class _PlanArrays:
-    """The per-plan arrays the memory model needs (derived once in ``evaluate``)."""
-
-    dp: Any
-    tp: Any
-    pp: Any
-    zero: Any
-    mb: Any
-    ga: Any
-    rc: Any
-    v: Any
-    schedule: Any
-    sp: Any
-    megatron: Any
-    tokens: Any
-    layers_stage: Any
-    params_local: Any
-    p_layer: Any
-    shard: Any
-    opt_shard: Any
-    master: Any
-    wb: Any
-    gb: Any
-    amp_cast: Any
-    ddp_kind: Any  # DDP proper (not nn.DataParallel, not ZeRO) with more than one replica
-
-
-def _memory(m: ModelSpec, hw: Hardware, sc: Scalars, p: _PlanArrays) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Named memory parts (bytes) at the busiest GPU's peak, and the overheads reported apart."""
-    dp, tp, pp, zero, mb, ga, rc, v, sp = p.dp, p.tp, p.pp, p.zero, p.mb, p.ga, p.rc, p.v, p.sp
-    megatron, tokens, layers_stage, params_local, p_layer = p.megatron, p.tokens, p.layers_stage, p.params_local, p.p_layer
-    shard, opt_shard, master, wb, gb, amp_cast = p.shard, p.opt_shard, p.master, p.wb, p.gb, p.amp_cast
-    e = ACT_BYTES[sc.precision]
-    act_tok = _per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, rc))
-    full_layer_tok = _per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, 0))
-    nonlayer = _per_style(megatron, sc, lambda w: 0.0 if w.framework == "megatron" else hf_nonlayer_bytes(m, w)) * tokens
-    # HF eager attention builds one b x s x s causal mask (fp32 residual dtype) for the whole model.
-    eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
-    n_inflight = in_flight_layers(m.n_layers, pp, v, p.schedule, ga)
-    acts_first = act_tok * tokens * n_inflight + nonlayer + eager_mask
-    acts_last = act_tok * tokens * layers_stage + nonlayer + eager_mask
-    held_lg, peak_lg = _per_style(megatron, sc, lambda w: logits_loss_bytes(m, w, tokens, tp))
-    weights = params_local * wb / np.where(zero >= 3, shard, 1.0)
-    grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
-    opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
-    opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
-    # transient: ZeRO-3 holds two gathered units (current + prefetch): FSDP wraps a layer per unit; DeepSpeed
-    # (the megatron style's ZeRO-3 engine) gathers per sub-module, the largest being one linear layer
-    # (stage3.py fetch_sub_module: named_parameters(recurse=False)); autocast caches a half-precision copy
-    # of every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
-    # (never more than the unsharded weights this GPU does not already hold)
-    mlp_in = m.d_ff * (2 if m.mlp.value == "swiglu" else 1)
-    largest_linear = m.d_model * max(m.q_dim + 2 * m.kv_dim, mlp_in) / tp
-    z3_unit = np.where(megatron, largest_linear, p_layer)
-    z3_gather = np.where(zero >= 3, np.minimum(2.0 * z3_unit * wb, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
-    autocast_copies = amp_cast * params_local * 2.0
-    ddp_buckets = np.where(p.ddp_kind & ~megatron, params_local * gb, 0.0)
-    # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),
-    # in Megatron's contiguous buffer, in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise (zero_grad(set_to_none=True), one
-    # micro-batch) backward allocates them as it frees activations: none exist when the loss backward starts.
-    persistent = (ga > 1) | megatron | (zero >= 1)
-    grads_fb = np.where(persistent, grads, 0.0)
-    head_grad = np.minimum(m.vocab * m.d_model / tp * gb, grads)
-    fixed = z3_gather + autocast_copies + ddp_buckets
-    # Candidate peaks (the probe's timeline): (a) start of the loss backward: every activation plus the
-    # cross-entropy buffers; (b) full recomputation: while the last layer is recomputed, its full
-    # activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the head's
-    # gradient; (c) the optimizer step: all gradients and the optimizer's temporaries.
-    # 1F1B: the first stage holds the most in-flight activations, the last holds the logits.
-    loss_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + peak_lg), acts_first + peak_lg)
-    rc_extra = np.where(rc == int(Recompute.full), full_layer_tok * tokens + 3.0 * m.d_ff / tp * e * tokens + head_grad, 0.0)
-    rc_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + held_lg), acts_first + held_lg) + rc_extra
-    fb = np.maximum(loss_peak, rc_peak)
-    fwd_bwd_phase = fb + fixed + grads_fb
-    opt_temp = np.where(np.asarray(sc.optimizer == "adamw"), params_local / opt_shard * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
-    opt_phase = grads + opt_temp + ddp_buckets
-    in_fb = fwd_bwd_phase >= opt_phase
-    lg_part = np.where(loss_peak >= rc_peak, np.where(pp > 1, np.where(acts_last + peak_lg > acts_first, peak_lg, 0.0), peak_lg),
-                       np.where(pp > 1, np.where(acts_last + held_lg > acts_first, held_lg, 0.0), held_lg))
-    memory = {
-        "weights": weights,
-        "gradients": np.where(in_fb, grads_fb, grads),
-        "optimizer_states": opt_states,
-        "activations": np.where(in_fb, fb - lg_part, 0.0),
-        "logits_loss": np.where(in_fb, lg_part, 0.0),
-        "transient": np.where(in_fb, fixed, opt_temp + ddp_buckets),
-    }
-    peak = sum(memory.values())
-    overhead = {
-        "cuda_context": np.full(np.shape(peak), hw.efficiency.framework_overhead_GiB * GiB),
-        "comm_buffers": np.where((dp > 1) | (tp > 1) | (pp > 1), NCCL_BUFFER_BYTES, 0.0) * np.ones(np.shape(peak)),
-        "fragmentation": FRAGMENTATION * peak,
-    }
-    return memory, overhead

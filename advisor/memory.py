@@ -12,6 +12,7 @@ Activations per layer and token are counted tensor by tensor from what autograd 
 Table 2: sbh(34 + 5as/h) bytes without parallelism, 34/t with sequence parallelism, 2sbh with full
 recomputation). Pipeline stages keep several micro-batches in flight (1F1B: the first stage holds pp).
 
+``plan_memory`` composes these into the named parts of each candidate plan at its peak.
 ``peak_bytes`` is what ``torch.cuda.max_memory_allocated()`` reports; CUDA context, NCCL buffers and
 allocator fragmentation are ``overhead`` and reported apart. Left out: CPU/NVMe offload, activation
 offload, expert parallelism.
@@ -19,13 +20,26 @@ offload, expert parallelism.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from advisor.compute import ACT_BYTES, Workload
+from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec
 from advisor.plans import Attention, Precision, Recompute, Schedule
+from advisor.styles import Scalars, per_style
+from advisor.units import GiB
+
+# NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
+# per process with several communicators (nvidia-smi minus torch's allocations in NCCL jobs).
+NCCL_BUFFER_BYTES = 0.25 * GiB
+# Allocator fragmentation: reserved exceeds allocated by 2.5-8% in reference/h100/train_examples.jsonl
+# (peak_reserved / peak_mem); 5% is kept as headroom in the `fits` verdict.
+FRAGMENTATION = 0.05
+MEMORY_PARTS = ("weights", "gradients", "optimizer_states", "activations", "logits_loss", "transient")
+OVERHEAD_PARTS = ("cuda_context", "comm_buffers", "fragmentation")
 
 
 def optimizer_state_bytes(optimizer: str, master: bool, precision: Precision) -> float:
@@ -152,3 +166,100 @@ def logits_loss_bytes(m: ModelSpec, w: Workload, tokens: Any, tp: Any) -> tuple[
     if w.framework == "megatron":
         return n * 4.0, n * 8.0
     return n * (e + 4.0), n * (e + 4.0 + 8.0)
+
+
+@dataclass(frozen=True)
+class PlanArrays:
+    """The per-plan arrays the memory model needs (derived once in ``estimate.evaluate``)."""
+
+    dp: Any
+    tp: Any
+    pp: Any
+    zero: Any
+    mb: Any
+    ga: Any
+    rc: Any
+    v: Any
+    schedule: Any
+    sp: Any
+    megatron: Any
+    tokens: Any
+    layers_stage: Any
+    params_local: Any
+    p_layer: Any
+    shard: Any
+    opt_shard: Any
+    master: Any
+    wb: Any
+    gb: Any
+    amp_cast: Any
+    ddp_kind: Any  # DDP proper (not nn.DataParallel, not ZeRO) with more than one replica
+
+
+def plan_memory(m: ModelSpec, hw: Hardware, sc: Scalars, p: PlanArrays) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Named memory parts (bytes) at the busiest GPU's peak, and the overheads reported apart."""
+    dp, tp, pp, zero, mb, ga, rc, v, sp = p.dp, p.tp, p.pp, p.zero, p.mb, p.ga, p.rc, p.v, p.sp
+    megatron, tokens, layers_stage, params_local, p_layer = p.megatron, p.tokens, p.layers_stage, p.params_local, p.p_layer
+    shard, opt_shard, master, wb, gb, amp_cast = p.shard, p.opt_shard, p.master, p.wb, p.gb, p.amp_cast
+    e = ACT_BYTES[sc.precision]
+    act_tok = per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, rc))
+    full_layer_tok = per_style(megatron, sc, lambda w: activation_per_token(m, w, tp, sp, 0))
+    nonlayer = per_style(megatron, sc, lambda w: 0.0 if w.framework == "megatron" else hf_nonlayer_bytes(m, w)) * tokens
+    # HF eager attention builds one b x s x s causal mask (fp32 residual dtype) for the whole model.
+    eager_mask = np.where(~megatron & (sc.attention.value == "eager"), mb * sc.seq_len**2 * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
+    n_inflight = in_flight_layers(m.n_layers, pp, v, p.schedule, ga)
+    acts_first = act_tok * tokens * n_inflight + nonlayer + eager_mask
+    acts_last = act_tok * tokens * layers_stage + nonlayer + eager_mask
+    held_lg, peak_lg = per_style(megatron, sc, lambda w: logits_loss_bytes(m, w, tokens, tp))
+    weights = params_local * wb / np.where(zero >= 3, shard, 1.0)
+    grads = params_local * gb / np.where(zero >= 2, shard, 1.0)
+    opt_states = params_local * optimizer_state_bytes(sc.optimizer, False, sc.precision) / opt_shard
+    opt_states = opt_states + np.where(master & (sc.precision not in (Precision.fp32, Precision.bf16)), params_local * 4.0 / opt_shard, 0.0)
+    # transient: ZeRO-3 holds two gathered units (current + prefetch): FSDP wraps a layer per unit; DeepSpeed
+    # (the megatron style's ZeRO-3 engine) gathers per sub-module, the largest being one linear layer
+    # (stage3.py fetch_sub_module: named_parameters(recurse=False)); autocast caches a half-precision copy
+    # of every matmul weight until backward uses it; DDP keeps flat gradient buckets beside .grad.
+    # (never more than the unsharded weights this GPU does not already hold)
+    mlp_in = m.d_ff * (2 if m.mlp.value == "swiglu" else 1)
+    largest_linear = m.d_model * max(m.q_dim + 2 * m.kv_dim, mlp_in) / tp
+    z3_unit = np.where(megatron, largest_linear, p_layer)
+    z3_gather = np.where(zero >= 3, np.minimum(2.0 * z3_unit * wb, params_local * wb * (1.0 - 1.0 / shard)), 0.0)
+    autocast_copies = amp_cast * params_local * 2.0
+    ddp_buckets = np.where(p.ddp_kind & ~megatron, params_local * gb, 0.0)
+    # Gradients are alive during forward/backward when they persist across micro-batches (accumulation),
+    # in Megatron's contiguous buffer, in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise (zero_grad(set_to_none=True), one
+    # micro-batch) backward allocates them as it frees activations: none exist when the loss backward starts.
+    persistent = (ga > 1) | megatron | (zero >= 1)
+    grads_fb = np.where(persistent, grads, 0.0)
+    head_grad = np.minimum(m.vocab * m.d_model / tp * gb, grads)
+    fixed = z3_gather + autocast_copies + ddp_buckets
+    # Candidate peaks (the probe's timeline): (a) start of the loss backward: every activation plus the
+    # cross-entropy buffers; (b) full recomputation: while the last layer is recomputed, its full
+    # activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the head's
+    # gradient; (c) the optimizer step: all gradients and the optimizer's temporaries.
+    # 1F1B: the first stage holds the most in-flight activations, the last holds the logits.
+    loss_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + peak_lg), acts_first + peak_lg)
+    rc_extra = np.where(rc == int(Recompute.full), full_layer_tok * tokens + 3.0 * m.d_ff / tp * e * tokens + head_grad, 0.0)
+    rc_peak = np.where(pp > 1, np.maximum(acts_first, acts_last + held_lg), acts_first + held_lg) + rc_extra
+    fb = np.maximum(loss_peak, rc_peak)
+    fwd_bwd_phase = fb + fixed + grads_fb
+    opt_temp = np.where(np.asarray(sc.optimizer == "adamw"), params_local / opt_shard * (2.0 if sc.precision is Precision.bf16 else 4.0), 0.0)
+    opt_phase = grads + opt_temp + ddp_buckets
+    in_fb = fwd_bwd_phase >= opt_phase
+    lg_part = np.where(loss_peak >= rc_peak, np.where(pp > 1, np.where(acts_last + peak_lg > acts_first, peak_lg, 0.0), peak_lg),
+                       np.where(pp > 1, np.where(acts_last + held_lg > acts_first, held_lg, 0.0), held_lg))
+    memory = {
+        "weights": weights,
+        "gradients": np.where(in_fb, grads_fb, grads),
+        "optimizer_states": opt_states,
+        "activations": np.where(in_fb, fb - lg_part, 0.0),
+        "logits_loss": np.where(in_fb, lg_part, 0.0),
+        "transient": np.where(in_fb, fixed, opt_temp + ddp_buckets),
+    }
+    peak = sum(memory.values())
+    overhead = {
+        "cuda_context": np.full(np.shape(peak), hw.efficiency.framework_overhead_GiB * GiB),
+        "comm_buffers": np.where((dp > 1) | (tp > 1) | (pp > 1), NCCL_BUFFER_BYTES, 0.0) * np.ones(np.shape(peak)),
+        "fragmentation": FRAGMENTATION * peak,
+    }
+    return memory, overhead

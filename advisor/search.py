@@ -17,11 +17,13 @@ from typing import Any, Optional
 import numpy as np
 
 from advisor.api import Estimate, PlanError, make_estimate, resolve_world
-from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, TIME_PARTS, Scalars, evaluate
+from advisor.estimate import TIME_PARTS, evaluate
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes, plan_kind  # noqa: F401
 from advisor.hardware import Hardware, load_hardware
+from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
 from advisor.model import ModelSpec, load_model
 from advisor.plans import Columns, Plan, TrainingSetup, violations
+from advisor.styles import Scalars
 
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 # (schedule code, virtual stages): 0 gpipe, 1 1f1b, 2 interleaved

@@ -15,8 +15,9 @@ from typing import Optional
 
 import numpy as np
 
-from advisor.estimate import MEMORY_PARTS, OVERHEAD_PARTS, Scalars, evaluate
+from advisor.estimate import evaluate
 from advisor.hardware import Hardware
+from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
 from advisor.model import ModelSpec
 from advisor.plans import Columns, Plan
 from advisor.search import (
@@ -26,6 +27,7 @@ from advisor.search import (
     pair_violations,
     tp_pp_pairs,
 )
+from advisor.styles import Scalars
 from advisor.units import GB
 
 
