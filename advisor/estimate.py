@@ -17,6 +17,7 @@ Every part is in ``breakdown`` and the step time is their sum. Memory: ``memory.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -94,9 +95,9 @@ def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, rc: Any, ag
         return sum(np.maximum(window * c, x) - window * c for c, x in zip(share_c, comm_during))
 
     next_gather = [ag[(k + 1) % 4] for k in range(4)]
-    fwd = exposed(np.maximum(lt.fwd_s, lt.host_fwd_s), next_gather)
-    rcp = exposed(np.maximum(lt.recompute_s, lt.host_recompute_s), next_gather)
-    bwd = exposed(np.maximum(lt.bwd_s, lt.host_bwd_s), [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
+    fwd = exposed(lt.fwd_s, next_gather)
+    rcp = exposed(lt.recompute_s, next_gather)
+    bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
     full = np.asarray(rc) == int(Recompute.full)
     return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
 
@@ -137,6 +138,10 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     per_ar = np.where(sp, ag_rs, ar)  # sequence parallel: each all-reduce becomes an all-gather + reduce-scatter
     n_ar = 4.0 + np.where(rc == int(Recompute.full), 2.0, 0.0)
     tp_mb = np.where(tp > 1, layers_stage * n_ar * per_ar, 0.0)
+    # one layer's GPU time with its TP collectives in line (2 forward, 2 backward, 2 more when recomputed)
+    tp_coll = np.where(tp > 1, per_ar, 0.0)
+    lw = replace(lt, fwd_s=layer_fwd + 2.0 * tp_coll, bwd_s=layer_bwd + 2.0 * tp_coll,
+                 recompute_s=layer_rc + np.where(rc == int(Recompute.full), 2.0 * tp_coll, 0.0))
     # Outside the layers (megatron-core): the vocab-parallel embedding all-reduces its output, the LM head's
     # input gradient is all-reduced in backward (under SP: reduce-scatter, all-gather + reduce-scatter), and
     # the vocab-parallel cross-entropy all-reduces three fp32 values per token (max, target logit, sum of exp).
@@ -209,9 +214,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # embedding table, at least bucket_cap_mb) can never overlap with backward.
     last_bucket = np.minimum(np.maximum(DDP_BUCKET_BYTES, m.vocab * m.d_model / tp * gb), grad_comm_bytes)
     bucket = comm.collective_time(Collective.all_reduce, dp, last_bucket, hw, dp_per_node)
-    # The backward of the last micro-batch, which the gradient reduction can hide behind: it lasts as long
-    # as the GPU's work or, when the host is the bottleneck, as long as the host takes to issue it.
-    last_bwd = np.maximum(bwd_mb + rc_mb, layers_stage * (lt.host_bwd_s + lt.host_recompute_s))
+    # The backward of the last micro-batch, which the gradient reduction can hide behind: its GPU work
+    # (a host-bound backward lasts longer, but that excess is charged per micro-batch; see fwd_comp below).
+    last_bwd = bwd_mb + rc_mb + tp_mb * (n_ar - 2.0) / n_ar
     # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned
     # host memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: modelled
     # as no overlap.
@@ -222,15 +227,17 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # ZeRO-3 / FULL_SHARD: all-gather in forward and again in backward. Prefetch overlaps them with compute;
     # the first layer's gather is always exposed.
     per_layer_ag = ag_param / np.maximum(layers_stage, 1)
-    # windows the gathers hide behind: the forward / backward wall time (GPU work, or host issue time when longer)
-    fwd_comp = layers_stage * np.maximum(layer_fwd, lt.host_fwd_s)
-    bwd_comp = layers_stage * np.maximum(layer_bwd + layer_rc, lt.host_bwd_s + lt.host_recompute_s)
+    # windows the gathers hide behind: the forward / backward GPU work with its TP collectives. A host-bound
+    # phase lasts longer and would hide more, but the host's excess is charged per micro-batch, not per
+    # phase; counting it here too would let a faster host make a step slower. Conservative when host-bound.
+    fwd_comp = layers_stage * lw.fwd_s
+    bwd_comp = layers_stage * (lw.bwd_s + lw.recompute_s)
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
     z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
     z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
     z3_fwd = z2_fwd
     if np.any(megatron & (zero >= 3)):  # Megatron-DeepSpeed's ZeRO-3: its own coordinator (see the function)
-        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lt, layers_stage, rc, per_layer_ag, rs_grad / np.maximum(layers_stage, 1))
+        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lw, layers_stage, rc, per_layer_ag, rs_grad / np.maximum(layers_stage, 1))
         z3_fwd = np.where(megatron, ds_fwd, z2_fwd)
         z3_bwd = np.where(megatron, ds_bwd, z3_bwd)
     z23_exposed_mb = np.where(zero >= 3, z3_fwd + z3_bwd, z2_fwd + z2_bwd)

@@ -47,7 +47,8 @@ def models(draw):
 
 
 def scaled(hw: Hardware, **factors) -> Hardware:
-    """A copy of a profile with bandwidths / peaks / memory multiplied (keys: intra, inter, flops, hbm, memory)."""
+    """A copy of a profile with bandwidths / peaks / memory multiplied (keys: intra, inter, flops, hbm, memory)
+    and its host's per-kernel launch and GEMM-call costs divided (key: host)."""
     d = hw.model_dump(mode="json", exclude_none=True)
     for link, f in (("intra_node", factors.get("intra", 1.0)), ("inter_node", factors.get("inter", 1.0))):
         for key in ("bandwidth_GBps", "bandwidth_Gbps"):
@@ -56,6 +57,8 @@ def scaled(hw: Hardware, **factors) -> Hardware:
     d["gpu"]["peak_tflops"] = {k: v * factors.get("flops", 1.0) for k, v in d["gpu"]["peak_tflops"].items()}
     d["gpu"]["memory_bandwidth_GBps"] *= factors.get("hbm", 1.0)
     d["gpu"]["memory_GiB"] *= factors.get("memory", 1.0)
+    for key in ("kernel_launch_us", "matmul_host_us"):
+        d["efficiency"][key] /= factors.get("host", 1.0)
     if "gpus_per_node" in factors:
         d["gpus_per_node"] = factors["gpus_per_node"]
     return Hardware.model_validate(d)
@@ -153,7 +156,7 @@ def test_memory_never_grows_with_pp(case):
     assert e2.memory.peak_bytes <= e1.memory.peak_bytes * (1 + MONOTONE_REL), (kw, e1.memory.parts, e2.memory.parts)
 
 
-@pytest.mark.parametrize("what", ["intra", "inter", "flops", "hbm"])
+@pytest.mark.parametrize("what", ["intra", "inter", "flops", "hbm", "host"])
 @settings(max_examples=60, **SETTINGS)
 @given(cases, st.floats(1.0, 20.0))
 def test_more_bandwidth_or_flops_never_slows_a_step(what, case, factor):
