@@ -297,7 +297,9 @@ def validate_vtrain() -> DatasetReport:
             continue
         label = f"#{i} l{r.n_layers} h{r.d_model} gpus{r.gpus} gb{r.global_batch} mb{r.micro_batch} dp{r.dp} tp{r.tp} pp{r.pp}"
         points.append(_point(label, plan_kind(r.dp, r.tp, r.pp), est, r.iter_time_s))
-        keys[label] = dict(shape_gpus=(r.gpus, r.d_model, r.n_layers), job=(shape, r.gpus, r.global_batch))
+        keys[label] = dict(shape_gpus=(r.gpus, r.d_model, r.n_layers), job=(shape, r.gpus, r.global_batch),
+                           line=(shape, r.gpus, r.tp, r.pp, r.micro_batch), n_mb=r.global_batch / (r.dp * r.micro_batch),
+                           tp=r.tp)
     spearman = {
         "(gpus, d_model, n_layers)": rank_agreement(points, lambda p: keys[p.label]["shape_gpus"]),
         "(model, gpus, global batch)": rank_agreement(points, lambda p: keys[p.label]["job"]),
@@ -306,8 +308,46 @@ def validate_vtrain() -> DatasetReport:
     extra = {"top1_groups": len(regrets), "top1_regret_mean_pct": float(np.mean(regrets)) if regrets else math.nan,
              "top1_regret_max_pct": float(np.max(regrets)) if regrets else math.nan,
              "top1_exact_fraction": float(np.mean([g == 0 for g in regrets])) if regrets else math.nan}
+    lines = per_micro_batch_lines(points, keys)
+    extra.update(lines["extra"])
     return _report("vtrain", "vTrain: Megatron-DeepSpeed on 2/4/8 A100 (one node), fp16, full recompute",
-                   "step time (s)", len(rows), points, rejected, spearman=spearman, extra=extra)
+                   "step time (s)", len(rows), points, rejected, spearman=spearman, extra=extra, notes=lines["notes"])
+
+
+def per_micro_batch_lines(points: list[Point], keys: dict) -> dict:
+    """Split step times into per-step and per-micro-batch parts: t = a + b x (micro-batches per step).
+
+    In every group of runs that differ only in global batch (same model, GPUs, TP, PP, micro-batch) the
+    measured vTrain times lie on such a line to within 1e-12 (the dataset composes them that way), so the
+    model's error separates exactly into its error on b (the forward/backward of one micro-batch) and on a
+    (optimizer, gradient reduction, pipeline fill and drain).
+    """
+    groups = defaultdict(list)
+    for p in points:
+        groups[keys[p.label]["line"]].append(p)
+    resid, slope_err, icpt_ms, by_tp = [], [], [], defaultdict(list)
+    for members in groups.values():
+        n = np.array([keys[p.label]["n_mb"] for p in members])
+        if len(set(n)) < 2:
+            continue
+        design = np.vstack([np.ones_like(n), n]).T
+        meas = np.array([p.measured for p in members])
+        (a_m, b_m), (a_p, b_p) = (np.linalg.lstsq(design, y, rcond=None)[0] for y in (meas, np.array([p.predicted for p in members])))
+        resid.append(float(np.max(np.abs(design @ (a_m, b_m) - meas) / meas)))
+        slope_err.append(100.0 * (b_p / b_m - 1.0))
+        icpt_ms.append(1e3 * (a_p - a_m))
+        by_tp[keys[members[0].label]["tp"]].append(slope_err[-1])
+    if not slope_err:
+        return {"extra": {}, "notes": []}
+    extra = {"line_groups": len(slope_err), "measured_line_residual_max_pct": 100.0 * max(resid),
+             "per_micro_batch_mape_pct": float(np.mean(np.abs(slope_err))),
+             "per_step_part_median_error_ms": float(np.median(icpt_ms))}
+    tps = ", ".join(f"TP={t} {np.median(v):+.0f}%" for t, v in sorted(by_tp.items()))
+    notes = [f"measured times are exactly linear in micro-batches per step ({len(slope_err)} groups, residual "
+             f"<= {100.0 * max(resid):.1g}%): per-micro-batch time error {extra['per_micro_batch_mape_pct']:.1f}% "
+             f"(median by {tps}); per-step part (optimizer, gradient reduction, pipeline fill) "
+             f"{extra['per_step_part_median_error_ms']:+.1f} ms median"]
+    return {"extra": extra, "notes": notes}
 
 
 def top1_regrets(points: list[Point], key: Callable[[Point], tuple]) -> list[float]:
