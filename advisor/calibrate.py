@@ -112,11 +112,12 @@ def collective_points(rows: Iterable[dict], link: str, collective: str) -> tuple
 
 
 def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.ndarray,
-             judge_from_bytes: float = 0.0, minimax: bool = True) -> tuple[CommFit, dict]:
+             judge_from_bytes: float = 0.0, minimax: bool = True, share: float = 1.0) -> tuple[CommFit, dict]:
     """Fit ``link.fit`` to measured times of one collective; returns the CommFit and the fit stats.
 
     ``judge_from_bytes``: sizes below it are fitted with weight 0.3 and left out of the minimax polish
     (a profile is used for gradient buckets and activations of MiBs, not for latency-bound bytes).
+    ``share``: the fraction of the link's bandwidth the measured ranks had (advisor.comm.link_time).
     """
     from advisor.comm import link_time
 
@@ -135,7 +136,7 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
 
     def pred(x):
         vals = dict(zip(names, x), loop_MiB_per_rank=L)
-        return link_time(collective, n, S, link_with_fit(link, vals))
+        return link_time(collective, n, S, link_with_fit(link, vals), share)
 
     best = None
     for x0 in _starts(link, n, S, t, collective, names, L):
@@ -269,10 +270,15 @@ def log_r2(predicted: Any, measured: Any) -> float:
     return float(1 - np.sum((np.log(predicted) - lt) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30))
 
 
-def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0) -> FitReport:
+def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0,
+                share: float = 1.0) -> FitReport:
     from advisor.comm import link_time
 
-    p = link_time(collective, n, S, link)
+    return fit_report(link_time(collective, n, S, link, share), n, S, t, failed, what, judge_from_bytes)
+
+
+def fit_report(p, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0) -> FitReport:
+    """Quality of predicted times ``p`` against measured ``t`` (judged from ``judge_from_bytes`` up)."""
     rel = p / t - 1
     r2 = log_r2(p, t)
     judged = _judged(S, judge_from_bytes)
@@ -430,16 +436,19 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     links = {"intra": base.intra_node, "inter": base.inter_node}
     for cls in ("intra", "inter"):
         link, chosen = links[cls], None
+        # one GPU per node measures one GPU's share of its node's network (rail-optimised: its own NIC),
+        # the share advisor.comm gives each GPU when a whole node communicates
+        share = 1.0 if cls == "intra" else 1.0 / base.gpus_per_node
         for coll in COLLECTIVES:
             n, S, t, failed = collective_points(rows, cls, coll)
             if len(S) == 0:
                 if failed:
                     lines.append(f"{cls}-node {coll}: every size failed ({len(failed)}): nothing to fit")
                 continue
-            link_b = _widen_bandwidth(link, coll, n, S, t, lines, cls)
-            fit, _ = fit_link(link_b, coll, n, S, t, judge_from_bytes=judge_from_bytes)
+            link_b = _widen_bandwidth(link, coll, n, S, t, lines, cls, share)
+            fit, _ = fit_link(link_b, coll, n, S, t, judge_from_bytes=judge_from_bytes, share=share)
             fitted = link_b.model_copy(update={"fit": fit})
-            rep = link_report(fitted, coll, n, S, t, failed, f"{cls}-node {coll} (n={_ns(n)})", judge_from_bytes)
+            rep = link_report(fitted, coll, n, S, t, failed, f"{cls}-node {coll} (n={_ns(n)})", judge_from_bytes, share)
             lines.append(rep.line())
             lines += [f"  outlier n={a} size={b} B: model off by {100 * c:+.0f}%" for a, b, c in rep.outliers[:10]]
             lines += [f"  failed n={a} size={b}: {e}" for a, b, e in failed[:10]]
@@ -451,6 +460,9 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
         else:
             links[cls] = chosen[1]
             lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(chosen[1].fit))
+    world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, lines)
+    if world is not None:
+        links["inter"] = world
     eff, eff_lines = fit_efficiency(rows, base)
     lines += eff_lines
     if not eff_lines:
@@ -470,16 +482,48 @@ def _fit_text(f: CommFit) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in f.model_dump().items())
 
 
-def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str) -> Link:
+def links_update(links: dict) -> dict:
+    return {"intra_node": links["intra"], "inter_node": links["inter"]}
+
+
+def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, lines: list[str]) -> Optional[Link]:
+    """The inter-node link fitted to "world" rows (every GPU of several nodes) through advisor.comm's
+    multi-node paths, all-reduce preferred; None when there are none. Reports each collective's fit."""
+    from advisor.calibrate_network import fit_world
+
+    chosen = None
+    for coll in COLLECTIVES:
+        pts = [(float(r["n_ranks"]), float(r["per_node"]), float(r["size_bytes"]), float(r["time_s"])) for r in rows
+               if r.get("kind") == "collective" and r.get("link") == "world" and r.get("collective") == coll
+               and r.get("status", "ok") == "ok"]
+        if not pts:
+            continue
+        n, g, S, t = (np.array(v) for v in zip(*pts))
+        try:
+            link, rep = fit_world(base, coll, n, g, S, t, judge_from_bytes)
+        except CalibrationError as exc:
+            lines.append(f"world {coll}: {exc}")
+            continue
+        lines.append(rep.line())
+        if chosen is None or coll == "all_reduce":
+            chosen = (coll, link)
+    if chosen is None:
+        return None
+    lines.append(f"inter-node profile fit from world {chosen[0]} (replaces the one-GPU-per-node fit): " + _fit_text(chosen[1].fit))
+    return chosen[1]
+
+
+def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str, share: float = 1.0) -> Link:
     """A measured busbw above the link's datasheet rate (NVLS, SHARP) cannot be an efficiency <= 1:
     the link's rate is raised to the measured peak, and the report says so."""
     from advisor.comm import bus_factor
 
-    peak = float(np.max(bus_factor(coll, n) * S / t))
+    peak = float(np.max(bus_factor(coll, n) * S / t)) / share
     rate = link.bandwidth_bytes_per_s
     if peak <= 0.98 * rate:
         return link
     new = round(peak / 0.98 / GB, 1)
-    lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s exceeds the base link's "
+    per_gpu = f" ({peak * share / GB:.1f} GB/s from one GPU of {1 / share:g})" if share < 1 else ""
+    lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s{per_gpu} exceeds the base link's "
                  f"{rate / GB:.1f} GB/s; link bandwidth set to {new} GB/s")
     return link.model_copy(update={"bandwidth_GBps": new, "bandwidth_Gbps": None})

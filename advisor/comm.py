@@ -73,11 +73,13 @@ def bus_factor(coll: Collective | str, n: Any) -> Any:
 
 
 
-def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link) -> Any:
+def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link, share: float = 1.0) -> Any:
     """Seconds for one collective of ``size_bytes`` per rank over ``n`` ranks on one link class.
 
     ``size_bytes`` is the nccl-tests "size": the buffer each rank contributes (all-reduce), or the
     full output (all-gather) / full input (reduce-scatter). Zero ranks-1 or zero bytes cost nothing.
+    ``share``: the fraction of the link's bandwidth this rank gets when others use it at the same time
+    (a GPU's share of its node's NICs); it stretches the bandwidth term only, not the latency.
     """
     f = link.fit
     # 1-d and of one shape, so that the in-place steps below (the search costs millions of plans a
@@ -107,7 +109,7 @@ def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link) -> An
     eff = f.bandwidth_efficiency - (f.bandwidth_efficiency * f.group_penalty) / nn
     t = moved
     t *= bus_factor(coll, nn)
-    t /= link.bandwidth_bytes_per_s * eff
+    t /= (link.bandwidth_bytes_per_s * share) * eff
     t += (f.latency_us * us) + (f.latency_per_hop_us * us) * hops
     if f.floor_us > 0 or f.floor_per_hop_us > 0:
         np.maximum(t, (f.floor_us * us) + (f.floor_per_hop_us * us) * hops, out=t)
@@ -147,11 +149,11 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     # per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs show
     # (Narayanan et al. 2021 Table 2: the step time stays flat from 768 to 1536 GPUs).
     share = hw.inter_node_bytes_per_s_per_gpu / hw.inter_node.bandwidth_bytes_per_s
-    ring = np.maximum(link_time(c, n, S, hw.inter_node) / share, intra)
+    ring = np.maximum(link_time(c, n, S, hw.inter_node, share), intra)
     # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
     # nodes on each GPU's NIC share (all g NICs of a node busy at once), intra-node all-gather. NCCL has
     # no such algorithm for all-gather / reduce-scatter alone: those stay on the ring.
-    inter_part = link_time(c, k, S / g, hw.inter_node) / share
+    inter_part = link_time(c, k, S / g, hw.inter_node, share)
     if c is Collective.all_reduce:
         hier = (
             link_time(Collective.reduce_scatter, g, S, hw.intra_node)
@@ -170,7 +172,9 @@ PATH_NAMES = {0: "intra-node", 1: "ring across nodes", 2: "hierarchical across n
 
 
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
-    """Point-to-point send/recv between neighbouring pipeline stages (one message)."""
+    """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across nodes every
+    GPU of a stage sends at once, each on its share of the node's network)."""
     intra = link_time(Collective.send_recv, 2, size_bytes, hw.intra_node)
-    inter = link_time(Collective.send_recv, 2, size_bytes, hw.inter_node) * hw.gpus_per_node
+    share = hw.inter_node_bytes_per_s_per_gpu / hw.inter_node.bandwidth_bytes_per_s
+    inter = link_time(Collective.send_recv, 2, size_bytes, hw.inter_node, share)
     return np.where(np.asarray(across_nodes, dtype=bool), inter, intra)

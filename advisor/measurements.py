@@ -109,7 +109,7 @@ def repair_torn_tail(path: str | Path) -> int:
     return len(data) - keep
 
 
-_LINKS = ("intra", "inter")
+_LINKS = ("intra", "inter", "world")  # world: all GPUs of several nodes, with per_node
 _KINDS = ("collective", "matmul", "copy", "optimizer", "sdpa_fwd")
 
 
@@ -133,7 +133,12 @@ def _check_row(row: dict, where: str) -> dict:
             raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
     if kind == "collective":
         if row.get("link", "intra") not in _LINKS:
-            raise CalibrationError(f"{where}: unknown link {row.get('link')!r} (use intra or inter)")
+            raise CalibrationError(f"{where}: unknown link {row.get('link')!r} (use intra, inter or world)")
+        if row.get("link") == "world":
+            g = row.get("per_node")
+            if not (isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= float(row["n_ranks"])):
+                raise CalibrationError(f"{where}: a world row needs per_node, the GPUs per node (an integer from 1 "
+                                       f"to n_ranks; got {g!r})")
         if row.get("collective") not in COLLECTIVES:
             raise CalibrationError(f"{where}: unknown collective {row.get('collective')!r} (known: {', '.join(COLLECTIVES)})")
         if float(row["n_ranks"]) < 2:

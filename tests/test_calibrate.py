@@ -232,3 +232,51 @@ def test_cli_refit_from_nccl_tests_subset(tmp_path):
     n, S, t, _ = cal.collective_points(cal.read_results(src), "intra", "all_reduce")
     rel = np.abs(link_time("all_reduce", n, S, hw.intra_node) / t - 1)
     assert rel[S >= 4 * MiB].max() < 0.12
+
+
+def test_world_rows_fit_the_network_through_the_multi_node_paths():
+    """All-reduces over every GPU of 2 and 4 nodes, made by comm.collective_time with a known inter-node fit,
+    are reproduced (to 2%) by the profile `calibrate_profile` fits from them (the intra link held)."""
+    from advisor.comm import collective_time
+
+    base = load_hardware("dgx-a100")
+    truth_link = base.inter_node.model_copy(update={"fit": CommFit(latency_us=30.0, latency_per_hop_us=8.0,
+                                                                   bandwidth_efficiency=0.7, half_size_MiB=12.0,
+                                                                   half_size_exponent=0.4)})
+    truth = base.model_copy(update={"inter_node": truth_link})
+    n = np.repeat([16.0, 32.0], 12)
+    S = np.tile(2.0 ** np.arange(20, 32), 2)
+    t = collective_time("all_reduce", n, S, truth, 8)
+    rows = [{"kind": "collective", "link": "world", "collective": "all_reduce", "n_ranks": int(a), "per_node": 8,
+             "size_bytes": int(b), "time_s": float(c), "status": "ok"} for a, b, c in zip(n, S, t)]
+    hw, lines = cal.calibrate_profile(rows, base, "t", {"date": "x"})
+    assert any("inter-node profile fit from world all_reduce" in ln for ln in lines)
+    got = collective_time("all_reduce", n, S, hw, 8)
+    assert np.abs(got / t - 1).max() < 0.02
+    assert hw.intra_node == base.intra_node
+
+
+def test_world_row_without_per_node_is_one_line_error(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"kind": "collective", "link": "world", "collective": "all_reduce", "n_ranks": 16, '
+                 '"size_bytes": 1048576, "time_s": 0.001}\n')
+    with pytest.raises(AdvisorError, match="per_node"):
+        cal.read_results(p)
+
+
+def test_one_gpu_per_node_rows_fit_that_gpus_share_of_the_network():
+    """A sweep over one GPU per node measures one GPU's NIC share; the fitted profile must reproduce it when
+    advisor.comm gives that GPU 1/gpus_per_node of the node's network, not all of it."""
+    base = load_hardware("dgx-a100")
+    share = 1.0 / base.gpus_per_node
+    truth = base.inter_node.model_copy(update={"fit": CommFit(latency_us=20.0, latency_per_hop_us=5.0,
+                                                              bandwidth_efficiency=0.8, half_size_MiB=4.0,
+                                                              half_size_exponent=0.5)})
+    n = np.repeat([2.0, 4.0], 12)
+    S = np.tile(2.0 ** np.arange(20, 32), 2)
+    t = link_time("all_reduce", n, S, truth, share)
+    rows = [{"kind": "collective", "link": "inter", "collective": "all_reduce", "n_ranks": int(a),
+             "size_bytes": int(b), "time_s": float(c), "status": "ok"} for a, b, c in zip(n, S, t)]
+    hw, _ = cal.calibrate_profile(rows, base, "t", {"date": "x"})
+    got = link_time("all_reduce", n, S, hw.inter_node, share)
+    assert np.abs(got / t - 1).max() < 0.02

@@ -79,3 +79,16 @@ def test_hung_rank_is_named(tmp_path, monkeypatch):
                         "pathlib.Path(sys.argv[2], 'rank'+r).write_text('1 2 0') if r=='0' else time.sleep(60)")
     with pytest.raises(Exception, match="rank 1 made no progress"):
         launch.launch_local(BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=2), 2, progress=lambda *a: None)
+
+
+def test_measurement_plan_adds_the_whole_world_across_nodes():
+    """On several nodes the sweep covers one GPU per node (the network alone) and every GPU (the path data
+    parallelism runs); world rows carry the GPUs per node the fit needs."""
+    from validation.microbench import BenchConfig, collective_row, measurement_plan
+
+    cfg = BenchConfig(sizes=[1 << 20], collectives=["all_reduce"], p2p=False)
+    groups = {(link, tuple(ranks)) for link, ranks, _, _ in measurement_plan(cfg, 16, 8)}
+    assert ("inter", (0, 8)) in groups and ("world", tuple(range(16))) in groups
+    assert not any(link == "world" for link, _ in {(link, r) for link, r in groups if len(r) <= 8})
+    assert {link for link, _, _, _ in measurement_plan(cfg, 8, 8)} == {"intra"}
+    assert collective_row("world", "all_reduce", 16, 1 << 20, [1e-3], 8)["per_node"] == 8

@@ -92,3 +92,30 @@ def test_more_bandwidth_never_slower():
 def test_pcie_slower_than_nvlink():
     nv, pcie = load_hardware("titan-rtx-nvlink"), load_hardware("titan-rtx-pcie")
     assert collective_time("all_reduce", 2, 5e8, pcie, 2) > 3 * collective_time("all_reduce", 2, 5e8, nv, 2)
+
+
+def test_a_gpus_network_share_stretches_bandwidth_not_latency():
+    """Every GPU of a node sending at once gets 1/gpus_per_node of the node's NICs: the bytes take 8x as long
+    on a DGX A100, the start-up latency does not (it was multiplied too, until 2026-11-22)."""
+    from advisor.comm import p2p_time
+
+    hw = load_hardware("dgx-a100")
+    alone = link_time("send_recv", 2, 1.0, hw.inter_node)
+    assert float(p2p_time(1.0, hw, True)) == pytest.approx(float(alone), rel=1e-3)  # latency-bound: no 8x
+    big = 2.0**30
+    per_gpu = float(link_time("send_recv", 2, big, hw.inter_node, 1 / 8)) - float(alone)
+    node = float(link_time("send_recv", 2, big, hw.inter_node)) - float(alone)
+    assert per_gpu == pytest.approx(8 * node, rel=1e-3)
+
+
+def test_aws_p4d_fit_reproduces_the_published_two_node_sweep():
+    """validation/data/published_collectives.yaml, aws_p4d_2node_16gpu_efa_allreduce (nccl-tests, 2x p4d, 16 ranks):
+    the shipped aws-p4d profile is within 10% at every size from 1 MiB (python -m validation.fit_collectives)."""
+    from validation.datasets import load_published_collectives
+
+    entry = next(e for e in load_published_collectives() if e["id"] == "aws_p4d_2node_16gpu_efa_allreduce")
+    hw = load_hardware("aws-p4d")
+    pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in entry["measurements"] if m["size_bytes"] >= 2**20]
+    S, t = (np.array(v, dtype=float) for v in zip(*pts))
+    got = collective_time("all_reduce", 16, S, hw, 8)
+    assert len(S) == 13 and np.abs(got / t - 1).max() < 0.10

@@ -52,7 +52,8 @@ def measurement_plan(cfg: BenchConfig, world: int, local: int) -> list[tuple[str
     intra_sizes = sorted({g for g in (2, 4, 8, 16, 32, 64, local) if 2 <= g <= local})
     groups = [("intra", list(range(g))) for g in intra_sizes]
     if nodes > 1:
-        groups.append(("inter", [k * local for k in range(nodes)]))
+        groups.append(("inter", [k * local for k in range(nodes)]))  # one GPU per node: the network alone
+        groups.append(("world", list(range(world))))  # every GPU: what data parallelism across nodes runs
     plan = []
     for link, ranks in groups:
         for coll in cfg.collectives:
@@ -106,12 +107,15 @@ def time_collective(coll: str, size: int, group, ranks: list[int], cfg: BenchCon
     return t.tolist()
 
 
-def collective_row(link: str, coll: str, n: int, size: int, times: list[float]) -> dict:
+def collective_row(link: str, coll: str, n: int, size: int, times: list[float], per_node: int | None = None) -> dict:
     med = statistics.median(times)
     algbw = size / med
-    return {"kind": "collective", "link": link, "collective": coll, "n_ranks": n, "size_bytes": size,
-            "time_s": med, "time_min_s": min(times), "time_max_s": max(times), "iters": len(times),
-            "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * float(bus_factor(coll, n)) / 1e9, "status": "ok"}
+    row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": n, "size_bytes": size,
+           "time_s": med, "time_min_s": min(times), "time_max_s": max(times), "iters": len(times),
+           "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * float(bus_factor(coll, n)) / 1e9, "status": "ok"}
+    if per_node:
+        row["per_node"] = per_node
+    return row
 
 
 def compute_rows(device, cpu: bool) -> list[dict]:
@@ -202,7 +206,7 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
                 continue
             try:
                 times = time_collective(coll, size, groups[tuple(ranks)], ranks, cfg, device)
-                row = collective_row(link, coll, len(ranks), size, times)
+                row = collective_row(link, coll, len(ranks), size, times, local if link == "world" else None)
             except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
                 row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
                        "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
