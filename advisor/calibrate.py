@@ -14,10 +14,9 @@ Fits
   fit of t = a + b S + c sqrt(S) + d log(S) + e ceil(S / (L n)) over the judged sizes; the nonlinear fit
   then runs at that L. NCCL's two protocols (advisor.comm: LL128 and Simple's pipeline fill) are fitted
   like any other term, from a start that has both.
-- ComputeEfficiency: matmul_max and matmul_half_dim per precision from t = F / (peak * max * n/(n+h) *
-  k/(k+h)); memory_bandwidth from copies (bytes read + written / s over the datasheet); optimizer
-  bandwidth from optimizer steps at 28 bytes/param for AdamW (read p, g, m, v; write p, m, v in fp32)
-  and 20 for SGD with momentum (read p, g, buf; write p, buf).
+- ComputeEfficiency (advisor.calibrate_compute): GEMM, fused attention, copy, element-wise and optimizer
+  efficiencies from kernel and optimizer measurements;
+- the inter-node link from collectives over every GPU of several nodes (advisor.calibrate_network).
 
 Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and lists outliers
 (relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
@@ -31,7 +30,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from advisor.hardware import CommFit, ComputeEfficiency, Hardware, Link
+from advisor.hardware import CommFit, Hardware, Link
 from advisor.measurements import (  # noqa: F401  (re-exported: calibrate is the public entry point)
     COLLECTIVES,
     CalibrationError,
@@ -52,8 +51,6 @@ OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed
 # weighting the mean twice picks, among near-minimax fits, one that is also right on typical sizes.
 MEAN_WEIGHT = 2.0
 LOOP_GRID_MIB = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
-ADAMW_BYTES_PER_PARAM = 28.0  # 7 fp32 accesses: read p, g, m, v; write p, m, v
-SGD_BYTES_PER_PARAM = 20.0  # 5 fp32 accesses: read p, g, buf; write p, buf
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -289,140 +286,6 @@ def fit_report(p, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.
                      float(np.abs(rel[judged]).mean()), outliers, failed, note)
 
 
-# ---------------------------------------------------------------------------------------------- compute
-# A GEMM sweep timed back to back from Python bottoms out at the host's cost of issuing one call: the
-# smallest shapes all take the same time however few FLOPs they do (reference/h100/kernels.jsonl: 1024^3,
-# 1024x768x2304 and 1024x3072x768 all ~34.7 us). Points within this factor of the sweep's fastest time
-# measure the host, not the GPU, and are left out of the fit (counted in its report).
-HOST_FLOOR_FACTOR = 1.3
-
-
-def fit_matmul(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, float, float, FitReport]]:
-    """Per precision (matmul_max, matmul_half_dim, matmul_fixed_us) from
-    t = F / (peak * max * n/(n+h) * k/(k+h)) + fixed, fitted on the GPU-bound points."""
-    from scipy.optimize import least_squares
-
-    out: dict[str, tuple[float, float, float, FitReport]] = {}
-    by_math: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("kind") == "matmul" and r.get("status", "ok") == "ok":
-            by_math.setdefault(r.get("math") or _math_of(r), []).append(r)
-    for math, rs in sorted(by_math.items()):
-        if math not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
-            raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16 or fp8")
-        m, k, nn = (np.array([float(r[c]) for r in rs]) for c in ("m", "k", "n"))
-        t = np.array([float(r["time_s"]) for r in rs])
-        F = 2 * m * k * nn
-        peak = hw.gpu.peak_flops_per_s(math)
-        gpu = t > HOST_FLOOR_FACTOR * t.min()
-        if gpu.sum() < 3:  # too few GPU-bound shapes to separate the fixed time: fit the two-parameter form
-            gpu = np.ones_like(t, dtype=bool)
-            fixed_bound = 1e-9
-        else:
-            fixed_bound = 1e4
-
-        def model(x):
-            return F / (peak * x[0] * nn / (nn + x[1]) * k / (k + x[1])) + x[2] * 1e-6
-
-        x = least_squares(lambda x: np.log(model(x)[gpu] / t[gpu]), [0.7, 64.0, 0.0],
-                          bounds=([1e-6, 0.0, 0.0], [1.0, 1e5, fixed_bound])).x
-        rel = model(x)[gpu] / t[gpu] - 1
-        r2 = log_r2(model(x)[gpu], t[gpu])
-        note = "" if gpu.all() else f"{int((~gpu).sum())} host-bound points (< {HOST_FLOOR_FACTOR} x the fastest) left out"
-        rep = FitReport(f"matmul {math}", int(gpu.sum()), float(r2), float(np.abs(rel).max()), float(np.abs(rel).mean()),
-                        [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m[gpu], k[gpu], nn[gpu], rel)
-                         if abs(e) > OUTLIER_REL], note=note)
-        out[math] = (round(float(x[0]), 4), round(float(x[1]), 1), round(float(x[2]), 1), rep)
-    return out
-
-
-def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dict[str, float], list[str]]:
-    """memory_bandwidth from copies, optimizer_bandwidth per implementation; lines saying how."""
-    hbm = hw.gpu.memory_bandwidth_bytes_per_s
-    notes: list[str] = []
-    copies = [float(r["bytes_moved"]) / float(r["time_s"]) for r in rows
-              if r.get("kind") == "copy" and r.get("status", "ok") == "ok"]
-    mem = None
-    if copies:
-        mem = round(min(1.0, max(copies) / hbm), 4)
-        notes.append(f"copy: {max(copies) / GB:.1f} GB/s (best of {len(copies)}) = {mem:.3f} of {hbm / GB:.0f} GB/s")
-    opt: dict[str, float] = {}
-    for impl in sorted({r.get("optimizer") for r in rows if r.get("kind") == "optimizer"} - {None}):
-        per_param = SGD_BYTES_PER_PARAM if impl.startswith("sgd") else ADAMW_BYTES_PER_PARAM
-        rates = [float(r["params"]) * per_param / float(r["time_s"]) for r in rows
-                 if r.get("kind") == "optimizer" and r.get("optimizer") == impl and r.get("status", "ok") == "ok"]
-        if rates:
-            opt[impl] = round(min(1.0, float(np.median(rates)) / hbm), 4)
-            notes.append(f"optimizer {impl}: {np.median(rates) / GB:.1f} GB/s at {per_param:.0f} B/param = {opt[impl]:.3f}")
-    return mem, opt, notes
-
-
-# torch.optim.AdamW(foreach=True) step = 8 foreach kernels over the parameters (mul_ for weight decay 8 B,
-# lerp_ 12, mul_ 8, addcmul_ 12, sqrt 8, div_ 8, add_ 8, addcdiv_ 16: 80 bytes per fp32 parameter, read
-# from torch/optim/adam.py _multi_tensor_adam): a measurement of PyTorch's element-wise kernels on
-# parameter-sized tensors, which is what activations' element-wise work runs on too.
-FOREACH_ADAMW_KERNEL_BYTES = 80.0
-
-
-def fit_elementwise(rows: list[dict], hw: Hardware) -> tuple[Optional[float], list[str]]:
-    rates = [float(r["params"]) * FOREACH_ADAMW_KERNEL_BYTES / float(r["time_s"]) for r in rows
-             if r.get("kind") == "optimizer" and r.get("optimizer") in ("adamw", "adamw-foreach", "foreach")
-             and r.get("status", "ok") == "ok"]
-    if not rates:
-        return None, []
-    frac = round(min(1.0, float(np.median(rates)) / hw.gpu.memory_bandwidth_bytes_per_s), 4)
-    return frac, [f"element-wise (foreach AdamW at {FOREACH_ADAMW_KERNEL_BYTES:.0f} B/param): {np.median(rates) / GB:.1f} GB/s = {frac:.3f}"]
-
-
-def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[tuple[float, float, FitReport]]:
-    """(attention_max, attention_half_sd) from causal fused-attention forward times:
-    t = (4 b h s^2 d / 2) / (peak_bf16 * max * s*d / (s*d + half_sd)) + fixed, where ``fixed`` is the bf16
-    GEMM fit's per-kernel time (one kernel; too few shapes are measured to fit it apart)."""
-    from scipy.optimize import least_squares
-
-    rs = [r for r in rows if r.get("kind") == "sdpa_fwd" and r.get("status", "ok") == "ok"
-          and all(c in r for c in ("b", "heads", "s", "d"))]
-    if len(rs) < 2:
-        return None
-    b, h, sq, d = (np.array([float(r[c]) for r in rs]) for c in ("b", "heads", "s", "d"))
-    t = np.array([float(r["time_s"]) for r in rs])
-    F = 4.0 * b * h * sq * sq * d / 2.0
-    peak = hw.gpu.peak_flops_per_s("bf16")
-
-    def model(x):
-        return F / (peak * x[0] * sq * d / (sq * d + x[1])) + fixed_us * 1e-6
-
-    x = least_squares(lambda x: np.log(model(x) / t), [0.6, 6e4], bounds=([1e-6, 0.0], [1.0, 1e9])).x
-    rel = model(x) / t - 1
-    r2 = log_r2(model(x), t)
-    rep = FitReport("attention (fused, causal, forward)", len(t), float(r2), float(np.abs(rel).max()),
-                    float(np.abs(rel).mean()), note=f"with the bf16 GEMM's {fixed_us:.1f} us per kernel")
-    return round(float(x[0]), 4), round(float(x[1]), -1), rep
-
-
-def fit_efficiency(rows: list[dict], hw: Hardware) -> tuple[ComputeEfficiency, list[str]]:
-    """The base profile's ComputeEfficiency with every measured field replaced."""
-    eff = hw.efficiency.model_dump()
-    lines: list[str] = []
-    for math, (mx, half, fixed, rep) in fit_matmul(rows, hw).items():
-        eff["matmul_max"][math] = mx
-        eff["matmul_half_dim"][math] = half
-        eff["matmul_fixed_us"][math] = fixed
-        lines.append(f"{rep.line()}: max {mx:.3f}, half_dim {half:.0f}, fixed {fixed:.1f} us per kernel")
-    att = fit_attention(rows, hw, eff["matmul_fixed_us"].get("bf16", 0.0))
-    if att is not None:
-        eff["attention_max"], eff["attention_half_sd"], rep = att
-        lines.append(f"{rep.line()}: max {att[0]:.3f}, half_sd {att[1]:.0f}")
-    mem, opt, notes = fit_bandwidths(rows, hw)
-    if mem is not None:
-        eff["memory_bandwidth"] = max(mem, 1e-6)
-    eff["optimizer_bandwidth"].update({k: max(v, 1e-6) for k, v in opt.items()})
-    ew, ew_notes = fit_elementwise(rows, hw)
-    if ew is not None:
-        eff["elementwise_bandwidth"] = ew
-    return ComputeEfficiency(**eff), lines + notes + ew_notes
-
-
 # ---------------------------------------------------------------------------------------------- profile
 def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: dict,
                       judge_from_bytes: float = 4 * MiB) -> tuple[Hardware, list[str]]:
@@ -463,6 +326,8 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, lines)
     if world is not None:
         links["inter"] = world
+    from advisor.calibrate_compute import fit_efficiency
+
     eff, eff_lines = fit_efficiency(rows, base)
     lines += eff_lines
     if not eff_lines:

@@ -28,8 +28,8 @@ TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install 
 
 @click.command("calibrate")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="profile YAML to write")
-@click.option("--from", "from_", type=click.Path(), default=None,
-              help="refit from saved measurements: results JSONL, nccl-tests CSV(s) or a folder")
+@click.option("--from", "from_", type=click.Path(), multiple=True,
+              help="refit from saved measurements: results JSONL, nccl-tests CSV(s) or a folder (repeatable)")
 @click.option("--base", default="dgx-a100", show_default=True, help="shipped profile giving the datasheet figures")
 @click.option("--name", default=None, help="profile name (default: the --out file's stem)")
 @click.option("--nproc", type=int, default=0, help="local workers to start (default: GPUs, or 2 on CPU)")
@@ -50,6 +50,7 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     base_hw = load_hardware(base)
     # every option is checked before a sweep that can take minutes
     judge_bytes = cal.parse_sizes(judge_from)[0]
+    from_ = list(from_) or None
     if from_ is None:
         if min(cal.parse_sizes(sizes)) <= 0:
             raise AdvisorError(f"--sizes {sizes!r}: sizes must be positive, e.g. 1K:1G")
@@ -58,18 +59,18 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
         if not (timeout_s > 0 and timeout_s < 1e6):
             raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
 
-    results = Path(from_) if from_ else out_path.with_suffix(".jsonl")
+    sources = [Path(p) for p in from_] if from_ else [out_path.with_suffix(".jsonl")]
     info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node()}
     if from_ is None:
-        info.update(_measure(results, nproc, backend, sizes, iters, warmup, timeout_s, compute))
+        info.update(_measure(sources[0], nproc, backend, sizes, iters, warmup, timeout_s, compute))
         if info.pop("follower", False):
             return  # a torchrun rank other than 0: rank 0 fits and writes
     else:
-        info["refit_from"] = str(results)
-    rows = cal.read_results(results)
+        info["refit_from"] = ", ".join(map(str, sources))
+    rows = [row for src in sources for row in cal.read_results(src)]
     if not rows:
-        raise AdvisorError(f"{results}: no measurements to fit")
-    info["results"] = str(results)
+        raise AdvisorError(f"{', '.join(map(str, sources))}: no measurements to fit")
+    info["results"] = ", ".join(map(str, sources))
     if cal.on_cpu_note(info):
         click.echo(cal.on_cpu_note(info), err=True)
     hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor import calibrate as cal
+from advisor import calibrate_compute as calc
 from advisor.comm import bus_factor, link_time
 from advisor.errors import AdvisorError
 from advisor.hardware import PROFILE_DIR, CommFit, load_hardware
@@ -118,7 +119,7 @@ def test_fit_with_one_group_size_fixes_the_per_hop_terms():
 def test_h100_kernels_and_optimizer_fit_match_the_shipped_efficiencies():
     hw = load_hardware("dgx-h100")
     rows = cal.read_results(H100 / "kernels.jsonl") + cal.read_results(H100 / "optim.jsonl")
-    eff, lines = cal.fit_efficiency(rows, hw)
+    eff, lines = calc.fit_efficiency(rows, hw)
     assert eff.memory_bandwidth == pytest.approx(2906.7 / 3350, abs=0.002)  # best copy / datasheet
     assert eff.optimizer_bandwidth["adamw"] == pytest.approx(0.27, abs=0.02)  # 28 B/param, median over sizes
     assert eff.optimizer_bandwidth["adamw-fused"] == pytest.approx(0.726, abs=0.03)
@@ -136,7 +137,7 @@ def test_h100_kernels_and_optimizer_fit_match_the_shipped_efficiencies():
 
     fitted = hw.model_copy(update={"efficiency": eff})
     for r in rows:
-        if r["kind"] == "matmul" and r["math"] == "bf16" and r["time_s"] > cal.HOST_FLOOR_FACTOR * 34.6e-6:
+        if r["kind"] == "matmul" and r["math"] == "bf16" and r["time_s"] > calc.HOST_FLOOR_FACTOR * 34.6e-6:
             pred = gemm_time(fitted, "bf16", 2.0 * r["m"] * r["n"] * r["k"], r["n"], r["k"])
             assert float(pred) == pytest.approx(r["time_s"], rel=0.15), r
 
@@ -150,7 +151,7 @@ def test_matmul_fit_recovers_a_known_fixed_time_and_skips_the_host_floor():
         gpu = 2.0 * m * k * n / (peak * 0.7 * n / (n + 90.0) * k / (k + 90.0)) + 20e-6
         rows.append({"kind": "matmul", "math": "bf16", "m": m, "k": k, "n": n, "time_s": gpu, "status": "ok"})
     rows += [{"kind": "matmul", "math": "bf16", "m": 256, "k": 256, "n": 256, "time_s": 15e-6, "status": "ok"}]
-    mx, half, fixed, rep = cal.fit_matmul(rows, hw)["bf16"]
+    mx, half, fixed, rep = calc.fit_matmul(rows, hw)["bf16"]
     assert (mx, half, fixed) == (pytest.approx(0.7, abs=0.002), pytest.approx(90.0, abs=1.0), pytest.approx(20.0, abs=0.2))
     assert rep.points == 7 and "1 host-bound" in rep.note
 
@@ -280,3 +281,20 @@ def test_one_gpu_per_node_rows_fit_that_gpus_share_of_the_network():
     hw, _ = cal.calibrate_profile(rows, base, "t", {"date": "x"})
     got = link_time("all_reduce", n, S, hw.inter_node, share)
     assert np.abs(got / t - 1).max() < 0.02
+
+
+@needs_ref
+def test_cli_from_repeated_reads_every_source(tmp_path):
+    """`--from` twice (an nccl-tests folder and the H100 optimizer file) fits from both, not the last one only."""
+    src = tmp_path / "csv"
+    src.mkdir()
+    lines = (A100 / "all_reduce_8gpu.csv").read_text().splitlines()
+    (src / "all_reduce_8gpu.csv").write_text("\n".join([lines[0]] + lines[1::64]) + "\n")
+    optim = H100 / "optim.jsonl"
+    from advisor.cli_calibrate import calibrate
+
+    out = tmp_path / "both.yaml"
+    res = CliRunner().invoke(calibrate, ["--from", str(src), "--from", str(optim), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "intra-node all_reduce (n=8)" in res.output and "optimizer adamw-fused" in res.output
+    assert load_hardware(out).calibration["refit_from"] == f"{src}, {optim}"
