@@ -20,6 +20,7 @@ from advisor.model import ModelSpec, load_model
 from advisor.plans import (
     FSDP_TO_ZERO,
     Plan,
+    Precision,
     TrainingSetup,
     columns_of,
     plan_errors,
@@ -86,13 +87,31 @@ def resolve_world(hw: Hardware, gpus: Optional[int], nodes: Optional[int], plan_
     return plan_product or 1
 
 
+def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
+    """The precision to train in: the one asked for, if the GPU runs its math natively (a one-line error
+    otherwise), or by default bf16-mixed where the GPU has bf16 (Ampere and later), else fp16-mixed."""
+    gpu = hardware.gpu
+    default = "bf16-mixed" if gpu.runs("bf16") else ("fp16-mixed" if gpu.runs("fp16") else "fp32")
+    if precision is None:
+        return default
+    try:
+        math = MATH[Precision(precision)]
+    except ValueError:
+        return precision  # not a precision at all: TrainingSetup names the choices
+    if not gpu.runs(math):
+        raise PlanError(f"--precision {precision}: the {gpu.name} of profile {hardware.name} has no {math} math "
+                        f"(it lists {', '.join(sorted(gpu.peak_tflops))}); use {default}")
+    return precision
+
+
 def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, fsdp=None, sp=False,
                  schedule="1f1b", virtual_stages=None, micro_batch=1, global_batch=None, grad_accum=None,
-                 seq=1024, precision="bf16-mixed", attention="sdpa", recompute="none", optimizer="adamw",
+                 seq=1024, precision=None, attention="sdpa", recompute="none", optimizer="adamw",
                  overlap_grad_reduce=None, data_parallel="ddp", framework="auto", allow_tp_across_nodes=False):
     """Validate every option and return (model spec, hardware, plan, setup, world size)."""
     spec = load_model(model)
     hardware = load_hardware(hw)
+    precision = resolve_precision(hardware, precision)
     if fsdp is not None:
         if fsdp not in FSDP_TO_ZERO:
             raise PlanError(f"--fsdp {fsdp!r} is not one of {', '.join(FSDP_TO_ZERO)}")

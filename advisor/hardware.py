@@ -88,6 +88,12 @@ class GPU(Spec):
     def memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_GBps * GB
 
+    def runs(self, math: str) -> bool:
+        """Whether the GPU has this math precision natively (fp32 always): bf16 needs Ampere or later,
+        fp8 Hopper or Ada (no fallback: PyTorch refuses bf16 autocast on Turing, Transformer Engine fp8
+        below sm89)."""
+        return math == "fp32" or math in self.peak_tflops
+
     def peak_flops_per_s(self, math: str) -> float:
         """Datasheet dense peak for a math precision; a GPU without it falls back to what it can run."""
         fallback = {"fp8": "fp16", "bf16": "fp16", "fp16": "fp32", "tf32": "fp32", "fp32": "fp32"}

@@ -16,7 +16,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor.api import Estimate, PlanError, make_estimate, resolve_world
+from advisor.api import (
+    Estimate,
+    PlanError,
+    make_estimate,
+    resolve_precision,
+    resolve_world,
+)
 from advisor.estimate import TIME_PARTS, evaluate
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes, plan_kind  # noqa: F401
 from advisor.hardware import Hardware, load_hardware
@@ -157,8 +163,9 @@ class PlanSearch:
 
     def header(self) -> str:
         gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
+        prec = f", {self.scalars.precision.value}" if self.scalars is not None else ""
         return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {self.world_size}x {self.hardware.name}: "
-                f"{gb}, seq {self.seq_len}; {self.candidates:,} plans evaluated, {sum(self.rejected.values()):,} rejected, "
+                f"{gb}, seq {self.seq_len}{prec}; {self.candidates:,} plans evaluated, {sum(self.rejected.values()):,} rejected, "
                 f"ranked by {self.objective}")
 
     def notes(self) -> list[str]:
@@ -207,12 +214,13 @@ def _single_gpu_fits(m: ModelSpec, hw: Hardware, sc: Scalars) -> bool:
 
 
 def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq: int = 1024,
-         global_batch: Optional[int] = None, precision: str = "bf16-mixed", attention: str = "sdpa",
+         global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
          optimizer: str = "adamw", framework: str = "auto", memory_headroom: float = 0.05,
          objective: str = "time", top: int = 10, allow_tp_across_nodes: bool = False) -> PlanSearch:
     """Search every valid plan and return the ``top`` best by ``objective`` (Python API of `advisor plan`)."""
     spec = load_model(model)
     hardware = load_hardware(hw)
+    precision = resolve_precision(hardware, precision)
     if objective not in OBJECTIVES:
         raise PlanError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if not (0.0 <= memory_headroom < 1.0):

@@ -1,6 +1,8 @@
 """Estimates: API/CLI agreement, ZeRO paper memory accounting, invariants, published anchors."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -190,3 +192,21 @@ def test_pipeline_phases_start_and_end_drained():
     kw = dict(model="gpt2-medium", hw="dgx-a100", gpus=2, micro_batch=2, global_batch=16, seq=1024,
               precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
     assert estimate(pp=2, **kw).breakdown["host_overhead"] > 0.01
+
+
+def test_precision_must_be_one_the_gpu_runs_and_defaults_to_its_best():
+    # Turing (Titan RTX) has no bf16 (PyTorch refuses bf16 autocast there), Ampere no fp8 (Transformer
+    # Engine needs sm89+): asking for them is a one-line error naming the fix; the default is bf16-mixed
+    # where bf16 exists, else fp16-mixed.
+    assert estimate(model="gpt2", hw="titan-rtx-pcie").setup["precision"] == "fp16-mixed"
+    assert estimate(model="gpt2", hw="dgx-a100").setup["precision"] == "bf16-mixed"
+    assert estimate(model="gpt2", hw="dgx-h100", precision="fp8-mixed").setup["precision"] == "fp8-mixed"
+    for hw, p, fix in (("titan-rtx-nvlink", "bf16-mixed", "fp16-mixed"), ("dgx-a100", "fp8-mixed", "bf16-mixed"),
+                       ("titan-rtx-pcie", "bf16", "fp16-mixed")):
+        with pytest.raises(PlanError) as exc:
+            estimate(model="gpt2", hw=hw, precision=p)
+        msg = str(exc.value)
+        assert "\n" not in msg and p in msg and f"use {fix}" in msg
+    res = subprocess.run([sys.executable, "-m", "advisor.cli", "plan", "--model", "gpt2", "--hw", "dgx-a100",
+                          "--precision", "fp8-mixed"], capture_output=True, text=True)
+    assert res.returncode == 2 and "no fp8 math" in res.stderr + res.stdout and "Traceback" not in res.stderr
