@@ -31,7 +31,8 @@ The parameters are fitted per profile by ``advisor calibrate`` (advisor.calibrat
 
 Across nodes a group of n GPUs with g of them in each of k nodes is costed two ways, and the cheaper
 is taken and named (NCCL picks between ring and tree similarly):
-- ring bottleneck: busbw bounded by each GPU's share of its node's network (and the intra link).
+- ring bottleneck: busbw bounded by each GPU's share of its node's network (and the intra link); the share
+  stretches the bandwidth term only, the start-up latency is the link's (``link_time(..., share)``).
 - hierarchical (all-reduce only): reduce-scatter inside the node (g), all-reduce of S/g across the k
   nodes on each GPU's NIC share, all-gather inside the node (g): all of a node's NICs carry data.
 PCIe without peer-to-peer (NCCL_P2P_DISABLE=1, ``titan-rtx-pcie``) stages through host memory; the
