@@ -81,6 +81,15 @@ def test_vtrain_splits_into_per_step_and_per_micro_batch_parts(report):
     assert any("per-micro-batch time error" in n for n in vt.notes)
 
 
+def test_published_collective_sweeps_are_scored_from_the_fitted_range(report):
+    # validation/data/published_collectives.yaml: NVIDIA's DGX H100 sample (15 of its 32 sizes from 1 MiB) and the
+    # 2x p4d EFA run (13 of 30): 28 scored; the smaller sizes are reported, not scored
+    col = report.get("collectives")
+    assert (col.rows, col.compared) == (62, 28)
+    assert col.by_kind["aws-p4d (16 GPUs)"].mape_pct < 10
+    assert any("no low-latency protocol" in n for n in col.notes)
+
+
 def test_spearman_and_regret_on_a_known_ordering():
     """Helpers on hand-made points: a perfect ranking has rho 1 and regret 0; a reversed one rho -1."""
     pts = [v.Point(label=str(i), kind="k", predicted=i + 1.0, measured=10.0 * (i + 1)) for i in range(4)]

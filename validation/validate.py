@@ -434,8 +434,34 @@ def validate_published() -> DatasetReport:
     return rep.model_copy(update={"secondary": {"step time (s)": steps}})
 
 
+# Published collective sweeps (validation/data/published_collectives.yaml) run on a system a shipped profile
+# describes: entry id -> profile. They are the sweeps those profiles' links were fitted to, so this is a check
+# of the fits (and of the sizes below the fitted range), not an independent validation.
+COLLECTIVE_SWEEPS = {"nvidia_dgxc_dgxh100_8gpu_allreduce": "dgx-h100", "aws_p4d_2node_16gpu_efa_allreduce": "aws-p4d"}
+
+
+def validate_collectives() -> DatasetReport:
+    """Published nccl-tests sweeps on DGX H100 and 2x p4d vs the comm model with their profiles."""
+    entries = {e["id"]: e for e in ds.load_published_collectives()}
+    points, small = [], []
+    for pid, prof in COLLECTIVE_SWEEPS.items():
+        e, hw = entries[pid], _hardware(prof)
+        n, g = e["hardware"]["num_gpus"], e["hardware"]["gpus_per_node"]
+        for m in e["measurements"]:
+            t = float(comm.collective_time(Collective(e["collective"]), n, m["size_bytes"], hw, g))
+            pt = Point(label=f"{prof} {n} GPUs {m['size_bytes']} B", kind=f"{prof} ({n} GPUs)", predicted=t,
+                       measured=m["time_us"] * 1e-6)
+            (points if m["size_bytes"] >= MiB else small).append(pt)
+    worst_small = max(small, key=lambda p: abs(p.error_pct))
+    notes = [f"scored from 1 MiB, the fitted range; below it ({len(small)} sizes) the model has no low-latency "
+             f"protocol: worst {worst_small.label} {worst_small.error_pct:+.0f}%",
+             "these are the sweeps the dgx-h100 and aws-p4d links were fitted to: a check of the fits, not an independent test"]
+    return _report("collectives", "published nccl-tests all_reduce: DGX H100 (8 GPUs), 2x AWS p4d (16 GPUs, EFA)",
+                   "all-reduce time (s)", len(points) + len(small), points, Counter(), notes=notes)
+
+
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
-              "h100": validate_h100, "published": validate_published}
+              "collectives": validate_collectives, "h100": validate_h100, "published": validate_published}
 
 
 def run(names: Optional[list[str]] = None) -> Report:
