@@ -223,7 +223,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         raise ModelError(f"{origin}: malformed JSON ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(cfg, dict):
         raise ModelError(f"{origin}: config.json must be a JSON object")
-    name = Path(path).parent.name or Path(path).stem
+    p = Path(path)
+    # a model folder's config.json is named by its folder (Qwen2-7B/config.json); any other file by its stem
+    name = (p.resolve().parent.name if p.name == "config.json" else p.stem) or p.stem
     mtype = str(cfg.get("model_type", "")).lower()
     try:
         if "n_layer" in cfg or mtype == "gpt2":

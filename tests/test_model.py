@@ -66,3 +66,12 @@ def test_bad_config_json_is_one_line_error(tmp_path, text):
 def test_unknown_model_suggests():
     with pytest.raises(ModelError, match="did you mean gpt2-xl"):
         load_model("gpt2-xxl")
+
+
+def test_config_json_name_is_its_folder_other_files_their_stem(tmp_path):
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
+    (tmp_path / "Tiny-GPT").mkdir()
+    (tmp_path / "Tiny-GPT" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "qwen-like.json").write_text(json.dumps(cfg))
+    assert model_from_hf_config(tmp_path / "Tiny-GPT" / "config.json").name == "Tiny-GPT"
+    assert model_from_hf_config(tmp_path / "qwen-like.json").name == "qwen-like"
