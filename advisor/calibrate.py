@@ -153,6 +153,36 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
     return fit, {"loop_MiB_per_rank": L}
 
 
+LL_BELOW_BYTES = MiB  # NCCL's low-latency path carries the small messages: fitted on the sizes below this
+
+
+def fit_low_latency(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.ndarray,
+                    share: float = 1.0) -> Optional[tuple[Link, FitReport]]:
+    """The link with its low-latency path (``ll_latency_us``, ``ll_bandwidth_ratio``) fitted to the sizes below
+    LL_BELOW_BYTES, the rest of its fit held; None with fewer than 4 such sizes. A robust loss (soft L1 in
+    log time): small-message sweeps carry single slow points (a 68 us 32-byte all-reduce among 13 us ones)."""
+    from scipy.optimize import least_squares
+
+    from advisor.comm import link_time
+
+    small = S < LL_BELOW_BYTES
+    if small.sum() < 4:
+        return None
+    n_s, S_s, t_s = n[small], S[small], t[small]
+
+    def pred(x):
+        return link_time(collective, n_s, S_s, link_with_fit(link, {"ll_latency_us": x[0], "ll_bandwidth_ratio": x[1]}), share)
+
+    x0 = np.array([float(np.median(t_s[S_s <= np.quantile(S_s, 0.25)])) * 1e6, 0.3])
+    x = least_squares(lambda x: np.log(pred(x) / t_s), x0, bounds=([0.0, 1e-4], [1e4, 1.0]), loss="soft_l1",
+                      f_scale=0.05, x_scale="jac", max_nfev=2000).x
+    fitted = link.model_copy(update={"fit": CommFit(**{**link.fit.model_dump(), "ll_latency_us": round(float(x[0]), 4),
+                                                        "ll_bandwidth_ratio": round(float(x[1]), 6)})})
+    rep = fit_report(link_time(collective, n_s, S_s, fitted, share), n_s, S_s, t_s, [],
+                     f"low-latency path, {collective} below {LL_BELOW_BYTES / MiB:g} MiB")
+    return fitted, rep
+
+
 def _judged(S: np.ndarray, judge_from_bytes: float) -> np.ndarray:
     """Sizes the fit is judged on: from judge_from_bytes up, or all when the sweep has < 4 of those."""
     judged = S >= judge_from_bytes
@@ -316,13 +346,18 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
             lines += [f"  outlier n={a} size={b} B: model off by {100 * c:+.0f}%" for a, b, c in rep.outliers[:10]]
             lines += [f"  failed n={a} size={b}: {e}" for a, b, e in failed[:10]]
             if chosen is None or coll == "all_reduce" or (chosen[0] != "all_reduce" and len(S) > chosen[2]):
-                chosen = (coll, fitted, len(S))
+                chosen = (coll, fitted, len(S), (n, S, t, share))
         if chosen is None:
             why = "one node: only intra-node links measured" if cls == "inter" else "no intra-node measurements"
             lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
         else:
             links[cls] = chosen[1]
-            lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(chosen[1].fit))
+            ll = fit_low_latency(chosen[1], chosen[0], *chosen[3])
+            if ll is not None:
+                links[cls] = ll[0]
+                lines.append(f"{cls}-node {ll[1].line()}: start-up {ll[0].fit.ll_latency_us:.1f} us, "
+                             f"rate {ll[0].fit.ll_bandwidth_ratio:.3f} of the link")
+            lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(links[cls].fit))
     world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, lines)
     if world is not None:
         links["inter"] = world

@@ -25,8 +25,11 @@ tuner picks the protocol with the lower predicted time per call (src/graph/tunin
     eff(n, x) = bandwidth_efficiency * (1 - group_penalty / n)       large-message busbw / link rate;
                 * (x / (x + half_size)) ** half_size_exponent        small messages fill fewer channels
     floor(n)  = floor_us + floor_per_hop_us * (n - 1)               the smallest launch-to-completion time
-With the exponent at most 1, x / eff(n, x) never decreases with x, and both protocols' times never
-decrease with S: neither does their minimum.
+and where the profile has one, NCCL's low-latency path for small messages (LL; NVLS or tree on the
+systems that have them) is taken when faster:
+    t_LL      = ll_latency_us + bus_factor(n) * S / (ll_bandwidth_ratio * eff(n) * B_link)
+With the exponent at most 1, x / eff(n, x) never decreases with x, and every protocol's time never
+decreases with S: neither does their minimum.
 The parameters are fitted per profile by ``advisor calibrate`` (advisor.calibrate).
 
 Across nodes a group of n GPUs with g of them in each of k nodes is costed two ways, and the cheaper
@@ -114,6 +117,9 @@ def link_time(coll: Collective | str, n: Any, size_bytes: Any, link: Link, share
     t += (f.latency_us * us) + (f.latency_per_hop_us * us) * hops
     if f.floor_us > 0 or f.floor_per_hop_us > 0:
         np.maximum(t, (f.floor_us * us) + (f.floor_per_hop_us * us) * hops, out=t)
+    if f.ll_bandwidth_ratio > 0:  # the low-latency path, where it is faster (small messages)
+        ll = (f.ll_latency_us * us) + S * bus_factor(coll, nn) / ((link.bandwidth_bytes_per_s * share) * eff * f.ll_bandwidth_ratio)
+        np.minimum(t, ll, out=t)
     t[(n <= 1) | (S <= 0)] = 0.0
     return t.reshape(shape)
 

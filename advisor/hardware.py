@@ -126,6 +126,11 @@ class CommFit(Spec):
     ll128_bandwidth_ratio: float = Field(default=0.0, ge=0, le=1.0)
     floor_us: float = Field(default=0.0, ge=0, le=1e6)
     floor_per_hop_us: float = Field(default=0.0, ge=0, le=1e6)
+    # NCCL's low-latency path for small messages (LL, and NVLS/tree where NCCL picks them): a start-up of
+    # ll_latency_us and a rate of ll_bandwidth_ratio x the link's (0: no such path). Fitted below 1 MiB at one
+    # group size, so the start-up does not grow with the ranks here.
+    ll_latency_us: float = Field(default=0.0, ge=0, le=1e6)
+    ll_bandwidth_ratio: float = Field(default=0.0, ge=0, le=1.0)
 
 
 class Link(Spec):

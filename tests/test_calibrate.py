@@ -298,3 +298,18 @@ def test_cli_from_repeated_reads_every_source(tmp_path):
     assert res.exit_code == 0, res.output
     assert "intra-node all_reduce (n=8)" in res.output and "optimizer adamw-fused" in res.output
     assert load_hardware(out).calibration["refit_from"] == f"{src}, {optim}"
+
+
+def test_low_latency_path_is_fitted_below_one_mib():
+    """Times made by link_time with a known low-latency path (14 us, 0.3 of the link) over 8 B .. 512 KiB and a
+    bulk fit above are reproduced from the small sizes alone (to 2%), with the bulk fit held."""
+    base = load_hardware("dgx-h100").intra_node
+    truth = base.model_copy(update={"fit": CommFit(**{**base.fit.model_dump(), "ll_latency_us": 14.0,
+                                                         "ll_bandwidth_ratio": 0.3})})
+    S = 2.0 ** np.arange(3, 20)
+    n = np.full_like(S, 8.0)
+    t = link_time("all_reduce", n, S, truth)
+    link, rep = cal.fit_low_latency(base, "all_reduce", n, S, t)
+    assert rep.max_rel_err < 0.02
+    assert link.fit.ll_latency_us == pytest.approx(14.0, rel=0.05)
+    assert cal.fit_low_latency(base, "all_reduce", n[-3:], S[-3:], t[-3:]) is None  # fewer than 4 sizes

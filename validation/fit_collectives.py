@@ -2,10 +2,12 @@
 
     python -m validation.fit_collectives aws_p4d_2node_16gpu_efa_allreduce --hw aws-p4d [--from-bytes 1M]
 
-reads the entry of validation/data/published_collectives.yaml (nccl-tests output: time per size over
-all GPUs of several nodes), fits the profile's inter_node CommFit through advisor.comm.collective_time
-(advisor.calibrate_network.fit_world) and prints the fit as YAML to paste into the profile, with its
-report. The shipped aws-p4d inter-node fit comes from the command above.
+reads the entry of validation/data/published_collectives.yaml (nccl-tests output: time per size) and
+prints a fit as YAML to paste into the profile, with its report:
+- several nodes: the profile's inter_node CommFit through advisor.comm.collective_time
+  (advisor.calibrate_network.fit_world); the shipped aws-p4d inter-node fit comes from the command above;
+- one node: the low-latency path of its intra_node link from the sizes below 1 MiB
+  (advisor.calibrate.fit_low_latency), e.g. nvidia_dgxc_dgxh100_8gpu_allreduce --hw dgx-h100.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import numpy as np
 import yaml
 
-from advisor.calibrate import parse_sizes
+from advisor.calibrate import fit_low_latency, parse_sizes
 from advisor.calibrate_network import fit_world
 from advisor.hardware import load_hardware
 from validation.datasets import load_published_collectives
@@ -32,6 +34,16 @@ def main(argv=None) -> None:
         raise SystemExit(f"no entry {a.entry!r} in published_collectives.yaml")
     e, hw = entries[a.entry], load_hardware(a.hw)
     h = e["hardware"]
+    if (h.get("num_nodes") or 1) == 1:
+        pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in e["measurements"]]
+        S, t = (np.array(v, dtype=float) for v in zip(*pts))
+        got = fit_low_latency(hw.intra_node, e["collective"], np.full_like(S, float(h["num_gpus"])), S, t)
+        if got is None:
+            raise SystemExit(f"{a.entry}: fewer than 4 sizes below 1 MiB; nothing to fit")
+        print(got[1].line())
+        print(yaml.safe_dump({"fit": {k: getattr(got[0].fit, k) for k in ("ll_latency_us", "ll_bandwidth_ratio")}},
+                             sort_keys=False).rstrip())
+        return
     smallest = parse_sizes(a.from_bytes)[0]
     pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in e["measurements"] if m["size_bytes"] >= smallest]
     S, t = (np.array(v, dtype=float) for v in zip(*pts))
