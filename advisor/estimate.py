@@ -204,9 +204,27 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     wb, gb = weight_grad_bytes(sc.precision, master)
     grad_comm_bytes = params_local * gb
     dp_per_node = np.clip(np.floor(gpn / tp), 1, dp)
+    shard_per_node = np.minimum(dp_per_node, shard)
+    # Megatron reduces its contiguous gradient buffer and DeepSpeed its 500M-element buckets in a few large
+    # calls: one collective each. PyTorch DDP all-reduces 25 MiB buckets, and FSDP gathers and reduce-scatters
+    # one unit at a time (each transformer layer, then the root: embeddings and head): every call pays the
+    # collective's start-up latency.
     ar_grad = comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes, hw, dp_per_node)
-    rs_grad = comm.collective_time(Collective.reduce_scatter, shard, grad_comm_bytes, hw, np.minimum(dp_per_node, shard))
-    ag_param = comm.collective_time(Collective.all_gather, shard, params_local * wb, hw, np.minimum(dp_per_node, shard))
+    n_buckets = np.maximum(np.ceil(grad_comm_bytes / DDP_BUCKET_BYTES), 1.0)
+    ar_buckets = n_buckets * comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes / n_buckets, hw, dp_per_node)
+    ar_grad = np.where(megatron, ar_grad, ar_buckets)
+    units = np.maximum(layers_stage, 1)
+    unit_bytes = (params_local - stage_extra / tp) / units
+
+    def per_unit(coll: Collective, nbytes_per_param: Any) -> Any:
+        """One FSDP pass: a call per layer unit and one for the root unit."""
+        return (units * comm.collective_time(coll, shard, unit_bytes * nbytes_per_param, hw, shard_per_node)
+                + comm.collective_time(coll, shard, stage_extra / tp * nbytes_per_param, hw, shard_per_node))
+
+    rs_grad = comm.collective_time(Collective.reduce_scatter, shard, grad_comm_bytes, hw, shard_per_node)
+    ag_param = comm.collective_time(Collective.all_gather, shard, params_local * wb, hw, shard_per_node)
+    rs_grad = np.where(megatron, rs_grad, per_unit(Collective.reduce_scatter, gb))
+    ag_param = np.where(megatron, ag_param, per_unit(Collective.all_gather, wb))
     # Hybrid shard also all-reduces the shard across the replicas (nodes).
     rep = np.maximum(dp / shard, 1.0)
     hsdp_ar = np.where(hybrid, comm.collective_time(Collective.all_reduce, rep, grad_comm_bytes / shard, hw, 1), 0.0)

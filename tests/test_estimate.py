@@ -210,3 +210,19 @@ def test_precision_must_be_one_the_gpu_runs_and_defaults_to_its_best():
     res = subprocess.run([sys.executable, "-m", "advisor.cli", "plan", "--model", "gpt2", "--hw", "dgx-a100",
                           "--precision", "fp8-mixed"], capture_output=True, text=True)
     assert res.returncode == 2 and "no fp8 math" in res.stderr + res.stdout and "Traceback" not in res.stderr
+
+
+def test_ddp_reduces_in_25_mib_buckets_each_paying_its_call():
+    # PyTorch DDP (bucket_cap_mb=25): gpt2-xl's fp32 gradients (1,557,611,200 x 4 bytes) go out as 238 all-reduces
+    # of ~25 MiB, each at the rate nccl-tests measures for that size, not as one 6.2 GB all-reduce.
+    from advisor.comm import Collective, collective_time
+    from advisor.hardware import load_hardware
+
+    hw = load_hardware("dgx-a100")
+    e = estimate(model="gpt2-xl", hw="dgx-a100", gpus=8, micro_batch=1, global_batch=8, precision="fp32",
+                 overlap_grad_reduce=False)
+    grad = 1_557_611_200 * 4.0
+    n = np.ceil(grad / (25 * 2**20))
+    assert n == 238
+    assert e.breakdown["comm/dp_grad"] == pytest.approx(n * float(collective_time(Collective.all_reduce, 8, grad / n, hw, 8)), rel=1e-9)
+    assert e.breakdown["comm/dp_grad"] > 1.2 * float(collective_time(Collective.all_reduce, 8, grad, hw, 8))
