@@ -223,8 +223,9 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
 
     rs_grad = comm.collective_time(Collective.reduce_scatter, shard, grad_comm_bytes, hw, shard_per_node)
     ag_param = comm.collective_time(Collective.all_gather, shard, params_local * wb, hw, shard_per_node)
-    rs_grad = np.where(megatron, rs_grad, per_unit(Collective.reduce_scatter, gb))
-    ag_param = np.where(megatron, ag_param, per_unit(Collective.all_gather, wb))
+    fsdp = ~megatron & (zero >= 2)  # HF-style ZeRO-1 is DeepSpeed's stage 1: 500M-element buckets, few calls
+    rs_grad = np.where(fsdp, per_unit(Collective.reduce_scatter, gb), rs_grad)
+    ag_param = np.where(fsdp, per_unit(Collective.all_gather, wb), ag_param)
     # Hybrid shard also all-reduces the shard across the replicas (nodes).
     rep = np.maximum(dp / shard, 1.0)
     hsdp_ar = np.where(hybrid, comm.collective_time(Collective.all_reduce, rep, grad_comm_bytes / shard, hw, 1), 0.0)
