@@ -161,8 +161,6 @@ def fit_low_latency(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t
     """The link with its low-latency path (``ll_latency_us``, ``ll_bandwidth_ratio``) fitted to the sizes below
     LL_BELOW_BYTES, the rest of its fit held; None with fewer than 4 such sizes. A robust loss (soft L1 in
     log time): small-message sweeps carry single slow points (a 68 us 32-byte all-reduce among 13 us ones)."""
-    from scipy.optimize import least_squares
-
     from advisor.comm import link_time
 
     small = S < LL_BELOW_BYTES
@@ -174,8 +172,7 @@ def fit_low_latency(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t
         return link_time(collective, n_s, S_s, link_with_fit(link, {"ll_latency_us": x[0], "ll_bandwidth_ratio": x[1]}), share)
 
     x0 = np.array([float(np.median(t_s[S_s <= np.quantile(S_s, 0.25)])) * 1e6, 0.3])
-    x = least_squares(lambda x: np.log(pred(x) / t_s), x0, bounds=([0.0, 1e-4], [1e4, 1.0]), loss="soft_l1",
-                      f_scale=0.05, x_scale="jac", max_nfev=2000).x
+    x = _least_squares(lambda x: np.log(pred(x) / t_s), x0, [0.0, 1e-4], [1e4, 1.0], loss="soft_l1", f_scale=0.05)
     fitted = link.model_copy(update={"fit": CommFit(**{**link.fit.model_dump(), "ll_latency_us": round(float(x[0]), 4),
                                                         "ll_bandwidth_ratio": round(float(x[1]), 6)})})
     rep = fit_report(link_time(collective, n_s, S_s, fitted, share), n_s, S_s, t_s, [],
@@ -194,10 +191,10 @@ def _pow(r: np.ndarray, p: int) -> np.ndarray:
     return np.sign(r) * np.abs(r) ** (p / 2)
 
 
-def _least_squares(fun, x0, lo, hi):
+def _least_squares(fun, x0, lo, hi, **kw):
     from scipy.optimize import least_squares
 
-    return least_squares(fun, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000).x
+    return least_squares(fun, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000, **kw).x
 
 
 def _slp_minimax(rel, x, lo, hi, iters: int = 40, mean_weight: float = MEAN_WEIGHT):
@@ -331,7 +328,7 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
         link, chosen = links[cls], None
         # one GPU per node measures one GPU's share of its node's network (rail-optimised: its own NIC),
         # the share advisor.comm gives each GPU when a whole node communicates
-        share = 1.0 if cls == "intra" else 1.0 / base.gpus_per_node
+        share = 1.0 if cls == "intra" else base.inter_node_share_per_gpu
         for coll in COLLECTIVES:
             n, S, t, failed = collective_points(rows, cls, coll)
             if len(S) == 0:

@@ -19,6 +19,7 @@ import numpy as np
 from advisor.calibrate import (
     CalibrationError,
     FitReport,
+    _judged,
     _least_squares,
     fit_report,
     link_with_fit,
@@ -49,9 +50,7 @@ def fit_world(base: Hardware, collective: str, n: np.ndarray, per_node: np.ndarr
     free = _FREE + ((_HOP,) if len(nodes) > 1 else ())
     names = [f[0] for f in free]
     lo, hi = np.array([f[1] for f in free]), np.array([f[2] for f in free])
-    judged = S >= judge_from_bytes
-    if judged.sum() < 4:
-        judged = np.ones_like(S, dtype=bool)
+    judged = _judged(S, judge_from_bytes)
     w = np.where(judged, 1.0, 0.3)
 
     def hw_with(x) -> Hardware:

@@ -155,7 +155,7 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     # network, so busbw is bounded by each GPU's share of its node's NICs (rail-optimised nodes: one NIC
     # per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs show
     # (Narayanan et al. 2021 Table 2: the step time stays flat from 768 to 1536 GPUs).
-    share = hw.inter_node_bytes_per_s_per_gpu / hw.inter_node.bandwidth_bytes_per_s
+    share = hw.inter_node_share_per_gpu
     ring = np.maximum(link_time(c, n, S, hw.inter_node, share), intra)
     # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
     # nodes on each GPU's NIC share (all g NICs of a node busy at once), intra-node all-gather. NCCL has
@@ -182,6 +182,6 @@ def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
     """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across nodes every
     GPU of a stage sends at once, each on its share of the node's network)."""
     intra = link_time(Collective.send_recv, 2, size_bytes, hw.intra_node)
-    share = hw.inter_node_bytes_per_s_per_gpu / hw.inter_node.bandwidth_bytes_per_s
+    share = hw.inter_node_share_per_gpu
     inter = link_time(Collective.send_recv, 2, size_bytes, hw.inter_node, share)
     return np.where(np.asarray(across_nodes, dtype=bool), inter, intra)

@@ -244,6 +244,11 @@ class Hardware(Spec):
         """The per-node NIC bandwidth shared by the node's GPUs (rail-optimised nodes: one NIC per GPU)."""
         return self.inter_node.bandwidth_bytes_per_s / self.gpus_per_node
 
+    @property
+    def inter_node_share_per_gpu(self) -> float:
+        """The fraction of its node's network one GPU gets when every GPU of the node communicates."""
+        return self.inter_node_bytes_per_s_per_gpu / self.inter_node.bandwidth_bytes_per_s
+
 
 class HardwareError(AdvisorError):
     """A profile that cannot be found or read; the message is one line for the user."""
