@@ -60,17 +60,18 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
             raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
 
     sources = [Path(p) for p in from_] if from_ else [out_path.with_suffix(".jsonl")]
+    named = ", ".join(map(str, sources))
     info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node()}
     if from_ is None:
         info.update(_measure(sources[0], nproc, backend, sizes, iters, warmup, timeout_s, compute))
         if info.pop("follower", False):
             return  # a torchrun rank other than 0: rank 0 fits and writes
     else:
-        info["refit_from"] = ", ".join(map(str, sources))
+        info["refit_from"] = named
     rows = [row for src in sources for row in cal.read_results(src)]
     if not rows:
-        raise AdvisorError(f"{', '.join(map(str, sources))}: no measurements to fit")
-    info["results"] = ", ".join(map(str, sources))
+        raise AdvisorError(f"{named}: no measurements to fit")
+    info["results"] = named
     if cal.on_cpu_note(info):
         click.echo(cal.on_cpu_note(info), err=True)
     hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)

@@ -245,18 +245,18 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # ZeRO-2 / SHARD_GRAD_OP: per micro-batch all-gather of params (forward) and reduce-scatter (backward);
     # ZeRO-3 / FULL_SHARD: all-gather in forward and again in backward. Prefetch overlaps them with compute;
     # the first layer's gather is always exposed.
-    per_layer_ag = ag_param / np.maximum(layers_stage, 1)
+    per_layer_ag, per_layer_rs = ag_param / units, rs_grad / units
     # windows the gathers hide behind: the forward / backward GPU work with its TP collectives. A host-bound
     # phase lasts longer and would hide more, but the host's excess is charged per micro-batch, not per
     # phase; counting it here too would let a faster host make a step slower. Conservative when host-bound.
     fwd_comp = layers_stage * lw.fwd_s
     bwd_comp = layers_stage * (lw.bwd_s + lw.recompute_s)
     z2_fwd = np.maximum(ag_param - fwd_comp, per_layer_ag)
-    z2_bwd = np.maximum(rs_grad - bwd_comp, rs_grad / np.maximum(layers_stage, 1))
-    z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + rs_grad / np.maximum(layers_stage, 1))
+    z2_bwd = np.maximum(rs_grad - bwd_comp, per_layer_rs)
+    z3_bwd = np.maximum(ag_param + rs_grad - bwd_comp, per_layer_ag + per_layer_rs)
     z3_fwd = z2_fwd
     if np.any(megatron & (zero >= 3)):  # Megatron-DeepSpeed's ZeRO-3: its own coordinator (see the function)
-        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lw, layers_stage, rc, per_layer_ag, rs_grad / np.maximum(layers_stage, 1))
+        ds_fwd, ds_bwd = _deepspeed_z3_exposed(m, lw, layers_stage, rc, per_layer_ag, per_layer_rs)
         z3_fwd = np.where(megatron, ds_fwd, z2_fwd)
         z3_bwd = np.where(megatron, ds_bwd, z3_bwd)
     z23_exposed_mb = np.where(zero >= 3, z3_fwd + z3_bwd, z2_fwd + z2_bwd)
