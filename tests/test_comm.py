@@ -112,12 +112,12 @@ def test_a_gpus_network_share_stretches_bandwidth_not_latency():
 def test_aws_p4d_fit_reproduces_the_published_two_node_sweep():
     """validation/data/published_collectives.yaml, aws_p4d_2node_16gpu_efa_allreduce (nccl-tests, 2x p4d, 16 ranks):
     the shipped aws-p4d profile is within 10% at every size from 1 MiB (python -m validation.fit_collectives)."""
-    from validation.datasets import load_published_collectives
+    from validation.datasets import collective_sweep, load_published_collectives
 
     entry = next(e for e in load_published_collectives() if e["id"] == "aws_p4d_2node_16gpu_efa_allreduce")
     hw = load_hardware("aws-p4d")
-    pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in entry["measurements"] if m["size_bytes"] >= 2**20]
-    S, t = (np.array(v, dtype=float) for v in zip(*pts))
+    S, t = collective_sweep(entry)
+    S, t = S[S >= 2**20], t[S >= 2**20]
     got = collective_time("all_reduce", 16, S, hw, 8)
     assert len(S) == 13 and np.abs(got / t - 1).max() < 0.10
 

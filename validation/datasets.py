@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict
 
@@ -323,3 +324,9 @@ def load_published_runs_raw() -> list[dict]:
 
 def load_published_collectives() -> list[dict]:
     return _read_yaml("published_collectives.yaml")
+
+
+def collective_sweep(entry: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes in bytes, times in seconds) of a published_collectives.yaml entry's measurements."""
+    pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in entry["measurements"]]
+    return tuple(np.array(v, dtype=float) for v in zip(*pts))

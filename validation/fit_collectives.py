@@ -20,7 +20,7 @@ import yaml
 from advisor.calibrate import fit_low_latency, parse_sizes
 from advisor.calibrate_network import fit_world
 from advisor.hardware import load_hardware
-from validation.datasets import load_published_collectives
+from validation.datasets import collective_sweep, load_published_collectives
 
 
 def main(argv=None) -> None:
@@ -34,9 +34,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"no entry {a.entry!r} in published_collectives.yaml")
     e, hw = entries[a.entry], load_hardware(a.hw)
     h = e["hardware"]
+    S, t = collective_sweep(e)
     if (h.get("num_nodes") or 1) == 1:
-        pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in e["measurements"]]
-        S, t = (np.array(v, dtype=float) for v in zip(*pts))
         got = fit_low_latency(hw.intra_node, e["collective"], np.full_like(S, float(h["num_gpus"])), S, t)
         if got is None:
             raise SystemExit(f"{a.entry}: fewer than 4 sizes below 1 MiB; nothing to fit")
@@ -45,8 +44,7 @@ def main(argv=None) -> None:
                              sort_keys=False).rstrip())
         return
     smallest = parse_sizes(a.from_bytes)[0]
-    pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in e["measurements"] if m["size_bytes"] >= smallest]
-    S, t = (np.array(v, dtype=float) for v in zip(*pts))
+    S, t = S[S >= smallest], t[S >= smallest]
     n = np.full_like(S, float(h["num_gpus"]))
     g = np.full_like(S, float(h["gpus_per_node"]))
     link, rep = fit_world(hw, e["collective"], n, g, S, t, judge_from_bytes=smallest)

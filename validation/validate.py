@@ -447,11 +447,11 @@ def validate_collectives() -> DatasetReport:
     for pid, prof in COLLECTIVE_SWEEPS.items():
         e, hw = entries[pid], _hardware(prof)
         n, g = e["hardware"]["num_gpus"], e["hardware"]["gpus_per_node"]
-        for m in e["measurements"]:
-            t = float(comm.collective_time(Collective(e["collective"]), n, m["size_bytes"], hw, g))
-            pt = Point(label=f"{prof} {n} GPUs {m['size_bytes']} B", kind=f"{prof} ({n} GPUs)", predicted=t,
-                       measured=m["time_us"] * 1e-6)
-            (points if m["size_bytes"] >= MiB else small).append(pt)
+        S, t = ds.collective_sweep(e)
+        pred = comm.collective_time(Collective(e["collective"]), n, S, hw, g)
+        for size, p, m in zip(S, pred, t):
+            pt = Point(label=f"{prof} {n} GPUs {int(size)} B", kind=f"{prof} ({n} GPUs)", predicted=float(p), measured=float(m))
+            (points if size >= MiB else small).append(pt)
     by_prof = defaultdict(list)
     for p in small:
         by_prof[p.kind].append(abs(p.error_pct))
