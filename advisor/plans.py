@@ -96,7 +96,7 @@ class Plan(Spec):
     pp: int = Field(default=1, ge=1, le=1_000_000)
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage; FSDP FULL_SHARD=3, SHARD_GRAD_OP=2")
     hybrid_shard: bool = Field(default=False, description="FSDP HYBRID_SHARD: shard inside a node, replicate across")
-    sp: bool = Field(default=False, description="Megatron sequence parallelism (needs tp > 1 to matter)")
+    sp: bool = Field(default=False, description="Megatron sequence parallelism (needs tp > 1)")
     schedule: str = Field(default="1f1b", pattern="^(gpipe|1f1b|interleaved)$")
     virtual_stages: int = Field(default=1, ge=1, le=1024)
     data_parallel: str = Field(default="ddp", pattern="^(ddp|dp)$")
@@ -238,6 +238,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: Any, hw: Hardware, worl
     """One-line reasons a single plan is invalid (empty when valid)."""
     grad_accum, batch_err = resolve_grad_accum(setup, plan)
     reasons = [batch_err] if batch_err else []
+    if plan.sp and plan.tp == 1:
+        # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
+        # a plan the user did not mean
+        reasons.append("sequence parallel needs tp > 1 (it splits activations across the TP group): drop --sp or set --tp")
     bad = violations(columns_of(plan, setup, grad_accum), model, hw, world_size)
     for reason, flag in bad.items():
         if bool(flag):

@@ -86,6 +86,7 @@ BAD_OPTIONS = [
     (["estimate", *E[1:], "--gpus", "13", "--pp", "13"], ["pp=13 > 12 layers"]),
     (["estimate", *E[1:], "--gpus", "4", "--pp", "2", "--zero", "3"], ["ZeRO-2/3 with pipeline parallelism"]),
     (["estimate", *E[1:], "--schedule", "interleaved"], ["interleaved schedule needs pp > 1"]),
+    (["estimate", *E[1:], "--gpus", "2", "--sp"], ["sequence parallel needs tp > 1", "drop --sp or set --tp"]),
     (["estimate", *E[1:], "--gpus", "4", "--tp", "2", "--data-parallel", "dp"], ["nn.DataParallel"]),
     (["estimate", *E[1:], "--gpus", "2", "--global-batch", "3"], ["global batch 3 is not divisible by micro_batch x dp = 1 x 2 = 2"]),
     (["estimate", *E[1:], "--gpus", str(10**12)], ["dp", "10000000"]),
