@@ -151,10 +151,14 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     g = np.clip(np.asarray(per_node, dtype=float), 1.0, np.maximum(n, 1.0))
     k = np.ceil(n / g)
     intra = link_time(c, n, S, hw.intra_node)
-    # Ring across nodes: every GPU of the group sends and receives its full share over the inter-node
-    # network, so busbw is bounded by each GPU's share of its node's NICs (rail-optimised nodes: one NIC
-    # per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs show
-    # (Narayanan et al. 2021 Table 2: the step time stays flat from 768 to 1536 GPUs).
+    # Ring across nodes: busbw bounded by each GPU's share of its node's NICs (rail-optimised nodes: one
+    # NIC per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs
+    # measured (Narayanan et al. 2021 Table 2, 175B, pure dp, one micro-batch per GPU per step at 768 and
+    # 1536 GPUs: both 66.7 s, for ~1.4 TB of gathers and reduce-scatters per GPU, 3 x 349 GB + 349 GB:
+    # 21 GB/s per GPU, 0.85 x the 25 GB/s NIC share). An ideal node-contiguous ring would send only 1/g of
+    # each GPU's data over the network (busbw up to g x share, g GPUs of the group per node); costed so,
+    # those ZeRO-3 rows come out 2.5x too fast. The multi-node sweeps we have are all-reduces, which the
+    # hierarchical path below costs with every NIC of the node busy.
     share = hw.inter_node_share_per_gpu
     ring = np.maximum(link_time(c, n, S, hw.inter_node, share), intra)
     # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
