@@ -56,29 +56,24 @@ def test_gloo_sweep_fit_and_profile(tmp_path, nproc, iters):
     assert len(out.with_suffix(".jsonl").read_text().splitlines()) == before
 
 
-@pytest.mark.slow
-def test_dead_rank_is_named(tmp_path, monkeypatch):
-    """A worker that dies ends the run with an error naming its rank, while the others are stopped."""
-    from validation import launch
-
-    monkeypatch.setattr(launch, "_WORKER", "import os,sys,time; r=os.environ['RANK']; "
-                        "sys.exit(3) if r=='1' else time.sleep(60)")
-    from validation.microbench import BenchConfig
-
-    with pytest.raises(Exception, match="rank 1 died"):
-        launch.launch_local(BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=20), 2, progress=lambda *a: None)
+# A worker that dies, or one that never reports progress (rank 0 reports once and finishes; rank 1
+# sleeps past the timeout): either ends the run with an error naming the rank, the others stopped.
+DEAD = "import os,sys,time; r=os.environ['RANK']; sys.exit(3) if r=='1' else time.sleep(60)"
+HUNG = ("import os,sys,time,pathlib; r=os.environ['RANK']; "
+        "pathlib.Path(sys.argv[2], 'rank'+r).write_text('1 2 0') if r=='0' else time.sleep(60)")
 
 
 @pytest.mark.slow
-def test_hung_rank_is_named(tmp_path, monkeypatch):
+@pytest.mark.parametrize("worker, timeout_s, message", [(DEAD, 20, "rank 1 died"), (HUNG, 2, "rank 1 made no progress")],
+                         ids=["dead", "hung"])
+def test_failed_rank_is_named(tmp_path, monkeypatch, worker, timeout_s, message):
     from validation import launch
     from validation.microbench import BenchConfig
 
-    # rank 0 reports progress once and finishes; rank 1 never reports: a hang after the timeout
-    monkeypatch.setattr(launch, "_WORKER", "import os,sys,time,pathlib; r=os.environ['RANK']; "
-                        "pathlib.Path(sys.argv[2], 'rank'+r).write_text('1 2 0') if r=='0' else time.sleep(60)")
-    with pytest.raises(Exception, match="rank 1 made no progress"):
-        launch.launch_local(BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=2), 2, progress=lambda *a: None)
+    monkeypatch.setattr(launch, "_WORKER", worker)
+    with pytest.raises(Exception, match=message):
+        launch.launch_local(BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=timeout_s), 2,
+                            progress=lambda *a: None)
 
 
 def test_measurement_plan_adds_the_whole_world_across_nodes():

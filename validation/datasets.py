@@ -197,15 +197,20 @@ def load_nccl_a100() -> list[NcclRow]:
 
 
 # -- one H100: Hugging Face training steps ----------------------------------------------------------------
-class ModelShape(Row):
-    catalogue: Optional[str]
-    family: Literal["gpt", "llama"]
+class Shape(Row):
+    """A transformer's dimensions as the datasets record them."""
+
     n_layers: int
     d_model: int
     n_heads: int
     n_kv_heads: int
     d_ff: int
     vocab: int
+
+
+class ModelShape(Shape):
+    catalogue: Optional[str]
+    family: Literal["gpt", "llama"]
     max_positions: int
     tied_embeddings: bool
 
@@ -252,15 +257,9 @@ def load_h100_single() -> list[H100Row]:
 
 
 # -- published runs (papers, official tables) ------------------------------------------------------------
-class PublishedRun(Row):
+class PublishedRun(Shape):
     source_id: str
     model_name: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    vocab: int
     seq_len: int
     gpus: int
     gpus_per_node: int

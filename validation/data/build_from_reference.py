@@ -57,6 +57,14 @@ def _num(text: str) -> str:
     return repr(float(text))
 
 
+def _write_csv(name: str, columns: list[str], rows: list[list]) -> int:
+    with open(HERE / name, "w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(rows)
+    return len(rows)
+
+
 def build_vtrain(ref: Path) -> int:
     src = ref / "vtrain" / "ground_truth_single.csv"
     rows = []
@@ -66,11 +74,7 @@ def build_vtrain(ref: Path) -> int:
                 continue
             *ints, ms = rec
             rows.append([int(x) for x in ints] + [repr(float(ms) / 1e3)])
-    with open(HERE / "vtrain_a100.csv", "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(VTRAIN_COLUMNS)
-        w.writerows(rows)
-    return len(rows)
+    return _write_csv("vtrain_a100.csv", VTRAIN_COLUMNS, rows)
 
 
 def build_nccl(ref: Path) -> int:
@@ -85,11 +89,7 @@ def build_nccl(ref: Path) -> int:
                 out.append([n, int(size), int(count), dtype, repr(t_ns[0] / 1e9), repr(t_ns[1] / 1e9),
                             repr(statistics.median(t_ns) / 1e9), _num(b1), _num(b2),
                             repr(round(statistics.median(bw), 4))])
-    with open(HERE / "a100_nccl_allreduce.csv", "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(NCCL_COLUMNS)
-        w.writerows(out)
-    return len(out)
+    return _write_csv("a100_nccl_allreduce.csv", NCCL_COLUMNS, out)
 
 
 def build_h100(ref: Path) -> int:
