@@ -84,6 +84,11 @@ _FREE = (("latency_us", 0.0, 1e4), ("latency_per_hop_us", 0.0, 1e3), ("bandwidth
 _NEEDS_SEVERAL_N = {"latency_per_hop_us", "group_penalty", "floor_per_hop_us"}
 
 
+def fitted(values: dict) -> dict:
+    """Fitted parameters as a profile stores them: 6 decimals, solver dust (< 1e-12) as 0."""
+    return {k: (0.0 if abs(v) < 1e-12 else round(float(v), 6)) for k, v in values.items()}
+
+
 def link_with_fit(link: Link, values: dict) -> Link:
     """The link with its fit replaced (unvalidated: the fitter calls this in its inner loop)."""
     fit = CommFit.model_construct(**{**link.fit.model_dump(), **values})
@@ -148,8 +153,7 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
     if minimax and judged.sum() > len(names):
         x = _slp_minimax(lambda x: pred(x)[judged] / t[judged] - 1, x, lo, hi)
     values = dict(zip(names, (float(v) for v in x)), loop_MiB_per_rank=float(L))
-    values = {k: (0.0 if abs(v) < 1e-12 else round(v, 6)) for k, v in values.items()}
-    fit = CommFit(**{**link.fit.model_dump(), **values})
+    fit = CommFit(**{**link.fit.model_dump(), **fitted(values)})
     return fit, {"loop_MiB_per_rank": L}
 
 

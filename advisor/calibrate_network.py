@@ -22,6 +22,7 @@ from advisor.calibrate import (
     _judged,
     _least_squares,
     fit_report,
+    fitted,
     link_with_fit,
 )
 from advisor.hardware import CommFit, Hardware, Link
@@ -67,7 +68,7 @@ def fit_world(base: Hardware, collective: str, n: np.ndarray, per_node: np.ndarr
         err = np.abs(pred(x)[judged] / t[judged] - 1)
         if best is None or err.max() + err.mean() < best[1]:
             best = (x, err.max() + err.mean())
-    values = {k: (0.0 if abs(v) < 1e-12 else round(float(v), 6)) for k, v in zip(names, best[0])}
+    values = fitted(dict(zip(names, best[0])))
     link = base.inter_node.model_copy(update={"fit": CommFit(**{**base.inter_node.fit.model_dump(), **values})})
     hw = base.model_copy(update={"inter_node": link})
     what = f"world {collective} (n={','.join(str(int(v)) for v in np.unique(n))}, {int(g.max())} per node, inter-node fit)"

@@ -170,3 +170,11 @@ def test_advisor_import_stays_light():
     code = "import sys, advisor.cli; print(sorted(m for m in ('validation', 'scipy', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"
+
+
+def test_cli_offers_every_dataset():
+    """`advisor validate --dataset` lists its choices without importing validation (kept light): same names."""
+    from advisor.cli_validate import DATASETS
+    from validation.validate import VALIDATORS
+
+    assert sorted(DATASETS) == sorted(VALIDATORS)
