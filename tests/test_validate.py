@@ -79,6 +79,19 @@ def test_vtrain_splits_into_per_step_and_per_micro_batch_parts(report):
     assert vt.extra["measured_line_residual_max_pct"] < 1e-9
     assert 0 < vt.extra["per_micro_batch_mape_pct"] < 100
     assert any("per-micro-batch time error" in n for n in vt.notes)
+    # 3 micro-batch sizes per (model, GPUs, TP, PP): 3 pairs each. 64 pairs where the larger micro-batch
+    # is faster per micro-batch (a separate fit of the raw CSV's lines counts the same), the worst
+    # l24 h1024 TP=8: 30.8% slower at micro-batch 1 than at 4
+    assert vt.extra["measured_mb_pairs"] == 432
+    assert vt.extra["measured_mb_inversions"] == 64
+    assert vt.extra["measured_mb_inversion_max_pct"] == pytest.approx(30.8, abs=0.1)
+
+
+def test_micro_batch_inversions_are_pairs_with_less_time_for_more_work():
+    from validation.validate import micro_batch_inversions
+
+    slope = {("m", 8, 8, 1, 1): 0.12, ("m", 8, 8, 1, 2): 0.10, ("m", 8, 8, 1, 4): 0.15, ("m", 8, 4, 1, 1): 0.05}
+    assert sorted(micro_batch_inversions(slope)) == [(pytest.approx(20.0), 8)]
 
 
 def test_published_collective_sweeps_are_scored_from_the_fitted_range(report):

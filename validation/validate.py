@@ -325,8 +325,8 @@ def per_micro_batch_lines(points: list[Point], keys: dict) -> dict:
     groups = defaultdict(list)
     for p in points:
         groups[keys[p.label]["line"]].append(p)
-    resid, slope_err, icpt_ms, by_tp = [], [], [], defaultdict(list)
-    for members in groups.values():
+    resid, slope_err, icpt_ms, by_tp, slope_m = [], [], [], defaultdict(list), {}
+    for line, members in groups.items():
         n = np.array([keys[p.label]["n_mb"] for p in members])
         if len(set(n)) < 2:
             continue
@@ -337,17 +337,46 @@ def per_micro_batch_lines(points: list[Point], keys: dict) -> dict:
         slope_err.append(100.0 * (b_p / b_m - 1.0))
         icpt_ms.append(1e3 * (a_p - a_m))
         by_tp[keys[members[0].label]["tp"]].append(slope_err[-1])
+        slope_m[line] = b_m
     if not slope_err:
         return {"extra": {}, "notes": []}
+    inversions = micro_batch_inversions(slope_m)
     extra = {"line_groups": len(slope_err), "measured_line_residual_max_pct": 100.0 * max(resid),
              "per_micro_batch_mape_pct": float(np.mean(np.abs(slope_err))),
-             "per_step_part_median_error_ms": float(np.median(icpt_ms))}
+             "per_step_part_median_error_ms": float(np.median(icpt_ms)),
+             "measured_mb_inversions": len(inversions), "measured_mb_pairs": _mb_pairs(slope_m),
+             "measured_mb_inversion_max_pct": max((x for x, _ in inversions), default=0.0)}
     tps = ", ".join(f"TP={t} {np.median(v):+.0f}%" for t, v in sorted(by_tp.items()))
     notes = [f"measured times are exactly linear in micro-batches per step ({len(slope_err)} groups, residual "
              f"<= {100.0 * max(resid):.1g}%): per-micro-batch time error {extra['per_micro_batch_mape_pct']:.1f}% "
              f"(median by {tps}); per-step part (optimizer, gradient reduction, pipeline fill) "
              f"{extra['per_step_part_median_error_ms']:+.1f} ms median"]
+    if inversions:
+        worst = Counter(tp for x, tp in inversions if x >= 10.0)
+        notes.append(
+            f"measured per-micro-batch times fall as the micro-batch grows in {len(inversions)} of "
+            f"{extra['measured_mb_pairs']} pairs (same model, GPUs, TP, PP; up to "
+            f"{extra['measured_mb_inversion_max_pct']:.0f}% slower with less work"
+            + (f"; >= 10% at " + ", ".join(f"TP={t} x{n}" for t, n in sorted(worst.items())) if worst else "")
+            + "): a bigger micro-batch issues the same kernels with more work in each, so no cost model in "
+            "which more work never takes less time can match both sides of such a pair")
     return {"extra": extra, "notes": notes}
+
+
+def _mb_pairs(slope: dict) -> int:
+    return sum(1 for (*rest, mb) in slope for (*rest2, mb2) in slope if rest2 == rest and mb2 > mb)
+
+
+def micro_batch_inversions(slope: dict) -> list[tuple[float, int]]:
+    """(% by which the smaller micro-batch is slower, tp) for every pair of lines that differ only in a
+    larger micro-batch whose measured per-micro-batch time is lower. ``slope``: line key -> seconds per
+    micro-batch; keys end in (..., tp, pp, micro_batch)."""
+    out = []
+    for (*rest, mb), b in slope.items():
+        for (*rest2, mb2), b2 in slope.items():
+            if rest2 == rest and mb2 > mb and b2 < b:
+                out.append((100.0 * (b / b2 - 1.0), rest[-2]))
+    return out
 
 
 def top1_regrets(points: list[Point], key: Callable[[Point], tuple]) -> list[float]:
