@@ -18,6 +18,7 @@ Fits
   efficiencies from kernel and optimizer measurements;
 - the inter-node link from collectives over every GPU of several nodes (advisor.calibrate_network).
 
+The numerical machinery (log-time least squares, the minimax polish, fit reports) is advisor.fitting.
 Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and lists outliers
 (relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
 Deliberately left out: fitting the datasheet peaks themselves (they come from the base profile).
@@ -25,11 +26,23 @@ Deliberately left out: fitting the datasheet peaks themselves (they come from th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
+from advisor.calibrate_compute import fit_efficiency
+from advisor.calibrate_network import fit_world
+from advisor.fitting import (
+    MEAN_WEIGHT,
+    FitReport,
+    fit_report,
+    fitted,
+    judged_sizes,
+    least_squares,
+    link_with_fit,
+    signed_pow,
+    slp_minimax,
+)
 from advisor.hardware import CommFit, Hardware, Link
 from advisor.measurements import (  # noqa: F401  (re-exported: calibrate is the public entry point)
     COLLECTIVES,
@@ -45,34 +58,10 @@ from advisor.measurements import (  # noqa: F401  (re-exported: calibrate is the
 )
 from advisor.units import GB, MiB
 
-OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed as an outlier
-# The minimax polish minimises max + MEAN_WEIGHT * mean of the relative errors. The worst size is flat
-# near its optimum (many parameter sets are within a fraction of a point of it) while the mean is not:
-# weighting the mean twice picks, among near-minimax fits, one that is also right on typical sizes.
-MEAN_WEIGHT = 2.0
 LOOP_GRID_MIB = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 # ---------------------------------------------------------------------------------------------- reading
-@dataclass
-class FitReport:
-    """How well one fit reproduces its measurements."""
-
-    what: str
-    points: int
-    r2: float
-    max_rel_err: float
-    mean_rel_err: float
-    outliers: list[tuple] = field(default_factory=list)
-    failed: list[tuple] = field(default_factory=list)
-    note: str = ""
-
-    def line(self) -> str:
-        out = f"; outliers {len(self.outliers)}" if self.outliers else ""
-        fail = f"; failed sizes {len(self.failed)}" if self.failed else ""
-        note = f" ({self.note})" if self.note else ""
-        return (f"{self.what}: {self.points} points, R^2 {self.r2:.4f}, max error {100 * self.max_rel_err:.1f}%, "
-                f"mean {100 * self.mean_rel_err:.2f}%{out}{fail}{note}")
 
 
 # (field, lower, upper): the CommFit fields the fit moves; loop_MiB_per_rank is chosen on a grid.
@@ -82,17 +71,6 @@ _FREE = (("latency_us", 0.0, 1e4), ("latency_per_hop_us", 0.0, 1e3), ("bandwidth
          ("loop_quantization", 0.0, 1.0), ("floor_us", 0.0, 1e4), ("floor_per_hop_us", 0.0, 1e3),
          ("simple_fill_MiB_per_rank", 0.0, 1e2), ("ll128_bandwidth_ratio", 0.0, 1.0))
 _NEEDS_SEVERAL_N = {"latency_per_hop_us", "group_penalty", "floor_per_hop_us"}
-
-
-def fitted(values: dict) -> dict:
-    """Fitted parameters as a profile stores them: 6 decimals, solver dust (< 1e-12) as 0."""
-    return {k: (0.0 if abs(v) < 1e-12 else round(float(v), 6)) for k, v in values.items()}
-
-
-def link_with_fit(link: Link, values: dict) -> Link:
-    """The link with its fit replaced (unvalidated: the fitter calls this in its inner loop)."""
-    fit = CommFit.model_construct(**{**link.fit.model_dump(), **values})
-    return Link.model_construct(**{**dict(link), "fit": fit})
 
 
 def collective_points(rows: Iterable[dict], link: str, collective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
@@ -130,7 +108,7 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
     names = [f[0] for f in free]
     lo = np.array([f[1] for f in free])
     hi = np.array([f[2] for f in free])
-    judged = _judged(S, judge_from_bytes)
+    judged = judged_sizes(S, judge_from_bytes)
     # a sweep that never reaches judge_from_bytes is latency noise (CPU/gloo CI runs): least squares only
     minimax = minimax and bool((S >= judge_from_bytes).sum() >= 4)
     w = np.where(judged, 1.0, 0.3)
@@ -142,16 +120,16 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
 
     best = None
     for x0 in _starts(link, n, S, t, collective, names, L):
-        x = _least_squares(lambda x: w * np.log(pred(x) / t), np.clip(x0, lo, hi), lo, hi)
+        x = least_squares(lambda x: w * np.log(pred(x) / t), np.clip(x0, lo, hi), lo, hi)
         if minimax and judged.sum() > len(names):
             for p in (4, 16, 64):  # p-norm continuation towards the max error (scaled: r/0.1 is O(1))
-                x = _least_squares(lambda x: _pow((pred(x)[judged] / t[judged] - 1) / 0.1, p), x, lo, hi)
+                x = least_squares(lambda x: signed_pow((pred(x)[judged] / t[judged] - 1) / 0.1, p), x, lo, hi)
         rel = np.abs(pred(x) / t - 1)[judged]
         if best is None or rel.max() + MEAN_WEIGHT * rel.mean() < best[1]:
             best = (x, rel.max() + MEAN_WEIGHT * rel.mean())
     x = best[0]
     if minimax and judged.sum() > len(names):
-        x = _slp_minimax(lambda x: pred(x)[judged] / t[judged] - 1, x, lo, hi)
+        x = slp_minimax(lambda x: pred(x)[judged] / t[judged] - 1, x, lo, hi)
     values = dict(zip(names, (float(v) for v in x)), loop_MiB_per_rank=float(L))
     fit = CommFit(**{**link.fit.model_dump(), **fitted(values)})
     return fit, {"loop_MiB_per_rank": L}
@@ -176,73 +154,12 @@ def fit_low_latency(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t
         return link_time(collective, n_s, S_s, link_with_fit(link, {"ll_latency_us": x[0], "ll_bandwidth_ratio": x[1]}), share)
 
     x0 = np.array([float(np.median(t_s[S_s <= np.quantile(S_s, 0.25)])) * 1e6, 0.3])
-    x = _least_squares(lambda x: np.log(pred(x) / t_s), x0, [0.0, 1e-4], [1e4, 1.0], loss="soft_l1", f_scale=0.05)
+    x = least_squares(lambda x: np.log(pred(x) / t_s), x0, [0.0, 1e-4], [1e4, 1.0], loss="soft_l1", f_scale=0.05)
     fitted = link.model_copy(update={"fit": CommFit(**{**link.fit.model_dump(), "ll_latency_us": round(float(x[0]), 4),
                                                         "ll_bandwidth_ratio": round(float(x[1]), 6)})})
     rep = fit_report(link_time(collective, n_s, S_s, fitted, share), n_s, S_s, t_s, [],
                      f"low-latency path, {collective} below {LL_BELOW_BYTES / MiB:g} MiB")
     return fitted, rep
-
-
-def _judged(S: np.ndarray, judge_from_bytes: float) -> np.ndarray:
-    """Sizes the fit is judged on: from judge_from_bytes up, or all when the sweep has < 4 of those."""
-    judged = S >= judge_from_bytes
-    return judged if judged.sum() >= 4 else np.ones_like(S, dtype=bool)
-
-
-def _pow(r: np.ndarray, p: int) -> np.ndarray:
-    r = np.clip(r, -30.0, 30.0)  # a wild trial point must not overflow the power
-    return np.sign(r) * np.abs(r) ** (p / 2)
-
-
-def _least_squares(fun, x0, lo, hi, **kw):
-    from scipy.optimize import least_squares
-
-    return least_squares(fun, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000, **kw).x
-
-
-def _slp_minimax(rel, x, lo, hi, iters: int = 40, mean_weight: float = MEAN_WEIGHT):
-    """Minimise max |rel(x)| + mean_weight * mean |rel(x)| (the many near-minimax optima differ in their
-    mean: see MEAN_WEIGHT) by sequential linear programming with a trust region."""
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix, hstack, identity, vstack
-
-    def score(f):
-        return np.abs(f).max() + mean_weight * np.abs(f).mean()
-
-    scale = np.maximum(np.abs(x), 1e-2)
-    tr, f0 = 0.03, rel(x)
-    m = len(f0)
-    for _ in range(iters):
-        G = np.empty((m, len(x)))
-        for i in range(len(x)):
-            d = 1e-6 * scale[i]
-            xx = x.copy()
-            xx[i] = x[i] + d if x[i] + d <= hi[i] else x[i] - d
-            G[:, i] = (rel(xx) - f0) / (xx[i] - x[i])
-        # variables: dx, z, s (one per point); rows: +-(f0 + G dx) <= z and <= s
-        ones = csr_matrix(np.ones((m, 1)))
-        eye = identity(m, format="csr")
-        Gs = csr_matrix(G)
-        zero_s = csr_matrix((m, m))
-        zero_z = csr_matrix((m, 1))
-        A = vstack([hstack([Gs, -ones, zero_s]), hstack([-Gs, -ones, zero_s]),
-                    hstack([Gs, zero_z, -eye]), hstack([-Gs, zero_z, -eye])]).tocsr()
-        b = np.r_[-f0, f0, -f0, f0]
-        c = np.r_[np.zeros(len(x)), 1.0, np.full(m, mean_weight / m)]
-        bounds = [(max(lo[i] - x[i], -tr * scale[i]), min(hi[i] - x[i], tr * scale[i])) for i in range(len(x))]
-        sol = linprog(c, A_ub=A, b_ub=b, bounds=bounds + [(0, None)] * (m + 1), method="highs")
-        if sol.status != 0:
-            break
-        xn = np.clip(x + sol.x[: len(x)], lo, hi)
-        fn = rel(xn)
-        if score(fn) < score(f0):
-            x, f0, tr = xn, fn, min(tr * 1.5, 0.3)
-        else:
-            tr /= 2
-            if tr < 1e-4:
-                break
-    return x
 
 
 def _starts(link: Link, n, S, t, collective: str, names: list[str], loop_MiB: float = 0.0) -> list[np.ndarray]:
@@ -292,29 +209,11 @@ def choose_loop_MiB(n: np.ndarray, S: np.ndarray, t: np.ndarray) -> float:
     return best_L
 
 
-def log_r2(predicted: Any, measured: Any) -> float:
-    """R^2 of a fit in log time (the fits minimise log errors: every size counts alike)."""
-    lt = np.log(measured)
-    return float(1 - np.sum((np.log(predicted) - lt) ** 2) / max(np.sum((lt - lt.mean()) ** 2), 1e-30))
-
-
 def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0,
                 share: float = 1.0) -> FitReport:
     from advisor.comm import link_time
 
     return fit_report(link_time(collective, n, S, link, share), n, S, t, failed, what, judge_from_bytes)
-
-
-def fit_report(p, n, S, t, failed: list, what: str, judge_from_bytes: float = 0.0) -> FitReport:
-    """Quality of predicted times ``p`` against measured ``t`` (judged from ``judge_from_bytes`` up)."""
-    rel = p / t - 1
-    r2 = log_r2(p, t)
-    judged = _judged(S, judge_from_bytes)
-    outliers = [(int(a), int(b), round(float(c), 3)) for a, b, c in zip(n, S, rel) if abs(c) > OUTLIER_REL]
-    note = "" if judged.all() else (f"{int(judged.sum())} points from {judge_from_bytes / MiB:g} MiB judged; "
-                                    f"max over all sizes {100 * np.abs(rel).max():.1f}%")
-    return FitReport(what, int(len(S)), float(r2), float(np.abs(rel[judged]).max()),
-                     float(np.abs(rel[judged]).mean()), outliers, failed, note)
 
 
 # ---------------------------------------------------------------------------------------------- profile
@@ -362,7 +261,6 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, lines)
     if world is not None:
         links["inter"] = world
-    from advisor.calibrate_compute import fit_efficiency
 
     eff, eff_lines = fit_efficiency(rows, base)
     lines += eff_lines
@@ -390,7 +288,6 @@ def links_update(links: dict) -> dict:
 def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, lines: list[str]) -> Optional[Link]:
     """The inter-node link fitted to "world" rows (every GPU of several nodes) through advisor.comm's
     multi-node paths, all-reduce preferred; None when there are none. Reports each collective's fit."""
-    from advisor.calibrate_network import fit_world
 
     chosen = None
     for coll in COLLECTIVES:

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from advisor.calibrate import OUTLIER_REL, FitReport, log_r2
+from advisor.fitting import OUTLIER_REL, FitReport, log_r2
 from advisor.hardware import ComputeEfficiency, Hardware
 from advisor.measurements import CalibrationError, _math_of
 from advisor.units import GB

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from advisor.calibrate import (
-    CalibrationError,
+from advisor.fitting import (
     FitReport,
-    _judged,
-    _least_squares,
     fit_report,
     fitted,
+    judged_sizes,
+    least_squares,
     link_with_fit,
 )
 from advisor.hardware import CommFit, Hardware, Link
+from advisor.measurements import CalibrationError
 from advisor.units import MiB
 
 # (field, lower, upper, start)
@@ -51,7 +51,7 @@ def fit_world(base: Hardware, collective: str, n: np.ndarray, per_node: np.ndarr
     free = _FREE + ((_HOP,) if len(nodes) > 1 else ())
     names = [f[0] for f in free]
     lo, hi = np.array([f[1] for f in free]), np.array([f[2] for f in free])
-    judged = _judged(S, judge_from_bytes)
+    judged = judged_sizes(S, judge_from_bytes)
     w = np.where(judged, 1.0, 0.3)
 
     def hw_with(x) -> Hardware:
@@ -64,7 +64,7 @@ def fit_world(base: Hardware, collective: str, n: np.ndarray, per_node: np.ndarr
     best = None
     for mult in _STARTS:
         x0 = np.clip([f[3] * m for f, m in zip(free, mult + (1.0,) * (len(free) - len(mult)))], lo, hi)
-        x = _least_squares(lambda x: w * np.log(pred(x) / t), x0, lo, hi)
+        x = least_squares(lambda x: w * np.log(pred(x) / t), x0, lo, hi)
         err = np.abs(pred(x)[judged] / t[judged] - 1)
         if best is None or err.max() + err.mean() < best[1]:
             best = (x, err.max() + err.mean())

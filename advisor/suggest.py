@@ -11,7 +11,7 @@ Deliberately left out: CPU/NVMe offload (not modelled), changing the model.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -20,15 +20,12 @@ from advisor.hardware import Hardware
 from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
 from advisor.model import ModelSpec
 from advisor.plans import Columns, Plan
-from advisor.search import (
-    MAX_WORLD,
-    PlanSearch,
-    default_global_batch,
-    pair_violations,
-    tp_pp_pairs,
-)
+from advisor.space import MAX_WORLD, default_global_batch, pair_violations, tp_pp_pairs
 from advisor.styles import Scalars
 from advisor.units import GB
+
+if TYPE_CHECKING:  # the search passes itself in; suggest never runs a search of its own
+    from advisor.search import PlanSearch
 
 
 def _gpus(n: int) -> str:
@@ -111,7 +108,7 @@ def min_fitting_world(s: "PlanSearch") -> Optional[tuple[int, str]]:
     return hi
 
 
-def suggest_fix(s: PlanSearch) -> str:
+def suggest_fix(s: "PlanSearch") -> str:
     """What would fit, computed: the fewest GPUs, a shorter sequence, a GPU with more memory; or the
     constraint that rejected every plan."""
     tips = []

@@ -12,11 +12,12 @@ import numpy as np
 
 
 def main() -> None:
+    from advisor.estimate import Scalars, evaluate
     from advisor.hardware import load_hardware
     from advisor.model import load_model
     from advisor.plans import TrainingSetup
-    from advisor.estimate import Scalars, evaluate
-    from advisor.search import enumerate_candidates, plan
+    from advisor.search import plan
+    from advisor.space import enumerate_candidates
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt3-175b")

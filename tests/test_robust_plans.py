@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 import pytest
+from _robust import tried
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from _robust import tried
 from advisor.api import PlanError, build_inputs, estimate
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, load_hardware
@@ -263,7 +263,7 @@ def test_search_space_counts_match_full_enumeration():
     """The layout pruning (pairs rejected before enumeration are counted, not built) changes no count."""
     from advisor.model import load_model
     from advisor.plans import Columns, violations
-    from advisor.search import enumerate_candidates
+    from advisor.space import enumerate_candidates
 
     spec, hw = load_model("llama3-8b"), load_hardware("dgx-a100")
     for world, gb in ((720, 720), (96, 48), (24, 24)):

@@ -1,0 +1,116 @@
+"""The search space: every plan a world size admits, as numpy columns (no estimates here).
+
+dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across nodes,
+nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages, micro-batch
+size, recomputation; structural duplicates are left out (SP without TP, schedules without a pipeline,
+ZeRO over one replica). advisor.search evaluates and ranks them; advisor.suggest re-runs a corner of
+the space when nothing fits.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.plans import Columns, violations
+
+MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
+# (schedule code, virtual stages): 0 gpipe, 1 1f1b, 2 interleaved
+SCHEDULES = [(1, 1), (0, 1), (2, 2), (2, 3), (2, 4), (2, 6), (2, 8)]
+# data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
+VARIANTS = (0, 1, 2)
+# Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
+# 2M rows is ~0.5-1 GB. Realistic clusters stay far below (16,384 GPUs: ~0.5M rows before constraints).
+MAX_CANDIDATES = 2_000_000
+# The largest cluster the search accepts (10x today's largest training clusters).
+MAX_WORLD = 10_000_000
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def default_global_batch(world: int, seq_len: int) -> int:
+    """About half a million tokens per step (GPT-3's smallest models; Brown et al. 2020 Table 2.1),
+    rounded up to a multiple of the world size so that every pure-DP plan divides it."""
+    target = max(1, round(2**19 / seq_len))
+    return int(world * max(1, -(-target // world)))
+
+
+def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
+    """Every (tp, pp) with tp * pp dividing the world size (dp = world / (tp * pp))."""
+    return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
+
+
+def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool):
+    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant) and which rows are kept."""
+    grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
+                        np.arange(len(MICRO_BATCHES)), np.arange(3), np.array(VARIANTS), indexing="ij")
+    pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
+    tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
+    mb = MICRO_BATCHES[mi]
+    multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
+    keep = (
+        ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
+        & ~((pp == 1) & (si != 0))  # schedules only differ with a pipeline
+        & (global_batch % (mb * dp) == 0)  # Megatron: global batch divisible by micro_batch x dp
+        & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
+        & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
+        & ~((dp == 1) & (zero > 0))  # ZeRO over one replica is no ZeRO
+    )
+    return (pi, zero, sp, si, mi, rc, var), keep
+
+
+def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool) -> np.ndarray:
+    """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
+    through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
+    if not pairs:
+        return np.zeros(0, dtype=np.int64)
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64)
+    keys = np.stack([world // (tp_a * pp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    counts = np.zeros(len(uniq), dtype=np.int64)
+    for start in range(0, len(uniq), 256):  # bounded memory: 256 keys x 4,032 rows at a time
+        u = uniq[start:start + 256]
+        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node)
+        counts[start:start + len(u)] = np.bincount(pi[keep], minlength=len(u))
+    return counts[np.asarray(inverse).reshape(-1)]
+
+
+def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_node: bool,
+                         pairs: Optional[list[tuple[int, int]]] = None) -> Columns:
+    """All combinations as numpy columns (structural duplicates removed, constraints not applied).
+
+    ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
+    pairs = tp_pp_pairs(world) if pairs is None else pairs
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+    (pi, zero, sp, si, mi, rc, var), keep = _grid(tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node)
+    tp, pp = tp_a[pi], pp_a[pi]
+    dp = world // (tp * pp)
+    sched = np.array([s[0] for s in SCHEDULES])[si]
+    v = np.array([s[1] for s in SCHEDULES])[si]
+    mb = MICRO_BATCHES[mi]
+    idx = np.nonzero(keep)[0]
+    ga = global_batch // (mb[idx] * dp[idx])
+    return Columns(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
+                   schedule=sched[idx], v=v[idx], dp_kind=(var[idx] == 1).astype(int), overlap=np.ones(len(idx), bool),
+                   micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx], tp_across_nodes_ok=False)
+
+
+def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
+                    allow_tp_across_nodes: bool) -> dict[str, np.ndarray]:
+    """The constraints that a (tp, pp) layout breaks whatever the rest of the plan (checked once per pair)."""
+    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
+    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+    n = len(tp_a)
+    c = Columns(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
+                sp=np.zeros(n, bool), schedule=np.ones(n, int), v=np.ones(n, int), dp_kind=np.zeros(n, int),
+                overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=np.ones(n, int),
+                recompute=np.zeros(n, int), tp_across_nodes_ok=allow_tp_across_nodes)
+    return violations(c, spec, hw, world)
