@@ -4,7 +4,7 @@ import pytest
 
 from advisor.hardware import HardwareError, hardware_from_yaml, hardware_to_yaml, list_profiles, load_hardware
 
-REQUIRED = {"titan-rtx-nvlink", "titan-rtx-pcie", "dgx-a100", "aws-p4d", "dgx-h100"}
+REQUIRED = {"titan-rtx-nvlink", "titan-rtx-pcie", "dgx-a100", "aws-p4d", "dgx-h100", "gcp-a3-mega"}
 
 
 def test_required_profiles_ship():

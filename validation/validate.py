@@ -466,11 +466,12 @@ def validate_published() -> DatasetReport:
 # Published collective sweeps (validation/data/published_collectives.yaml) run on a system a shipped profile
 # describes: entry id -> profile. They are the sweeps those profiles' links were fitted to, so this is a check
 # of the fits (and of the sizes below the fitted range), not an independent validation.
-COLLECTIVE_SWEEPS = {"nvidia_dgxc_dgxh100_8gpu_allreduce": "dgx-h100", "aws_p4d_2node_16gpu_efa_allreduce": "aws-p4d"}
+COLLECTIVE_SWEEPS = {"nvidia_dgxc_dgxh100_8gpu_allreduce": "dgx-h100", "aws_p4d_2node_16gpu_efa_allreduce": "aws-p4d",
+                     "gcp_a3mega_2node_16gpu_allreduce": "gcp-a3-mega"}
 
 
 def validate_collectives() -> DatasetReport:
-    """Published nccl-tests sweeps on DGX H100 and 2x p4d vs the comm model with their profiles."""
+    """Published nccl-tests sweeps on DGX H100, 2x p4d and 2x A3 Mega vs the comm model with their profiles."""
     entries = {e["id"]: e for e in ds.load_published_collectives()}
     points, small = [], []
     for pid, prof in COLLECTIVE_SWEEPS.items():
@@ -486,9 +487,11 @@ def validate_collectives() -> DatasetReport:
         by_prof[p.kind].append(abs(p.error_pct))
     notes = [f"scored from 1 MiB; below it ({len(small)} sizes, latency-bound, not scored) the median error is "
              + ", ".join(f"{k} {np.median(v):.0f}%" for k, v in sorted(by_prof.items()))
-             + " (dgx-h100 has a low-latency path fitted to these sizes; aws-p4d has none)",
-             "these are the sweeps the dgx-h100 and aws-p4d links were fitted to: a check of the fits, not an independent test"]
-    return _report("collectives", "published nccl-tests all_reduce: DGX H100 (8 GPUs), 2x AWS p4d (16 GPUs, EFA)",
+             + " (dgx-h100 has a low-latency path fitted to these sizes; aws-p4d and gcp-a3-mega have none)",
+             "these are the sweeps the dgx-h100, aws-p4d and gcp-a3-mega links were fitted to: a check of the fits, "
+             "not an independent test"]
+    return _report("collectives", "published nccl-tests all_reduce: DGX H100 (8 GPUs), 2x AWS p4d (16 GPUs, EFA), "
+                   "2x GCP A3 Mega (16 GPUs)",
                    "all-reduce time (s)", len(points) + len(small), points, Counter(), notes=notes)
 
 
