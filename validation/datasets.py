@@ -196,6 +196,35 @@ def load_nccl_a100() -> list[NcclRow]:
     return [NcclRow(**rec) for rec in _read_csv("a100_nccl_allreduce.csv")]
 
 
+# -- aiconfigurator kernel timings: GEMMs on A100 and H100, NCCL 2.27 collectives on A100 -------------------
+class KernelGemmRow(Row):
+    gpu: Literal["a100", "h100"]
+    m: int
+    n: int
+    k: int
+    math: Literal["fp16"]
+    time_s: float
+
+    @property
+    def hardware_profile(self) -> str:
+        return {"a100": "dgx-a100", "h100": "dgx-h100"}[self.gpu]
+
+
+class KernelCollectiveRow(Row):
+    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+    n_gpus: int
+    size_bytes: int  # the whole buffer, as nccl-tests' "size" (all-gather: the output; reduce-scatter: the input)
+    time_s: float
+
+
+def load_aiconfigurator_gemm() -> list[KernelGemmRow]:
+    return [KernelGemmRow(**rec) for rec in _read_csv("aiconfigurator_gemm.csv")]
+
+
+def load_aiconfigurator_nccl_a100() -> list[KernelCollectiveRow]:
+    return [KernelCollectiveRow(**rec) for rec in _read_csv("aiconfigurator_nccl_a100.csv")]
+
+
 # -- one H100: Hugging Face training steps ----------------------------------------------------------------
 class Shape(Row):
     """A transformer's dimensions as the datasets record them."""

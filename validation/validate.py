@@ -495,8 +495,18 @@ def validate_collectives() -> DatasetReport:
                    "all-reduce time (s)", len(points) + len(small), points, Counter(), notes=notes)
 
 
+def _kernels(name: str) -> Callable[[], DatasetReport]:
+    """A validator of validation.validate_kernels (which imports this module: imported when run)."""
+    def run() -> DatasetReport:
+        from validation import validate_kernels
+
+        return getattr(validate_kernels, name)()
+    return run
+
+
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
-              "collectives": validate_collectives, "h100": validate_h100, "published": validate_published}
+              "collectives": validate_collectives, "a100-collectives": _kernels("validate_a100_collectives"),
+              "gemm": _kernels("validate_gemm"), "h100": validate_h100, "published": validate_published}
 
 
 def run(names: Optional[list[str]] = None) -> Report:
