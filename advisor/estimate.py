@@ -179,12 +179,18 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # Megatron's pipeline schedules synchronise the device after every stage-to-stage exchange
     # (p2p_communication._communicate: batch_isend_irecv, wait, then torch.cuda.synchronize(); megatron-core
     # 0.8.0 with its defaults batch_p2p_comm = batch_p2p_sync = True, and Megatron-LM since 2021), so with pp > 1 a micro-batch's forward and its backward each start
-    # on an empty queue and end drained: each phase takes the longer of its host and GPU time.
+    # on an empty queue and end drained: each phase takes the longer of its host and GPU time. Without a pipeline
+    # the forward drains too: DeepSpeed 0.9.5's engine.backward() logs loss.mean().item() on every micro-batch but
+    # the last of a step before it issues the backward (runtime/engine.py; from 0.14 the loss stays on the device),
+    # and Megatron-LM's 2021 timers synchronise at the start and end of forward_step and backward_step.
+    # (A CPU probe of Megatron-DeepSpeed's loop under deepspeed 0.9.5, 0.14.5 and 0.19.8 counted the engine's
+    # synchronize() calls: two per micro-batch, ThroughputTimer start and stop, plus that .item() in 0.9.5; the
+    # engine's own Python adds ~0.17 ms per micro-batch and ~0.9 ms per step on this machine, not costed.)
     gpu_fwd = layers_stage * layer_fwd + head_fwd + tp_mb * 2.0 / n_ar + np.where(tp > 1, emb_tp + ce_tp, 0.0)
     n_hf, n_hb = HOST_HEAD_OPS[("megatron", "gpt")]
     host_fwd_all = host_fwd + head_host * n_hf / (n_hf + n_hb)
     phases_mb = np.maximum(host_fwd_all, gpu_fwd) + np.maximum(host_mb - host_fwd_all, gpu_mb - gpu_fwd)
-    flow_mb = np.where(megatron & (pp > 1), np.maximum(flow_mb, phases_mb), flow_mb)
+    flow_mb = np.where(megatron, np.maximum(flow_mb, phases_mb), flow_mb)
     host_excess_mb = np.maximum(np.maximum(host_mb, flow_mb) - gpu_mb, 0.0)
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)
     # Fill and drain pass once through each of the other stages, which hold layers only: the last stage's

@@ -22,7 +22,8 @@ needs_reference = pytest.mark.skipif(REFERENCE is None, reason="raw reference fi
 DATASET_FILES = [
     "seeds_titan_rtx.yaml", "seeds_dgx_a100.yaml", "vtrain_a100.csv", "vtrain_a100.meta.yaml",
     "a100_nccl_allreduce.csv", "h100_single_gpu.jsonl", "published_runs.yaml", "published_collectives.yaml",
-    "published_runs_normalised.csv", "published_runs_skipped.csv",
+    "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
+    "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 
@@ -30,7 +31,8 @@ PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 @pytest.mark.parametrize("loader, n_rows", [
     (ds.load_titan_seed, 3), (ds.load_dgx_seed, 4), (ds.load_vtrain, 1440), (ds.load_nccl_a100, 7 * 1024),
     (ds.load_h100_single, 3), (ds.load_published_runs, 27), (ds.load_published_runs_raw, 59),
-    (ds.load_published_collectives, 36),
+    (ds.load_published_collectives, 36), (ds.load_aiconfigurator_gemm, 2 * 1296),
+    (ds.load_aiconfigurator_nccl_a100, 4 * 3 * 21),
 ])
 def test_row_counts(loader, n_rows):
     assert len(loader()) == n_rows
