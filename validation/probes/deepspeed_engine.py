@@ -364,27 +364,30 @@ def run(rank, args, result_q=None):
 
         return types.SimpleNamespace(name="ds", fwd=fwd, bwd=bwd, step=step, model=eng.module, engine=eng)
 
+    def timed_mb(r, x, y, boundary, record=None):
+        """One micro-batch of runner r: (fwd, bwd, step, total) seconds, appended to record[(boundary, phase)]."""
+        pc = time.perf_counter
+        t0 = pc()
+        loss = r.fwd(x, y)
+        t1 = pc()
+        r.bwd(loss)
+        t2 = pc()
+        r.step()
+        t3 = pc()
+        times = (t1 - t0, t2 - t1, t3 - t2, t3 - t0)
+        if record is not None:
+            for phase, dt in zip(("fwd", "bwd", "step", "total"), times):
+                record[(boundary, phase)].append(dt)
+        return times
+
     def cycle(r, n_cycles, record=None, k0=0):
         """Run n_cycles*G micro-batches. record: dict of lists keyed by (boundary?, phase)."""
-        pc = time.perf_counter
         k = k0
         for _ in range(n_cycles):
             for j in range(G):
                 x, y = data[k % NB]
                 k += 1
-                t0 = pc()
-                loss = r.fwd(x, y)
-                t1 = pc()
-                r.bwd(loss)
-                t2 = pc()
-                r.step()
-                t3 = pc()
-                if record is not None:
-                    b = (j == G - 1)
-                    record[(b, "fwd")].append(t1 - t0)
-                    record[(b, "bwd")].append(t2 - t1)
-                    record[(b, "step")].append(t3 - t2)
-                    record[(b, "total")].append(t3 - t0)
+                timed_mb(r, x, y, j == G - 1, record)
         return k
 
     results = {"rounds": []}
@@ -407,7 +410,6 @@ def run(rank, args, result_q=None):
         pair = collections.defaultdict(list)  # paired per-micro-batch differences ds - plain
         cyc_sum = collections.defaultdict(float)
         cyc_tot = collections.defaultdict(list)
-        pc = time.perf_counter
         import random
         rng = random.Random(1000 + rnd)  # same sequence on every rank
         if ws > 1:
@@ -425,20 +427,8 @@ def run(rank, args, result_q=None):
                 order = list(runners)
                 rng.shuffle(order)  # random order per micro-batch: no runner always follows another's step
                 for r in order:
-                    t0 = pc()
-                    loss = r.fwd(x, y)
-                    t1 = pc()
-                    r.bwd(loss)
-                    t2 = pc()
-                    r.step()
-                    t3 = pc()
-                    d = rec[r.name]
-                    d[(b, "fwd")].append(t1 - t0)
-                    d[(b, "bwd")].append(t2 - t1)
-                    d[(b, "step")].append(t3 - t2)
-                    d[(b, "total")].append(t3 - t0)
-                    tt[r.name] = (t1 - t0, t2 - t1, t3 - t2, t3 - t0)
-                    cyc_sum[r.name] += t3 - t0
+                    tt[r.name] = timed_mb(r, x, y, b, rec[r.name])
+                    cyc_sum[r.name] += tt[r.name][3]
                 if b:
                     for nm_ in list(cyc_sum):
                         cyc_tot[nm_].append(cyc_sum[nm_])
