@@ -197,6 +197,9 @@ def load_nccl_a100() -> list[NcclRow]:
 
 
 # -- aiconfigurator kernel timings: GEMMs on A100 and H100, NCCL 2.27 collectives on A100 -------------------
+GEMM_GPU_PROFILES = {"a100": "dgx-a100", "h100": "dgx-h100"}  # the shipped profile of each timed GPU
+
+
 class KernelGemmRow(Row):
     gpu: Literal["a100", "h100"]
     m: int
@@ -207,7 +210,7 @@ class KernelGemmRow(Row):
 
     @property
     def hardware_profile(self) -> str:
-        return {"a100": "dgx-a100", "h100": "dgx-h100"}[self.gpu]
+        return GEMM_GPU_PROFILES[self.gpu]
 
 
 class KernelCollectiveRow(Row):

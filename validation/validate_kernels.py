@@ -40,17 +40,25 @@ A100_GEMM_SHAPES_MIN_FLOPS = 1e10
 COLLECTIVES_MIN_BYTES = 8 * MiB
 
 
+def _shared_shapes(rows: list[ds.KernelGemmRow]) -> list[tuple[int, int, int, float, float]]:
+    """(m, n, k, A100 seconds, H100 seconds scaled by H100 peak / A100 peak) for every shape of at least
+    A100_GEMM_SHAPES_MIN_FLOPS timed on both GPUs: equal times mean equal fractions of peak."""
+    time = {(r.gpu, r.m, r.n, r.k): r.time_s for r in rows}
+    peak = {g: _hardware(p).gpu.peak_flops_per_s("fp16") for g, p in ds.GEMM_GPU_PROFILES.items()}
+    return [(m, n, k, t, time[("h100", m, n, k)] * peak["h100"] / peak["a100"])
+            for (g, m, n, k), t in sorted(time.items())
+            if g == "a100" and ("h100", m, n, k) in time and 2.0 * m * n * k >= A100_GEMM_SHAPES_MIN_FLOPS]
+
+
+def _ratio_stats(shared: list[tuple[int, int, int, float, float]]) -> tuple[float, float, float, int]:
+    q = np.percentile([h100 / a100 for *_, a100, h100 in shared], [50, 25, 75])
+    return float(q[0]), float(q[1]), float(q[2]), len(shared)
+
+
 def gemm_efficiency_ratio() -> tuple[float, float, float, int]:
     """(median, 25th, 75th percentile, shapes) of A100 efficiency / H100 efficiency over the shared GEMM shapes
     of at least A100_GEMM_SHAPES_MIN_FLOPS, each efficiency being FLOP/s over its profile's datasheet peak."""
-    rows = ds.load_aiconfigurator_gemm()
-    time = {(r.gpu, r.m, r.n, r.k): r.time_s for r in rows}
-    peak = {g: _hardware(p).gpu.peak_flops_per_s("fp16") for g, p in (("a100", "dgx-a100"), ("h100", "dgx-h100"))}
-    ratios = [(time[("h100", m, n, k)] * peak["h100"]) / (t * peak["a100"])
-              for (g, m, n, k), t in time.items()
-              if g == "a100" and ("h100", m, n, k) in time and 2.0 * m * n * k >= A100_GEMM_SHAPES_MIN_FLOPS]
-    q = np.percentile(ratios, [50, 25, 75])
-    return float(q[0]), float(q[1]), float(q[2]), len(ratios)
+    return _ratio_stats(_shared_shapes(ds.load_aiconfigurator_gemm()))
 
 
 def validate_gemm() -> DatasetReport:
@@ -58,18 +66,15 @@ def validate_gemm() -> DatasetReport:
     predicted as the H100's x (H100 peak / A100 peak) / the median ratio, against the A100's measured time; and
     (extras, notes) how far both profiles' GEMM models sit from this harness."""
     rows = ds.load_aiconfigurator_gemm()
-    time = {(r.gpu, r.m, r.n, r.k): r.time_s for r in rows}
-    peak = {g: _hardware(p).gpu.peak_flops_per_s("fp16") for g, p in (("a100", "dgx-a100"), ("h100", "dgx-h100"))}
-    med, lo, hi, shapes = gemm_efficiency_ratio()
+    shared = _shared_shapes(rows)
+    med, lo, hi, shapes = _ratio_stats(shared)
     points = []
-    for (g, m, n, k), t in sorted(time.items()):
+    for m, n, k, t, h100_scaled in shared:
         flops = 2.0 * m * n * k
-        if g == "a100" and ("h100", m, n, k) in time and flops >= A100_GEMM_SHAPES_MIN_FLOPS:
-            pred = time[("h100", m, n, k)] * peak["h100"] / peak["a100"] / med
-            kind = "1e10-1e11 FLOPs" if flops < 1e11 else ("1e11-1e12 FLOPs" if flops < 1e12 else ">= 1e12 FLOPs")
-            points.append(Point(label=f"{m}x{n}x{k}", kind=kind, predicted=pred, measured=t))
+        kind = "1e10-1e11 FLOPs" if flops < 1e11 else ("1e11-1e12 FLOPs" if flops < 1e12 else ">= 1e12 FLOPs")
+        points.append(Point(label=f"{m}x{n}x{k}", kind=kind, predicted=h100_scaled / med, measured=t))
     gap = {}
-    for gpu, prof in (("a100", "dgx-a100"), ("h100", "dgx-h100")):
+    for gpu, prof in ds.GEMM_GPU_PROFILES.items():
         hw = _hardware(prof)
         rs = [r for r in rows if r.gpu == gpu and 2.0 * r.m * r.n * r.k >= A100_GEMM_SHAPES_MIN_FLOPS]
         m, n, k, t = (np.array([getattr(r, c) for r in rs], dtype=float) for c in ("m", "n", "k", "time_s"))
@@ -97,10 +102,14 @@ def validate_a100_collectives() -> DatasetReport:
     rows = ds.load_aiconfigurator_nccl_a100()
     hw = _hardware("dgx-a100")
     points, small = [], defaultdict(list)
-    for r in rows:
-        pred = float(comm.collective_time(r.collective, r.n_gpus, r.size_bytes, hw, r.n_gpus))
+    pred = np.empty(len(rows))
+    for coll in {r.collective for r in rows}:  # one vectorised call per collective
+        at = [i for i, r in enumerate(rows) if r.collective == coll]
+        n = np.array([rows[i].n_gpus for i in at], dtype=float)
+        pred[at] = comm.collective_time(coll, n, np.array([rows[i].size_bytes for i in at], dtype=float), hw, n)
+    for r, t in zip(rows, pred):
         p = Point(label=f"{r.collective} {r.n_gpus} GPUs {r.size_bytes} B", kind=f"{r.collective} {r.n_gpus} GPUs",
-                  predicted=pred, measured=r.time_s)
+                  predicted=float(t), measured=r.time_s)
         if r.size_bytes >= COLLECTIVES_MIN_BYTES:
             points.append(p)
         else:

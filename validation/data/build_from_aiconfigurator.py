@@ -25,7 +25,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from validation.data.build_from_reference import _write_csv
+
 GEMM_FILES = {"a100": "aiconfigurator/systems/data/a100_sxm/trtllm/1.0.0/gemm_perf.txt",
               "h100": "aiconfigurator/systems/data/h100_sxm/trtllm/1.0.0rc3/gemm_perf.txt"}
 NCCL_FILE = "aiconfigurator/systems/data/a100_sxm/nccl/2.27.3/nccl_perf.txt"
@@ -38,14 +39,6 @@ def _reader(source: Path, member: str):
         with zipfile.ZipFile(source) as z:
             return csv.DictReader(io.StringIO(z.read(member).decode()))
     return csv.DictReader(io.StringIO((source / member).read_text()))
-
-
-def _write(name: str, columns: list[str], rows: list[list]) -> int:
-    with (HERE / name).open("w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(columns)
-        w.writerows(rows)
-    return len(rows)
 
 
 def gemm_rows(source: Path) -> list[list]:
@@ -69,8 +62,8 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit(__doc__)
     source = Path(argv[0])
-    n = _write("aiconfigurator_gemm.csv", ["gpu", "m", "n", "k", "math", "time_s"], gemm_rows(source))
-    c = _write("aiconfigurator_nccl_a100.csv", ["collective", "n_gpus", "size_bytes", "time_s"], nccl_rows(source))
+    n = _write_csv("aiconfigurator_gemm.csv", ["gpu", "m", "n", "k", "math", "time_s"], gemm_rows(source))
+    c = _write_csv("aiconfigurator_nccl_a100.csv", ["collective", "n_gpus", "size_bytes", "time_s"], nccl_rows(source))
     print(f"aiconfigurator_gemm.csv: {n} rows; aiconfigurator_nccl_a100.csv: {c} rows")
 
 
