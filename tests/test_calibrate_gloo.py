@@ -38,14 +38,19 @@ def test_gloo_sweep_fit_and_profile(tmp_path, nproc, iters):
         assert not failed and sorted(set(n)) == groups and len(S) == 11 * len(groups)
     assert {r["kind"] for r in rows} >= {"collective", "matmul", "copy", "optimizer"}
     # The fitted link reproduces the all-reduce measurements it was fitted to. Stated error: CPU timings of
-    # gloo processes sharing few cores jitter by tens of percent, and 4 ranks on a 2-core CI box are
-    # scheduling-bound (2-20 ms per call, spread 5x), so: the median point within 3x.
+    # gloo processes sharing two vCPUs are preemption-bound: in a Firecracker VM the medians of a 2-rank sweep
+    # were seen bimodal, some sizes at ~0.3 ms and others at ~4 ms (a scheduler time slice), so no smooth
+    # curve can sit within 3x of every median. A point agrees when the fitted time lies inside its measured
+    # spread [fastest, slowest call] or within 3x of its median; 80% of the points must agree. A broken fit
+    # (wrong units, a degenerate start-up, bandwidth off by 10x) leaves the spread at most sizes. The fit's
+    # accuracy is pinned on real NCCL data in tests/test_calibrate.py (the shipped A100 sweep).
     n, S, t, _ = collective_points(rows, "intra", "all_reduce")
-    rel = np.abs(np.log(link_time("all_reduce", n, S, hw.intra_node) / t))
-    # On a 2-core CI box the ranks share cores with pytest: a 2-rank sweep was seen at 2.2x median error on a
-    # loaded machine, so both counts get the 3x bound; the fit's accuracy is pinned on real NCCL data in
-    # tests/test_calibrate.py (the shipped A100 sweep).
-    assert np.median(rel) < np.log(3.0)
+    model = link_time("all_reduce", n, S, hw.intra_node)
+    spread = {(r["n_ranks"], r["size_bytes"]): (r["time_min_s"], r["time_max_s"]) for r in rows
+              if r["kind"] == "collective" and r["link"] == "intra" and r["collective"] == "all_reduce"}
+    lo, hi = np.array([spread[(int(a), int(b))] for a, b in zip(n, S)]).T
+    agree = ((model >= lo) & (model <= hi)) | (np.abs(np.log(model / t)) < np.log(3.0))
+    assert np.mean(agree) >= 0.8, list(zip(S, t, model))
     # nccl-tests columns: busbw = algbw * bus factor, with the model's table
     row = next(r for r in rows if r["kind"] == "collective" and r["collective"] == "all_reduce")
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (row["n_ranks"] - 1) / row["n_ranks"])
