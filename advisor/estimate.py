@@ -189,7 +189,13 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     gpu_fwd = layers_stage * layer_fwd + head_fwd + tp_mb * 2.0 / n_ar + np.where(tp > 1, emb_tp + ce_tp, 0.0)
     n_hf, n_hb = HOST_HEAD_OPS[("megatron", "gpt")]
     host_fwd_all = host_fwd + head_host * n_hf / (n_hf + n_hb)
-    phases_mb = np.maximum(host_fwd_all, gpu_fwd) + np.maximum(host_mb - host_fwd_all, gpu_mb - gpu_fwd)
+    # The forward ends with the LM head and the loss (GPU-heavy, few ops): the GPU can start them only once
+    # the host has issued every layer before them, so a host-bound forward lasts at least the layers' host
+    # time plus the head's GPU time (the flow shop split just before the head; the embedding lookup at the
+    # start, ~2 tokens x h x bytes of head_fwd, is counted in the tail too: < 1% of it).
+    fwd_tail = host_fwd + head_fwd + np.where(tp > 1, ce_tp, 0.0)
+    phase_fwd = np.maximum(np.maximum(host_fwd_all, gpu_fwd), fwd_tail)
+    phases_mb = phase_fwd + np.maximum(host_mb - host_fwd_all, gpu_mb - gpu_fwd)
     flow_mb = np.where(megatron, np.maximum(flow_mb, phases_mb), flow_mb)
     host_excess_mb = np.maximum(np.maximum(host_mb, flow_mb) - gpu_mb, 0.0)
     bubble_frac = np.where(pp > 1, (pp - 1.0) / v, 0.0)

@@ -194,6 +194,35 @@ def test_pipeline_phases_start_and_end_drained():
     assert estimate(pp=2, **kw).breakdown["host_overhead"] > 0.01
 
 
+def test_host_bound_forward_ends_with_the_heads_gpu_time():
+    # The forward ends with the LM head and the loss: few ops, much GPU work. The GPU can start them only
+    # once the host has issued every layer before them, and the forward is drained before the backward
+    # (DeepSpeed 0.9.5's loss .item(), Megatron's timers), so a host-bound micro-batch lasts the forward
+    # layers' host time + the head's GPU time + the host time of the rest (two-machine flow shop split just
+    # before the head). gpt2-medium shape, micro-batch 1, fp16, full recompute, one A100: host-bound layers.
+    from advisor.compute import HOST_HEAD_OPS, Workload, head_host_time, head_times, layer_times
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.plans import Attention, Precision
+
+    hw, m = load_hardware("dgx-a100"), load_model("gpt2-medium")
+    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
+    lt = layer_times(m, hw, w, 1, 1, 2)
+    head_fwd, head_bwd = (float(x) for x in head_times(m, hw, w, 1, 1))
+    head_host = float(head_host_time(m, hw, w))
+    n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt")]
+    L = m.n_layers
+    assert float(lt.host_fwd_s) > float(lt.fwd_s) and float(lt.host_bwd_s + lt.host_recompute_s) > float(lt.bwd_s + lt.recompute_s)
+    assert head_fwd > head_host * n_f / (n_f + n_b)  # the head's GPU time outlasts its own issue time
+    rest = L * float(lt.host_bwd_s + lt.host_recompute_s) + head_host * n_b / (n_f + n_b)
+    assert rest > L * float(lt.bwd_s + lt.recompute_s) + head_bwd
+    e = estimate(model="gpt2-medium", hw="dgx-a100", gpus=1, micro_batch=1, global_batch=4, seq=1024,
+                 precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+    per_mb = sum(e.breakdown[k] for k in ("compute/forward", "compute/backward", "compute/recompute", "host_overhead")) / 4
+    assert per_mb == pytest.approx(L * float(lt.host_fwd_s) + head_fwd + rest, rel=1e-9)
+    assert per_mb > L * float(lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s) + head_host  # more than the host alone
+
+
 def test_precision_must_be_one_the_gpu_runs_and_defaults_to_its_best():
     # Turing (Titan RTX) has no bf16 (PyTorch refuses bf16 autocast there), Ampere no fp8 (Transformer
     # Engine needs sm89+): asking for them is a one-line error naming the fix; the default is bf16-mixed
