@@ -144,6 +144,11 @@ def _startup(time_of_one_byte, ranks: Any) -> Any:
     """A phase's time for one byte, per entry of ``ranks``: it depends on the rank count alone, so it is computed
     once per distinct count (the search passes a few distinct counts over many plans)."""
     ranks = np.asarray(ranks, dtype=float)
+    top = float(ranks.max()) if ranks.size else 0.0
+    if 1.0 <= ranks.min(initial=1.0) and top <= 65536 and np.all(ranks == np.floor(ranks)):
+        # whole rank counts: a table over 1..max, looked up, is cheaper than sorting the plans to find them
+        table = np.asarray(time_of_one_byte(np.arange(1.0, top + 1.0)), dtype=float)
+        return table[ranks.astype(np.intp) - 1]
     distinct, where = np.unique(ranks, return_inverse=True)
     return np.asarray(time_of_one_byte(distinct), dtype=float)[where.reshape(ranks.shape)]
 
@@ -160,11 +165,22 @@ def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardwar
 def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):
     """(seconds, path) where path is 0 intra-node, 1 ring across nodes, 2 hierarchical."""
     c = Collective(coll)
-    n = np.asarray(n, dtype=float)
-    S = np.asarray(size_bytes, dtype=float)
-    g = np.clip(np.asarray(per_node, dtype=float), 1.0, np.maximum(n, 1.0))
+    n, S, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float),
+                                         np.asarray(per_node, dtype=float))
+    g = np.clip(per_node, 1.0, np.maximum(n, 1.0))
     k = np.ceil(n / g)
-    intra = link_time(c, n, S, hw.intra_node)
+    t = link_time(c, n, S, hw.intra_node)
+    path = np.zeros(n.shape, dtype=int)
+    multi = k > 1
+    if np.any(multi):  # the search's TP groups never leave a node: cost the network paths only where used
+        ring, hier = _across_nodes(c, n[multi], S[multi], g[multi], k[multi], t[multi], hw)
+        t[multi] = np.minimum(ring, hier)
+        path[multi] = np.where(hier < ring, 2, 1)
+    return np.where((n <= 1) | (S <= 0), 0.0, t), path
+
+
+def _across_nodes(c: Collective, n: Any, S: Any, g: Any, k: Any, intra: Any, hw: Hardware) -> tuple[Any, Any]:
+    """(ring, hierarchical) seconds for groups of n GPUs spanning k nodes with g of them per node."""
     # Ring across nodes: busbw bounded by each GPU's share of its node's NICs (rail-optimised nodes: one
     # NIC per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs
     # measured (Narayanan et al. 2021 Table 2, 175B, pure dp, one micro-batch per GPU per step at 768 and
@@ -175,24 +191,20 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     # hierarchical path below costs with every NIC of the node busy.
     share = hw.inter_node_share_per_gpu
     ring = np.maximum(link_time(c, n, S, hw.inter_node, share), intra)
+    if c is not Collective.all_reduce:
+        # NCCL has no hierarchical algorithm for all-gather / reduce-scatter alone: those stay on the ring.
+        return ring, ring
     # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
     # nodes on each GPU's NIC share (all g NICs of a node busy at once), intra-node all-gather, pipelined:
-    # the slower of the NVLink phases and the NIC phase, plus both start-ups (module docstring). NCCL has
-    # no such algorithm for all-gather / reduce-scatter alone: those stay on the ring.
+    # the slower of the NVLink phases and the NIC phase, plus both start-ups (module docstring).
     inter_part = link_time(c, k, S / g, hw.inter_node, share)
-    if c is Collective.all_reduce:
-        in_node = (link_time(Collective.reduce_scatter, g, S, hw.intra_node)
-                   + link_time(Collective.all_gather, g, S, hw.intra_node))
-        in_node0 = _startup(lambda x: link_time(Collective.reduce_scatter, x, 1.0, hw.intra_node)
-                            + link_time(Collective.all_gather, x, 1.0, hw.intra_node), g)
-        inter0 = _startup(lambda x: link_time(c, x, 1.0, hw.inter_node, share), k)
-        hier = np.maximum(in_node - in_node0, inter_part - inter0) + in_node0 + inter0
-    else:
-        hier = ring
-    multi = k > 1
-    t = np.where(multi, np.minimum(ring, hier), intra)
-    path = np.where(multi, np.where(hier < ring, 2, 1), 0)
-    return np.where((n <= 1) | (S <= 0), 0.0, t), path
+    in_node = (link_time(Collective.reduce_scatter, g, S, hw.intra_node)
+               + link_time(Collective.all_gather, g, S, hw.intra_node))
+    in_node0 = _startup(lambda x: link_time(Collective.reduce_scatter, x, 1.0, hw.intra_node)
+                        + link_time(Collective.all_gather, x, 1.0, hw.intra_node), g)
+    inter0 = _startup(lambda x: link_time(c, x, 1.0, hw.inter_node, share), k)
+    hier = np.maximum(in_node - in_node0, inter_part - inter0) + in_node0 + inter0
+    return ring, hier
 
 
 PATH_NAMES = {0: "intra-node", 1: "ring across nodes", 2: "hierarchical across nodes"}

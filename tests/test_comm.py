@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from advisor.comm import Collective, bus_factor, collective_time, link_time
+from advisor.comm import Collective, bus_factor, collective_time, collective_time_and_path, link_time
 from advisor.hardware import CommFit, load_hardware
 
 A100 = load_hardware("dgx-a100")
@@ -151,3 +151,18 @@ def test_dgx_h100_small_messages_take_the_low_latency_path():
     for size, measured in ((8, 13.67e-6), (65536, 19.54e-6), (1048576, 27.37e-6)):
         assert abs(float(link_time("all_reduce", 8, size, hw.intra_node)) / measured - 1) < 0.30
     assert load_hardware("dgx-a100").intra_node.fit.ll_bandwidth_ratio == 0.0
+
+
+def test_vectorised_collectives_equal_one_at_a_time():
+    # The search costs the network paths only for groups that leave a node and looks start-ups up by rank
+    # count: over a mix of in-node and multi-node groups, every entry equals the same call made alone.
+    hw = load_hardware("aws-p4d")
+    n = np.array([1, 2, 8, 16, 64, 8, 512, 24, 3])
+    S = np.array([1e6, 4e6, 64e6, 1e9, 0.0, 2e5, 3e8, 5e7, 1e3])
+    g = np.array([1, 2, 8, 8, 8, 4, 8, 8, 3])
+    for coll in (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter):
+        t, path = collective_time_and_path(coll, n, S, hw, g)
+        for i in range(len(n)):
+            ti, pi = collective_time_and_path(coll, n[i], S[i], hw, g[i])
+            assert t[i] == pytest.approx(float(ti), rel=1e-12) and path[i] == int(pi)
+        assert path[0] == 0 and t[4] == 0.0 and (path[[3, 5, 6, 7]] > 0).all() and (path[[1, 2, 8]] == 0).all()
