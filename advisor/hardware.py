@@ -3,7 +3,8 @@
 A profile is one system (e.g. a DGX A100 node) described in YAML with human units in the keys
 (``memory_GiB``, ``bandwidth_GBps`` for NVLink/PCIe in bytes, ``bandwidth_Gbps`` for NICs in bits).
 Datasheet figures sit beside a ``source:`` line; efficiency figures are either fitted by
-``advisor calibrate`` or justified in the profile's comments.
+``advisor calibrate`` or justified in the profile's comments. A profile may start from another with
+``base:`` and give only what differs (see ``hardware_from_yaml``).
 
 Deliberately left out: per-GPU NIC affinity (PXN, rail-optimised topologies), NVLink SHARP (NVLS)
 in-switch reductions, power/thermal clock throttling.
@@ -293,33 +294,105 @@ def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
         raise error(f"{path}: cannot read the {what} ({exc.strerror or exc.__class__.__name__})") from None
 
 
+def _profile_file(name: str, directory: Path) -> Path:
+    """The YAML file a profile name or path names; a relative path resolves against ``directory``."""
+    path = directory / name
+    if name.endswith((".yaml", ".yml")) or "/" in name or is_file(path):
+        if not is_file(path):
+            where = "" if directory == Path() or Path(name).is_absolute() else f" in {directory}"
+            raise HardwareError(f"hardware profile file {name[:200]!r} not found{where}")
+        return path
+    return _find_profile(name)
+
+
 def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     """Load a profile by built-in name (``dgx-a100``) or by path to a YAML file."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
-    text_path = str(name_or_path)
-    is_path = text_path.endswith((".yaml", ".yml")) or "/" in text_path or is_file(text_path)
-    path = Path(text_path) if is_path else _find_profile(text_path)
-    if not is_file(path):
-        raise HardwareError(f"hardware profile file {text_path[:200]!r} not found")
-    return hardware_from_yaml(read_text(path, "hardware profile YAML", HardwareError), origin=str(path))
+    path = _profile_file(str(name_or_path), Path())
+    return hardware_from_yaml(read_text(path, "hardware profile YAML", HardwareError), origin=str(path), path=path)
 
 
-def hardware_from_yaml(text: str, origin: str = "<yaml>") -> Hardware:
+def hardware_from_yaml(text: str, origin: str = "<yaml>", path: str | Path | None = None) -> Hardware:
+    """A profile from YAML text, over its ``base:`` profile if it names one.
+
+    ``base:`` is a built-in name or a path to a .yaml file, relative to ``path``'s folder (the file the
+    text came from; without one, the current directory). The base is read as raw YAML, its own ``base:``
+    too (at most 8 deep, no cycles), and the text is merged over it: mappings key by key, recursively;
+    any other value (number, string, list) replaces the base's, and ``null`` drops the base's value
+    (``inter_node: {fit: null}``). ``name`` and ``description`` must be the child's own; ``source`` and
+    everything else is inherited. A link's ``fit`` stays when the child changes the link's
+    ``bandwidth_*`` or ``kind``: its efficiencies are fractions of the link rate, so they carry over.
+    Where they do not, the child gives its own ``fit``, which replaces the base's whole (a fit is one
+    measurement of one network; its keys are never mixed with another's). The merged mapping is
+    validated as any profile, and carries no ``base``.
+    """
     from advisor.errors import format_validation_error
 
+    directory = Path(path).parent if path is not None else Path()
+    identity = Path(path).resolve() if path is not None else None
+    data = _profile_data(text, [(origin, identity)], directory)
+    try:
+        return Hardware.model_validate(data)
+    except Exception as exc:  # pydantic.ValidationError, reported as one line
+        raise HardwareError(f"{origin}: {format_validation_error(exc)}") from None
+
+
+_MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
+
+
+def _chain_error(chain: list[tuple[str, Optional[Path]]], problem: str) -> HardwareError:
+    """One line: the profile the user named, the base chain down to the file at fault, the problem."""
+    via = f"base {' -> '.join(shown for shown, _ in chain[1:])}: " if len(chain) > 1 else ""
+    return HardwareError(f"{chain[0][0]}: {via}{problem}")
+
+
+def _profile_data(text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
+    """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise HardwareError(f"{origin}: malformed YAML{where}: fix the syntax") from None
+        raise _chain_error(chain, f"malformed YAML{where}: fix the syntax") from None
     if not isinstance(data, dict):
-        raise HardwareError(f"{origin}: a hardware profile must be a YAML mapping, got {type(data).__name__}")
+        raise _chain_error(chain, f"a hardware profile must be a YAML mapping, got {type(data).__name__}")
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str):
+        raise _chain_error(chain, f"base must be a profile name or a path to a .yaml file, got {type(base).__name__}")
+    missing = [key for key in ("name", "description") if data.get(key) is None]
+    if missing:
+        raise _chain_error(chain, f"a profile with base: needs its own {' and '.join(missing)} (the base's "
+                                  f"describes another system): add {missing[0]}: ...")
+    if len(chain) > _MAX_BASE_DEPTH:
+        raise _chain_error(chain, f"more than {_MAX_BASE_DEPTH} levels of base: flatten the chain")
     try:
-        return Hardware.model_validate(data)
-    except Exception as exc:  # pydantic.ValidationError, reported as one line
-        raise HardwareError(f"{origin}: {format_validation_error(exc)}") from None
+        path = _profile_file(base, directory)
+        base_text = read_text(path, "hardware profile YAML", HardwareError)
+    except HardwareError as exc:
+        raise _chain_error(chain, f"base: {exc}") from None
+    chain = chain + [(base[:200] if base.isprintable() else repr(base[:200]), path.resolve())]
+    if any(path.resolve() == seen for _, seen in chain[:-1]):
+        raise HardwareError(f"{chain[0][0]}: base cycle {' -> '.join(shown for shown, _ in chain)}: "
+                            "remove one of these base: keys")
+    return _merge(_profile_data(base_text, chain, path.parent), data)
+
+
+def _merge(base: dict, child: dict) -> dict:
+    """``child`` over ``base``: mappings merge key by key, recursively, except a link's ``fit`` (one
+    measurement of one network: a child's fit replaces the base's whole); a ``null`` drops the base's
+    value; any other value replaces it. Neither argument is modified."""
+    out = dict(base)
+    for key, value in child.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict) and key != "fit":
+            out[key] = _merge(base[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def hardware_to_yaml(hw: Hardware) -> str:

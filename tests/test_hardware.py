@@ -1,8 +1,10 @@
 """Hardware profiles: load by name or path, round-trip through YAML, reject malformed input."""
 
 import pytest
+import yaml
 
-from advisor.hardware import HardwareError, hardware_from_yaml, hardware_to_yaml, list_profiles, load_hardware
+from advisor.hardware import (PROFILE_DIR, CommFit, HardwareError, hardware_from_yaml, hardware_to_yaml, list_profiles,
+                              load_hardware)
 
 REQUIRED = {"titan-rtx-nvlink", "titan-rtx-pcie", "dgx-a100", "aws-p4d", "dgx-h100", "gcp-a3-mega"}
 
@@ -53,3 +55,142 @@ def test_negative_and_extra_keys_rejected():
 def test_unknown_profile_suggests():
     with pytest.raises(HardwareError, match="did you mean dgx-a100"):
         load_hardware("dgx-a10")
+
+
+# --- base: a profile over another one ------------------------------------------------------------------
+
+CHILD = "name: mine\ndescription: DGX A100 nodes but only 4x 200 Gb/s HDR per node\nbase: dgx-a100\n"
+
+
+def test_gcp_a3_mega_is_dgx_h100_with_its_own_network():
+    """gcp-a3-mega.yaml gives only what differs from dgx-h100.yaml (same HGX H100 node, another network)."""
+    a3, dgx = load_hardware("gcp-a3-mega"), load_hardware("dgx-h100")
+    for block in ("gpu", "gpus_per_node", "intra_node", "efficiency", "price_per_gpu_hour_usd"):
+        assert getattr(a3, block) == getattr(dgx, block), block
+    assert a3.inter_node != dgx.inter_node and a3.inter_node.kind.value == "ethernet"
+    assert a3.inter_node.bandwidth_Gbps == 1600 and a3.name == "gcp-a3-mega" and a3.source != dgx.source
+    # its fit is its own: no key of dgx-h100's InfiniBand fit leaks in
+    own = yaml.safe_load((PROFILE_DIR / "gcp-a3-mega.yaml").read_text())["inter_node"]["fit"]
+    assert a3.inter_node.fit == CommFit(**own)
+
+
+def test_child_overrides_one_number_only(tmp_path):
+    base = load_hardware("dgx-a100")
+    (tmp_path / "mine.yaml").write_text(CHILD + "inter_node:\n  bandwidth_Gbps: 800\n")
+    hw = load_hardware(tmp_path / "mine.yaml")
+    assert hw.inter_node.bandwidth_Gbps == 800
+    assert hw.inter_node.fit == base.inter_node.fit  # fractions of the link rate: kept with the new rate
+    expected = base.model_copy(update={"name": "mine", "description": hw.description,
+                                       "inter_node": base.inter_node.model_copy(update={"bandwidth_Gbps": 800})})
+    assert hw == expected and hw.source == base.source
+
+
+def test_nested_merge_keeps_siblings():
+    hw = hardware_from_yaml(CHILD + "gpu:\n  peak_tflops: {bf16: 300}\nefficiency:\n  matmul_max: {fp32: 0.5}\n")
+    base = load_hardware("dgx-a100")
+    assert hw.gpu.peak_tflops == {**base.gpu.peak_tflops, "bf16": 300.0}
+    assert hw.gpu.memory_GiB == base.gpu.memory_GiB
+    assert hw.efficiency.matmul_max == {**base.efficiency.matmul_max, "fp32": 0.5}
+    assert hw.efficiency.memory_bandwidth == base.efficiency.memory_bandwidth
+
+
+def test_non_mapping_values_replace():
+    hw = hardware_from_yaml(CHILD + "source: my own measurements\ngpu:\n  peak_tflops: {fp32: 10}\n")
+    assert hw.source == "my own measurements"
+    assert hw.gpu.peak_tflops == {**load_hardware("dgx-a100").gpu.peak_tflops, "fp32": 10.0}
+
+
+def test_null_drops_a_block():
+    base = load_hardware("dgx-a100")
+    assert base.price_per_gpu_hour_usd == 2.0 and base.efficiency.elementwise_bandwidth == 0.757
+    hw = hardware_from_yaml(CHILD + "price_per_gpu_hour_usd: null\nefficiency: {elementwise_bandwidth: null}\n")
+    assert hw.price_per_gpu_hour_usd is None and hw.efficiency.elementwise_bandwidth is None
+    assert hw.efficiency.memory_bandwidth == base.efficiency.memory_bandwidth  # only the nulled key goes
+    # a dropped fit must be replaced: the base's describes another network
+    with pytest.raises(HardwareError, match=r"^<yaml>: inter_node.fit: required key is missing$"):
+        hardware_from_yaml(CHILD + "inter_node: {kind: ethernet, fit: null}\n")
+
+
+def test_a_child_fit_replaces_the_base_fit_whole():
+    # A fit is one measurement of one network: keys the child's fit leaves out take their defaults, never
+    # the base's values (dgx-a100's intra-node fit has a 3 MiB loop and an LL128 path; this one has neither).
+    base = load_hardware("dgx-a100").intra_node.fit
+    assert base.loop_MiB_per_rank == 3.0 and base.ll128_bandwidth_ratio > 0
+    hw = hardware_from_yaml(CHILD + "intra_node:\n  fit: {latency_us: 10.0, latency_per_hop_us: 1.0, "
+                                    "bandwidth_efficiency: 0.9}\n")
+    assert hw.intra_node.fit == CommFit(latency_us=10.0, latency_per_hop_us=1.0, bandwidth_efficiency=0.9)
+    assert hw.intra_node.bandwidth_GBps == load_hardware("dgx-a100").intra_node.bandwidth_GBps
+
+
+def test_relative_path_base(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "parent.yaml").write_text(CHILD + "gpus_per_node: 4\n")
+    (tmp_path / "sub" / "child.yaml").write_text(CHILD.replace("base: dgx-a100", "base: parent.yaml"))
+    hw = load_hardware(tmp_path / "sub" / "child.yaml")  # parent.yaml beside child.yaml, not in the cwd
+    assert hw.gpus_per_node == 4 and hw.gpu == load_hardware("dgx-a100").gpu
+    monkeypatch.chdir(tmp_path)  # text with no file: relative to the current directory
+    assert hardware_from_yaml(CHILD.replace("base: dgx-a100", "base: sub/parent.yaml")).gpus_per_node == 4
+    with pytest.raises(HardwareError, match="'parent.yaml' not found"):
+        hardware_from_yaml(CHILD.replace("base: dgx-a100", "base: parent.yaml"))
+
+
+def test_cycle_is_one_line_naming_the_chain(tmp_path):
+    (tmp_path / "a.yaml").write_text(CHILD.replace("base: dgx-a100", "base: b.yaml"))
+    (tmp_path / "b.yaml").write_text(CHILD.replace("base: dgx-a100", "base: a.yaml"))
+    with pytest.raises(HardwareError) as info:
+        load_hardware(tmp_path / "a.yaml")
+    a = tmp_path / "a.yaml"
+    assert str(info.value) == f"{a}: base cycle {a} -> b.yaml -> a.yaml: remove one of these base: keys"
+
+
+def test_depth_limit(tmp_path):
+    for i in range(9):
+        base = f"p{i + 1}.yaml" if i < 8 else "dgx-a100"
+        (tmp_path / f"p{i}.yaml").write_text(CHILD.replace("base: dgx-a100", f"base: {base}"))
+    assert load_hardware(tmp_path / "p1.yaml").name == "mine"  # 8 levels of base below p1: p2 .. p8, dgx-a100
+    with pytest.raises(HardwareError, match=r"base p1.yaml -> .* -> p8.yaml: more than 8 levels of base"):
+        load_hardware(tmp_path / "p0.yaml")
+
+
+@pytest.mark.parametrize("text,needle", [
+    (CHILD.replace("dgx-a100", "dgx-a10"), "base: unknown hardware profile 'dgx-a10': did you mean dgx-a100"),
+    (CHILD.replace("base: dgx-a100", "base: nowhere.yaml"), "base: hardware profile file 'nowhere.yaml' not found"),
+    (CHILD.replace("base: dgx-a100", "base: 42"), "base must be a profile name or a path to a .yaml file, got int"),
+    (CHILD.replace("base: dgx-a100", "base: [dgx-a100]"), "got list"),
+    (CHILD.replace("name: mine\n", ""), "needs its own name (the base's describes another system): add name:"),
+    (CHILD.replace("description:", "descr:"), "needs its own description"),
+    (CHILD + "gpu: {memory_GiB: -1}\n", "gpu.memory_GiB: Input should be greater than 0"),  # merged, validated as ever
+])
+def test_bad_base_is_one_line(text, needle):
+    with pytest.raises(HardwareError) as info:
+        hardware_from_yaml(text, origin="child.yaml")
+    assert str(info.value).startswith("child.yaml: ") and needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_malformed_base_yaml_names_the_base(tmp_path):
+    (tmp_path / "bad.yaml").write_text("gpu: [")
+    (tmp_path / "child.yaml").write_text(CHILD.replace("base: dgx-a100", "base: bad.yaml"))
+    with pytest.raises(HardwareError, match=r"child.yaml: base bad.yaml: malformed YAML at line 1: fix the syntax$"):
+        load_hardware(tmp_path / "child.yaml")
+
+
+def test_child_round_trips_flattened(tmp_path):
+    hw = hardware_from_yaml(CHILD + "inter_node:\n  bandwidth_Gbps: 800\n")
+    text = hardware_to_yaml(hw)
+    assert "base" not in yaml.safe_load(text) and "gpu" in yaml.safe_load(text)
+    assert hardware_from_yaml(text) == hw
+    assert hardware_from_yaml(hardware_to_yaml(load_hardware("gcp-a3-mega"))) == load_hardware("gcp-a3-mega")
+
+
+def test_builtin_base_resolves_from_the_packaged_profiles(tmp_path, monkeypatch):
+    """An installed wheel has only advisor/hardware_profiles/: gcp-a3-mega's base: dgx-h100 is found there."""
+    import advisor.hardware as hardware
+
+    for name in ("dgx-h100", "gcp-a3-mega"):
+        (tmp_path / f"{name}.yaml").write_text((PROFILE_DIR / f"{name}.yaml").read_text())
+    expected = load_hardware("gcp-a3-mega")
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path / "absent")
+    monkeypatch.setattr(hardware, "_PACKAGED_PROFILE_DIR", tmp_path)
+    monkeypatch.chdir(tmp_path / "..")
+    assert hardware.list_profiles() == ["dgx-h100", "gcp-a3-mega"]
+    assert load_hardware("gcp-a3-mega") == expected

@@ -5,7 +5,7 @@ Bad inputs tried (BAD_PROFILES below, plus generated mutations of every shipped 
 non-mapping documents, unsafe YAML tags, alias bombs, deep nesting, binary files, empty files, missing and
 extra keys, wrong units (memory_GB for memory_GiB, bandwidth in bits where bytes are meant), numbers as
 strings or booleans, zero/negative/NaN/inf numbers, unknown enums and precisions, a link with no or two
-bandwidths.
+bandwidths, a bad `base:` (unknown name, missing file, itself, not a string, no name of its own, a bad merged value).
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ BAD_PROFILES = [
     (yaml.safe_dump(mutated("price_per_gpu_hour_usd", 0)), ["price_per_gpu_hour_usd"]),
     (yaml.safe_dump(mutated("name", 42)), ["name", "valid string"]),
     (yaml.safe_dump(mutated("bogus_key", 1)), ["bogus_key: unknown key"]),
+    ("name: x\ndescription: y\nbase: dgx-a10", ["base: unknown hardware profile 'dgx-a10'", "did you mean dgx-a100"]),
+    ("name: x\ndescription: y\nbase: none.yaml", ["base: hardware profile file 'none.yaml' not found in"]),
+    ("name: x\ndescription: y\nbase: p.yaml", ["base cycle", "p.yaml -> p.yaml"]),  # the file is p.yaml
+    ("name: x\ndescription: y\nbase: {name: dgx-a100}", ["base must be a profile name", "got dict"]),
+    ("description: y\nbase: dgx-a100", ["needs its own name", "add name:"]),
+    ("name: x\ndescription: y\nbase: dgx-a100\ngpu: {memory_GiB: 0}", ["gpu.memory_GiB", "greater than 0"]),
 ]
 
 
