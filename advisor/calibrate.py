@@ -278,7 +278,7 @@ def _ns(n: np.ndarray) -> str:
 
 
 def _fit_text(f: CommFit) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in f.model_dump().items())
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.model_dump(exclude_none=True).items())
 
 
 def links_update(links: dict) -> dict:

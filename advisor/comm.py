@@ -33,17 +33,22 @@ decreases with S: neither does their minimum.
 The parameters are fitted per profile by ``advisor calibrate`` (advisor.calibrate).
 
 Across nodes a group of n GPUs with g of them in each of k nodes is costed two ways, and the cheaper
-is taken and named (NCCL picks between ring and tree similarly):
-- ring bottleneck: busbw bounded by each GPU's share of its node's network (and the intra link); the share
-  stretches the bandwidth term only, the start-up latency is the link's (``link_time(..., share)``).
-- hierarchical (all-reduce only): reduce-scatter inside the node (g), all-reduce of S/g across the k
-  nodes on each GPU's NIC share, all-gather inside the node (g): all of a node's NICs carry data. NCCL
-  pipelines these phases chunk by chunk (its tree: a chain inside each node, a tree across nodes), so
-  the NVLink phases and the NIC phase run at once: the slower sets the time, and each phase's start-up
-  is paid once, t = max(t_in_node - a_in, t_inter - a_inter) + a_in + a_inter (a: a phase's time for one
-  byte). Summing the phases instead cannot reproduce a 2-node sweep that beats the NIC line rate: the
-  A3 Mega sweep (339 GB/s busbw on 200 GB/s of NICs per node; its link fitted from 1 MiB) comes out
-  within 10% on average (max 29%) pipelined, and 32% (max 66%) summed, at the efficiency bound either way.
+is taken and named:
+- one NIC share per GPU (all-gather and reduce-scatter; an all-reduce never does worse): busbw bounded by
+  each GPU's share of its node's network (and the intra link); the share stretches the bandwidth term
+  only, the start-up latency is the link's (``link_time(..., share)``).
+- all of the node's NICs (all-reduce): NCCL runs one channel per NIC, so each GPU's NIC carries 1/g of
+  the node's traffic, and the NVLink hops inside the node run at the same time as the NIC hops. How many
+  bytes cross depends on the algorithm NCCL ran in the sweep the inter-node fit comes from
+  (``CommFit.algorithm``): its ring sends 2(n-1)/n x S/g per NIC, so busbw tops out at the node's NIC
+  rate whatever the node count (the 2x p4d, 3x A100 HDR and 4x B200 sweeps: 0.88-0.96 of it); its
+  2-node tree sends 2(k-1)/k x S/g (half at k = 2; the 2x A3 Mega sweep reaches 339 GB/s busbw on 200
+  GB/s of NICs). Costed as intra-node reduce-scatter, those bytes across the k nodes, intra-node
+  all-gather, pipelined: the NVLink phases and the NIC phase run at once, the slower sets the time, and
+  each phase's start-up is paid once, t = max(t_in_node - a_in, t_inter - a_inter) + a_in + a_inter (a:
+  a phase's time for one byte; the start-up grows with k, not n, as NCCL takes its tree for small
+  messages). Summing the phases instead cannot reproduce a 2-node sweep that beats the NIC line rate:
+  the A3 Mega sweep comes out within 10% on average (max 29%) pipelined, and 32% (max 66%) summed.
 PCIe without peer-to-peer (NCCL_P2P_DISABLE=1, ``titan-rtx-pcie``) stages through host memory; the
 profile's pcie bandwidth is that staged path's effective rate.
 
@@ -163,7 +168,7 @@ def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardwar
 
 
 def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):
-    """(seconds, path) where path is 0 intra-node, 1 ring across nodes, 2 hierarchical."""
+    """(seconds, path) where path is 0 intra-node, 1 one NIC share per GPU, 2 all the node's NICs."""
     c = Collective(coll)
     n, S, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float),
                                          np.asarray(per_node, dtype=float))
@@ -180,24 +185,26 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
 
 
 def _across_nodes(c: Collective, n: Any, S: Any, g: Any, k: Any, intra: Any, hw: Hardware) -> tuple[Any, Any]:
-    """(ring, hierarchical) seconds for groups of n GPUs spanning k nodes with g of them per node."""
-    # Ring across nodes: busbw bounded by each GPU's share of its node's NICs (rail-optimised nodes: one
+    """(one NIC share per GPU, all the node's NICs) seconds for n GPUs spanning k nodes, g in each."""
+    # One NIC share per GPU: busbw bounded by each GPU's share of its node's NICs (rail-optimised nodes: one
     # NIC per GPU), and by the intra-node link. This is what ZeRO-3's all-gathers over thousands of GPUs
     # measured (Narayanan et al. 2021 Table 2, 175B, pure dp, one micro-batch per GPU per step at 768 and
     # 1536 GPUs: both 66.7 s, for ~1.4 TB of gathers and reduce-scatters per GPU, 3 x 349 GB + 349 GB:
     # 21 GB/s per GPU, 0.85 x the 25 GB/s NIC share). An ideal node-contiguous ring would send only 1/g of
     # each GPU's data over the network (busbw up to g x share, g GPUs of the group per node); costed so,
     # those ZeRO-3 rows come out 2.5x too fast. The multi-node sweeps we have are all-reduces, which the
-    # hierarchical path below costs with every NIC of the node busy.
+    # path below costs with every NIC of the node busy.
     share = hw.inter_node_share_per_gpu
     ring = np.maximum(link_time(c, n, S, hw.inter_node, share), intra)
     if c is not Collective.all_reduce:
         # NCCL has no hierarchical algorithm for all-gather / reduce-scatter alone: those stay on the ring.
         return ring, ring
-    # Hierarchical all-reduce (NCCL tree / 2D): intra-node reduce-scatter, all-reduce of S/g across the k
-    # nodes on each GPU's NIC share (all g NICs of a node busy at once), intra-node all-gather, pipelined:
-    # the slower of the NVLink phases and the NIC phase, plus both start-ups (module docstring).
-    inter_part = link_time(c, k, S / g, hw.inter_node, share)
+    # All-reduce on all the node's NICs (module docstring): intra-node reduce-scatter, the bytes of NCCL's
+    # ring or tree across the k nodes on each GPU's NIC share, intra-node all-gather, pipelined.
+    per_nic = S / g  # each GPU's NIC carries 1/g of the node's traffic; the tree's 2(k-1)/k x that
+    if hw.inter_node.fit.algorithm != "tree":  # the ring's bytes, 2(n-1)/n x S/g per NIC; the start-up stays k's
+        per_nic = per_nic * bus_factor(c, n) / bus_factor(c, k)
+    inter_part = link_time(c, k, per_nic, hw.inter_node, share)
     in_node = (link_time(Collective.reduce_scatter, g, S, hw.intra_node)
                + link_time(Collective.all_gather, g, S, hw.intra_node))
     in_node0 = _startup(lambda x: link_time(Collective.reduce_scatter, x, 1.0, hw.intra_node)
@@ -207,7 +214,7 @@ def _across_nodes(c: Collective, n: Any, S: Any, g: Any, k: Any, intra: Any, hw:
     return ring, hier
 
 
-PATH_NAMES = {0: "intra-node", 1: "ring across nodes", 2: "hierarchical across nodes"}
+PATH_NAMES = {0: "intra-node", 1: "across nodes, one NIC share per GPU", 2: "across nodes on all the node's NICs"}
 
 
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:

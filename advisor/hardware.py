@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -132,6 +132,12 @@ class CommFit(Spec):
     # group size, so the start-up does not grow with the ranks here.
     ll_latency_us: float = Field(default=0.0, ge=0, le=1e6)
     ll_bandwidth_ratio: float = Field(default=0.0, ge=0, le=1.0)
+    # Inter-node links only: how NCCL ran large all-reduces across nodes in the sweep the fit comes from.
+    # "ring": every byte crosses each node boundary, so the node's NICs carry 2(n-1)/n x S in all and busbw
+    # tops out at the node's NIC rate (2x p4d, 3x A100 HDR, 4x B200 EFA sweeps in published_collectives.yaml);
+    # "tree": across k nodes they carry 2(k-1)/k x S, half a ring's at 2 nodes (the 2x A3 Mega sweep beats
+    # its NIC rate: 339 GB/s busbw on 200 GB/s). See advisor.comm, "Across nodes". Unset: ring.
+    algorithm: Optional[Literal["ring", "tree"]] = None
 
 
 class Link(Spec):

@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     g = np.full_like(S, float(h["gpus_per_node"]))
     link, rep = fit_world(hw, e["collective"], n, g, S, t, judge_from_bytes=smallest)
     print(rep.line())
-    keys = ("latency_us", "latency_per_hop_us", "bandwidth_efficiency", "half_size_MiB", "half_size_exponent")
+    keys = ("algorithm", "latency_us", "latency_per_hop_us", "bandwidth_efficiency", "half_size_MiB", "half_size_exponent")
     print(yaml.safe_dump({"fit": {k: getattr(link.fit, k) for k in keys}}, sort_keys=False).rstrip())
 
 
