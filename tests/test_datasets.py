@@ -31,7 +31,7 @@ PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 @pytest.mark.parametrize("loader, n_rows", [
     (ds.load_titan_seed, 3), (ds.load_dgx_seed, 4), (ds.load_vtrain, 1440), (ds.load_nccl_a100, 7 * 1024),
     (ds.load_h100_single, 3), (ds.load_published_runs, 27), (ds.load_published_runs_raw, 59),
-    (ds.load_published_collectives, 36), (ds.load_aiconfigurator_gemm, 2 * 1296),
+    (ds.load_published_collectives, 36), (ds.load_aiconfigurator_gemm, 4 * 1296),
     (ds.load_aiconfigurator_nccl_a100, 4 * 3 * 21),
 ])
 def test_row_counts(loader, n_rows):

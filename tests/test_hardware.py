@@ -6,7 +6,8 @@ import yaml
 from advisor.hardware import (PROFILE_DIR, CommFit, HardwareError, hardware_from_yaml, hardware_to_yaml, list_profiles,
                               load_hardware)
 
-REQUIRED = {"titan-rtx-nvlink", "titan-rtx-pcie", "dgx-a100", "aws-p4d", "dgx-h100", "gcp-a3-mega"}
+REQUIRED = {"titan-rtx-nvlink", "titan-rtx-pcie", "dgx-a100", "aws-p4d", "dgx-h100", "gcp-a3-mega", "dgx-h200",
+            "aws-p6-b200"}
 
 
 def test_required_profiles_ship():
@@ -32,6 +33,36 @@ def test_datasheet_figures():
     assert a100.inter_node_bytes_per_s_per_gpu == pytest.approx(25e9)
     # AWS p4d: 400 Gb/s EFA per node.
     assert load_hardware("aws-p4d").inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)
+
+
+def test_h200_datasheet_figures():
+    # NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s; the H100 SXM's compute (989 TFLOP/s bf16 dense, 1979
+    # fp8); NVLink4 900 GB/s bidirectional. aiconfigurator's systems/h200_sxm.yaml: mem_capacity 151397597184 bytes.
+    # DGX H200: 8x ConnectX-7 400 Gb/s = 3200 Gb/s per node, 50 GB/s per GPU.
+    h200 = load_hardware("dgx-h200")
+    assert h200.gpu.memory_bytes == 151397597184
+    assert h200.gpu.memory_bandwidth_bytes_per_s == 4.8e12
+    assert h200.gpu.peak_tflops == {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}
+    assert h200.intra_node.bandwidth_bytes_per_s == 450e9
+    assert h200.inter_node.bandwidth_Gbps == 3200 and h200.inter_node_bytes_per_s_per_gpu == pytest.approx(50e9)
+    assert h200.gpus_per_node == 8
+
+
+def test_b200_datasheet_figures():
+    # AWS p6-b200.48xlarge: 8x B200, 1,440 GB HBM3e (180 GiB each: aiconfigurator's systems/b200_sxm.yaml,
+    # mem_capacity 193273528320 bytes), 8 TB/s each, NVLink5 1.8 TB/s bidirectional = 900 GB/s per direction,
+    # EFA v4 3200 Gb/s per node. Dense peaks: bf16/fp16 2250 and fp8 4500 TFLOP/s (aiconfigurator, NVIDIA-authored);
+    # HGX B200 datasheet, 8 GPUs: TF32 18 PFLOP/s with sparsity -> 1125 dense per GPU, FP32 600 -> 75 per GPU.
+    b200 = load_hardware("aws-p6-b200")
+    assert b200.gpu.memory_bytes == 193273528320 and 8 * b200.gpu.memory_GiB == 1440  # AWS's 1,440 GB
+    assert b200.gpu.memory_bandwidth_bytes_per_s == 8e12
+    assert b200.gpu.peak_flops_per_s("bf16") == 2250e12 and b200.gpu.peak_flops_per_s("fp16") == 2250e12
+    assert b200.gpu.peak_flops_per_s("fp8") == 4500e12
+    assert b200.gpu.peak_flops_per_s("tf32") == 18e15 / 2 / 8 and b200.gpu.peak_flops_per_s("fp32") == 600e12 / 8
+    assert b200.intra_node.bandwidth_bytes_per_s == 1800e9 / 2
+    assert b200.inter_node.kind.value == "efa" and b200.inter_node.bandwidth_Gbps == 3200
+    assert b200.inter_node_bytes_per_s_per_gpu == pytest.approx(50e9)  # one 400 Gb/s NIC per GPU
+    assert b200.price_per_gpu_hour_usd is None  # no sourced price: --objective cost asks for one
 
 
 @pytest.mark.parametrize("text,match", [
@@ -72,6 +103,19 @@ def test_gcp_a3_mega_is_dgx_h100_with_its_own_network():
     # its fit is its own: no key of dgx-h100's InfiniBand fit leaks in
     own = yaml.safe_load((PROFILE_DIR / "gcp-a3-mega.yaml").read_text())["inter_node"]["fit"]
     assert a3.inter_node.fit == CommFit(**own)
+
+
+def test_dgx_h200_is_dgx_h100_with_its_own_gpu_memory_and_nvlink_fit():
+    """dgx-h200.yaml gives only what differs from dgx-h100.yaml: the H200's memory, its NVSwitch fit (the H200 sweeps),
+    the half-precision GEMM rate (aiconfigurator's H200/H100 ratio) and no price; the rest is inherited."""
+    h200, h100 = load_hardware("dgx-h200"), load_hardware("dgx-h100")
+    assert h200.gpu.peak_tflops == h100.gpu.peak_tflops and h200.gpus_per_node == h100.gpus_per_node
+    assert h200.inter_node == h100.inter_node  # no H200 multi-node sweep: the DGX H100 network and its fit
+    assert h200.intra_node.bandwidth_GBps == h100.intra_node.bandwidth_GBps and h200.intra_node.fit != h100.intra_node.fit
+    assert h200.intra_node.fit.ll_bandwidth_ratio == 0.0  # its fit replaces dgx-h100's whole: no low-latency path
+    same = {k: v for k, v in h200.efficiency.model_dump().items() if k != "matmul_max"}
+    assert same == {k: v for k, v in h100.efficiency.model_dump().items() if k != "matmul_max"}
+    assert h200.price_per_gpu_hour_usd is None and h100.price_per_gpu_hour_usd == 4.0
 
 
 def test_child_overrides_one_number_only(tmp_path):

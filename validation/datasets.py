@@ -196,12 +196,13 @@ def load_nccl_a100() -> list[NcclRow]:
     return [NcclRow(**rec) for rec in _read_csv("a100_nccl_allreduce.csv")]
 
 
-# -- aiconfigurator kernel timings: GEMMs on A100 and H100, NCCL 2.27 collectives on A100 -------------------
-GEMM_GPU_PROFILES = {"a100": "dgx-a100", "h100": "dgx-h100"}  # the shipped profile of each timed GPU
+# -- aiconfigurator kernel timings: GEMMs on A100, H100, B200 and H200, NCCL 2.27 collectives on A100 ---------
+# the shipped profile of each timed GPU
+GEMM_GPU_PROFILES = {"a100": "dgx-a100", "h100": "dgx-h100", "b200": "aws-p6-b200", "h200": "dgx-h200"}
 
 
 class KernelGemmRow(Row):
-    gpu: Literal["a100", "h100"]
+    gpu: Literal["a100", "h100", "b200", "h200"]
     m: int
     n: int
     k: int
@@ -358,6 +359,16 @@ def load_published_collectives() -> list[dict]:
 
 
 def collective_sweep(entry: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(sizes in bytes, times in seconds) of a published_collectives.yaml entry's measurements."""
-    pts = [(m["size_bytes"], m["time_us"] * 1e-6) for m in entry["measurements"]]
+    """(sizes in bytes, times in seconds) of a published_collectives.yaml entry's measurements.
+
+    The published time where the source gives one (nccl-tests output); where it gives only busbw (Stas Bekman's
+    all_reduce_bench.py sweeps and GPU-count points, the ``mleng_*`` entries), the time that busbw stands for by
+    nccl-tests' definition, t = S x bus_factor(n) / busbw (advisor.comm.bus_factor; n = the entry's num_gpus).
+    Their busbw is published to 0.01 GB/s: below 1 MiB on several nodes (0.01-0.04 GB/s) that is a coarse time.
+    """
+    from advisor.comm import bus_factor
+
+    factor = float(bus_factor(entry["collective"], entry["hardware"]["num_gpus"]))
+    pts = [(m["size_bytes"], m["time_us"] * 1e-6 if "time_us" in m else m["size_bytes"] * factor / (m["busbw_GBps"] * 1e9))
+           for m in entry["measurements"]]
     return tuple(np.array(v, dtype=float) for v in zip(*pts))

@@ -465,13 +465,23 @@ def validate_published() -> DatasetReport:
 
 # Published collective sweeps (validation/data/published_collectives.yaml) run on a system a shipped profile
 # describes: entry id -> profile. They are the sweeps those profiles' links were fitted to, so this is a check
-# of the fits (and of the sizes below the fitted range), not an independent validation.
+# of the fits (and of the sizes below the fitted range), not an independent validation. The mleng_* entries are
+# Stas Bekman's all_reduce_bench.py sweeps (torch.distributed; busbw only, read as times by
+# validation.datasets.collective_sweep) and his 4..8-GPU points at 8 GiB, which dgx-h200's and aws-p6-b200's
+# NVSwitch links were fitted to (validation.fit_intra_node), and the 4-node p6-b200 sweep that aws-p6-b200's
+# EFA link was fitted to (validation.fit_collectives).
 COLLECTIVE_SWEEPS = {"nvidia_dgxc_dgxh100_8gpu_allreduce": "dgx-h100", "aws_p4d_2node_16gpu_efa_allreduce": "aws-p4d",
-                     "gcp_a3mega_2node_16gpu_allreduce": "gcp-a3-mega"}
+                     "gcp_a3mega_2node_16gpu_allreduce": "gcp-a3-mega",
+                     "mleng_h200_8gpu_allreduce_bench_nvls": "dgx-h200",
+                     **{f"mleng_h200_{n}gpu_allreduce_8GiB": "dgx-h200" for n in range(4, 9)},
+                     "mleng_b200_1node_8gpu_allreduce_bench": "aws-p6-b200",
+                     **{f"mleng_b200_{n}gpu_allreduce_8GiB": "aws-p6-b200" for n in range(4, 9)},
+                     "mleng_b200_4node_32gpu_allreduce_bench": "aws-p6-b200"}
 
 
 def validate_collectives() -> DatasetReport:
-    """Published nccl-tests sweeps on DGX H100, 2x p4d and 2x A3 Mega vs the comm model with their profiles."""
+    """Published all-reduce sweeps on DGX H100, 2x p4d, 2x A3 Mega, 8x H200, 1 and 4 p6-b200 vs the comm model with
+    their profiles."""
     entries = {e["id"]: e for e in ds.load_published_collectives()}
     points, small = [], []
     for pid, prof in COLLECTIVE_SWEEPS.items():
@@ -487,11 +497,14 @@ def validate_collectives() -> DatasetReport:
         by_prof[p.kind].append(abs(p.error_pct))
     notes = [f"scored from 1 MiB; below it ({len(small)} sizes, latency-bound, not scored) the median error is "
              + ", ".join(f"{k} {np.median(v):.0f}%" for k, v in sorted(by_prof.items()))
-             + " (dgx-h100 has a low-latency path fitted to these sizes; aws-p4d and gcp-a3-mega have none)",
-             "these are the sweeps the dgx-h100, aws-p4d and gcp-a3-mega links were fitted to: a check of the fits, "
-             "not an independent test"]
+             + " (dgx-h100 has a low-latency path fitted to these sizes; aws-p4d and gcp-a3-mega have none; dgx-h200's "
+             "and aws-p6-b200's NVSwitch fits carry all_reduce_bench.py's per-call floor there; the 4-node p6-b200 "
+             "sweep's busbw is published to 0.01 GB/s, a coarse time below 1 MiB)",
+             "these are the sweeps the dgx-h100, aws-p4d, gcp-a3-mega, dgx-h200 and aws-p6-b200 links were fitted to: "
+             "a check of the fits, not an independent test"]
     return _report("collectives", "published nccl-tests all_reduce: DGX H100 (8 GPUs), 2x AWS p4d (16 GPUs, EFA), "
-                   "2x GCP A3 Mega (16 GPUs)",
+                   "2x GCP A3 Mega (16 GPUs); all_reduce_bench.py: 8x H200 and 1x p6-b200 (4-8 GPUs), 4x p6-b200 "
+                   "(32 GPUs, EFA)",
                    "all-reduce time (s)", len(points) + len(small), points, Counter(), notes=notes)
 
 

@@ -1,11 +1,12 @@
-"""Kernel-level checks against a second measurement harness: NVIDIA aiconfigurator's GEMM timings on A100 and
-H100 and its NCCL 2.27 collectives on 2, 4 and 8 A100s (validation/data/aiconfigurator_*.csv, SOURCES.md).
+"""Kernel-level checks against a second measurement harness: NVIDIA aiconfigurator's GEMM timings on A100, H100,
+B200 and H200 and its NCCL 2.27 collectives on 2, 4 and 8 A100s (validation/data/aiconfigurator_*.csv, SOURCES.md).
 
-- ``gemm_efficiency_ratio``: for each training-sized GEMM shape timed on both GPUs, the fraction of its
-  datasheet peak the A100 reaches over the fraction the H100 reaches. One harness timed both, so what it adds
-  to every kernel cancels in the ratio (it sees ~3-5 us per kernel beyond the FLOPs where the one-call-at-a-time
-  timing of reference/h100/kernels.jsonl sees 24 us: no launch gap). No A100 was timed with our own harness, so the dgx-a100
-  profile's GEMM efficiency is the H100's fit times the median of this ratio (``A100_GEMM_SHAPES_MIN_FLOPS``).
+- ``gemm_efficiency_ratio(gpu)``: for each training-sized GEMM shape timed on that GPU and on the H100, the
+  fraction of its datasheet peak the GPU reaches over the fraction the H100 reaches. One harness timed both, so
+  what it adds to every kernel cancels in the ratio (it sees ~3-5 us per kernel beyond the FLOPs where the
+  one-call-at-a-time timing of reference/h100/kernels.jsonl sees 24 us: no launch gap). No A100, B200 or H200 was
+  timed with our own harness, so the dgx-a100, aws-p6-b200 and dgx-h200 profiles' half-precision GEMM efficiency is
+  the H100's fit times the median of this ratio (``GEMM_SHAPES_MIN_FLOPS``).
 - ``validate_gemm``: how far each A100 shape sits from the H100's time carried over by that one ratio (the
   spread the transfer leaves), and how far both profiles' GEMM models (advisor.compute.gemm_time) sit from this
   harness: they carry the per-call harness's fixed time per kernel and its lower large-GEMM rate, so they
@@ -14,7 +15,7 @@ H100 and its NCCL 2.27 collectives on 2, 4 and 8 A100s (validation/data/aiconfig
   comm model, whose link was fitted to all-reduce alone (the vTrain node's nccl-tests sweep): the other three
   collectives are an independent test of the bus factors and of one link fit serving every collective.
 
-Nothing is fitted here; ``gemm_efficiency_ratio`` is the one number the A100 profile takes from this data.
+Nothing is fitted here; ``gemm_efficiency_ratio`` is the one number each of those profiles takes from this data.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from advisor.units import MiB
 from validation import datasets as ds
 from validation.validate import DatasetReport, Point, _hardware, _report
 
-# Shapes of at least this many FLOPs (2mnk) enter the A100/H100 ratio: a training step's linear layers
-# (m = 1024..8192 tokens, n and k of 128..16384); below it the kernels are latency-bound, where the H100
-# (3x the peak) loses more of its peak than the A100 and the ratio says nothing about a step's GEMMs.
-A100_GEMM_SHAPES_MIN_FLOPS = 1e10
+# Shapes of at least this many FLOPs (2mnk) enter a GPU/H100 ratio: a training step's linear layers
+# (m = 1024..8192 tokens, n and k of 128..16384); below it the kernels are latency-bound, where the faster GPU
+# (the H100 has 3x the A100's peak) loses more of its peak and the ratio says nothing about a step's GEMMs.
+GEMM_SHAPES_MIN_FLOPS = 1e10
+# The timed GPUs whose profiles take the H100's GEMM fit times their ratio (validation.datasets.GEMM_GPU_PROFILES)
+RATIO_GPUS = ("a100", "b200", "h200")
 
 # Collectives are scored from 8 MiB. Below it NCCL 2.27 (this data) and the NCCL of the vTrain node, to which the
 # dgx-a100 link was fitted, part ways: 8 A100s all-reduce 1..4 MiB in 39..77 us here and in 93..96 us there
@@ -40,25 +43,28 @@ A100_GEMM_SHAPES_MIN_FLOPS = 1e10
 COLLECTIVES_MIN_BYTES = 8 * MiB
 
 
-def _shared_shapes(rows: list[ds.KernelGemmRow]) -> list[tuple[int, int, int, float, float]]:
-    """(m, n, k, A100 seconds, H100 seconds scaled by H100 peak / A100 peak) for every shape of at least
-    A100_GEMM_SHAPES_MIN_FLOPS timed on both GPUs: equal times mean equal fractions of peak."""
+def _shared_shapes(rows: list[ds.KernelGemmRow], gpu: str = "a100") -> list[tuple[int, int, int, float, float]]:
+    """(m, n, k, the GPU's seconds, H100 seconds scaled by H100 peak / the GPU's peak) for every shape of at least
+    GEMM_SHAPES_MIN_FLOPS timed on both GPUs: equal times mean equal fractions of peak."""
     time = {(r.gpu, r.m, r.n, r.k): r.time_s for r in rows}
-    peak = {g: _hardware(p).gpu.peak_flops_per_s("fp16") for g, p in ds.GEMM_GPU_PROFILES.items()}
-    return [(m, n, k, t, time[("h100", m, n, k)] * peak["h100"] / peak["a100"])
+    peak = {g: _hardware(ds.GEMM_GPU_PROFILES[g]).gpu.peak_flops_per_s("fp16") for g in ("h100", gpu)}
+    return [(m, n, k, t, time[("h100", m, n, k)] * peak["h100"] / peak[gpu])
             for (g, m, n, k), t in sorted(time.items())
-            if g == "a100" and ("h100", m, n, k) in time and 2.0 * m * n * k >= A100_GEMM_SHAPES_MIN_FLOPS]
+            if g == gpu and ("h100", m, n, k) in time and 2.0 * m * n * k >= GEMM_SHAPES_MIN_FLOPS]
 
 
 def _ratio_stats(shared: list[tuple[int, int, int, float, float]]) -> tuple[float, float, float, int]:
-    q = np.percentile([h100 / a100 for *_, a100, h100 in shared], [50, 25, 75])
+    q = np.percentile([h100 / other for *_, other, h100 in shared], [50, 25, 75])
     return float(q[0]), float(q[1]), float(q[2]), len(shared)
 
 
-def gemm_efficiency_ratio() -> tuple[float, float, float, int]:
-    """(median, 25th, 75th percentile, shapes) of A100 efficiency / H100 efficiency over the shared GEMM shapes
-    of at least A100_GEMM_SHAPES_MIN_FLOPS, each efficiency being FLOP/s over its profile's datasheet peak."""
-    return _ratio_stats(_shared_shapes(ds.load_aiconfigurator_gemm()))
+def gemm_efficiency_ratio(gpu: str = "a100") -> tuple[float, float, float, int]:
+    """(median, 25th, 75th percentile, shapes) of the GPU's efficiency / the H100's over the shared GEMM shapes
+    of at least GEMM_SHAPES_MIN_FLOPS, each efficiency being FLOP/s over its profile's datasheet peak; ``gpu`` is
+    a key of validation.datasets.GEMM_GPU_PROFILES other than "h100"."""
+    if gpu not in ds.GEMM_GPU_PROFILES or gpu == "h100":
+        raise ValueError(f"gpu {gpu!r}: one of {', '.join(g for g in ds.GEMM_GPU_PROFILES if g != 'h100')}")
+    return _ratio_stats(_shared_shapes(ds.load_aiconfigurator_gemm(), gpu))
 
 
 def validate_gemm() -> DatasetReport:
@@ -76,7 +82,7 @@ def validate_gemm() -> DatasetReport:
     gap = {}
     for gpu, prof in ds.GEMM_GPU_PROFILES.items():
         hw = _hardware(prof)
-        rs = [r for r in rows if r.gpu == gpu and 2.0 * r.m * r.n * r.k >= A100_GEMM_SHAPES_MIN_FLOPS]
+        rs = [r for r in rows if r.gpu == gpu and 2.0 * r.m * r.n * r.k >= GEMM_SHAPES_MIN_FLOPS]
         m, n, k, t = (np.array([getattr(r, c) for r in rs], dtype=float) for c in ("m", "n", "k", "time_s"))
         pred = gemm_time(hw, "fp16", 2.0 * m * n * k, n, k)
         fixed = hw.efficiency.matmul_fixed_us["fp16"] * 1e-6
@@ -86,13 +92,22 @@ def validate_gemm() -> DatasetReport:
              "a100_profile_median_error_pct": gap["a100"][0], "h100_profile_median_error_pct": gap["h100"][0],
              "a100_profile_median_error_without_fixed_pct": gap["a100"][1],
              "h100_profile_median_error_without_fixed_pct": gap["h100"][1]}
+    others = {g: _ratio_stats(_shared_shapes(rows, g)) for g in RATIO_GPUS if g != "a100"}
+    for g, (m_, lo_, hi_, n_) in others.items():  # after the A100's: what it prints stays first and unchanged
+        extra.update({f"{g}_over_h100_efficiency_median": m_, f"{g}_over_h100_efficiency_p25": lo_,
+                      f"{g}_over_h100_efficiency_p75": hi_, f"{g}_ratio_shapes": n_,
+                      f"{g}_profile_median_error_pct": gap[g][0], f"{g}_profile_median_error_without_fixed_pct": gap[g][1]})
     notes = [f"one harness timed both GPUs: the A100 reaches {med:.3f}x the H100's fraction of peak (median of {shapes} "
-             f"shapes >= {A100_GEMM_SHAPES_MIN_FLOPS:.0e} FLOPs, quartiles {lo:.3f}..{hi:.3f}), so dgx-a100's GEMM "
+             f"shapes >= {GEMM_SHAPES_MIN_FLOPS:.0e} FLOPs, quartiles {lo:.3f}..{hi:.3f}), so dgx-a100's GEMM "
              "efficiency is dgx-h100's fit times that median; the points are the per-shape spread around it",
              "the profiles' GEMM models carry reference/h100's per-call timing (a fixed ~24 us per kernel and a lower "
              "large-GEMM rate) and are slower than this harness (no launch gap in its times): median "
              f"A100 {gap['a100'][0]:+.0f}%, H100 {gap['h100'][0]:+.0f}%; without the fixed time A100 {gap['a100'][1]:+.1f}%, "
              f"H100 {gap['h100'][1]:+.1f}%: the same rate gap on both GPUs, which is what the transfer needs"]
+    notes += [f"the same harness on the {g.upper()}: {m_:.3f}x the H100's fraction of peak (median of {n_} shapes, "
+              f"quartiles {lo_:.3f}..{hi_:.3f}), which {ds.GEMM_GPU_PROFILES[g]}'s half-precision GEMM rate takes; its "
+              f"profile sits {gap[g][0]:+.0f}% from this harness ({gap[g][1]:+.1f}% without the fixed time)"
+              for g, (m_, lo_, hi_, n_) in others.items()]
     return _report("gemm", "aiconfigurator fp16 GEMMs on A100 and H100 (one harness): the A100 from the H100 by one ratio",
                    "A100 GEMM time (s)", len(rows), points, Counter(), extra=extra, notes=notes)
 
@@ -125,6 +140,7 @@ def validate_a100_collectives() -> DatasetReport:
 
 
 if __name__ == "__main__":
-    med, lo, hi, shapes = gemm_efficiency_ratio()
-    print(f"A100 / H100 fraction of fp16 peak, {shapes} GEMM shapes >= {A100_GEMM_SHAPES_MIN_FLOPS:.0e} FLOPs: "
-          f"median {med:.4f}, quartiles {lo:.4f} .. {hi:.4f}")
+    for gpu in RATIO_GPUS:
+        med, lo, hi, shapes = gemm_efficiency_ratio(gpu)
+        print(f"{gpu.upper()} / H100 fraction of fp16 peak, {shapes} GEMM shapes >= {GEMM_SHAPES_MIN_FLOPS:.0e} FLOPs: "
+              f"median {med:.4f}, quartiles {lo:.4f} .. {hi:.4f}")

@@ -7,8 +7,10 @@ Run from the repository root:
 aiconfigurator (Apache-2.0, NVIDIA; https://pypi.org/project/aiconfigurator/) ships kernel timings its
 collector measured on each GPU ("silicon" data). Two of its tables are taken here, filtered and with the
 units changed, nothing else:
-- GEMMs: ``systems/data/a100_sxm/trtllm/1.0.0/gemm_perf.txt`` and ``h100_sxm/trtllm/1.0.0rc3/gemm_perf.txt``,
-  the rows timed through PyTorch (``kernel_source`` torch_flow, ``gemm_dtype`` float16): an (m x k) @ (k x n)
+- GEMMs: ``systems/data/a100_sxm/trtllm/1.0.0/gemm_perf.txt``, ``h100_sxm/trtllm/1.0.0rc3/gemm_perf.txt``,
+  ``b200_sxm/trtllm/1.0.0rc6/gemm_perf.txt`` and ``h200_sxm/trtllm/1.0.0rc3/gemm_perf.txt`` (the H200's other
+  tables, trtllm 0.20.0, sglang and vllm, are timed through other paths: no torch_flow rows), the rows timed
+  through PyTorch (``kernel_source`` torch_flow, ``gemm_dtype`` float16): an (m x k) @ (k x n)
   matmul, ``latency`` in ms. Kept: m (tokens) 1024..8192, n and k from 128 to 16384: the shapes a
   training step's linear layers have (the table also has m down to 1 and n, k of 32..65536, inference shapes).
 - Collectives: ``systems/data/a100_sxm/nccl/2.27.3/nccl_perf.txt``, NCCL 2.27.3 on 2, 4 and 8 A100-SXM4-80GB
@@ -27,8 +29,11 @@ from pathlib import Path
 
 from validation.data.build_from_reference import _write_csv
 
+# in this order: the A100 and H100 rows come first, as they did before the B200 and H200 were added
 GEMM_FILES = {"a100": "aiconfigurator/systems/data/a100_sxm/trtllm/1.0.0/gemm_perf.txt",
-              "h100": "aiconfigurator/systems/data/h100_sxm/trtllm/1.0.0rc3/gemm_perf.txt"}
+              "h100": "aiconfigurator/systems/data/h100_sxm/trtllm/1.0.0rc3/gemm_perf.txt",
+              "b200": "aiconfigurator/systems/data/b200_sxm/trtllm/1.0.0rc6/gemm_perf.txt",
+              "h200": "aiconfigurator/systems/data/h200_sxm/trtllm/1.0.0rc3/gemm_perf.txt"}
 NCCL_FILE = "aiconfigurator/systems/data/a100_sxm/nccl/2.27.3/nccl_perf.txt"
 COLLECTIVE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
               "alltoall": "all_to_all"}
