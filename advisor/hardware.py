@@ -246,6 +246,13 @@ class Hardware(Spec):
         default=None, description="provenance of fitted values: date, host, versions, results file"
     )
 
+    @field_validator("intra_node")
+    @classmethod
+    def _algorithm_across_nodes_only(cls, v: Link) -> Link:
+        if v.fit.algorithm is not None:
+            raise ValueError("fit.algorithm (NCCL's ring or tree across nodes) belongs to inter_node.fit: remove it here")
+        return v
+
     @property
     def inter_node_bytes_per_s_per_gpu(self) -> float:
         """The per-node NIC bandwidth shared by the node's GPUs (rail-optimised nodes: one NIC per GPU)."""

@@ -94,6 +94,10 @@ BAD_PROFILES = [
     ("name: x\ndescription: y\nbase: {name: dgx-a100}", ["base must be a profile name", "got dict"]),
     ("description: y\nbase: dgx-a100", ["needs its own name", "add name:"]),
     ("name: x\ndescription: y\nbase: dgx-a100\ngpu: {memory_GiB: 0}", ["gpu.memory_GiB", "greater than 0"]),
+    ("name: x\ndescription: y\nbase: dgx-a100\ninter_node: {fit: {latency_us: 5, bandwidth_efficiency: 0.9, "
+     "algorithm: star}}", ["inter_node.fit.algorithm", "'ring' or 'tree'"]),
+    ("name: x\ndescription: y\nbase: dgx-a100\nintra_node: {fit: {latency_us: 5, bandwidth_efficiency: 0.9, "
+     "algorithm: ring}}", ["intra_node: fit.algorithm", "belongs to inter_node.fit"]),
 ]
 
 
