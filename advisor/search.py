@@ -84,6 +84,10 @@ class PlanSearch:
     def notes(self) -> list[str]:
         t = self.tree
         out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        if self.scalars is not None and self.scalars.framework in KERNEL_STYLES:
+            # every plan is costed in one kernel style; an exported FSDP/DeepSpeed run on HF modules differs
+            out.append(f"kernels: every plan costed with {KERNEL_STYLES[self.scalars.framework]}; "
+                       "--framework hf|megatron costs the other style")
         if self.best_by_kind:
             best = min(self.best_by_kind.values())
             kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
@@ -99,9 +103,14 @@ class PlanSearch:
             "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
             "global_batch": self.global_batch, "seq_len": self.seq_len, "objective": self.objective,
             "candidates": self.candidates, "rejected": dict(self.rejected),
+            "kernels": self.scalars.framework if self.scalars is not None else None,
             "decision_tree": self.tree, "best_step_time_s_by_kind": dict(self.best_by_kind),
             "plans": [{"rank": i + 1, "reason": p.reason, **p.estimate.model_dump()} for i, p in enumerate(self.plans)],
         }
+
+
+KERNEL_STYLES = {"megatron": "Megatron's fused kernels (fused LayerNorm, bias-GELU, bias-dropout-add)",
+                 "hf": "Hugging Face eager modules"}
 
 
 def _round_world(world: int, hw: Hardware) -> int:

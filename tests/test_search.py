@@ -113,3 +113,16 @@ def test_fits_one_gpu_is_asked_again_only_when_the_kernel_style_changed(monkeypa
     res = search.plan("gpt2", small, gpus=8, top=1)
     assert calls == ["hf", "megatron"]
     assert res.plans[0].setup_obj.framework == "megatron" and res.tree["fits_one_gpu"]
+
+
+def test_the_search_says_which_kernel_style_it_costed():
+    # One kernel style for the whole search (auto: HF modules when the model fits on one GPU, else Megatron's
+    # fused kernels); an FSDP plan exported to accelerate runs on HF modules, so the output must say which.
+    small = plan(model="gpt2", hw="dgx-a100", top=1)
+    big = plan(model="llama3-8b", hw="dgx-h100", top=1)
+    forced = plan(model="gpt2", hw="dgx-a100", top=1, framework="megatron")
+    assert small.to_json()["kernels"] == "hf" and big.to_json()["kernels"] == "megatron"
+    assert forced.to_json()["kernels"] == "megatron"
+    assert any(n.startswith("kernels: every plan costed with Hugging Face eager modules") for n in small.notes())
+    assert any("Megatron's fused kernels" in n for n in big.notes())
+    assert forced.plans[0].estimate.step_time_s < small.plans[0].estimate.step_time_s  # fused kernels are faster
