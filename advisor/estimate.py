@@ -102,6 +102,19 @@ def _deepspeed_z3_exposed(m: ModelSpec, lt: LayerTimes, layers: Any, rc: Any, ag
     return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
 
 
+def _only(mask: Any, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` where ``mask`` holds and 0 elsewhere, computed on those plans alone: a search's plans share
+    one kernel style and mostly one data-parallel kind, and a collective costed over every plan takes as long
+    as the rest of the row (``fn`` is elementwise in its array arguments)."""
+    shape = np.broadcast_shapes(np.shape(mask), *(np.shape(a) for a in args))
+    where = np.broadcast_to(np.asarray(mask, dtype=bool), shape)
+    out = np.zeros(shape)
+    if where.any():
+        out[where] = np.broadcast_to(fn(*(np.broadcast_to(np.asarray(a, dtype=float), shape)[where] for a in args)),
+                                     (int(where.sum()),))
+    return out
+
+
 def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: Any) -> dict[str, Any]:
     """All time parts (seconds) and memory parts (bytes) for the plans in ``c`` (vectorised)."""
     f = {k: np.asarray(getattr(c, k)) for k in ("dp", "tp", "pp", "zero", "micro_batch", "grad_accum", "recompute", "schedule", "v", "dp_kind")}
@@ -223,15 +236,17 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # collective's start-up latency.
     ar_grad = comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes, hw, dp_per_node)
     n_buckets = np.maximum(np.ceil(grad_comm_bytes / DDP_BUCKET_BYTES), 1.0)
-    ar_buckets = n_buckets * comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes / n_buckets, hw, dp_per_node)
+    ar_buckets = _only(~megatron, lambda n, nb, s, g: nb * comm.collective_time(Collective.all_reduce, n, s / nb, hw, g),
+                       dp, n_buckets, grad_comm_bytes, dp_per_node)
     ar_grad = np.where(megatron, ar_grad, ar_buckets)
     units = np.maximum(layers_stage, 1)
     unit_bytes = (params_local - stage_extra / tp) / units
 
     def per_unit(coll: Collective, nbytes_per_param: Any) -> Any:
-        """One FSDP pass: a call per layer unit and one for the root unit."""
-        return (units * comm.collective_time(coll, shard, unit_bytes * nbytes_per_param, hw, shard_per_node)
-                + comm.collective_time(coll, shard, stage_extra / tp * nbytes_per_param, hw, shard_per_node))
+        """One FSDP pass: a call per layer unit and one for the root unit (costed for FSDP plans only)."""
+        return _only(fsdp, lambda u, n, ub, root, g: u * comm.collective_time(coll, n, ub, hw, g)
+                     + comm.collective_time(coll, n, root, hw, g),
+                     units, shard, unit_bytes * nbytes_per_param, stage_extra / tp * nbytes_per_param, shard_per_node)
 
     rs_grad = comm.collective_time(Collective.reduce_scatter, shard, grad_comm_bytes, hw, shard_per_node)
     ag_param = comm.collective_time(Collective.all_gather, shard, params_local * wb, hw, shard_per_node)
@@ -240,7 +255,7 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     ag_param = np.where(fsdp, per_unit(Collective.all_gather, wb), ag_param)
     # Hybrid shard also all-reduces the shard across the replicas (nodes).
     rep = np.maximum(dp / shard, 1.0)
-    hsdp_ar = np.where(hybrid, comm.collective_time(Collective.all_reduce, rep, grad_comm_bytes / shard, hw, 1), 0.0)
+    hsdp_ar = _only(hybrid, lambda r, s: comm.collective_time(Collective.all_reduce, r, s, hw, 1), rep, grad_comm_bytes / shard)
     # The input embedding's gradient is the last one backward produces, so its bucket (at least the
     # embedding table, at least bucket_cap_mb) can never overlap with backward.
     last_bucket = np.minimum(np.maximum(DDP_BUCKET_BYTES, m.vocab * m.d_model / tp * gb), grad_comm_bytes)
@@ -280,10 +295,11 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
 
     # nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits)
     # on GPU 0, and reduce the gradients back to it; single-process threads, nothing overlapped.
-    bcast = comm.collective_time(Collective.broadcast, dp, params_local * wb, hw, dp)
+    dp_single = is_dp_kind & dp_active
+    bcast = _only(dp_single, lambda n, s: comm.collective_time(Collective.broadcast, n, s, hw, n), dp, params_local * wb)
     gather_logits = tokens * m.vocab * 4.0 * (dp - 1) / (hw.intra_node.bandwidth_bytes_per_s * COPY_ENGINE_EFFICIENCY)
-    reduce = comm.collective_time(Collective.reduce, dp, params_local * gb, hw, dp)
-    dataparallel = np.where(is_dp_kind & dp_active, ga * (bcast + gather_logits) + reduce, 0.0)
+    reduce = _only(dp_single, lambda n, s: comm.collective_time(Collective.reduce, n, s, hw, n), dp, params_local * gb)
+    dataparallel = np.where(dp_single, ga * (bcast + gather_logits) + reduce, 0.0)
 
     # --- optimizer --------------------------------------------------------------------------------
     opt_shard = np.where(zero >= 1, shard, 1.0)
