@@ -234,11 +234,12 @@ def evaluate(m: ModelSpec, hw: Hardware, sc: Scalars, c: Columns, world_size: An
     # calls: one collective each. PyTorch DDP all-reduces 25 MiB buckets, and FSDP gathers and reduce-scatters
     # one unit at a time (each transformer layer, then the root: embeddings and head): every call pays the
     # collective's start-up latency.
-    ar_grad = comm.collective_time(Collective.all_reduce, dp, grad_comm_bytes, hw, dp_per_node)
+    ar_whole = _only(megatron, lambda n, s, g: comm.collective_time(Collective.all_reduce, n, s, hw, g),
+                     dp, grad_comm_bytes, dp_per_node)
     n_buckets = np.maximum(np.ceil(grad_comm_bytes / DDP_BUCKET_BYTES), 1.0)
     ar_buckets = _only(~megatron, lambda n, nb, s, g: nb * comm.collective_time(Collective.all_reduce, n, s / nb, hw, g),
                        dp, n_buckets, grad_comm_bytes, dp_per_node)
-    ar_grad = np.where(megatron, ar_grad, ar_buckets)
+    ar_grad = np.where(megatron, ar_whole, ar_buckets)
     units = np.maximum(layers_stage, 1)
     unit_bytes = (params_local - stage_extra / tp) / units
 
