@@ -34,8 +34,8 @@ from validation.validate import DatasetReport, Point, _hardware, _report
 # (m = 1024..8192 tokens, n and k of 128..16384); below it the kernels are latency-bound, where the faster GPU
 # (the H100 has 3x the A100's peak) loses more of its peak and the ratio says nothing about a step's GEMMs.
 GEMM_SHAPES_MIN_FLOPS = 1e10
-# The timed GPUs whose profiles take the H100's GEMM fit times their ratio (validation.datasets.GEMM_GPU_PROFILES)
-RATIO_GPUS = ("a100", "b200", "h200")
+# The timed GPUs whose profiles take the H100's GEMM fit times their ratio: every one but the H100 itself
+RATIO_GPUS = tuple(g for g in ds.GEMM_GPU_PROFILES if g != "h100")
 
 # Collectives are scored from 8 MiB. Below it NCCL 2.27 (this data) and the NCCL of the vTrain node, to which the
 # dgx-a100 link was fitted, part ways: 8 A100s all-reduce 1..4 MiB in 39..77 us here and in 93..96 us there
@@ -62,8 +62,8 @@ def gemm_efficiency_ratio(gpu: str = "a100") -> tuple[float, float, float, int]:
     """(median, 25th, 75th percentile, shapes) of the GPU's efficiency / the H100's over the shared GEMM shapes
     of at least GEMM_SHAPES_MIN_FLOPS, each efficiency being FLOP/s over its profile's datasheet peak; ``gpu`` is
     a key of validation.datasets.GEMM_GPU_PROFILES other than "h100"."""
-    if gpu not in ds.GEMM_GPU_PROFILES or gpu == "h100":
-        raise ValueError(f"gpu {gpu!r}: one of {', '.join(g for g in ds.GEMM_GPU_PROFILES if g != 'h100')}")
+    if gpu not in RATIO_GPUS:
+        raise ValueError(f"gpu {gpu!r}: one of {', '.join(RATIO_GPUS)}")
     return _ratio_stats(_shared_shapes(ds.load_aiconfigurator_gemm(), gpu))
 
 
