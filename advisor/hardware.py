@@ -12,42 +12,20 @@ in-switch reductions, power/thermal clock throttling.
 
 from __future__ import annotations
 
-import difflib
 from enum import Enum
 from pathlib import Path
 from typing import Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
-from advisor.units import GB, TFLOP, Gbit, GiB, us
+from advisor.profiles import ProfileKind, to_yaml
+from advisor.spec import Spec
+from advisor.units import GB, TFLOP, Gbit, GiB
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 # Installed wheels carry the profiles inside the package (see pyproject's package-data).
 _PACKAGED_PROFILE_DIR = Path(__file__).resolve().parent / "hardware_profiles"
-
-
-_NUMBER_TYPES = (int, float, Optional[int], Optional[float])
-
-
-class Spec(BaseModel):
-    """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, v, info):
-        """YAML/JSON ``true`` where a number belongs would silently become 1: refuse it."""
-        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
-        if isinstance(v, bool) and annotation in _NUMBER_TYPES:
-            raise ValueError(f"must be a number, not {str(v).lower()}")
-        if isinstance(v, dict) and annotation == dict[str, float]:
-            for key, val in v.items():
-                if isinstance(val, bool):
-                    raise ValueError(f"{key} must be a number, not {str(val).lower()}")
-        return v
 
 
 class LinkKind(str, Enum):
@@ -272,145 +250,35 @@ def profile_dirs() -> list[Path]:
     return [d for d in (PROFILE_DIR, _PACKAGED_PROFILE_DIR) if d.is_dir()]
 
 
+HARDWARE = ProfileKind("hardware profile", profile_dirs, HardwareError, "advisor profiles", whole=frozenset({"fit"}))
+
+
 def list_profiles() -> list[str]:
-    names: set[str] = set()
-    for d in profile_dirs():
-        names.update(p.stem for p in d.glob("*.yaml"))
-    return sorted(names)
-
-
-def _find_profile(name: str) -> Path:
-    for d in profile_dirs():
-        p = d / f"{name}.yaml"
-        if is_file(p):
-            return p
-    close = difflib.get_close_matches(name, list_profiles(), n=3, cutoff=0.4)
-    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_profiles())}"
-    raise HardwareError(f"unknown hardware profile {name[:200]!r}: {hint} (or pass a path to a .yaml file)")
-
-
-def is_file(path: str | Path) -> bool:
-    """Path.is_file that answers False for names the OS refuses (too long, NUL bytes) instead of raising."""
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
-    """A user-named file's text, or one line naming the file and the problem (unreadable, not UTF-8)."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{path}: not a text file (not UTF-8); give a {what}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc.__class__.__name__})") from None
-
-
-def _profile_file(name: str, directory: Path) -> Path:
-    """The YAML file a profile name or path names; a relative path resolves against ``directory``."""
-    path = directory / name
-    if name.endswith((".yaml", ".yml")) or "/" in name or is_file(path):
-        if not is_file(path):
-            where = "" if directory == Path() or Path(name).is_absolute() else f" in {directory}"
-            raise HardwareError(f"hardware profile file {name[:200]!r} not found{where}")
-        return path
-    return _find_profile(name)
+    return HARDWARE.names()
 
 
 def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     """Load a profile by built-in name (``dgx-a100``) or by path to a YAML file."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
-    path = _profile_file(str(name_or_path), Path())
-    return hardware_from_yaml(read_text(path, "hardware profile YAML", HardwareError), origin=str(path), path=path)
+    return HARDWARE.load(name_or_path, Hardware)
 
 
 def hardware_from_yaml(text: str, origin: str = "<yaml>", path: str | Path | None = None) -> Hardware:
-    """A profile from YAML text, over its ``base:`` profile if it names one.
+    """A profile from YAML text, over its ``base:`` profile if it names one (advisor.profiles).
 
-    ``base:`` is a built-in name or a path to a .yaml file, relative to ``path``'s folder (the file the
-    text came from; without one, the current directory). The base is read as raw YAML, its own ``base:``
-    too (at most 8 deep, no cycles), and the text is merged over it: mappings key by key, recursively;
-    any other value (number, string, list) replaces the base's, and ``null`` drops the base's value
-    (``inter_node: {fit: null}``). ``name`` and ``description`` must be the child's own; ``source`` and
-    everything else is inherited. A link's ``fit`` stays when the child changes the link's
-    ``bandwidth_*`` or ``kind``: its efficiencies are fractions of the link rate, so they carry over.
-    Where they do not, the child gives its own ``fit``, which replaces the base's whole (a fit is one
-    measurement of one network; its keys are never mixed with another's). The merged mapping is
-    validated as any profile, and carries no ``base``.
+    ``base:`` is a built-in name or a path to a .yaml file, relative to ``path``'s folder (the file the text
+    came from; without one, the current directory). A link's ``fit`` stays when the child changes the link's
+    ``bandwidth_*`` or ``kind``: its efficiencies are fractions of the link rate, so they carry over. Where they
+    do not, the child gives its own ``fit``, which replaces the base's whole (a fit is one measurement of one
+    network; its keys are never mixed with another's).
     """
-    from advisor.errors import format_validation_error
-
-    directory = Path(path).parent if path is not None else Path()
-    identity = Path(path).resolve() if path is not None else None
-    data = _profile_data(text, [(origin, identity)], directory)
-    try:
-        return Hardware.model_validate(data)
-    except Exception as exc:  # pydantic.ValidationError, reported as one line
-        raise HardwareError(f"{origin}: {format_validation_error(exc)}") from None
-
-
-_MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
-
-
-def _chain_error(chain: list[tuple[str, Optional[Path]]], problem: str) -> HardwareError:
-    """One line: the profile the user named, the base chain down to the file at fault, the problem."""
-    via = f"base {' -> '.join(shown for shown, _ in chain[1:])}: " if len(chain) > 1 else ""
-    return HardwareError(f"{chain[0][0]}: {via}{problem}")
-
-
-def _profile_data(text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
-    """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise _chain_error(chain, f"malformed YAML{where}: fix the syntax") from None
-    if not isinstance(data, dict):
-        raise _chain_error(chain, f"a hardware profile must be a YAML mapping, got {type(data).__name__}")
-    if "base" not in data:
-        return data
-    base = data.pop("base")
-    if not isinstance(base, str):
-        raise _chain_error(chain, f"base must be a profile name or a path to a .yaml file, got {type(base).__name__}")
-    missing = [key for key in ("name", "description") if data.get(key) is None]
-    if missing:
-        raise _chain_error(chain, f"a profile with base: needs its own {' and '.join(missing)} (the base's "
-                                  f"describes another system): add {missing[0]}: ...")
-    if len(chain) > _MAX_BASE_DEPTH:
-        raise _chain_error(chain, f"more than {_MAX_BASE_DEPTH} levels of base: flatten the chain")
-    try:
-        path = _profile_file(base, directory)
-        base_text = read_text(path, "hardware profile YAML", HardwareError)
-    except HardwareError as exc:
-        raise _chain_error(chain, f"base: {exc}") from None
-    chain = chain + [(base[:200] if base.isprintable() else repr(base[:200]), path.resolve())]
-    if any(path.resolve() == seen for _, seen in chain[:-1]):
-        raise HardwareError(f"{chain[0][0]}: base cycle {' -> '.join(shown for shown, _ in chain)}: "
-                            "remove one of these base: keys")
-    return _merge(_profile_data(base_text, chain, path.parent), data)
-
-
-def _merge(base: dict, child: dict) -> dict:
-    """``child`` over ``base``: mappings merge key by key, recursively, except a link's ``fit`` (one
-    measurement of one network: a child's fit replaces the base's whole); a ``null`` drops the base's
-    value; any other value replaces it. Neither argument is modified."""
-    out = dict(base)
-    for key, value in child.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(base.get(key), dict) and key != "fit":
-            out[key] = _merge(base[key], value)
-        else:
-            out[key] = value
-    return out
+    return HARDWARE.from_yaml(text, Hardware, origin, path)
 
 
 def hardware_to_yaml(hw: Hardware) -> str:
     """YAML that ``load_hardware`` accepts back unchanged (round trip tested)."""
-    return yaml.safe_dump(hw.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)
+    return to_yaml(hw)
 
 
 __all__ = [
@@ -421,10 +289,8 @@ __all__ = [
     "HardwareError",
     "Link",
     "LinkKind",
-    "Spec",
     "hardware_from_yaml",
     "hardware_to_yaml",
     "list_profiles",
     "load_hardware",
-    "us",
 ]

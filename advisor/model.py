@@ -18,7 +18,8 @@ from typing import Optional
 from pydantic import Field, model_validator
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.hardware import Spec, is_file, read_text
+from advisor.io import is_file, read_text
+from advisor.spec import Spec
 
 
 class MLPKind(str, Enum):

@@ -23,7 +23,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import Field, model_validator
 
-from advisor.hardware import Hardware, Spec
+from advisor.hardware import Hardware
+from advisor.spec import Spec
 
 
 class Precision(str, Enum):

@@ -1,0 +1,136 @@
+"""Profiles: named YAML files shipped with advisor (hardware, training stacks), found by name or path, with
+``base:`` inheritance. Each kind of profile validates the merged mapping with its own pydantic model.
+
+A profile file may start from another with ``base:`` (a built-in name, or a path relative to the file) and
+give only what differs: mappings merge key by key, recursively; any other value (number, string, list)
+replaces the base's, and ``null`` drops the base's value. ``name`` and ``description`` must be the child's
+own; everything else is inherited. Keys listed in ``ProfileKind.whole`` (a link's ``fit``: one measurement
+of one network) replace the base's value whole, never key by key. At most 8 levels, no cycles.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from advisor.errors import AdvisorError, format_validation_error
+from advisor.io import is_file, read_text
+
+_MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
+
+
+@dataclass(frozen=True)
+class ProfileKind:
+    """One kind of profile: where the shipped files are, what to call them, the error to raise."""
+
+    what: str  # "hardware profile"
+    dirs: Callable[[], list[Path]]  # searched in order (read at each call: tests point it elsewhere)
+    error: type[AdvisorError]
+    list_command: str  # the command that lists them ("advisor profiles")
+    whole: frozenset[str] = frozenset()  # mapping keys a child replaces whole
+
+    def names(self) -> list[str]:
+        found: set[str] = set()
+        for d in self.dirs():
+            if d.is_dir():
+                found.update(p.stem for p in d.glob("*.yaml"))
+        return sorted(found)
+
+    def find(self, name: str) -> Path:
+        for d in self.dirs():
+            p = d / f"{name}.yaml"
+            if is_file(p):
+                return p
+        close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(self.names())}"
+        raise self.error(f"unknown {self.what} {name[:200]!r}: {hint} (see `{self.list_command}`, "
+                         "or pass a path to a .yaml file)")
+
+    def file(self, name: str, directory: Path = Path()) -> Path:
+        """The YAML file a profile name or path names; a relative path resolves against ``directory``."""
+        path = directory / name
+        if name.endswith((".yaml", ".yml")) or "/" in name or is_file(path):
+            if not is_file(path):
+                where = "" if directory == Path() or Path(name).is_absolute() else f" in {directory}"
+                raise self.error(f"{self.what} file {name[:200]!r} not found{where}")
+            return path
+        return self.find(name)
+
+    def read(self, path: Path) -> str:
+        return read_text(path, f"{self.what} YAML", self.error)
+
+    def load(self, name_or_path: str | Path, model):
+        """The profile a built-in name or a path names, validated by ``model`` (a pydantic class)."""
+        path = self.file(str(name_or_path))
+        return self.from_yaml(self.read(path), model, origin=str(path), path=path)
+
+    def from_yaml(self, text: str, model, origin: str = "<yaml>", path: str | Path | None = None):
+        """A profile from YAML text, over its ``base:`` profile if it names one (module docstring)."""
+        directory = Path(path).parent if path is not None else Path()
+        identity = Path(path).resolve() if path is not None else None
+        data = self._data(text, [(origin, identity)], directory)
+        try:
+            return model.model_validate(data)
+        except Exception as exc:  # pydantic.ValidationError, reported as one line
+            raise self.error(f"{origin}: {format_validation_error(exc)}") from None
+
+    def _chain_error(self, chain: list[tuple[str, Optional[Path]]], problem: str) -> AdvisorError:
+        """One line: the profile the user named, the base chain down to the file at fault, the problem."""
+        via = f"base {' -> '.join(shown for shown, _ in chain[1:])}: " if len(chain) > 1 else ""
+        return self.error(f"{chain[0][0]}: {via}{problem}")
+
+    def _data(self, text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
+        """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise self._chain_error(chain, f"malformed YAML{where}: fix the syntax") from None
+        if not isinstance(data, dict):
+            raise self._chain_error(chain, f"a {self.what} must be a YAML mapping, got {type(data).__name__}")
+        if "base" not in data:
+            return data
+        base = data.pop("base")
+        if not isinstance(base, str):
+            raise self._chain_error(chain, f"base must be a profile name or a path to a .yaml file, got {type(base).__name__}")
+        missing = [key for key in ("name", "description") if data.get(key) is None]
+        if missing:
+            raise self._chain_error(chain, f"a profile with base: needs its own {' and '.join(missing)} (the base's "
+                                           f"describes another system): add {missing[0]}: ...")
+        if len(chain) > _MAX_BASE_DEPTH:
+            raise self._chain_error(chain, f"more than {_MAX_BASE_DEPTH} levels of base: flatten the chain")
+        try:
+            path = self.file(base, directory)
+            base_text = self.read(path)
+        except AdvisorError as exc:
+            raise self._chain_error(chain, f"base: {exc}") from None
+        chain = chain + [(base[:200] if base.isprintable() else repr(base[:200]), path.resolve())]
+        if any(path.resolve() == seen for _, seen in chain[:-1]):
+            raise self.error(f"{chain[0][0]}: base cycle {' -> '.join(shown for shown, _ in chain)}: "
+                             "remove one of these base: keys")
+        return merge(self._data(base_text, chain, path.parent), data, self.whole)
+
+
+def merge(base: dict, child: dict, whole: frozenset[str] = frozenset()) -> dict:
+    """``child`` over ``base``: mappings merge key by key, recursively, except the keys in ``whole`` (a child's
+    value replaces the base's whole); a ``null`` drops the base's value; any other value replaces it.
+    Neither argument is modified."""
+    out = dict(base)
+    for key, value in child.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict) and key not in whole:
+            out[key] = merge(base[key], value, whole)
+        else:
+            out[key] = value
+    return out
+
+
+def to_yaml(profile) -> str:
+    """YAML that the profile's loader accepts back unchanged (round trip tested)."""
+    return yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)

@@ -1,0 +1,33 @@
+"""The base of every typed input read from YAML, JSON, the CLI or the Python API.
+
+Frozen (an input never changes after it is validated), unknown keys rejected (a misspelt key is an error,
+not a silently ignored setting), finite numbers only, and a YAML/JSON ``true`` where a number belongs
+refused instead of read as 1.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+_NUMBER_TYPES = (int, float, Optional[int], Optional[float])
+
+
+class Spec(BaseModel):
+    """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v, info):
+        """YAML/JSON ``true`` where a number belongs would silently become 1: refuse it."""
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(v, bool) and annotation in _NUMBER_TYPES:
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        if isinstance(v, dict) and annotation == dict[str, float]:
+            for key, val in v.items():
+                if isinstance(val, bool):
+                    raise ValueError(f"{key} must be a number, not {str(val).lower()}")
+        return v
