@@ -1,13 +1,16 @@
 """advisor: an analytical cost model and parallelism-plan advisor for training transformers on many GPUs.
 
-Three typed inputs (ModelSpec, Hardware, Plan + TrainingSetup), pure functions over them, and results
+Typed inputs (ModelSpec, Hardware, Stack, Plan + TrainingSetup), pure functions over them, and results
 that are named breakdowns. ``estimate`` answers for one plan, ``plan`` searches every valid plan.
 """
 
-from advisor.api import Estimate, MemoryReport, estimate
+from advisor.api import estimate
 from advisor.hardware import Hardware, list_profiles, load_hardware
+from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec, list_models, load_model
-from advisor.plans import Plan, TrainingSetup
+from advisor.results import Estimate, MemoryReport
+from advisor.stack import Stack, list_stacks, load_stack
+from advisor.training import TrainingSetup
 
 __version__ = "0.1.0"
 
@@ -22,14 +25,18 @@ def plan(*args, **kwargs):
 __all__ = [
     "Estimate",
     "Hardware",
+    "Layout",
     "MemoryReport",
     "ModelSpec",
     "Plan",
+    "Stack",
     "TrainingSetup",
     "estimate",
     "list_models",
     "list_profiles",
+    "list_stacks",
     "load_hardware",
     "load_model",
+    "load_stack",
     "plan",
 ]

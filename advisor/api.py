@@ -1,6 +1,8 @@
 """Python API: ``estimate(...)`` takes the CLI's options as keyword arguments and returns a typed result.
 
-``Estimate.model_dump()`` is exactly what ``advisor estimate --json`` prints.
+``Estimate.model_dump()`` is exactly what ``advisor estimate --json`` prints. The stack a plan is costed in is
+resolved by one rule for ``estimate`` and ``plan`` alike (``resolve_stack``), so a plan's row in a search and
+its estimate are the same numbers.
 """
 
 from __future__ import annotations
@@ -8,65 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict
-
-from advisor.compute import MATH
+from advisor.candidates import Candidates
+from advisor.constraints import plan_errors
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.estimate import TIME_PARTS, evaluate
 from advisor.hardware import Hardware, load_hardware
-from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
+from advisor.layout import FSDP_TO_ZERO, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
-from advisor.plans import (
-    FSDP_TO_ZERO,
-    Plan,
-    Precision,
-    TrainingSetup,
-    columns_of,
-    plan_errors,
-    resolve_grad_accum,
-)
-from advisor.styles import Scalars
+from advisor.results import Estimate, make_estimate
+from advisor.stack import Stack, load_stack
+from advisor.step import evaluate
+from advisor.training import Precision, Recompute, TrainingSetup
+from advisor.workload import Workload
 
-
-class Result(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class MemoryReport(Result):
-    peak_bytes: float
-    parts: dict[str, float]
-    overhead_bytes: float
-    overhead: dict[str, float]
-    capacity_bytes: float
-    headroom_bytes: float
-    fits: bool
-
-
-class Estimate(Result):
-    model: str
-    hw: str
-    params: int
-    world_size: int
-    nodes: int
-    plan: dict
-    setup: dict
-    label: str
-    grad_accum: int
-    global_batch: int
-    tokens_per_step: int
-    step_time_s: float
-    tokens_per_s: float
-    samples_per_s: float
-    mfu: float
-    hfu: float
-    tflops_per_gpu: float
-    hw_tflops_per_gpu: float
-    fits: bool
-    memory: MemoryReport
-    breakdown: dict[str, float]
-    dominant: str
-    usd_per_million_tokens: Optional[float] = None  # when the profile has a price per GPU-hour
+# The stacks ``--stack auto`` chooses between: models that fit on one GPU are typically trained with Hugging Face
+# modules (DDP, FSDP, DeepSpeed), larger ones with Megatron's fused kernels.
+AUTO_SMALL, AUTO_LARGE = "hf-trainer", "megatron-deepspeed"
 
 
 class PlanError(AdvisorError):
@@ -95,7 +53,7 @@ def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
     if precision is None:
         return default
     try:
-        math = MATH[Precision(precision)]
+        math = Precision(precision).math
     except ValueError:
         return precision  # not a precision at all: TrainingSetup names the choices
     if not gpu.runs(math):
@@ -104,11 +62,33 @@ def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
     return precision
 
 
+def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> bool:
+    """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded."""
+    lean = setup.model_copy(update={"micro_batch": 1, "grad_accum": 1, "global_batch": None, "recompute": Recompute.full})
+    out = evaluate(Workload.of(model, hw, stack, lean), Candidates.of_plan(Plan(), lean, 1))
+    return bool(out.memory.peak[0] + out.overhead.total[0] <= hw.gpu.memory_bytes)
+
+
+def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
+                  setup: TrainingSetup) -> tuple[Stack, bool]:
+    """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
+    user of this model most likely runs (AUTO_SMALL where the model fits on one GPU in it, else AUTO_LARGE);
+    the same rule for every plan of a search and for an estimate."""
+    if isinstance(name, Stack) or str(name) != "auto":
+        stack = load_stack(name)
+        return stack, fits_one_gpu(model, hw, stack, setup)
+    small = load_stack(AUTO_SMALL)
+    if fits_one_gpu(model, hw, small, setup):
+        return small, True
+    large = load_stack(AUTO_LARGE)  # its kernels' peak differs: it may fit where the small stack's does not
+    return large, fits_one_gpu(model, hw, large, setup)
+
+
 def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, fsdp=None, sp=False,
                  schedule="1f1b", virtual_stages=None, micro_batch=1, global_batch=None, grad_accum=None,
                  seq=1024, precision=None, attention="sdpa", recompute="none", optimizer="adamw",
-                 overlap_grad_reduce=None, data_parallel="ddp", framework="auto", allow_tp_across_nodes=False):
-    """Validate every option and return (model spec, hardware, plan, setup, world size)."""
+                 overlap_grad_reduce=None, data_parallel="ddp", stack="auto", allow_tp_across_nodes=False):
+    """Validate every option and return (model spec, hardware, stack, plan, setup, world size)."""
     spec = load_model(model)
     hardware = load_hardware(hw)
     precision = resolve_precision(hardware, precision)
@@ -130,7 +110,7 @@ def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, 
     try:
         setup = TrainingSetup(seq_len=seq, micro_batch=micro_batch, global_batch=global_batch, grad_accum=grad_accum,
                               precision=precision, optimizer=optimizer, attention=attention, recompute=recompute,
-                              framework=framework)
+                              stack=stack if isinstance(stack, str) else getattr(stack, "name", str(stack)))
         plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, hybrid_shard=(fsdp == "hybrid-shard"), sp=sp, schedule=schedule,
                     virtual_stages=virtual_stages, data_parallel=data_parallel,
                     overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
@@ -142,50 +122,34 @@ def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, 
     errors = plan_errors(plan, setup, spec, hardware, world)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    return spec, hardware, plan, setup, world
-
-
-def dominant_part(breakdown: dict[str, float]) -> str:
-    return max(breakdown, key=lambda k: breakdown[k])
-
-
-def make_estimate(spec: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, world: int,
-                  out: dict, i=None) -> Estimate:
-    """Turn one row (``i``; None for 0-d) of ``evaluate``'s output into a typed Estimate."""
-    pick = (lambda a: float(np.asarray(a).reshape(-1)[i if i is not None else 0]))
-    breakdown = {k: pick(out["time"][k]) for k in TIME_PARTS}
-    step = sum(breakdown.values())
-    mem_parts = {k: pick(out["memory"][k]) for k in MEMORY_PARTS}
-    peak = sum(mem_parts.values())
-    over = {k: pick(out["overhead"][k]) for k in OVERHEAD_PARTS}
-    cap = hw.gpu.memory_bytes
-    fits = peak + sum(over.values()) <= cap
-    tokens = pick(out["tokens"])
-    grad_accum, _ = resolve_grad_accum(setup, plan)
-    peak_flops = hw.gpu.peak_flops_per_s(MATH[setup.precision])
-    return Estimate(
-        model=spec.name, hw=hw.name, params=spec.n_params, world_size=world,
-        nodes=int(-(-world // hw.gpus_per_node)),
-        plan=plan.model_dump(mode="json"), setup=setup.model_dump(mode="json"), label=plan.label(),
-        grad_accum=grad_accum, global_batch=setup.micro_batch * grad_accum * plan.dp,
-        tokens_per_step=int(tokens), step_time_s=step, tokens_per_s=tokens / step,
-        samples_per_s=tokens / setup.seq_len / step,
-        mfu=6.0 * spec.n_params * tokens / (step * world * peak_flops),
-        hfu=pick(out["hw_flops"]) / (step * world * peak_flops),
-        tflops_per_gpu=pick(out["model_flops"]) / (step * world) / 1e12,
-        hw_tflops_per_gpu=pick(out["hw_flops"]) / (step * world) / 1e12,
-        fits=bool(fits),
-        memory=MemoryReport(peak_bytes=peak, parts=mem_parts, overhead_bytes=sum(over.values()), overhead=over,
-                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(fits)),
-        breakdown=breakdown, dominant=dominant_part(breakdown),
-        usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
-                                if hw.price_per_gpu_hour_usd else None),
-    )
+    resolved = load_stack(stack) if str(stack) != "auto" else resolve_stack(stack, spec, hardware, setup)[0]
+    if setup.stack == "auto":  # the choice is recorded, so that the setup names the stack it was costed in
+        setup = setup.model_copy(update={"stack": resolved.name})
+    return spec, hardware, resolved, plan, setup, world
 
 
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], **options) -> Estimate:
     """Estimate one plan. Options are ``advisor estimate``'s, spelled with underscores."""
-    spec, hardware, plan, setup, world = build_inputs(model, hw, **options)
+    spec, hardware, stack, plan, setup, world = build_inputs(model, hw, **options)
+    return _estimate(spec, hardware, stack, plan, setup, world)
+
+
+def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], plan: Plan,
+                  setup: TrainingSetup, world_size: Optional[int] = None) -> Estimate:
+    """Estimate a typed Plan and TrainingSetup (e.g. a row of ``advisor.plan``'s result) on ``world_size`` GPUs
+    (default: the plan's dp x tp x pp)."""
+    spec, hardware = load_model(model), load_hardware(hw)
+    world = plan.world_size if world_size is None else world_size
+    errors = plan_errors(plan, setup, spec, hardware, world)
+    if errors:
+        raise PlanError("invalid plan: " + "; ".join(errors))
+    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup)[0]
+    if setup.stack == "auto":
+        setup = setup.model_copy(update={"stack": stack.name})
+    return _estimate(spec, hardware, stack, plan, setup, world)
+
+
+def _estimate(spec: ModelSpec, hardware: Hardware, stack: Stack, plan: Plan, setup: TrainingSetup, world: int) -> Estimate:
     grad_accum, _ = resolve_grad_accum(setup, plan)
-    out = evaluate(spec, hardware, Scalars.of(setup), columns_of(plan, setup, grad_accum), world)
-    return make_estimate(spec, hardware, plan, setup, world, out)
+    out = evaluate(Workload.of(spec, hardware, stack, setup), Candidates.of_plan(plan, setup, grad_accum))
+    return make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, out)

@@ -43,7 +43,7 @@ def estimate(as_json: bool, **kw) -> None:
     model, hw = kw.pop("model"), kw.pop("hw")
     result = run_estimate(model=model, hw=hw, **kw)
     if as_json:
-        click.echo(json.dumps(result.model_dump(), indent=2))
+        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
         click.echo(render_estimate(result))
 
@@ -66,14 +66,19 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     kw["seq"] = default_seq(kw["model"], kw["seq"])
     model, hw = kw.pop("model"), kw.pop("hw")
     result = run_plan(model=model, hw=hw, top=top, **kw)
+    suggestion = ""
+    if not result.plans:
+        from advisor.suggest import suggest_fix
+
+        suggestion = suggest_fix(result)
     if export_kind:
         from advisor.export import export as export_plan
 
         if not result.plans:
-            _fail("no plan fits, nothing to export: " + result.suggestion())
-        best = result.plans[0]
-        out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan_obj, best.setup_obj,
-                              best.estimate.grad_accum, best.estimate.world_size)
+            _fail("no plan fits, nothing to export: " + suggestion)
+        best = result.plans[0].estimate
+        out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
+                              best.grad_accum, best.world_size)
         if out:  # write first: a bad --out is then a one-line error, not notes followed by an error
             from advisor.io import write_atomic
 
@@ -81,16 +86,16 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         for note in out_cfg.notes:
             click.echo(f"note: {note}", err=True)
         if out:
-            click.echo(f"wrote {export_kind} config for '{best.estimate.label}' to {out}", err=True)
+            click.echo(f"wrote {export_kind} config for '{best.label}' to {out}", err=True)
         else:
             click.echo(out_cfg.text)
         return
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     elif result.plans or explain:
-        click.echo(render_plan(result, explain=explain))
+        click.echo(render_plan(result, explain=explain, suggestion=suggestion))
     if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
-        _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {result.suggestion()}")
+        _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {suggestion}")
 
 
 @cli.group(invoke_without_command=True)
@@ -114,6 +119,26 @@ def profiles_show(name: str) -> None:
     click.echo(hardware_to_yaml(load_hardware(name)), nl=False)
 
 
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def stacks(ctx: click.Context) -> None:
+    """List the training-stack profiles (`advisor stacks show NAME` prints one)."""
+    if ctx.invoked_subcommand is None:
+        from advisor.stack import list_stacks, load_stack
+
+        for name in list_stacks():
+            click.echo(f"{name:20s} {load_stack(name).description}")
+
+
+@stacks.command("show")
+@click.argument("name")
+def stacks_show(name: str) -> None:
+    """Print a stack profile as YAML that --stack accepts back unchanged."""
+    from advisor.stack import load_stack, stack_to_yaml
+
+    click.echo(stack_to_yaml(load_stack(name)), nl=False)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def models(as_json: bool) -> None:
@@ -128,20 +153,35 @@ def models(as_json: bool) -> None:
         click.echo(f"{name:14s} {m.n_params / 1e9:8.3f}B  layers={m.n_layers} d_model={m.d_model} heads={m.n_heads}{gqa} d_ff={m.d_ff} vocab={m.vocab} {m.mlp.value}")
 
 
-def _register_optional() -> None:
-    """Commands that live in their own modules (calibrate, export, validate)."""
-    import importlib
+def _broken(name: str, exc: Exception) -> click.Command:
+    """A command whose module cannot be loaded: listed as usual, and it says why when run (exit 2)."""
+    why = f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
-    for module, attr in (("advisor.cli_calibrate", "calibrate"), ("advisor.cli_export", "export"), ("advisor.cli_validate", "validate")):
+    def run() -> None:
+        _fail(f"the '{name}' command cannot be loaded ({why}); reinstall advisor (pip install -e .)")
+
+    return click.Command(name, callback=run, help=f"(cannot be loaded: {why})", context_settings={"ignore_unknown_options": True})
+
+
+def _register_commands() -> None:
+    """Commands in their own modules: calibrate and export, and those installed packages provide through the
+    ``advisor.commands`` entry points (validate, from validation/: advisor never imports it)."""
+    from importlib.metadata import entry_points
+
+    from advisor.cli_calibrate import calibrate
+    from advisor.cli_export import export_command
+
+    cli.add_command(calibrate)
+    cli.add_command(export_command)
+    for ep in entry_points(group="advisor.commands"):
         try:
-            cmd = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):
-            continue
-        if isinstance(cmd, click.Command):
-            cli.add_command(cmd)
+            cmd = ep.load()
+        except Exception as exc:  # a broken plugin is reported when it is run, never silently dropped
+            cmd = _broken(ep.name, exc)
+        cli.add_command(cmd if isinstance(cmd, click.Command) else _broken(ep.name, TypeError("not a click command")), ep.name)
 
 
-_register_optional()
+_register_commands()
 
 
 def main(argv=None) -> None:

@@ -38,13 +38,13 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
     from advisor.errors import AdvisorError
     from advisor.export import export as export_plan
     from advisor.io import write_atomic
-    from advisor.plans import resolve_grad_accum
+    from advisor.layout import resolve_grad_accum
 
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:
         kw["seq"] = default_seq(kw["model"], kw["seq"])
-        spec, hw, plan, setup, world = build_inputs(**kw)
+        spec, hw, _stack, plan, setup, world = build_inputs(**kw)
         grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
         result = export_plan(kind, spec, hw, plan, setup, grad_accum, world)
         if out is not None:  # written before the notes: a bad --out is then one line, not notes and an error

@@ -30,8 +30,9 @@ def common_plan_options(f):
                      help="default: bf16-mixed where the GPU has bf16, else fp16-mixed"),
         click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
         click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default="adamw", show_default=True),
-        click.option("--framework", type=click.Choice(["auto", "hf", "megatron"]), default="auto", show_default=True,
-                     help="kernel style: eager HF modules or Megatron's fused kernels (auto: megatron when tp/pp > 1)"),
+        click.option("--stack", default="auto", show_default=True,
+                     help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer when the model "
+                          "fits on one GPU, else megatron-deepspeed"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
     ])
 

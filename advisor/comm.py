@@ -158,13 +158,24 @@ def _startup(time_of_one_byte, ranks: Any) -> Any:
     return np.asarray(time_of_one_byte(distinct), dtype=float)[where.reshape(ranks.shape)]
 
 
-def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any) -> Any:
+def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any,
+                    where: Any = None) -> Any:
     """Seconds for a collective over ``n`` GPUs placed ``per_node`` to a node (vectorised).
 
     Groups that fit in one node use the intra-node link; groups that span nodes take the cheaper of
-    the ring bottleneck and the hierarchical algorithm (see module docstring).
+    the ring bottleneck and the hierarchical algorithm (see module docstring). ``where``: a mask of the
+    plans that run this collective; the others get 0 without being costed (a search's plans mostly share
+    one kind, and costing a collective for every plan takes as long as the rest of the evaluation).
     """
-    return collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    if where is None:
+        return collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    shape = np.broadcast_shapes(np.shape(where), np.shape(n), np.shape(size_bytes), np.shape(per_node))
+    mask = np.broadcast_to(np.asarray(where, dtype=bool), shape)
+    out = np.zeros(shape)
+    if mask.any():
+        n, size_bytes, per_node = (np.broadcast_to(np.asarray(a, dtype=float), shape)[mask] for a in (n, size_bytes, per_node))
+        out[mask] = collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    return out
 
 
 def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):

@@ -11,10 +11,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor.api import Estimate
+from advisor.candidates import Candidates
 from advisor.hardware import Hardware
+from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
-from advisor.plans import Columns
+from advisor.results import Estimate
 from advisor.units import GB
 
 # Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
@@ -46,25 +47,25 @@ def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool) ->
             "fits_one_gpu": fits_one_gpu}
 
 
-def plan_kind(p: dict) -> str:
-    if p["data_parallel"] == "dp" and p["dp"] > 1:
+def plan_kind(p: Plan) -> str:
+    if p.data_parallel is DataParallelKind.dp and p.dp > 1:
         return "dp"
-    if p["tp"] > 1 and p["pp"] > 1:
+    if p.tp > 1 and p.pp > 1:
         return "3d"
-    if p["pp"] > 1:
+    if p.pp > 1:
         return "pp"
-    if p["tp"] > 1:
+    if p.tp > 1:
         return "tp"
-    if p["zero"] > 0:
+    if p.zero > 0:
         return "zero"
-    return "ddp" if p["dp"] > 1 else "single"
+    return "ddp" if p.dp > 1 else "single"
 
 
 KIND_NAMES = {"dp": "nn.DataParallel", "ddp": "DDP", "zero": "ZeRO/FSDP", "tp": "TP", "pp": "PP", "3d": "TP+PP",
               "single": "single GPU"}
 
 
-def kind_codes(c: Columns) -> np.ndarray:
+def kind_codes(c: Candidates) -> np.ndarray:
     """plan_kind for every candidate at once."""
     dp, tp, pp = (np.asarray(x) for x in (c.dp, c.tp, c.pp))
     kinds = np.array(["single"] * len(dp), dtype=object)
@@ -73,7 +74,7 @@ def kind_codes(c: Columns) -> np.ndarray:
     kinds[(tp > 1) & (pp == 1)] = "tp"
     kinds[(pp > 1) & (tp == 1)] = "pp"
     kinds[(tp > 1) & (pp > 1)] = "3d"
-    kinds[(np.asarray(c.dp_kind) == 1) & (dp > 1)] = "dp"
+    kinds[(np.asarray(c.dp_kind) == DataParallelKind.dp.code) & (dp > 1)] = "dp"
     return kinds
 
 

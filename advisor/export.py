@@ -26,13 +26,9 @@ import yaml
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
-from advisor.plans import (
-    Plan,
-    Precision,
-    TrainingSetup,
-    plan_errors,
-    resolve_grad_accum,
-)
+from advisor.constraints import plan_errors
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.training import Precision, TrainingSetup
 
 KINDS = ("accelerate", "deepspeed", "megatron", "torchrun")
 RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port

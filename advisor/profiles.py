@@ -21,6 +21,8 @@ from advisor.errors import AdvisorError, format_validation_error
 from advisor.io import is_file, read_text
 
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
+_CACHE: dict = {}  # (file, text, model) -> validated profile
+_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,20 @@ class ProfileKind:
         return read_text(path, f"{self.what} YAML", self.error)
 
     def load(self, name_or_path: str | Path, model):
-        """The profile a built-in name or a path names, validated by ``model`` (a pydantic class)."""
+        """The profile a built-in name or a path names, validated by ``model`` (a pydantic class). The same text
+        is not parsed twice: profiles are frozen, and a validation run asks for the same few thousands of times
+        (a file with ``base:`` is parsed each time, as its base may have changed)."""
         path = self.file(str(name_or_path))
-        return self.from_yaml(self.read(path), model, origin=str(path), path=path)
+        text = self.read(path)
+        key = (str(path), text, model)
+        if key in _CACHE:
+            return _CACHE[key]
+        profile = self.from_yaml(text, model, origin=str(path), path=path)
+        if "base" not in text:
+            if len(_CACHE) >= _CACHE_SIZE:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[key] = profile
+        return profile
 
     def from_yaml(self, text: str, model, origin: str = "<yaml>", path: str | Path | None = None):
         """A profile from YAML text, over its ``base:`` profile if it names one (module docstring)."""

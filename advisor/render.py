@@ -8,9 +8,10 @@ from advisor.units import fmt_bytes, fmt_seconds
 def render_estimate(e) -> str:
     lines = [
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
-        f"plan: {e.label}   micro batch {e.setup['micro_batch']} x grad accum {e.grad_accum} x dp {e.plan['dp']} = "
-        f"global batch {e.global_batch}, seq {e.setup['seq_len']}, {e.setup['precision']}, {e.setup['attention']}, "
-        f"recompute {e.setup['recompute']}, {e.setup['optimizer']}",
+        f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
+        f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
+        f"recompute {e.setup.recompute.value}, {e.setup.optimizer.value}",
+        f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items() if k != "world_size"),
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {e.tokens_per_s:,.0f} tokens/s   {e.samples_per_s:,.2f} samples/s",
@@ -38,16 +39,16 @@ def render_estimate(e) -> str:
     return "\n".join(lines)
 
 
-def render_plan(result, explain: bool = False) -> str:
+def render_plan(result, explain: bool = False, suggestion: str = "") -> str:
     lines = [result.header()]
     if not result.plans:
-        lines.append("no plan fits: " + result.suggestion())
+        lines.append("no plan fits: " + suggestion)
     else:
         lines.append(f"{'#':>3} {'plan':38s} {'mb':>3} {'ga':>4} {'recomp':>9} {'step':>10} {'tok/s':>11} {'MFU':>6} {'mem/GPU':>10}  why")
         for i, p in enumerate(result.plans, 1):
             e = p.estimate
             lines.append(
-                f"{i:>3} {e.label[:38]:38s} {e.setup['micro_batch']:>3} {e.grad_accum:>4} {e.setup['recompute']:>9} "
+                f"{i:>3} {e.label[:38]:38s} {e.setup.micro_batch:>3} {e.grad_accum:>4} {e.setup.recompute.value:>9} "
                 f"{fmt_seconds(e.step_time_s):>10} {e.tokens_per_s:>11,.0f} {e.mfu * 100:5.1f}% {fmt_bytes(e.memory.peak_bytes + e.memory.overhead_bytes):>10}  {p.reason}"
             )
     lines += ["", *result.notes()]

@@ -1,4 +1,4 @@
-"""The search space: every plan a world size admits, as numpy columns (no estimates here).
+"""The search space: every plan a world size admits, as a table of candidates (no estimates here).
 
 dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across nodes,
 nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages, micro-batch
@@ -13,13 +13,15 @@ from typing import Optional
 
 import numpy as np
 
+from advisor.candidates import Candidates
+from advisor.constraints import violations
 from advisor.hardware import Hardware
+from advisor.layout import Schedule
 from advisor.model import ModelSpec
-from advisor.plans import Columns, violations
 
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
-# (schedule code, virtual stages): 0 gpipe, 1 1f1b, 2 interleaved
-SCHEDULES = [(1, 1), (0, 1), (2, 2), (2, 3), (2, 4), (2, 6), (2, 8)]
+# (schedule, virtual stages)
+SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)]
 # data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
 VARIANTS = (0, 1, 2)
 # Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
@@ -82,9 +84,9 @@ def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int
     return counts[np.asarray(inverse).reshape(-1)]
 
 
-def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_node: bool,
-                         pairs: Optional[list[tuple[int, int]]] = None) -> Columns:
-    """All combinations as numpy columns (structural duplicates removed, constraints not applied).
+def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
+                         pairs: Optional[list[tuple[int, int]]] = None) -> Candidates:
+    """All combinations as a table (structural duplicates removed, constraints not applied).
 
     ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
     pairs = tp_pp_pairs(world) if pairs is None else pairs
@@ -93,14 +95,14 @@ def enumerate_candidates(world: int, n_layers: int, global_batch: int, multi_nod
     (pi, zero, sp, si, mi, rc, var), keep = _grid(tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node)
     tp, pp = tp_a[pi], pp_a[pi]
     dp = world // (tp * pp)
-    sched = np.array([s[0] for s in SCHEDULES])[si]
+    sched = np.array([s[0].code for s in SCHEDULES])[si]
     v = np.array([s[1] for s in SCHEDULES])[si]
     mb = MICRO_BATCHES[mi]
     idx = np.nonzero(keep)[0]
     ga = global_batch // (mb[idx] * dp[idx])
-    return Columns(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
-                   schedule=sched[idx], v=v[idx], dp_kind=(var[idx] == 1).astype(int), overlap=np.ones(len(idx), bool),
-                   micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx], tp_across_nodes_ok=False)
+    return Candidates(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
+                      schedule=sched[idx], virtual_stages=v[idx], dp_kind=(var[idx] == 1).astype(int),
+                      overlap=np.ones(len(idx), bool), micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx])
 
 
 def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
@@ -109,8 +111,8 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
     tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
     pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
     n = len(tp_a)
-    c = Columns(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
-                sp=np.zeros(n, bool), schedule=np.ones(n, int), v=np.ones(n, int), dp_kind=np.zeros(n, int),
-                overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=np.ones(n, int),
-                recompute=np.zeros(n, int), tp_across_nodes_ok=allow_tp_across_nodes)
+    c = Candidates(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
+                   sp=np.zeros(n, bool), schedule=np.full(n, Schedule.one_f_one_b.code), virtual_stages=np.ones(n, int),
+                   dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
+                   grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes)
     return violations(c, spec, hw, world)

@@ -11,28 +11,26 @@ Deliberately left out: CPU/NVMe offload (not modelled), changing the model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
-from advisor.estimate import evaluate
-from advisor.hardware import Hardware
-from advisor.memory import MEMORY_PARTS, OVERHEAD_PARTS
+from advisor.candidates import Candidates
+from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
-from advisor.plans import Columns, Plan
+from advisor.search import PlanSearch
 from advisor.space import MAX_WORLD, default_global_batch, pair_violations, tp_pp_pairs
-from advisor.styles import Scalars
+from advisor.step import evaluate
+from advisor.training import Recompute
 from advisor.units import GB
-
-if TYPE_CHECKING:  # the search passes itself in; suggest never runs a search of its own
-    from advisor.search import PlanSearch
+from advisor.workload import Workload
 
 
 def _gpus(n: int) -> str:
     return f"{n:,} GPU{'' if n == 1 else 's'}"
 
 
-def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool) -> Optional[Columns]:
+def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool) -> Optional[Candidates]:
     """The least-memory corner of the search space for one world size: micro batch 1, full recomputation,
     every (tp, pp) layout that passes the layout constraints, every ZeRO stage it allows, SP on and off."""
     pairs = tp_pp_pairs(world)
@@ -50,13 +48,13 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
         return None
     a = np.array(rows, dtype=np.int64)
     n = len(a)
-    return Columns(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
-                   schedule=np.ones(n, int), v=np.ones(n, int), dp_kind=np.zeros(n, int), overlap=np.ones(n, bool),
-                   micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0], recompute=np.full(n, 2),
-                   tp_across_nodes_ok=allow_tp)
+    return Candidates(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
+                      schedule=np.ones(n, int), virtual_stages=np.ones(n, int), dp_kind=np.zeros(n, int),
+                      overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0],
+                      recompute=np.full(n, Recompute.full.code), allow_tp_across_nodes=allow_tp)
 
 
-def _leanest(s: "PlanSearch", world: int, seq: Optional[int] = None,
+def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
              hw: Optional[Hardware] = None) -> tuple[float, Optional[str]]:
     """(least per-GPU memory of any plan on ``world`` GPUs, its label); (inf, None) when no layout is valid."""
     hw = hw or s.hardware
@@ -65,25 +63,20 @@ def _leanest(s: "PlanSearch", world: int, seq: Optional[int] = None,
     cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes)
     if cols is None:
         return float("inf"), None
-    sc = s.scalars or Scalars(seq, "bf16-mixed", "sdpa", "adamw", "auto")
-    sc = Scalars(seq, sc.precision, sc.attention, sc.optimizer, sc.framework)
-    out = evaluate(s.model_spec, hw, sc, cols, world)
-    need = (sum(np.asarray(out["memory"][k], dtype=float) for k in MEMORY_PARTS)
-            + sum(np.asarray(out["overhead"][k], dtype=float) for k in OVERHEAD_PARTS))
-    need = np.broadcast_to(need, np.shape(cols.dp))
+    setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb})
+    out = evaluate(Workload.of(s.model_spec, hw, s.stack, setup), cols)
+    need = out.memory.peak + out.overhead.total
     i = int(np.argmin(need))
-    label = Plan(dp=int(cols.dp[i]), tp=int(cols.tp[i]), pp=int(cols.pp[i]), zero=int(cols.zero[i]),
-                 sp=bool(cols.sp[i])).label()
-    return float(need[i]), label
+    return float(need[i]), cols.plan(i).label()
 
 
-def _fits(s: "PlanSearch", world: int, **kw) -> tuple[bool, float, Optional[str]]:
+def _fits(s: PlanSearch, world: int, **kw) -> tuple[bool, float, Optional[str]]:
     hw = kw.get("hw") or s.hardware
     need, label = _leanest(s, world, **kw)
     return need <= hw.gpu.memory_bytes * (1.0 - s.memory_headroom), need, label
 
 
-def min_fitting_world(s: "PlanSearch") -> Optional[tuple[int, str]]:
+def min_fitting_world(s: PlanSearch) -> Optional[tuple[int, str]]:
     """The fewest GPUs (whole nodes beyond one node) on which the leanest plan fits, by doubling then bisecting."""
     gpn = s.hardware.gpus_per_node
     snap = lambda w: w if w <= gpn else -(-w // gpn) * gpn  # noqa: E731
@@ -108,7 +101,7 @@ def min_fitting_world(s: "PlanSearch") -> Optional[tuple[int, str]]:
     return hi
 
 
-def suggest_fix(s: "PlanSearch") -> str:
+def suggest_fix(s: PlanSearch) -> str:
     """What would fit, computed: the fewest GPUs, a shorter sequence, a GPU with more memory; or the
     constraint that rejected every plan."""
     tips = []
@@ -129,8 +122,6 @@ def suggest_fix(s: "PlanSearch") -> str:
                 tips.append(f"--seq {seq} fits on {_gpus(s.world_size)}")
                 break
             seq //= 2
-        from advisor.hardware import list_profiles, load_hardware
-
         bigger = [h for h in (load_hardware(p) for p in list_profiles()) if h.gpu.memory_bytes > s.hardware.gpu.memory_bytes]
         for h in sorted(bigger, key=lambda h: h.gpu.memory_bytes):
             if _fits(s, s.world_size, hw=h)[0]:

@@ -8,16 +8,16 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 
 def main() -> None:
-    from advisor.estimate import Scalars, evaluate
     from advisor.hardware import load_hardware
     from advisor.model import load_model
-    from advisor.plans import TrainingSetup
     from advisor.search import plan
     from advisor.space import enumerate_candidates
+    from advisor.stack import load_stack
+    from advisor.step import evaluate
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt3-175b")
@@ -31,13 +31,13 @@ def main() -> None:
     t0 = time.perf_counter()
     res = plan(model=m, hw=hw, gpus=a.gpus, global_batch=a.global_batch, seq=a.seq)
     t_plan = time.perf_counter() - t0
-    cols = enumerate_candidates(a.gpus, m.n_layers, a.global_batch, a.gpus > hw.gpus_per_node)
-    n = len(np.atleast_1d(cols.dp))
-    sc = Scalars.of(TrainingSetup(seq_len=a.seq, global_batch=a.global_batch, framework="megatron"))
+    cols = enumerate_candidates(a.gpus, a.global_batch, a.gpus > hw.gpus_per_node)
+    n = len(cols)
+    w = Workload.of(m, hw, load_stack("megatron-deepspeed"), TrainingSetup(seq_len=a.seq, global_batch=a.global_batch))
     best = float("inf")
     for _ in range(a.repeat):
         t0 = time.perf_counter()
-        evaluate(m, hw, sc, cols, a.gpus)
+        evaluate(w, cols)
         best = min(best, time.perf_counter() - t0)
     print(f"{a.model} on {a.gpus}x {a.hw}: plan() {t_plan:.3f} s for {res.candidates:,} candidates "
           f"({res.candidates / t_plan:,.0f}/s end to end); evaluate() alone {n:,} candidates in {best * 1e3:.1f} ms "

@@ -1,13 +1,35 @@
-"""The house stays easy to see: imports between advisor's modules flow one way, and only the calibration
-CLI touches torch (lazily). Read from the source, so a cycle hidden in a function-level import counts."""
+"""The house stays easy to see (issue 14): imports between advisor's modules flow one way, with no cycle (lazy
+imports count); advisor never imports validation; only calibration touches torch (lazily); the cost model
+never asks which stack it runs (no stack's name in its code: a stack is data); no module over 350 lines and no
+function over 80. Read from the source, so a cycle hidden in a function-level import counts."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "advisor"
-MODULES = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 350, 80
+
+
+def _name(path: Path) -> str:
+    """``model.layer`` for advisor/model/layer.py, ``model`` for advisor/model/__init__.py."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+FILES = {_name(p): p for p in PACKAGE.rglob("*.py") if _name(p)}
+
+
+def _resolve(module: str) -> str | None:
+    """The advisor module (key of FILES) an import of ``advisor.<module>...`` reaches."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in FILES:
+            return ".".join(parts[:n])
+    return None
 
 
 def _imports(path: Path) -> tuple[set[str], set[str]]:
@@ -20,19 +42,29 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
         if id(node) in typing_only:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "advisor":
-                ours |= {a.name for a in node.names if a.name in MODULES}
-            elif node.module.startswith("advisor."):
-                ours.add(node.module.split(".")[1])
+            if node.module == "advisor" or node.module.startswith("advisor."):
+                base = node.module[len("advisor."):] if node.module != "advisor" else ""
+                for a in node.names:
+                    target = _resolve(f"{base}.{a.name}" if base else a.name) or _resolve(base)
+                    ours |= {target} if target else set()
             else:
                 other.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             for a in node.names:
-                (ours.add(a.name.split(".")[1]) if a.name.startswith("advisor.") else other.add(a.name.split(".")[0]))
-    return ours - {path.stem}, other
+                if a.name.startswith("advisor."):
+                    ours |= {_resolve(a.name[len("advisor."):])} - {None}
+                else:
+                    other.add(a.name.split(".")[0])
+    me = _name(path)
+    return {o for o in ours if o and o != me and not me.startswith(o + ".")}, other
 
 
-GRAPH = {p.stem: _imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+GRAPH = {m: _imports(p) for m, p in FILES.items()}
+# the cost model: typed inputs and the pure functions over them (not the search, the CLI or calibration)
+CORE = {"units", "errors", "spec", "io", "profiles", "hardware", "stack", "training", "layout", "workload",
+        "candidates", "comm", "compute", "host", "optimizer", "memory", "step", "constraints", "model",
+        "model.layer", "model.spec", "model.catalogue", "model.hf", "parallel", "parallel.data",
+        "parallel.tensor", "parallel.pipeline"}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -63,16 +95,52 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 
-def test_core_modules_sit_below_the_cli():
-    """No module outside the CLI imports a cli* module; the cost model does not import search or calibrate."""
-    core = {"hardware", "model", "compute", "comm", "memory", "plans", "estimate", "styles", "units", "errors"}
+def test_the_graph_sees_package_modules_and_function_level_imports():
+    assert {"parallel.data", "parallel.tensor", "model.layer"} <= set(FILES)
+    assert {"comm", "candidates", "parallel.pipeline"} <= GRAPH["parallel.data"][0]
+    assert "model.layer" in GRAPH["stack"][0] and "search" in GRAPH["suggest"][0]
+
+
+def test_core_modules_sit_below_the_search_and_the_cli():
+    """No module outside the CLI imports a cli* module; the cost model imports none of search, calibration,
+    the API, export or rendering; everything is in CORE or above it."""
+    above = {"search", "space", "suggest", "explain", "calibrate", "api", "export", "render", "results"}
     for m, (ours, _) in GRAPH.items():
         if not m.startswith("cli"):
             assert not {o for o in ours if o.startswith("cli")}, m
-        if m in core:
-            assert not ours & {"search", "space", "suggest", "calibrate", "api", "export", "render"}, (m, ours)
+        if m in CORE:
+            assert not {o for o in ours if o.split(".")[0] in above}, (m, ours)
+    assert CORE <= set(FILES)
 
 
-def test_only_the_calibration_cli_imports_torch():
+def test_advisor_never_imports_validation():
+    users = sorted(m for m, (_, other) in GRAPH.items() if "validation" in other)
+    assert users == []
+
+
+def test_only_calibration_imports_torch():
     users = sorted(m for m, (_, other) in GRAPH.items() if "torch" in other)
-    assert users == ["cli_calibrate"]
+    assert all(u == "cli_calibrate" or u.startswith("calibrate") for u in users), users
+
+
+def test_the_cost_model_never_names_a_stack():
+    """What a stack does is read from its profile: no core module compares against a stack's name."""
+    from advisor.stack import list_stacks
+
+    names = set(list_stacks()) | {"hf", "megatron"}
+    for m in CORE:
+        tree = ast.parse(FILES[m].read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                      and n.body and isinstance(n.body[0], ast.Expr)}
+        found = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and id(n) not in docstrings and n.value in names}
+        assert not found, (m, found)
+
+
+@pytest.mark.parametrize("module", sorted(FILES))
+def test_modules_and_functions_stay_readable_in_one_sitting(module):
+    text = FILES[module].read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{module}: {len(text.splitlines())} lines; split it by concept"
+    long = [(f.name, f.end_lineno - f.lineno + 1) for f in ast.walk(ast.parse(text))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{module}: functions over {MAX_FUNCTION_LINES} lines: {long}"

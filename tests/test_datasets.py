@@ -187,7 +187,7 @@ def test_published_copies_are_verbatim(name):
 def test_estimate_kwargs_use_the_estimator_vocabulary(loader):
     allowed = {"model", "hw", "gpus", "dp", "tp", "pp", "zero", "fsdp", "sp", "schedule", "virtual_stages",
                "micro_batch", "global_batch", "grad_accum", "seq", "precision", "attention", "recompute",
-               "optimizer", "data_parallel", "overlap_grad_reduce", "framework"}
+               "optimizer", "data_parallel", "overlap_grad_reduce", "stack"}
     for row in loader()[:50]:
         kw = row.estimate_kwargs()
         assert set(kw) <= allowed

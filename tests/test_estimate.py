@@ -96,34 +96,40 @@ def test_estimates_finite_positive(layers, heads, dh, mb, seq, gpus, zero, rc, p
     assert e.memory.peak_bytes > 0 and 0 < e.mfu < 1
 
 
+def _workload(model, hw="dgx-a100", stack="megatron-deepspeed", **setup):
+    """The shared part of an evaluation, for the unit tests of one dimension or kernel model."""
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    setup = {"seq_len": 1024, "precision": "fp16-mixed", "attention": "eager", **setup}
+    return Workload.of(load_model(model), load_hardware(hw), load_stack(stack), TrainingSetup(**setup))
+
+
 def test_megatron_cross_entropy_moves_52_bytes_per_logit_under_fp16():
     # megatron/core/tensor_parallel/cross_entropy.py on logits.float(): upcast 6, max 4, sub_ 8, exp 8, sum 4,
     # div_ 8 forward; mul_ 8 and the cast back 6 backward = 52 bytes per logit; HF's log-softmax path 32
-    from advisor.compute import Workload, head_times, mem_time
-    from advisor.hardware import load_hardware
-    from advisor.plans import Attention, Precision
+    from advisor.compute import head_times, mem_time
 
-    hw = load_hardware("dgx-a100")
     m = ModelSpec(name="aligned", n_layers=2, d_model=512, n_heads=8, d_ff=2048, vocab=50304, max_positions=1024)
-    times = {style: head_times(m, hw, Workload(1024, Precision.fp16_mixed, Attention.eager, style), 8, 1)
-             for style in ("megatron", "hf")}
-    extra = sum(float(t) for t in times["megatron"]) - sum(float(t) for t in times["hf"])
-    assert extra == pytest.approx(float(mem_time(hw, 8 * 1024 * 50304 * (52 - 32))), rel=1e-6)
+    w = {stack: _workload(m, stack=stack) for stack in ("megatron-deepspeed", "hf-trainer")}
+    total = {stack: head_times(wl, 8 * 1024, 1) for stack, wl in w.items()}
+    extra = sum(float(t.fwd_s + t.bwd_s) * (1 if stack == "megatron-deepspeed" else -1) for stack, t in total.items())
+    assert extra == pytest.approx(float(mem_time(w["hf-trainer"].hw, 8 * 1024 * 50304 * (52 - 32))), rel=1e-6)
 
 
 def test_host_time_per_micro_batch_includes_the_head_ops():
     # validation/data/host_overhead.json "-head" rows: megatron-core's GPTModel issues 44 + 27 aten ops
     # outside its layers per micro-batch (embedding, final norm, output layer, vocab-parallel loss)
-    from advisor.compute import HOST_HEAD_OPS, Workload, head_host_time, host_ops
-    from advisor.hardware import load_hardware
-    from advisor.model import load_model
-    from advisor.plans import Attention, Precision
+    from advisor.host import head_host_time, op_costs
 
-    hw, m = load_hardware("dgx-a100"), load_model("gpt2")
-    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
-    per_op = (host_ops(m, w)[2] + hw.efficiency.kernel_launch_us) * 1e-6
-    assert HOST_HEAD_OPS[("megatron", "gpt")] == (44, 27)
-    assert head_host_time(m, hw, w) == pytest.approx(71 * per_op + 3 * (hw.efficiency.matmul_host_us * 1e-6 - per_op))
+    w = _workload("gpt2")
+    per_op = op_costs(w)[0]
+    assert (w.tables.head_forward_ops, w.tables.head_backward_ops) == (44, 27)
+    assert per_op == pytest.approx((8.6 + w.hw.efficiency.kernel_launch_us) * 1e-6)
+    assert head_host_time(w, 1) == pytest.approx(71 * per_op + 3 * (w.hw.efficiency.matmul_host_us * 1e-6 - per_op))
 
 
 def test_pipeline_bubble_does_not_repeat_the_last_stages_head():
@@ -133,7 +139,7 @@ def test_pipeline_bubble_does_not_repeat_the_last_stages_head():
     big = ModelSpec(name="big-vocab", n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab=50257, max_positions=1024)
     small = big.model_copy(update={"name": "small-vocab", "vocab": 512})
     kw = dict(hw="dgx-a100", gpus=4, pp=4, micro_batch=8, global_batch=64, seq=1024, precision="bf16-mixed",
-              framework="megatron")
+              stack="megatron-deepspeed")
     eb, es = estimate(model=big, **kw), estimate(model=small, **kw)
     assert eb.breakdown["pipeline_bubble"] == pytest.approx(es.breakdown["pipeline_bubble"], rel=1e-9)
     assert eb.breakdown["pipeline_bubble"] > 0
@@ -144,15 +150,14 @@ def test_tp_without_sequence_parallel_repeats_layernorm_and_dropout_traffic():
     # Megatron, GPT d=1024, d_ff=4096, fp16: per token, GELU 2f + q/k/v copies 2(q+2kv) + core merge 2q =
     # 16,384 elements split by TP; 2 LayerNorms 4h + 2 bias-dropout-adds 7h = 11,264 on every TP rank
     # unless sequence parallel (Korthikanti et al. 2022 s.4.2.2). 2 bytes each, backward twice forward.
-    from advisor.compute import Workload, elementwise_per_token
-    from advisor.model import load_model
-    from advisor.plans import Attention, Precision
+    t = _workload("gpt2-medium").tables
 
-    m = load_model("gpt2-medium")
-    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
-    assert [float(x) for x in elementwise_per_token(m, w, 1, False)] == [2 * 27648, 4 * 27648]
-    assert [float(x) for x in elementwise_per_token(m, w, 8, False)] == [2 * (2048 + 11264), 4 * (2048 + 11264)]
-    assert [float(x) for x in elementwise_per_token(m, w, 8, True)] == [2 * 27648 / 8, 4 * 27648 / 8]
+    def per_token(tp, sp):
+        return [float(t.elementwise_forward.per_gpu(tp, sp)), float(t.elementwise_backward.per_gpu(tp, sp))]
+
+    assert per_token(1, False) == [2 * 27648, 4 * 27648]
+    assert per_token(8, False) == [2 * (2048 + 11264), 4 * (2048 + 11264)]
+    assert per_token(8, True) == [2 * 27648 / 8, 4 * 27648 / 8]
 
 
 def test_tp_comm_counts_layer_and_head_collectives():
@@ -165,11 +170,22 @@ def test_tp_comm_counts_layer_and_head_collectives():
 
     hw = load_hardware("dgx-a100")
     e = estimate(model="gpt2", hw="dgx-a100", gpus=2, tp=2, micro_batch=2, global_batch=2, seq=1024,
-                 precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+                 precision="fp16-mixed", attention="eager", recompute="full", stack="megatron-deepspeed")
     tokens = 2 * 1024
     ar = float(comm.collective_time(Collective.all_reduce, 2, tokens * 768 * 2.0, hw, 2))
     ce = float(comm.collective_time(Collective.all_reduce, 2, tokens * 4.0, hw, 2))
     assert e.breakdown["comm/tp"] == pytest.approx((12 * 6 + 2) * ar + 3 * ce, rel=1e-9)
+
+
+def _layer(w, tokens, recompute="full"):
+    """(one layer's GPU times, its host times, the head's GPU times, the head's host time) at tp 1."""
+    from advisor.compute import head_times, layer_times
+    from advisor.host import head_host_time, layer_host_times
+    from advisor.training import Recompute
+
+    code = Recompute(recompute).code
+    return (layer_times(w, tokens, 1, False, code), layer_host_times(w, 1, code), head_times(w, tokens, 1),
+            float(head_host_time(w, 1)))
 
 
 def test_pipeline_phases_start_and_end_drained():
@@ -177,20 +193,14 @@ def test_pipeline_phases_start_and_end_drained():
     # every stage exchange: a host-bound forward cannot hide behind a GPU-bound backward. gpt2-medium,
     # micro-batch 2 on A100: the host issues a layer's forward slower than the GPU runs it, but the whole
     # micro-batch (with the backward) is GPU-bound; the drained phases still leave the GPU idle.
-    from advisor.compute import Workload, head_host_time, head_times, layer_times
-    from advisor.hardware import load_hardware
-    from advisor.model import load_model
-    from advisor.plans import Attention, Precision
-
-    hw, m = load_hardware("dgx-a100"), load_model("gpt2-medium")
-    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
-    lt = layer_times(m, hw, w, 2, 1, 2)
-    layers = m.n_layers / 2
-    host = layers * float(lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s) + float(head_host_time(m, hw, w))
-    gpu = layers * float(lt.fwd_s + lt.bwd_s + lt.recompute_s) + sum(float(x) for x in head_times(m, hw, w, 2, 1))
-    assert float(lt.host_fwd_s) > float(lt.fwd_s) and host < gpu
+    w = _workload("gpt2-medium")
+    lt, ht, head, head_host = _layer(w, 2 * 1024)
+    layers = w.model.n_layers / 2
+    host = layers * float(ht.total_s) + head_host
+    gpu = layers * float(lt.fwd_s + lt.bwd_s + lt.recompute_s) + float(head.fwd_s + head.bwd_s)
+    assert float(ht.fwd_s) > float(lt.fwd_s) and host < gpu
     kw = dict(model="gpt2-medium", hw="dgx-a100", gpus=2, micro_batch=2, global_batch=16, seq=1024,
-              precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+              precision="fp16-mixed", attention="eager", recompute="full", stack="megatron-deepspeed")
     assert estimate(pp=2, **kw).breakdown["host_overhead"] > 0.01
 
 
@@ -200,36 +210,29 @@ def test_host_bound_forward_ends_with_the_heads_gpu_time():
     # (DeepSpeed 0.9.5's loss .item(), Megatron's timers), so a host-bound micro-batch lasts the forward
     # layers' host time + the head's GPU time + the host time of the rest (two-machine flow shop split just
     # before the head). gpt2-medium shape, micro-batch 1, fp16, full recompute, one A100: host-bound layers.
-    from advisor.compute import HOST_HEAD_OPS, Workload, head_host_time, head_times, layer_times
-    from advisor.hardware import load_hardware
-    from advisor.model import load_model
-    from advisor.plans import Attention, Precision
-
-    hw, m = load_hardware("dgx-a100"), load_model("gpt2-medium")
-    w = Workload(1024, Precision.fp16_mixed, Attention.eager, "megatron")
-    lt = layer_times(m, hw, w, 1, 1, 2)
-    head_fwd, head_bwd = (float(x) for x in head_times(m, hw, w, 1, 1))
-    head_host = float(head_host_time(m, hw, w))
-    n_f, n_b = HOST_HEAD_OPS[("megatron", "gpt")]
-    L = m.n_layers
-    assert float(lt.host_fwd_s) > float(lt.fwd_s) and float(lt.host_bwd_s + lt.host_recompute_s) > float(lt.bwd_s + lt.recompute_s)
+    w = _workload("gpt2-medium")
+    lt, ht, head, head_host = _layer(w, 1024)
+    head_fwd, head_bwd = float(head.fwd_s), float(head.bwd_s)
+    n_f, n_b = w.tables.head_forward_ops, w.tables.head_backward_ops
+    L = w.model.n_layers
+    assert float(ht.fwd_s) > float(lt.fwd_s) and float(ht.bwd_s + ht.recompute_s) > float(lt.bwd_s + lt.recompute_s)
     assert head_fwd > head_host * n_f / (n_f + n_b)  # the head's GPU time outlasts its own issue time
-    rest = L * float(lt.host_bwd_s + lt.host_recompute_s) + head_host * n_b / (n_f + n_b)
+    rest = L * float(ht.bwd_s + ht.recompute_s) + head_host * n_b / (n_f + n_b)
     assert rest > L * float(lt.bwd_s + lt.recompute_s) + head_bwd
     e = estimate(model="gpt2-medium", hw="dgx-a100", gpus=1, micro_batch=1, global_batch=4, seq=1024,
-                 precision="fp16-mixed", attention="eager", recompute="full", framework="megatron")
+                 precision="fp16-mixed", attention="eager", recompute="full", stack="megatron-deepspeed")
     per_mb = sum(e.breakdown[k] for k in ("compute/forward", "compute/backward", "compute/recompute", "host_overhead")) / 4
-    assert per_mb == pytest.approx(L * float(lt.host_fwd_s) + head_fwd + rest, rel=1e-9)
-    assert per_mb > L * float(lt.host_fwd_s + lt.host_bwd_s + lt.host_recompute_s) + head_host  # more than the host alone
+    assert per_mb == pytest.approx(L * float(ht.fwd_s) + head_fwd + rest, rel=1e-9)
+    assert per_mb > L * float(ht.total_s) + head_host  # more than the host alone
 
 
 def test_precision_must_be_one_the_gpu_runs_and_defaults_to_its_best():
     # Turing (Titan RTX) has no bf16 (PyTorch refuses bf16 autocast there), Ampere no fp8 (Transformer
     # Engine needs sm89+): asking for them is a one-line error naming the fix; the default is bf16-mixed
     # where bf16 exists, else fp16-mixed.
-    assert estimate(model="gpt2", hw="titan-rtx-pcie").setup["precision"] == "fp16-mixed"
-    assert estimate(model="gpt2", hw="dgx-a100").setup["precision"] == "bf16-mixed"
-    assert estimate(model="gpt2", hw="dgx-h100", precision="fp8-mixed").setup["precision"] == "fp8-mixed"
+    assert estimate(model="gpt2", hw="titan-rtx-pcie").setup.precision == "fp16-mixed"
+    assert estimate(model="gpt2", hw="dgx-a100").setup.precision == "bf16-mixed"
+    assert estimate(model="gpt2", hw="dgx-h100", precision="fp8-mixed").setup.precision == "fp8-mixed"
     for hw, p, fix in (("titan-rtx-nvlink", "bf16-mixed", "fp16-mixed"), ("dgx-a100", "fp8-mixed", "bf16-mixed"),
                        ("titan-rtx-pcie", "bf16", "fp16-mixed")):
         with pytest.raises(PlanError) as exc:

@@ -21,7 +21,8 @@ from advisor.cli_export import export_command
 from advisor.export import KINDS, ExportError, deepspeed_dict, export, export_config, megatron_args
 from advisor.hardware import load_hardware
 from advisor.model import load_model
-from advisor.plans import Plan, TrainingSetup, resolve_grad_accum
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.training import TrainingSetup
 
 # id: (model, hardware, world_size, plan, setup)
 CASES = {

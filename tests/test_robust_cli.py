@@ -164,7 +164,9 @@ def test_no_fit_suggestion_is_specific_and_right():
     tried("plans")
     res = plan("llama2-70b", "dgx-a100", gpus=8, seq=4096, global_batch=1024)
     assert not res.plans
-    msg = res.suggestion()
+    from advisor.suggest import suggest_fix
+
+    msg = suggest_fix(res)
     m = re.search(r"it fits on --gpus ([\d,]+)", msg)
     assert m, msg
     n = int(m.group(1).replace(",", ""))
@@ -202,7 +204,7 @@ FLOATS = ["0", "0.05", "0.5", "0.99", "1", "-0.1", "nan", "inf", "1e-300", "abc"
 CHOICE_OPTS = {
     "--precision": ["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed", "fp64"],
     "--attention": ["sdpa", "eager", "flash"], "--optimizer": ["adamw", "adamw-fused", "sgd", "lion"],
-    "--framework": ["auto", "hf", "megatron", "jax"], "--schedule": ["gpipe", "1f1b", "interleaved", "zb"],
+    "--stack": ["auto", "hf-trainer", "megatron-deepspeed", "jax", "/nonexistent.yaml"], "--schedule": ["gpipe", "1f1b", "interleaved", "zb"],
     "--fsdp": ["full-shard", "shard-grad-op", "hybrid-shard", "no-shard", "yes"],
     "--recompute": ["none", "selective", "full", "half"], "--data-parallel": ["ddp", "dp", "fsdp"],
     "--objective": ["time", "throughput", "memory", "cost", "speed"],
@@ -212,9 +214,9 @@ CHOICE_OPTS = {
 INT_OPTS = {"estimate": ["--gpus", "--nodes", "--seq", "--dp", "--tp", "--pp", "--zero", "--virtual-stages", "--micro-batch",
                          "--global-batch", "--grad-accum"],
             "plan": ["--gpus", "--nodes", "--seq", "--global-batch", "--top"]}
-OTHER_OPTS = {"estimate": ["--precision", "--attention", "--optimizer", "--framework", "--fsdp", "--schedule", "--recompute",
+OTHER_OPTS = {"estimate": ["--precision", "--attention", "--optimizer", "--stack", "--fsdp", "--schedule", "--recompute",
                            "--data-parallel"],
-              "plan": ["--precision", "--attention", "--optimizer", "--framework", "--objective", "--export"]}
+              "plan": ["--precision", "--attention", "--optimizer", "--stack", "--objective", "--export"]}
 FLAG_OPTS = {"estimate": ["--json", "--sp", "--no-sp", "--allow-tp-across-nodes", "--overlap-grad-reduce",
                           "--no-overlap-grad-reduce"],
              "plan": ["--json", "--explain", "--allow-tp-across-nodes"]}

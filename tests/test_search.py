@@ -1,6 +1,5 @@
 """The plan search: issue 7's acceptance examples, ranking, explanation, agreement with estimate."""
 
-import numpy as np
 import pytest
 
 from advisor import estimate, plan
@@ -15,8 +14,8 @@ def gpt3():
 def test_gpt3_top_plan_keeps_tp_in_a_node_and_pipelines_across_nodes(gpt3):
     best = gpt3.plans[0].estimate
     assert gpt3.candidates > 10_000
-    assert best.plan["tp"] <= 8 and 8 % best.plan["tp"] == 0
-    assert best.plan["pp"] > 1 and best.plan["tp"] * best.plan["dp"] >= 8  # each stage spans >= a node
+    assert best.plan.tp <= 8 and 8 % best.plan.tp == 0
+    assert best.plan.pp > 1 and best.plan.tp * best.plan.dp >= 8  # each stage spans >= a node
     assert all(p.estimate.fits for p in gpt3.plans)
 
 
@@ -33,11 +32,11 @@ def test_search_and_estimate_agree():
     res = plan(model="gpt2-medium", hw="dgx-h100", gpus=8, top=3)
     for p in res.plans:
         e = p.estimate
-        again = estimate(model="gpt2-medium", hw="dgx-h100", gpus=8, dp=e.plan["dp"], tp=e.plan["tp"], pp=e.plan["pp"],
-                         zero=e.plan["zero"], sp=e.plan["sp"], schedule=e.plan["schedule"],
-                         virtual_stages=e.plan["virtual_stages"], micro_batch=e.setup["micro_batch"],
-                         global_batch=res.global_batch, seq=e.setup["seq_len"], recompute=e.setup["recompute"],
-                         framework=e.setup["framework"])
+        again = estimate(model="gpt2-medium", hw="dgx-h100", gpus=8, dp=e.plan.dp, tp=e.plan.tp, pp=e.plan.pp,
+                         zero=e.plan.zero, sp=e.plan.sp, schedule=e.plan.schedule,
+                         virtual_stages=e.plan.virtual_stages, micro_batch=e.setup.micro_batch,
+                         global_batch=res.global_batch, seq=e.setup.seq_len, recompute=e.setup.recompute,
+                         stack=e.setup.stack)
         assert again.step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
         assert again.memory.peak_bytes == pytest.approx(e.memory.peak_bytes, rel=1e-9)
 
@@ -54,7 +53,7 @@ ZERO3 = dict(tp=1, pp=1, dp=1536, zero=3, micro_batch=1)
 
 def _table2(kw):
     return estimate(model="gpt3-175b", hw="dgx-a100", gpus=1536, global_batch=1536, seq=2048, recompute="full",
-                    precision="fp16-mixed", attention="eager", framework="megatron", optimizer="adamw-fused",
+                    precision="fp16-mixed", attention="eager", stack="megatron-deepspeed", optimizer="adamw-fused",
                     overlap_grad_reduce=False, **kw).hw_tflops_per_gpu
 
 
@@ -68,9 +67,9 @@ def test_table2_within_15_percent():
     assert _table2(ZERO3) == pytest.approx(44, rel=0.15)
 
 
-def _zero3_gpt3(framework, recompute, gpus=1536, mb=1):
+def _zero3_gpt3(stack, recompute, gpus=1536, mb=1):
     return estimate(model="gpt3-175b", hw="dgx-a100", gpus=gpus, dp=gpus, zero=3, micro_batch=mb, global_batch=1536,
-                    seq=2048, recompute=recompute, precision="fp16-mixed", framework=framework, optimizer="adamw-fused")
+                    seq=2048, recompute=recompute, precision="fp16-mixed", stack=stack, optimizer="adamw-fused")
 
 
 def test_deepspeed_zero3_regathers_for_recomputation_and_overlaps_per_linear_layer():
@@ -84,45 +83,45 @@ def test_deepspeed_zero3_regathers_for_recomputation_and_overlaps_per_linear_lay
     rs = float(comm.collective_time(Collective.reduce_scatter, 1536, params * 2.0, hw, 8))
     # At one micro-batch per GPU on 1,536 GPUs the NIC is the bottleneck: DeepSpeed's step is the link's
     # time for three gathers (forward, recomputed forward, backward) and one reduce-scatter ...
-    e = _zero3_gpt3("megatron", "full")
+    e = _zero3_gpt3("megatron-deepspeed", "full")
     comm_and_compute = sum(v for k, v in e.breakdown.items() if k.startswith(("comm/", "compute/")))
     assert comm_and_compute == pytest.approx(3 * ag + rs, rel=0.03)
-    # ... while FSDP (hf style) unshards once for recomputation and backward: one gather fewer
-    f = _zero3_gpt3("hf", "full")
+    # ... while FSDP (the hf-trainer stack) unshards once for recomputation and backward: one gather fewer
+    f = _zero3_gpt3("hf-trainer", "full")
     assert sum(v for k, v in f.breakdown.items() if k.startswith(("comm/", "compute/"))) < comm_and_compute - 0.8 * ag
     # With four micro-batches the compute could hide the gathers, but a blocking fetch per linear layer
     # hides each gather only behind the layer before it: exposed communication remains.
-    big = _zero3_gpt3("megatron", "full", gpus=384, mb=4)
+    big = _zero3_gpt3("megatron-deepspeed", "full", gpus=384, mb=4)
     assert big.breakdown["comm/zero_params"] > 0.2 * (3 * ag + rs)
 
 
-def test_fits_one_gpu_is_asked_again_only_when_the_kernel_style_changed(monkeypatch):
-    """The auto kernel style asks whether the model fits one GPU with HF kernels; when it does, the decision
-    tree reuses that answer (the same question). When it does not, the tree asks again with Megatron's
-    kernels, whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU with Megatron's only."""
-    from advisor import search
+def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):
+    """The auto stack asks whether the model fits one GPU in the hf-trainer stack; when it does, the decision
+    tree reuses that answer (the same question). When it does not, the tree asks again in megatron-deepspeed,
+    whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU with Megatron's kernels only."""
+    from advisor import api, search
     from advisor.hardware import load_hardware
 
-    calls, real = [], search._single_gpu_fits
-    monkeypatch.setattr(search, "_single_gpu_fits", lambda m, hw, sc: calls.append(sc.framework) or real(m, hw, sc))
+    calls, real = [], api.fits_one_gpu
+    monkeypatch.setattr(api, "fits_one_gpu", lambda m, hw, st, su: calls.append(st.name) or real(m, hw, st, su))
     res = search.plan("gpt2-xl", "dgx-a100", top=1)
-    assert calls == ["hf"] and res.tree["fits_one_gpu"]
+    assert calls == ["hf-trainer"] and res.tree["fits_one_gpu"]
     calls.clear()
     a100 = load_hardware("dgx-a100")
     small = a100.model_copy(update={"gpu": a100.gpu.model_copy(update={"memory_GiB": 3.04})})
     res = search.plan("gpt2", small, gpus=8, top=1)
-    assert calls == ["hf", "megatron"]
-    assert res.plans[0].setup_obj.framework == "megatron" and res.tree["fits_one_gpu"]
+    assert calls == ["hf-trainer", "megatron-deepspeed"]
+    assert res.plans[0].setup.stack == "megatron-deepspeed" and res.tree["fits_one_gpu"]
 
 
-def test_the_search_says_which_kernel_style_it_costed():
-    # One kernel style for the whole search (auto: HF modules when the model fits on one GPU, else Megatron's
-    # fused kernels); an FSDP plan exported to accelerate runs on HF modules, so the output must say which.
+def test_the_search_says_which_stack_it_costed():
+    # One stack for the whole search (auto: hf-trainer when the model fits on one GPU, else megatron-deepspeed);
+    # an FSDP plan exported to accelerate runs on HF modules, so the output must say which.
     small = plan(model="gpt2", hw="dgx-a100", top=1)
     big = plan(model="llama3-8b", hw="dgx-h100", top=1)
-    forced = plan(model="gpt2", hw="dgx-a100", top=1, framework="megatron")
-    assert small.to_json()["kernels"] == "hf" and big.to_json()["kernels"] == "megatron"
-    assert forced.to_json()["kernels"] == "megatron"
-    assert any(n.startswith("kernels: every plan costed with Hugging Face eager modules") for n in small.notes())
+    forced = plan(model="gpt2", hw="dgx-a100", top=1, stack="megatron-deepspeed")
+    assert small.to_json()["stack"] == "hf-trainer" and big.to_json()["stack"] == "megatron-deepspeed"
+    assert forced.to_json()["stack"] == "megatron-deepspeed"
+    assert any(n.startswith("stack: every plan costed as hf-trainer runs it (Hugging Face transformers") for n in small.notes())
     assert any("Megatron's fused kernels" in n for n in big.notes())
     assert forced.plans[0].estimate.step_time_s < small.plans[0].estimate.step_time_s  # fused kernels are faster

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `validation` is not an installed package; run from a checkout
     sys.path.insert(0, str(ROOT))
 
-from advisor.cli_validate import validate as validate_command  # noqa: E402
-from advisor.estimate import TIME_PARTS  # noqa: E402
+from validation.cli import validate as validate_command  # noqa: E402
+from advisor.step import TIME_PARTS  # noqa: E402
 from validation import datasets as ds  # noqa: E402
 from validation import validate as v  # noqa: E402
 
@@ -250,7 +250,7 @@ def test_advisor_import_stays_light():
 
 def test_cli_offers_every_dataset():
     """`advisor validate --dataset` lists its choices without importing validation (kept light): same names."""
-    from advisor.cli_validate import DATASETS
+    from validation.cli import DATASETS
     from validation.validate import VALIDATORS
 
     assert sorted(DATASETS) == sorted(VALIDATORS)

@@ -159,7 +159,7 @@ class VTrainRow(Row):
                     global_batch=self.global_batch, seq=self.seq_len, precision=s["precision"],
                     attention=s["attention"], recompute=s["recompute"], optimizer=s["optimizer"],
                     data_parallel=s["data_parallel"], overlap_grad_reduce=s["overlap_grad_reduce"],
-                    framework="megatron")  # Megatron-DeepSpeed's fused kernels, also for pure-DP rows
+                    stack="megatron-deepspeed")  # Megatron-DeepSpeed's fused kernels, also for pure-DP rows
 
 
 def vtrain_meta() -> dict:
@@ -338,7 +338,7 @@ class PublishedRun(Shape):
                     precision=self.precision, recompute=self.recompute, data_parallel="ddp",
                     overlap_grad_reduce=self.overlap_grad_reduce,
                     # Megatron 2021-22: Adam, fused-softmax attention that stores the s x s scores (no flash)
-                    optimizer="adamw-fused", attention="eager", framework="megatron")  # apex FusedAdam
+                    optimizer="adamw-fused", attention="eager", stack="megatron-deepspeed")  # apex FusedAdam
 
 
 def load_published_runs() -> list[PublishedRun]:

@@ -9,7 +9,7 @@ rejects are counted by reason, never dropped silently.
 Nothing here is fitted: every prediction is ``advisor.estimate`` (or ``advisor.comm.collective_time``)
 with the shipped profiles, and the measured values are only compared against.
 
-Left out: figures (validation/plots.py) and the command line (advisor/cli_validate.py).
+Left out: figures (validation/plots.py) and the command line (validation/cli.py).
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ def per_micro_batch_lines(points: list[Point], keys: dict) -> dict:
             f"measured per-micro-batch times fall as the micro-batch grows in {len(inversions)} of "
             f"{extra['measured_mb_pairs']} pairs (same model, GPUs, TP, PP; up to "
             f"{extra['measured_mb_inversion_max_pct']:.0f}% slower with less work"
-            + (f"; >= 10% at " + ", ".join(f"TP={t} x{n}" for t, n in sorted(worst.items())) if worst else "")
+            + ("; >= 10% at " + ", ".join(f"TP={t} x{n}" for t, n in sorted(worst.items())) if worst else "")
             + "): a bigger micro-batch issues the same kernels with more work in each, so no cost model in "
             "which more work never takes less time can match both sides of such a pair")
     return {"extra": extra, "notes": notes}

@@ -1,7 +1,8 @@
 """`advisor validate`: run the cost model on every measured dataset and print how close it is.
 
-Thin: import ``validation`` (it sits at the repository root, beside ``advisor``, and is not installed),
-run ``validation.validate.run``, render a table per dataset, or ``--json``, and ``--plot DIR`` for PNGs.
+The command lives here, in ``validation`` (which imports advisor, never the reverse), and reaches the
+``advisor`` command line through the ``advisor.commands`` entry point (pyproject.toml). Thin: run
+``validation.validate.run``, render a table per dataset, or ``--json``, and ``--plot DIR`` for PNGs.
 Everything heavy (scipy, matplotlib, the datasets) is imported inside the command.
 """
 
@@ -9,36 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
 DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "gemm", "h100", "published")
-
-
-def _import_validation():
-    """``validation.validate``, found beside the installed ``advisor`` when run from a checkout; else exit 2."""
-    try:
-        from validation import validate
-        return validate
-    except ImportError:
-        pass
-    import advisor
-
-    root = Path(advisor.__file__).resolve().parents[1]
-    if (root / "validation" / "validate.py").is_file():
-        sys.path.insert(0, str(root))
-        try:
-            from validation import validate
-            return validate
-        except ImportError as exc:
-            click.echo(f"error: cannot import validation from {root}: {exc}", err=True)
-            raise SystemExit(2)
-    click.echo("error: the `validation` package is not installed with advisor: run `advisor validate` from the "
-               "repository checkout (an editable install: pip install -e .)", err=True)
-    raise SystemExit(2)
 
 
 def _f(x: Optional[float], fmt: str = ".1f") -> str:
@@ -88,7 +65,8 @@ def render(report, goals: dict) -> str:
               help="write PNG figures into this directory")
 def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[Path]) -> None:
     """Compare the model with measured runs (seeds, vTrain, nccl-tests, H100 steps, published tables)."""
-    v = _import_validation()
+    from validation import validate as v
+
     report = v.run(list(names) or None)
     written = []
     if plot_dir is not None:

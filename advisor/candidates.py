@@ -1,0 +1,110 @@
+"""Candidate plans as one column table, in the plan's own vocabulary: the search evaluates a million rows at
+once, and an estimate is a table of one row, so both go through the same cost model.
+
+``Candidates`` holds what is chosen per plan (integer codes of the ``Coded`` enums for the closed sets);
+``Mesh`` is what the cost model derives from it once: the named axes as floats (dp_replicate, dp_shard, tp,
+pp, virtual stages) and how each group's ranks sit on nodes, in Megatron's rank order (tp fastest, then dp,
+then pp; megatron/core/parallel_state.py): a node holds min(tp, g) ranks of a TP group, and g / tp ranks of
+each DP group when TP fills less than a node; a pipeline boundary crosses nodes once a stage (tp x dp ranks)
+fills a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from advisor.layout import DataParallelKind, Plan, Schedule, shard_degree
+from advisor.training import Recompute, TrainingSetup
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Plans + the per-plan part of the setup, one numpy array per field, all of one length."""
+
+    dp: Any
+    tp: Any
+    pp: Any
+    zero: Any
+    hybrid: Any  # FSDP HYBRID_SHARD
+    sp: Any
+    schedule: Any  # Schedule codes
+    virtual_stages: Any
+    dp_kind: Any  # DataParallelKind codes
+    overlap: Any  # gradient reduction overlapped with backward
+    micro_batch: Any
+    grad_accum: Any
+    recompute: Any  # Recompute codes
+    allow_tp_across_nodes: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name != "allow_tp_across_nodes":
+                object.__setattr__(self, f.name, np.atleast_1d(np.asarray(getattr(self, f.name))))
+
+    def __len__(self) -> int:
+        return int(np.broadcast_shapes(*(np.shape(getattr(self, f.name)) for f in fields(self)
+                                         if f.name != "allow_tp_across_nodes"))[0])
+
+    @property
+    def world(self) -> Any:
+        return self.dp * self.tp * self.pp
+
+    def take(self, idx: Any) -> "Candidates":
+        """The rows ``idx`` of every field (length-1 fields broadcast)."""
+        out = {}
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if f.name != "allow_tp_across_nodes":
+                out[f.name] = val[idx] if len(val) > 1 else np.broadcast_to(val, np.shape(np.arange(len(self))[idx]))
+        return replace(self, **out)
+
+    @classmethod
+    def of_plan(cls, plan: Plan, setup: TrainingSetup, grad_accum: int) -> "Candidates":
+        """A table of one row: ``plan`` with the per-plan part of ``setup``."""
+        return cls(dp=plan.dp, tp=plan.tp, pp=plan.pp, zero=plan.zero, hybrid=plan.hybrid_shard,
+                   sp=plan.sp and plan.tp > 1, schedule=plan.schedule.code,
+                   virtual_stages=plan.virtual_stages if plan.schedule is Schedule.interleaved else 1,
+                   dp_kind=plan.data_parallel.code, overlap=plan.overlap_grad_reduce, micro_batch=setup.micro_batch,
+                   grad_accum=grad_accum, recompute=setup.recompute.code,
+                   allow_tp_across_nodes=plan.allow_tp_across_nodes)
+
+    def plan(self, i: int) -> Plan:
+        """Row ``i`` as a typed Plan."""
+        return Plan(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), zero=int(self.zero[i]),
+                    hybrid_shard=bool(self.hybrid[i]), sp=bool(self.sp[i]), schedule=Schedule.of_code(self.schedule[i]),
+                    virtual_stages=int(self.virtual_stages[i]), data_parallel=DataParallelKind.of_code(self.dp_kind[i]),
+                    overlap_grad_reduce=bool(self.overlap[i]), allow_tp_across_nodes=self.allow_tp_across_nodes)
+
+    def setup(self, i: int, setup: TrainingSetup) -> TrainingSetup:
+        """``setup`` with row ``i``'s micro batch and recomputation."""
+        return setup.model_copy(update={"micro_batch": int(self.micro_batch[i]),
+                                        "recompute": Recompute.of_code(self.recompute[i])})
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The named axes of every candidate as floats, and how their groups sit on nodes (module docstring)."""
+
+    dp: Any
+    dp_shard: Any  # ranks one copy of the model states is sharded over (1 without ZeRO)
+    dp_replicate: Any  # copies of the model states: dp under DDP, 1 under ZeRO, across nodes under HSDP
+    tp: Any
+    pp: Any
+    v: Any  # virtual stages (1 unless interleaved)
+    tp_per_node: Any
+    dp_per_node: Any
+    shard_per_node: Any
+    stage_crosses_nodes: Any  # a pipeline boundary crosses nodes
+
+    @classmethod
+    def of(cls, c: Candidates, gpus_per_node: int) -> "Mesh":
+        dp, tp, pp = (np.asarray(x, dtype=float) for x in (c.dp, c.tp, c.pp))
+        v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1).astype(float)
+        shard = np.asarray(shard_degree(dp, c.zero, c.hybrid, gpus_per_node), dtype=float)
+        dp_per_node = np.clip(np.floor(gpus_per_node / tp), 1, dp)
+        return cls(dp=dp, dp_shard=shard, dp_replicate=dp / shard, tp=tp, pp=pp, v=v,
+                   tp_per_node=np.minimum(tp, gpus_per_node), dp_per_node=dp_per_node,
+                   shard_per_node=np.minimum(dp_per_node, shard), stage_crosses_nodes=tp * dp >= gpus_per_node)

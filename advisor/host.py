@@ -1,0 +1,107 @@
+"""The host: the time the CPU takes to issue a micro-batch's kernels, and the flow shop it forms with the GPU.
+
+Each aten op costs the host its dispatch (the stack's measured ``cpu_us_per_op``, advisor.stack) and the CUDA
+launch (the profile's ``kernel_launch_us``); GEMM-like calls (cuBLAS and attention: heuristics, workspace,
+launch) cost more: a Python-issued matmul has a ~28 us floor in reference/h100/kernels.jsonl (1024^3 takes
+35 us though the GPU needs 3), the profile's ``matmul_host_us``.
+
+The host runs ahead of the GPU, so a micro-batch takes at least the longer of the GPU's work and the host's.
+It also starts on an empty GPU queue: training loops synchronise the device at least once per micro-batch
+(DeepSpeed's ThroughputTimer in every engine.forward(), deepspeed 0.9.5 runtime/engine.py and utils/timer.py;
+Megatron-LM's 2021 timers; the HF Trainer's per-step isnan(loss) check). So a micro-batch is a two-stage flow
+shop restarted each time: its makespan is the longest of "the host issues the first k ops, then the GPU runs
+the rest", taken here at the phase boundaries: when the forward is host-bound and the backward GPU-bound, the
+backward cannot start early and the GPU idles through the forward. A stack whose ``device_syncs`` is
+``per_phase`` also drains the forward before the backward: each phase takes the longer of its host and GPU
+time. The excess over the GPU's work is the step's "host_overhead".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from advisor.training import Attention, Recompute
+from advisor.workload import Workload
+
+
+def op_costs(w: Workload) -> tuple[float, float]:
+    """(seconds the host spends on one op, extra seconds for a GEMM/attention call) in this stack."""
+    eff = w.hw.efficiency
+    launch = (eff.kernel_launch_us + w.tables.cpu_us_per_op) * 1e-6
+    return launch, max(eff.matmul_host_us * 1e-6 - launch, 0.0)
+
+
+@dataclass(frozen=True)
+class LayerHostTimes:
+    """Host seconds to issue one layer's kernels for one micro-batch (arrays over plans)."""
+
+    fwd_s: Any
+    bwd_s: Any
+    recompute_s: Any
+
+    @property
+    def total_s(self) -> Any:
+        return self.fwd_s + self.bwd_s + self.recompute_s
+
+
+def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
+    t = w.tables
+    launch, extra = op_costs(w)
+    # Forward issues one GEMM-like call per linear layer and one attention call (two eager bmm), backward two each.
+    g_fwd = len(w.layer.linears) + (1 if w.attention is Attention.sdpa else 2)
+    fwd, bwd = t.host_forward_ops * launch + g_fwd * extra, t.host_backward_ops * launch + 2 * g_fwd * extra
+    # Tensor parallelism adds two collective calls per layer forward and two backward (all-reduces, or all-gather
+    # + reduce-scatter under sequence parallelism), which the probe (run at TP=1, where Megatron skips them) did
+    # not count: each is one more op through the dispatcher.
+    coll = np.where(np.asarray(tp) > 1, 2.0 * launch, 0.0)
+    fwd, bwd = fwd + coll, bwd + coll
+    # selective recomputation reruns the attention core: its ~8 ops and one attention call
+    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, 8 * launch + extra, 0.0))
+    ones = np.ones(np.shape(rc))
+    return LayerHostTimes(fwd * ones, bwd * ones, rc)
+
+
+def head_host_time(w: Workload, tp: Any) -> Any:
+    """Host seconds per micro-batch to issue the embedding, LM head and loss (their ops and the 3 GEMM calls).
+
+    Under TP, five collective calls more (embedding, LM-head gradient, three in the cross-entropy), which
+    the probe, run at TP=1 where Megatron skips them, did not count."""
+    t = w.tables
+    launch, extra = op_costs(w)
+    coll = np.where(np.asarray(tp) > 1, 5.0 * launch, 0.0)
+    return (t.head_forward_ops + t.head_backward_ops) * launch + 3 * extra + coll  # logits: 1 call forward, 2 backward
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch on the busiest stage, GPU and host seconds, as the flow shop needs them."""
+
+    gpu_s: Any  # every kernel and in-line collective of the micro-batch
+    gpu_fwd_s: Any  # of those, the forward's (layers, head, their TP collectives)
+    gpu_after_fwd_s: Any  # the layers' backward and recomputation and the TP collectives after the forward
+    head_fwd_s: Any  # the LM head and loss, forward (the forward's tail)
+    head_bwd_s: Any
+    loss_comm_s: Any  # the loss's TP collectives, in the forward's tail
+    host_layers_fwd_s: Any
+    host_s: Any  # every op of the micro-batch
+    host_head_s: Any
+
+
+def excess_per_micro_batch(w: Workload, mb: MicroBatch) -> Any:
+    """Seconds a micro-batch lasts beyond its GPU work because of the host (module docstring)."""
+    host_fwd = mb.host_layers_fwd_s
+    span = np.maximum(host_fwd + mb.head_fwd_s + mb.head_bwd_s, host_fwd + mb.host_head_s) + mb.gpu_after_fwd_s
+    if w.stack.engine.device_syncs == "per_phase":
+        t = w.tables
+        host_fwd_all = host_fwd + mb.host_head_s * t.head_forward_ops / (t.head_forward_ops + t.head_backward_ops)
+        # The forward ends with the LM head and the loss (GPU-heavy, few ops): the GPU can start them only once the
+        # host has issued every layer before them, so a host-bound forward lasts at least the layers' host time
+        # plus the head's GPU time (the flow shop split just before the head; the embedding lookup at the start,
+        # ~2 tokens x h x bytes of head_fwd, is counted in the tail too: < 1% of it).
+        tail = host_fwd + mb.head_fwd_s + mb.loss_comm_s
+        fwd = np.maximum(np.maximum(host_fwd_all, mb.gpu_fwd_s), tail)
+        span = np.maximum(span, fwd + np.maximum(mb.host_s - host_fwd_all, mb.gpu_s - mb.gpu_fwd_s))
+    return np.maximum(np.maximum(mb.host_s, span) - mb.gpu_s, 0.0)

@@ -1,0 +1,126 @@
+"""The plan: how a training step is laid out on GPUs.
+
+``Plan`` is what a user chooses (the options of ``advisor estimate``): data-parallel degree and ZeRO stage
+or FSDP mode, tensor parallelism with or without sequence parallelism, a pipeline with its schedule and
+virtual stages, DDP or nn.DataParallel, whether the gradient reduction overlaps backward. ``Layout`` is the
+same plan as the named axes of its device mesh, one validated value (as torchtitan's ParallelDims):
+
+    world_size = dp_replicate x dp_shard x tp x pp
+
+dp_replicate copies the model states (DDP, nn.DataParallel, and HSDP across nodes), dp_shard shards them
+(the ZeRO stage says which: optimizer states, gradients, parameters). HYBRID_SHARD shards inside a node
+and replicates across nodes. Ranks are ordered as Megatron orders them: tp fastest, then dp, then pp
+(megatron/core/parallel_state.py), so a node holds whole TP groups and the first ranks of each DP group.
+
+Megatron's constraints (seed 002): world_size = tp x pp x dp; global batch divisible by micro_batch x dp.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from advisor.spec import Spec
+from advisor.training import Coded, TrainingSetup
+
+
+class Schedule(Coded):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved = "interleaved"
+
+
+class DataParallelKind(Coded):
+    ddp = "ddp"  # torch DistributedDataParallel: one process per GPU, bucketed all-reduce
+    dp = "dp"  # torch.nn.DataParallel: one process, scatter/replicate/gather through GPU 0
+
+
+FSDP_TO_ZERO = {"full-shard": 3, "shard-grad-op": 2, "hybrid-shard": 3, "no-shard": 0}
+ZERO_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
+class Layout(Spec):
+    """The named axes of a plan's device mesh; their product is the world size."""
+
+    dp_replicate: int = Field(default=1, ge=1)
+    dp_shard: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
+    world_size: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _product(self) -> "Layout":
+        product = self.dp_replicate * self.dp_shard * self.tp * self.pp
+        if product != self.world_size:
+            raise ValueError(f"dp_replicate({self.dp_replicate}) x dp_shard({self.dp_shard}) x tp({self.tp}) x "
+                             f"pp({self.pp}) = {product} != world_size({self.world_size})")
+        return self
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+def shard_degree(dp: Any, zero: Any, hybrid: Any, gpus_per_node: int) -> Any:
+    """Ranks one copy of the model states is sharded over (arrays or scalars): none without ZeRO, all of dp,
+    or under HYBRID_SHARD the data-parallel ranks of one node."""
+    sharded = np.where(hybrid, np.minimum(dp, gpus_per_node), dp)
+    return np.where(np.asarray(zero) >= 1, sharded, 1)
+
+
+class Plan(Spec):
+    dp: int = Field(default=1, ge=1, le=10_000_000)
+    tp: int = Field(default=1, ge=1, le=1_000_000)
+    pp: int = Field(default=1, ge=1, le=1_000_000)
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage; FSDP FULL_SHARD=3, SHARD_GRAD_OP=2")
+    hybrid_shard: bool = Field(default=False, description="FSDP HYBRID_SHARD: shard inside a node, replicate across")
+    sp: bool = Field(default=False, description="Megatron sequence parallelism (needs tp > 1)")
+    schedule: Schedule = Schedule.one_f_one_b
+    virtual_stages: int = Field(default=1, ge=1, le=1024)
+    data_parallel: DataParallelKind = DataParallelKind.ddp
+    overlap_grad_reduce: bool = Field(
+        default=True, description="gradient reduction overlapped with backward (PyTorch DDP: on; Megatron default: off)"
+    )
+    allow_tp_across_nodes: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def layout(self, gpus_per_node: int, world_size: Optional[int] = None) -> Layout:
+        """The named axes (raises ValueError, one line, when they do not multiply to ``world_size``)."""
+        shard = int(shard_degree(self.dp, self.zero, self.hybrid_shard, gpus_per_node))
+        return Layout(dp_replicate=max(self.dp // shard, 1), dp_shard=shard, tp=self.tp, pp=self.pp,
+                      virtual_stages=self.virtual_stages if self.schedule is Schedule.interleaved else 1,
+                      world_size=self.world_size if world_size is None else world_size)
+
+    def label(self) -> str:
+        parts = []
+        if self.data_parallel is DataParallelKind.dp and self.dp > 1:
+            parts.append(f"nn.DataParallel {self.dp}")
+        elif self.dp > 1 or (self.tp == 1 and self.pp == 1):
+            parts.append(f"{'HSDP' if self.hybrid_shard else ZERO_NAMES[self.zero]} dp={self.dp}")
+        if self.tp > 1:
+            parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
+        if self.pp > 1:
+            sched = self.schedule.value + (f"(v={self.virtual_stages})" if self.schedule is Schedule.interleaved else "")
+            parts.append(f"PP={self.pp} {sched}")
+        return " x ".join(parts)
+
+
+def resolve_grad_accum(setup: TrainingSetup, plan: Plan) -> tuple[int, Optional[str]]:
+    """Gradient-accumulation steps (= pipeline micro-batches per step) and an error if the batch doesn't divide."""
+    if setup.grad_accum is not None:
+        return setup.grad_accum, None
+    if setup.global_batch is None:
+        return 1, None
+    per_step = setup.micro_batch * plan.dp
+    if setup.global_batch % per_step:
+        return 1, (
+            f"global batch {setup.global_batch} is not divisible by micro_batch x dp = "
+            f"{setup.micro_batch} x {plan.dp} = {per_step}"
+        )
+    return setup.global_batch // per_step, None

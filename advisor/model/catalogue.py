@@ -1,0 +1,86 @@
+"""The built-in models (``advisor models``) and ``load_model``: a catalogue name, or a Hugging Face config.json.
+
+Shapes from each model's Hugging Face config.json (openai-community/gpt2*, meta-llama/*) and papers.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Optional
+
+from advisor.io import is_file
+from advisor.model.hf import model_from_hf_config
+from advisor.model.layer import MLPKind, NormKind
+from advisor.model.spec import ModelError, ModelSpec, PositionKind
+
+
+def gpt2_like(name: str, n_layers: int, d_model: int, n_heads: int, vocab: int = 50257,
+              max_positions: int = 1024, d_ff: Optional[int] = None, tied: bool = True) -> ModelSpec:
+    return ModelSpec(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                     d_ff=d_ff or 4 * d_model, vocab=vocab, max_positions=max_positions,
+                     tied_embeddings=tied, family="gpt")
+
+
+def llama_like(name: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
+               vocab: int, max_positions: int, tied: bool = False) -> ModelSpec:
+    return ModelSpec(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads, d_ff=d_ff, vocab=vocab, max_positions=max_positions,
+                     mlp=MLPKind.swiglu, norm=NormKind.rmsnorm, position=PositionKind.rotary,
+                     tied_embeddings=tied, linear_bias=False, family="llama")
+
+
+# Shapes from each model's Hugging Face config.json (openai-community/gpt2*, meta-llama/*) and papers.
+CATALOGUE: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        gpt2_like("gpt2", 12, 768, 12),
+        gpt2_like("gpt2-medium", 24, 1024, 16),
+        gpt2_like("gpt2-large", 36, 1280, 20),
+        gpt2_like("gpt2-xl", 48, 1600, 25),
+        llama_like("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        llama_like("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        llama_like("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        llama_like("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        llama_like("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        llama_like("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d_model 12288, 96 heads, 2048 context).
+        gpt2_like("gpt3-175b", 96, 12288, 96, vocab=50257, max_positions=2048),
+        # BLOOM-176B: bigscience/bloom config.json (ALiBi, embedding LayerNorm, 250880 vocab).
+        ModelSpec(name="bloom-176b", n_layers=70, d_model=14336, n_heads=112, d_ff=4 * 14336,
+                  vocab=250880, max_positions=2048, position=PositionKind.alibi,
+                  embedding_norm=True, family="bloom"),
+    ]
+}
+ALIASES = {
+    "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b", "llama-2-70b": "llama2-70b",
+    "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b", "llama-3-405b": "llama3-405b",
+    "llama3.1-405b": "llama3-405b", "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b", "bloom": "bloom-176b",
+    "gpt2-small": "gpt2",
+}
+
+
+def list_models() -> list[str]:
+    return list(CATALOGUE)
+
+
+def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
+    """A catalogue name (``gpt2-xl``), or a path to a Hugging Face ``config.json``."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    text = str(name_or_path)
+    key = ALIASES.get(text.lower(), text.lower())
+    if key in CATALOGUE:
+        return CATALOGUE[key]
+    path = Path(text)
+    if is_file(path / "config.json"):
+        path = path / "config.json"
+    if is_file(path):
+        return model_from_hf_config(path)
+    if text.endswith(".json") or "/" in text:
+        raise ModelError(f"model config file {text[:200]!r} not found")
+    close = difflib.get_close_matches(key, list(CATALOGUE) + list(ALIASES), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(CATALOGUE)}"
+    raise ModelError(f"unknown model {text[:200]!r}: {hint} (or pass a path to a Hugging Face config.json)")
+
+

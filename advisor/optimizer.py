@@ -1,0 +1,76 @@
+"""The model states and the optimizer: bytes per parameter of weights, gradients and optimizer states, and the
+time of the optimizer step and of autocast's weight casts. How data parallelism shards them is
+advisor.parallel.data.
+
+Mixed precision with Adam costs 2 (half weights) + 2 (half gradients) + K = 12 (fp32 master weights,
+momentum, variance) bytes per parameter in the ZeRO paper's accounting (Rajbhandari et al. 2020, arXiv
+1910.02054, s.3.1), where the stack keeps fp32 master weights (``master``). torch.autocast without them
+trains fp32 weights and gradients (4 + 4 + 8 with Adam) and casts the weights to half precision in every
+forward. Pure bf16 keeps everything in bf16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from advisor.training import Optimizer, Precision
+from advisor.workload import Workload
+
+# Bytes the step reads and writes per parameter: AdamW reads parameter, gradient, momentum and variance and
+# writes parameter, momentum and variance (7 x 4 bytes; reference/h100/optim.jsonl's GBps_7x4); SGD with
+# momentum reads 3 and writes 2 (5 x 4). Pure bf16 halves them.
+STEP_BYTES = {Optimizer.adamw: 28.0, Optimizer.adamw_fused: 28.0, Optimizer.sgd: 20.0}
+MASTER_STEP_BYTES = 6.0  # read the fp32 master weight, write the half-precision copy
+GRAD_SCALER_BYTES = 12.0  # fp16 GradScaler: unscale_ (r+w gradients) and the inf/nan check (r gradients)
+AUTOCAST_CAST_BYTES = 6.0  # autocast re-casts each fp32 weight to half precision every forward: r 4, w 2
+
+
+def weight_grad_bytes(precision: Precision, master: Any) -> tuple[Any, Any]:
+    """(weight bytes, gradient bytes) per parameter the GPU computes with: half precision where the stack
+    keeps fp32 master weights, else fp32 under autocast."""
+    if precision is Precision.fp32:
+        return 4.0, 4.0
+    if precision is Precision.bf16:
+        return 2.0, 2.0
+    return np.where(master, 2.0, 4.0), np.where(master, 2.0, 4.0)
+
+
+def state_bytes(w: Workload, master: Any) -> Any:
+    """Bytes per parameter the optimizer holds: momentum (and variance), and the fp32 master weights."""
+    n_states = 1 if w.optimizer is Optimizer.sgd else 2
+    states = n_states * (2.0 if w.precision is Precision.bf16 else 4.0)
+    return states + np.where(master & (w.precision not in (Precision.fp32, Precision.bf16)), 4.0, 0.0)
+
+
+def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any:
+    """Seconds of the memory-bound optimizer step on the ``sharded_params`` this GPU updates."""
+    hw = w.hw
+    per_param = STEP_BYTES[w.optimizer] / (2.0 if w.precision is Precision.bf16 else 1.0)
+    eff = hw.efficiency.optimizer_bandwidth[w.optimizer.value]  # the profile validator guarantees every optimizer
+    t = np.asarray(sharded_params, dtype=float) * 1.0 / (hw.gpu.memory_bandwidth_bytes_per_s * eff) * (
+        per_param + np.where(master, MASTER_STEP_BYTES, 0.0))
+    if w.precision is Precision.fp16_mixed:
+        t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+    return t
+
+
+def step_temporaries(w: Workload, sharded_params: Any) -> Any:
+    """Bytes the step allocates while it runs: torch.optim.AdamW's foreach implementation keeps one temporary
+    per parameter in the states' dtype (the fused and SGD steps work in place)."""
+    if w.optimizer is not Optimizer.adamw:
+        return np.zeros(np.shape(sharded_params))
+    return sharded_params * (2.0 if w.precision is Precision.bf16 else 4.0)
+
+
+def autocast_weights(w: Workload, master: Any) -> Any:
+    """1 where autocast casts fp32 weights to half precision in every forward (no master weights), else 0."""
+    return np.where(~np.asarray(master, dtype=bool) & w.precision.autocast, 1.0, 0.0)
+
+
+def autocast_cast_time(w: Workload, params: Any, master: Any, grad_accum: Any) -> Any:
+    """Seconds per step autocast spends re-casting the weights, once per micro-batch's forward."""
+    hw = w.hw
+    return autocast_weights(w, master) * grad_accum * params * AUTOCAST_CAST_BYTES / (
+        hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)

@@ -1,0 +1,7 @@
+"""One module per parallel dimension: each gives its candidates, the constraints a plan breaks, how it shards
+the model and its activations, and its named time and memory parts.
+
+- tensor.py    tensor parallelism and sequence parallelism (Megatron)
+- pipeline.py  pipeline parallelism: stages, schedules, bubble, send/recv, in-flight micro-batches
+- data.py      data parallelism: DDP, ZeRO-1/2/3 / FSDP / HSDP, nn.DataParallel
+"""

@@ -1,0 +1,244 @@
+"""Data parallelism: DDP, ZeRO-1/2/3 and FSDP (HSDP across nodes), and single-process nn.DataParallel.
+
+Sharding (Rajbhandari et al. 2020, arXiv 1910.02054, s.3.1): each of the dp_shard ranks of a model-state copy
+keeps 1/dp_shard of the optimizer states (ZeRO-1), also of the gradients (ZeRO-2, FSDP SHARD_GRAD_OP), also of
+the weights (ZeRO-3, FSDP FULL_SHARD). HYBRID_SHARD shards inside a node and replicates across nodes.
+
+Communication per step (nccl-tests bytes; advisor.comm):
+- DDP: all-reduce the gradients, bucket by bucket or in one call (the stack's ``gradient_reduction``),
+  overlapped with the last micro-batch's backward; the last bucket (at least the input embedding's gradient,
+  the last one backward produces) never overlaps.
+- ZeRO-1: reduce-scatter the gradients (overlapped as DDP's), all-gather the updated weights after the step.
+- ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
+  in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
+  compute, except the first layer's (``zero3_overlap: prefetch``); DeepSpeed's coordinator gathers one
+  sub-module at a time (``per_submodule``, ``deepspeed_zero3_exposed``). An FSDP stack calls the collectives
+  per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
+- HSDP also all-reduces each shard across the replicas.
+- nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits) on GPU 0,
+  and reduce the gradients back to it; single-process threads, nothing overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from advisor import comm, optimizer
+from advisor.candidates import Candidates, Mesh
+from advisor.comm import Collective
+from advisor.compute import LayerTimes
+from advisor.hardware import Hardware
+from advisor.layout import DataParallelKind
+from advisor.parallel import pipeline
+from advisor.training import Recompute
+from advisor.units import MiB
+from advisor.workload import Workload
+
+# Copy-engine peer copies (cudaMemcpyPeer, as torch.cuda.comm.gather uses) reach 88% of the link rate:
+# nvbandwidth on H200 NVLink4, 396 of 450 GB/s (reference/published_collectives.yaml, mleng_h200_pairwise_copy).
+COPY_ENGINE_EFFICIENCY = 0.88
+
+
+def violations(c: Candidates, hw: Hardware) -> dict[str, Any]:
+    g, single = hw.gpus_per_node, c.dp_kind == DataParallelKind.dp.code
+    return {
+        "nn.DataParallel is single-node, single-process: no ZeRO, TP or PP": single & (
+            (c.zero > 0) | (c.tp > 1) | (c.pp > 1) | (c.dp > g)),
+        "hybrid shard needs ZeRO-3 and dp spanning more than one node": np.asarray(c.hybrid, dtype=bool) & (
+            (c.zero != 3) | (c.dp <= g) | (c.dp % g != 0)),
+    }
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """The busiest GPU's model states: parameters it computes with, and bytes it keeps of each state."""
+
+    params: Any  # parameters of the busiest stage on one TP rank (unsharded by data parallelism)
+    params_outside_layers: Any  # of those, outside the layers (embedding, LM head, final norm)
+    master: Any  # fp32 master weights beside half-precision weights and gradients
+    weight_bytes: Any  # per parameter
+    grad_bytes: Any
+    weights: Any  # bytes kept, sharded as the ZeRO stage says
+    grads: Any
+    optimizer_states: Any
+    gathered: Any  # ZeRO-3: the units gathered at once (current and prefetched)
+    bucket_copy: Any  # DDP's flat gradient buckets beside .grad
+    autocast_copy: Any  # autocast's half-precision copy of every weight, kept from forward to backward
+    step_temporaries: Any  # the optimizer step's temporaries
+    head_grads: Any  # the V x h table's gradient (the last one a recomputed backward frees)
+    grads_persist: Any  # gradients alive through forward and backward
+
+
+def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
+    m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
+    eng = w.stack.engine
+    p_layer = m.params_per_layer / tp
+    outside = pipeline.params_outside_layers(m, mesh.pp) / tp
+    params = layers * p_layer + outside
+    master = (zero >= 1) | (eng.master_weights == "always")
+    wb, gb = optimizer.weight_grad_bytes(w.precision, master)
+    grads = params * gb / np.where(zero >= 2, shard, 1.0)
+    # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
+    # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
+    # weights this GPU does not already hold
+    unit = p_layer if eng.zero3_gathered == "layer" else max(w.layer.module_weights().values()) / tp
+    gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
+    ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
+    return ModelStates(
+        params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
+        weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
+        optimizer_states=params * optimizer.state_bytes(w, master) / shard, gathered=gathered,
+        bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
+        autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0,
+        step_temporaries=optimizer.step_temporaries(w, params / shard),
+        head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
+        # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
+        # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
+        # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
+        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
+
+
+@dataclass(frozen=True)
+class Windows:
+    """GPU work the data-parallel collectives hide behind, per micro-batch on the busiest stage: a host-bound
+    phase lasts longer and would hide more, but the host's excess is charged per micro-batch (advisor.host);
+    counting it here too would let a faster host make a step slower."""
+
+    fwd_s: Any  # the layers' forward with their TP collectives in line
+    bwd_s: Any  # the layers' backward and recomputation with their TP collectives
+    last_backward_s: Any  # the last micro-batch's backward, which the gradient reduction can hide behind
+
+
+@dataclass(frozen=True)
+class DataParallelTime:
+    """Seconds per step the data-parallel collectives add beyond what overlaps with compute."""
+
+    grad_s: Any  # the gradient reduction (DDP, ZeRO-1)
+    zero_params_s: Any  # ZeRO-1's weight all-gather; ZeRO-2/3's per micro-batch gathers and reduce-scatters; HSDP
+    dataparallel_s: Any  # nn.DataParallel's replicate, gather and reduce
+
+
+def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: Any, windows: Windows,
+         inline: LayerTimes, tokens: Any) -> DataParallelTime:
+    active, zero = mesh.dp > 1, np.asarray(c.zero)
+    # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host
+    # memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: no overlap.
+    can_overlap = np.asarray(c.overlap, dtype=bool) & (w.hw.intra_node.kind.value != "pcie")
+    hide = np.where(can_overlap, windows.last_backward_s, 0.0)
+    ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
+    rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
+    exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
+    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.grad_bytes / mesh.dp_shard,
+                                w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
+    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
+    grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
+    params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
+    return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
+
+
+def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
+    """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
+    hw, eng = w.hw, w.stack.engine
+    size = states.params * states.grad_bytes
+    bucket = eng.bucket_MiB * MiB
+    if eng.gradient_reduction == "one_call":
+        total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
+    else:  # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
+        n = np.maximum(np.ceil(size / bucket), 1.0)
+        total = n * comm.collective_time(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, where=ddp)
+    last = np.minimum(np.maximum(bucket, w.model.vocab * w.model.d_model / mesh.tp * states.grad_bytes), size)
+    last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
+    return np.maximum(total - hide, np.where(can_overlap, last_t, total))
+
+
+def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any, on: Any) -> tuple[Any, Any]:
+    """(reduce-scatter of the gradients, all-gather of the weights) seconds for one pass over the stage."""
+    hw, shard, per_node = w.hw, mesh.dp_shard, mesh.shard_per_node
+    # An FSDP stack calls them per unit: each layer, then the root (embeddings and head). ZeRO-1 is DeepSpeed's
+    # stage 1 there, with its 500M-element buckets: one call each, as in a stack that reduces in one call.
+    units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
+    whole_on = on & ~units_on
+    units = np.maximum(layers, 1.0)
+    unit = (states.params - states.params_outside_layers) / units
+    out = []
+    for coll, per_param in ((Collective.reduce_scatter, states.grad_bytes), (Collective.all_gather, states.weight_bytes)):
+        whole = comm.collective_time(coll, shard, states.params * per_param, hw, per_node, where=whole_on)
+        per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
+                    + comm.collective_time(coll, shard, states.params_outside_layers * per_param, hw, per_node,
+                                           where=units_on))
+        out.append(np.where(units_on, per_unit, whole))
+    return out[0], out[1]
+
+
+def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any, ag: Any, layers: Any,
+                                 windows: Windows, inline: LayerTimes) -> Any:
+    """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
+    the last layer's reduce-scatter are always exposed)."""
+    units = np.maximum(layers, 1.0)
+    ag_unit, rs_unit = ag / units, rs / units
+    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit)
+    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit)
+    if not np.any(zero >= 3):
+        return z2
+    if w.stack.engine.zero3_overlap == "per_submodule":  # costed on the ZeRO-3 plans alone
+        z3 = np.zeros(np.shape(z2))
+        on = np.broadcast_to(zero >= 3, z3.shape)
+        pick = (lambda x: np.broadcast_to(x, z3.shape)[on])  # noqa: E731
+        sub = LayerTimes(*(pick(getattr(inline, f)) for f in LayerTimes.__dataclass_fields__))
+        z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+    else:
+        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
+    return np.where(zero >= 3, z3, z2)
+
+
+def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, recompute: Any, ag_layer: Any,
+                            rs_layer: Any) -> tuple[Any, Any]:
+    """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
+    parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
+
+    DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
+    parameters are in flight it waits for them and synchronises the device (stage3.py in the 0.3 releases
+    Megatron-DeepSpeed ran in 2021: ``_synchronize_communication`` ends in ``torch.cuda.synchronize()``),
+    then prefetches only the next ``stage3_prefetch_bucket_size`` (5e7) elements: one linear layer of a
+    large model. So the gather of each sub-module hides only behind the compute of the one before it, not
+    behind the whole pass: a layer is four steps (the layer table's sub-modules: qkv with the attention core,
+    out, fc1, fc2), and each lasts the longer of its compute and the next step's gather (the gradient
+    reduce-scatter of the step just finished joins that gather in backward, on the same link). A checkpointed
+    layer's recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
+    makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
+    Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
+    """
+    params = np.array(list(w.layer.module_weights().values()), dtype=float)
+    share = params / params.sum()  # of the layer's weights, and of its GEMM FLOPs (proportional to them)
+    comp = [lt.gemm_fwd_s * share[0] + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[1],
+            lt.gemm_fwd_s * share[2] + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[3]]
+    total = sum(comp)
+    share_c = [np.where(total > 0, x / np.where(total > 0, total, 1.0), 0.25) for x in comp]
+    ag = [ag_layer * s for s in share]
+    rs = [rs_layer * s for s in share]
+
+    def exposed(window: Any, comm_during: list) -> Any:
+        """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
+        return sum(np.maximum(window * x, y) - window * x for x, y in zip(share_c, comm_during))
+
+    next_gather = [ag[(k + 1) % 4] for k in range(4)]
+    fwd = exposed(lt.fwd_s, next_gather)
+    rcp = exposed(lt.recompute_s, next_gather)
+    bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
+    full = np.asarray(recompute) == Recompute.full.code
+    return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
+
+
+def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any) -> Any:
+    """nn.DataParallel's per-step replicate (broadcast), logits gather and gradient reduce through GPU 0."""
+    single = (c.dp_kind == DataParallelKind.dp.code) & (mesh.dp > 1)
+    if not single.any():
+        return np.zeros(np.shape(single))
+    hw, dp = w.hw, mesh.dp
+    bcast = comm.collective_time(Collective.broadcast, dp, states.params * states.weight_bytes, hw, dp, where=single)
+    gather = tokens * w.model.vocab * 4.0 * (dp - 1) / (hw.intra_node.bandwidth_bytes_per_s * COPY_ENGINE_EFFICIENCY)
+    reduce = comm.collective_time(Collective.reduce, dp, states.params * states.grad_bytes, hw, dp, where=single)
+    return np.where(single, c.grad_accum * (bcast + gather) + reduce, 0.0)

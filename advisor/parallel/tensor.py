@@ -1,0 +1,95 @@
+"""Tensor parallelism (Megatron; Shoeybi et al. 2019, arXiv 1909.08053) and sequence parallelism (Korthikanti
+et al. 2022, arXiv 2205.05198).
+
+Each layer's column-parallel GEMMs split their outputs and its row-parallel GEMMs their inputs over the tp
+ranks (the split is in the layer table, advisor.model.layer), so the layer's weights and its GEMM work are
+divided by tp. The row-parallel outputs are all-reduced: 2 all-reduces of the [s, b, h] activation per layer
+forward, 2 backward, 2 more when the forward is recomputed. Under sequence parallelism each becomes an
+all-gather + reduce-scatter (the same bytes on a ring), and the LayerNorms, dropouts and residuals, replicated
+on every rank without it, are split along the sequence (their activations and traffic: the stack's
+``sequence`` bytes, advisor.stack). Outside the layers (megatron-core): the vocab-parallel embedding
+all-reduces its output (under SP: reduce-scatters it), the LM head's input gradient is all-reduced in backward
+(under SP: all-gather + reduce-scatter), and the vocab-parallel cross-entropy all-reduces three fp32 values per
+token (max, target logit, sum of exp).
+
+TP groups stay inside a node (the search's constraint): the collectives run on the intra-node link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from advisor import comm
+from advisor.candidates import Candidates, Mesh
+from advisor.comm import Collective
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.training import Recompute
+from advisor.workload import Workload
+
+# collectives per layer and micro-batch: 2 forward, 2 backward, 2 more in a recomputed forward
+LAYER_COLLECTIVES, RECOMPUTE_COLLECTIVES = 4.0, 2.0
+
+
+def violations(c: Candidates, model: ModelSpec, hw: Hardware) -> dict[str, Any]:
+    """Constraint -> where a plan breaks it. Heads are split over the TP ranks; KV heads too, or replicated
+    when tp exceeds them (a whole number of ranks per KV head); TP needs the intra-node link."""
+    g, kv = hw.gpus_per_node, model.kv_heads
+    return {
+        "tp does not divide the attention heads": (model.n_heads % c.tp) != 0,
+        "tp does not divide the KV heads": ((kv % c.tp) != 0) & (c.tp <= kv),
+        "tp > KV heads does not divide evenly": (c.tp > kv) & ((c.tp % kv) != 0),
+        "tp spans nodes (TP needs the intra-node link; pass --allow-tp-across-nodes to force)": (
+            (c.tp > g) & (not c.allow_tp_across_nodes)),
+        "tp does not divide the GPUs per node (TP groups would straddle nodes)": (c.tp <= g) & ((g % c.tp) != 0),
+    }
+
+
+@dataclass(frozen=True)
+class TensorParallelTime:
+    """Seconds of TP collectives for one micro-batch on the busiest stage (0 where tp = 1)."""
+
+    per_layer_collective_s: Any  # one of a layer's collectives (all-reduce, or all-gather + reduce-scatter)
+    collectives_per_layer: Any  # 4, or 6 under full recomputation
+    layers_s: Any  # every layer's collectives
+    embedding_s: Any
+    lm_head_s: Any
+    loss_s: Any
+
+    @property
+    def head_s(self) -> Any:
+        return self.embedding_s + self.lm_head_s + self.loss_s
+
+    @property
+    def fwd_s(self) -> Any:
+        """The layers' forward collectives (2 of the layer's 4 or 6)."""
+        return self.layers_s * 2.0 / self.collectives_per_layer
+
+    @property
+    def after_fwd_s(self) -> Any:
+        """All but the layers' forward collectives and the embedding's: backward, recompute, LM head, loss."""
+        return self.layers_s - self.fwd_s + self.lm_head_s + self.loss_s
+
+
+def activation_bytes(w: Workload, tokens: Any) -> Any:
+    """The [s, b, h] activation a layer all-reduces (and a pipeline stage sends)."""
+    return tokens * w.model.d_model * w.act_bytes
+
+
+def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> TensorParallelTime:
+    hw, tp, sp = w.hw, mesh.tp, np.asarray(c.sp, dtype=bool)
+    on = tp > 1
+    act = activation_bytes(w, tokens)
+    ar = comm.collective_time(Collective.all_reduce, tp, act, hw, mesh.tp_per_node, where=on & ~sp)
+    ag_rs = (comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp)
+             + comm.collective_time(Collective.reduce_scatter, tp, act, hw, mesh.tp_per_node, where=on & sp))
+    per = np.where(sp, ag_rs, ar)
+    n = LAYER_COLLECTIVES + np.where(c.recompute == Recompute.full.code, RECOMPUTE_COLLECTIVES, 0.0)
+    loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
+    return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
+                              layers_s=np.where(on, layers * n * per, 0.0),
+                              embedding_s=np.where(on, np.where(sp, 0.5 * ag_rs, ar), 0.0),
+                              lm_head_s=np.where(on, per, 0.0), loss_s=np.where(on, loss, 0.0))

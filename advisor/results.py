@@ -1,0 +1,95 @@
+"""Typed results: what ``advisor estimate`` and each row of ``advisor plan`` report for one plan.
+
+``Estimate.model_dump()`` is exactly what ``advisor estimate --json`` prints; the time breakdown's parts sum
+to ``step_time_s`` and the memory parts to ``memory.peak_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from advisor.hardware import Hardware
+from advisor.layout import Layout, Plan
+from advisor.model import ModelSpec
+from advisor.step import Evaluation
+from advisor.training import TrainingSetup
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class MemoryReport(Result):
+    peak_bytes: float
+    parts: dict[str, float]
+    overhead_bytes: float
+    overhead: dict[str, float]
+    capacity_bytes: float
+    headroom_bytes: float
+    fits: bool
+
+
+class Estimate(Result):
+    model: str
+    hw: str
+    stack: str
+    params: int
+    world_size: int
+    nodes: int
+    plan: Plan
+    setup: TrainingSetup
+    layout: Layout
+    label: str
+    grad_accum: int
+    global_batch: int
+    tokens_per_step: int
+    step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    mfu: float
+    hfu: float
+    tflops_per_gpu: float
+    hw_tflops_per_gpu: float
+    fits: bool
+    memory: MemoryReport
+    breakdown: dict[str, float]
+    dominant: str
+    usd_per_million_tokens: Optional[float] = None  # when the profile has a price per GPU-hour
+
+
+def dominant_part(breakdown: dict[str, float]) -> str:
+    return max(breakdown, key=lambda k: breakdown[k])
+
+
+def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: TrainingSetup, world: int,
+                  grad_accum: int, out: Evaluation, i: int = 0) -> Estimate:
+    """Row ``i`` of an evaluation as a typed Estimate."""
+    breakdown = {k: float(v[i]) for k, v in out.time.parts().items()}
+    step = sum(breakdown.values())
+    mem_parts = {k: float(v[i]) for k, v in out.memory.parts().items()}
+    peak = sum(mem_parts.values())
+    over = {k: float(v[i]) for k, v in out.overhead.parts().items()}
+    cap = hw.gpu.memory_bytes
+    fits = peak + sum(over.values()) <= cap
+    tokens = float(out.tokens[i])
+    hw_flops = float(out.hw_flops[i])
+    peak_flops = hw.gpu.peak_flops_per_s(setup.precision.math)
+    return Estimate(
+        model=spec.name, hw=hw.name, stack=stack, params=spec.n_params, world_size=world,
+        nodes=int(-(-world // hw.gpus_per_node)), plan=plan, setup=setup, layout=plan.layout(hw.gpus_per_node, world),
+        label=plan.label(), grad_accum=grad_accum, global_batch=setup.micro_batch * grad_accum * plan.dp,
+        tokens_per_step=int(tokens), step_time_s=step, tokens_per_s=tokens / step,
+        samples_per_s=tokens / setup.seq_len / step,
+        mfu=6.0 * spec.n_params * tokens / (step * world * peak_flops),
+        hfu=hw_flops / (step * world * peak_flops),
+        tflops_per_gpu=float(out.model_flops[i]) / (step * world) / 1e12,
+        hw_tflops_per_gpu=hw_flops / (step * world) / 1e12,
+        fits=bool(fits),
+        memory=MemoryReport(peak_bytes=peak, parts=mem_parts, overhead_bytes=sum(over.values()), overhead=over,
+                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(fits)),
+        breakdown=breakdown, dominant=dominant_part(breakdown),
+        usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
+                                if hw.price_per_gpu_hour_usd else None),
+    )

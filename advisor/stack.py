@@ -1,0 +1,253 @@
+"""A training stack's profile: what the stack's kernels move, what its layers save for backward, and how its
+training engine holds and reduces model states, read as data (YAML in stack_profiles/, like hardware profiles).
+
+Two stacks ship today: ``hf-trainer`` (Hugging Face transformers modules under torch.autocast, run by the
+Trainer/accelerate with PyTorch DDP or FSDP, or DeepSpeed ZeRO-1) and ``megatron-deepspeed`` (Megatron's
+fused kernels under the DeepSpeed engine, as the vTrain and SC21 runs used them). The cost model reads a
+stack's numbers and choices; it never asks which stack it is.
+
+Measured tables are keyed by what they depend on: ``mode`` (how activations are held: fp32, mixed, half;
+advisor.training.Mode), ``attention`` (sdpa, eager) and ``mlp`` (gelu, swiglu); ``any`` matches every value
+and the first matching entry of a list is taken. Bytes per token are linear forms in the layer's dimensions
+(d_model, d_ff, q_dim, kv_dim, heads, d_head, and a constant), split as tensor parallelism splits them:
+``split`` over the TP ranks, ``sequence`` over them only under sequence parallelism (LayerNorms, dropouts,
+residuals: Korthikanti et al. 2022, s.4.2.2), ``whole`` never; ``scores`` are bytes per head per key of the
+s x s attention scores (eager attention only), split over the TP ranks. Every entry may say its ``source``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import Field
+
+from advisor.errors import AdvisorError
+from advisor.model.layer import DecoderLayer
+from advisor.profiles import ProfileKind, to_yaml
+from advisor.spec import Spec
+
+STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
+_PACKAGED_STACK_DIR = Path(__file__).resolve().parent / "stack_profiles"
+
+Dim = Literal["d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant"]
+Form = dict[Dim, float]
+
+
+class StackError(AdvisorError):
+    """A stack profile that cannot be found, read, or does not cover the case asked; one line."""
+
+
+class PerLayerBytes(Spec):
+    """Bytes per token of one layer, by how tensor parallelism divides them (module docstring)."""
+
+    split: Form = Field(default_factory=dict)
+    sequence: Form = Field(default_factory=dict)
+    whole: Form = Field(default_factory=dict)
+    scores: float = Field(default=0.0, ge=0, le=1e6)
+
+
+class Entry(Spec):
+    """What a measured table's entry applies to, and where its numbers come from."""
+
+    mode: Literal["fp32", "mixed", "half", "any"] = "any"
+    attention: Literal["sdpa", "eager", "any"] = "any"
+    mlp: Literal["gelu", "swiglu", "any"] = "any"
+    source: Optional[str] = None
+
+    def matches(self, mode: str, attention: str, mlp: str) -> bool:
+        return all(mine in ("any", want) for mine, want in ((self.mode, mode), (self.attention, attention), (self.mlp, mlp)))
+
+
+class HostOps(Entry):
+    """aten ops one layer issues per micro-batch, and the host's CPU time per op before its launch."""
+
+    forward_ops: int = Field(ge=0, le=100_000)
+    backward_ops: int = Field(ge=0, le=100_000)
+    cpu_us_per_op: float = Field(ge=0, le=1e4)
+
+
+class HeadOps(Entry):
+    """aten ops outside the layers per micro-batch: embedding, final norm, LM head, loss."""
+
+    forward_ops: int = Field(ge=0, le=100_000)
+    backward_ops: int = Field(ge=0, le=100_000)
+
+
+class Traffic(Entry):
+    """Bytes per token one layer's element-wise kernels read and write, forward and backward."""
+
+    forward: PerLayerBytes
+    backward: PerLayerBytes
+
+
+class PerElement(Entry):
+    """Bytes moved per element (an attention score, a logit), forward and backward."""
+
+    forward: float = Field(ge=0, le=1e4)
+    backward: float = Field(ge=0, le=1e4)
+
+
+class Saved(Entry):
+    """What autograd keeps for backward, per token: one layer, one layer under full recomputation (its
+    input), outside the layers (logits excluded), and bytes per element of eager attention's b x s x s mask."""
+
+    layer: PerLayerBytes
+    full_recompute: PerLayerBytes
+    outside_layers: Form = Field(default_factory=dict)
+    attention_mask: float = Field(default=0.0, ge=0, le=64)
+
+
+class Logits(Entry):
+    """Bytes per logit of the logits and the loss's buffers: alive at the end of forward, and at the peak."""
+
+    held: float = Field(ge=0, le=1e3)
+    peak: float = Field(ge=0, le=1e3)
+
+
+class Kernels(Spec):
+    vocab_padding: int = Field(default=0, ge=0, le=1_000_000,
+                               description="the vocabulary is padded to a multiple of this x tp (0: not padded)")
+    host: list[HostOps]
+    host_outside_layers: list[HeadOps]
+    elementwise: list[Traffic]
+    attention_scores: list[PerElement]
+    loss: list[PerElement]
+
+
+class Memory(Spec):
+    saved: list[Saved]
+    logits: list[Logits]
+
+
+class Engine(Spec):
+    """How the training engine holds, reduces and gathers model states, and when it synchronises."""
+
+    master_weights: Literal["always", "with_zero"] = Field(
+        description="fp32 master weights beside half-precision weights and gradients: always, or only under ZeRO")
+    gradient_reduction: Literal["one_call", "buckets"] = Field(
+        description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
+    bucket_MiB: float = Field(gt=0, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
+    zero_collectives: Literal["one_call", "per_unit"] = Field(
+        description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
+    zero3_overlap: Literal["prefetch", "per_submodule"] = Field(
+        description="ZeRO-3 gathers hide behind the pass (prefetch) or behind one sub-module each (DeepSpeed)")
+    zero3_gathered: Literal["layer", "submodule"] = Field(
+        description="what ZeRO-3 holds gathered at once, twice (current and prefetched)")
+    gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
+    gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
+    device_syncs: Literal["per_micro_batch", "per_phase"] = Field(
+        description="the device is synchronised once per micro-batch, or after its forward and after its backward")
+    pipeline_scatter_gather: bool = Field(
+        description="pipeline sends split over the TP ranks and all-gathered on arrival (Megatron)")
+
+
+class Stack(Spec):
+    name: str = Field(min_length=1)
+    description: str = ""
+    source: str = Field(min_length=1, description="the library versions and files the numbers come from")
+    kernels: Kernels
+    memory: Memory
+    engine: Engine
+
+    def tables(self, mode: str, attention: str, layer: DecoderLayer) -> "StackTables":
+        """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions."""
+        mlp = layer.mlp.value
+
+        def pick(entries: list, what: str):
+            for e in entries:
+                if e.matches(mode, attention, mlp):
+                    return e
+            raise StackError(f"stack {self.name} has no {what} entry for mode {mode}, {attention} attention and a "
+                             f"{mlp} MLP: add one to its profile or choose another --stack")
+
+        k, mem = self.kernels, self.memory
+        host, head = pick(k.host, "kernels.host"), pick(k.host_outside_layers, "kernels.host_outside_layers")
+        ew, sc = pick(k.elementwise, "kernels.elementwise"), pick(k.attention_scores, "kernels.attention_scores")
+        loss, saved, lg = pick(k.loss, "kernels.loss"), pick(mem.saved, "memory.saved"), pick(mem.logits, "memory.logits")
+        return StackTables(
+            host.forward_ops, host.backward_ops, host.cpu_us_per_op, head.forward_ops, head.backward_ops,
+            LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
+            loss.forward, loss.backward, LayerBytes.of(saved.layer, layer), LayerBytes.of(saved.full_recompute, layer),
+            form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding)
+
+
+def form_value(form: Form, layer: DecoderLayer) -> float:
+    """A linear form evaluated on a layer's dimensions."""
+    dims = {"d_model": layer.d_model, "d_ff": layer.d_ff, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
+            "heads": layer.n_heads, "d_head": layer.d_head, "constant": 1}
+    return float(sum(coef * dims[d] for d, coef in form.items()))
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Bytes per token of one layer, evaluated, by how tensor parallelism divides them."""
+
+    split: float
+    sequence: float
+    whole: float
+    scores: float  # per head per key
+
+    @classmethod
+    def of(cls, b: PerLayerBytes, layer: DecoderLayer) -> "LayerBytes":
+        return cls(form_value(b.split, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores)
+
+    def per_gpu(self, tp: Any, sp: Any, scores_per_token: float = 0.0) -> Any:
+        """Bytes per token on one TP rank; ``scores_per_token`` is heads x keys (0 where no scores are kept)."""
+        tp = np.asarray(tp, dtype=float)
+        out = (self.split + self.scores * scores_per_token) / tp
+        out = out + (self.sequence / np.where(sp, tp, 1.0) if self.sequence else 0.0)
+        return out + self.whole
+
+
+@dataclass(frozen=True)
+class StackTables:
+    """A stack's tables resolved for one precision mode, attention kernel and model (advisor.stack.Stack.tables)."""
+
+    host_forward_ops: int
+    host_backward_ops: int
+    cpu_us_per_op: float
+    head_forward_ops: int
+    head_backward_ops: int
+    elementwise_forward: LayerBytes
+    elementwise_backward: LayerBytes
+    score_forward: float  # bytes per attention score element (eager)
+    score_backward: float
+    loss_forward: float  # bytes per logit
+    loss_backward: float
+    saved_layer: LayerBytes
+    saved_full_recompute: LayerBytes
+    saved_outside_layers: float  # per token
+    attention_mask: float  # bytes per b x s x s mask element (eager)
+    logits_held: float  # bytes per logit
+    logits_peak: float
+    vocab_padding: int
+
+
+def stack_dirs() -> list[Path]:
+    return [d for d in (STACK_DIR, _PACKAGED_STACK_DIR) if d.is_dir()]
+
+
+STACKS = ProfileKind("stack profile", stack_dirs, StackError, "advisor stacks")
+
+
+def list_stacks() -> list[str]:
+    return STACKS.names()
+
+
+def load_stack(name_or_path: str | Path | Stack) -> Stack:
+    """A stack profile by built-in name (``megatron-deepspeed``) or by path to a YAML file."""
+    if isinstance(name_or_path, Stack):
+        return name_or_path
+    return STACKS.load(name_or_path, Stack)
+
+
+def stack_from_yaml(text: str, origin: str = "<yaml>", path: str | Path | None = None) -> Stack:
+    return STACKS.from_yaml(text, Stack, origin, path)
+
+
+def stack_to_yaml(stack: Stack) -> str:
+    """YAML that ``load_stack`` accepts back unchanged (round trip tested)."""
+    return to_yaml(stack)

@@ -1,0 +1,125 @@
+"""A training step: the dimensions' named time and memory parts composed into breakdowns, for every candidate
+plan at once (an estimate is a table of one row).
+
+Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micro-batches):
+    compute     m x (forward + backward + recomputation) of the stage's layers and the head (advisor.compute)
+    comm/tp     m x the TP collectives of the layers and the head (advisor.parallel.tensor)
+    host        m x what the host's issuing adds beyond the GPU's work (advisor.host)
+    pipeline    m x stage-to-stage send/recv, and the bubble (advisor.parallel.pipeline)
+    dp comm     the gradient reduction, ZeRO's gathers and reduce-scatters, nn.DataParallel's copies, beyond
+                what overlaps with compute (advisor.parallel.data)
+    optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
+The step time is the sum of the parts (``TimeBreakdown.total``). Memory: advisor.memory.
+
+FLOPs: model FLOPs count forward + backward (3x the forward; Narayanan et al. 2021 eq. 3, the layer table's
+FLOPs and the logits) without recomputation; hardware FLOPs add the recomputed forward (full: every layer;
+selective: the attention core).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from advisor import compute, host, optimizer
+from advisor.candidates import Candidates, Mesh
+from advisor.memory import MemoryBreakdown, Overhead, breakdown
+from advisor.parallel import data, pipeline, tensor
+from advisor.training import Recompute
+from advisor.workload import Workload
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds per step (arrays over plans); ``parts()`` names them as the output does."""
+
+    compute_forward: Any
+    compute_backward: Any
+    compute_recompute: Any
+    comm_tp: Any
+    host_overhead: Any
+    comm_pp_p2p: Any
+    pipeline_bubble: Any
+    comm_dp_grad: Any
+    comm_zero_params: Any
+    comm_dataparallel: Any
+    optimizer: Any
+
+    def parts(self) -> dict[str, Any]:
+        return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def total(self) -> Any:
+        return sum(self.parts().values())
+
+
+_NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/backward",
+          "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
+          "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
+          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer"}
+TIME_PARTS = tuple(_NAMES.values())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    overhead: Overhead
+    model_flops: Any  # per step, all GPUs
+    hw_flops: Any
+    tokens: Any  # per step
+    params_local: Any  # parameters of the busiest GPU's stage and TP rank
+
+
+def evaluate(w: Workload, c: Candidates) -> Evaluation:
+    """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised)."""
+    mesh = Mesh.of(c, w.hw.gpus_per_node)
+    ga = c.grad_accum.astype(float)
+    tokens = c.micro_batch.astype(float) * w.seq_len
+    layers = pipeline.layers_per_stage(w.model, mesh.pp)
+    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute)
+    head = compute.head_times(w, tokens, mesh.tp)
+    tp = tensor.time(w, c, mesh, tokens, layers)
+    p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
+    hosts = host.layer_host_times(w, mesh.tp, c.recompute)
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts)
+    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
+                     recompute_s=lt.recompute_s + np.where(c.recompute == Recompute.full.code, 2.0 * tp.per_layer_collective_s, 0.0))
+    windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
+                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
+    states = data.model_states(w, c, mesh, layers)
+    dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
+    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    time = TimeBreakdown(
+        compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
+        compute_backward=ga * (layers * lt.bwd_s + head.bwd_s), compute_recompute=ga * layers * lt.recompute_s,
+        comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
+        comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
+        comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
+        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
+    memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
+    model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
+    return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
+
+
+def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
+                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes) -> host.MicroBatch:
+    """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it."""
+    gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
+    return host.MicroBatch(
+        gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s,
+        gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s, head_fwd_s=head.fwd_s,
+        head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
+        host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
+
+
+def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
+    """(model FLOPs, hardware FLOPs) per step (module docstring)."""
+    m = w.model
+    per_layer = sum(w.layer.flops_per_token(w.seq_len).values())
+    model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    rc = np.where(c.recompute == Recompute.full.code, m.n_layers * per_layer,
+                  np.where(c.recompute == Recompute.selective.code, m.n_layers * w.layer.core_flops_per_token(w.seq_len), 0.0))
+    return model, model + rc * tokens_per_step

@@ -1,0 +1,112 @@
+"""The training setup: what is trained, whatever the parallel plan (micro batch, global batch or gradient
+accumulation, sequence length, precision, optimizer, attention kernel, activation recomputation, the stack).
+
+Closed sets are enums. ``Coded`` enums also number their members, so that a table of candidate plans
+(advisor.candidates) stores them as small integers and the cost model compares against ``Member.code``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import Field, model_validator
+
+from advisor.spec import Spec
+
+
+class Name(str, Enum):
+    """A str enum that prints as its value ("full", not "Recompute.full"), as the CLI and the configs spell it."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Coded(Name):
+    """A str enum whose members also have a fixed integer code (their position), for numpy columns."""
+
+    @property
+    def code(self) -> int:
+        return list(type(self)).index(self)
+
+    @classmethod
+    def of_code(cls, code: int) -> "Coded":
+        return list(cls)[int(code)]
+
+
+class Mode(Name):
+    """How a precision holds activations, the key of a stack's measured tables (advisor.stack)."""
+
+    fp32 = "fp32"  # fp32 activations
+    mixed = "mixed"  # half-precision activations under mixed precision (autocast, or half weights + fp32 master)
+    half = "half"  # pure half precision: half weights, gradients and optimizer states
+
+
+class Precision(Name):
+    fp32 = "fp32"
+    bf16_mixed = "bf16-mixed"
+    fp16_mixed = "fp16-mixed"
+    bf16 = "bf16"
+    fp8_mixed = "fp8-mixed"
+
+    @property
+    def math(self) -> str:
+        """The GEMMs' math precision. fp32: PyTorch's default, TF32 off for matmuls
+        (torch.backends.cuda.matmul.allow_tf32)."""
+        return {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8-mixed": "fp8"}[self.value]
+
+    @property
+    def activation_bytes(self) -> float:
+        """Bytes per activation element. fp8: GEMM inputs are cast per GEMM, activations stay bf16
+        (Transformer Engine)."""
+        return 4.0 if self is Precision.fp32 else 2.0
+
+    @property
+    def mode(self) -> Mode:
+        if self is Precision.fp32:
+            return Mode.fp32
+        return Mode.half if self is Precision.bf16 else Mode.mixed
+
+    @property
+    def autocast(self) -> bool:
+        """Mixed precision, which torch.autocast runs on fp32 weights unless the stack keeps half weights."""
+        return self in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)
+
+
+class Optimizer(Name):
+    adamw = "adamw"  # torch.optim.AdamW default: foreach implementation
+    adamw_fused = "adamw-fused"
+    sgd = "sgd"  # with momentum
+
+
+class Attention(Name):
+    sdpa = "sdpa"  # fused flash/memory-efficient kernel: no s x s matrix stored
+    eager = "eager"  # softmax(QK^T)V in separate kernels, s x s scores kept for backward
+
+
+class Recompute(Coded):
+    none = "none"
+    selective = "selective"  # Korthikanti et al. 2022: recompute the attention core only
+    full = "full"  # keep only each layer's input; rerun the layer forward in backward
+
+
+class TrainingSetup(Spec):
+    seq_len: int = Field(default=1024, ge=1, le=10_000_000)
+    micro_batch: int = Field(default=1, ge=1, le=1_000_000)
+    global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000_000)
+    grad_accum: Optional[int] = Field(default=None, ge=1, le=1_000_000)
+    precision: Precision = Precision.bf16_mixed
+    optimizer: Optimizer = Optimizer.adamw
+    attention: Attention = Attention.sdpa
+    recompute: Recompute = Recompute.none
+    stack: str = Field(default="auto", min_length=1, max_length=4096,
+                       description="training stack profile (advisor stacks) or a path to one; auto: see advisor.api")
+
+    @model_validator(mode="after")
+    def _batch(self) -> "TrainingSetup":
+        if self.global_batch is not None and self.grad_accum is not None:
+            raise ValueError("give --global-batch or --grad-accum, not both")
+        return self
