@@ -32,7 +32,7 @@ from advisor.export.common import (
     node_layout,
 )
 from advisor.export.deepspeed import FP16_DYNAMIC, deepspeed_config, deepspeed_dict
-from advisor.export.megatron import megatron_args, megatron_config
+from advisor.export.megatron import megatron_args, megatron_config, megatron_env
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
@@ -40,7 +40,7 @@ from advisor.model import ModelSpec
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
-           "node_layout", "torchrun_argv", "torchrun_command"]
+           "megatron_env", "node_layout", "torchrun_argv", "torchrun_command"]
 
 KINDS = ("accelerate", "deepspeed", "megatron", "torchrun")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,

@@ -2,7 +2,8 @@
 
 Model shape, parallel degrees, batch, precision, recompute and data parallelism (distributed optimizer for
 ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
-optimizer and checkpoint paths stay the user's. The notes are written into the script as comments.
+optimizer and checkpoint paths stay the user's. The environment Megatron-LM's validate_args checks
+(CUDA_DEVICE_MAX_CONNECTIONS) is set in the script. The notes are written into the script as comments.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> list[str]:
         a.append("--use-distributed-optimizer")
     if plan.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
-        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
-        notes.append(f"ZeRO-{plan.zero} maps to Megatron-FSDP ({strategy}); it also wants --ckpt-format fsdp_dtensor")
+        # validate_args asserts ckpt_format == "fsdp_dtensor" under Megatron-FSDP (its default is torch_dist)
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
+        notes.append(f"ZeRO-{plan.zero} maps to Megatron-FSDP ({strategy}); it saves checkpoints only as "
+                     "fsdp_dtensor (--ckpt-format fsdp_dtensor)")
     if plan.hybrid_shard:
         a += ["--num-distributed-optimizer-instances", str(plan.dp // hw.gpus_per_node)]
         notes.append("HSDP: Megatron-FSDP shards inside each distributed-optimizer instance (one per node) "
@@ -106,10 +109,38 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> list[str]:
     return a
 
 
+def megatron_env(plan: Plan, notes: list[str]) -> dict[str, str | None]:
+    """Environment the launch needs (None = unset): CUDA_DEVICE_MAX_CONNECTIONS, as validate_args checks it.
+
+    Tensor parallelism without FSDP: 1, so that each TP collective is queued ahead of the GEMM it overlaps
+    (validate_args requires it before Blackwell; from Blackwell on it is no longer required, and 1 is still
+    accepted). Megatron-FSDP: not 1 (validate_args asserts "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS
+    value large than one"), so it is unset, leaving CUDA's default of 8, in case the user's shell exports 1.
+    """
+    if plan.zero >= 2:
+        if plan.tp > 1:
+            notes.append(f"Megatron-FSDP with tp={plan.tp}: TP overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1 but "
+                         "Megatron-FSDP refuses 1, so it is unset; TP communication may overlap less with compute")
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    if plan.tp > 1:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _env_lines(env: dict[str, str | None]) -> list[str]:
+    why = {"1": "# tensor parallelism: Megatron-LM's validate_args requires one CUDA hardware queue",
+           None: "# Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (unset: CUDA's default)"}
+    lines = []
+    for name, value in env.items():
+        lines += [why[value], f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"]
+    return lines
+
+
 def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
                     world_size: int) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
     args, notes = megatron_args(model, hw, plan, setup, grad_accum)
+    env = megatron_env(plan, notes)
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
              "# Megatron-LM arguments (megatron/training/arguments.py); data, optimizer and checkpoint flags are yours.",
              f"# vocab: the tokenizer sets it ({model.vocab} here; Megatron pads it to a multiple of 128 x tp):",
@@ -122,6 +153,7 @@ def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
         take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
         lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
         i += take
-    lines += [")", " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py")) + ' "${MEGATRON_ARGS[@]}" "$@"']
+    lines += [")", *_env_lines(env),
+              " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py")) + ' "${MEGATRON_ARGS[@]}" "$@"']
     lines += [f"# note: {n}" for n in notes]
     return Exported("megatron_args.sh", "\n".join(lines) + "\n", tuple(notes))
