@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from advisor.cli_export import export_command
-from advisor.export import KINDS, ExportError, deepspeed_dict, export, export_config, megatron_args
+from advisor.export import KINDS, NOTES_KEY, ExportError, deepspeed_dict, export, export_config, megatron_args
 from advisor.hardware import load_hardware
 from advisor.model import load_model
 from advisor.plans import Plan, TrainingSetup, resolve_grad_accum
@@ -74,6 +74,17 @@ def test_export_config_returns_name_and_text(kind, case):
         assert isinstance(yaml.safe_load(text), dict)
     if kind == "deepspeed":
         assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("kind,case", ALL)
+def test_notes_are_written_into_the_file(kind, case):
+    """A note changes what the run does or must do: it is in the file, not only on stderr."""
+    out = export(kind, *inputs(case))
+    if kind == "deepspeed":
+        assert json.loads(out.text)[NOTES_KEY] == list(out.notes) and out.notes  # at least the launch line
+    else:
+        lines = out.text.splitlines()
+        assert all(f"# note: {n}" in lines for n in out.notes)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -201,6 +212,32 @@ def test_accelerate_config_loads(case, tmp_path, monkeypatch):
 
 
 # -- DeepSpeed: DeepSpeedConfig ---------------------------------------------------------------------
+def _deepspeed_parse(ds_config, cfg: dict, mpu) -> tuple[object, list[str]]:
+    """DeepSpeedConfig(cfg) and what it said: Python warnings and DeepSpeed's log lines, in order."""
+    import logging
+    import warnings
+
+    from deepspeed.utils import logger
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler, level = Keep(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            parsed = ds_config.DeepSpeedConfig(cfg, mpu=mpu)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return parsed, lines + [str(w.message) for w in caught]
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if exportable("deepspeed", c)])
 def test_deepspeed_config_loads(case, monkeypatch):
     pytest.importorskip("deepspeed")
@@ -214,7 +251,9 @@ def test_deepspeed_config_loads(case, monkeypatch):
             return plan.dp
 
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
-    parsed = ds_config.DeepSpeedConfig(cfg, mpu=MPU())  # asserts train_batch = micro x grad_accum x dp
+    parsed, said = _deepspeed_parse(ds_config, cfg, MPU())  # asserts train_batch = micro x grad_accum x dp
+    # the notes key is accepted silently: the same warnings and log lines as the config without it
+    assert said == _deepspeed_parse(ds_config, {k: v for k, v in cfg.items() if k != NOTES_KEY}, MPU())[1]
     assert parsed.world_size == plan.dp
     assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (
         setup.micro_batch * ga * plan.dp, setup.micro_batch, ga)
@@ -232,7 +271,8 @@ def test_deepspeed_config_loads(case, monkeypatch):
         assert parsed.tensor_parallel_config.autotp_size == plan.tp
     assert ("activation_checkpointing" in cfg) == (setup.recompute != "none")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-             "gradient_clipping", "zero_optimization", "fp16", "bf16", "activation_checkpointing", "tensor_parallel"}
+             "gradient_clipping", "zero_optimization", "fp16", "bf16", "activation_checkpointing", "tensor_parallel",
+             NOTES_KEY}
     assert set(cfg) <= known  # DeepSpeedConfig ignores unknown top-level keys, so check them here
 
 

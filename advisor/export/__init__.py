@@ -3,7 +3,8 @@
 Each exporter is a pure function of the three inputs (model, hardware, plan + training setup) and the
 resolved ``grad_accum`` / ``world_size``; it returns an ``Exported`` (file name, text, notes). What a
 format cannot express is refused with one ``ExportError`` line rather than approximated silently;
-where the mapping is close but not exact, the difference is said in ``notes``.
+where the mapping is close but not exact, the difference is said in ``notes``, which every format that has
+notes also writes into the file (comments in the YAML and the script, "_advisor_notes" in the JSON).
 
 One module per format (accelerate.py, deepspeed.py, megatron.py, torchrun.py) and one for what they
 share (common.py: checks, header, node layout, ``Exported``, ``ExportError``).
@@ -31,13 +32,13 @@ from advisor.export.common import (
     global_batch,
     node_layout,
 )
-from advisor.export.deepspeed import FP16_DYNAMIC, deepspeed_config, deepspeed_dict
+from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, deepspeed_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 
-__all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "RDZV_PORT",
+__all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
            "megatron_env", "node_layout", "torchrun_argv", "torchrun_command"]

@@ -3,6 +3,7 @@
 DDP -> MULTI_GPU; ZeRO-1 -> the DeepSpeed plugin (FSDP has no optimizer-only sharding); ZeRO-2/3 and
 HSDP -> FSDP1 (SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD). Tensor and pipeline parallelism are refused:
 accelerate expresses them only through its Megatron-LM plugin, which needs the Megatron-LM repository.
+The notes (what the script must do itself) are written into the YAML as comments.
 """
 
 from __future__ import annotations
@@ -104,4 +105,5 @@ def accelerate_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
     head.append(f"# the script's dataloader batch size per process = micro_batch = {setup.micro_batch}; "
                 f"Accelerator(gradient_accumulation_steps={grad_accum})")
     body = yaml.safe_dump(cfg, sort_keys=False, width=100)
-    return Exported("accelerate_config.yaml", "\n".join(head) + "\n" + body, tuple(notes))
+    tail = "".join(f"# note: {n}\n" for n in notes)  # what the file alone cannot do: said in it, not only on stderr
+    return Exported("accelerate_config.yaml", "\n".join(head) + "\n" + body + tail, tuple(notes))

@@ -2,7 +2,7 @@
 
 ZeRO stages map one to one; HSDP becomes ZeRO++ hpZ (DeepSpeed 0.19 has no HYBRID_SHARD); tensor
 parallelism is AutoTP training; pipeline parallelism is the model's PipelineModule (1F1B only, so the
-interleaved schedule is refused).
+interleaved schedule is refused). The notes are written into the JSON under "_advisor_notes".
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 
+# JSON has no comments, so the notes go under a key of their own. DeepSpeedConfig 0.19.8 reads the keys it
+# knows and ignores other top-level keys without a warning (checked in tests/test_export.py); a section
+# (zero_optimization, bf16, ...) forbids extra keys, so the notes stay at the top level.
+NOTES_KEY = "_advisor_notes"
 FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                 "hysteresis": 2, "min_loss_scale": 1}  # loss_scale 0 = dynamic (DeepSpeed config docs)
 
@@ -90,4 +94,5 @@ def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     cfg, notes = deepspeed_dict(model, hw, plan, setup, grad_accum, world_size)
     launch = " ".join(torchrun_argv(hw, world_size)) + " --deepspeed ds_config.json"
     notes.append(f"launch: {launch} (deepspeed.initialize(config='ds_config.json'))")
+    cfg[NOTES_KEY] = notes
     return Exported("ds_config.json", json.dumps(cfg, indent=2) + "\n", tuple(notes))
