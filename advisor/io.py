@@ -76,8 +76,9 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     mode = stat.S_IMODE(existing.st_mode) & 0o777 if existing else 0o666 & ~_umask()
     tmp = None
     try:
-        # the name is cut so that prefix + random part + suffix stays under NAME_MAX (255 bytes on Linux)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".tmp", dir=parent)
+        # the name is cut to 48 characters (at most 192 bytes in UTF-8) so that the temporary name, with its
+        # dots, 8 random characters and ".tmp", stays under NAME_MAX (255 bytes on Linux) for any valid target
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:48]}.", suffix=".tmp", dir=parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), mode)  # mkstemp creates 0600
             if existing and (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):

@@ -77,6 +77,12 @@ def test_text_is_written_as_utf8(tmp_path):
     assert path.read_bytes() == "# µ-batch → 4\n".encode("utf-8")
 
 
+def test_longest_name_still_gets_a_temporary_file(tmp_path):
+    name = "é" * 127  # 254 bytes in UTF-8: a valid name whose temporary sibling must be shortened
+    assert write_atomic(tmp_path / name, "ok\n").read_text() == "ok\n"
+    _no_temp_left(tmp_path)
+
+
 def test_dash_is_stdout(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert write_atomic("-", "to stdout\n") == Path("-")
