@@ -56,7 +56,8 @@ def estimate(as_json: bool, **kw) -> None:
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="also show rejected plans counted by reason")
 @click.option("--export", "export_kind", type=click.Choice(["accelerate", "deepspeed", "megatron", "torchrun"]), default=None, help="write the launch config of the top plan")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="file for --export (default: stdout)")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="write the ranking (or with --export the launch config) to this file instead of stdout; - is stdout")
 @click.option("--allow-tp-across-nodes", is_flag=True)
 def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None:
     """Search every valid plan and rank them (fastest first), each with the reason for its rank."""
@@ -79,23 +80,27 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         best = result.plans[0].estimate
         out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
                               best.grad_accum, best.world_size)
-        if out:  # write first: a bad --out is then a one-line error, not notes followed by an error
-            from advisor.io import write_atomic
-
-            write_atomic(out, out_cfg.text)
+        _emit(out, out_cfg.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
         for note in out_cfg.notes:
             click.echo(f"note: {note}", err=True)
-        if out:
-            click.echo(f"wrote {export_kind} config for '{best.label}' to {out}", err=True)
-        else:
-            click.echo(out_cfg.text)
         return
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        _emit(out, json.dumps(result.to_json(), indent=2) + "\n", "the ranking (JSON)")
     elif result.plans or explain:
-        click.echo(render_plan(result, explain=explain, suggestion=suggestion))
+        _emit(out, render_plan(result, explain=explain, suggestion=suggestion) + "\n", "the ranking")
     if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
         _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {suggestion}")
+
+
+def _emit(out, text: str, what: str) -> None:
+    """``text`` to stdout, or atomically to the file ``out`` (``-``: stdout), saying on stderr what went where."""
+    if out is None or out == "-":
+        click.echo(text, nl=False)
+        return
+    from advisor.io import write_atomic
+
+    write_atomic(out, text)
+    click.echo(f"wrote {what} to {out}", err=True)
 
 
 @cli.group(invoke_without_command=True)

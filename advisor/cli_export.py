@@ -2,7 +2,8 @@
 
 Thin: the plan options are ``advisor estimate``'s (advisor/cli_options.py) and go through the same
 ``advisor.api.build_inputs``, so both commands take the same plans with the same defaults and refuse the
-same ones with the same one-line messages. The text goes to stdout or --out, notes to stderr. Input
+same ones with the same one-line messages. The text goes to stdout (also for ``--out -``) or to --out,
+written by ``advisor.io.write_atomic`` (what it refuses is in its docstring), notes to stderr. Input
 errors are one line on stderr with exit code 2, also when the command is invoked on its own.
 ``--json`` is refused: the output is the launcher's own format (--format deepspeed is already JSON).
 """
@@ -28,7 +29,7 @@ def _fail(message: str) -> None:
 @single_plan_options
 @click.option("--format", "kind", type=click.Choice(KINDS), required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write here instead of stdout")
+              help="write here instead of stdout (atomically; - is stdout; devices, FIFOs, links refused)")
 def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
     """Write the launch configuration of one plan (accelerate YAML, DeepSpeed JSON, Megatron-LM args, torchrun).
 
@@ -40,6 +41,8 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
     from advisor.io import write_atomic
     from advisor.layout import resolve_grad_accum
 
+    if out is not None and str(out) == "-":  # --out - : stdout, as without --out
+        out = None
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:

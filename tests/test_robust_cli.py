@@ -274,7 +274,7 @@ SOURCES = sorted([*REPO.glob("advisor/*.py"), *REPO.glob("validation/*.py")])
 # Every place that writes a file, with the user-named path it writes to. A new write site fails this
 # test until it is checked and listed (calibration output must go through advisor/io.py write_atomic).
 WRITE_SITES = {
-    "advisor/io.py": ["os.fdopen(fd, \"w\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
+    "advisor/io.py": ["os.fdopen(fd, \"w\", encoding=\"utf-8\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
     "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
     # calibrate --out PROFILE.yaml: its folder created, then advisor/io.py write_atomic

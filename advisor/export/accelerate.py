@@ -1,0 +1,109 @@
+"""accelerate: a ClusterConfig YAML for `accelerate launch --config_file` (accelerate 1.15).
+
+DDP -> MULTI_GPU; ZeRO-1 -> the DeepSpeed plugin (FSDP has no optimizer-only sharding); ZeRO-2/3 and
+HSDP -> FSDP1 (SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD). Tensor and pipeline parallelism are refused:
+accelerate expresses them only through its Megatron-LM plugin, which needs the Megatron-LM repository.
+The notes (what the script must do itself) are written into the YAML as comments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from advisor.export.common import (
+    GRADIENT_CLIP,
+    RDZV_PORT,
+    Exported,
+    ExportError,
+    Plan,
+    Precision,
+    TrainingSetup,
+    check,
+    header,
+    node_layout,
+)
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+
+ACCELERATE_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16", Precision.fp16_mixed: "fp16",
+                        Precision.bf16: "no", Precision.fp8_mixed: "fp8"}
+
+
+def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                    world_size: int) -> tuple[dict[str, Any], list[str]]:
+    """accelerate ClusterConfig keys: DDP -> MULTI_GPU, ZeRO-1 -> DeepSpeed plugin, ZeRO-2/3 -> FSDP."""
+    if plan.tp > 1 or plan.pp > 1:
+        raise ExportError(f"accelerate cannot express tp={plan.tp} x pp={plan.pp} without its Megatron-LM plugin "
+                          "(which needs the Megatron-LM repo): use --format megatron")
+    lay, notes = node_layout(hw, world_size), []
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
+                           "mixed_precision": ACCELERATE_PRECISION[setup.precision]}
+    if setup.precision is Precision.bf16 and plan.zero == 1:  # DeepSpeed plugin: bf16 with fp32 master weights
+        cfg["mixed_precision"] = "bf16"
+        notes.append("pure bf16 through accelerate's DeepSpeed plugin keeps fp32 master weights: "
+                     "more memory than the advisor's estimate (the DeepSpeed export can drop them)")
+    elif setup.precision is Precision.bf16:
+        notes.append("pure bf16: mixed_precision is 'no'; cast the model with model.to(torch.bfloat16) "
+                     "before accelerator.prepare")
+    if setup.precision is Precision.fp8_mixed:
+        cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
+    cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
+    if setup.recompute == "selective":
+        notes.append("selective recompute is chosen in the model code (checkpoint the attention core); "
+                     "accelerate has no switch for it")
+    if setup.recompute == "full" and cfg["distributed_type"] != "FSDP":
+        notes.append("full recompute: call model.gradient_checkpointing_enable() (Hugging Face) in the script")
+    cfg.update({"num_machines": lay.nnodes, "num_processes": world_size, "machine_rank": 0,
+                "main_training_function": "main", "rdzv_backend": "static" if lay.nnodes == 1 else "c10d",
+                "same_network": True, "use_cpu": False})
+    if lay.nnodes > 1:
+        cfg.update({"main_process_ip": "MASTER_ADDR", "main_process_port": RDZV_PORT})
+    return cfg, notes
+
+
+def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: int,
+                 notes: list[str]) -> dict[str, Any]:
+    """distributed_type and its plugin's keys: NO, MULTI_GPU, DEEPSPEED (ZeRO-1) or FSDP (ZeRO-2/3, HSDP)."""
+    if world_size == 1 and plan.zero == 0:
+        return {"distributed_type": "NO"}
+    if plan.zero == 0:
+        return {"distributed_type": "MULTI_GPU"}
+    if plan.zero == 1:
+        notes.append("FSDP has no ZeRO-1 (optimizer-only) sharding: ZeRO-1 goes through accelerate's DeepSpeed plugin")
+        return {"distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"zero_stage": 1, "gradient_accumulation_steps": grad_accum,
+                                     "gradient_clipping": GRADIENT_CLIP, "offload_optimizer_device": "none",
+                                     "offload_param_device": "none", "zero3_init_flag": False,
+                                     "deepspeed_multinode_launcher": "standard"}}
+    strategy = "HYBRID_SHARD" if plan.hybrid_shard else {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}[plan.zero]
+    # accelerate 1.15's launcher always exports FSDP_SHARDING_STRATEGY (default FULL_SHARD) and FSDP1 reads it
+    # before fsdp_reshard_after_forward, so the strategy must be given under both keys.
+    return {"distributed_type": "FSDP",
+            "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": strategy,
+                            "fsdp_reshard_after_forward": strategy,
+                            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_offload_params": False,
+                            "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+                            "fsdp_use_orig_params": True, "fsdp_sync_module_states": True,
+                            "fsdp_cpu_ram_efficient_loading": True,
+                            "fsdp_activation_checkpointing": setup.recompute == "full"}}
+
+
+def accelerate_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                      world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    cfg, notes = accelerate_dict(model, hw, plan, setup, grad_accum, world_size)
+    lay = node_layout(hw, world_size)
+    launch = "accelerate launch --config_file accelerate_config.yaml"
+    if lay.nnodes > 1:
+        launch += f" --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port {RDZV_PORT}"
+    head = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+            f"# launch: {launch} train.py"]
+    if lay.nnodes > 1:
+        head.append("# machine_rank and main_process_ip are placeholders: the command-line flags above override them")
+    head.append(f"# the script's dataloader batch size per process = micro_batch = {setup.micro_batch}; "
+                f"Accelerator(gradient_accumulation_steps={grad_accum})")
+    body = yaml.safe_dump(cfg, sort_keys=False, width=100)
+    tail = "".join(f"# note: {n}\n" for n in notes)  # what the file alone cannot do: said in it, not only on stderr
+    return Exported("accelerate_config.yaml", "\n".join(head) + "\n" + body + tail, tuple(notes))

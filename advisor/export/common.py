@@ -1,0 +1,85 @@
+"""What every launch-config writer shares: the refusal type, the result, the checks, the header, the node layout.
+
+This is the one module of ``advisor.export`` that imports the plan types (``Plan``, ``Precision``,
+``TrainingSetup``, ``plan_errors``, ``resolve_grad_accum``); the writers take them from here, so moving
+those types is one import line. Writers read plan fields only by name (dp, tp, pp, zero, hybrid_shard, sp,
+schedule, virtual_stages, data_parallel, overlap_grad_reduce) and setup fields likewise (seq_len,
+micro_batch, global_batch, grad_accum, precision, optimizer, attention, recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.constraints import plan_errors
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.training import Precision, TrainingSetup
+
+__all__ = ["GRADIENT_CLIP", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "TrainingSetup",
+           "check", "global_batch", "header", "node_layout"]
+
+RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port
+GRADIENT_CLIP = 1.0  # Megatron-LM's --clip-grad default; written into DeepSpeed too so both clip alike
+
+
+class ExportError(AdvisorError):
+    """A plan the requested launcher cannot express; one line naming what to change."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One launch config: the suggested file name, its text, and the notes (also written into the text)."""
+
+    filename: str
+    text: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many nodes the world spans and processes per node (torchrun needs the same count on each)."""
+
+    nnodes: int
+    nproc_per_node: int
+
+
+def node_layout(hw: Hardware, world_size: int) -> Layout:
+    g = hw.gpus_per_node
+    if world_size <= g:
+        return Layout(1, world_size)
+    if world_size % g:
+        raise ExportError(f"world size {world_size} is not a multiple of {g} GPUs per node ({hw.name}): "
+                          "launchers start the same number of processes on every node")
+    return Layout(world_size // g, g)
+
+
+def check(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+          world_size: int) -> None:
+    """Refuse plans no launcher should be given: invalid ones, and nn.DataParallel (single process)."""
+    if plan.data_parallel == "dp" and plan.dp > 1:
+        raise ExportError("nn.DataParallel runs in one process: there is no launcher config; "
+                          "run `python train.py` or export the DDP plan (--data-parallel ddp)")
+    errors = plan_errors(plan, setup, model, hw, world_size)
+    if errors:
+        raise ExportError(f"plan {plan.label()} is invalid: {errors[0]}")
+    resolved, _ = resolve_grad_accum(setup, plan)
+    if (setup.grad_accum is not None or setup.global_batch is not None) and resolved != grad_accum:
+        raise ExportError(f"grad_accum={grad_accum} disagrees with the setup's batch ({resolved})")
+    node_layout(hw, world_size)
+
+
+def global_batch(plan: Plan, setup: TrainingSetup, grad_accum: int) -> int:
+    """Sequences per optimizer step: micro_batch x grad_accum x dp (Megatron / DeepSpeed identity)."""
+    return setup.micro_batch * grad_accum * plan.dp
+
+
+def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+           world_size: int) -> str:
+    """One line saying what was exported: model, plan, GPUs and the batch, as every format's first comment."""
+    return (f"advisor export: {model.name}, {plan.label()} on {world_size} GPUs ({hw.name}); "
+            f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
+            f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
+            f"precision={setup.precision.value} recompute={setup.recompute}")

@@ -1,0 +1,98 @@
+"""DeepSpeed: a ds_config.json read by DeepSpeedConfig (DeepSpeed 0.19), launched with torchrun.
+
+ZeRO stages map one to one; HSDP becomes ZeRO++ hpZ (DeepSpeed 0.19 has no HYBRID_SHARD); tensor
+parallelism is AutoTP training; pipeline parallelism is the model's PipelineModule (1F1B only, so the
+interleaved schedule is refused). The notes are written into the JSON under "_advisor_notes".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from advisor.export.common import (
+    GRADIENT_CLIP,
+    Exported,
+    ExportError,
+    Plan,
+    Precision,
+    TrainingSetup,
+    check,
+    global_batch,
+)
+from advisor.export.torchrun import torchrun_argv
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+
+# JSON has no comments, so the notes go under a key of their own. DeepSpeedConfig 0.19.8 reads the keys it
+# knows and ignores other top-level keys without a warning (checked in tests/test_export.py); a section
+# (zero_optimization, bf16, ...) forbids extra keys, so the notes stay at the top level.
+NOTES_KEY = "_advisor_notes"
+FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                "hysteresis": 2, "min_loss_scale": 1}  # loss_scale 0 = dynamic (DeepSpeed config docs)
+
+
+def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                   world_size: int) -> tuple[dict[str, Any], list[str]]:
+    """ds_config: train_batch_size = micro x grad_accum x dp (DeepSpeedConfig asserts this identity)."""
+    notes = []
+    zero: dict[str, Any] = {"stage": plan.zero}
+    if plan.zero >= 1:
+        zero["overlap_comm"] = bool(plan.overlap_grad_reduce)
+        zero["contiguous_gradients"] = True
+    if plan.hybrid_shard:
+        zero["zero_hpz_partition_size"] = hw.gpus_per_node
+        notes.append("DeepSpeed has no HYBRID_SHARD (MiCS was removed in 0.19): ZeRO++ hpZ keeps a node-local "
+                     "secondary parameter shard, so memory differs from the advisor's HSDP estimate")
+    cfg: dict[str, Any] = {
+        "train_batch_size": global_batch(plan, setup, grad_accum),
+        "train_micro_batch_size_per_gpu": setup.micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": GRADIENT_CLIP,
+        "zero_optimization": zero,
+    }
+    cfg.update(_precision(plan, setup, notes))
+    if setup.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": bool(plan.sp and plan.tp > 1),
+                                           "contiguous_memory_optimization": False, "cpu_checkpointing": False,
+                                           "synchronize_checkpoint_boundary": False, "profile": False}
+        notes.append(f"{setup.recompute} recompute: the model must call deepspeed.checkpointing.checkpoint "
+                     + ("per layer" if setup.recompute == "full" else "around the attention core"))
+    if plan.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": plan.tp}
+        notes.append(f"tp={plan.tp} via DeepSpeed AutoTP training (tensor_parallel.autotp_size); "
+                     "Megatron-DeepSpeed passes its own mpu instead")
+    if plan.pp > 1:
+        notes.append(f"pp={plan.pp}: wrap the model in deepspeed.pipe.PipelineModule(layers, num_stages={plan.pp}"
+                     + (", activation_checkpoint_interval=1" if setup.recompute == "full" else "")
+                     + ") and train with engine.train_batch(); DeepSpeed runs 1F1B")
+        if plan.schedule == "interleaved":
+            raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule: use --format megatron")
+    return cfg, notes
+
+
+def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, Any]:
+    """The fp16 / bf16 sections: dynamic loss scaling for fp16; bf16 master weights only with ZeRO."""
+    p = setup.precision
+    if p is Precision.fp16_mixed:
+        return {"fp16": dict(FP16_DYNAMIC)}
+    if p is Precision.fp8_mixed:
+        notes.append("fp8: the JSON enables bf16; FP8 GEMMs come from Transformer Engine layers in the model")
+    if p in (Precision.bf16_mixed, Precision.fp8_mixed):
+        return {"bf16": {"enabled": True}}
+    if p is Precision.bf16:
+        if plan.zero >= 1:
+            return {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+        notes.append("pure bf16 without ZeRO: DeepSpeed keeps fp32 master weights (its bf16 master option needs ZeRO>=1)")
+        return {"bf16": {"enabled": True}}
+    return {}
+
+
+def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                     world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    cfg, notes = deepspeed_dict(model, hw, plan, setup, grad_accum, world_size)
+    launch = " ".join(torchrun_argv(hw, world_size)) + " --deepspeed ds_config.json"
+    notes.append(f"launch: {launch} (deepspeed.initialize(config='ds_config.json'))")
+    cfg[NOTES_KEY] = notes
+    return Exported("ds_config.json", json.dumps(cfg, indent=2) + "\n", tuple(notes))

@@ -1,0 +1,159 @@
+"""Megatron-LM: a bash script with pretrain_gpt.py's arguments (megatron/training/arguments.py spelling).
+
+Model shape, parallel degrees, batch, precision, recompute and data parallelism (distributed optimizer for
+ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
+optimizer and checkpoint paths stay the user's. The environment Megatron-LM's validate_args checks
+(CUDA_DEVICE_MAX_CONNECTIONS) is set in the script. The notes are written into the script as comments.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from advisor.export.common import (
+    GRADIENT_CLIP,
+    Exported,
+    ExportError,
+    Plan,
+    Precision,
+    TrainingSetup,
+    check,
+    global_batch,
+    header,
+)
+from advisor.export.torchrun import torchrun_argv
+from advisor.hardware import Hardware
+from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+
+
+def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
+                  grad_accum: int) -> tuple[list[str], list[str]]:
+    """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes."""
+    if model.position is PositionKind.alibi:
+        raise ExportError(f"Megatron-LM has no ALiBi position embedding ({model.name}); "
+                          "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
+    if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
+        raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
+    notes: list[str] = []
+    a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
+    if plan.sp and plan.tp > 1:
+        a.append("--sequence-parallel")
+    if plan.pp > 1 and plan.schedule == "interleaved":
+        a += ["--num-layers-per-virtual-pipeline-stage", model.n_layers // (plan.pp * plan.virtual_stages)]
+    if plan.pp > 1 and plan.schedule == "gpipe":
+        notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
+    if setup.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
+    elif setup.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
+          "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
+    a += _model_shape(model)
+    a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
+    a += ["--clip-grad", GRADIENT_CLIP]
+    if setup.attention.value == "eager":
+        notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
+    return [str(x) for x in a], notes
+
+
+def _model_shape(model: ModelSpec) -> list:
+    """The architecture flags: layers, widths, heads and groups, MLP, norm, positions, biases, tying."""
+    a: list = ["--num-layers", model.n_layers, "--hidden-size", model.d_model, "--ffn-hidden-size", model.d_ff,
+               "--num-attention-heads", model.n_heads]
+    if model.kv_heads != model.n_heads:
+        a += ["--group-query-attention", "--num-query-groups", model.kv_heads]
+    if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
+        a += ["--kv-channels", model.head_dim]
+    if model.mlp is MLPKind.swiglu:
+        a.append("--swiglu")
+    a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
+          "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
+    if not model.linear_bias:
+        a.append("--disable-bias-linear")
+        if model.qkv_bias:
+            a.append("--add-qkv-bias")
+    if not model.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    return a
+
+
+def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:
+    p = setup.precision
+    if p is Precision.fp16_mixed:
+        return ["--fp16"]  # no --loss-scale: dynamic loss scaling (Megatron's default)
+    if p is Precision.fp8_mixed:
+        return ["--bf16", "--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 gradients
+    if p is Precision.bf16:
+        notes.append("pure bf16: Megatron's --bf16 keeps fp32 main params; add --use-precision-aware-optimizer "
+                     "--main-params-dtype bf16 ... to match the advisor's estimate")
+    return ["--bf16"] if p in (Precision.bf16_mixed, Precision.bf16) else []
+
+
+def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> list[str]:
+    """ZeRO-1 = distributed optimizer; ZeRO-2/3 = Megatron-FSDP sharding strategy; HSDP = optimizer instances."""
+    a: list[str] = []
+    if plan.zero >= 1:
+        a.append("--use-distributed-optimizer")
+    if plan.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+        # validate_args asserts ckpt_format == "fsdp_dtensor" under Megatron-FSDP (its default is torch_dist)
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
+        notes.append(f"ZeRO-{plan.zero} maps to Megatron-FSDP ({strategy}); it saves checkpoints only as "
+                     "fsdp_dtensor (--ckpt-format fsdp_dtensor)")
+    if plan.hybrid_shard:
+        a += ["--num-distributed-optimizer-instances", str(plan.dp // hw.gpus_per_node)]
+        notes.append("HSDP: Megatron-FSDP shards inside each distributed-optimizer instance (one per node) "
+                     "and replicates across instances")
+    if plan.overlap_grad_reduce and plan.dp > 1:
+        a.append("--overlap-grad-reduce")
+    return a
+
+
+def megatron_env(plan: Plan, notes: list[str]) -> dict[str, str | None]:
+    """Environment the launch needs (None = unset): CUDA_DEVICE_MAX_CONNECTIONS, as validate_args checks it.
+
+    Tensor parallelism without FSDP: 1, so that each TP collective is queued ahead of the GEMM it overlaps
+    (validate_args requires it before Blackwell; from Blackwell on it is no longer required, and 1 is still
+    accepted). Megatron-FSDP: not 1 (validate_args asserts "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS
+    value large than one"), so it is unset, leaving CUDA's default of 8, in case the user's shell exports 1.
+    """
+    if plan.zero >= 2:
+        if plan.tp > 1:
+            notes.append(f"Megatron-FSDP with tp={plan.tp}: TP overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1 but "
+                         "Megatron-FSDP refuses 1, so it is unset; TP communication may overlap less with compute")
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    if plan.tp > 1:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _env_lines(env: dict[str, str | None]) -> list[str]:
+    why = {"1": "# tensor parallelism: Megatron-LM's validate_args requires one CUDA hardware queue",
+           None: "# Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (unset: CUDA's default)"}
+    lines = []
+    for name, value in env.items():
+        lines += [why[value], f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"]
+    return lines
+
+
+def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                    world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    args, notes = megatron_args(model, hw, plan, setup, grad_accum)
+    env = megatron_env(plan, notes)
+    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+             "# Megatron-LM arguments (megatron/training/arguments.py); data, optimizer and checkpoint flags are yours.",
+             f"# vocab: the tokenizer sets it ({model.vocab} here; Megatron pads it to a multiple of 128 x tp):",
+             "#   e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model PATH,",
+             f"#   or for synthetic data --tokenizer-type NullTokenizer --vocab-size {model.vocab - 1} --mock-data"
+             " (NullTokenizer adds one EOD token)",
+             "MEGATRON_ARGS=("]
+    i = 0
+    while i < len(args):  # one flag per line, with its value when it has one
+        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
+        i += take
+    lines += [")", *_env_lines(env),
+              " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py")) + ' "${MEGATRON_ARGS[@]}" "$@"']
+    lines += [f"# note: {n}" for n in notes]
+    return Exported("megatron_args.sh", "\n".join(lines) + "\n", tuple(notes))

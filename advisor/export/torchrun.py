@@ -1,0 +1,31 @@
+"""torchrun: the launch line (torch.distributed.run's flags), single node standalone or c10d rendezvous."""
+
+from __future__ import annotations
+
+import shlex
+
+from advisor.export.common import RDZV_PORT, Exported, Plan, TrainingSetup, check, header, node_layout
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+
+
+def torchrun_argv(hw: Hardware, world_size: int, script: str = "train.py") -> list[str]:
+    """torchrun arguments; multi-node uses c10d rendezvous on node 0 ($MASTER_ADDR), shared $JOB_ID."""
+    lay = node_layout(hw, world_size)
+    argv = ["torchrun", "--nnodes", str(lay.nnodes), "--nproc-per-node", str(lay.nproc_per_node)]
+    if lay.nnodes == 1:
+        argv.append("--standalone")
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}", "--rdzv-id", "$JOB_ID"]
+    return argv + [script]
+
+
+def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                     world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    lay = node_layout(hw, world_size)
+    where = ("one node" if lay.nnodes == 1 else
+             f"each of the {lay.nnodes} nodes; MASTER_ADDR = node 0's address, JOB_ID = any id shared by the nodes")
+    line = " ".join(a if a.startswith("$") else shlex.quote(a) for a in torchrun_argv(hw, world_size))
+    text = f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n{line}\n"
+    return Exported("torchrun.sh", text)
