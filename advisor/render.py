@@ -15,7 +15,8 @@ def render_estimate(e) -> str:
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {e.tokens_per_s:,.0f} tokens/s   {e.samples_per_s:,.2f} samples/s",
-        f"MFU            {e.mfu * 100:.1f}%  (6 x params x tokens / peak)   HFU {e.hfu * 100:.1f}%",
+        f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: 3 x forward, causal attention, no embedding lookup; / peak)",
+        f"HFU            {e.hfu * 100:.1f}%  (+ recomputation and eager attention's masked scores)",
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",
         *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (profile price per GPU-hour)"]
           if e.usd_per_million_tokens is not None else []),

@@ -48,8 +48,8 @@ class Estimate(Result):
     step_time_s: float
     tokens_per_s: float
     samples_per_s: float
-    mfu: float
-    hfu: float
+    mfu: float  # model FLOPs per step / (step time x GPUs x peak)  (advisor.step: FLOPs)
+    hfu: float  # hardware FLOPs (recomputation, eager attention's masked half) / (step time x GPUs x peak)
     tflops_per_gpu: float
     hw_tflops_per_gpu: float
     fits: bool
@@ -82,7 +82,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         label=plan.label(), grad_accum=grad_accum, global_batch=setup.micro_batch * grad_accum * plan.dp,
         tokens_per_step=int(tokens), step_time_s=step, tokens_per_s=tokens / step,
         samples_per_s=tokens / setup.seq_len / step,
-        mfu=6.0 * spec.n_params * tokens / (step * world * peak_flops),
+        mfu=float(out.model_flops[i]) / (step * world * peak_flops),
         hfu=hw_flops / (step * world * peak_flops),
         tflops_per_gpu=float(out.model_flops[i]) / (step * world) / 1e12,
         hw_tflops_per_gpu=hw_flops / (step * world) / 1e12,

@@ -11,9 +11,12 @@ Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micr
     optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
 The step time is the sum of the parts (``TimeBreakdown.total``). Memory: advisor.memory.
 
-FLOPs: model FLOPs count forward + backward (3x the forward; Narayanan et al. 2021 eq. 3, the layer table's
-FLOPs and the logits) without recomputation; hardware FLOPs add the recomputed forward (full: every layer;
-selective: the attention core).
+FLOPs: the model FLOPs of a step count its forward and backward once (3x the forward: Narayanan et al. 2021
+eq. 3): the layer table's GEMMs, the causal attention core for the keys each query sees ((s + 1) / 2 on
+average), the LM head; the input embedding is a lookup, not counted. The hardware FLOPs are what the GPUs
+execute: the same, plus the masked half of the scores where eager attention computes them, plus the recomputed
+forward (full: every layer; selective: the attention core). So HFU >= MFU, and neither exceeds 100%: every
+counted FLOP is costed at no more than the GPU's peak.
 """
 
 from __future__ import annotations
@@ -117,9 +120,12 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
 
 def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
     """(model FLOPs, hardware FLOPs) per step (module docstring)."""
-    m = w.model
-    per_layer = sum(w.layer.flops_per_token(w.seq_len).values())
+    m, layer = w.model, w.layer
+    per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
     model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
-    rc = np.where(c.recompute == Recompute.full.code, m.n_layers * per_layer,
-                  np.where(c.recompute == Recompute.selective.code, m.n_layers * w.layer.core_flops_per_token(w.seq_len), 0.0))
-    return model, model + rc * tokens_per_step
+    # eager attention computes every score before masking: the masked half is executed too
+    extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
+    executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
+    rc = np.where(c.recompute == Recompute.full.code, executed_layer,
+                  np.where(c.recompute == Recompute.selective.code, executed_core, 0.0))
+    return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step

@@ -36,7 +36,8 @@ def migrate(doc: dict) -> dict:
     plans = []
     for p in doc.get("plans", []):
         setup = dict(p["setup"])
-        setup["stack"] = STYLE_TO_STACK[setup.pop("framework")]
+        if "framework" in setup:
+            setup["stack"] = STYLE_TO_STACK[setup.pop("framework")]
         plans.append({**p, "setup": setup})
     doc["plans"] = plans
     return doc

@@ -112,7 +112,10 @@ def test_estimates_are_finite_positive_and_sum_their_parts(case):
     assert all(math.isfinite(v) and v >= 0 for v in e.memory.overhead.values()), e.memory.overhead
     assert e.step_time_s == pytest.approx(sum(e.breakdown.values()), rel=1e-12)  # by construction
     assert e.memory.peak_bytes == pytest.approx(sum(e.memory.parts.values()), rel=1e-12)
-    assert e.tokens_per_s > 0 and math.isfinite(e.tokens_per_s) and 0 < e.mfu < 10 and math.isfinite(e.hfu)
+    assert e.tokens_per_s > 0 and math.isfinite(e.tokens_per_s)
+    # issue 18: HFU counts what MFU counts and more (recomputation, eager attention's masked scores), and no
+    # counted FLOP is costed faster than the GPU's peak
+    assert 0 < e.mfu <= e.hfu * (1 + 1e-12) and e.hfu <= 1.0, (e.mfu, e.hfu)
     assert e.tokens_per_step == kw["micro_batch"] * kw["grad_accum"] * kw["dp"] * kw["seq"]
 
 

@@ -114,17 +114,20 @@ class DecoderLayer:
     def n_params(self) -> int:
         return sum(self.params().values())
 
-    def flops_per_token(self, seq_len: int) -> dict[str, float]:
+    def flops_per_token(self, seq_len: int, causal: bool = True) -> dict[str, float]:
         """Forward FLOPs per token, unsharded: the linear layers by group and the attention core."""
-        out = {"attention/qkv": 0.0, "attention/core": self.core_flops_per_token(seq_len), "attention/out": 0.0,
+        out = {"attention/qkv": 0.0, "attention/core": self.core_flops_per_token(seq_len, causal), "attention/out": 0.0,
                "mlp": 0.0}
         for lin in self.linears:
             out[lin.group] += lin.flops_per_token
         return out
 
-    def core_flops_per_token(self, seq_len: int) -> float:
-        """QK^T and PV over all ``seq_len`` keys (a causal kernel does about half: advisor.compute)."""
-        return 4.0 * seq_len * self.q_dim
+    def core_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """QK^T and PV: 4 q_dim FLOPs per key. A decoder's query attends to the keys up to its own, (s + 1) / 2
+        on average, which a causal kernel (flash / SDPA) computes; ``causal=False`` counts all s keys, as eager
+        attention computes them before masking and as Narayanan et al. 2021 eq. 3 and PaLM's 12 l h q t count."""
+        keys = (seq_len + 1) / 2.0 if causal else float(seq_len)
+        return 4.0 * keys * self.q_dim
 
     def module_weights(self) -> dict[str, int]:
         """Weight elements (no biases) of each sub-module, in forward order (qkv, out, fc1, fc2)."""
