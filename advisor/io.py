@@ -6,7 +6,23 @@ import os
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from advisor.errors import AdvisorError
+
+# YAML is parsed with a bound on the values its aliases expand to and on its depth, so that a few hundred
+# bytes cannot ask for gigabytes.
+
+# Profiles are parsed by PyYAML's pure-Python scanner, which reads ~1.2 MB/s of comment or long scalar (16 MiB
+# took 14 s): 1 MiB keeps the worst case under a second and is 150x the largest shipped profile (6.7 KB).
+MAX_YAML_BYTES = 2**20
+# Values (scalars, lists, mappings) in one YAML document after its aliases are expanded. The largest shipped
+# profile has 139; 10,000 leaves room for any calibration provenance, and costs ~0.5 s to validate and print
+# (`advisor profiles show`: 25-55 us a value; a 321-byte alias bomb of 1.1e7 values took 265 s and 4.6 GB).
+MAX_YAML_NODES = 10_000
+# Nesting levels of one YAML document. Profiles nest 4 deep; the composer recurses 3 frames a level, so
+# 64 levels stay far from Python's recursion limit (a deeper document was a RecursionError).
+MAX_YAML_DEPTH = 64
 
 
 def is_file(path: str | Path) -> bool:
@@ -25,6 +41,76 @@ def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
         raise error(f"{path}: not a text file (not UTF-8); give a {what}") from None
     except OSError as exc:
         raise error(f"{path}: cannot read the {what} ({exc.strerror or exc.__class__.__name__})") from None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A YAML document refused before it is built: too long, too many values once its aliases are expanded,
+    or nested too deep. The message is the problem and its fix, without the file's name."""
+
+
+class _BoundedSafeLoader(yaml.SafeLoader):
+    """yaml.SafeLoader whose composer counts the values the document holds once every alias is expanded
+    (an alias counts the values of what it names) and its depth, and stops at the bounds: the count is kept
+    while composing, so an alias bomb is stopped at its first lines, before any expansion happens."""
+
+    def __init__(self, text: str, max_nodes: int, max_depth: int):
+        super().__init__(text)
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+        self.n_nodes, self.n_aliases, self.depth = 0, 0, 0
+        self.expanded: dict[int, int] = {}  # id(anchored node) -> values it holds, aliases expanded
+
+    def _count(self, n: int, mark) -> None:
+        self.n_nodes += n
+        if self.n_nodes > self.max_nodes:
+            line = f" (line {mark.line + 1})" if mark is not None else ""
+            if self.n_aliases:
+                raise YAMLTooLarge(f"its aliases (*name) expand to more than {self.max_nodes:,} values{line}: "
+                                   "write the repeated values out, or repeat fewer")
+            raise YAMLTooLarge(f"more than {self.max_nodes:,} values{line}: is this the right file?")
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = self.anchors.get(event.anchor)
+            if node is not None:  # an undefined alias is the composer's error
+                if id(node) not in self.expanded:
+                    raise YAMLTooLarge(f"alias *{event.anchor} (line {event.start_mark.line + 1}) is inside the "
+                                       f"value it names, which would never end: remove it")
+                self.n_aliases += 1
+                self._count(self.expanded[id(node)], event.start_mark)
+            return super().compose_node(parent, index)
+        self.depth += 1
+        if self.depth > self.max_depth:
+            raise YAMLTooLarge(f"nested more than {self.max_depth} levels deep (line {event.start_mark.line + 1}): "
+                               "flatten it")
+        before = self.n_nodes
+        self._count(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        if getattr(event, "anchor", None) is not None:
+            self.expanded[id(node)] = self.n_nodes - before
+        return node
+
+
+def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_YAML_DEPTH,
+              max_chars: int = MAX_YAML_BYTES):
+    """yaml.safe_load with bounds (see MAX_YAML_*): raises YAMLTooLarge for a document over them, and
+    yaml.YAMLError for a malformed one. A few anchors and aliases, as people write them, load as before."""
+    if len(text) > max_chars:
+        raise YAMLTooLarge(f"{len(text):,} characters, more than the {_size(max_chars)} a YAML input may be: "
+                           "is this the right file?")
+    loader = _BoundedSafeLoader(text, max_nodes, max_depth)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import yaml
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.io import is_file, read_text
+from advisor.io import YAMLTooLarge, is_file, load_yaml, read_text
 
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
 
@@ -86,7 +86,9 @@ class ProfileKind:
     def _data(self, text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
         """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
+        except YAMLTooLarge as exc:
+            raise self._chain_error(chain, str(exc)) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""

@@ -1,0 +1,129 @@
+"""Reading what a user names is bounded (issue 18): YAML aliases cannot expand a few hundred bytes into
+gigabytes.
+
+Each reproducer here failed before advisor/io.py bounded the reading: the alias bomb took 265 s and 4.6 GB in
+`advisor profiles show`. One test guards what must not change: a profile with a few anchors and aliases loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _robust import assert_one_line_error, run_main, tried
+from advisor.hardware import PROFILE_DIR, load_hardware
+from advisor.io import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, YAMLTooLarge, load_yaml
+
+
+
+def alias_bomb() -> str:
+    """The reproducer of issue 18, ~330 bytes: seven levels of ten aliases each in `calibration:`, which
+    expand to 1.1e7 values (PyYAML builds them shared; pydantic and the printer walked every one)."""
+    lines = ["name: x", "description: y", "base: dgx-a100", "calibration:", "  a: &a [1,1,1,1,1,1,1,1,1,1]"]
+    for prev, name in zip("abcdef", "bcdefg"):
+        lines.append(f"  {name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+_CHILD = """
+import json, sys, time, tracemalloc
+from _robust import run_main
+tracemalloc.start()
+t = time.perf_counter()
+code, out, err = run_main(sys.argv[1:])
+s = time.perf_counter() - t
+print(json.dumps({"code": code, "err": err, "s": s, "peak_MiB": tracemalloc.get_traced_memory()[1] / 2**20}))
+"""
+
+
+def run_child(args: list[str], timeout_s: float = 60) -> dict:
+    """advisor's CLI in a fresh interpreter, with the time and the peak of Python memory it takes (tracemalloc:
+    ru_maxrss would include the pytest process it was forked from): a regression here costs minutes and
+    gigabytes, which the test process must not pay (it fails at the timeout instead)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]))
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"advisor {' '.join(args)} ran past {timeout_s} s")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- YAML aliases and depth ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["profiles", "show"], ["estimate", "--model", "gpt2", "--hw"]])
+def test_alias_bomb_is_refused_fast_and_small(command, tmp_path):
+    tried("profiles")
+    f = tmp_path / "bomb.yaml"
+    f.write_text(alias_bomb())
+    assert f.stat().st_size < 400
+    got = run_child([*command, str(f)])
+    assert got["code"] == 2, got
+    assert got["err"].count("\n") == 1 and str(f) in got["err"], got
+    assert "aliases (*name) expand to more than 10,000 values (line 8)" in got["err"], got
+    # refused in ~5 ms; before: 265 s and 4.6 GB of RSS (`/usr/bin/time -v advisor profiles show bomb.yaml`)
+    assert got["s"] < 1.0 and got["peak_MiB"] < 20, got
+
+
+def test_alias_bomb_in_a_base_profile_names_the_chain(tmp_path):
+    tried("profiles")
+    (tmp_path / "bomb.yaml").write_text(alias_bomb())
+    child = tmp_path / "child.yaml"
+    child.write_text("name: c\ndescription: d\nbase: bomb.yaml\n")
+    assert_one_line_error(["profiles", "show", str(child)], f"{child}: base bomb.yaml: its aliases (*name) expand")
+
+
+def test_a_profile_with_a_few_anchors_and_aliases_still_loads(tmp_path):
+    text = (PROFILE_DIR / "dgx-a100.yaml").read_text()
+    text = text.replace("bf16: 312, fp16: 312}", "bf16: &half 312, fp16: *half}")
+    text = text.replace("bf16: 0.766, fp16: 0.766}", "bf16: &m 0.766, fp16: *m}")
+    text += "calibration:\n  defaults: &d {host: node1, torch: '2.13'}\n  run1: {<<: *d, date: '2026-11-24'}\n"
+    assert text.count("*") >= 3
+    f = tmp_path / "anchored.yaml"
+    f.write_text(text)
+    hw = load_hardware(str(f))
+    assert hw.gpu.peak_tflops == load_hardware("dgx-a100").gpu.peak_tflops
+    assert hw.efficiency == load_hardware("dgx-a100").efficiency
+    assert hw.calibration["run1"] == {"host": "node1", "torch": "2.13", "date": "2026-11-24"}
+    assert run_main(["profiles", "show", str(f)])[0] == 0
+
+
+def test_the_value_bound_counts_every_value_once_expanded():
+    """MAX_YAML_NODES values load, one more is refused, written out or through aliases alike."""
+    assert MAX_YAML_NODES == 10_000
+    flat = "[" + ",".join(["1"] * (MAX_YAML_NODES - 1)) + "]"  # the list itself is a value
+    assert len(load_yaml(flat)) == MAX_YAML_NODES - 1
+    with pytest.raises(YAMLTooLarge, match="more than 10,000 values"):
+        load_yaml("[" + ",".join(["1"] * MAX_YAML_NODES) + "]")
+    # a: 101 values; b: 1 + 98 x 101 = 9,899; the mapping and its two keys: 3 -> 10,003
+    aliased = "a: &a [" + ",".join(["1"] * 100) + "]\nb: [" + ",".join(["*a"] * 98) + "]\n"
+    with pytest.raises(YAMLTooLarge, match=r"aliases \(\*name\) expand to more than 10,000 values \(line 2\)"):
+        load_yaml(aliased)
+    assert len(load_yaml(aliased.replace(",".join(["*a"] * 98), ",".join(["*a"] * 97)))["b"]) == 97
+
+
+def test_an_alias_inside_what_it_names_is_refused(tmp_path):
+    tried("profiles")
+    f = tmp_path / "loop.yaml"
+    f.write_text("name: x\ndescription: y\nbase: dgx-a100\ncalibration: &c {self: *c}\n")
+    assert_one_line_error(["profiles", "show", str(f)], str(f), "alias *c (line 4) is inside the value it names")
+
+
+def test_depth_bound():
+    deep = load_yaml("[" * MAX_YAML_DEPTH + "]" * MAX_YAML_DEPTH)
+    for _ in range(MAX_YAML_DEPTH - 1):
+        deep = deep[0]
+    assert deep == []
+    with pytest.raises(YAMLTooLarge, match="nested more than 64 levels deep"):
+        load_yaml("[" * (MAX_YAML_DEPTH + 1) + "]" * (MAX_YAML_DEPTH + 1))
+
+
+def test_yaml_text_longer_than_the_bound_is_refused_before_parsing():
+    with pytest.raises(YAMLTooLarge, match="more than the 1 MiB a YAML input may be"):
+        load_yaml("# " + "x" * MAX_YAML_BYTES + "\na: 1\n")  # PyYAML scans a comment at ~1.2 MB/s
