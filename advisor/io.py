@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
 from advisor.errors import AdvisorError
 
+# Reading is bounded: only regular files are read (a FIFO would wait for a writer, a device may never end);
 # YAML is parsed with a bound on the values its aliases expand to and on its depth, so that a few hundred
 # bytes cannot ask for gigabytes.
 
@@ -33,14 +37,33 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
-def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
-    """A user-named file's text, or one line naming the file and the problem (unreadable, not UTF-8)."""
+def _kind(mode: int) -> Optional[str]:
+    """What a file of this ``st_mode`` is, when it is not a regular file (None when it is)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def not_a_file(path: str | Path) -> Optional[str]:
+    """What is at ``path`` when something is there that is not a regular file, as a phrase for an error
+    ("a directory", "a FIFO (named pipe)", "a character device", "a broken symbolic link to x", ...);
+    None when ``path`` is a regular file (after symbolic links) or nothing is there. Never opens ``path``."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{path}: not a text file (not UTF-8); give a {what}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc.__class__.__name__})") from None
+        return _kind(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        try:
+            return f"a broken symbolic link to {os.readlink(path)!r}" if os.path.islink(path) else None
+        except (OSError, ValueError):
+            return None
+    except ValueError:  # a NUL byte in the name: nothing can be there
+        return None
+    except OSError as exc:  # a loop of links, a folder on the way that cannot be searched
+        return None if exc.errno == errno.ENAMETOOLONG else f"unreachable ({exc.strerror or exc.__class__.__name__})"
 
 
 def _size(n: int) -> str:
@@ -48,6 +71,31 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} bytes"
+
+
+def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
+    """A user-named file's text, or one line naming the file and the problem: not a regular file (a FIFO is
+    refused, never waited on; a device is never opened), unreadable, not UTF-8. Newlines as Path.read_text gives them."""
+    kind = not_a_file(path)
+    if kind is not None:
+        raise error(f"{path}: {kind}, not a file: give a {what}")
+    try:
+        # O_NONBLOCK: if a FIFO took the file's place since the check, opening it does not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if _kind(st.st_mode) is not None:
+                raise error(f"{path}: {_kind(st.st_mode)}, not a file: give a {what}")
+            data = fh.read()
+    except AdvisorError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise error(f"{path}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc.__class__.__name__})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file (not UTF-8); give a {what}") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads
 
 
 class YAMLTooLarge(yaml.YAMLError):

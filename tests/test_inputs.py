@@ -1,8 +1,10 @@
 """Reading what a user names is bounded (issue 18): YAML aliases cannot expand a few hundred bytes into
-gigabytes.
+gigabytes, and a directory, device or FIFO given as --model or --hw is named as what it is, and never waited on.
 
 Each reproducer here failed before advisor/io.py bounded the reading: the alias bomb took 265 s and 4.6 GB in
-`advisor profiles show`. One test guards what must not change: a profile with a few anchors and aliases loads.
+`advisor profiles show`, a FIFO handed to the reader blocked until a writer came, and every non-file was
+"not found". Two tests guard what must not change: a profile with a few anchors and aliases loads, and newlines
+read as they did.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from _robust import assert_one_line_error, run_main, tried
+from advisor.errors import AdvisorError
 from advisor.hardware import PROFILE_DIR, load_hardware
-from advisor.io import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, YAMLTooLarge, load_yaml
+from advisor.io import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, YAMLTooLarge, load_yaml, not_a_file, read_text
+from advisor.model import ModelError, load_model, model_from_hf_config
 
+GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 8, "vocab_size": 50257, "n_positions": 1024}
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this OS")
 
 
 def alias_bomb() -> str:
@@ -127,3 +135,116 @@ def test_depth_bound():
 def test_yaml_text_longer_than_the_bound_is_refused_before_parsing():
     with pytest.raises(YAMLTooLarge, match="more than the 1 MiB a YAML input may be"):
         load_yaml("# " + "x" * MAX_YAML_BYTES + "\na: 1\n")  # PyYAML scans a comment at ~1.2 MB/s
+
+
+# --- newlines ------------------------------------------------------------------------------------------
+
+def test_newlines_read_as_text_mode_reads_them(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_bytes(b"a: 1\r\nb: 2\rc: 3\n")
+    assert read_text(f, "x", AdvisorError) == "a: 1\nb: 2\nc: 3\n"
+
+
+# --- directories, devices, FIFOs ---------------------------------------------------------------------
+
+def test_a_directory_as_model_or_hw(tmp_path):
+    tried("models")
+    tried("profiles")
+    assert_one_line_error(["estimate", "--model", str(tmp_path), "--hw", "dgx-a100"],
+                          f"model {str(tmp_path)!r} is a directory without a config.json",
+                          "give a Hugging Face model folder (holding config.json) or the config.json file")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path)],
+                          f"hardware profile {str(tmp_path)!r} is a directory, not a file",
+                          "give the path to a .yaml file or a built-in name (see `advisor profiles`)")
+    (tmp_path / "config.json").mkdir()
+    assert_one_line_error(["estimate", "--model", str(tmp_path), "--hw", "dgx-a100"],
+                          f"model config {str(tmp_path / 'config.json')!r} is a directory, not a file")
+
+
+def test_a_relative_directory_without_a_slash(tmp_path, monkeypatch):
+    """`--model somedir`: once "unknown model"; a catalogue or built-in name still wins over a folder of that name."""
+    tried("models")
+    monkeypatch.chdir(tmp_path)
+    for name in ("weights", "gpt2", "dgx-a100"):
+        (tmp_path / name).mkdir()
+    assert_one_line_error(["estimate", "--model", "weights", "--hw", "dgx-a100"], "'weights' is a directory without")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "weights"], "'weights' is a directory, not a file")
+    assert run_main(["estimate", "--model", "gpt2", "--hw", "dgx-a100"])[0] == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="no /dev/null")
+def test_a_device_as_model_or_hw():
+    tried("models")
+    tried("profiles")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "/dev/null"],
+                          "hardware profile '/dev/null' is a character device, not a file")
+    assert_one_line_error(["estimate", "--model", "/dev/null", "--hw", "dgx-a100"],
+                          "model config '/dev/null' is a character device, not a file",
+                          "give a Hugging Face config.json file or a catalogue name (see `advisor models`)")
+    with pytest.raises(ModelError, match=r"^/dev/null: a character device, not a file"):  # was "malformed JSON"
+        model_from_hf_config("/dev/null")
+
+
+@needs_fifo
+def test_a_fifo_as_model_or_hw(tmp_path, monkeypatch):
+    tried("models", 3)
+    tried("profiles", 3)
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("some.fifo")
+    os.mkfifo("p.yaml")
+    (tmp_path / "m").mkdir()
+    os.mkfifo("m/config.json")
+    for hw in ("some.fifo", "p.yaml", str(tmp_path / "some.fifo")):
+        assert_one_line_error(["estimate", "--model", "gpt2", "--hw", hw],
+                              f"hardware profile {hw!r} is a FIFO (named pipe), not a file")
+    for model, shown in (("some.fifo", "some.fifo"), ("m", "m/config.json"), ("m/config.json", "m/config.json")):
+        assert_one_line_error(["estimate", "--model", model, "--hw", "dgx-a100"],
+                              f"model config {shown!r} is a FIFO (named pipe), not a file")
+    (tmp_path / "child.yaml").write_text("name: c\ndescription: d\nbase: p.yaml\n")
+    assert_one_line_error(["profiles", "show", "child.yaml"], "base: hardware profile 'p.yaml' is a FIFO")
+
+
+@needs_fifo
+@pytest.mark.parametrize("reader", [lambda p: read_text(p, "x", AdvisorError), model_from_hf_config,
+                                    lambda p: load_hardware(str(p))], ids=["read_text", "config", "profile"])
+def test_reading_a_fifo_never_blocks(reader, tmp_path):
+    """Handed a FIFO directly (the Python API), the reader refuses it at once; before, open() waited for a
+    writer. If it blocks, the test opens the write end itself so that the reader returns and the test fails."""
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def read():
+        try:
+            outcome.append(reader(fifo))
+        except AdvisorError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(5)
+    blocked = thread.is_alive()
+    if blocked:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a reader waits: this open succeeds, the close is EOF
+        thread.join(5)
+    assert not blocked, "the reader waited for a writer on a FIFO"
+    assert isinstance(outcome[0], AdvisorError) and "a FIFO (named pipe), not a file" in str(outcome[0])
+
+
+def test_broken_symlink(tmp_path):
+    tried("profiles")
+    link = tmp_path / "hw.yaml"
+    link.symlink_to(tmp_path / "gone.yaml")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(link)],
+                          f"is a broken symbolic link to {str(tmp_path / 'gone.yaml')!r}, not a file")
+
+
+def test_not_a_file_says_nothing_for_files_and_missing_names(tmp_path):
+    f = tmp_path / "f.yaml"
+    f.write_text("a: 1\n")
+    assert not_a_file(f) is None and not_a_file(tmp_path / "missing") is None
+    assert not_a_file(tmp_path) == "a directory"
+    assert not_a_file("x" * 5000) is None and not_a_file("a\0b") is None  # names the OS refuses: nothing there
+    with pytest.raises(ModelError, match="not found"):
+        load_model(str(tmp_path / "missing.json"))
+    assert yaml.safe_load(f.read_text()) == load_yaml(f.read_text())

@@ -122,7 +122,7 @@ def test_binary_or_empty_file(content, needle, tmp_path):
 def test_a_directory_or_missing_file(tmp_path):
     tried("profiles", 2)
     (tmp_path / "d.yaml").mkdir()
-    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "d.yaml")], "not found")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "d.yaml")], "is a directory, not a file")
     assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "none.yaml")], "not found")
 
 
