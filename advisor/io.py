@@ -13,10 +13,14 @@ import yaml
 
 from advisor.errors import AdvisorError
 
-# Reading is bounded: only regular files are read (a FIFO would wait for a writer, a device may never end);
-# YAML is parsed with a bound on the values its aliases expand to and on its depth, so that a few hundred
-# bytes cannot ask for gigabytes.
+# Reading is bounded: only regular files are read (a FIFO would wait for a writer, a device may never end), at
+# most a stated number of bytes, checked before and while reading; YAML is parsed with a bound on the values its
+# aliases expand to and on its depth, so that a few hundred bytes cannot ask for gigabytes.
 
+# The largest text a user-named input may be. Hugging Face config.json files are a few KB and json's C parser
+# reads 16 MiB in under a second (0.8 s for 18 MiB of labels): 16 MiB refuses only the wrong file, and bounds
+# the memory a read takes to 16 MiB of bytes plus the decoded text (a 2 GB file read whole took 4.2 GB, 9-11 s).
+MAX_TEXT_BYTES = 16 * 2**20
 # Profiles are parsed by PyYAML's pure-Python scanner, which reads ~1.2 MB/s of comment or long scalar (16 MiB
 # took 14 s): 1 MiB keeps the worst case under a second and is 150x the largest shipped profile (6.7 KB).
 MAX_YAML_BYTES = 2**20
@@ -73,9 +77,11 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
+def read_text(path: str | Path, what: str, error: type[AdvisorError], limit: int = MAX_TEXT_BYTES) -> str:
     """A user-named file's text, or one line naming the file and the problem: not a regular file (a FIFO is
-    refused, never waited on; a device is never opened), unreadable, not UTF-8. Newlines as Path.read_text gives them."""
+    refused, never waited on; a device is never opened), larger than ``limit`` bytes (by its size, or while
+    reading: a file can grow, and /proc files say 0), unreadable, not UTF-8. Newlines as Path.read_text gives them."""
+    too_big = f"more than the {_size(limit)} a {what} may be (real ones are a few KB): give the right file"
     kind = not_a_file(path)
     if kind is not None:
         raise error(f"{path}: {kind}, not a file: give a {what}")
@@ -86,11 +92,15 @@ def read_text(path: str | Path, what: str, error: type[AdvisorError]) -> str:
             st = os.fstat(fh.fileno())
             if _kind(st.st_mode) is not None:
                 raise error(f"{path}: {_kind(st.st_mode)}, not a file: give a {what}")
-            data = fh.read()
+            if st.st_size > limit:
+                raise error(f"{path}: {_size(st.st_size)}, {too_big}")
+            data = fh.read(limit + 1)
     except AdvisorError:
         raise
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         raise error(f"{path}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc.__class__.__name__})") from None
+    if len(data) > limit:
+        raise error(f"{path}: {too_big} (it grew while read, or did not say its size)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

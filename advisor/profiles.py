@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import yaml
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.io import YAMLTooLarge, is_file, load_yaml, not_a_file, read_text
+from advisor.io import MAX_YAML_BYTES, YAMLTooLarge, is_file, load_yaml, not_a_file, read_text
 
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
 
@@ -76,7 +76,7 @@ class ProfileKind:
         return self.find(name)
 
     def read(self, path: Path) -> str:
-        return read_text(path, f"{self.what} YAML", self.error)
+        return read_text(path, f"{self.what} YAML", self.error, limit=MAX_YAML_BYTES)
 
     def load(self, name_or_path: str | Path, model):
         """The profile a built-in name or a path names, validated by ``model`` (a pydantic class)."""

@@ -1,10 +1,11 @@
 """Reading what a user names is bounded (issue 18): YAML aliases cannot expand a few hundred bytes into
-gigabytes, and a directory, device or FIFO given as --model or --hw is named as what it is, and never waited on.
+gigabytes, a huge file is refused by its size before it is read, and a directory, device or FIFO given as
+--model or --hw is named as what it is, and never waited on.
 
 Each reproducer here failed before advisor/io.py bounded the reading: the alias bomb took 265 s and 4.6 GB in
-`advisor profiles show`, a FIFO handed to the reader blocked until a writer came, and every non-file was
-"not found". Two tests guard what must not change: a profile with a few anchors and aliases loads, and newlines
-read as they did.
+`advisor profiles show`, a 2 GB sparse file was read whole (4.2 GB, 9-11 s) before "malformed", a FIFO handed
+to the reader blocked until a writer came, and every non-file was "not found". Two tests guard what must not
+change: a profile with a few anchors and aliases loads, and newlines read as they did.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import yaml
 from _robust import assert_one_line_error, run_main, tried
 from advisor.errors import AdvisorError
 from advisor.hardware import PROFILE_DIR, load_hardware
-from advisor.io import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, YAMLTooLarge, load_yaml, not_a_file, read_text
+from advisor.io import (MAX_TEXT_BYTES, MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, YAMLTooLarge, load_yaml,
+                        not_a_file, read_text)
 from advisor.model import ModelError, load_model, model_from_hf_config
 
 GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 8, "vocab_size": 50257, "n_positions": 1024}
@@ -135,6 +137,54 @@ def test_depth_bound():
 def test_yaml_text_longer_than_the_bound_is_refused_before_parsing():
     with pytest.raises(YAMLTooLarge, match="more than the 1 MiB a YAML input may be"):
         load_yaml("# " + "x" * MAX_YAML_BYTES + "\na: 1\n")  # PyYAML scans a comment at ~1.2 MB/s
+
+
+# --- file size -------------------------------------------------------------------------------------
+
+def sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as fh:  # a hole: no disk used
+        fh.truncate(size)
+    return path
+
+
+def test_a_2gb_profile_is_refused_by_its_size(tmp_path):
+    tried("profiles")
+    f = sparse(tmp_path / "big.yaml", 2 * 2**30)
+    got = run_child(["estimate", "--model", "gpt2", "--hw", str(f)])
+    assert got["code"] == 2 and got["err"].count("\n") == 1, got
+    assert f"{f}: 2 GiB, more than the 1 MiB a hardware profile YAML may be" in got["err"], got
+    assert got["s"] < 1.0 and got["peak_MiB"] < 20, got  # before: read whole, 4.2 GB of RSS and 11 s
+
+
+@pytest.mark.parametrize("arg", ["config.json", "."])
+def test_a_2gb_config_json_is_refused_by_its_size(arg, tmp_path):
+    tried("models")
+    f = sparse(tmp_path / "config.json", 2 * 2**30)
+    got = run_child(["estimate", "--model", str(tmp_path / arg), "--hw", "dgx-a100"])
+    assert got["code"] == 2 and got["err"].count("\n") == 1, got
+    assert f"{f}: 2 GiB, more than the 16 MiB a Hugging Face config.json may be" in got["err"], got
+    assert got["s"] < 1.0 and got["peak_MiB"] < 20, got  # before: 4.2 GB of RSS and 9 s, then "malformed JSON"
+
+
+def test_the_size_bound_holds_while_reading(tmp_path):
+    """A file whose size is not known in advance (/proc says 0) or grows is cut at the bound as it is read."""
+    proc = Path("/proc/self/maps")
+    if not proc.is_file() or proc.stat().st_size != 0:
+        pytest.skip("needs Linux /proc")
+    assert len(read_text(proc, "map", AdvisorError)) > 100
+    with pytest.raises(AdvisorError, match=r"^/proc/self/maps: more than the 100 bytes a map may be .*it grew"):
+        read_text(proc, "map", AdvisorError, limit=100)
+
+
+def test_a_file_at_the_bound_is_read(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(GPT2) + " " * (MAX_TEXT_BYTES - len(json.dumps(GPT2))))
+    assert f.stat().st_size == MAX_TEXT_BYTES
+    assert model_from_hf_config(f).n_layers == 4
+    with open(f, "a") as fh:
+        fh.write(" ")
+    with pytest.raises(ModelError, match=r"16 MiB, more than the 16 MiB a Hugging Face config.json may be"):
+        model_from_hf_config(f)
 
 
 # --- newlines ------------------------------------------------------------------------------------------
