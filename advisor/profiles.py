@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import yaml
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.io import is_file, read_text
+from advisor.io import MAX_YAML_BYTES, YAMLTooLarge, is_file, load_yaml, not_a_file, read_text
 
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
 _CACHE: dict = {}  # (file, text, model) -> validated profile
@@ -42,28 +42,43 @@ class ProfileKind:
                 found.update(p.stem for p in d.glob("*.yaml"))
         return sorted(found)
 
-    def find(self, name: str) -> Path:
+    def shipped(self, name: str) -> Optional[Path]:
+        """The shipped file of a built-in name, or None."""
         for d in self.dirs():
             p = d / f"{name}.yaml"
             if is_file(p):
                 return p
+        return None
+
+    def find(self, name: str) -> Path:
+        found = self.shipped(name)
+        if found is not None:
+            return found
         close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.4)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(self.names())}"
         raise self.error(f"unknown {self.what} {name[:200]!r}: {hint} (see `{self.list_command}`, "
                          "or pass a path to a .yaml file)")
 
     def file(self, name: str, directory: Path = Path()) -> Path:
-        """The YAML file a profile name or path names; a relative path resolves against ``directory``."""
+        """The YAML file a profile name or path names; a relative path resolves against ``directory``.
+        A name that is a path to a directory, FIFO or device (and no built-in name) is refused as what it is."""
         path = directory / name
-        if name.endswith((".yaml", ".yml")) or "/" in name or is_file(path):
-            if not is_file(path):
-                where = "" if directory == Path() or Path(name).is_absolute() else f" in {directory}"
-                raise self.error(f"{self.what} file {name[:200]!r} not found{where}")
+        if is_file(path):
             return path
+        explicit = name.endswith((".yaml", ".yml")) or "/" in name
+        if not explicit and self.shipped(name) is not None:  # a built-in name wins over a folder of that name
+            return self.find(name)
+        where = "" if directory == Path() or Path(name).is_absolute() else f" in {directory}"
+        kind = not_a_file(path) if name else None  # '' is no path (Path('') is the current folder)
+        if kind is not None:
+            raise self.error(f"{self.what} {name[:200]!r}{where} is {kind}, not a file: give the path to a .yaml "
+                             f"file or a built-in name (see `{self.list_command}`)")
+        if explicit:
+            raise self.error(f"{self.what} file {name[:200]!r} not found{where}")
         return self.find(name)
 
     def read(self, path: Path) -> str:
-        return read_text(path, f"{self.what} YAML", self.error)
+        return read_text(path, f"{self.what} YAML", self.error, limit=MAX_YAML_BYTES)
 
     def load(self, name_or_path: str | Path, model):
         """The profile a built-in name or a path names, validated by ``model`` (a pydantic class). The same text
@@ -99,7 +114,9 @@ class ProfileKind:
     def _data(self, text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
         """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
+        except YAMLTooLarge as exc:
+            raise self._chain_error(chain, str(exc)) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""

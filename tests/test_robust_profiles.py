@@ -50,8 +50,9 @@ BAD_PROFILES = [
     ("!!python/object/apply:os.system ['echo pwned']", ["malformed YAML"]),  # safe_load refuses tags
     ("!!python/name:builtins.eval ''", ["malformed YAML"]),
     ("a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
-     "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: [*d, *d, *d, *d, *d, *d, *d, *d, *d]", ["required key is missing"]),  # alias bomb
-    ("[" * 5000 + "]" * 5000, ["error"]),  # deep nesting: one line, whatever the parser says
+     "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: [*d, *d, *d, *d, *d, *d, *d, *d, *d]",
+     ["aliases (*name) expand to more than 10,000 values (line 5)"]),  # alias bomb: 15,712 values, was loaded
+    ("[" * 5000 + "]" * 5000, ["nested more than 64 levels deep (line 1)"]),  # was a RecursionError
     (yaml.safe_dump(mutated("gpu", delete=True)), ["gpu: required key is missing"]),
     (yaml.safe_dump(mutated("source", delete=True)), ["source: required key is missing"]),
     (yaml.safe_dump(mutated("gpus_per_node", delete=True)), ["gpus_per_node: required key is missing"]),
@@ -121,7 +122,7 @@ def test_binary_or_empty_file(content, needle, tmp_path):
 def test_a_directory_or_missing_file(tmp_path):
     tried("profiles", 2)
     (tmp_path / "d.yaml").mkdir()
-    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "d.yaml")], "not found")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "d.yaml")], "is a directory, not a file")
     assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(tmp_path / "none.yaml")], "not found")
 
 

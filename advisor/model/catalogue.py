@@ -9,7 +9,7 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-from advisor.io import is_file
+from advisor.io import is_file, not_a_file
 from advisor.model.hf import model_from_hf_config
 from advisor.model.layer import MLPKind, NormKind
 from advisor.model.spec import ModelError, ModelSpec, PositionKind
@@ -77,6 +77,16 @@ def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
         path = path / "config.json"
     if is_file(path):
         return model_from_hf_config(path)
+    kind = not_a_file(path) if text else None  # a folder, FIFO or device is named as what it is, not "not found"
+    if kind == "a directory":  # without a config.json that is a regular file
+        path = path / "config.json"
+        kind = not_a_file(path)
+        if kind is None:
+            raise ModelError(f"model {text[:200]!r} is a directory without a config.json: give a Hugging Face "
+                             "model folder (holding config.json) or the config.json file")
+    if kind is not None:
+        raise ModelError(f"model config {str(path)[:200]!r} is {kind}, not a file: give a Hugging Face config.json "
+                         "file or a catalogue name (see `advisor models`)")
     if text.endswith(".json") or "/" in text:
         raise ModelError(f"model config file {text[:200]!r} not found")
     close = difflib.get_close_matches(key, list(CATALOGUE) + list(ALIASES), n=3, cutoff=0.4)
