@@ -8,19 +8,13 @@ from advisor.api import estimate
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec, list_models, load_model
+from advisor.ranking import PlanSearch, RankedPlan
 from advisor.results import Estimate, MemoryReport
+from advisor.search import plan
 from advisor.stack import Stack, list_stacks, load_stack
 from advisor.training import TrainingSetup
 
 __version__ = "0.1.0"
-
-
-def plan(*args, **kwargs):
-    """Search every valid plan and return them ranked (see advisor.search.plan)."""
-    from advisor.search import plan as _plan
-
-    return _plan(*args, **kwargs)
-
 
 __all__ = [
     "Estimate",
@@ -29,6 +23,8 @@ __all__ = [
     "MemoryReport",
     "ModelSpec",
     "Plan",
+    "PlanSearch",
+    "RankedPlan",
     "Stack",
     "TrainingSetup",
     "estimate",

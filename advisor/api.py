@@ -16,6 +16,7 @@ from advisor.errors import AdvisorError, format_validation_error
 from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
+from advisor.options import EstimateOptions
 from advisor.results import Estimate, make_estimate
 from advisor.stack import Stack, load_stack
 from advisor.step import evaluate
@@ -84,54 +85,86 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     return large, fits_one_gpu(model, hw, large, setup)
 
 
-def build_inputs(model, hw, gpus=None, nodes=None, dp=None, tp=1, pp=1, zero=0, fsdp=None, sp=False,
-                 schedule="1f1b", virtual_stages=None, micro_batch=1, global_batch=None, grad_accum=None,
-                 seq=1024, precision=None, attention="sdpa", recompute="none", optimizer="adamw",
-                 overlap_grad_reduce=None, data_parallel="ddp", stack="auto", allow_tp_across_nodes=False):
-    """Validate every option and return (model spec, hardware, stack, plan, setup, world size)."""
-    spec = load_model(model)
-    hardware = load_hardware(hw)
-    precision = resolve_precision(hardware, precision)
-    if fsdp is not None:
-        if fsdp not in FSDP_TO_ZERO:
-            raise PlanError(f"--fsdp {fsdp!r} is not one of {', '.join(FSDP_TO_ZERO)}")
-        zero = FSDP_TO_ZERO[fsdp]
-    tp = 1 if tp is None else tp
-    pp = 1 if pp is None else pp
-    if any(x is not None and x < 1 for x in (tp, pp, dp)):
-        raise PlanError(f"parallel degrees must be >= 1 (got dp={dp}, tp={tp}, pp={pp})")
-    world = resolve_world(hardware, gpus, nodes, (dp or 1) * tp * pp if dp else None)
+def build_inputs(model, hw, **given):
+    """Validate every option (advisor.options) and return (model spec, hardware, stack, plan, setup, world)."""
+    o = EstimateOptions.of(given, {}, "estimate")
+    spec, hardware = load_model(model), load_hardware(hw)
+    precision = resolve_precision(hardware, o.precision)
+    zero = FSDP_TO_ZERO[o.fsdp] if o.fsdp is not None else (o.zero or 0)
+    # without --gpus or --nodes the plan's own degrees say how many GPUs: dp (default 1) x tp x pp
+    world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp)
+    dp = o.dp
     if dp is None:
-        if world % (tp * pp):
-            raise PlanError(f"{world} GPUs are not divisible by tp x pp = {tp} x {pp}")
-        dp = world // (tp * pp)
-    if virtual_stages is None:
-        virtual_stages = 2 if schedule == "interleaved" else 1
+        if world % (o.tp * o.pp):
+            raise PlanError(f"{world} GPUs are not divisible by tp x pp = {o.tp} x {o.pp}: give --dp or a GPU count "
+                            "that tp x pp divides")
+        dp = world // (o.tp * o.pp)
+    virtual_stages = o.virtual_stages or (2 if o.schedule == "interleaved" else 1)
+    seq = default_seq_len(spec) if o.seq is None else o.seq
     try:
-        setup = TrainingSetup(seq_len=seq, micro_batch=micro_batch, global_batch=global_batch, grad_accum=grad_accum,
-                              precision=precision, optimizer=optimizer, attention=attention, recompute=recompute,
-                              stack=stack if isinstance(stack, str) else getattr(stack, "name", str(stack)))
-        plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, hybrid_shard=(fsdp == "hybrid-shard"), sp=sp, schedule=schedule,
-                    virtual_stages=virtual_stages, data_parallel=data_parallel,
-                    overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
-                    allow_tp_across_nodes=allow_tp_across_nodes)
+        setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
+                              grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
+                              attention=o.attention, recompute=o.recompute, stack=_stack_name(o.stack))
+        plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
+                    schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
+                    overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
+                    allow_tp_across_nodes=o.allow_tp_across_nodes)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
-    if seq > spec.max_positions and spec.position.value == "learned":
-        raise PlanError(f"--seq {seq} exceeds {spec.name}'s {spec.max_positions} learned positions; use --seq <= {spec.max_positions}")
+    check_seq(spec, seq)
     errors = plan_errors(plan, setup, spec, hardware, world)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    resolved = load_stack(stack) if str(stack) != "auto" else resolve_stack(stack, spec, hardware, setup)[0]
+    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup)[0]
     if setup.stack == "auto":  # the choice is recorded, so that the setup names the stack it was costed in
         setup = setup.model_copy(update={"stack": resolved.name})
     return spec, hardware, resolved, plan, setup, world
 
 
-def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], **options) -> Estimate:
-    """Estimate one plan. Options are ``advisor estimate``'s, spelled with underscores."""
-    spec, hardware, stack, plan, setup, world = build_inputs(model, hw, **options)
-    return _estimate(spec, hardware, stack, plan, setup, world)
+# The default sequence length: the model's context length, at most Llama 3's 8,192 pretraining sequence (a
+# long-context config's window, 131,072 for Llama 3.1, is reached by extending a model pretrained shorter).
+MAX_DEFAULT_SEQ = 8192
+
+
+def default_seq_len(spec: ModelSpec) -> int:
+    return min(spec.max_positions, MAX_DEFAULT_SEQ)
+
+
+def check_seq(spec: ModelSpec, seq: int) -> None:
+    if seq > spec.max_positions and spec.position.value == "learned":
+        raise PlanError(f"--seq {seq} exceeds {spec.name}'s {spec.max_positions} learned positions; use --seq <= {spec.max_positions}")
+
+
+def _stack_name(stack) -> str:
+    return stack if isinstance(stack, str) else getattr(stack, "name", str(stack))
+
+
+def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
+             nodes: Optional[int] = None, dp: Optional[int] = None, tp: int = 1, pp: int = 1,
+             zero: Optional[int] = None, fsdp: Optional[str] = None, sp: bool = False, schedule: str = "1f1b",
+             virtual_stages: Optional[int] = None, micro_batch: int = 1, global_batch: Optional[int] = None,
+             grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
+             attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
+             overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
+             allow_tp_across_nodes: bool = False, **unknown) -> Estimate:
+    """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
+
+    ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
+    ``hw``: a profile name (``advisor profiles``), a YAML path or a Hardware. The plan: ``gpus`` or ``nodes``
+    (default dp x tp x pp), ``dp`` (default gpus / (tp x pp)), ``tp``, ``pp``, ``zero`` (0-3) or ``fsdp``
+    (full-shard, shard-grad-op, hybrid-shard, no-shard), ``sp`` (sequence parallel), ``schedule`` (gpipe, 1f1b,
+    interleaved) and ``virtual_stages``, ``data_parallel`` (ddp or dp for nn.DataParallel),
+    ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
+    model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
+    the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full), ``optimizer`` (adamw,
+    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Every bad value is an AdvisorError
+    of one line; the options are ``advisor estimate``'s, spelled with underscores.
+    """
+    given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
+    if unknown:
+        EstimateOptions.of(given, unknown, "estimate")
+    spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **given)
+    return _estimate(spec, hardware, stack_, plan, setup, world)
 
 
 def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], plan: Plan,

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from advisor.cli_options import common_plan_options, default_seq, single_plan_options
+from advisor.cli_options import common_plan_options, single_plan_options
 
 EXIT_USAGE = 2
 
@@ -21,7 +21,33 @@ def _fail(msg: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """advisor's commands and those installed packages add through the ``advisor.commands`` entry points
+    (validate, from validation/: advisor never imports it). A plugin is loaded only when it is run or listed
+    in the help, and one that cannot load says why when run instead of vanishing."""
+
+    @staticmethod
+    def _plugins() -> dict:
+        from importlib.metadata import entry_points
+
+        return {ep.name: ep for ep in entry_points(group="advisor.commands")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._plugins()))
+
+    def get_command(self, ctx: click.Context, name: str):
+        cmd = super().get_command(ctx, name)
+        ep = self._plugins().get(name) if cmd is None else None
+        if ep is None:
+            return cmd
+        try:
+            cmd = ep.load()
+        except Exception as exc:  # a broken plugin is reported when it is run, never silently dropped
+            return _broken(name, exc)
+        return cmd if isinstance(cmd, click.Command) else _broken(name, TypeError("not a click command"))
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="show tracebacks (for bug reports)")
 @click.version_option("0.1.0", prog_name="advisor")
 @click.pass_context
@@ -39,9 +65,8 @@ def estimate(as_json: bool, **kw) -> None:
     from advisor.api import estimate as run_estimate
     from advisor.render import render_estimate
 
-    kw["seq"] = default_seq(kw["model"], kw["seq"])
     model, hw = kw.pop("model"), kw.pop("hw")
-    result = run_estimate(model=model, hw=hw, **kw)
+    result = run_estimate(model, hw, **kw)
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
@@ -50,6 +75,8 @@ def estimate(as_json: bool, **kw) -> None:
 
 @cli.command()
 @common_plan_options
+@click.option("--gpus", default=None, help="total GPUs, or a range A:B searched as A, 2A, 4A, ... <= B [default: one node]")
+@click.option("--tokens", default=None, help="a token budget (e.g. 1T, 300B): each plan's time and cost to train it")
 @click.option("--global-batch", type=int, default=None, help="sequences per step [default: stated in the output]")
 @click.option("--memory-headroom", type=float, default=0.05, show_default=True, help="fraction of GPU memory kept free beyond the modelled overheads")
 @click.option("--objective", type=click.Choice(["time", "throughput", "memory", "cost"]), default="time", show_default=True)
@@ -64,9 +91,8 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     from advisor.render import render_plan
     from advisor.search import plan as run_plan
 
-    kw["seq"] = default_seq(kw["model"], kw["seq"])
     model, hw = kw.pop("model"), kw.pop("hw")
-    result = run_plan(model=model, hw=hw, top=top, **kw)
+    result = run_plan(model, hw, top=top, **kw)
     suggestion = ""
     if not result.plans:
         from advisor.suggest import suggest_fix
@@ -169,21 +195,12 @@ def _broken(name: str, exc: Exception) -> click.Command:
 
 
 def _register_commands() -> None:
-    """Commands in their own modules: calibrate and export, and those installed packages provide through the
-    ``advisor.commands`` entry points (validate, from validation/: advisor never imports it)."""
-    from importlib.metadata import entry_points
-
+    """Commands in their own modules: calibrate and export (advisor's own)."""
     from advisor.cli_calibrate import calibrate
     from advisor.cli_export import export_command
 
     cli.add_command(calibrate)
     cli.add_command(export_command)
-    for ep in entry_points(group="advisor.commands"):
-        try:
-            cmd = ep.load()
-        except Exception as exc:  # a broken plugin is reported when it is run, never silently dropped
-            cmd = _broken(ep.name, exc)
-        cli.add_command(cmd if isinstance(cmd, click.Command) else _broken(ep.name, TypeError("not a click command")), ep.name)
 
 
 _register_commands()

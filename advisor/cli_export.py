@@ -15,7 +15,7 @@ from typing import Optional
 
 import click
 
-from advisor.cli_options import common_plan_options, default_seq, single_plan_options
+from advisor.cli_options import common_plan_options, single_plan_options
 from advisor.export import KINDS
 
 
@@ -46,7 +46,6 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:
-        kw["seq"] = default_seq(kw["model"], kw["seq"])
         spec, hw, _stack, plan, setup, world = build_inputs(**kw)
         grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
         result = export_plan(kind, spec, hw, plan, setup, grad_accum, world)

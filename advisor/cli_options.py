@@ -23,9 +23,9 @@ def common_plan_options(f):
     return _apply(f, [
         click.option("--model", "model", required=True, help="catalogue name (advisor models) or path to a HF config.json"),
         click.option("--hw", "hw", required=True, help="profile name (advisor profiles) or path to a profile YAML"),
-        click.option("--gpus", type=int, default=None, help="total GPUs (default: one full node for plan, dp*tp*pp for estimate and export)"),
         click.option("--nodes", type=int, default=None, help="nodes of the profile (alternative to --gpus)"),
-        click.option("--seq", type=int, default=None, help="sequence length in tokens [default: 1024, or the model's context if shorter]"),
+        click.option("--seq", type=int, default=None,
+                     help="sequence length in tokens [default: the model's context length, at most 8192]"),
         click.option("--precision", type=click.Choice(["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"]), default=None,
                      help="default: bf16-mixed where the GPU has bf16, else fp16-mixed"),
         click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
@@ -40,10 +40,11 @@ def common_plan_options(f):
 def single_plan_options(f):
     """The degrees and settings of one plan (``estimate``, ``export``); defaults as ``build_inputs``'s."""
     return _apply(f, [
+        click.option("--gpus", type=int, default=None, help="total GPUs [default: dp x tp x pp]"),
         click.option("--dp", type=int, default=None, help="data-parallel degree [default: gpus / (tp*pp)]"),
         click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel degree"),
         click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel degree"),
-        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage"),
+        click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage [default: 0, or --fsdp's]"),
         click.option("--fsdp", type=click.Choice(["full-shard", "shard-grad-op", "hybrid-shard", "no-shard"]), default=None,
                      help="FSDP mode (alias for the ZeRO stage)"),
         click.option("--sp/--no-sp", default=False, help="Megatron sequence parallelism"),
@@ -59,12 +60,3 @@ def single_plan_options(f):
                      help="DDP or single-process nn.DataParallel"),
         click.option("--allow-tp-across-nodes", is_flag=True, help="let TP span nodes (normally rejected)"),
     ])
-
-
-def default_seq(model_name: str, seq):
-    """--seq as given, else 1024 or the model's context if shorter (loads the model only then)."""
-    if seq is not None:
-        return seq
-    from advisor.model import load_model
-
-    return min(1024, load_model(model_name).max_positions)

@@ -25,7 +25,7 @@ def format_validation_error(exc: Exception) -> str:
             msg = "required key is missing"
         got = err.get("input")
         got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {_short(got)})"
-        parts.append(f"{loc}: {msg}{got_s}")
+        parts.append(f"{msg}{got_s}" if not err.get("loc") else f"{loc}: {msg}{got_s}")
     more = len(errors()) - 3
     text = "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
     return text.replace("\r", "\\r").replace("\n", "\\n")  # one line, even for keys or values with newlines

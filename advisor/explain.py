@@ -16,7 +16,7 @@ from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
 from advisor.results import Estimate
-from advisor.units import GB
+from advisor.units import GiB
 
 # Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
 # (8x 200 Gb/s HDR in a DGX A100 is 200 Gb/s per GPU; a 400 Gb/s EFA node shares 50 Gb/s per GPU).
@@ -98,7 +98,7 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
         where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
         words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
-    words.append(f"headroom {e.memory.headroom_bytes / GB:.1f} GB")
+    words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")
     if best_time > 0 and e.step_time_s > best_time * 1.0005:
         words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
     kind = plan_kind(e.plan)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from advisor.units import fmt_bytes, fmt_seconds
+import shutil
+import textwrap
+
+from advisor.units import fmt_bytes, fmt_duration, fmt_seconds
 
 
 def render_estimate(e) -> str:
@@ -40,19 +43,49 @@ def render_estimate(e) -> str:
     return "\n".join(lines)
 
 
-def render_plan(result, explain: bool = False, suggestion: str = "") -> str:
-    lines = [result.header()]
+def _columns(result) -> list[tuple[str, str, object]]:
+    """(heading, alignment, value of an Estimate) of the ranking table; GPUs, efficiency and budget columns
+    appear where the search has them."""
+    cols = [("mb", ">", lambda e: str(e.setup.micro_batch)), ("ga", ">", lambda e: str(e.grad_accum)),
+            ("recompute", ">", lambda e: e.setup.recompute.value)]
+    if len(result.worlds) > 1:
+        cols.insert(0, ("GPUs", ">", lambda e: f"{e.world_size:,}"))
+    cols += [("step", ">", lambda e: fmt_seconds(e.step_time_s)), ("tok/s", ">", lambda e: f"{e.tokens_per_s:,.0f}")]
+    if len(result.worlds) > 1 or result.objective in ("throughput", "cost"):
+        cols.append(("tok/s/GPU", ">", lambda e: f"{e.tokens_per_s / e.world_size:,.0f}"))
+    cols += [("MFU", ">", lambda e: f"{e.mfu * 100:.1f}%"),
+             ("mem/GPU", ">", lambda e: fmt_bytes(e.memory.peak_bytes + e.memory.overhead_bytes))]
+    if result.hardware.price_per_gpu_hour_usd is not None and (result.objective == "cost" or result.tokens):
+        cols.append(("$/Mtok", ">", lambda e: f"{e.usd_per_million_tokens:.3f}"))
+    if result.tokens is not None:
+        cols.append(("train time", ">", lambda e: fmt_duration(result.train_time_s(e))))
+        if result.hardware.price_per_gpu_hour_usd is not None:
+            cols.append(("train cost", ">", lambda e: f"${result.train_cost_usd(e):,.0f}"))
+    return cols
+
+
+def render_plan(result, explain: bool = False, suggestion: str = "", width: int = 0) -> str:
+    """The ranking as a table that fits ``width`` columns (default: the terminal's): labels are never cut (the
+    plan column is as wide as its longest label), and each plan's reason is wrapped on the lines below it."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    lines = textwrap.wrap(result.header(), width=max(width, 40), subsequent_indent="  ")
     if not result.plans:
         lines.append("no plan fits: " + suggestion)
     else:
-        lines.append(f"{'#':>3} {'plan':38s} {'mb':>3} {'ga':>4} {'recomp':>9} {'step':>10} {'tok/s':>11} {'MFU':>6} {'mem/GPU':>10}  why")
-        for i, p in enumerate(result.plans, 1):
-            e = p.estimate
-            lines.append(
-                f"{i:>3} {e.label[:38]:38s} {e.setup.micro_batch:>3} {e.grad_accum:>4} {e.setup.recompute.value:>9} "
-                f"{fmt_seconds(e.step_time_s):>10} {e.tokens_per_s:>11,.0f} {e.mfu * 100:5.1f}% {fmt_bytes(e.memory.peak_bytes + e.memory.overhead_bytes):>10}  {p.reason}"
-            )
-    lines += ["", *result.notes()]
+        cols = _columns(result)
+        ests = [p.estimate for p in result.plans]
+        labels = [e.label for e in ests]
+        cells = [[f(e) for _, _, f in cols] for e in ests]
+        widths = [max(len(h), *(len(r[j]) for r in cells)) for j, (h, _, _) in enumerate(cols)]
+        lw = max(4, *(len(x) for x in labels))
+        rank_w = len(str(len(ests)))
+        head = f"{'#':>{rank_w}} {'plan':<{lw}} " + " ".join(f"{h:{a}{w}}" for (h, a, _), w in zip(cols, widths))
+        lines.append(head)
+        indent = " " * (rank_w + 3)
+        for i, (p, label, row) in enumerate(zip(result.plans, labels, cells), 1):
+            lines.append(f"{i:>{rank_w}} {label:<{lw}} " + " ".join(f"{c:{a}{w}}" for c, (_, a, _), w in zip(row, cols, widths)))
+            lines += textwrap.wrap(p.reason, width=max(width, 40), initial_indent=indent, subsequent_indent=indent)
+    lines += [""] + [w for n in result.notes() for w in textwrap.wrap(n, width=max(width, 40), subsequent_indent="  ")]
     if explain:
         lines += ["", f"rejected plans ({sum(result.rejected.values()):,} of {result.candidates:,}):"]
         for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):

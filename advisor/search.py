@@ -2,16 +2,17 @@
 
 The space (advisor.space): dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP
 HYBRID_SHARD across nodes, nn.DataParallel inside one node), sequence parallelism, pipeline schedule and
-virtual stages, micro-batch size, recomputation. Candidates are one table; constraints
-(advisor.constraints) and the cost model (advisor.step.evaluate) run once over all of them, with no Python
-loop per plan. Rejections are counted by reason. Every plan of a search is costed in one training stack
-(advisor.api.resolve_stack, the rule ``estimate`` follows too). The ranked plans are explained against the
+virtual stages, micro-batch size, recomputation; over one GPU count or a ladder of them (``--gpus A:B``: A,
+2A, 4A, ... up to B). Candidates are one table; constraints (advisor.constraints) and the cost model
+(advisor.step.evaluate) run once over all of them, with no Python loop per plan. Rejections are counted by
+reason. Every plan of a search is costed in one training stack (advisor.api.resolve_stack, the rule
+``estimate`` follows too). Plans are ranked by the objective (advisor.ranking) and explained against the
 seeds' decision tree (advisor.explain); when nothing fits, advisor.suggest says what would.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -24,160 +25,141 @@ from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
-from advisor.results import Estimate, make_estimate
-from advisor.space import (
-    MAX_CANDIDATES,
-    MAX_WORLD,
-    count_candidates,
-    default_global_batch,
-    enumerate_candidates,
-    pair_violations,
-    tp_pp_pairs,
-)
+from advisor.options import MAX_WORLD, PlanOptions
+from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
+from advisor.results import make_estimate
+from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations, tp_pp_pairs
 from advisor.stack import Stack
-from advisor.step import evaluate
+from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
 from advisor.workload import Workload
 
-OBJECTIVES = ("time", "throughput", "memory", "cost")
+
+def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
+         global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
+         optimizer: str = "adamw", stack="auto", memory_headroom: float = 0.05, objective: str = "time",
+         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, **unknown) -> PlanSearch:
+    """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
+    ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
+
+    ``model``: a catalogue name, a Hugging Face config.json path or a ModelSpec; ``hw``: a profile name, a YAML
+    path or a Hardware. ``gpus``: a count, or a range ``"64:1024"`` (or ``(64, 1024)``) searched as 64, 128, ...
+    1024 (default: ``nodes`` x the GPUs of a node, or one node). ``seq`` defaults to the model's context length
+    (at most 8192), ``global_batch`` to ~0.5M tokens (a multiple of the largest GPU count), ``precision`` to the
+    GPU's best, ``stack`` to auto (hf-trainer when the model fits on one GPU, else megatron-deepspeed).
+    ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
+    ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
+    ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
+    an AdvisorError of one line.
+    """
+    o = PlanOptions.of({k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}, unknown, "plan")
+    spec, hardware = load_model(model), load_hardware(hw)
+    if o.objective == "cost" and hardware.price_per_gpu_hour_usd is None:
+        raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
+    worlds = _worlds(o, hardware)
+    setup = _setup(o, spec, hardware, max(worlds))
+    chosen, fits_one = api.resolve_stack(o.stack, spec, hardware, setup)
+    if setup.stack == "auto":  # the choice is recorded, so that every row names the stack it was costed in
+        setup = setup.model_copy(update={"stack": chosen.name})
+    found = [_search_world(spec, hardware, chosen, setup, w, o) for w in worlds]
+    tree = decision_tree(spec, hardware, max(worlds), fits_one)
+    ranked, best_by_kind = _rank(found, spec, hardware, chosen, setup, o, tree)
+    rejected: dict[str, int] = {}
+    for f in found:
+        for reason, n in f.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+    return PlanSearch(spec, hardware, chosen, setup, worlds, o.global_batch is None, o.objective,
+                      sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
+                      memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
+                      seq_defaulted=o.seq is None, tokens=o.tokens)
+
+
+def _worlds(o: PlanOptions, hw: Hardware) -> list[int]:
+    """The GPU counts to search: one, or the ladder A, 2A, 4A, ... <= B (each beyond one node a whole number
+    of nodes, and each a divisor of the largest, so one global batch suits them all)."""
+    if o.gpus is None or isinstance(o.gpus, int):
+        world = resolve_world(hw, o.gpus, o.nodes, hw.gpus_per_node)
+        if world > MAX_WORLD:
+            raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most {MAX_WORLD:,}")
+        return [world]
+    if o.nodes is not None:
+        raise PlanError("--gpus A:B searches a range of GPU counts: drop --nodes")
+    lo, hi = o.gpus
+    out = [lo * 2**k for k in range(64) if lo * 2**k <= hi]
+    odd = [w for w in out if w > hw.gpus_per_node and w % hw.gpus_per_node]
+    if odd:
+        raise PlanError(f"--gpus {lo}:{hi}: {odd[0]} GPUs is not a whole number of {hw.gpus_per_node}-GPU nodes of "
+                        f"{hw.name}; start the range at a divisor or multiple of {hw.gpus_per_node}")
+    return out
+
+
+def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> TrainingSetup:
+    seq = api.default_seq_len(spec) if o.seq is None else o.seq
+    api.check_seq(spec, seq)
+    gb = default_global_batch(world, seq) if o.global_batch is None else o.global_batch
+    try:
+        return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
+                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack))
+    except Exception as exc:
+        raise PlanError(format_validation_error(exc)) from None
 
 
 @dataclass
-class RankedPlan:
-    estimate: Estimate
-    reason: str
+class _Found:
+    """The plans of one GPU count: those that break no constraint, evaluated, and which of them fit."""
 
-    @property
-    def plan(self):
-        return self.estimate.plan
-
-    @property
-    def setup(self):
-        return self.estimate.setup
-
-
-@dataclass
-class PlanSearch:
-    model_spec: ModelSpec
-    hardware: Hardware
-    stack: Stack
-    setup: TrainingSetup  # what every plan shares (the global batch; micro batch and recompute vary per plan)
-    world_size: int
-    global_batch_defaulted: bool
-    objective: str
-    candidates: int
+    world: int
+    plans: Candidates
+    out: Evaluation
+    fits: Any
+    considered: int
     rejected: dict[str, int]
-    plans: list[RankedPlan]
-    tree: dict[str, Any] = field(default_factory=dict)
-    best_by_kind: dict[str, float] = field(default_factory=dict)  # fastest fitting step time per plan kind
-    memory_headroom: float = 0.05
-    allow_tp_across_nodes: bool = False
 
-    @property
-    def global_batch(self) -> int:
-        return int(self.setup.global_batch)
 
-    @property
-    def seq_len(self) -> int:
-        return self.setup.seq_len
+def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup, world: int,
+                  o: PlanOptions) -> _Found:
+    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes)
+    out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
+    fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
+    if (~fits).any():
+        rejected["does not fit in memory"] = int((~fits).sum())
+    return _Found(world, valid, out, fits, n, rejected)
 
-    def header(self) -> str:
-        gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
-        return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {self.world_size}x {self.hardware.name}: "
-                f"{gb}, seq {self.seq_len}, {self.setup.precision.value}; {self.candidates:,} plans evaluated, "
-                f"{sum(self.rejected.values()):,} rejected, ranked by {self.objective}")
 
-    def notes(self) -> list[str]:
-        t = self.tree
-        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}",
-               f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
-               "--stack NAME costs another (advisor stacks)"]
-        if self.best_by_kind:
-            best = min(self.best_by_kind.values())
-            kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
-            out.append("fastest fitting plan of each kind: " + ", ".join(
-                f"{KIND_NAMES[k]} {v:.3g} s" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "") for k, v in kinds))
-        return out
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
-            "global_batch": self.global_batch, "seq_len": self.seq_len, "objective": self.objective,
-            "candidates": self.candidates, "rejected": dict(self.rejected), "stack": self.stack.name,
-            "decision_tree": self.tree, "best_step_time_s_by_kind": dict(self.best_by_kind),
-            "plans": [{"rank": i + 1, "reason": p.reason, **p.estimate.model_dump(mode="json")} for i, p in enumerate(self.plans)],
-        }
+def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup,
+          o: PlanOptions, tree: dict) -> tuple[list[RankedPlan], dict[str, float]]:
+    """The ``o.top`` best fitting plans over every GPU count, and the fastest step of each plan kind."""
+    rows = []  # (GPU-count index, candidate index) of every fitting plan, with its keys
+    keys, steps = [], []
+    best_by_kind: dict[str, float] = {}
+    for j, f in enumerate(found):
+        idx = np.nonzero(f.fits)[0]
+        step = f.out.time.total[idx]
+        need = (f.out.memory.peak + f.out.overhead.total)[idx]
+        keys.append(objective_key(o.objective, step, need, f.out.tokens[idx], f.world))
+        steps.append(step)
+        rows.append(np.stack([np.full(len(idx), j), idx], axis=1))
+        kinds = kind_codes(f.plans.take(idx)) if len(idx) else np.array([], dtype=object)
+        for k in KIND_NAMES:
+            if (kinds == k).any():
+                best_by_kind[k] = min(best_by_kind.get(k, np.inf), float(step[kinds == k].min()))
+    rows, key, step = np.concatenate(rows), np.concatenate(keys), np.concatenate(steps)
+    # ties within float rounding (two plans with the same work) keep the order the space enumerates them in
+    order = np.lexsort((rows[:, 1], rows[:, 0], coarse(step), coarse(key)))[:o.top]
+    best = float(step[order[0]]) if len(order) else 0.0
+    ranked = []
+    for r in order:  # only the top K become typed objects
+        f, i = found[rows[r, 0]], int(rows[r, 1])
+        est = make_estimate(spec, hardware, stack.name, f.plans.plan(i), f.plans.setup(i, setup), f.world,
+                            int(f.plans.grad_accum[i]), f.out, i)
+        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind)))
+    return ranked, best_by_kind
 
 
 def _round_world(world: int, hw: Hardware) -> int:
     """A nearby GPU count with few divisors: whole nodes, a power of two of them."""
     nodes = max(1, world // hw.gpus_per_node)
     return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
-
-
-def _coarse(x: np.ndarray) -> np.ndarray:
-    """``x`` to 40 bits of mantissa (~1e-12 relative): sums taken in another order rank alike."""
-    m, e = np.frexp(x)
-    return np.ldexp(np.round(m * 2.0**40) / 2.0**40, e)
-
-
-def _check(objective: str, memory_headroom: float, top: int, seq, hardware: Hardware) -> None:
-    if objective not in OBJECTIVES:
-        raise PlanError(f"--objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    if not (0.0 <= memory_headroom < 1.0):
-        raise PlanError(f"--memory-headroom {memory_headroom} must be a fraction in [0, 1)")
-    if objective == "cost" and hardware.price_per_gpu_hour_usd is None:
-        raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
-    if top < 1:
-        raise PlanError(f"--top must be at least 1 (got {top})")
-    if seq is None or seq < 1:
-        raise PlanError(f"--seq must be at least 1 token (got {seq})")
-
-
-def plan(model, hw, gpus: Optional[int] = None, nodes: Optional[int] = None, seq: int = 1024,
-         global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
-         optimizer: str = "adamw", stack: str = "auto", memory_headroom: float = 0.05,
-         objective: str = "time", top: int = 10, allow_tp_across_nodes: bool = False) -> PlanSearch:
-    """Search every valid plan and return the ``top`` best by ``objective`` (Python API of `advisor plan`)."""
-    spec, hardware = load_model(model), load_hardware(hw)
-    precision = resolve_precision(hardware, precision)
-    _check(objective, memory_headroom, top, seq, hardware)
-    world = resolve_world(hardware, gpus, nodes, hardware.gpus_per_node)
-    if world > MAX_WORLD:
-        raise PlanError(f"{world:,} GPUs is beyond any cluster this model describes; use at most {MAX_WORLD:,}")
-    defaulted = global_batch is None
-    gb = default_global_batch(world, seq) if defaulted else global_batch
-    try:
-        setup = TrainingSetup(seq_len=seq, global_batch=gb, precision=precision, optimizer=optimizer,
-                              attention=attention, stack=stack if isinstance(stack, str) else stack.name)
-    except Exception as exc:
-        raise PlanError(format_validation_error(exc)) from None
-    if seq > spec.max_positions and spec.position.value == "learned":
-        raise PlanError(f"--seq {seq} exceeds {spec.name}'s {spec.max_positions} learned positions")
-    chosen, fits_one = api.resolve_stack(stack, spec, hardware, setup)
-    if setup.stack == "auto":
-        setup = setup.model_copy(update={"stack": chosen.name})
-    valid, n, rejected = _valid_candidates(spec, hardware, world, gb, allow_tp_across_nodes)
-    out = evaluate(Workload.of(spec, hardware, chosen, setup), valid)
-    step, need = out.time.total, out.memory.peak + out.overhead.total
-    fits = need <= hardware.gpu.memory_bytes * (1.0 - memory_headroom)
-    if (~fits).any():
-        rejected["does not fit in memory"] = int((~fits).sum())
-    idx = np.nonzero(fits)[0]
-    key = {"time": step, "throughput": step, "memory": need, "cost": step}[objective][idx]
-    # ties within float rounding (two plans with the same work) keep the order the space enumerates them in
-    order = idx[np.lexsort((idx, _coarse(step[idx]), _coarse(key)))][:top]
-    tree = decision_tree(spec, hardware, world, fits_one)
-    best = float(step[order[0]]) if len(order) else 0.0
-    kinds = kind_codes(valid.take(idx)) if len(idx) else np.array([], dtype=object)
-    best_by_kind = {k: float(step[idx][kinds == k].min()) for k in KIND_NAMES if (kinds == k).any()}
-    ranked = []
-    for i in order:  # only the top K become typed objects
-        est = make_estimate(spec, hardware, chosen.name, valid.plan(i), valid.setup(i, setup), world,
-                            int(valid.grad_accum[i]), out, int(i))
-        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind)))
-    return PlanSearch(spec, hardware, chosen, setup, world, defaulted, objective, n, rejected, ranked, tree,
-                      best_by_kind, memory_headroom=memory_headroom, allow_tp_across_nodes=allow_tp_across_nodes)
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int,

@@ -19,6 +19,7 @@ from advisor.hardware import Hardware
 from advisor.layout import Schedule
 from advisor.model import ModelSpec
 
+
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 # (schedule, virtual stages)
 SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)]
@@ -27,8 +28,6 @@ VARIANTS = (0, 1, 2)
 # Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
 # 2M rows is ~0.5-1 GB. Realistic clusters stay far below (16,384 GPUs: ~0.5M rows before constraints).
 MAX_CANDIDATES = 2_000_000
-# The largest cluster the search accepts (10x today's largest training clusters).
-MAX_WORLD = 10_000_000
 
 
 def divisors(n: int) -> list[int]:

@@ -7,11 +7,19 @@ refused instead of read as 1.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-_NUMBER_TYPES = (int, float, Optional[int], Optional[float])
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field takes numbers and not booleans (int, float, Optional or unions of them, tuples of them)."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
+        args = [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
+        return bool(args) and bool not in args and any(_numeric(a) for a in args)
+    return False
 
 
 class Spec(BaseModel):
@@ -24,7 +32,7 @@ class Spec(BaseModel):
     def _no_bool_numbers(cls, v, info):
         """YAML/JSON ``true`` where a number belongs would silently become 1: refuse it."""
         annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
-        if isinstance(v, bool) and annotation in _NUMBER_TYPES:
+        if isinstance(v, bool) and _numeric(annotation):
             raise ValueError(f"must be a number, not {str(v).lower()}")
         if isinstance(v, dict) and annotation == dict[str, float]:
             for key, val in v.items():

@@ -19,10 +19,11 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.search import PlanSearch
-from advisor.space import MAX_WORLD, default_global_batch, pair_violations, tp_pp_pairs
+from advisor.options import MAX_WORLD
+from advisor.space import default_global_batch, pair_violations, tp_pp_pairs
 from advisor.step import evaluate
 from advisor.training import Recompute
-from advisor.units import GB
+from advisor.units import GiB
 from advisor.workload import Workload
 
 
@@ -110,7 +111,7 @@ def suggest_fix(s: PlanSearch) -> str:
         ok, need, label = _fits(s, s.world_size)
         if label:
             tips.append(f"even the leanest plan on {_gpus(s.world_size)} ({label}, full recomputation, micro batch 1) needs "
-                        f"{need / GB:,.1f} GB per GPU, more than the {cap / GB:,.1f} GB usable")
+                        f"{need / GiB:,.1f} GiB per GPU, more than the {cap / GiB:,.1f} GiB usable")
         found = min_fitting_world(s)
         if found:
             tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, full recomputation, micro batch 1)")

@@ -43,3 +43,11 @@ def fmt_seconds(t: float) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.2f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def fmt_duration(t: float) -> str:
+    """A long duration in the largest whole unit: 3.2 h, 12.5 d."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if t >= size:
+            return f"{t / size:.1f} {unit}"
+    return fmt_seconds(t)

@@ -42,8 +42,8 @@ def test_estimate_table():
     (["estimate", "--model", "gpt9", "--hw", "dgx-a100"], "unknown model"),
     (["estimate", "--model", "gpt2", "--hw", "dgx-a1000"], "unknown hardware profile"),
     (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--tp", "3"], "not divisible"),
-    (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--micro-batch", "-1"], "micro_batch"),
-    (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--seq", "0"], "seq_len"),
+    (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--micro-batch", "-1"], "--micro-batch"),
+    (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--seq", "0"], "--seq"),
     (["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--seq", "4096"], "learned positions"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, capsys):

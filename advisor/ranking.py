@@ -1,0 +1,141 @@
+"""What a search returns: the ranked plans and how they were ranked.
+
+Objectives (``--objective``), each what a user wants from a run:
+- ``time``: the shortest step, i.e. the shortest time to train (every plan of a search trains the same global
+  batch per step): the fastest run the cluster allows.
+- ``throughput``: the most tokens per second per GPU, i.e. the best use of each GPU (the figure the stacks'
+  benchmark tables publish).
+- ``cost``: the fewest dollars per token, at the profile's price per GPU-hour.
+- ``memory``: the least memory per GPU (the most headroom).
+On one GPU count the first three rank alike (a fixed batch, a fixed number of GPUs); over a range of counts
+(``--gpus 64:1024``) they part: more GPUs shorten a step but use each GPU less well. With a token budget
+(``--tokens 1T``) each plan also says how long and how much training it takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from advisor.explain import KIND_NAMES
+from advisor.hardware import Hardware
+from advisor.model import ModelSpec
+from advisor.results import Estimate
+from advisor.stack import Stack
+from advisor.training import TrainingSetup
+
+OBJECTIVES = ("time", "throughput", "memory", "cost")
+RANKED_BY = {"time": "step time", "throughput": "tokens/s per GPU", "memory": "memory per GPU",
+             "cost": "USD per million tokens"}
+
+
+def objective_key(objective: str, step_s: Any, need_bytes: Any, tokens_per_step: Any, world: int) -> Any:
+    """The value the search sorts on, smaller first, for plans on ``world`` GPUs."""
+    if objective == "memory":
+        return need_bytes
+    if objective == "time":
+        return step_s
+    # throughput (tokens/s per GPU, larger is better) and cost (GPU-seconds per token, at one price) rank alike
+    return world * step_s / tokens_per_step
+
+
+@dataclass
+class RankedPlan:
+    estimate: Estimate
+    reason: str
+
+    @property
+    def plan(self):
+        return self.estimate.plan
+
+    @property
+    def setup(self):
+        return self.estimate.setup
+
+
+@dataclass
+class PlanSearch:
+    model_spec: ModelSpec
+    hardware: Hardware
+    stack: Stack
+    setup: TrainingSetup  # what every plan shares (the global batch; micro batch and recompute vary per plan)
+    worlds: list[int]  # the GPU counts searched
+    global_batch_defaulted: bool
+    objective: str
+    candidates: int
+    rejected: dict[str, int]
+    plans: list[RankedPlan]
+    tree: dict[str, Any] = field(default_factory=dict)
+    best_by_kind: dict[str, float] = field(default_factory=dict)  # fastest fitting step time per plan kind
+    memory_headroom: float = 0.05
+    allow_tp_across_nodes: bool = False
+    seq_defaulted: bool = False
+    tokens: Optional[float] = None  # a token budget to train
+
+    @property
+    def world_size(self) -> int:
+        """The GPU count searched (the largest of a range)."""
+        return max(self.worlds)
+
+    @property
+    def global_batch(self) -> int:
+        return int(self.setup.global_batch)
+
+    @property
+    def seq_len(self) -> int:
+        return self.setup.seq_len
+
+    def train_time_s(self, e: Estimate) -> Optional[float]:
+        return None if self.tokens is None else self.tokens / e.tokens_per_s
+
+    def train_cost_usd(self, e: Estimate) -> Optional[float]:
+        t, price = self.train_time_s(e), self.hardware.price_per_gpu_hour_usd
+        return None if t is None or price is None else price * e.world_size * t / 3600.0
+
+    def header(self) -> str:
+        gpus = (f"{self.worlds[0]:,}" if len(self.worlds) == 1 else
+                f"{min(self.worlds):,}-{max(self.worlds):,} ({', '.join(f'{w:,}' for w in self.worlds)})")
+        gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
+        seq = f"seq {self.seq_len}" + (" (default: the model's context length, at most 8192)" if self.seq_defaulted else "")
+        budget = f", budget {self.tokens:.3g} tokens" if self.tokens is not None else ""
+        return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {gpus}x {self.hardware.name}: "
+                f"{gb}, {seq}, {self.setup.precision.value}{budget}; {self.candidates:,} plans evaluated, "
+                f"{sum(self.rejected.values()):,} rejected, ranked by {RANKED_BY[self.objective]}")
+
+    def notes(self) -> list[str]:
+        t = self.tree
+        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}",
+               f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
+               "--stack NAME costs another (advisor stacks)"]
+        if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
+            out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
+                       "speed for efficiency")
+        if self.best_by_kind:
+            best = min(self.best_by_kind.values())
+            kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
+            out.append("fastest fitting plan of each kind: " + ", ".join(
+                f"{KIND_NAMES[k]} {v:.3g} s" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "") for k, v in kinds))
+        return out
+
+    def to_json(self) -> dict:
+        rows = []
+        for i, p in enumerate(self.plans):
+            row = {"rank": i + 1, "reason": p.reason, **p.estimate.model_dump(mode="json")}
+            if self.tokens is not None:
+                row.update(train_time_s=self.train_time_s(p.estimate), train_cost_usd=self.train_cost_usd(p.estimate))
+            rows.append(row)
+        return {
+            "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
+            "worlds": list(self.worlds), "global_batch": self.global_batch, "seq_len": self.seq_len,
+            "objective": self.objective, "tokens": self.tokens, "candidates": self.candidates,
+            "rejected": dict(self.rejected), "stack": self.stack.name, "decision_tree": self.tree,
+            "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
+        }
+
+
+def coarse(x: np.ndarray) -> np.ndarray:
+    """``x`` to 40 bits of mantissa (~1e-12 relative): sums taken in another order rank alike."""
+    m, e = np.frexp(x)
+    return np.ldexp(np.round(m * 2.0**40) / 2.0**40, e)
