@@ -1,8 +1,8 @@
 """`advisor validate`: the report's structure, the project's accuracy goals, the CLI and its figures.
 
 The goals (validation.validate.GOALS) are asserted as they stand; those the current model does not yet
-meet are xfail(strict=False) with the number measured when the mark was set, so the suite stays green
-and says how far off the model is. An XPASS means a goal is now met: remove its mark.
+meet are xfail(strict=True) with the number measured when the mark was set, which says how far off the model
+is: the suite stays green while a goal is unmet and fails the day it is met, so that the mark is removed.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def test_b200_and_h200_gemm_rates_are_the_h100_fit_carried_by_their_ratio(report
 
 
 @pytest.mark.parametrize("goal", [
-    pytest.param(g, marks=pytest.mark.xfail(strict=False, reason=f"not yet met: {NOT_YET_MET[g]}")) if g in NOT_YET_MET else g
+    pytest.param(g, marks=pytest.mark.xfail(strict=True, reason=f"not yet met: {NOT_YET_MET[g]}")) if g in NOT_YET_MET else g
     for g in v.GOALS
 ])
 def test_accuracy_goal(report, goal):
