@@ -103,8 +103,7 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
         raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks")
     if backend == "nccl" and not under_torchrun and nproc > gpus:
         raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
-    from validation.launch import launch_local
-    from validation.microbench import BenchConfig, run_worker
+    from advisor.calibrate import BenchConfig, launch_local, run_worker
 
     if cal.repair_torn_tail(results):
         click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)

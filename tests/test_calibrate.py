@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor import calibrate as cal
-from advisor import calibrate_compute as calc
+from advisor.calibrate import compute as calc
 from advisor.comm import bus_factor, link_time
 from advisor.errors import AdvisorError
 from advisor.hardware import PROFILE_DIR, CommFit, load_hardware

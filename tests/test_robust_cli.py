@@ -268,7 +268,7 @@ def test_cli_never_crashes_on_generated_garbage(args):
 
 # --- safety: loaders, eval, writes --------------------------------------------------------------------
 
-SOURCES = sorted([*REPO.glob("advisor/*.py"), *REPO.glob("validation/*.py")])
+SOURCES = sorted([*REPO.glob("advisor/**/*.py"), *REPO.glob("validation/*.py")])
 # Every place that writes a file, with the user-named path it writes to. A new write site fails this
 # test until it is checked and listed (calibration output must go through advisor/io.py write_atomic).
 WRITE_SITES = {
@@ -276,11 +276,11 @@ WRITE_SITES = {
     "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
     # calibrate --out PROFILE.yaml: its folder created, then advisor/io.py write_atomic
-    "advisor/measurements.py": ["Path(path).parent.mkdir("],
+    "advisor/calibrate/output.py": ["p.parent.mkdir("],
     "advisor/cli_calibrate.py": ["results.parent.mkdir("],  # the results JSONL beside --out
     # the results JSONL is appended row by row (a crash loses at most the row being written: resume reads it)
-    "validation/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
-    "validation/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")"],
+    "advisor/calibrate/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
+    "advisor/calibrate/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")"],
 }
 WRITE_RE = re.compile(r"\bopen\(.*,\s*['\"][wax]\+?b?\+?['\"]|\.write_text\(|\.write_bytes\(|os\.replace\(|os\.rename\(|shutil\.|"
                       r"mkstemp|mkdtemp|\.mkdir\(|os\.makedirs|os\.remove\(|os\.unlink\(|savefig\(|np\.save|json\.dump\(|"

@@ -1,5 +1,5 @@
 """Calibrate the compute side of a profile: GEMM, fused-attention, memory-copy, element-wise and optimizer
-efficiencies from kernel and optimizer measurements (no torch here; advisor.calibrate reads the rows).
+efficiencies from kernel and optimizer measurements (no torch here; advisor.calibrate.measurements reads the rows).
 
 - matmul: per precision, t = F / (peak * matmul_max * n/(n+h) * k/(k+h)) + matmul_fixed_us, on the shapes
   that are not at the host's floor (HOST_FLOOR_FACTOR);
@@ -16,9 +16,9 @@ from typing import Optional
 
 import numpy as np
 
-from advisor.fitting import OUTLIER_REL, FitReport, log_r2
+from advisor.calibrate.fitting import OUTLIER_REL, FitReport, log_r2
 from advisor.hardware import ComputeEfficiency, Hardware
-from advisor.measurements import CalibrationError, _math_of
+from advisor.calibrate.measurements import CalibrationError, _math_of
 from advisor.units import GB
 
 ADAMW_BYTES_PER_PARAM = 28.0  # 7 fp32 accesses: read p, g, m, v; write p, m, v

@@ -1,9 +1,9 @@
-"""Measurements for calibration: reading, validating and writing them (no fitting, no torch).
+"""Measurements for calibration: reading and checking them (no fitting, no torch).
 
-Reads our results JSONL (validation/microbench.py), nccl-tests CSVs and the reference kernel/optimizer
-JSONL into one row format, checking every row (known kind, link and collective; finite positive
-numbers) so a damaged file is a one-line error naming file:line; writes fitted profiles atomically and
-never into the shipped hardware_profiles/.
+Reads our results JSONL (advisor.calibrate.microbench), nccl-tests CSVs (``all_reduce_<n>gpu.csv``:
+size(B),count,type,time(ns),busbw,time(ns),busbw, a file or a folder of them) and the reference
+kernel/optimizer JSONL (kernels.jsonl, optim.jsonl) into one row format, checking every row (known kind,
+link and collective; finite positive numbers) so that a damaged file is a one-line error naming file:line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from advisor.errors import AdvisorError
-from advisor.hardware import Hardware
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 _DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -186,35 +185,3 @@ def _math_of(raw: dict) -> str:
     if raw.get("tf32") or "tf32" in dt:
         return "tf32"
     return _DTYPE_MATH.get(dt.replace("torch.", ""), dt)
-
-
-# ---------------------------------------------------------------------------------------------- links
-def refuse_shipped(path: str | Path) -> Path:
-    """Calibration never overwrites a shipped profile (hardware_profiles/)."""
-    from advisor.hardware import profile_dirs
-
-    p = Path(path).expanduser().resolve()
-    for d in profile_dirs():
-        if p.parent == d.resolve():
-            raise CalibrationError(f"{path}: refusing to overwrite a shipped profile directory; choose another --out path")
-    if p.suffix not in (".yaml", ".yml"):
-        raise CalibrationError(f"{path}: --out must end in .yaml (the profile); results go beside it as .jsonl")
-    return p
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """advisor.io.write_atomic, creating the folder the operator named for --out first."""
-    from advisor.io import write_atomic
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text)
-
-
-def write_profile(hw: Hardware, path: str | Path, header: str = "") -> Path:
-    from advisor.hardware import hardware_from_yaml, hardware_to_yaml
-
-    p = refuse_shipped(path)
-    text = header + hardware_to_yaml(hw)
-    hardware_from_yaml(text, origin=str(p))  # what we write must load back
-    write_text_atomic(p, text)
-    return p

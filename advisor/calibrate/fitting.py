@@ -1,6 +1,5 @@
 """Fitting machinery shared by the calibrations: least squares in log time, a minimax polish, and the
-report of how well a fit reproduces its measurements (advisor.calibrate, calibrate_compute,
-calibrate_network use it; no torch here)."""
+report of how well a fit reproduces its measurements (links, network and compute use it; no torch here)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 
-_WORKER = "import json,sys; from validation.microbench import BenchConfig, run_worker; " \
+_WORKER = "import json,sys; from advisor.calibrate.microbench import BenchConfig, run_worker; " \
           "run_worker(BenchConfig(**json.loads(sys.argv[1])), sys.argv[2])"
 
 
@@ -109,4 +109,4 @@ def _last_line(log) -> str:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])
