@@ -3,7 +3,7 @@
 A worker that dies or stops making progress for ``timeout_s`` ends the run with a one-line error that
 names the rank; the other workers are stopped, and the measurements already appended to the results
 JSONL stay there (a rerun with the same --out resumes). Progress: rank 0's position in the sweep, on
-stderr, with an estimate of the time left. Ctrl-C stops the workers the same way.
+stderr, with the time left (advisor.calibrate.progress). Ctrl-C stops the workers the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from advisor.calibrate.progress import SweepClock
 from advisor.errors import AdvisorError
 
 _WORKER = "import json,sys; from advisor.calibrate.microbench import BenchConfig, run_worker; " \
@@ -42,7 +43,7 @@ def launch_local(cfg, nproc: int, progress=None) -> None:
                                       env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT))
         logs.append(log)
     try:
-        _watch(procs, logs, beat_dir, cfg.timeout_s, progress or _stderr_progress)
+        _watch(procs, logs, beat_dir, cfg.timeout_s, progress or _stderr_progress, SweepClock.for_sweep(cfg, nproc, nproc))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -52,7 +53,7 @@ def launch_local(cfg, nproc: int, progress=None) -> None:
             log.close()
 
 
-def _watch(procs, logs, beat_dir: str, timeout_s: float, progress) -> None:
+def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepClock) -> None:
     start = last_change = time.time()
     last_beats: dict[int, str] = {}
     while True:
@@ -64,34 +65,36 @@ def _watch(procs, logs, beat_dir: str, timeout_s: float, progress) -> None:
                 raise AdvisorError(f"calibrate: rank {r} died (exit {c}): {_last_line(logs[r])}; "
                                    "measurements so far are kept, rerun to resume")
         beats = {r: _read(Path(beat_dir) / f"rank{r}") for r in range(len(procs))}
+        now = time.time()
         if beats != last_beats:
-            last_beats, last_change = beats, time.time()
-            done, total = _position(beats.get(0, ""))
+            last_beats, last_change = beats, now
+            done, total, at = _position(beats.get(0, ""))
             if total:
-                progress(done, total, time.time() - start)
-        elif time.time() - last_change > timeout_s:
+                clock.observe(done, at or now)
+                progress(done, total, now - start, clock.text(now))
+        elif now - last_change > timeout_s:
             lagging = min(range(len(procs)), key=lambda r: _position(beats.get(r, ""))[0])
             raise AdvisorError(f"calibrate: rank {lagging} made no progress for {timeout_s:.0f} s (hung); "
                                "workers stopped, measurements so far are kept, rerun to resume")
         time.sleep(0.1)
 
 
-def _stderr_progress(done: int, total: int, elapsed: float) -> None:
+def _stderr_progress(done: int, total: int, elapsed: float, eta: str = "") -> None:
     frac = done / total if total else 0.0
-    left = elapsed * (1 - frac) / frac if frac > 0 else float("nan")
     bar = "#" * int(30 * frac)
-    sys.stderr.write(f"\r[{bar:<30s}] {done}/{total} measurements, {elapsed:.0f} s, ~{left:.0f} s left ")
+    sys.stderr.write(f"\r[{bar:<30s}] {done}/{total} measurements, {elapsed:.0f} s" + (f", {eta} " if done < total else ""))
     if done >= total:
         sys.stderr.write("\n")
     sys.stderr.flush()
 
 
-def _position(text: str) -> tuple[int, int]:
+def _position(text: str) -> tuple[int, int, float]:
+    """(measurement rank 0 is at, measurements in the sweep, when it got there) from a beat file."""
     parts = text.split()
     try:
-        return int(parts[0]), int(parts[1])
+        return int(parts[0]), int(parts[1]), float(parts[2]) if len(parts) > 2 else 0.0
     except (IndexError, ValueError):
-        return 0, 0
+        return 0, 0, 0.0
 
 
 def _read(p: Path) -> str:
