@@ -8,16 +8,24 @@ escape as Python errors; the ETA is off 3x; outliers fill the screen; a fit with
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _robust import assert_one_line_error, tried
-from advisor.calibrate import calibrate_profile
+from _robust import assert_one_line_error, run_main, tried
+from advisor.calibrate import CalibrationError, calibrate_profile
 from advisor.hardware import load_hardware
 
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+ADVISOR = Path(sys.executable).parent / "advisor"  # the console script: its sys.path has no working directory
 ROW = {"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2, "status": "ok"}
 
 
@@ -135,6 +143,146 @@ def test_any_other_fit_failure_is_one_line_naming_the_source(tmp_path, monkeypat
     src = _jsonl(tmp_path / "r.jsonl", _sweep_rows(lambda s: 2e-5 + s / 40e9))
     assert_one_line_error(["calibrate", "--from", str(src), "--out", str(tmp_path / "o.yaml")],
                           str(src), "intra-node all_reduce", "ZeroDivisionError", "--debug")
+
+
+# --- the output: unwritable, or in use by another calibration ----------------------------------------------
+
+@pytest.mark.parametrize("where", ["/proc/advisor-calibrate-test/o.yaml", "/sys/o.yaml", "read-only"])
+def test_unwritable_out_is_one_line_naming_the_path(where, tmp_path):
+    tried("calibrate")
+    if where == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder")
+        (tmp_path / "ro").mkdir(mode=0o500)
+        where = str(tmp_path / "ro" / "o.yaml")
+    elif not Path("/" + where.split("/")[1]).is_dir():
+        pytest.skip(f"no /{where.split('/')[1]} here")
+    src = _jsonl(tmp_path / "r.jsonl", _sweep_rows(lambda s: 2e-5 + s / 40e9))
+    assert_one_line_error(["calibrate", "--from", str(src), "--out", where], where.rsplit("/", 1)[0], "writable")
+
+
+def test_an_output_in_use_is_refused_in_one_line(tmp_path):
+    from advisor.calibrate.output import lock_output
+
+    tried("calibrate")
+    out = tmp_path / "node.yaml"
+    src = _jsonl(tmp_path / "r.jsonl", _sweep_rows(lambda s: 2e-5 + s / 40e9))
+    with lock_output(out):  # a second open file description conflicts even inside one process (flock)
+        err = assert_one_line_error(["calibrate", "--from", str(src), "--out", str(out)],
+                                    "in use by another calibration", f"pid {os.getpid()}")
+        assert str(out) in err and not out.exists()
+    code, _, err = run_main(["calibrate", "--from", str(src), "--out", str(out)])
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node.yaml", "r.jsonl"]  # the lock file is gone
+
+
+# --- workers: bounded, isolated from the working directory, dying with their parent -------------------------
+
+@pytest.mark.parametrize("nproc,cores,needle", [(100000, None, "at most"), (65, 1000, "never more than 64"),
+                                                (9, 2, "at most 8 local workers")])
+def test_nproc_is_bounded_before_any_worker_starts(nproc, cores, needle, tmp_path, monkeypatch):
+    import advisor.calibrate.launch as launch
+
+    tried("calibrate")
+
+    def refuse(*a, **k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    if cores:
+        monkeypatch.setattr(launch, "usable_cores", lambda: cores)
+    assert_one_line_error(["calibrate", "--nproc", str(nproc), "--backend", "gloo", "--no-compute",
+                           "--out", str(tmp_path / "o.yaml")], f"--nproc {nproc}", needle)
+
+
+def test_nproc_within_the_bound_passes():
+    from advisor.calibrate.launch import MAX_LOCAL_WORKERS, WORKERS_PER_CORE, check_nproc
+
+    check_nproc(WORKERS_PER_CORE * 2, cores=2)
+    check_nproc(MAX_LOCAL_WORKERS, cores=10_000)
+    with pytest.raises(CalibrationError):
+        check_nproc(MAX_LOCAL_WORKERS + 1, cores=10_000)
+
+
+def _cli(args: list[str], cwd: Path, **kw) -> subprocess.Popen:
+    if not ADVISOR.is_file():
+        pytest.skip("the advisor console script is not installed beside this Python")
+    return subprocess.Popen([str(ADVISOR), "calibrate", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
+def test_workers_do_not_import_from_the_working_directory(tmp_path):
+    """A json.py in the directory `advisor calibrate` runs from must not run in its workers."""
+    tried("calibrate")
+    (tmp_path / "json.py").write_text("import os\nopen(os.path.join(os.path.dirname(__file__), 'IMPORTED'), 'a').write('x')\n"
+                                      "raise SystemExit(7)\n")
+    proc = _cli(["--nproc", "2", "--backend", "gloo", "--sizes", "1K:4K", "--iters", "1", "--warmup", "0",
+                 "--no-compute", "--out", str(tmp_path / "out" / "o.yaml")], tmp_path)
+    _, err = proc.communicate(timeout=180)
+    assert not (tmp_path / "IMPORTED").exists()
+    # the workers measured everything (whether 1-iteration CPU timings then fit is not this test's business)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "o.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if r["status"] == "ok"]) == 4 * 3 and "died" not in err, err
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (HAS_TORCH and sys.platform.startswith("linux")), reason="needs torch and Linux's /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_workers_die_with_their_parent_and_the_output_is_locked_meanwhile(sig, tmp_path):
+    tried("calibrate")
+    out = tmp_path / "node.yaml"
+    parent = _cli(["--nproc", "2", "--backend", "gloo", "--sizes", "1K", "--iters", "300000", "--warmup", "0",
+                   "--no-compute", "--timeout", "600", "--out", str(out)], tmp_path)
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while not out.with_suffix(".jsonl").exists() and time.time() < deadline:  # rank 0 opens it once measuring
+            assert parent.poll() is None, parent.communicate()[1]
+            time.sleep(0.2)
+        workers = _children(parent.pid)
+        assert len(workers) == 2, workers
+        # meanwhile a second calibration with the same --out is refused, naming the first
+        second = subprocess.run([str(ADVISOR), "calibrate", "--from", str(tmp_path), "--out", str(out)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and f"pid {parent.pid}" in second.stderr, second.stderr
+        assert second.stderr.count("\n") == 1 and "in use by another calibration" in second.stderr
+        os.kill(parent.pid, sig)
+        parent.wait(timeout=30)
+        deadline = time.time() + 15
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "workers outlived their parent"
+        if sig == signal.SIGTERM:
+            err = parent.stderr.read()
+            assert parent.returncode == 2 and "interrupted" in err.splitlines()[-1], err
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for w in workers:  # a worker that survived the test's failure: stopped by its id
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 # --- progress: an honest estimate of the time left ------------------------------------------------------------

@@ -8,12 +8,15 @@
 - network.py       the inter-node link from collectives over every GPU of several nodes
 - compute.py       GEMM, fused-attention, copy, element-wise and optimizer efficiencies
 - profile.py       a whole profile refitted on a base profile, with a report line per fit
-- output.py        where the profile is written (atomically, never over a shipped profile)
+- output.py        where the profile is written (atomically, never over a shipped profile), and the lock that
+                   keeps two calibrations off one --out
 - microbench.py    the torch.distributed worker that measures (torch imported inside its functions only)
-- launch.py        start local workers, watch them, stop them
+- lifeline.py      a worker dies with the launcher that started it
+- progress.py      the time a sweep has left
+- launch.py        start local workers (bounded, isolated from the working directory), watch them, stop them
 
-Imports flow one way: measurements, fitting -> links, network, compute -> profile -> output; microbench and
-launch sit beside them. torch is imported only inside microbench's functions, never at module level.
+Imports flow one way: measurements, fitting -> links, network, compute -> profile; output; lifeline ->
+microbench -> progress -> launch. torch is imported only inside microbench's functions, never at module level.
 """
 
 from advisor.calibrate.compute import fit_efficiency

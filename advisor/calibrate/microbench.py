@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from advisor.calibrate.lifeline import bind_to_parent
 from advisor.comm import bus_factor
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -174,7 +175,9 @@ def _median_time(fn, device, iters: int) -> float:
 
 
 def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
-    """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows."""
+    """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows. Started by
+    advisor.calibrate.launch, the rank dies with the launcher (advisor.calibrate.lifeline)."""
+    bind_to_parent()
     import datetime
 
     import torch
