@@ -133,6 +133,7 @@ WRITE_THEN = ("import json, os, sys, time; cfg = json.loads(sys.argv[1]); "
 
 
 @pytest.mark.skipif(not AVAILABLE, reason="no launcher")
+@pytest.mark.slow  # spawns two workers
 def test_a_worker_that_dies_is_named_and_measurements_are_kept(tmp_path, monkeypatch):
     import advisor.calibrate.launch as launch
     from advisor.errors import AdvisorError
@@ -148,6 +149,7 @@ def test_a_worker_that_dies_is_named_and_measurements_are_kept(tmp_path, monkeyp
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 1  # rank 0's row survived
 
 
+@pytest.mark.slow  # spawns two workers
 def test_a_hung_worker_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
     import subprocess
 
@@ -173,6 +175,7 @@ def test_a_hung_worker_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
     assert (tmp_path / "r.jsonl").read_text().count("\n") == 1
 
 
+@pytest.mark.slow  # spawns two workers
 def test_cli_reports_a_dead_worker_in_one_line(tmp_path, monkeypatch):
     import advisor.calibrate.launch as launch
 
@@ -196,6 +199,7 @@ def _resume(tmp_path: Path, tail: str) -> tuple[int, str, Path]:
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
+@pytest.mark.slow  # a real 2-rank gloo sweep and a refit, ~20-30 s
 def test_rerun_resumes_and_from_refits(tmp_path):
     tried("calibrate")
     code, err, out = _resume(tmp_path, "")
@@ -208,6 +212,7 @@ def test_rerun_resumes_and_from_refits(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
+@pytest.mark.slow  # a real 2-rank gloo sweep, ~12 s
 def test_rerun_resumes_after_a_run_killed_mid_write(tmp_path):
     tried("calibrate")
     code, err, out = _resume(tmp_path, json.dumps(ROW)[:40])
