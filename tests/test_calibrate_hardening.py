@@ -91,6 +91,15 @@ def test_a_fit_that_explains_nothing_is_flagged_and_not_used():
     assert "intra_node" in hw.calibration["rejected_fits"] and "R^2" in hw.calibration["rejected_fits"]["intra_node"]
 
 
+def test_a_sweep_whose_times_hardly_vary_is_judged_by_its_error():
+    """Equal times at every size leave R^2 nothing to compare with (their spread is ~0): a fit that reproduces
+    them is used (a resumed 1-iteration CPU run failed on this once R^2 alone judged)."""
+    base = load_hardware("dgx-a100")
+    rows = _sweep_rows(lambda s: 1e-4, sizes=(1024, 2048, 4096))
+    hw, lines = calibrate_profile(rows, base, "t", {"date": "x"})
+    assert hw.intra_node != base.intra_node and "rejected_fits" not in hw.calibration, lines
+
+
 def test_a_good_fit_is_used_and_leaves_no_rejection():
     base = load_hardware("dgx-a100")
     hw, _ = calibrate_profile(_sweep_rows(lambda s: 2e-5 + s / 40e9), base, "t", {"date": "x"})

@@ -12,9 +12,11 @@ from advisor.hardware import CommFit, Link
 from advisor.units import MiB
 
 OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed as an outlier
-# A fit is used only when it explains more of the measured times' spread (in log time) than their mean does:
-# R^2 <= 0 means the fitted curve predicts the sweep no better than one constant time, i.e. it explains nothing
-# (a CPU/gloo sweep dominated by scheduler noise gave R^2 -0.16); the base profile's figures are kept instead.
+# A fit explains nothing when it predicts the sweep no better than one constant time (R^2 <= R2_MIN, in log
+# time: a CPU/gloo sweep dominated by scheduler noise gave R^2 -0.16) and does not reproduce it either (mean
+# error above OUTLIER_REL): where the measured times hardly vary across sizes, R^2 compares with a spread near
+# zero and says nothing, and the error alone judges the fit. Such a fit is not used; the base profile's
+# figures are kept instead.
 R2_MIN = 0.0
 # The minimax polish minimises max + MEAN_WEIGHT * mean of the relative errors. The worst size is flat
 # near its optimum (many parameter sets are within a fraction of a point of it) while the mean is not:
@@ -37,7 +39,11 @@ class FitReport:
 
     @property
     def explains_nothing(self) -> bool:
-        return not self.r2 > R2_MIN
+        return not self.r2 > R2_MIN and not self.mean_rel_err <= OUTLIER_REL
+
+    def why_useless(self) -> str:
+        return (f"R^2 {self.r2:.2f} <= {R2_MIN:g} and off by {100 * self.mean_rel_err:.0f}% on average: "
+                "the fit explains nothing")
 
     def detail_lines(self, shown: int = 3) -> list[str]:
         """At most two indented lines: the outliers counted with the worst few, the failed sizes with the first few."""
@@ -83,7 +89,7 @@ class Ledger:
     def reject(self, part: str, rep: "FitReport", base: str, say: bool = True) -> None:
         """``part`` keeps its base value: ``rep``'s fit explains nothing (a line says so unless ``say`` is False,
         where the caller has said it)."""
-        why = f"{rep.what}: R^2 {rep.r2:.2f} <= {R2_MIN:g}, the fit explains nothing"
+        why = f"{rep.what}: {rep.why_useless()}"
         self.rejected[part] = f"{why}; kept from {base}"
         self.skipped.append(why)
         if say:

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from advisor.calibrate.compute import fit_efficiency
-from advisor.calibrate.fitting import R2_MIN, Ledger
+from advisor.calibrate.fitting import Ledger
 from advisor.calibrate.links import collective_points, fit_link, fit_low_latency, link_report
 from advisor.calibrate.measurements import COLLECTIVES, CalibrationError
 from advisor.calibrate.network import fit_world
@@ -35,7 +35,7 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     One CommFit per link class: the all-reduce fit when all-reduce was measured (DDP gradients, the
     dominant collective), else the collective with the most points; every collective's error under
     its own fit is reported. A link class without measurements keeps the base profile's fit, and so does
-    one whose fits explain nothing (R^2 <= R2_MIN): the report and the profile's ``calibration.rejected_fits``
+    one whose fits explain nothing (advisor.calibrate.fitting.R2_MIN): the report and the profile's ``calibration.rejected_fits``
     say so. Raises CalibrationError when nothing at all could be fitted (no profile is then worth writing),
     and names the fit when a fit fails numerically.
     """
@@ -100,7 +100,7 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
         led.lines += [rep.line(), *rep.detail_lines()]
         if rep.explains_nothing:
             rejected = rejected or rep
-            led.lines.append(f"  {rep.what}: R^2 {rep.r2:.2f} <= {R2_MIN:g}, the fit explains nothing: not used")
+            led.lines.append(f"  {rep.what}: {rep.why_useless()}: not used")
             continue
         if chosen is None or coll == "all_reduce" or (chosen[0] != "all_reduce" and len(S) > chosen[2]):
             chosen = (coll, fitted, len(S), (n, S, t, share))
@@ -127,8 +127,7 @@ def _with_low_latency(link: Link, coll: str, points: tuple, cls: str, led: Ledge
     led.lines.append(f"{cls}-node {ll[1].line()}: start-up {ll[0].fit.ll_latency_us:.1f} us, "
                      f"rate {ll[0].fit.ll_bandwidth_ratio:.3f} of the link")
     if ll[1].explains_nothing:
-        led.lines.append(f"  {cls}-node low-latency path: R^2 {ll[1].r2:.2f} <= {R2_MIN:g}, the fit explains nothing: "
-                         "not used")
+        led.lines.append(f"  {cls}-node low-latency path: {ll[1].why_useless()}: not used")
         return link
     return ll[0]
 
@@ -166,7 +165,7 @@ def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, l
         led.lines += [rep.line(), *rep.detail_lines()]
         if rep.explains_nothing:
             rejected = rejected or rep
-            led.lines.append(f"  {rep.what}: R^2 {rep.r2:.2f} <= {R2_MIN:g}, the fit explains nothing: not used")
+            led.lines.append(f"  {rep.what}: {rep.why_useless()}: not used")
         elif chosen is None or coll == "all_reduce":
             chosen = (coll, link)
     if chosen is None:
