@@ -299,6 +299,8 @@ def test_workers_die_with_their_parent_and_the_output_is_locked_meanwhile(sig, t
 # Per bus byte on gloo/CPU (a 2-rank 1K:1G run on this machine): all-gather 3x and reduce-scatter 5x slower than
 # all-reduce, send/recv 4x faster
 GLOO_RATE = {"all_reduce": 1.0, "all_gather": 3.0, "reduce_scatter": 5.0, "send_recv": 0.25}
+# and start-ups that differ by collective (small sizes: 1-4 KiB reduce-scatters took ~1 ms, all-reduces ~0.1 ms)
+GLOO_START_S = {"all_reduce": 1e-4, "all_gather": 3e-4, "reduce_scatter": 1e-3, "send_recv": 5e-5}
 
 
 def _simulated_sweep(per_call, world: int):
@@ -335,6 +337,22 @@ def test_time_left_is_an_estimate_or_says_why_it_is_rough(kink):
             sure += 1
             assert left == pytest.approx(starts[-1] - now, rel=0.25), (i, left, starts[-1] - now)
     assert rough and sure
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_time_left_stays_within_what_the_rates_spread_allows(world):
+    """A collective just started, timed at latency-bound sizes only, must not lend its start-up to a per-byte
+    rate: that extrapolated a 1 GiB reduce-scatter to 3.4e6 s in a real 2-rank run. Rough or not, the figure stays
+    within the spread of the collectives' rates (20x: reduce-scatter 5x, send/recv 1/4 of all-reduce's)."""
+    def per_call(B, coll, size):
+        return GLOO_START_S[coll] + B / 2e9 * GLOO_RATE[coll]
+
+    clock, starts = _simulated_sweep(per_call, world=world)
+    for i in range(1, len(starts) - 1):
+        clock.observe(i, starts[i])
+        now = starts[i] + 0.5 * (starts[i + 1] - starts[i])
+        left, _ = clock.left(now)
+        assert left is None or left <= 20 * (starts[-1] - now), (i, left, starts[-1] - now, clock.text(now))
 
 
 def test_time_left_says_which_collectives_are_not_timed_yet():

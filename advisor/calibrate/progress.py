@@ -1,18 +1,18 @@
 """How long a calibration sweep has left, from the time the measurements made so far took.
 
 Each measurement of the sweep (advisor.calibrate.microbench.measurement_plan) makes warmup + iters calls of
-one collective at one size. A call is modelled as t = a + b_k B, with B the bytes each rank moves (nccl-tests'
-bus bytes: bus_factor x size) and b_k a rate per collective (on gloo/CPU a bus byte of reduce-scatter takes 5x
-one of all-reduce, and send/recv 4x less: one rate for all was off by 3x); a and b_k are fitted (non-negative
-least squares) to the time rank 0 took between the positions the launcher saw. A collective not timed yet
-takes the rate of all the others pooled. The figure is "rough", and says why, while it is extrapolated: while a
-collective still to come has not been timed at the sizes still to come (larger buffers run at other rates:
-caches, then memory), or not timed at all.
+one collective at one size. A call of collective k is modelled as t = a_k + b_k B, with B the bytes each rank
+moves (nccl-tests' bus bytes: bus_factor x size): one start-up and one rate per collective, since on gloo/CPU
+a bus byte of reduce-scatter takes 5x one of all-reduce and send/recv 4x less (one rate for all was off by
+3x). They are fitted (non-negative least squares) to the time rank 0 took between the positions the launcher
+saw. A measurement to come at a size its collective has been timed at or above takes that collective's a_k,
+b_k. Beyond (or for a collective not timed yet) the rate is the one of every collective pooled, which larger
+sizes have set: a rate fitted on a collective's small, latency-bound sizes alone extrapolated a 1 GiB
+reduce-scatter to 10^6 s. The figure is then "rough", and says why.
 
 Before: the time left was elapsed x (measurements left / done), by count; sizes double along the sweep, so the
 last measurements take most of the time (42 s left at 13 s, for a run that ended at 137 s).
-Left out: the compute measurements after the collectives (the text says they follow, untimed).
-"""
+Left out: the compute measurements after the collectives (the text says they follow, untimed)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ class SweepClock:
         if self._last is not None and position > self._last[0] and t >= self._last[1]:
             done = slice(self._last[0], position)
             c, B, k = self.calls[done], self.bytes[done], self.kinds[done]
-            if c.sum() > 0:
-                self._spans.append(np.r_[c.sum(), [(c * B)[k == name].sum() for name in self.names], t - self._last[1]])
+            if c.sum() > 0:  # per collective: calls, then calls x bytes; then the seconds the span took
+                self._spans.append(np.r_[[c[k == name].sum() for name in self.names],
+                                         [(c * B)[k == name].sum() for name in self.names], t - self._last[1]])
         if self._last is None or position > self._last[0]:
             self._last = (position, t)
 
@@ -65,22 +66,28 @@ class SweepClock:
             return None, ""
         from scipy.optimize import nnls
 
-        S = np.array(self._spans)
-        A, y = S[:, :-1], S[:, -1]
-        timed = A[:, 1:].sum(axis=0) > 0
-        per_kind = _nnls(nnls, A[:, np.r_[True, timed]], y)
-        pooled = _nnls(nnls, np.c_[A[:, 0], A[:, 1:].sum(axis=1)], y)
-        rate = dict(zip(self.names, np.full(len(self.names), pooled[1])))
-        rate.update(zip(np.array(self.names)[timed], per_kind[1:]))
+        S, K = np.array(self._spans), len(self.names)
+        C, CB, y = S[:, :K], S[:, K:2 * K], S[:, -1]
+        timed = C.sum(axis=0) > 0
+        own = _nnls(nnls, np.c_[C[:, timed], CB[:, timed]], y)
+        a_pool, b_pool = _nnls(nnls, np.c_[C.sum(axis=1), CB.sum(axis=1)], y)
+        a, b = np.full(K, a_pool), np.full(K, b_pool)
+        a[timed], b[timed] = own[:timed.sum()], own[timed.sum():]
         i, t_last = self._last
+        kind = np.searchsorted(self.names, self.kinds)
+        largest = np.array([self.sizes[self._finished(i) & (self.kinds == name)].max(initial=0.0) for name in self.names])
         todo = np.arange(len(self.calls)) >= i
-        rest = self.calls[todo] * (per_kind[0] + np.array([rate[k] for k in self.kinds[todo]]) * self.bytes[todo])
+        rate = np.where(self.sizes <= largest[kind], b[kind], b_pool)
+        rest = (self.calls * (a[kind] + rate * self.bytes))[todo]
         return max(float(rest.sum()) - (now - t_last), 0.0), self._rough(i)
+
+    def _finished(self, i: int) -> np.ndarray:
+        return (np.arange(len(self.calls)) < i) & (self.calls > 0)
 
     def _rough(self, i: int) -> str:
         """Why the time left is extrapolated ("" where each measurement to come has been timed at its size or
         above for its collective, in some group)."""
-        finished = (np.arange(len(self.calls)) < i) & (self.calls > 0)
+        finished = self._finished(i)
         todo = (np.arange(len(self.calls)) >= i) & (self.calls > 0)
         untimed = sorted({k for k in self.kinds[todo] if not (finished & (self.kinds == k)).any()})
         if untimed:
