@@ -236,6 +236,26 @@ def test_workers_do_not_import_from_the_working_directory(tmp_path):
     assert len([r for r in rows if r["status"] == "ok"]) == 4 * 3 and "died" not in err, err
 
 
+@pytest.mark.slow  # spawns workers
+def test_the_run_folder_goes_after_a_good_run_and_is_named_after_a_failed_one(tmp_path, monkeypatch):
+    """Every run left a /tmp/advisor-calibrate-* folder behind (218 after a day of tests here)."""
+    import advisor.calibrate.launch as launch
+    from advisor.calibrate.microbench import BenchConfig
+
+    made = []
+    real = launch.tempfile.mkdtemp
+    monkeypatch.setattr(launch.tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
+    cfg = BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=20)
+    monkeypatch.setattr(launch, "_WORKER", "import sys")
+    launch.launch_local(cfg, 2, progress=lambda *a: None)
+    assert not Path(made[-1]).exists()
+    monkeypatch.setattr(launch, "_WORKER", "import os, sys; print('boom'); sys.exit(3 if os.environ['RANK'] == '1' else 0)")
+    with pytest.raises(CalibrationError, match="rank 1 died") as exc:
+        launch.launch_local(cfg, 2, progress=lambda *a: None)
+    log = str(exc.value).rsplit("(log: ", 1)[1].rstrip(")")
+    assert Path(log).read_text().strip() == "boom" and Path(log).parent == Path(made[-1])
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -280,7 +280,8 @@ WRITE_SITES = {
     "advisor/calibrate/output.py": ["path.parent.mkdir(", "os.unlink(lock)"],
     # the results JSONL is appended row by row (a crash loses at most the row being written: resume reads it)
     "advisor/calibrate/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
-    "advisor/calibrate/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")"],
+    "advisor/calibrate/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")",
+                                    "shutil.rmtree(beat_dir"],  # its own run folder, removed after a good run
 }
 WRITE_RE = re.compile(r"\bopen\(.*,\s*['\"][wax]\+?b?\+?['\"]|\.write_text\(|\.write_bytes\(|os\.replace\(|os\.rename\(|shutil\.|"
                       r"mkstemp|mkdtemp|\.mkdir\(|os\.makedirs|os\.remove\(|os\.unlink\(|savefig\(|np\.save|json\.dump\(|"

@@ -10,12 +10,15 @@
   the rank; the other workers are stopped, and the measurements already appended to the results JSONL stay
   there (a rerun with the same --out resumes).
 - Progress: rank 0's position in the sweep, on stderr, with the time left (advisor.calibrate.progress).
+- The run folder (beats, one log per rank) is removed after a run that succeeded; a failed run keeps it, and
+  its error names it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +95,7 @@ def launch_local(cfg, nproc: int, progress=None) -> None:
                 _stop(p)
             for log in logs:
                 log.close()
+    shutil.rmtree(beat_dir, ignore_errors=True)  # a run that failed keeps its folder: the error names its logs
 
 
 def _stop(p: subprocess.Popen) -> None:
@@ -137,7 +141,7 @@ def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepC
         for r, c in enumerate(codes):
             if c not in (None, 0):
                 raise CalibrationError(f"calibrate: rank {r} died (exit {c}): {_last_line(logs[r])}; "
-                                       "measurements so far are kept, rerun to resume")
+                                       f"measurements so far are kept, rerun to resume (log: {logs[r].name})")
         beats = {r: _read(Path(beat_dir) / f"rank{r}") for r in range(len(procs))}
         now = time.time()
         if beats != last_beats:
@@ -149,7 +153,8 @@ def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepC
         elif now - last_change > timeout_s:
             lagging = min(range(len(procs)), key=lambda r: _position(beats.get(r, ""))[0])
             raise CalibrationError(f"calibrate: rank {lagging} made no progress for {timeout_s:.0f} s (hung); "
-                                   "workers stopped, measurements so far are kept, rerun to resume")
+                                   "workers stopped, measurements so far are kept, rerun to resume "
+                                   f"(logs: {beat_dir})")
         time.sleep(0.1)
 
 
