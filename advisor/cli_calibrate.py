@@ -8,11 +8,15 @@
 The profile is the --base profile (datasheet figures) with the fitted link and efficiency values; on a
 CPU/gloo run those values describe the CPU and its gloo transport, not the base's GPU. The raw
 measurements stay in a results JSONL beside the profile (``--out`` with .jsonl), appended as measured;
-a rerun with the same --out resumes the sweep where it stopped.
+a rerun with the same --out resumes the sweep where it stopped. One calibration at a time per --out (a lock
+file beside it); local workers are bounded by the machine's cores and die with this command
+(advisor.calibrate.launch). A profile is written only where something was fitted, and without the fits that
+explain nothing (R^2 <= 0: the base profile's values stay, and the profile's calibration says so).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -44,6 +48,8 @@ TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install 
 def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, timeout_s, compute, judge_from):
     """Measure this machine's collectives and kernels and write a hardware profile for --hw."""
     from advisor import calibrate as cal
+    from advisor.calibrate.launch import check_nproc
+    from advisor.calibrate.output import lock_output
     from advisor.hardware import load_hardware
 
     out_path = cal.refuse_shipped(out)
@@ -58,12 +64,23 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
             raise AdvisorError(f"--iters {iters} / --warmup {warmup}: need at least 1 timed iteration and no negative warm-up")
         if not (timeout_s > 0 and timeout_s < 1e6):
             raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
+        if nproc and not _under_torchrun():  # 0: the default, known once torch has counted the GPUs
+            _check_at_least_two(nproc)
+            check_nproc(nproc)
+    # one calibration per --out (rank 0 of a torchrun job holds it: the other ranks write nothing)
+    with lock_output(out_path) if not _follower() else contextlib.nullcontext():
+        _calibrate(out_path, from_, base, base_hw, name, judge_bytes,
+                   (nproc, backend, sizes, iters, warmup, timeout_s, compute))
+
+
+def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: float, sweep: tuple) -> None:
+    from advisor import calibrate as cal
 
     sources = [Path(p) for p in from_] if from_ else [out_path.with_suffix(".jsonl")]
     named = ", ".join(map(str, sources))
     info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node()}
     if from_ is None:
-        info.update(_measure(sources[0], nproc, backend, sizes, iters, warmup, timeout_s, compute))
+        info.update(_measure(sources[0], *sweep))
         if info.pop("follower", False):
             return  # a torchrun rank other than 0: rank 0 fits and writes
     else:
@@ -74,13 +91,29 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     info["results"] = named
     if cal.on_cpu_note(info):
         click.echo(cal.on_cpu_note(info), err=True)
-    hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)
+    try:
+        hw, lines = cal.calibrate_profile(rows, base_hw, name or out_path.stem, info, judge_bytes)
+    except cal.CalibrationError as exc:
+        raise cal.CalibrationError(f"{named}: {exc}") from exc
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
               "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
     path = cal.write_profile(hw, out_path, header)
     for line in lines:
         click.echo(line)
     click.echo(f"wrote {path} (use it with --hw {path})")
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _follower() -> bool:
+    return _under_torchrun() and os.environ["RANK"] != "0"
+
+
+def _check_at_least_two(nproc: int) -> None:
+    if nproc < 2:
+        raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks")
 
 
 def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, compute) -> dict:
@@ -97,32 +130,27 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
         backend = "nccl" if gpus else "gloo"
     if backend == "nccl" and not gpus:
         raise AdvisorError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo on CPU")
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    under_torchrun = _under_torchrun()
     nproc = int(os.environ["WORLD_SIZE"]) if under_torchrun else (nproc or gpus or 2)
-    if nproc < 2:
-        raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks")
+    _check_at_least_two(nproc)
     if backend == "nccl" and not under_torchrun and nproc > gpus:
         raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
-    from validation.launch import launch_local
-    from validation.microbench import BenchConfig, run_worker
-
     if cal.repair_torn_tail(results):
         click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)
     done = [(r["link"], r["collective"], r["n_ranks"], r["size_bytes"]) for r in
             (cal.read_results(results) if results.is_file() else []) if r.get("status") == "ok" and r.get("kind") == "collective"]
     has_compute = results.is_file() and any(r.get("kind") == "matmul" for r in cal.read_results(results))
-    cfg = BenchConfig(sizes=cal.parse_sizes(sizes), warmup=warmup, iters=iters, backend=backend, out=str(results),
-                      compute=compute and not has_compute, timeout_s=timeout_s, skip=done)
+    cfg = cal.BenchConfig(sizes=cal.parse_sizes(sizes), warmup=warmup, iters=iters, backend=backend, out=str(results),
+                          compute=compute and not has_compute, timeout_s=timeout_s, skip=done)
     if done:
         click.echo(f"resuming: {len(done)} measurements already in {results}", err=True)
-    results.parent.mkdir(parents=True, exist_ok=True)
     try:
         if under_torchrun:
-            run_worker(cfg)
+            cal.run_worker(cfg)
             if int(os.environ["RANK"]) != 0:
                 return {"follower": True}
         else:
-            launch_local(cfg, nproc)
+            cal.launch_local(cfg, nproc)
     except KeyboardInterrupt:
         raise AdvisorError(f"interrupted: measurements so far are in {results}; rerun to resume, "
                            f"or refit them with --from {results}") from None

@@ -5,7 +5,7 @@ The measured quantity is defined as nccl-tests defines it (doc/PERFORMANCE.md in
 bandwidth into the bandwidth each rank's link actually carries in a ring:
     all_reduce 2(n-1)/n, all_gather (n-1)/n, reduce_scatter (n-1)/n, broadcast/reduce/send_recv 1,
     all_to_all (n-1)/n.
-``bus_factor`` below is that table, written once and used by validation/microbench.py for its busbw column.
+``bus_factor`` below is that table, written once and used by advisor/calibrate/microbench.py for its busbw column.
 
 One link class (advisor.hardware.CommFit) costs the cheaper of NCCL's two bulk protocols, as NCCL's
 tuner picks the protocol with the lower predicted time per call (src/graph/tuning.cc):

@@ -71,7 +71,7 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
         fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s(math) * eff)
         if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
             fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
-        # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate_compute.fit_attention)
+        # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate.compute.fit_attention)
         fwd = fwd + hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
         return fwd, 2.5 * fwd

@@ -32,34 +32,41 @@ def _resolve(module: str) -> str | None:
     return None
 
 
-def _imports(path: Path) -> tuple[set[str], set[str]]:
-    """(advisor modules, other top-level packages) a module imports anywhere but under TYPE_CHECKING."""
+def _imports(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """(advisor modules, other top-level packages, other packages imported at module level) a module imports
+    anywhere but under TYPE_CHECKING. A submodule importing its own package counts: the package's __init__
+    imports the submodule back, a cycle."""
     tree = ast.parse(path.read_text())
     typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                    for n in ast.walk(node)}
-    ours, other = set(), set()
+    in_function = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(node)}
+    ours, other, top = set(), set(), set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
+        names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "advisor" or node.module.startswith("advisor."):
                 base = node.module[len("advisor."):] if node.module != "advisor" else ""
                 for a in node.names:
-                    target = _resolve(f"{base}.{a.name}" if base else a.name) or _resolve(base)
-                    ours |= {target} if target else set()
+                    ours.add(_resolve(f"{base}.{a.name}" if base else a.name) or _resolve(base))
             else:
-                other.add(node.module.split(".")[0])
+                names = [node.module]
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("advisor."):
-                    ours |= {_resolve(a.name[len("advisor."):])} - {None}
+                    ours.add(_resolve(a.name[len("advisor."):]))
                 else:
-                    other.add(a.name.split(".")[0])
-    me = _name(path)
-    return {o for o in ours if o and o != me and not me.startswith(o + ".")}, other
+                    names.append(a.name)
+        other |= {n.split(".")[0] for n in names}
+        if id(node) not in in_function:
+            top |= {n.split(".")[0] for n in names}
+    return {o for o in ours if o and o != _name(path)}, other, top
 
 
-GRAPH = {m: _imports(p) for m, p in FILES.items()}
+IMPORTS = {m: _imports(p) for m, p in FILES.items()}
+GRAPH = {m: (ours, other) for m, (ours, other, _) in IMPORTS.items()}
 # the cost model: typed inputs and the pure functions over them (not the search, the CLI or calibration)
 CORE = {"units", "errors", "spec", "io", "profiles", "hardware", "stack", "training", "layout", "workload",
         "candidates", "comm", "compute", "host", "optimizer", "memory", "step", "constraints", "model",
@@ -96,7 +103,7 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_the_graph_sees_package_modules_and_function_level_imports():
-    assert {"parallel.data", "parallel.tensor", "model.layer"} <= set(FILES)
+    assert {"parallel.data", "parallel.tensor", "model.layer", "calibrate.links", "export.megatron"} <= set(FILES)
     assert {"comm", "candidates", "parallel.pipeline"} <= GRAPH["parallel.data"][0]
     assert "model.layer" in GRAPH["stack"][0] and "search" in GRAPH["suggest"][0]
 
@@ -104,7 +111,7 @@ def test_the_graph_sees_package_modules_and_function_level_imports():
 def test_core_modules_sit_below_the_search_and_the_cli():
     """No module outside the CLI imports a cli* module; the cost model imports none of search, calibration,
     the API, export or rendering; everything is in CORE or above it."""
-    above = {"search", "space", "suggest", "explain", "calibrate", "api", "export", "render", "results"}
+    above = {"search", "space", "suggest", "explain", "calibrate", "api", "export", "render", "results", "ranking"}
     for m, (ours, _) in GRAPH.items():
         if not m.startswith("cli"):
             assert not {o for o in ours if o.startswith("cli")}, m
@@ -118,9 +125,16 @@ def test_advisor_never_imports_validation():
     assert users == []
 
 
-def test_only_calibration_imports_torch():
+def test_only_calibration_imports_torch_and_never_at_module_level():
     users = sorted(m for m, (_, other) in GRAPH.items() if "torch" in other)
     assert all(u == "cli_calibrate" or u.startswith("calibrate") for u in users), users
+    assert "calibrate.microbench" in users  # the worker measures with torch
+    assert [m for m, (_, _, top) in IMPORTS.items() if "torch" in top] == []
+
+
+def test_a_submodule_importing_its_package_would_be_a_cycle():
+    assert _cycles({"calibrate": {"calibrate.links"}, "calibrate.links": {"calibrate"}}) == [
+        ["calibrate", "calibrate.links", "calibrate"]]
 
 
 def test_the_cost_model_never_names_a_stack():

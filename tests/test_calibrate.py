@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor import calibrate as cal
-from advisor import calibrate_compute as calc
+from advisor.calibrate import compute as calc
 from advisor.comm import bus_factor, link_time
 from advisor.errors import AdvisorError
 from advisor.hardware import PROFILE_DIR, CommFit, load_hardware
@@ -83,6 +83,7 @@ def test_fit_recovers_a_known_link():
     assert np.abs(got / t - 1).max() < 0.01
 
 
+@pytest.mark.slow  # ~4-8 s: a 300-point fit with the minimax polish
 def test_fit_recovers_nccl_protocols():
     """LL128's rate and Simple's pipeline fill and loop, made by link_time, are recovered by the fit: each
     protocol wins over a range of the sweep, and the loop's sawtooth has the period the grid proposes."""
@@ -215,6 +216,7 @@ def test_missing_torch_is_one_line_error(tmp_path, monkeypatch):
 
 
 @needs_ref
+@pytest.mark.slow  # ~4-10 s: a 96-point fit through the CLI
 def test_cli_refit_from_nccl_tests_subset(tmp_path):
     """`--from` a folder of nccl-tests CSVs (every 32nd size, to stay fast) writes a loadable profile."""
     src = tmp_path / "csv"
@@ -286,6 +288,7 @@ def test_one_gpu_per_node_rows_fit_that_gpus_share_of_the_network():
 
 
 @needs_ref
+@pytest.mark.slow  # ~6-13 s: two fits through the CLI
 def test_cli_from_repeated_reads_every_source(tmp_path):
     """`--from` twice (an nccl-tests folder and the H100 optimizer file) fits from both, not the last one only."""
     src = tmp_path / "csv"

@@ -1,6 +1,5 @@
 """`advisor calibrate` for real: local gloo workers on CPU, sweep, fit, profile, load it back."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +71,7 @@ HUNG = ("import os,sys,time,pathlib; r=os.environ['RANK']; "
 @pytest.mark.parametrize("worker, timeout_s, message", [(DEAD, 20, "rank 1 died"), (HUNG, 2, "rank 1 made no progress")],
                          ids=["dead", "hung"])
 def test_failed_rank_is_named(tmp_path, monkeypatch, worker, timeout_s, message):
-    from validation import launch
-    from validation.microbench import BenchConfig
+    from advisor.calibrate import BenchConfig, launch
 
     monkeypatch.setattr(launch, "_WORKER", worker)
     with pytest.raises(Exception, match=message):
@@ -84,7 +82,7 @@ def test_failed_rank_is_named(tmp_path, monkeypatch, worker, timeout_s, message)
 def test_measurement_plan_adds_the_whole_world_across_nodes():
     """On several nodes the sweep covers one GPU per node (the network alone) and every GPU (the path data
     parallelism runs); world rows carry the GPUs per node the fit needs."""
-    from validation.microbench import BenchConfig, collective_row, measurement_plan
+    from advisor.calibrate.microbench import BenchConfig, collective_row, measurement_plan
 
     cfg = BenchConfig(sizes=[1 << 20], collectives=["all_reduce"], p2p=False)
     groups = {(link, tuple(ranks)) for link, ranks, _, _ in measurement_plan(cfg, 16, 8)}

@@ -6,7 +6,7 @@ Bad inputs tried (tables below): missing/empty/binary files, torn and non-JSON l
 a size, NaN/negative/zero times, zero ranks, unknown links/collectives/kinds, badly named nccl-tests CSVs,
 empty folders, --out outside .yaml or inside the shipped profiles, garbage --sizes/--judge-from/--nproc/
 --timeout/--iters, and workers that exit, crash after writing, or hang.
-Skipped where advisor/cli_calibrate.py or validation/launch.py is absent; tests of faults that the
+Skipped where advisor/cli_calibrate.py or advisor/calibrate/launch.py is absent; tests of faults that the
 calibration owner fixed are kept as regular cases.
 """
 
@@ -21,9 +21,9 @@ import pytest
 
 from _robust import assert_one_line_error, run_main, tried
 
-AVAILABLE = all(importlib.util.find_spec(m) is not None for m in ("advisor.cli_calibrate", "advisor.calibrate", "validation.launch"))
+AVAILABLE = all(importlib.util.find_spec(m) is not None for m in ("advisor.cli_calibrate", "advisor.calibrate.launch"))
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason="advisor calibrate (cli_calibrate.py, validation/launch.py) not present")
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason="advisor calibrate (cli_calibrate.py, calibrate/launch.py) not present")
 
 ROW = {"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": 2, "size_bytes": 1024,
        "time_s": 1e-3, "status": "ok"}
@@ -108,7 +108,7 @@ BAD_OPTIONS = [
 @pytest.mark.parametrize("opts,needle", BAD_OPTIONS, ids=[" ".join(o.values[0] if hasattr(o, "values") else o[0]) for o in BAD_OPTIONS])
 def test_bad_calibrate_options(opts, needle, tmp_path, monkeypatch):
     """Refused before any worker starts: workers are replaced by one that fails the test if launched."""
-    import validation.launch as launch
+    import advisor.calibrate.launch as launch
 
     tried("calibrate")
     monkeypatch.setattr(launch, "_WORKER", "import sys; sys.exit(97)")
@@ -120,7 +120,7 @@ def test_bad_calibrate_options(opts, needle, tmp_path, monkeypatch):
 # --- worker faults -----------------------------------------------------------------------------------
 
 def _cfg(tmp_path: Path, timeout_s: float = 60.0):
-    from validation.microbench import BenchConfig
+    from advisor.calibrate.microbench import BenchConfig
 
     return BenchConfig(sizes=[1024], warmup=0, iters=1, backend="gloo", out=str(tmp_path / "r.jsonl"), compute=False,
                        timeout_s=timeout_s, skip=[])
@@ -133,8 +133,9 @@ WRITE_THEN = ("import json, os, sys, time; cfg = json.loads(sys.argv[1]); "
 
 
 @pytest.mark.skipif(not AVAILABLE, reason="no launcher")
+@pytest.mark.slow  # spawns two workers
 def test_a_worker_that_dies_is_named_and_measurements_are_kept(tmp_path, monkeypatch):
-    import validation.launch as launch
+    import advisor.calibrate.launch as launch
     from advisor.errors import AdvisorError
 
     tried("calibrate")
@@ -148,10 +149,11 @@ def test_a_worker_that_dies_is_named_and_measurements_are_kept(tmp_path, monkeyp
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 1  # rank 0's row survived
 
 
+@pytest.mark.slow  # spawns two workers
 def test_a_hung_worker_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
     import subprocess
 
-    import validation.launch as launch
+    import advisor.calibrate.launch as launch
     from advisor.errors import AdvisorError
 
     tried("calibrate")
@@ -173,8 +175,9 @@ def test_a_hung_worker_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
     assert (tmp_path / "r.jsonl").read_text().count("\n") == 1
 
 
+@pytest.mark.slow  # spawns two workers
 def test_cli_reports_a_dead_worker_in_one_line(tmp_path, monkeypatch):
-    import validation.launch as launch
+    import advisor.calibrate.launch as launch
 
     tried("calibrate")
     monkeypatch.setattr(launch, "_WORKER", "import sys; print('boom: CUDA error'); sys.exit(5)")
@@ -196,6 +199,7 @@ def _resume(tmp_path: Path, tail: str) -> tuple[int, str, Path]:
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
+@pytest.mark.slow  # a real 2-rank gloo sweep and a refit, ~20-30 s
 def test_rerun_resumes_and_from_refits(tmp_path):
     tried("calibrate")
     code, err, out = _resume(tmp_path, "")
@@ -208,6 +212,7 @@ def test_rerun_resumes_and_from_refits(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (gloo on CPU)")
+@pytest.mark.slow  # a real 2-rank gloo sweep, ~12 s
 def test_rerun_resumes_after_a_run_killed_mid_write(tmp_path):
     tried("calibrate")
     code, err, out = _resume(tmp_path, json.dumps(ROW)[:40])

@@ -278,12 +278,13 @@ WRITE_SITES = {
     "advisor/io.py": ["os.fdopen(fd, \"w\", encoding=\"utf-8\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
     "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
-    # calibrate --out PROFILE.yaml: its folder created, then advisor/io.py write_atomic
-    "advisor/measurements.py": ["Path(path).parent.mkdir("],
-    "advisor/cli_calibrate.py": ["results.parent.mkdir("],  # the results JSONL beside --out
+    # calibrate --out PROFILE.yaml: its folder created, its lock file beside it (removed at the end), then
+    # advisor/io.py write_atomic; the results JSONL beside it is appended by the worker below
+    "advisor/calibrate/output.py": ["path.parent.mkdir(", "os.unlink(lock)"],
     # the results JSONL is appended row by row (a crash loses at most the row being written: resume reads it)
-    "validation/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
-    "validation/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")"],
+    "advisor/calibrate/microbench.py": ["open(cfg.out, \"a\")", "beat.write_text("],  # beats: in launch.py's temp dir
+    "advisor/calibrate/launch.py": ["tempfile.mkdtemp(", "open(Path(beat_dir) / f\"rank{r}.log\", \"w+\")",
+                                    "shutil.rmtree(beat_dir"],  # its own run folder, removed after a good run
 }
 WRITE_RE = re.compile(r"\bopen\(.*,\s*['\"][wax]\+?b?\+?['\"]|\.write_text\(|\.write_bytes\(|os\.replace\(|os\.rename\(|shutil\.|"
                       r"mkstemp|mkdtemp|\.mkdir\(|os\.makedirs|os\.remove\(|os\.unlink\(|savefig\(|np\.save|json\.dump\(|"

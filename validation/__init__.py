@@ -1,1 +1,1 @@
-"""Validation: datasets of real measurements, microbenchmarks, and comparisons with the model (imports advisor, never the reverse)."""
+"""Validation: datasets of real measurements and comparisons with the model (imports advisor, never the reverse)."""

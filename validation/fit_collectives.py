@@ -5,9 +5,9 @@
 reads the entry of validation/data/published_collectives.yaml (nccl-tests output: time per size) and
 prints a fit as YAML to paste into the profile, with its report:
 - several nodes: the profile's inter_node CommFit through advisor.comm.collective_time
-  (advisor.calibrate_network.fit_world); the shipped aws-p4d inter-node fit comes from the command above;
+  (advisor.calibrate.network.fit_world); the shipped aws-p4d inter-node fit comes from the command above;
 - one node: the low-latency path of its intra_node link from the sizes below 1 MiB
-  (advisor.calibrate.fit_low_latency), e.g. nvidia_dgxc_dgxh100_8gpu_allreduce --hw dgx-h100.
+  (advisor.calibrate.links.fit_low_latency), e.g. nvidia_dgxc_dgxh100_8gpu_allreduce --hw dgx-h100.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import argparse
 import numpy as np
 import yaml
 
-from advisor.calibrate import fit_low_latency, parse_sizes
-from advisor.calibrate_network import fit_world
+from advisor.calibrate import fit_low_latency, fit_world, parse_sizes
 from advisor.hardware import load_hardware
 from validation.datasets import collective_sweep, load_published_collectives
 

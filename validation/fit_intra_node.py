@@ -5,7 +5,7 @@
 
 reads the entries of validation/data/published_collectives.yaml (one node each, one collective; a sweep over
 sizes at one GPU count and single points at other GPU counts can be mixed), fits the profile's intra_node
-CommFit to all of them with advisor.calibrate.fit_link (the fitter ``advisor calibrate`` uses: log-time
+CommFit to all of them with advisor.calibrate.links.fit_link (the fitter ``advisor calibrate`` uses: log-time
 least squares, then a minimax polish on the judged sizes), and prints the fit as YAML to paste into the
 profile, its report and the error at every point. The shipped dgx-h200 and aws-p6-b200 intra-node fits come
 from this command (the entries are listed in their comments).
@@ -32,9 +32,8 @@ import argparse
 import numpy as np
 import yaml
 
-from advisor.calibrate import fit_link, parse_sizes
+from advisor.calibrate import fit_link, fit_report, parse_sizes
 from advisor.comm import bus_factor, link_time
-from advisor.fitting import fit_report
 from advisor.hardware import CommFit, load_hardware
 from advisor.units import GB, MiB
 from validation.datasets import collective_sweep, load_published_collectives

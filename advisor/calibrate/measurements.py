@@ -1,9 +1,9 @@
-"""Measurements for calibration: reading, validating and writing them (no fitting, no torch).
+"""Measurements for calibration: reading and checking them (no fitting, no torch).
 
-Reads our results JSONL (validation/microbench.py), nccl-tests CSVs and the reference kernel/optimizer
-JSONL into one row format, checking every row (known kind, link and collective; finite positive
-numbers) so a damaged file is a one-line error naming file:line; writes fitted profiles atomically and
-never into the shipped hardware_profiles/.
+Reads our results JSONL (advisor.calibrate.microbench), nccl-tests CSVs (``all_reduce_<n>gpu.csv``:
+size(B),count,type,time(ns),busbw,time(ns),busbw, a file or a folder of them) and the reference
+kernel/optimizer JSONL (kernels.jsonl, optim.jsonl) into one row format, checking every row (known kind,
+link and collective; finite positive numbers) so that a damaged file is a one-line error naming file:line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from advisor.errors import AdvisorError
-from advisor.hardware import Hardware
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 _DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -112,10 +111,22 @@ def repair_torn_tail(path: str | Path) -> int:
 _LINKS = ("intra", "inter", "world")  # world: all GPUs of several nodes, with per_node
 _KINDS = ("collective", "matmul", "copy", "optimizer", "sdpa_fwd")
 
+# What no measurement of one rank can show; a row beyond these is a damaged or made-up file, refused by name.
+# 100 TB/s: 12x the fastest memory shipping (B200 HBM3e, 8 TB/s) and 55x NVLink 5's 1.8 TB/s per GPU.
+MAX_BYTES_PER_S = 1e14
+# 100 PFLOP/s: 10x a B200's dense FP4 peak (9 PFLOP/s), the fastest GPU arithmetic shipping.
+MAX_FLOPS_PER_S = 1e17
+# 100 ns: no kernel or collective a rank times takes less (a CUDA launch alone takes 2-5 us; nccl-tests' smallest
+# all-reduce on one NVSwitch node, 8 B, ~10 us): 20x margin below either.
+MIN_TIME_S = 1e-7
+# 2^20 ranks: 10x the largest training clusters reported (~10^5 GPUs).
+MAX_RANKS = 1 << 20
+
 
 def _check_row(row: dict, where: str) -> dict:
-    """One measurement, validated: known kind/link/collective, finite positive numbers (rows with a failed
-    status are kept as reported failures). Raises a one-line CalibrationError naming the place."""
+    """One measurement, validated: known kind/link/collective, finite positive numbers that a machine can
+    produce (rows with a failed status are kept as reported failures). Raises a one-line CalibrationError
+    naming the place."""
     kind = row.get("kind")
     if kind not in _KINDS:
         raise CalibrationError(f"{where}: unknown measurement kind {kind!r} (known: {', '.join(_KINDS)})")
@@ -132,18 +143,50 @@ def _check_row(row: dict, where: str) -> dict:
         if not (np.isfinite(num) and num > 0):
             raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
     if kind == "collective":
-        if row.get("link", "intra") not in _LINKS:
-            raise CalibrationError(f"{where}: unknown link {row.get('link')!r} (use intra, inter or world)")
-        if row.get("link") == "world":
-            g = row.get("per_node")
-            if not (isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= float(row["n_ranks"])):
-                raise CalibrationError(f"{where}: a world row needs per_node, the GPUs per node (an integer from 1 "
-                                       f"to n_ranks; got {g!r})")
-        if row.get("collective") not in COLLECTIVES:
-            raise CalibrationError(f"{where}: unknown collective {row.get('collective')!r} (known: {', '.join(COLLECTIVES)})")
-        if float(row["n_ranks"]) < 2:
-            raise CalibrationError(f"{where}: n_ranks={row['n_ranks']!r}: a collective needs at least 2 ranks")
+        _check_collective(row, where)
+    _check_physical(row, where)
     return row
+
+
+def _check_collective(row: dict, where: str) -> None:
+    if row.get("link", "intra") not in _LINKS:
+        raise CalibrationError(f"{where}: unknown link {row.get('link')!r} (use intra, inter or world)")
+    if row.get("collective") not in COLLECTIVES:
+        raise CalibrationError(f"{where}: unknown collective {row.get('collective')!r} (known: {', '.join(COLLECTIVES)})")
+    n = float(row["n_ranks"])
+    if n < 2:
+        raise CalibrationError(f"{where}: n_ranks={row['n_ranks']!r}: a collective needs at least 2 ranks")
+    if n != int(n) or n > MAX_RANKS:
+        raise CalibrationError(f"{where}: n_ranks={row['n_ranks']!r}: give the ranks of the group, a whole number "
+                               f"from 2 to at most {MAX_RANKS}")
+    if row.get("link") == "world":
+        g = row.get("per_node")
+        if not (isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= n):
+            raise CalibrationError(f"{where}: a world row needs per_node, the GPUs per node (an integer from 1 "
+                                   f"to n_ranks; got {g!r})")
+
+
+def _check_physical(row: dict, where: str) -> None:
+    """Refuse a time no machine measures, and a rate (bytes or FLOPs per second) above any memory, link or GPU."""
+    kind, t = row["kind"], float(row["time_s"])
+    if t < MIN_TIME_S:
+        raise CalibrationError(f"{where}: time_s={row['time_s']!r} is shorter than any kernel or collective takes "
+                               f"({MIN_TIME_S:g} s); check the file's units (seconds)")
+    nbytes = {"collective": lambda: float(row["size_bytes"]), "copy": lambda: float(row["bytes_moved"]),
+              # a step reads every fp32 parameter at least once
+              "optimizer": lambda: 4.0 * float(row["params"])}.get(kind)
+    if nbytes is not None and nbytes() / t > MAX_BYTES_PER_S:
+        raise CalibrationError(f"{where}: {kind} at {nbytes() / t:.3g} B/s is faster than any memory or link "
+                               f"({MAX_BYTES_PER_S:.0e} B/s); check its bytes and time_s (seconds)")
+    if kind == "matmul":
+        flops = 2.0 * float(row["m"]) * float(row["n"]) * float(row["k"])
+    elif kind == "sdpa_fwd" and all(c in row for c in ("b", "heads", "s", "d")):
+        flops = 2.0 * float(row["b"]) * float(row["heads"]) * float(row["s"]) ** 2 * float(row["d"])  # causal
+    else:
+        return
+    if flops / t > MAX_FLOPS_PER_S:
+        raise CalibrationError(f"{where}: {kind} at {flops / t:.3g} FLOP/s is faster than any GPU "
+                               f"({MAX_FLOPS_PER_S:.0e} FLOP/s); check its shape and time_s (seconds)")
 
 
 def _read_nccl_tests_csv(p: Path) -> list[dict]:
@@ -153,13 +196,19 @@ def _read_nccl_tests_csv(p: Path) -> list[dict]:
     coll, n = m.group(1), int(m.group(2))
     rows = []
     with p.open() as fh:
-        for rec in csv.reader(fh):
+        for i, rec in enumerate(csv.reader(fh), 1):
             if not rec or not rec[0].strip().isdigit():
                 continue  # header
-            times = [float(rec[i]) * 1e-9 for i in range(3, len(rec), 2) if rec[i].strip()]
-            rows.append({"kind": "collective", "collective": coll, "link": "intra", "n_ranks": n,
-                         "size_bytes": float(rec[0]), "time_s": float(np.median(times)),
-                         "times_s": times, "status": "ok", "source": p.name})
+            try:
+                times = [float(rec[k]) * 1e-9 for k in range(3, len(rec), 2) if rec[k].strip()]
+            except ValueError:
+                raise CalibrationError(f"{p}:{i}: the time columns (ns) must be numbers; fix or remove that line") from None
+            if not times:
+                raise CalibrationError(f"{p}:{i}: no time column (size,count,type,time(ns),busbw,...); fix or remove that line")
+            row = {"kind": "collective", "collective": coll, "link": "intra", "n_ranks": n,
+                   "size_bytes": float(rec[0]), "time_s": float(np.median(times)),
+                   "times_s": times, "status": "ok", "source": p.name}
+            rows.append(_check_row(row, f"{p}:{i}"))
     return rows
 
 
@@ -170,7 +219,7 @@ def _normalise(raw: dict, where: str) -> dict:
     kind = raw["kind"]
     if kind == "adamw_step":  # reference/h100/optim.jsonl
         impl = "adamw-fused" if raw.get("impl") == "fused" else "adamw"
-        return {"kind": "optimizer", "optimizer": impl, "params": raw["params"], "time_s": raw["s"], "status": "ok"}
+        return {"kind": "optimizer", "optimizer": impl, "params": raw.get("params"), "time_s": raw.get("s"), "status": "ok"}
     if kind == "sdpa_fwd" and "s_time" in raw and "time_s" not in raw:  # there "s" is the sequence length
         return dict(raw, time_s=raw["s_time"], status="ok")
     if kind in ("matmul", "copy") and "s" in raw and "time_s" not in raw:
@@ -186,35 +235,3 @@ def _math_of(raw: dict) -> str:
     if raw.get("tf32") or "tf32" in dt:
         return "tf32"
     return _DTYPE_MATH.get(dt.replace("torch.", ""), dt)
-
-
-# ---------------------------------------------------------------------------------------------- links
-def refuse_shipped(path: str | Path) -> Path:
-    """Calibration never overwrites a shipped profile (hardware_profiles/)."""
-    from advisor.hardware import profile_dirs
-
-    p = Path(path).expanduser().resolve()
-    for d in profile_dirs():
-        if p.parent == d.resolve():
-            raise CalibrationError(f"{path}: refusing to overwrite a shipped profile directory; choose another --out path")
-    if p.suffix not in (".yaml", ".yml"):
-        raise CalibrationError(f"{path}: --out must end in .yaml (the profile); results go beside it as .jsonl")
-    return p
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """advisor.io.write_atomic, creating the folder the operator named for --out first."""
-    from advisor.io import write_atomic
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text)
-
-
-def write_profile(hw: Hardware, path: str | Path, header: str = "") -> Path:
-    from advisor.hardware import hardware_from_yaml, hardware_to_yaml
-
-    p = refuse_shipped(path)
-    text = header + hardware_to_yaml(hw)
-    hardware_from_yaml(text, origin=str(p))  # what we write must load back
-    write_text_atomic(p, text)
-    return p

@@ -9,8 +9,9 @@ rank's (max over the group), and the median and spread (min, max) of the calls a
 Groups: inside a node, groups of 2, 4, ... ranks and the whole node; across nodes, one rank per node
 (the inter-node link alone). With one node only the intra-node link is measured.
 
-Runnable on its own:  python -m validation.microbench --nproc 2 --backend gloo --sizes 1K:1M --out r.jsonl
-Every row is appended and flushed to the results JSONL as soon as it is measured (rank 0 writes).
+Started by ``advisor calibrate`` (advisor.calibrate.launch), or run in every rank under torchrun
+(``torchrun ... -m advisor.cli_calibrate``). Every row is appended and flushed to the results JSONL as soon as
+it is measured (rank 0 writes).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from advisor.calibrate import parse_sizes
+from advisor.calibrate.lifeline import bind_to_parent
 from advisor.comm import bus_factor
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -175,7 +175,9 @@ def _median_time(fn, device, iters: int) -> float:
 
 
 def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
-    """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows."""
+    """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows. Started by
+    advisor.calibrate.launch, the rank dies with the launcher (advisor.calibrate.lifeline)."""
+    bind_to_parent()
     import datetime
 
     import torch
@@ -224,30 +226,3 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
         if out:
             out.close()
         dist.destroy_process_group()
-
-
-def main(argv=None) -> None:
-    """Under torchrun (RANK set): one worker. Otherwise use `advisor calibrate` to launch."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1K:1G")
-    ap.add_argument("--backend", default="gloo")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default="results.jsonl")
-    ap.add_argument("--nproc", type=int, default=0, help="launch this many local workers (else: under torchrun)")
-    args = ap.parse_args(argv)
-    cfg = BenchConfig(sizes=parse_sizes(args.sizes), backend=args.backend, iters=args.iters, warmup=args.warmup, out=args.out)
-    if args.nproc:
-        from validation.launch import launch_local
-
-        launch_local(cfg, args.nproc)
-    else:
-        run_worker(cfg)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-__all__ = ["BenchConfig", "asdict", "collective_row", "measurement_plan", "parse_sizes", "run_worker"]

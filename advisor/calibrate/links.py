@@ -1,27 +1,12 @@
-"""Calibrate: fit a hardware profile's link and efficiency figures to measurements (no torch here).
+"""Fit one link class's CommFit (advisor.comm.link_time) to measured collective times (no torch here).
 
-Inputs are rows of measurements, read from
-- our results JSONL (written by validation/microbench.py, one JSON object per measurement),
-- nccl-tests CSVs (``all_reduce_<n>gpu.csv``: size(B),count,type,time(ns),busbw,time(ns),busbw), as in
-  reference/a100-nccl, a file or a folder of them,
-- the reference kernel/optimizer JSONL (reference/h100/kernels.jsonl, optim.jsonl).
-
-Fits
-- per link class (intra-node, inter-node) the advisor.hardware.CommFit consumed by advisor.comm.link_time:
-  log-time least squares from several starts, then a minimax polish (p-norm continuation and a
-  sequential LP on the worst points), since a cost model is judged by its worst size, not its mean.
-  The loop size (NCCL's nchannels x chunk per rank) is chosen on a grid by a linear per-group-size
-  fit of t = a + b S + c sqrt(S) + d log(S) + e ceil(S / (L n)) over the judged sizes; the nonlinear fit
-  then runs at that L. NCCL's two protocols (advisor.comm: LL128 and Simple's pipeline fill) are fitted
-  like any other term, from a start that has both.
-- ComputeEfficiency (advisor.calibrate_compute): GEMM, fused attention, copy, element-wise and optimizer
-  efficiencies from kernel and optimizer measurements;
-- the inter-node link from collectives over every GPU of several nodes (advisor.calibrate_network).
-
-The numerical machinery (log-time least squares, the minimax polish, fit reports) is advisor.fitting.
-Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and lists outliers
-(relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
-Deliberately left out: fitting the datasheet peaks themselves (they come from the base profile).
+Log-time least squares from several starts, then a minimax polish (p-norm continuation and a sequential LP on
+the worst points), since a cost model is judged by its worst size, not its mean. The loop size (NCCL's
+nchannels x chunk per rank) is chosen on a grid by a linear per-group-size fit of
+t = a + b S + c sqrt(S) + d log(S) + e ceil(S / (L n)) over the judged sizes; the nonlinear fit then runs at
+that L. NCCL's two protocols (advisor.comm: LL128 and Simple's pipeline fill) are fitted like any other term,
+from a start that has both; the low-latency path (ll_*) is fitted apart on the sizes below 1 MiB.
+Deliberately left out: fitting the link's datasheet rate (it comes from the base profile).
 """
 
 from __future__ import annotations
@@ -30,9 +15,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from advisor.calibrate_compute import fit_efficiency
-from advisor.calibrate_network import fit_world
-from advisor.fitting import (
+from advisor.calibrate.fitting import (
     MEAN_WEIGHT,
     FitReport,
     fit_report,
@@ -43,25 +26,12 @@ from advisor.fitting import (
     signed_pow,
     slp_minimax,
 )
-from advisor.hardware import CommFit, Hardware, Link
-from advisor.measurements import (  # noqa: F401  (re-exported: calibrate is the public entry point)
-    COLLECTIVES,
-    CalibrationError,
-    _math_of,
-    on_cpu_note,
-    parse_sizes,
-    read_results,
-    refuse_shipped,
-    repair_torn_tail,
-    write_profile,
-    write_text_atomic,
-)
-from advisor.units import GB, MiB
+from advisor.calibrate.measurements import CalibrationError
+from advisor.hardware import CommFit, Link
+from advisor.units import MiB
 
 LOOP_GRID_MIB = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
-
-# ---------------------------------------------------------------------------------------------- reading
 
 
 # (field, lower, upper): the CommFit fields the fit moves; loop_MiB_per_rank is chosen on a grid.
@@ -214,114 +184,3 @@ def link_report(link: Link, collective: str, n, S, t, failed: list, what: str, j
     from advisor.comm import link_time
 
     return fit_report(link_time(collective, n, S, link, share), n, S, t, failed, what, judge_from_bytes)
-
-
-# ---------------------------------------------------------------------------------------------- profile
-def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: dict,
-                      judge_from_bytes: float = 4 * MiB) -> tuple[Hardware, list[str]]:
-    """The base profile with every measured figure refitted; report lines for the operator.
-
-    One CommFit per link class: the all-reduce fit when all-reduce was measured (DDP gradients, the
-    dominant collective), else the collective with the most points; every collective's error under
-    its own fit is reported. A link class without measurements keeps the base profile's fit.
-    """
-    lines: list[str] = []
-    links = {"intra": base.intra_node, "inter": base.inter_node}
-    for cls in ("intra", "inter"):
-        link, chosen = links[cls], None
-        # one GPU per node measures one GPU's share of its node's network (rail-optimised: its own NIC),
-        # the share advisor.comm gives each GPU when a whole node communicates
-        share = 1.0 if cls == "intra" else base.inter_node_share_per_gpu
-        for coll in COLLECTIVES:
-            n, S, t, failed = collective_points(rows, cls, coll)
-            if len(S) == 0:
-                if failed:
-                    lines.append(f"{cls}-node {coll}: every size failed ({len(failed)}): nothing to fit")
-                continue
-            link_b = _widen_bandwidth(link, coll, n, S, t, lines, cls, share)
-            fit, _ = fit_link(link_b, coll, n, S, t, judge_from_bytes=judge_from_bytes, share=share)
-            fitted = link_b.model_copy(update={"fit": fit})
-            rep = link_report(fitted, coll, n, S, t, failed, f"{cls}-node {coll} (n={_ns(n)})", judge_from_bytes, share)
-            lines.append(rep.line())
-            lines += [f"  outlier n={a} size={b} B: model off by {100 * c:+.0f}%" for a, b, c in rep.outliers[:10]]
-            lines += [f"  failed n={a} size={b}: {e}" for a, b, e in failed[:10]]
-            if chosen is None or coll == "all_reduce" or (chosen[0] != "all_reduce" and len(S) > chosen[2]):
-                chosen = (coll, fitted, len(S), (n, S, t, share))
-        if chosen is None:
-            why = "one node: only intra-node links measured" if cls == "inter" else "no intra-node measurements"
-            lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
-        else:
-            links[cls] = chosen[1]
-            ll = fit_low_latency(chosen[1], chosen[0], *chosen[3])
-            if ll is not None:
-                links[cls] = ll[0]
-                lines.append(f"{cls}-node {ll[1].line()}: start-up {ll[0].fit.ll_latency_us:.1f} us, "
-                             f"rate {ll[0].fit.ll_bandwidth_ratio:.3f} of the link")
-            lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(links[cls].fit))
-    world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, lines)
-    if world is not None:
-        links["inter"] = world
-
-    eff, eff_lines = fit_efficiency(rows, base)
-    lines += eff_lines
-    if not eff_lines:
-        lines.append("compute: no matmul/copy/optimizer rows; efficiencies kept from the base profile")
-    where = f" on {provenance['host']}" if provenance.get("host") else ""
-    description = f"calibrated{where} ({provenance.get('date', 'undated')}); datasheet figures from {base.name}: {base.description}"
-    hw = base.model_copy(update={"name": name, "description": description, "intra_node": links["intra"], "inter_node": links["inter"],
-                                 "efficiency": eff, "calibration": provenance})
-    return Hardware.model_validate(hw.model_dump()), lines
-
-
-def _ns(n: np.ndarray) -> str:
-    return ",".join(str(int(k)) for k in np.unique(n))
-
-
-def _fit_text(f: CommFit) -> str:
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.model_dump(exclude_none=True).items())
-
-
-def links_update(links: dict) -> dict:
-    return {"intra_node": links["intra"], "inter_node": links["inter"]}
-
-
-def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, lines: list[str]) -> Optional[Link]:
-    """The inter-node link fitted to "world" rows (every GPU of several nodes) through advisor.comm's
-    multi-node paths, all-reduce preferred; None when there are none. Reports each collective's fit."""
-
-    chosen = None
-    for coll in COLLECTIVES:
-        pts = [(float(r["n_ranks"]), float(r["per_node"]), float(r["size_bytes"]), float(r["time_s"])) for r in rows
-               if r.get("kind") == "collective" and r.get("link") == "world" and r.get("collective") == coll
-               and r.get("status", "ok") == "ok"]
-        if not pts:
-            continue
-        n, g, S, t = (np.array(v) for v in zip(*pts))
-        try:
-            link, rep = fit_world(base, coll, n, g, S, t, judge_from_bytes)
-        except CalibrationError as exc:
-            lines.append(f"world {coll}: {exc}")
-            continue
-        lines.append(rep.line())
-        if chosen is None or coll == "all_reduce":
-            chosen = (coll, link)
-    if chosen is None:
-        return None
-    lines.append(f"inter-node profile fit from world {chosen[0]} (replaces the one-GPU-per-node fit): " + _fit_text(chosen[1].fit))
-    return chosen[1]
-
-
-def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str, share: float = 1.0) -> Link:
-    """A measured busbw above the link's datasheet rate (NVLS, SHARP) cannot be an efficiency <= 1:
-    the link's rate is raised to the measured peak, and the report says so."""
-    from advisor.comm import bus_factor
-
-    peak = float(np.max(bus_factor(coll, n) * S / t)) / share
-    rate = link.bandwidth_bytes_per_s
-    if peak <= 0.98 * rate:
-        return link
-    new = round(peak / 0.98 / GB, 1)
-    per_gpu = f" ({peak * share / GB:.1f} GB/s from one GPU of {1 / share:g})" if share < 1 else ""
-    lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s{per_gpu} exceeds the base link's "
-                 f"{rate / GB:.1f} GB/s; link bandwidth set to {new} GB/s")
-    return link.model_copy(update={"bandwidth_GBps": new, "bandwidth_Gbps": None})

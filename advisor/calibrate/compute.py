@@ -1,5 +1,5 @@
 """Calibrate the compute side of a profile: GEMM, fused-attention, memory-copy, element-wise and optimizer
-efficiencies from kernel and optimizer measurements (no torch here; advisor.calibrate reads the rows).
+efficiencies from kernel and optimizer measurements (no torch here; advisor.calibrate.measurements reads the rows).
 
 - matmul: per precision, t = F / (peak * matmul_max * n/(n+h) * k/(k+h)) + matmul_fixed_us, on the shapes
   that are not at the host's floor (HOST_FLOOR_FACTOR);
@@ -16,14 +16,18 @@ from typing import Optional
 
 import numpy as np
 
-from advisor.fitting import OUTLIER_REL, FitReport, log_r2
+from advisor.calibrate.fitting import OUTLIER_REL, FitReport, Ledger, log_r2
 from advisor.hardware import ComputeEfficiency, Hardware
-from advisor.measurements import CalibrationError, _math_of
+from advisor.calibrate.measurements import CalibrationError, _math_of
 from advisor.units import GB
 
 ADAMW_BYTES_PER_PARAM = 28.0  # 7 fp32 accesses: read p, g, m, v; write p, m, v
 SGD_BYTES_PER_PARAM = 20.0  # 5 fp32 accesses: read p, g, buf; write p, buf
 
+
+# Two parameters (max, half_dim) need a third point before the fit is checked by anything: with fewer, any
+# two times are reproduced exactly and the fit says nothing.
+MIN_MATMUL_POINTS = 3
 
 # A GEMM sweep timed back to back from Python bottoms out at the host's cost of issuing one call: the
 # smallest shapes all take the same time however few FLOPs they do (reference/h100/kernels.jsonl: 1024^3,
@@ -32,11 +36,11 @@ SGD_BYTES_PER_PARAM = 20.0  # 5 fp32 accesses: read p, g, buf; write p, buf
 HOST_FLOOR_FACTOR = 1.3
 
 
-def fit_matmul(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, float, float, FitReport]]:
+def fit_matmul(rows: list[dict], hw: Hardware, skipped: Optional[list[str]] = None
+               ) -> dict[str, tuple[float, float, float, FitReport]]:
     """Per precision (matmul_max, matmul_half_dim, matmul_fixed_us) from
-    t = F / (peak * max * n/(n+h) * k/(k+h)) + fixed, fitted on the GPU-bound points."""
-    from scipy.optimize import least_squares
-
+    t = F / (peak * max * n/(n+h) * k/(k+h)) + fixed, fitted on the GPU-bound points. A precision with fewer
+    points than MIN_MATMUL_POINTS is not fitted (said in ``skipped``)."""
     out: dict[str, tuple[float, float, float, FitReport]] = {}
     by_math: dict[str, list[dict]] = {}
     for r in rows:
@@ -45,30 +49,40 @@ def fit_matmul(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, float, 
     for math, rs in sorted(by_math.items()):
         if math not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
             raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16 or fp8")
-        m, k, nn = (np.array([float(r[c]) for r in rs]) for c in ("m", "k", "n"))
-        t = np.array([float(r["time_s"]) for r in rs])
-        F = 2 * m * k * nn
-        peak = hw.gpu.peak_flops_per_s(math)
-        gpu = t > HOST_FLOOR_FACTOR * t.min()
-        if gpu.sum() < 3:  # too few GPU-bound shapes to separate the fixed time: fit the two-parameter form
-            gpu = np.ones_like(t, dtype=bool)
-            fixed_bound = 1e-9
-        else:
-            fixed_bound = 1e4
-
-        def model(x):
-            return F / (peak * x[0] * nn / (nn + x[1]) * k / (k + x[1])) + x[2] * 1e-6
-
-        x = least_squares(lambda x: np.log(model(x)[gpu] / t[gpu]), [0.7, 64.0, 0.0],
-                          bounds=([1e-6, 0.0, 0.0], [1.0, 1e5, fixed_bound])).x
-        rel = model(x)[gpu] / t[gpu] - 1
-        r2 = log_r2(model(x)[gpu], t[gpu])
-        note = "" if gpu.all() else f"{int((~gpu).sum())} host-bound points (< {HOST_FLOOR_FACTOR} x the fastest) left out"
-        rep = FitReport(f"matmul {math}", int(gpu.sum()), float(r2), float(np.abs(rel).max()), float(np.abs(rel).mean()),
-                        [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m[gpu], k[gpu], nn[gpu], rel)
-                         if abs(e) > OUTLIER_REL], note=note)
-        out[math] = (round(float(x[0]), 4), round(float(x[1]), 1), round(float(x[2]), 1), rep)
+        if len(rs) < MIN_MATMUL_POINTS:
+            if skipped is not None:
+                skipped.append(f"matmul {math}: {len(rs)} point{'s' if len(rs) > 1 else ''}, need at least "
+                               f"{MIN_MATMUL_POINTS} to fit max and half_dim; kept from the base profile")
+            continue
+        out[math] = _fit_matmul_math(math, rs, hw.gpu.peak_flops_per_s(math))
     return out
+
+
+def _fit_matmul_math(math: str, rs: list[dict], peak: float) -> tuple[float, float, float, FitReport]:
+    from scipy.optimize import least_squares
+
+    m, k, nn = (np.array([float(r[c]) for r in rs]) for c in ("m", "k", "n"))
+    t = np.array([float(r["time_s"]) for r in rs])
+    F = 2 * m * k * nn
+    gpu = t > HOST_FLOOR_FACTOR * t.min()
+    if gpu.sum() <= 3:  # too few GPU-bound shapes to separate the fixed time: fit the two-parameter form
+        gpu = np.ones_like(t, dtype=bool)
+        fixed_bound = 1e-9
+    else:
+        fixed_bound = 1e4
+
+    def model(x):
+        return F / (peak * x[0] * nn / (nn + x[1]) * k / (k + x[1])) + x[2] * 1e-6
+
+    x = least_squares(lambda x: np.log(model(x)[gpu] / t[gpu]), [0.7, 64.0, 0.0],
+                      bounds=([1e-6, 0.0, 0.0], [1.0, 1e5, fixed_bound])).x
+    rel = model(x)[gpu] / t[gpu] - 1
+    r2 = log_r2(model(x)[gpu], t[gpu])
+    note = "" if gpu.all() else f"{int((~gpu).sum())} host-bound points (< {HOST_FLOOR_FACTOR} x the fastest) left out"
+    rep = FitReport(f"matmul {math}", int(gpu.sum()), float(r2), float(np.abs(rel).max()), float(np.abs(rel).mean()),
+                    [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m[gpu], k[gpu], nn[gpu], rel)
+                     if abs(e) > OUTLIER_REL], note=note)
+    return round(float(x[0]), 4), round(float(x[1]), 1), round(float(x[2]), 1), rep
 
 
 def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dict[str, float], list[str]]:
@@ -80,7 +94,8 @@ def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dic
     mem = None
     if copies:
         mem = round(min(1.0, max(copies) / hbm), 4)
-        notes.append(f"copy: {max(copies) / GB:.1f} GB/s (best of {len(copies)}) = {mem:.3f} of {hbm / GB:.0f} GB/s")
+        notes.append(f"copy: {max(copies) / GB:.1f} GB/s (best of {len(copies)}) = {mem:.3f} of {hbm / GB:.0f} GB/s"
+                     + _capped(max(copies), hbm, hw))
     opt: dict[str, float] = {}
     for impl in sorted({r.get("optimizer") for r in rows if r.get("kind") == "optimizer"} - {None}):
         per_param = SGD_BYTES_PER_PARAM if impl.startswith("sgd") else ADAMW_BYTES_PER_PARAM
@@ -88,8 +103,16 @@ def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dic
                  if r.get("kind") == "optimizer" and r.get("optimizer") == impl and r.get("status", "ok") == "ok"]
         if rates:
             opt[impl] = round(min(1.0, float(np.median(rates)) / hbm), 4)
-            notes.append(f"optimizer {impl}: {np.median(rates) / GB:.1f} GB/s at {per_param:.0f} B/param = {opt[impl]:.3f}")
+            notes.append(f"optimizer {impl}: {np.median(rates) / GB:.1f} GB/s at {per_param:.0f} B/param = {opt[impl]:.3f}"
+                         + _capped(float(np.median(rates)), hbm, hw))
     return mem, opt, notes
+
+
+def _capped(rate: float, datasheet: float, hw: Hardware) -> str:
+    """A rate above the base GPU's datasheet cannot be a fraction of it: said, not silently capped at 1."""
+    if rate <= datasheet:
+        return ""
+    return f" (above the {hw.name} datasheet's {datasheet / GB:.0f} GB/s: capped at 1.0; is --base this GPU?)"
 
 
 # torch.optim.AdamW(foreach=True) step = 8 foreach kernels over the parameters (mul_ for weight decay 8 B,
@@ -105,8 +128,10 @@ def fit_elementwise(rows: list[dict], hw: Hardware) -> tuple[Optional[float], li
              and r.get("status", "ok") == "ok"]
     if not rates:
         return None, []
-    frac = round(min(1.0, float(np.median(rates)) / hw.gpu.memory_bandwidth_bytes_per_s), 4)
-    return frac, [f"element-wise (foreach AdamW at {FOREACH_ADAMW_KERNEL_BYTES:.0f} B/param): {np.median(rates) / GB:.1f} GB/s = {frac:.3f}"]
+    hbm = hw.gpu.memory_bandwidth_bytes_per_s
+    frac = round(min(1.0, float(np.median(rates)) / hbm), 4)
+    return frac, [f"element-wise (foreach AdamW at {FOREACH_ADAMW_KERNEL_BYTES:.0f} B/param): {np.median(rates) / GB:.1f} GB/s "
+                  f"= {frac:.3f}" + _capped(float(np.median(rates)), hbm, hw)]
 
 
 def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[tuple[float, float, FitReport]]:
@@ -117,7 +142,7 @@ def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[t
 
     rs = [r for r in rows if r.get("kind") == "sdpa_fwd" and r.get("status", "ok") == "ok"
           and all(c in r for c in ("b", "heads", "s", "d"))]
-    if len(rs) < 2:
+    if len(rs) < 3:  # two parameters: a third shape is the first that checks them
         return None
     b, h, sq, d = (np.array([float(r[c]) for r in rs]) for c in ("b", "heads", "s", "d"))
     t = np.array([float(r["time_s"]) for r in rs])
@@ -135,24 +160,41 @@ def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[t
     return round(float(x[0]), 4), round(float(x[1]), -1), rep
 
 
-def fit_efficiency(rows: list[dict], hw: Hardware) -> tuple[ComputeEfficiency, list[str]]:
-    """The base profile's ComputeEfficiency with every measured field replaced."""
+def fit_efficiency(rows: list[dict], hw: Hardware, ledger: Optional[Ledger] = None) -> tuple[ComputeEfficiency, list[str]]:
+    """The base profile's ComputeEfficiency with every measured field replaced, and report lines; ``ledger``
+    (advisor.calibrate.profile) is told what was fitted, what could not be and which fits explain nothing."""
+    led = Ledger()
     eff = hw.efficiency.model_dump()
-    lines: list[str] = []
-    for math, (mx, half, fixed, rep) in fit_matmul(rows, hw).items():
-        eff["matmul_max"][math] = mx
-        eff["matmul_half_dim"][math] = half
-        eff["matmul_fixed_us"][math] = fixed
-        lines.append(f"{rep.line()}: max {mx:.3f}, half_dim {half:.0f}, fixed {fixed:.1f} us per kernel")
+    skipped: list[str] = []
+    for math, (mx, half, fixed, rep) in fit_matmul(rows, hw, skipped).items():
+        led.lines.append(f"{rep.line()}: max {mx:.3f}, half_dim {half:.0f}, fixed {fixed:.1f} us per kernel")
+        if rep.explains_nothing:
+            led.reject(f"efficiency.matmul {math}", rep, hw.name)
+            continue
+        eff["matmul_max"][math], eff["matmul_half_dim"][math], eff["matmul_fixed_us"][math] = mx, half, fixed
+        led.fitted.append(f"efficiency.matmul {math}")
+    for why in skipped:
+        led.skip(why)
     att = fit_attention(rows, hw, eff["matmul_fixed_us"].get("bf16", 0.0))
     if att is not None:
-        eff["attention_max"], eff["attention_half_sd"], rep = att
-        lines.append(f"{rep.line()}: max {att[0]:.3f}, half_sd {att[1]:.0f}")
+        led.lines.append(f"{att[2].line()}: max {att[0]:.3f}, half_sd {att[1]:.0f}")
+        if att[2].explains_nothing:
+            led.reject("efficiency.attention", att[2], hw.name)
+        else:
+            eff["attention_max"], eff["attention_half_sd"] = att[0], att[1]
+            led.fitted.append("efficiency.attention")
     mem, opt, notes = fit_bandwidths(rows, hw)
     if mem is not None:
         eff["memory_bandwidth"] = max(mem, 1e-6)
+        led.fitted.append("efficiency.memory_bandwidth")
     eff["optimizer_bandwidth"].update({k: max(v, 1e-6) for k, v in opt.items()})
+    led.fitted += [f"efficiency.optimizer_bandwidth {k}" for k in opt]
     ew, ew_notes = fit_elementwise(rows, hw)
     if ew is not None:
         eff["elementwise_bandwidth"] = ew
-    return ComputeEfficiency(**eff), lines + notes + ew_notes
+        led.fitted.append("efficiency.elementwise_bandwidth")
+    if ledger is not None:
+        ledger.fitted += led.fitted
+        ledger.skipped += led.skipped
+        ledger.rejected.update(led.rejected)
+    return ComputeEfficiency(**eff), led.lines + notes + ew_notes

@@ -1,6 +1,5 @@
 """Fitting machinery shared by the calibrations: least squares in log time, a minimax polish, and the
-report of how well a fit reproduces its measurements (advisor.calibrate, calibrate_compute,
-calibrate_network use it; no torch here)."""
+report of how well a fit reproduces its measurements (links, network and compute use it; no torch here)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,12 @@ from advisor.hardware import CommFit, Link
 from advisor.units import MiB
 
 OUTLIER_REL = 0.25  # a point the fitted model misses by more than 25% is listed as an outlier
+# A fit explains nothing when it predicts the sweep no better than one constant time (R^2 <= R2_MIN, in log
+# time: a CPU/gloo sweep dominated by scheduler noise gave R^2 -0.16) and does not reproduce it either (mean
+# error above OUTLIER_REL): where the measured times hardly vary across sizes, R^2 compares with a spread near
+# zero and says nothing, and the error alone judges the fit. Such a fit is not used; the base profile's
+# figures are kept instead.
+R2_MIN = 0.0
 # The minimax polish minimises max + MEAN_WEIGHT * mean of the relative errors. The worst size is flat
 # near its optimum (many parameter sets are within a fraction of a point of it) while the mean is not:
 # weighting the mean twice picks, among near-minimax fits, one that is also right on typical sizes.
@@ -32,12 +37,63 @@ class FitReport:
     failed: list[tuple] = field(default_factory=list)
     note: str = ""
 
+    @property
+    def explains_nothing(self) -> bool:
+        return not self.r2 > R2_MIN and not self.mean_rel_err <= OUTLIER_REL
+
+    def why_useless(self) -> str:
+        return (f"R^2 {self.r2:.2f} <= {R2_MIN:g} and off by {100 * self.mean_rel_err:.0f}% on average: "
+                "the fit explains nothing")
+
+    def detail_lines(self, shown: int = 3) -> list[str]:
+        """At most two indented lines: the outliers counted with the worst few, the failed sizes with the first few."""
+        out = []
+        if self.outliers:
+            worst = sorted(self.outliers, key=lambda o: -abs(o[-1]))[:shown]
+            out.append(f"  {len(self.outliers)} outliers (model off by more than {100 * OUTLIER_REL:.0f}%); worst: "
+                       + ", ".join(f"{_point(o[:-1])} {100 * o[-1]:+.0f}%" for o in worst))
+        if self.failed:
+            more = f"; and {len(self.failed) - shown} more" if len(self.failed) > shown else ""
+            out.append(f"  {len(self.failed)} failed: " + "; ".join(f"n={a} size={b}: {e}" for a, b, e in self.failed[:shown]) + more)
+        return out
+
     def line(self) -> str:
         out = f"; outliers {len(self.outliers)}" if self.outliers else ""
         fail = f"; failed sizes {len(self.failed)}" if self.failed else ""
         note = f" ({self.note})" if self.note else ""
         return (f"{self.what}: {self.points} points, R^2 {self.r2:.4f}, max error {100 * self.max_rel_err:.1f}%, "
                 f"mean {100 * self.mean_rel_err:.2f}%{out}{fail}{note}")
+
+
+def _point(key: tuple) -> str:
+    """A measured point as the report names it: (n, size) for collectives, (m, k, n) for GEMMs."""
+    if len(key) == 2:
+        return f"n={key[0]} size={key[1]} B"
+    return "x".join(str(k) for k in key)
+
+
+@dataclass
+class Ledger:
+    """What one calibration did: report lines, the profile parts fitted, what could not be fitted and why, and
+    the fits measured but not used (they explain nothing), by the profile part that kept its base value."""
+
+    lines: list[str] = field(default_factory=list)
+    fitted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def skip(self, why: str) -> None:
+        self.skipped.append(why)
+        self.lines.append(why)
+
+    def reject(self, part: str, rep: "FitReport", base: str, say: bool = True) -> None:
+        """``part`` keeps its base value: ``rep``'s fit explains nothing (a line says so unless ``say`` is False,
+        where the caller has said it)."""
+        why = f"{rep.what}: {rep.why_useless()}"
+        self.rejected[part] = f"{why}; kept from {base}"
+        self.skipped.append(why)
+        if say:
+            self.lines.append(f"  {why}: not used; {part} kept from the base profile {base}")
 
 
 def fitted(values: dict) -> dict:
@@ -63,8 +119,13 @@ def signed_pow(r: np.ndarray, p: int) -> np.ndarray:
 
 
 def least_squares(fun, x0, lo, hi, **kw):
+    """scipy's bounded least squares from ``x0`` clipped into [lo, hi] (a start computed from the data, e.g. a
+    20 ms start-up on a preempted CPU run, can fall outside: scipy would refuse it); a NaN start takes lo."""
     from scipy.optimize import least_squares as scipy_least_squares
 
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    x0 = np.asarray(x0, dtype=float)
+    x0 = np.clip(np.where(np.isfinite(x0), x0, lo), lo, hi)
     return scipy_least_squares(fun, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000, **kw).x
 
 

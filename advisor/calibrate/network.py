@@ -8,7 +8,7 @@ use. Free: latency_us, bandwidth_efficiency, half_size_MiB, half_size_exponent, 
 when more than one node count was measured (one count cannot separate it from latency_us); and the
 algorithm, ring unless the tree fits clearly better (by 5%).
 
-Used by ``advisor calibrate`` for "world" rows (validation/microbench.py measures them under torchrun on
+Used by ``advisor calibrate`` for "world" rows (advisor.calibrate.microbench measures them under torchrun on
 several nodes) and for published multi-node sweeps (validation/fit_collectives.py).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from advisor.fitting import (
+from advisor.calibrate.fitting import (
     FitReport,
     fit_report,
     fitted,
@@ -25,7 +25,7 @@ from advisor.fitting import (
     link_with_fit,
 )
 from advisor.hardware import CommFit, Hardware, Link
-from advisor.measurements import CalibrationError
+from advisor.calibrate.measurements import CalibrationError
 from advisor.units import MiB
 
 # (field, lower, upper, start)
@@ -39,7 +39,7 @@ def fit_world(base: Hardware, collective: str, n: np.ndarray, per_node: np.ndarr
               judge_from_bytes: float = 4 * MiB) -> tuple[Link, FitReport]:
     """The base profile's inter-node link refitted to times ``t`` of ``collective`` over ``n`` GPUs placed
     ``per_node`` to a node, and the fit's report. Sizes below ``judge_from_bytes`` weigh 0.3 and are
-    not judged (as advisor.calibrate.fit_link)."""
+    not judged (as advisor.calibrate.links.fit_link)."""
     from advisor.comm import collective_time
 
     n, g, S, t = (np.asarray(a, dtype=float) for a in (n, per_node, S, t))

@@ -1,0 +1,193 @@
+"""Calibrate a whole profile: every link class and efficiency the measurements cover, refitted on a base
+profile (no torch here).
+
+- per link class (intra-node, inter-node) the CommFit of advisor.calibrate.links, from the all-reduce when it
+  was measured (DDP gradients, the dominant collective), else the collective with the most points;
+- the inter-node link from collectives over every GPU of several nodes (advisor.calibrate.network);
+- ComputeEfficiency (advisor.calibrate.compute).
+
+Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and its outliers
+(relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
+Deliberately left out: fitting the datasheet peaks themselves (they come from the base profile).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Optional
+
+import numpy as np
+
+from advisor.calibrate.compute import fit_efficiency
+from advisor.calibrate.fitting import Ledger
+from advisor.calibrate.links import collective_points, fit_link, fit_low_latency, link_report
+from advisor.calibrate.measurements import COLLECTIVES, CalibrationError
+from advisor.calibrate.network import fit_world
+from advisor.errors import AdvisorError, format_validation_error
+from advisor.hardware import CommFit, Hardware, Link
+from advisor.units import GB, MiB
+
+
+def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: dict,
+                      judge_from_bytes: float = 4 * MiB) -> tuple[Hardware, list[str]]:
+    """The base profile with every measured figure refitted; report lines for the operator.
+
+    One CommFit per link class: the all-reduce fit when all-reduce was measured (DDP gradients, the
+    dominant collective), else the collective with the most points; every collective's error under
+    its own fit is reported. A link class without measurements keeps the base profile's fit, and so does
+    one whose fits explain nothing (advisor.calibrate.fitting.R2_MIN): the report and the profile's ``calibration.rejected_fits``
+    say so. Raises CalibrationError when nothing at all could be fitted (no profile is then worth writing),
+    and names the fit when a fit fails numerically.
+    """
+    led = Ledger()
+    links = {"intra": base.intra_node, "inter": base.inter_node}
+    for cls in ("intra", "inter"):
+        links[cls] = _fit_link_class(rows, base, cls, judge_from_bytes, led) or links[cls]
+    world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, led)
+    if world is not None:
+        links["inter"] = world
+    with fitting_step("the compute efficiencies"):
+        eff, eff_lines = fit_efficiency(rows, base, led)
+    led.lines += eff_lines
+    if not eff_lines:
+        led.lines.append("compute: no matmul/copy/optimizer rows; efficiencies kept from the base profile")
+    if not led.fitted:
+        why = "; ".join(led.skipped) or f"{len(rows)} rows, none of a kind calibration fits"
+        raise CalibrationError(f"no usable measurements ({why}): nothing was fitted, so no profile is written; "
+                               "rerun the sweep or give measurements that cover a link or a kernel")
+    provenance = dict(provenance, fitted=led.fitted, **({"rejected_fits": led.rejected} if led.rejected else {}))
+    where = f" on {provenance['host']}" if provenance.get("host") else ""
+    description = f"calibrated{where} ({provenance.get('date', 'undated')}); datasheet figures from {base.name}: {base.description}"
+    hw = base.model_copy(update={"name": name, "description": description, "intra_node": links["intra"], "inter_node": links["inter"],
+                                 "efficiency": eff, "calibration": provenance})
+    with fitting_step("the profile"):
+        return Hardware.model_validate(hw.model_dump()), led.lines
+
+
+@contextmanager
+def fitting_step(what: str):
+    """A fit that fails inside numpy or scipy becomes one CalibrationError naming it (the cause stays chained,
+    for --debug)."""
+    try:
+        yield
+    except AdvisorError:
+        raise
+    except Exception as exc:  # a numerical failure on odd data, not a bug to hide: named, with the way out
+        msg = format_validation_error(exc) if callable(getattr(exc, "errors", None)) else (str(exc).splitlines() or [""])[0]
+        raise CalibrationError(f"fitting {what} failed ({type(exc).__name__}: {msg[:300]}); check those measurements, "
+                               "or rerun with --debug and report it") from exc
+
+
+def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes: float, led: Ledger) -> Optional[Link]:
+    """The link of one class ("intra", "inter") fitted to its collectives; None where it keeps the base's."""
+    link = base.intra_node if cls == "intra" else base.inter_node
+    # one GPU per node measures one GPU's share of its node's network (rail-optimised: its own NIC),
+    # the share advisor.comm gives each GPU when a whole node communicates
+    share = 1.0 if cls == "intra" else base.inter_node_share_per_gpu
+    chosen, rejected = None, None
+    for coll in COLLECTIVES:
+        n, S, t, failed = collective_points(rows, cls, coll)
+        what = f"{cls}-node {coll}"
+        if len(S) == 0:
+            if failed:
+                led.skip(f"{what}: every size failed ({len(failed)}), the first with: {failed[0][2]}")
+            continue
+        with fitting_step(what):
+            link_b = _widen_bandwidth(link, coll, n, S, t, led.lines, cls, share)
+            fit, _ = fit_link(link_b, coll, n, S, t, judge_from_bytes=judge_from_bytes, share=share)
+            fitted = link_b.model_copy(update={"fit": fit})
+            rep = link_report(fitted, coll, n, S, t, failed, f"{what} (n={_ns(n)})", judge_from_bytes, share)
+        led.lines += [rep.line(), *rep.detail_lines()]
+        if rep.explains_nothing:
+            rejected = rejected or rep
+            led.lines.append(f"  {rep.what}: {rep.why_useless()}: not used")
+            continue
+        if chosen is None or coll == "all_reduce" or (chosen[0] != "all_reduce" and len(S) > chosen[2]):
+            chosen = (coll, fitted, len(S), (n, S, t, share))
+    if chosen is None:
+        if rejected is not None:
+            led.reject(f"{cls}_node", rejected, base.name, say=False)
+            led.lines.append(f"{cls}-node link: kept from the base profile {base.name} (no fit explains its measurements)")
+        else:
+            why = "one node: only intra-node links measured" if cls == "inter" else "no intra-node measurements"
+            led.lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
+        return None
+    link = _with_low_latency(chosen[1], chosen[0], chosen[3], cls, led)
+    led.fitted.append(f"{cls}_node from {chosen[0]}")
+    led.lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(link.fit))
+    return link
+
+
+def _with_low_latency(link: Link, coll: str, points: tuple, cls: str, led: Ledger) -> Link:
+    """The link with its low-latency path fitted to the small sizes, where there are enough and it explains them."""
+    with fitting_step(f"{cls}-node {coll} below 1 MiB"):
+        ll = fit_low_latency(link, coll, *points)
+    if ll is None:
+        return link
+    led.lines.append(f"{cls}-node {ll[1].line()}: start-up {ll[0].fit.ll_latency_us:.1f} us, "
+                     f"rate {ll[0].fit.ll_bandwidth_ratio:.3f} of the link")
+    if ll[1].explains_nothing:
+        led.lines.append(f"  {cls}-node low-latency path: {ll[1].why_useless()}: not used")
+        return link
+    return ll[0]
+
+
+def _ns(n: np.ndarray) -> str:
+    return ",".join(str(int(k)) for k in np.unique(n))
+
+
+def _fit_text(f: CommFit) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.model_dump(exclude_none=True).items())
+
+
+def links_update(links: dict) -> dict:
+    return {"intra_node": links["intra"], "inter_node": links["inter"]}
+
+
+def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, led: Ledger) -> Optional[Link]:
+    """The inter-node link fitted to "world" rows (every GPU of several nodes) through advisor.comm's
+    multi-node paths, all-reduce preferred; None when there are none or none explains its sweep. Reports each
+    collective's fit."""
+    chosen, rejected = None, None
+    for coll in COLLECTIVES:
+        pts = [(float(r["n_ranks"]), float(r["per_node"]), float(r["size_bytes"]), float(r["time_s"])) for r in rows
+               if r.get("kind") == "collective" and r.get("link") == "world" and r.get("collective") == coll
+               and r.get("status", "ok") == "ok"]
+        if not pts:
+            continue
+        n, g, S, t = (np.array(v) for v in zip(*pts))
+        try:
+            with fitting_step(f"world {coll}"):
+                link, rep = fit_world(base, coll, n, g, S, t, judge_from_bytes)
+        except CalibrationError as exc:
+            led.skip(f"world {coll}: {exc}")
+            continue
+        led.lines += [rep.line(), *rep.detail_lines()]
+        if rep.explains_nothing:
+            rejected = rejected or rep
+            led.lines.append(f"  {rep.what}: {rep.why_useless()}: not used")
+        elif chosen is None or coll == "all_reduce":
+            chosen = (coll, link)
+    if chosen is None:
+        if rejected is not None:
+            led.reject("inter_node (world)", rejected, "the one-GPU-per-node fit or the base profile", say=False)
+        return None
+    led.fitted.append(f"inter_node from world {chosen[0]}")
+    led.lines.append(f"inter-node profile fit from world {chosen[0]} (replaces the one-GPU-per-node fit): " + _fit_text(chosen[1].fit))
+    return chosen[1]
+
+
+def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str, share: float = 1.0) -> Link:
+    """A measured busbw above the link's datasheet rate (NVLS, SHARP) cannot be an efficiency <= 1:
+    the link's rate is raised to the measured peak, and the report says so."""
+    from advisor.comm import bus_factor
+
+    peak = float(np.max(bus_factor(coll, n) * S / t)) / share
+    rate = link.bandwidth_bytes_per_s
+    if peak <= 0.98 * rate:
+        return link
+    new = round(peak / 0.98 / GB, 1)
+    per_gpu = f" ({peak * share / GB:.1f} GB/s from one GPU of {1 / share:g})" if share < 1 else ""
+    lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s{per_gpu} exceeds the base link's "
+                 f"{rate / GB:.1f} GB/s; link bandwidth set to {new} GB/s")
+    return link.model_copy(update={"bandwidth_GBps": new, "bandwidth_Gbps": None})
