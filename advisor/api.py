@@ -112,10 +112,10 @@ def build_inputs(model, hw, **given):
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
-    errors = plan_errors(plan, setup, spec, hardware, world)
+    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup)[0]
+    errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup)[0]
     if setup.stack == "auto":  # the choice is recorded, so that the setup names the stack it was costed in
         setup = setup.model_copy(update={"stack": resolved.name})
     return spec, hardware, resolved, plan, setup, world
@@ -173,10 +173,10 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     (default: the plan's dp x tp x pp)."""
     spec, hardware = load_model(model), load_hardware(hw)
     world = plan.world_size if world_size is None else world_size
-    errors = plan_errors(plan, setup, spec, hardware, world)
+    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup)[0]
+    errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup)[0]
     if setup.stack == "auto":
         setup = setup.model_copy(update={"stack": stack.name})
     return _estimate(spec, hardware, stack, plan, setup, world)

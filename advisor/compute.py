@@ -96,14 +96,18 @@ class LayerTimes:
 
 def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> LayerTimes:
     hw = w.hw
-    gemm_fwd = sum(gemm_time(hw, w.math, lin.flops_per_token * tokens / tp, *lin.gemm_dims(tp)) for lin in w.layer.linears)
+    gemms = {lin.name: gemm_time(hw, w.math, lin.flops_per_token * tokens / tp, *lin.gemm_dims(tp)) for lin in w.layer.linears}
+    gemm_fwd = sum(gemms.values())
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
-    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, attn_fwd, 0.0))
+    # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
+    parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
+    selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0
+    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, selective, 0.0))
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
 
 

@@ -6,29 +6,58 @@ Megatron's constraints (seed 002): world_size = tp x pp x dp; global batch divis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from advisor.candidates import Candidates
 from advisor.hardware import Hardware
-from advisor.layout import Plan, resolve_grad_accum
+from advisor.layout import DataParallelKind, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
 from advisor.parallel import data, pipeline, tensor
-from advisor.training import TrainingSetup
+from advisor.stack import PLAN_FEATURES, Stack
+from advisor.training import Recompute, TrainingSetup
 
 WORLD = "dp x tp x pp != world size"
 
 
-def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any) -> dict[str, Any]:
-    """Constraint name -> boolean array, True where the plan breaks it (short reasons users see)."""
+def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
+               stack: Optional[Stack] = None) -> dict[str, Any]:
+    """Constraint name -> boolean array, True where the plan breaks it (short reasons users see); with a stack,
+    also the plan features it does not run."""
     ones = np.ones(len(c), dtype=bool)
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **data.violations(c, hw)}
+           **data.violations(c, hw), **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
-def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int) -> list[str]:
+FEATURE_WORDS = {"ddp": "DDP", "dataparallel": "nn.DataParallel", "zero1": "ZeRO-1", "zero2": "ZeRO-2 / SHARD_GRAD_OP",
+                 "zero3": "ZeRO-3 / FULL_SHARD", "hsdp": "HYBRID_SHARD", "tp": "tensor parallelism",
+                 "sp": "sequence parallelism", "pp": "pipeline parallelism", "gpipe": "a GPipe schedule",
+                 "interleaved": "an interleaved schedule"}
+
+
+def features(c: Candidates) -> dict[str, Any]:
+    """Which plan features (advisor.stack.PLAN_FEATURES) each candidate uses."""
+    hybrid, dp_single = np.asarray(c.hybrid, dtype=bool), c.dp_kind == DataParallelKind.dp.code
+    return {"ddp": (c.dp > 1) & (c.zero == 0) & ~dp_single, "dataparallel": dp_single & (c.dp > 1),
+            "zero1": (c.dp > 1) & (c.zero == 1), "zero2": (c.dp > 1) & (c.zero == 2),
+            "zero3": (c.dp > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
+            "sp": np.asarray(c.sp, dtype=bool), "pp": c.pp > 1, "gpipe": (c.pp > 1) & (c.schedule == Schedule.gpipe.code),
+            "interleaved": c.schedule == Schedule.interleaved.code}
+
+
+def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
+    """The plan features the stack does not run, and selective recomputation where it offers none."""
+    used = features(c)
+    out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
+    if stack.engine.selective is None:
+        out[f"{stack.name} has no selective recomputation"] = c.recompute == Recompute.selective.code
+    return out
+
+
+def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
+                stack: Optional[Stack] = None) -> list[str]:
     """One-line reasons a single plan is invalid (empty when valid)."""
     grad_accum, batch_err = resolve_grad_accum(setup, plan)
     reasons = [batch_err] if batch_err else []
@@ -36,7 +65,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean
         reasons.append("sequence parallel needs tp > 1 (it splits activations across the TP group): drop --sp or set --tp")
-    bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size)
+    bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size, stack)
     for reason, flag in bad.items():
         if bool(flag[0]):
             if reason == WORLD:

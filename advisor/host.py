@@ -58,8 +58,12 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     # not count: each is one more op through the dispatcher.
     coll = np.where(np.asarray(tp) > 1, 2.0 * launch, 0.0)
     fwd, bwd = fwd + coll, bwd + coll
-    # selective recomputation reruns the attention core: its ~8 ops and one attention call
-    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, 8 * launch + extra, 0.0))
+    # selective recomputation reruns what the stack names: the attention core is ~8 ops and one attention call, a
+    # linear layer one GEMM call, the pointwise ops every forward op that is not a GEMM or attention call
+    issued = {"attention/core": 8 * launch + extra, "elementwise": max(t.host_forward_ops - g_fwd, 0) * launch,
+              **{lin.name: launch + extra for lin in w.layer.linears}}
+    selective = sum(issued[op] for op in w.selective_recomputes)
+    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, selective, 0.0))
     ones = np.ones(np.shape(rc))
     return LayerHostTimes(fwd * ones, bwd * ones, rc)
 

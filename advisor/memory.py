@@ -79,7 +79,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh) -> tuple[Any, Any]:
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
     kept = np.where(c.recompute == Recompute.full.code, t.saved_full_recompute.per_gpu(mesh.tp, sp),
-                    np.where(c.recompute == Recompute.selective.code, t.saved_layer.per_gpu(mesh.tp, sp), full))
+                    np.where(c.recompute == Recompute.selective.code, t.saved_selective.per_gpu(mesh.tp, sp), full))
     return kept, full
 
 
@@ -101,7 +101,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
                         * w.act_bytes * tokens + states.head_grads, 0.0)
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
-    fixed = states.gathered + states.autocast_copy + states.bucket_copy
+    fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
     grads_fb = np.where(states.grads_persist, states.grads, 0.0)
     opt_phase = states.grads + states.step_temporaries + states.bucket_copy
     in_fb = fb + fixed + grads_fb >= opt_phase

@@ -118,7 +118,7 @@ class _Found:
 
 def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup, world: int,
                   o: PlanOptions) -> _Found:
-    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes)
+    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack)
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():
@@ -162,14 +162,14 @@ def _round_world(world: int, hw: Hardware) -> int:
     return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
 
 
-def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int,
-                      allow_tp_across_nodes: bool) -> tuple[Candidates, int, dict[str, int]]:
+def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
+                      stack: Stack) -> tuple[Candidates, int, dict[str, int]]:
     """(the plans that break no constraint, how many were considered, rejections by reason)."""
     multi = world > hardware.gpus_per_node
     # (tp, pp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
     # counted, not built: a highly composite world size has thousands of layouts x 4,032 rows each.
     pairs = tp_pp_pairs(world)
-    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes)
+    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):
         pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
@@ -181,7 +181,7 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int,
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
     cols = enumerate_candidates(world, gb, multi, kept_pairs)
     cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes})
-    bad = violations(cols, spec, hardware, world)
+    bad = violations(cols, spec, hardware, world, stack)
     pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
     rejected: dict[str, int] = {}
     ok = np.ones(len(cols), dtype=bool)

@@ -105,7 +105,7 @@ def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
 
 
 def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
-                    allow_tp_across_nodes: bool) -> dict[str, np.ndarray]:
+                    allow_tp_across_nodes: bool, stack=None) -> dict[str, np.ndarray]:
     """The constraints that a (tp, pp) layout breaks whatever the rest of the plan (checked once per pair)."""
     tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
     pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
@@ -114,4 +114,4 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
                    sp=np.zeros(n, bool), schedule=np.full(n, Schedule.one_f_one_b.code), virtual_stages=np.ones(n, int),
                    dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
                    grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes)
-    return violations(c, spec, hw, world)
+    return violations(c, spec, hw, world, stack)

@@ -92,10 +92,12 @@ class PerElement(Entry):
 
 class Saved(Entry):
     """What autograd keeps for backward, per token: one layer, one layer under full recomputation (its
-    input), outside the layers (logits excluded), and bytes per element of eager attention's b x s x s mask."""
+    input), under the stack's selective recomputation (default: the layer without the s x s scores), outside the
+    layers (logits excluded), and bytes per element of eager attention's b x s x s mask."""
 
     layer: PerLayerBytes
     full_recompute: PerLayerBytes
+    selective: Optional[PerLayerBytes] = None
     outside_layers: Form = Field(default_factory=dict)
     attention_mask: float = Field(default=0.0, ge=0, le=64)
 
@@ -122,6 +124,19 @@ class Memory(Spec):
     logits: list[Logits]
 
 
+PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved")
+RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
+
+
+class Selective(Spec):
+    """What the stack's selective recomputation reruns in backward: linear layers of the layer table by name
+    (advisor.model.layer: attention/qkv, attention/out, mlp/fc, mlp/proj, mlp/gate, mlp/up, mlp/down), the
+    attention core, and "elementwise" (every pointwise op of the layer's forward)."""
+
+    recomputes: list[str] = Field(min_length=1)
+    source: Optional[str] = None
+
+
 class Engine(Spec):
     """How the training engine holds, reduces and gathers model states, and when it synchronises."""
 
@@ -142,6 +157,14 @@ class Engine(Spec):
         description="the device is synchronised once per micro-batch, or after its forward and after its backward")
     pipeline_scatter_gather: bool = Field(
         description="pipeline sends split over the TP ranks and all-gathered on arrival (Megatron)")
+    reduce_dtype: Literal["compute", "fp32"] = Field(
+        default="compute", description="gradients are reduced in the compute dtype, or upcast to fp32 first")
+    unit_grad_buffer: bool = Field(
+        default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
+                                   "in fp32) is alive while it is reduce-scattered")
+    selective: Optional[Selective] = Field(default=None, description="what selective recomputation reruns (None: none offered)")
+    offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
+        default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
 
 
 class Stack(Spec):
@@ -167,10 +190,12 @@ class Stack(Spec):
         host, head = pick(k.host, "kernels.host"), pick(k.host_outside_layers, "kernels.host_outside_layers")
         ew, sc = pick(k.elementwise, "kernels.elementwise"), pick(k.attention_scores, "kernels.attention_scores")
         loss, saved, lg = pick(k.loss, "kernels.loss"), pick(mem.saved, "memory.saved"), pick(mem.logits, "memory.logits")
+        full = LayerBytes.of(saved.layer, layer)
+        selective = LayerBytes.of(saved.selective, layer) if saved.selective is not None else full.without_scores()
         return StackTables(
             host.forward_ops, host.backward_ops, host.cpu_us_per_op, head.forward_ops, head.backward_ops,
             LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
-            loss.forward, loss.backward, LayerBytes.of(saved.layer, layer), LayerBytes.of(saved.full_recompute, layer),
+            loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding)
 
 
@@ -193,6 +218,9 @@ class LayerBytes:
     @classmethod
     def of(cls, b: PerLayerBytes, layer: DecoderLayer) -> "LayerBytes":
         return cls(form_value(b.split, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores)
+
+    def without_scores(self) -> "LayerBytes":
+        return LayerBytes(self.split, self.sequence, self.whole, 0.0)
 
     def per_gpu(self, tp: Any, sp: Any, scores_per_token: float = 0.0) -> Any:
         """Bytes per token on one TP rank; ``scores_per_token`` is heads x keys (0 where no scores are kept)."""
@@ -219,6 +247,7 @@ class StackTables:
     loss_backward: float
     saved_layer: LayerBytes
     saved_full_recompute: LayerBytes
+    saved_selective: LayerBytes
     saved_outside_layers: float  # per token
     attention_mask: float  # bytes per b x s x s mask element (eager)
     logits_held: float  # bytes per logit

@@ -126,6 +126,8 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
     # eager attention computes every score before masking: the masked half is executed too
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
+    executed = {"attention/core": executed_core, "elementwise": 0.0, **{lin.name: lin.flops_per_token for lin in layer.linears}}
+    selective = sum(executed[op] for op in w.selective_recomputes)
     rc = np.where(c.recompute == Recompute.full.code, executed_layer,
-                  np.where(c.recompute == Recompute.selective.code, executed_core, 0.0))
+                  np.where(c.recompute == Recompute.selective.code, selective, 0.0))
     return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step

@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from advisor.candidates import Candidates
+from advisor.constraints import stack_violations
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.search import PlanSearch
@@ -31,12 +32,12 @@ def _gpus(n: int) -> str:
     return f"{n:,} GPU{'' if n == 1 else 's'}"
 
 
-def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool) -> Optional[Candidates]:
+def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool, stack) -> Optional[Candidates]:
     """The least-memory corner of the search space for one world size: micro batch 1, full recomputation,
     every (tp, pp) layout that passes the layout constraints, every ZeRO stage it allows, SP on and off."""
     pairs = tp_pp_pairs(world)
     bad = np.zeros(len(pairs), dtype=bool)
-    for mask in pair_violations(world, pairs, spec, hw, allow_tp).values():
+    for mask in pair_violations(world, pairs, spec, hw, allow_tp, stack).values():
         bad |= mask
     rows = []
     for (tp, pp), b in zip(pairs, bad):
@@ -49,10 +50,12 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
         return None
     a = np.array(rows, dtype=np.int64)
     n = len(a)
-    return Candidates(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
+    cols = Candidates(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
                       schedule=np.ones(n, int), virtual_stages=np.ones(n, int), dp_kind=np.zeros(n, int),
                       overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0],
                       recompute=np.full(n, Recompute.full.code), allow_tp_across_nodes=allow_tp)
+    runs = ~np.any([m for m in stack_violations(cols, stack).values()] or [np.zeros(n, bool)], axis=0)
+    return cols.take(np.nonzero(runs)[0]) if runs.any() else None
 
 
 def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
@@ -61,7 +64,7 @@ def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
     hw = hw or s.hardware
     seq = seq or s.seq_len
     gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
-    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes)
+    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, s.stack)
     if cols is None:
         return float("inf"), None
     setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb})

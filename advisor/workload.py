@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec
-from advisor.stack import Stack, StackTables
+from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
 from advisor.training import Attention, Optimizer, Precision, TrainingSetup
 
 
@@ -26,8 +26,21 @@ class Workload:
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
         layer = model.layer
+        sel = stack.engine.selective
+        if sel is not None:
+            known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
+            unknown = [op for op in sel.recomputes if op not in known]
+            if unknown:
+                raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
+                                 f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    stack.tables(setup.precision.mode.value, setup.attention.value, layer))
+
+    @property
+    def selective_recomputes(self) -> tuple[str, ...]:
+        """What the stack's selective recomputation reruns (empty: it offers none)."""
+        sel = self.stack.engine.selective
+        return tuple(sel.recomputes) if sel is not None else ()
 
     @property
     def math(self) -> str:

@@ -61,10 +61,12 @@ class ModelStates:
     master: Any  # fp32 master weights beside half-precision weights and gradients
     weight_bytes: Any  # per parameter
     grad_bytes: Any
+    reduce_bytes: Any  # per parameter, as the gradient collectives move them
     weights: Any  # bytes kept, sharded as the ZeRO stage says
     grads: Any
     optimizer_states: Any
     gathered: Any  # ZeRO-3: the units gathered at once (current and prefetched)
+    grad_buffer: Any  # ZeRO-2/3: the unit's unsharded gradient being reduce-scattered (and its fp32 copy)
     bucket_copy: Any  # DDP's flat gradient buckets beside .grad
     autocast_copy: Any  # autocast's half-precision copy of every weight, kept from forward to backward
     step_temporaries: Any  # the optimizer step's temporaries
@@ -87,8 +89,14 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     unit = p_layer if eng.zero3_gathered == "layer" else max(w.layer.module_weights().values()) / tp
     gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
+    # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter
+    # and, per unit, an fp32 copy joins the unsharded gradient while the unit is reduce-scattered
+    fp32_reduce = eng.reduce_dtype == "fp32"
+    reduce_bytes = 4.0 if fp32_reduce else gb
+    buffer = p_layer * (gb + (4.0 if fp32_reduce else 0.0)) if eng.unit_grad_buffer else 0.0
     return ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
+        reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
         weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
         optimizer_states=params * optimizer.state_bytes(w, master) / shard, gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
@@ -131,7 +139,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
     exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
-    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.grad_bytes / mesh.dp_shard,
+    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
@@ -142,14 +150,14 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
     """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
-    size = states.params * states.grad_bytes
+    size = states.params * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
     if eng.gradient_reduction == "one_call":
         total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
     else:  # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
         n = np.maximum(np.ceil(size / bucket), 1.0)
         total = n * comm.collective_time(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, where=ddp)
-    last = np.minimum(np.maximum(bucket, w.model.vocab * w.model.d_model / mesh.tp * states.grad_bytes), size)
+    last = np.minimum(np.maximum(bucket, w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     return np.maximum(total - hide, np.where(can_overlap, last_t, total))
 
@@ -164,7 +172,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     units = np.maximum(layers, 1.0)
     unit = (states.params - states.params_outside_layers) / units
     out = []
-    for coll, per_param in ((Collective.reduce_scatter, states.grad_bytes), (Collective.all_gather, states.weight_bytes)):
+    for coll, per_param in ((Collective.reduce_scatter, states.reduce_bytes), (Collective.all_gather, states.weight_bytes)):
         whole = comm.collective_time(coll, shard, states.params * per_param, hw, per_node, where=whole_on)
         per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
                     + comm.collective_time(coll, shard, states.params_outside_layers * per_param, hw, per_node,
