@@ -67,7 +67,7 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
     math = "bf16" if w.math == "fp8" else w.math  # attention stays in bf16 under fp8 recipes
     if w.attention is Attention.sdpa:
-        eff = hw.efficiency.attention_max * s * d / (s * d + hw.efficiency.attention_half_sd)
+        eff = hw.efficiency.attention_max * s * d / (s * d + hw.efficiency.attention_half_sd) * w.tables.attention_efficiency
         fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s(math) * eff)
         if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
             fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)

@@ -112,6 +112,9 @@ class Logits(Entry):
 class Kernels(Spec):
     vocab_padding: int = Field(default=0, ge=0, le=1_000_000,
                                description="the vocabulary is padded to a multiple of this x tp (0: not padded)")
+    attention_efficiency: float = Field(
+        default=1.0, gt=0, le=2.0, description="the stack's fused attention kernel's rate as a fraction of the one the "
+                                               "hardware profile's attention_max was fitted on (SDPA / FlashAttention-2)")
     host: list[HostOps]
     host_outside_layers: list[HeadOps]
     elementwise: list[Traffic]
@@ -153,8 +156,9 @@ class Engine(Spec):
         description="what ZeRO-3 holds gathered at once, twice (current and prefetched)")
     gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
     gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
-    device_syncs: Literal["per_micro_batch", "per_phase"] = Field(
-        description="the device is synchronised once per micro-batch, or after its forward and after its backward")
+    device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(
+        description="the device is synchronised once per step (the host runs ahead across micro-batches), once per "
+                    "micro-batch, or after each micro-batch's forward and after its backward")
     pipeline_scatter_gather: bool = Field(
         description="pipeline sends split over the TP ranks and all-gathered on arrival (Megatron)")
     reduce_dtype: Literal["compute", "fp32"] = Field(
@@ -196,7 +200,8 @@ class Stack(Spec):
             host.forward_ops, host.backward_ops, host.cpu_us_per_op, head.forward_ops, head.backward_ops,
             LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
             loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
-            form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding)
+            form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
+            k.attention_efficiency)
 
 
 def form_value(form: Form, layer: DecoderLayer) -> float:
@@ -253,6 +258,7 @@ class StackTables:
     logits_held: float  # bytes per logit
     logits_peak: float
     vocab_padding: int
+    attention_efficiency: float
 
 
 def stack_dirs() -> list[Path]:

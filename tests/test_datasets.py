@@ -23,7 +23,7 @@ DATASET_FILES = [
     "seeds_titan_rtx.yaml", "seeds_dgx_a100.yaml", "vtrain_a100.csv", "vtrain_a100.meta.yaml",
     "a100_nccl_allreduce.csv", "h100_single_gpu.jsonl", "published_runs.yaml", "published_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
-    "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt",
+    "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 
@@ -177,7 +177,7 @@ def test_published_spot_values():
 
 
 @needs_reference
-@pytest.mark.parametrize("name", ["published_runs.yaml", "published_collectives.yaml"])
+@pytest.mark.parametrize("name", ["published_runs.yaml", "published_collectives.yaml", "published_runs_modern.yaml"])
 def test_published_copies_are_verbatim(name):
     assert (ds.DATA_DIR / name).read_bytes() == (REFERENCE / name).read_bytes()
 

@@ -248,11 +248,11 @@ BAD_PLANS = [
     (dict(gpus=4, global_batch=6), "global batch 6 is not divisible"),
     (dict(gpus=16, tp=16), "tp=16 > 8 GPUs per node"),
     (dict(gpus=0), "--gpus must be at least 1"),
-    (dict(gpus=2, tp=0), "tp=0"),
-    (dict(fsdp="sharded"), "--fsdp 'sharded'"),
-    (dict(seq=0), "seq_len"),
-    (dict(seq=float("nan")), "seq_len"),
-    (dict(micro_batch=float("inf")), "micro_batch"),
+    (dict(gpus=2, tp=0), "--tp must be at least 1 (got 0)"),
+    (dict(fsdp="sharded"), "--fsdp: Input should be 'full-shard', 'shard-grad-op', 'hybrid-shard' or 'no-shard' (got 'sharded')"),
+    (dict(seq=0), "--seq must be at least 1 (got 0)"),
+    (dict(seq=float("nan")), "--seq must be a finite number (got nan)"),
+    (dict(micro_batch=float("inf")), "--micro-batch must be a finite number (got inf)"),
 ]
 
 

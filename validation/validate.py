@@ -70,6 +70,10 @@ GOALS = {
     # issue 3: Titan ratios within 10%; DGX DDP vs FSDP SHARD_GRAD_OP in direction
     "titan seed comparisons agree": Goal("titan", 1.0, "min", _agreeing),
     "dgx seed directions reproduced": Goal("dgx", 1.0, "min", _direction),
+    # issue 15: every run of today's stacks predicted to fit (they all ran); tokens/s within 10% MAPE per source
+    "modern runs predicted to fit %": Goal("modern", 100.0, "min", lambda d: d.extra["predicted_to_fit_pct"]),
+    "modern llm-foundry tokens/s MAPE %": Goal("modern", 10.0, "max", lambda d: d.extra["llm-foundry-2023_mape_pct"]),
+    "modern torchtitan tokens/s MAPE %": Goal("modern", 10.0, "max", lambda d: d.extra["torchtitan_mape_pct"]),
 }
 RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is within 10%
 NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB
@@ -519,9 +523,17 @@ def _kernels(name: str) -> Callable[[], DatasetReport]:
     return run
 
 
+def _modern() -> DatasetReport:
+    """validation.modern's validator (which imports this module: imported when run)."""
+    from validation import modern
+
+    return modern.validate_modern()
+
+
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
               "collectives": validate_collectives, "a100-collectives": _kernels("validate_a100_collectives"),
-              "gemm": _kernels("validate_gemm"), "h100": validate_h100, "published": validate_published}
+              "gemm": _kernels("validate_gemm"), "h100": validate_h100, "published": validate_published,
+              "modern": _modern}
 
 
 def run(names: Optional[list[str]] = None) -> Report:

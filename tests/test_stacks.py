@@ -1,0 +1,120 @@
+"""Training stacks as data (issue 15): the profiles load, round-trip and cite their sources; a stack's choices
+(what selective recomputation reruns, the gradient dtype, the plans it runs, its syncs, its attention kernel)
+change the estimate as its source says; today's stacks' runs are predicted to fit."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from advisor import estimate, plan
+from advisor.errors import AdvisorError
+from advisor.stack import StackError, list_stacks, load_stack, stack_from_yaml, stack_to_yaml
+
+from _robust import tried
+
+STACKS = list_stacks()
+
+
+def test_the_shipped_stacks():
+    assert {"hf-trainer", "megatron-deepspeed", "torchtitan", "llm-foundry", "llm-foundry-2023"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_a_stack_round_trips_and_cites_its_sources(name):
+    s = load_stack(name)
+    assert stack_from_yaml(stack_to_yaml(s)) == s
+    assert s.source and s.description
+    # every measured entry that borrows from another module says so
+    for e in s.kernels.host + s.kernels.host_outside_layers:
+        if name in ("torchtitan", "llm-foundry", "llm-foundry-2023"):
+            assert e.source and "not" in e.source
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: x\nsource: y\n", "kernels: required key is missing"),
+    ("name: x\n  bad: [", "malformed YAML"),
+    ("[1, 2]", "must be a YAML mapping"),
+    ("name: x\ndescription: d\nbase: torchtitan\nengine: {reduce_dtype: fp16}\n", "reduce_dtype"),
+    ("name: x\ndescription: d\nbase: torchtitan\nengine: {offers: [tp, moe]}\n", "offers"),
+    ("name: x\ndescription: d\nbase: nowhere\n", "unknown stack profile 'nowhere'"),
+])
+def test_bad_stack_files_are_one_line_errors(text, needle, tmp_path):
+    tried("profiles")
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    with pytest.raises(StackError) as exc:
+        load_stack(str(f))
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_stack_refuses_the_plans_it_does_not_run():
+    # llm-foundry's MPT runs on Composer: DDP or FSDP, no tensor or pipeline parallelism, no selective recomputation
+    tried("plans")
+    with pytest.raises(AdvisorError, match="llm-foundry does not run tensor parallelism"):
+        estimate("gpt2", "dgx-a100", tp=2, stack="llm-foundry")
+    with pytest.raises(AdvisorError, match="llm-foundry has no selective recomputation"):
+        estimate("gpt2", "dgx-a100", gpus=8, fsdp="full-shard", recompute="selective", stack="llm-foundry")
+    res = plan("gpt2", "dgx-a100", stack="llm-foundry", top=50)
+    assert all(p.plan.tp == 1 and p.plan.pp == 1 and p.setup.recompute != "selective" for p in res.plans)
+    assert res.rejected["llm-foundry does not run tensor parallelism"] > 0
+
+
+def test_torchtitan_reduces_gradients_in_fp32():
+    # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the reduce-scatter moves twice hf-trainer's bytes
+    from advisor import comm
+    from advisor.comm import Collective
+    from advisor.hardware import load_hardware
+
+    kw = dict(gpus=8, fsdp="shard-grad-op", micro_batch=1, grad_accum=1, seq=1024)
+    m = "llama3-8b"
+    tt = estimate(m, "dgx-h100", stack="torchtitan", **kw)
+    hw = load_hardware("dgx-h100")
+    params = tt.memory.parts["weights"] / 2  # ZeRO-2 keeps the unsharded bf16 weights: 2 bytes each
+    rs_fp32 = float(comm.collective_time(Collective.reduce_scatter, 8, params * 4.0, hw, 8))
+    rs_bf16 = float(comm.collective_time(Collective.reduce_scatter, 8, params * 2.0, hw, 8))
+    assert rs_fp32 > 1.8 * rs_bf16 and tt.memory.parts["transient"] > 0
+
+
+def test_torchtitans_selective_recomputation_reruns_what_its_policy_names():
+    # torchtitan's op-level SAC recomputes every other matmul (wo, w3) and every element-wise op; Megatron's the core
+    kw = dict(gpus=8, fsdp="full-shard", micro_batch=2, seq=8192, recompute="selective")
+    tt = estimate("llama3-8b", "dgx-h100", stack="torchtitan", **kw)
+    mg = estimate("llama3-8b", "dgx-h100", stack="megatron-deepspeed", **kw)
+    assert tt.breakdown["compute/recompute"] > 2 * mg.breakdown["compute/recompute"]
+    full = estimate("llama3-8b", "dgx-h100", stack="torchtitan", **{**kw, "recompute": "full"})
+    none = estimate("llama3-8b", "dgx-h100", stack="torchtitan", **{**kw, "recompute": "none"})
+    acts = [e.memory.parts["activations"] for e in (full, tt, none)]
+    assert acts == sorted(acts) and acts[0] < acts[2] / 5
+
+
+def test_flash_attention_1_runs_at_half_the_rate_of_flash_attention_2():
+    # llm-foundry's 2023 sweep ran flash-attn 1.0.3 (FlashAttention-2 paper: about 2x faster), today's pins 2.7.4
+    from advisor.compute import attention_core_time
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    hw, m, setup = load_hardware("dgx-a100"), load_model("llama3-8b"), TrainingSetup(seq_len=32768)
+    fixed = hw.efficiency.matmul_fixed_us["bf16"] * 1e-6
+    fwd = {name: float(attention_core_time(Workload.of(m, hw, load_stack(name), setup), 32768.0, 1.0)[0]) - fixed
+           for name in ("llm-foundry-2023", "llm-foundry")}
+    assert fwd["llm-foundry-2023"] == pytest.approx(2 * fwd["llm-foundry"], rel=1e-12)
+
+
+def test_modern_runs_all_fit_and_the_mpt_shapes_are_exact():
+    from validation import modern
+
+    runs = modern.load_modern_runs()
+    logged = {r["id"]: int(m.group(1)) for r in runs
+              if (m := re.search(r"NumParams as logged = (\d+)", r["model"].get("note") or ""))}
+    assert len(logged) >= 2
+    for r in runs:
+        if r["id"] in logged:
+            assert modern.model_spec(r).n_params == logged[r["id"]], r["id"]
+    rep = modern.validate_modern()
+    assert rep.compared == 84 and rep.extra["predicted_to_fit_pct"] == 100.0
+    assert rep.extra["llm-foundry-2023_mape_pct"] < 10.0
