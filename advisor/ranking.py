@@ -59,7 +59,7 @@ class RankedPlan:
 class PlanSearch:
     model_spec: ModelSpec
     hardware: Hardware
-    stack: Stack
+    stacks: list[Stack]  # the stacks costed: one, or every stack for --stack any (each row names its own)
     setup: TrainingSetup  # what every plan shares (the global batch; micro batch and recompute vary per plan)
     worlds: list[int]  # the GPU counts searched
     global_batch_defaulted: bool
@@ -73,6 +73,11 @@ class PlanSearch:
     allow_tp_across_nodes: bool = False
     seq_defaulted: bool = False
     tokens: Optional[float] = None  # a token budget to train
+
+    @property
+    def stack(self) -> Stack:
+        """The stack every plan was costed in (the first of several under --stack any)."""
+        return self.stacks[0]
 
     @property
     def world_size(self) -> int:
@@ -106,9 +111,13 @@ class PlanSearch:
 
     def notes(self) -> list[str]:
         t = self.tree
-        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}",
-               f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
-               "--stack NAME costs another (advisor stacks)"]
+        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        if len(self.stacks) > 1:
+            out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
+                       "stack is in --json; `advisor stacks show NAME` says what each does)")
+        else:
+            out.append(f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
+                       "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")
         if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
             out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
                        "speed for efficiency")
@@ -130,7 +139,8 @@ class PlanSearch:
             "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
             "worlds": list(self.worlds), "global_batch": self.global_batch, "seq_len": self.seq_len,
             "objective": self.objective, "tokens": self.tokens, "candidates": self.candidates,
-            "rejected": dict(self.rejected), "stack": self.stack.name, "decision_tree": self.tree,
+            "rejected": dict(self.rejected), "stack": self.stack.name if len(self.stacks) == 1 else "any",
+            "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
         }
 

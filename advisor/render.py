@@ -50,6 +50,8 @@ def _columns(result) -> list[tuple[str, str, object]]:
             ("recompute", ">", lambda e: e.setup.recompute.value)]
     if len(result.worlds) > 1:
         cols.insert(0, ("GPUs", ">", lambda e: f"{e.world_size:,}"))
+    if len(result.stacks) > 1:
+        cols.insert(0, ("stack", "<", lambda e: e.stack))
     cols += [("step", ">", lambda e: fmt_seconds(e.step_time_s)), ("tok/s", ">", lambda e: f"{e.tokens_per_s:,.0f}")]
     if len(result.worlds) > 1 or result.objective in ("throughput", "cost"):
         cols.append(("tok/s/GPU", ">", lambda e: f"{e.tokens_per_s / e.world_size:,.0f}"))

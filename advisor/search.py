@@ -29,7 +29,7 @@ from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
 from advisor.results import make_estimate
 from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations, tp_pp_pairs
-from advisor.stack import Stack
+from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
 from advisor.workload import Workload
@@ -46,7 +46,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     path or a Hardware. ``gpus``: a count, or a range ``"64:1024"`` (or ``(64, 1024)``) searched as 64, 128, ...
     1024 (default: ``nodes`` x the GPUs of a node, or one node). ``seq`` defaults to the model's context length
     (at most 8192), ``global_batch`` to ~0.5M tokens (a multiple of the largest GPU count), ``precision`` to the
-    GPU's best, ``stack`` to auto (hf-trainer when the model fits on one GPU, else megatron-deepspeed).
+    GPU's best, ``stack`` to auto (hf-trainer when the model fits on one GPU, else megatron-deepspeed); ``any``
+    ranks the plans of every stack (``advisor stacks``), each row naming its own.
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
@@ -58,20 +59,39 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
     worlds = _worlds(o, hardware)
     setup = _setup(o, spec, hardware, max(worlds))
-    chosen, fits_one = api.resolve_stack(o.stack, spec, hardware, setup)
-    if setup.stack == "auto":  # the choice is recorded, so that every row names the stack it was costed in
-        setup = setup.model_copy(update={"stack": chosen.name})
-    found = [_search_world(spec, hardware, chosen, setup, w, o) for w in worlds]
+    chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup)
+    # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans
+    stacks = _describing(spec, hardware, setup) if o.stack == "any" else [chosen]
+    setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
+              for st in stacks}
+    found = [_search_world(spec, hardware, st, setups[st.name], w, o) for st in stacks for w in worlds]
     tree = decision_tree(spec, hardware, max(worlds), fits_one)
-    ranked, best_by_kind = _rank(found, spec, hardware, chosen, setup, o, tree)
+    ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
+    setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}
     for f in found:
         for reason, n in f.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + n
-    return PlanSearch(spec, hardware, chosen, setup, worlds, o.global_batch is None, o.objective,
+    return PlanSearch(spec, hardware, stacks, setup, worlds, o.global_batch is None, o.objective,
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
                       seq_defaulted=o.seq is None, tokens=o.tokens)
+
+
+def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:
+    """Every shipped stack whose profile describes this model and setup (--stack any leaves the others out)."""
+    out = []
+    for name in list_stacks():
+        stack = load_stack(name)
+        try:
+            Workload.of(spec, hardware, stack, setup)
+        except StackError:
+            continue
+        out.append(stack)
+    if not out:
+        raise PlanError(f"no stack profile describes {spec.name} in {setup.precision.value} with {setup.attention.value} "
+                        "attention (advisor stacks)")
+    return out
 
 
 def _worlds(o: PlanOptions, hw: Hardware) -> list[int]:
@@ -109,6 +129,8 @@ class _Found:
     """The plans of one GPU count: those that break no constraint, evaluated, and which of them fit."""
 
     world: int
+    stack: Stack
+    setup: TrainingSetup
     plans: Candidates
     out: Evaluation
     fits: Any
@@ -123,12 +145,12 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():
         rejected["does not fit in memory"] = int((~fits).sum())
-    return _Found(world, valid, out, fits, n, rejected)
+    return _Found(world, stack, setup, valid, out, fits, n, rejected)
 
 
-def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup,
-          o: PlanOptions, tree: dict) -> tuple[list[RankedPlan], dict[str, float]]:
-    """The ``o.top`` best fitting plans over every GPU count, and the fastest step of each plan kind."""
+def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptions,
+          tree: dict) -> tuple[list[RankedPlan], dict[str, float]]:
+    """The ``o.top`` best fitting plans over every stack and GPU count, and the fastest step of each plan kind."""
     rows = []  # (GPU-count index, candidate index) of every fitting plan, with its keys
     keys, steps = [], []
     best_by_kind: dict[str, float] = {}
@@ -150,7 +172,7 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, stack: Stack
     ranked = []
     for r in order:  # only the top K become typed objects
         f, i = found[rows[r, 0]], int(rows[r, 1])
-        est = make_estimate(spec, hardware, stack.name, f.plans.plan(i), f.plans.setup(i, setup), f.world,
+        est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
         ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind)))
     return ranked, best_by_kind

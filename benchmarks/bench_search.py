@@ -15,7 +15,6 @@ def main() -> None:
     from advisor.model import load_model
     from advisor.search import plan
     from advisor.space import enumerate_candidates
-    from advisor.stack import load_stack
     from advisor.step import evaluate
     from advisor.training import TrainingSetup
     from advisor.workload import Workload
@@ -27,22 +26,26 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=1536)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--stack", default="megatron-deepspeed", help="a stack, or any (every stack describing the model)")
     a = ap.parse_args()
     m, hw = load_model(a.model), load_hardware(a.hw)
     t0 = time.perf_counter()
-    res = plan(model=m, hw=hw, gpus=a.gpus, global_batch=a.global_batch, seq=a.seq)
+    res = plan(m, hw, gpus=a.gpus, global_batch=a.global_batch, seq=a.seq, stack=a.stack)
     t_plan = time.perf_counter() - t0
     cols = enumerate_candidates(a.gpus, a.global_batch, a.gpus > hw.gpus_per_node)
     n = len(cols)
-    w = Workload.of(m, hw, load_stack("megatron-deepspeed"), TrainingSetup(seq_len=a.seq, global_batch=a.global_batch))
+    setup = TrainingSetup(seq_len=a.seq, global_batch=a.global_batch)
+    workloads = [Workload.of(m, hw, s, setup) for s in res.stacks]
+    n *= len(workloads)
     best = float("inf")
     for _ in range(a.repeat):
         t0 = time.perf_counter()
-        evaluate(w, cols)
+        for w in workloads:
+            evaluate(w, cols)
         best = min(best, time.perf_counter() - t0)
     fit_rejected = res.rejected.get("does not fit in memory", 0)
     evaluated = res.candidates - sum(res.rejected.values()) + fit_rejected
-    print(f"{a.model} on {a.gpus}x {a.hw}, stack {res.stack.name}:")
+    print(f"{a.model} on {a.gpus}x {a.hw}, stacks {', '.join(s.name for s in res.stacks)}:")
     print(f"  advisor plan: {t_plan:.3f} s wall; {res.candidates:,} candidates considered, {evaluated:,} of them "
           "costed (the others break a constraint, most counted without being built)")
     print(f"  evaluate() alone on every candidate (constraints not applied): {n:,} in {best * 1e3:.1f} ms "

@@ -98,7 +98,8 @@ def test_flash_attention_1_runs_at_half_the_rate_of_flash_attention_2():
     from advisor.training import TrainingSetup
     from advisor.workload import Workload
 
-    hw, m, setup = load_hardware("dgx-a100"), load_model("llama3-8b"), TrainingSetup(seq_len=32768)
+    hw, setup = load_hardware("dgx-a100"), TrainingSetup(seq_len=32768)
+    m = load_model("gpt2-xl").model_copy(update={"max_positions": 32768})  # MPT's GELU block
     fixed = hw.efficiency.matmul_fixed_us["bf16"] * 1e-6
     fwd = {name: float(attention_core_time(Workload.of(m, hw, load_stack(name), setup), 32768.0, 1.0)[0]) - fixed
            for name in ("llm-foundry-2023", "llm-foundry")}
@@ -118,3 +119,16 @@ def test_modern_runs_all_fit_and_the_mpt_shapes_are_exact():
     rep = modern.validate_modern()
     assert rep.compared == 84 and rep.extra["predicted_to_fit_pct"] == 100.0
     assert rep.extra["llm-foundry-2023_mape_pct"] < 10.0
+
+
+def test_stack_any_ranks_every_stack_that_describes_the_model():
+    res = plan("gpt2-xl", "dgx-a100", stack="any", top=40)
+    names = {s.name for s in res.stacks}
+    assert {"hf-trainer", "megatron-deepspeed", "llm-foundry"} <= names and "torchtitan" not in names  # Llama only
+    assert len({p.estimate.stack for p in res.plans}) > 1 and res.to_json()["stack"] == "any"
+    best = {}
+    for p in res.plans:  # each row is what estimate says of it in its own stack
+        best.setdefault(p.estimate.stack, p.estimate)
+    for name, e in best.items():
+        single = plan("gpt2-xl", "dgx-a100", stack=name, top=1).plans[0].estimate
+        assert single.step_time_s == pytest.approx(e.step_time_s, rel=1e-12)
