@@ -177,11 +177,27 @@ def models(as_json: bool) -> None:
     from advisor.model import CATALOGUE
 
     if as_json:
-        click.echo(json.dumps({n: {"params": m.n_params, **m.model_dump(mode="json")} for n, m in CATALOGUE.items()}, indent=2))
+        click.echo(json.dumps({n: {"params": m.n_params, "active_params": m.active_params, **m.model_dump(mode="json")}
+                               for n, m in CATALOGUE.items()}, indent=2))
         return
     for name, m in CATALOGUE.items():
-        gqa = f" kv_heads={m.kv_heads}" if m.kv_heads != m.n_heads else ""
-        click.echo(f"{name:14s} {m.n_params / 1e9:8.3f}B  layers={m.n_layers} d_model={m.d_model} heads={m.n_heads}{gqa} d_ff={m.d_ff} vocab={m.vocab} {m.mlp.value}")
+        click.echo(f"{name:16s} {m.n_params / 1e9:8.3f}B  {_model_line(m)}")
+
+
+def _model_line(m) -> str:
+    """A catalogue model's shape in one line: family, widths, heads (GQA, MLA), MLP or experts, windows."""
+    attn = f" kv_heads={m.kv_heads}" if m.kv_heads != m.n_heads and m.latent is None else ""
+    if m.latent is not None:
+        attn = f" mla(kv_rank={m.latent.kv_lora_rank}, q_rank={m.latent.q_lora_rank})"
+    mlp = f"d_ff={m.d_ff} {m.mlp.value}"
+    if m.experts is not None:
+        e = m.experts
+        shared = f" +shared d_ff={e.d_ff_shared}" if e.d_ff_shared else ""
+        mlp = f"experts={e.n_experts} top-{e.experts_per_token} d_ff={e.d_ff_expert}{shared} {m.mlp.value} " \
+              f"({m.active_params / 1e9:.3f}B active)"
+    windows = sorted({r.window for r in m.layer_runs if r.window})
+    window = f" window={'/'.join(map(str, windows))}" if windows else ""
+    return f"{m.family:12s} layers={m.n_layers} d_model={m.d_model} heads={m.n_heads}{attn} {mlp} vocab={m.vocab}{window}"
 
 
 def _broken(name: str, exc: Exception) -> click.Command:

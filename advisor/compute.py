@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from advisor.hardware import Hardware
+from advisor.model.layer import keys_per_query
 from advisor.training import Attention, Recompute
 from advisor.workload import Workload
 
@@ -61,16 +62,18 @@ def mem_time(hw: Hardware, nbytes: Any) -> Any:
 
 
 def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
-    """(forward, backward) GPU seconds of the attention core for ``tokens`` tokens on one TP rank."""
-    hw, s, d = w.hw, w.seq_len, w.layer.d_head
-    heads = w.layer.n_heads / tp
+    """(forward, backward) GPU seconds of the attention core for ``tokens`` tokens on one TP rank. QK^T runs at the
+    query/key width and PV at the value width (they differ under MLA): each GEMM at their mean. A fused kernel does
+    the keys each query sees, (s + 1) / 2 causal or ~w under a sliding window of w, at the efficiency of its key
+    span (s, or w); eager attention computes every score of s x s before masking, windows or not."""
+    hw, s, layer = w.hw, w.seq_len, w.layer
+    heads, d = layer.n_heads / tp, (layer.d_head + layer.v_head) / 2.0
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
     math = "bf16" if w.math == "fp8" else w.math  # attention stays in bf16 under fp8 recipes
     if w.attention is Attention.sdpa:
-        eff = hw.efficiency.attention_max * s * d / (s * d + hw.efficiency.attention_half_sd) * w.tables.attention_efficiency
-        fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s(math) * eff)
-        if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
-            fwd = 0.5 * full_flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
+        causal = keys_per_query(s)
+        fwd = sum(n * _fused_forward(w, math, 0.5 * full_flops * keys_per_query(s, win) / causal, min(s, win or s), d)
+                  for win, n in layer.windows) / layer.count
         # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate.compute.fit_attention)
         fwd = fwd + hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
@@ -80,6 +83,15 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     score_elems = tokens * s * heads
     t = w.tables
     return gemm + mem_time(hw, score_elems * t.score_forward), 2.0 * gemm + mem_time(hw, score_elems * t.score_backward)
+
+
+def _fused_forward(w: Workload, math: str, flops: Any, span: int, d: float) -> Any:
+    """Seconds of a fused attention kernel's ``flops`` over a key span of ``span``, at its measured efficiency."""
+    hw = w.hw
+    eff = hw.efficiency.attention_max * span * d / (span * d + hw.efficiency.attention_half_sd) * w.tables.attention_efficiency
+    if math == "fp32":  # no fp32 flash kernel: the memory-efficient kernel runs at fp32 GEMM speed
+        return flops / (hw.gpu.peak_flops_per_s("fp32") * hw.efficiency.matmul_max.get("fp32", 0.7) * eff / hw.efficiency.attention_max)
+    return flops / (hw.gpu.peak_flops_per_s(math) * eff)
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,7 @@ class LayerTimes:
 
 def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> LayerTimes:
     hw = w.hw
-    gemms = {lin.name: gemm_time(hw, w.math, lin.flops_per_token * tokens / tp, *lin.gemm_dims(tp)) for lin in w.layer.linears}
+    gemms = {lin.name: gemm_time(hw, w.math, lin.rank_flops_per_token(tp) * tokens, *lin.gemm_dims(tp)) for lin in w.layer.linears}
     gemm_fwd = sum(gemms.values())
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables

@@ -181,7 +181,7 @@ class Stack(Spec):
 
     def tables(self, mode: str, attention: str, layer: DecoderLayer) -> "StackTables":
         """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions."""
-        mlp = layer.mlp.value
+        mlp = layer.mlp.kernels  # GeGLU reads SwiGLU's entries (advisor.model.layer.MLPKind.kernels)
 
         def pick(entries: list, what: str):
             for e in entries:

@@ -1,12 +1,16 @@
 """What every candidate plan of one evaluation shares: the model, the hardware, the training stack and the
-scalar part of the training setup, with the stack's tables resolved once for this model and precision."""
+scalar part of the training setup, with the stack's tables resolved once for this model and precision.
+
+The one place a model the cost model does not cost yet is refused: routed experts (mixture of experts: expert
+parallelism, the routing all-to-all and expert memory are issue 17's second part). Soft-capping (Gemma 2) adds
+its element-wise passes to the stack's measured tables here (``softcapped``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from advisor.hardware import Hardware
-from advisor.model import DecoderLayer, ModelSpec
+from advisor.model import DecoderLayer, ModelError, ModelSpec
 from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
 from advisor.training import Attention, Optimizer, Precision, TrainingSetup
 
@@ -25,7 +29,13 @@ class Workload:
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
-        layer = model.layer
+        if model.routed:
+            raise ModelError(
+                f"{model.name} is described exactly ({model.n_params:,} parameters, {model.active_params:,} active per "
+                "token), but mixture-of-experts training is not costed yet (expert parallelism, the routing all-to-all "
+                "and expert memory): `advisor models` shows its shape; estimate and plan take dense models")
+        layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it)
+        tables = stack.tables(setup.precision.mode.value, setup.attention.value, layer)
         sel = stack.engine.selective
         if sel is not None:
             known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
@@ -34,7 +44,7 @@ class Workload:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
-                   stack.tables(setup.precision.mode.value, setup.attention.value, layer))
+                   softcapped(tables, model, setup.precision.activation_bytes))
 
     @property
     def selective_recomputes(self) -> tuple[str, ...]:
@@ -53,3 +63,26 @@ class Workload:
     @property
     def eager(self) -> bool:
         return self.attention is Attention.eager
+
+
+# Soft-capping as transformers runs it in eager code (modeling_gemma2.py: eager_attention_forward and
+# Gemma2ForCausalLM.forward): x / c, tanh, * c, three element-wise kernels over the scores (or logits) that each
+# read and write them: 6 accesses forward; backward, the product's and the quotient's gradients (read, write:
+# 2 each) and tanh's (the gradient and the saved output read, one written: 3), 7; tanh's output is kept for
+# backward, one more element. A fused attention kernel applies the cap in registers (flash-attention >= 2.6
+# ``softcap``): nothing more there. Elements are in the activation dtype.
+SOFTCAP_FORWARD_ACCESSES, SOFTCAP_BACKWARD_ACCESSES, SOFTCAP_SAVED = 6.0, 7.0, 1.0
+
+
+def softcapped(t: StackTables, model: ModelSpec, act_bytes: float) -> StackTables:
+    """The stack's tables with soft-capping's passes over eager attention's scores and over the logits added."""
+    if model.attn_softcap is not None:
+        t = replace(t, score_forward=t.score_forward + SOFTCAP_FORWARD_ACCESSES * act_bytes,
+                    score_backward=t.score_backward + SOFTCAP_BACKWARD_ACCESSES * act_bytes,
+                    saved_layer=replace(t.saved_layer, scores=t.saved_layer.scores + SOFTCAP_SAVED * act_bytes))
+    if model.logit_softcap is not None:
+        t = replace(t, loss_forward=t.loss_forward + SOFTCAP_FORWARD_ACCESSES * act_bytes,
+                    loss_backward=t.loss_backward + SOFTCAP_BACKWARD_ACCESSES * act_bytes,
+                    logits_held=t.logits_held + SOFTCAP_SAVED * act_bytes,
+                    logits_peak=t.logits_peak + SOFTCAP_SAVED * act_bytes)
+    return t

@@ -61,31 +61,31 @@ BAD_CONFIGS = [
     ("null", ["must be a JSON object"]),
     ("\"gpt2\"", ["must be a JSON object"]),
     ("[" * 100_000 + "]" * 100_000, ["malformed JSON"]),  # RecursionError in the parser
-    (json.dumps({"model_type": "bert"}), ["not a GPT-2", "or Llama"]),
+    (json.dumps({"model_type": "bert"}), ["'bert' is an encoder", "not a decoder-only language model", "llama"]),
     (json.dumps(_cfg(GPT2, n_embd=_DEL)), ["lacks 'n_embd'"]),
     (json.dumps(_cfg(GPT2, n_head=None)), ["lacks 'n_head'"]),
     (json.dumps(_cfg(LLAMA, vocab_size=_DEL)), ["lacks 'vocab_size'"]),
     (json.dumps(_cfg(LLAMA, hidden_size=_DEL)), ["lacks 'hidden_size'"]),
-    (json.dumps(_cfg(GPT2, n_layer=0)), ["n_layers", "got 0"]),
-    (json.dumps(_cfg(GPT2, n_layer=-12)), ["n_layers", "got -12"]),
-    (json.dumps(_cfg(GPT2, n_layer=12.5)), ["n_layers", "12.5"]),
-    (json.dumps(_cfg(GPT2, n_layer="twelve")), ["n_layers", "'twelve'"]),
-    (json.dumps(_cfg(GPT2, n_layer=True)), ["n_layers: must be a number, not true"]),  # was read as 1 layer
-    (json.dumps(_cfg(GPT2, n_layer=[12])), ["n_layers"]),
+    (json.dumps(_cfg(GPT2, n_layer=0)), ["'n_layer' must be at least 1, got 0"]),
+    (json.dumps(_cfg(GPT2, n_layer=-12)), ["'n_layer'", "got -12"]),
+    (json.dumps(_cfg(GPT2, n_layer=12.5)), ["'n_layer' must be an integer, not 12.5"]),
+    (json.dumps(_cfg(GPT2, n_layer="twelve")), ["'n_layer'", "the string 'twelve'"]),
+    (json.dumps(_cfg(GPT2, n_layer=True)), ["'n_layer' must be an integer, not true"]),  # was read as 1 layer
+    (json.dumps(_cfg(GPT2, n_layer=[12])), ["'n_layer' must be an integer"]),
     (json.dumps(_cfg(GPT2, n_layer=10**30)), ["n_layers"]),
-    (json.dumps(_cfg(GPT2, n_embd=float("nan"))).replace("NaN", "NaN"), ["d_model"]),  # Python's json writes NaN
-    (json.dumps(_cfg(GPT2, n_embd=float("inf"))), ["d_model"]),
+    (json.dumps(_cfg(GPT2, n_embd=float("nan"))), ["'n_embd' must be an integer, not nan"]),  # Python's json writes NaN
+    (json.dumps(_cfg(GPT2, n_embd=float("inf"))), ["'n_embd' must be an integer, not inf"]),
     (json.dumps(_cfg(GPT2, n_embd=250)), ["d_model=250 is not divisible by n_heads=8"]),
     (json.dumps(_cfg(GPT2, vocab_size=0)), ["vocab"]),
-    (json.dumps(_cfg(GPT2, n_inner=0)), ["d_ff", "got 0"]),  # was silently 4 x d_model
-    (json.dumps(_cfg(GPT2, n_positions=-1)), ["max_positions"]),
+    (json.dumps(_cfg(GPT2, n_inner=0)), ["'n_inner'", "got 0"]),  # was silently 4 x d_model
+    (json.dumps(_cfg(GPT2, n_positions=-1)), ["'n_positions'", "got -1"]),
     (json.dumps(_cfg(LLAMA, num_key_value_heads=3)), ["n_kv_heads=3 must divide n_heads=8"]),
     (json.dumps(_cfg(LLAMA, num_key_value_heads=16)), ["n_kv_heads=16 must divide n_heads=8"]),
-    (json.dumps(_cfg(LLAMA, num_key_value_heads=0)), ["n_kv_heads", "got 0"]),  # was silently n_heads
+    (json.dumps(_cfg(LLAMA, num_key_value_heads=0)), ["'num_key_value_heads'", "got 0"]),  # was silently n_heads
     (json.dumps(_cfg(LLAMA, head_dim=0)), ["head_dim"]),
-    (json.dumps(_cfg(LLAMA, intermediate_size=-1)), ["d_ff"]),
+    (json.dumps(_cfg(LLAMA, intermediate_size=-1)), ["'intermediate_size'", "got -1"]),
     (json.dumps(_cfg(LLAMA, num_hidden_layers=None)), ["n_layers"]),
-    (json.dumps(_cfg(LLAMA, max_position_embeddings="long")), ["max_positions"]),
+    (json.dumps(_cfg(LLAMA, max_position_embeddings="long")), ["'max_position_embeddings' must be an integer, not the string 'long'"]),
 ]
 
 

@@ -34,6 +34,10 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
                           "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
     if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
+    unwritten = _unwritten(model)
+    if unwritten:
+        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the Megatron-LM flags advisor writes do not "
+                          "describe: use --format accelerate or torchrun")
     notes: list[str] = []
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
@@ -54,6 +58,20 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     return [str(x) for x in a], notes
+
+
+def _unwritten(model: ModelSpec) -> list[str]:
+    """The shape features of a config.json family that _model_shape has no flag for (a script without them
+    would train another model)."""
+    found = {"parallel attention + MLP blocks": model.parallel_block, "q/k norms": model.qk_norm.value != "none",
+             f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
+             "multi-head latent attention": model.latent is not None, "experts": model.experts is not None,
+             "sliding-window attention": any(r.window for r in model.layer_runs), "a GeGLU MLP": model.mlp is MLPKind.geglu,
+             f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
+             "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
+             "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
+             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias}
+    return [name for name, present in found.items() if present]
 
 
 def _model_shape(model: ModelSpec) -> list:

@@ -1,9 +1,11 @@
-"""Model: a decoder-only transformer spec, its layer described once, the built-in catalogue, HF config.json loading."""
+"""Model: a decoder-only transformer spec, its layers described once, the built-in catalogue, HF config.json loading
+(one adapter per model_type in advisor.model.families)."""
 
 from advisor.model.catalogue import ALIASES, CATALOGUE, gpt2_like, list_models, llama_like, load_model
-from advisor.model.hf import model_from_hf_config
-from advisor.model.layer import DecoderLayer, Linear, MLPKind, NormKind, Split
-from advisor.model.spec import ModelError, ModelSpec, PositionKind
+from advisor.model.hf import model_from_hf_config, model_from_hf_dict
+from advisor.model.layer import DecoderLayer, Linear, MLPKind, NormKind, Split, keys_per_query
+from advisor.model.spec import Experts, LatentAttention, LayerRun, ModelError, ModelSpec, PositionKind, QKNorm
 
-__all__ = ["ALIASES", "CATALOGUE", "DecoderLayer", "Linear", "MLPKind", "ModelError", "ModelSpec", "NormKind",
-           "PositionKind", "Split", "gpt2_like", "list_models", "llama_like", "load_model", "model_from_hf_config"]
+__all__ = ["ALIASES", "CATALOGUE", "DecoderLayer", "Experts", "LatentAttention", "LayerRun", "Linear", "MLPKind",
+           "ModelError", "ModelSpec", "NormKind", "PositionKind", "QKNorm", "Split", "gpt2_like", "keys_per_query",
+           "list_models", "llama_like", "load_model", "model_from_hf_config", "model_from_hf_dict"]

@@ -1,6 +1,8 @@
 """The built-in models (``advisor models``) and ``load_model``: a catalogue name, or a Hugging Face config.json.
 
-Shapes from each model's Hugging Face config.json (openai-community/gpt2*, meta-llama/*) and papers.
+Shapes from each model's Hugging Face config.json (openai-community/gpt2*, meta-llama/*) and papers; the
+families added with the config.json adapters (Mistral, Mixtral, Qwen, Gemma, Phi-3, OLMo 2, Falcon, GPT-NeoX,
+MPT, DeepSeek, GPT-OSS) are their cited config.json (advisor.model.hub_configs) read by those adapters.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from advisor.io import is_file, not_a_file
-from advisor.model.hf import model_from_hf_config
+from advisor.model.hf import model_from_hf_config, model_from_hf_dict
+from advisor.model.hub_configs import HUB_CONFIGS
 from advisor.model.layer import MLPKind, NormKind
 from advisor.model.spec import ModelError, ModelSpec, PositionKind
 
@@ -50,13 +53,15 @@ CATALOGUE: dict[str, ModelSpec] = {
         ModelSpec(name="bloom-176b", n_layers=70, d_model=14336, n_heads=112, d_ff=4 * 14336,
                   vocab=250880, max_positions=2048, position=PositionKind.alibi,
                   embedding_norm=True, family="bloom"),
-    ]
+    ] + [model_from_hf_dict(cfg, name, f"advisor.model.hub_configs[{name!r}]") for name, cfg in HUB_CONFIGS.items()]
 }
 ALIASES = {
     "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b", "llama-2-70b": "llama2-70b",
     "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b", "llama-3-405b": "llama3-405b",
     "llama3.1-405b": "llama3-405b", "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b", "bloom": "bloom-176b",
-    "gpt2-small": "gpt2",
+    "gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "mixtral": "mixtral-8x7b", "qwen2.5-7b-base": "qwen2.5-7b",
+    "deepseek-v2-lite-base": "deepseek-v2-lite", "olmo-2-1124-7b": "olmo-2-7b", "phi-3-mini-4k": "phi-3-mini",
+    "gpt-oss": "gpt-oss-120b",
 }
 
 

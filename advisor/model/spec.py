@@ -1,12 +1,16 @@
 """A decoder-only transformer: its shape, its parameter count as a named breakdown.
 
-The layer's own parameters come from the layer table (advisor.model.layer); here are those outside the
-layers: the token embedding, learned positions where the model has them, BLOOM's embedding norm, the final
-norm and an untied LM head. The counts match what Hugging Face ``transformers`` builds: GPT-2 small
-124,439,808 (tied embeddings, biases on every Linear, learned positions); Llama-2 7B 6,738,415,616 (untied,
-no biases, RMSNorm, SwiGLU); BLOOM-176B 176,247,271,424.
+The layers' own parameters come from the layer table (advisor.model.layer, filled by advisor.model.build);
+here are those outside the layers: the token embedding, learned positions where the model has them, BLOOM's
+embedding norm, the final norm and an untied LM head. The counts equal what Hugging Face ``transformers``
+builds, tested family by family on the meta device (tests/test_hf_families.py): GPT-2 small 124,439,808 (tied
+embeddings, biases on every Linear, learned positions); Llama-2 7B 6,738,415,616 (untied, no biases, RMSNorm,
+SwiGLU); BLOOM-176B 176,247,271,424; Mixtral-8x7B 46,702,792,704 (every expert; 12.9B active per token).
 
-Deliberately left out: mixture-of-experts, encoder-decoder models, multimodal towers.
+Besides the dense shape: per-linear biases, the norms in a layer and q/k norms, parallel attention + MLP blocks,
+multi-head latent attention (``latent``), routed and shared experts (``experts``), and runs of layers that
+differ in their attention window or in being dense (``layer_runs``), soft-capping and attention sinks.
+Deliberately left out: encoder-decoder models, multimodal towers, hybrid recurrent / linear-attention layers.
 """
 
 from __future__ import annotations
@@ -27,8 +31,59 @@ class PositionKind(str, Enum):
     alibi = "alibi"  # BLOOM: no parameters
 
 
+class QKNorm(str, Enum):
+    none = "none"
+    head = "head"  # one d_head-wide norm for q and one for k, shared by the heads (Qwen3, Gemma 3)
+    full = "full"  # q_dim- and kv_dim-wide norms over the projections (OLMo 2, Cohere's per-head weights)
+
+
 class ModelError(AdvisorError):
     pass
+
+
+class LatentAttention(Spec):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 s.2.1): queries through a low-rank q_lora_rank
+    (or a full q projection where it is None), keys and values from one kv_lora_rank latent plus a shared rope key."""
+
+    q_lora_rank: Optional[int] = Field(default=None, ge=1, le=10_000_000)
+    kv_lora_rank: int = Field(ge=1, le=10_000_000)
+    qk_nope_head_dim: int = Field(ge=0, le=1_000_000)
+    qk_rope_head_dim: int = Field(ge=0, le=1_000_000)
+    v_head_dim: int = Field(ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _qk(self) -> "LatentAttention":
+        if self.qk_nope_head_dim + self.qk_rope_head_dim < 1:
+            raise ValueError("qk_nope_head_dim + qk_rope_head_dim must be at least 1")
+        return self
+
+
+class Experts(Spec):
+    """Mixture of experts in a layer's MLP: a router picks ``experts_per_token`` of ``n_experts`` gated MLPs of
+    width ``d_ff_expert``; ``d_ff_shared`` is the width of the always-active shared experts (0: none)."""
+
+    n_experts: int = Field(ge=1, le=1_000_000)
+    experts_per_token: int = Field(ge=1, le=1_000_000)
+    d_ff_expert: int = Field(ge=1, le=100_000_000)
+    d_ff_shared: int = Field(default=0, ge=0, le=100_000_000)
+    shared_gate: bool = False  # Qwen2-MoE: a sigmoid gate, h -> 1, on the shared expert's output
+    router_bias: bool = False  # GPT-OSS
+    expert_bias: bool = False  # GPT-OSS: biases on the experts' linears
+
+    @model_validator(mode="after")
+    def _top_k(self) -> "Experts":
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}")
+        return self
+
+
+class LayerRun(Spec):
+    """Consecutive layers alike: their attention window (None: every earlier key) and whether their MLP is dense
+    in a model whose other layers route to experts (DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers)."""
+
+    count: int = Field(ge=1, le=100_000)
+    window: Optional[int] = Field(default=None, ge=1, le=100_000_000)
+    dense: bool = False
 
 
 class ModelSpec(Spec):
@@ -46,17 +101,33 @@ class ModelSpec(Spec):
     position: PositionKind = PositionKind.learned
     tied_embeddings: bool = True
     linear_bias: bool = True  # biases on every Linear (GPT-2/3, BLOOM)
-    qkv_bias: bool = False  # biases on q, k, v only (Qwen2)
+    qkv_bias: bool = False  # biases on q, k, v (Qwen2; with linear_bias False)
+    out_bias: bool = False  # a bias on the attention output projection (Llama's attention_bias)
+    mlp_bias: bool = False  # biases on the MLP's linears (GPT-NeoX, GPT-J)
+    lm_head_bias: bool = False  # a bias on the LM head (GPT-J, Phi-2)
     embedding_norm: bool = False  # BLOOM's word_embeddings_layernorm
-    family: str = "gpt"  # informational: gpt, llama, bloom, qwen2, ...
+    norms_per_layer: int = Field(default=2, ge=1, le=4)  # d_model-wide norms: 1 (Falcon-7B), 2, 4 (Gemma 2/3)
+    qk_norm: QKNorm = QKNorm.none
+    parallel_block: bool = False  # attention and MLP read the same input and add to one residual (GPT-J, Falcon)
+    latent: Optional[LatentAttention] = None
+    experts: Optional[Experts] = None
+    layer_runs: tuple[LayerRun, ...] = ()  # in layer order; empty: every layer global-attention (and routed)
+    attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
+    logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
+    attention_sinks: bool = False  # one learned sink logit per head and layer (GPT-OSS)
+    family: str = "gpt"  # informational: the config.json model_type it was read from
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelSpec":
         kv = self.kv_heads
         if kv > self.n_heads or self.n_heads % kv:
             raise ValueError(f"n_kv_heads={kv} must divide n_heads={self.n_heads}")
-        if self.head_dim is None and self.d_model % self.n_heads:
+        if self.head_dim is None and self.latent is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.layer_runs and sum(r.count for r in self.layer_runs) != self.n_layers:
+            raise ValueError(f"layer_runs cover {sum(r.count for r in self.layer_runs)} layers, not n_layers={self.n_layers}")
+        if self.experts is None and any(r.dense for r in self.layer_runs):
+            raise ValueError("a layer run is marked dense in a model without experts")
         return self
 
     @property
@@ -65,6 +136,9 @@ class ModelSpec(Spec):
 
     @property
     def d_head(self) -> int:
+        """Query and key width per head (MLA: the no-position and rotary parts together)."""
+        if self.latent is not None:
+            return self.latent.qk_nope_head_dim + self.latent.qk_rope_head_dim
         return self.head_dim or self.d_model // self.n_heads
 
     @property
@@ -76,10 +150,16 @@ class ModelSpec(Spec):
         return self.kv_heads * self.d_head
 
     @property
+    def layers(self) -> tuple[DecoderLayer, ...]:
+        """Every distinct layer of the model with how many layers it is (advisor.model.build)."""
+        from advisor.model.build import build_layers
+
+        return build_layers(self)
+
+    @property
     def layer(self) -> DecoderLayer:
-        """The decoder layer's table of operations (advisor.model.layer)."""
-        return DecoderLayer.build(self.d_model, self.d_ff, self.n_heads, self.kv_heads, self.d_head, self.mlp,
-                                  self.norm, self.linear_bias, self.qkv_bias)
+        """The layer most of the model's layers are (every layer of a dense model: the one the cost model costs)."""
+        return max(self.layers, key=lambda layer: layer.count)
 
     # -- parameter counts (a named breakdown) ---------------------------------------------------
     def layer_params(self) -> dict[str, int]:
@@ -92,15 +172,28 @@ class ModelSpec(Spec):
             out["position_embedding"] = self.max_positions * self.d_model
         if self.embedding_norm:
             out["embedding_norm"] = layer.norm_params
-        out["layers"] = layer.n_params * self.n_layers
+        out["layers"] = sum(k.n_params * k.count for k in self.layers)
         out["final_norm"] = layer.norm_params
         if not self.tied_embeddings:
             out["lm_head"] = self.vocab * self.d_model
+        if self.lm_head_bias:
+            out["lm_head_bias"] = self.vocab
         return out
 
     @property
     def n_params(self) -> int:
         return sum(self.param_breakdown().values())
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to (= n_params for a dense model)."""
+        layers = sum(k.active_params * k.count for k in self.layers)
+        return round(self.n_params - self.param_breakdown()["layers"] + layers)
+
+    @property
+    def routed(self) -> bool:
+        """Whether some layer routes tokens to experts."""
+        return any(k.routed for k in self.layers)
 
     @property
     def params_per_layer(self) -> int:
@@ -109,7 +202,7 @@ class ModelSpec(Spec):
     @property
     def embedding_params(self) -> int:
         """Parameters outside the transformer layers (embeddings, final norm, untied head)."""
-        return self.n_params - self.params_per_layer * self.n_layers
+        return self.n_params - self.param_breakdown()["layers"]
 
     @property
     def position_params(self) -> int:

@@ -77,7 +77,7 @@ class ModelStates:
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
     m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
     eng = w.stack.engine
-    p_layer = m.params_per_layer / tp
+    p_layer = w.layer.rank_params(tp)  # split linears' share, replicated ones (MLA's down projections) whole
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
     params = layers * p_layer + outside
     master = (zero >= 1) | (eng.master_weights == "always")
@@ -86,7 +86,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
     # weights this GPU does not already hold
-    unit = p_layer if eng.zero3_gathered == "layer" else max(w.layer.module_weights().values()) / tp
+    unit = p_layer if eng.zero3_gathered == "layer" else np.maximum.reduce(list(w.layer.rank_module_weights(tp).values()))
     gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter

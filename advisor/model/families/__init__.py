@@ -1,0 +1,93 @@
+"""One adapter per config.json ``model_type``: it reads that family's keys, with the defaults of its transformers
+config class, into a ModelSpec that describes what transformers' model builds (tests/test_hf_families.py counts
+every family's parameters against transformers' own model on the meta device).
+
+Refused, in one line naming the key: an unknown model_type (listing the supported ones), an encoder or an
+encoder-decoder, a value of the wrong JSON type, a missing shape key, and any key that changes the parameters
+where the family's adapter never read it (a Llama config with "num_experts": 8 would otherwise load as dense).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from advisor.errors import format_validation_error
+from advisor.model.families import gemma, gpt, llama, moe
+from advisor.model.families._config import Config, _show
+from advisor.model.spec import ModelError, ModelSpec
+
+FAMILIES: dict[str, Callable[[Config], dict]] = {
+    "gpt2": gpt.gpt2, "gpt_bigcode": gpt.gpt_bigcode, "gptj": gpt.gptj, "gpt_neox": gpt.gpt_neox,
+    "falcon": gpt.falcon, "mpt": gpt.mpt, "bloom": gpt.bloom, "phi": gpt.phi, "starcoder2": gpt.starcoder2,
+    "llama": llama.llama, "mistral": llama.mistral, "qwen2": llama.qwen2, "qwen3": llama.qwen3, "phi3": llama.phi3,
+    "olmo": llama.olmo, "olmo2": llama.olmo2, "olmo3": llama.olmo3, "granite": llama.granite, "cohere": llama.cohere,
+    "gemma": gemma.gemma, "gemma2": gemma.gemma2, "gemma3_text": gemma.gemma3_text,
+    "mixtral": moe.mixtral, "qwen2_moe": moe.qwen2_moe, "qwen3_moe": moe.qwen3_moe, "olmoe": moe.olmoe,
+    "deepseek_v2": moe.deepseek_v2, "deepseek_v3": moe.deepseek_v3, "gpt_oss": moe.gpt_oss,
+}
+
+ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "camembert",
+            "mpnet", "modernbert", "ernie", "nomic_bert", "roformer", "megatron-bert", "esm", "funnel", "longformer",
+            "big_bird", "mobilebert", "squeezebert", "convbert", "xlm", "flaubert", "rembert", "luke", "ibert"}
+ENCODER_DECODERS = {"t5", "mt5", "umt5", "longt5", "bart", "mbart", "pegasus", "pegasus_x", "marian", "blenderbot",
+                    "blenderbot-small", "m2m_100", "nllb-moe", "fsmt", "prophetnet", "led", "plbart", "whisper",
+                    "switch_transformers", "encoder-decoder", "t5gemma", "bigbird_pegasus", "mvp"}
+
+# Keys that change a model's parameters in some family. Set (not null, false, 0 or empty) in a config whose
+# family's adapter never read them, they describe weights that adapter would leave out: refused.
+CHANGES_PARAMETERS = (
+    "num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+    "shared_expert_intermediate_size", "num_experts_per_tok", "experts_per_token", "q_lora_rank", "kv_lora_rank",
+    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "add_cross_attention", "is_encoder_decoder",
+    "qk_layernorm", "use_qk_norm", "qk_norm", "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias",
+    "parallel_attn", "use_parallel_residual", "new_decoder_architecture", "num_ln_in_parallel_attn", "head_dim",
+    "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query", "n_inner", "ffn_hidden_size",
+    "intermediate_size", "text_config", "vision_config", "audio_config", "attn_config",
+)
+
+
+def supported() -> str:
+    return ", ".join(sorted(FAMILIES))
+
+
+def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
+    """The ModelSpec a config.json object describes (the module docstring says what is refused)."""
+    mtype = cfg.get("model_type")
+    if mtype is None:
+        raise ModelError(f"{origin}: config.json lacks 'model_type', which names the model's family "
+                         f"(supported: {supported()})")
+    if not isinstance(mtype, str):
+        raise ModelError(f"{origin}: 'model_type' must be a string, not {_show(mtype)}")
+    _decoder_only(cfg, mtype, origin)
+    adapter = FAMILIES.get(mtype)
+    if adapter is None:
+        hint = " (a multimodal config: give its text model's config.json)" if isinstance(cfg.get("text_config"), dict) else ""
+        raise ModelError(f"{origin}: model_type {mtype[:60]!r} is not supported{hint}; supported: {supported()}")
+    c = Config(cfg, origin, mtype)
+    fields = adapter(c)
+    check_unread(c)
+    try:
+        return ModelSpec(name=name, family=mtype, **fields)
+    except Exception as exc:  # pydantic's validation of the values read
+        raise ModelError(f"{origin}: {format_validation_error(exc)}") from None
+
+
+def _decoder_only(cfg: dict, mtype: str, origin: str) -> None:
+    if mtype in ENCODERS:
+        raise ModelError(f"{origin}: model_type {mtype!r} is an encoder (a masked language model), not a "
+                         f"decoder-only language model; advisor costs decoder-only models ({supported()})")
+    if mtype in ENCODER_DECODERS or cfg.get("is_encoder_decoder") is True:
+        raise ModelError(f"{origin}: model_type {mtype[:60]!r} is an encoder-decoder, not a decoder-only language "
+                         f"model; advisor costs decoder-only models ({supported()})")
+
+
+def _set(value: Any) -> bool:
+    return value not in (None, False, 0, "", [], {})
+
+
+def check_unread(c: Config) -> None:
+    """Refuse a key that changes the parameters in some family and that this family's adapter did not read."""
+    for key in CHANGES_PARAMETERS:
+        if key in c.raw and key not in c.read and _set(c.raw[key]):
+            raise c.error(f"{key!r} = {_show(c.raw[key])} changes the model's parameters, and a {c.family} model "
+                          f"as transformers builds it has no such weights: remove the key, or check model_type")

@@ -1,0 +1,76 @@
+"""What several families' adapters share: the Llama-style keys, the gated MLP's activation, layer runs (which
+layers attend over a sliding window, which are dense) and the experts' keys."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from advisor.model.families._config import Config
+from advisor.model.layer import MLPKind, NormKind
+from advisor.model.spec import PositionKind
+
+GATED = {"silu": MLPKind.swiglu, "swish": MLPKind.swiglu, "gelu": MLPKind.geglu, "gelu_new": MLPKind.geglu,
+         "gelu_pytorch_tanh": MLPKind.geglu, "gelu_fast": MLPKind.geglu, "gelu_python": MLPKind.geglu}
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def gated(c: Config, key: str = "hidden_act", default: str = "silu") -> MLPKind:
+    """The gated MLP's kind from its activation: SiLU gates (SwiGLU) or GELU gates (GeGLU)."""
+    return GATED[c.str(key, default, tuple(GATED))]
+
+
+def llama_base(c: Config, *, kv: Optional[int] = None, head_dim: Optional[int] = None, tied: bool = False,
+               max_positions: int = 2048, act_key: str = "hidden_act", act: str = "silu") -> dict:
+    """The keys Llama's config.json and its descendants share: a gated MLP, RMSNorm, rotary positions, no biases.
+    ``kv`` and ``head_dim`` are the family's defaults where the keys are absent (None: the head count, and
+    hidden_size / heads)."""
+    heads = c.int("num_attention_heads")
+    return dict(
+        n_layers=c.int("num_hidden_layers"), d_model=c.int("hidden_size"), n_heads=heads,
+        n_kv_heads=c.int("num_key_value_heads", default=kv or heads), head_dim=c.int("head_dim", default=head_dim),
+        d_ff=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings", default=max_positions),
+        mlp=gated(c, act_key, act), norm=NormKind.rmsnorm, position=PositionKind.rotary,
+        tied_embeddings=c.bool("tie_word_embeddings", tied), linear_bias=False)
+
+
+def attention_bias(c: Config, default: bool = False) -> dict:
+    """Llama's ``attention_bias``: biases on q, k, v and o."""
+    bias = c.bool("attention_bias", default)
+    return dict(qkv_bias=bias, out_bias=bias)
+
+
+def runs(windows: list[Optional[int]], dense: Optional[list[bool]] = None) -> tuple[dict, ...]:
+    """Per-layer windows (and dense flags) as runs of alike consecutive layers; () where every layer is global
+    and none is dense, the ModelSpec default."""
+    dense = dense or [False] * len(windows)
+    if all(w is None for w in windows) and not any(dense):
+        return ()
+    out: list[dict] = []
+    for w, d in zip(windows, dense):
+        if out and out[-1]["window"] == w and out[-1]["dense"] == d:
+            out[-1]["count"] += 1
+        else:
+            out.append({"count": 1, "window": w, "dense": d})
+    return tuple(out)
+
+
+def typed_windows(c: Config, n_layers: int, window: Optional[int], default: list[str]) -> list[Optional[int]]:
+    """Each layer's window from ``layer_types`` (the config's, or the family's default pattern): ``window`` on
+    sliding_attention layers, none on full_attention ones."""
+    types = c.list("layer_types", str, n_layers) or default
+    for t in types:
+        if t not in LAYER_TYPES:
+            raise c.error(f"'layer_types' holds {t[:40]!r}: advisor reads {' and '.join(LAYER_TYPES)} layers "
+                          "(no linear-attention, recurrent or chunked layers)")
+    if window is None and "sliding_attention" in types:
+        raise c.error("'layer_types' has sliding_attention layers but 'sliding_window' is null")
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def dense_layers(c: Config, n_layers: int, has_experts: bool) -> list[bool]:
+    """Qwen-MoE's dense layers (transformers modeling_qwen2_moe.py): a layer routes to experts unless it is in
+    ``mlp_only_layers``, or unless (index + 1) is not a multiple of ``decoder_sparse_step``."""
+    step = c.int("decoder_sparse_step", default=1)
+    only = c.list("mlp_only_layers", int) or []
+    return [i in only or not has_experts or (i + 1) % step != 0 for i in range(n_layers)]

@@ -1,0 +1,85 @@
+"""Dense descendants of Llama: a gated MLP, RMSNorm (or another norm), rotary positions, GQA.
+
+Each adapter reads its family's keys with the defaults of its transformers 5.23 config class (configuration_*.py)
+and describes what its modeling_*.py builds: Llama (attention_bias on q, k, v and o; mlp_bias), Mistral (a
+sliding window on every layer, 4096 where the key is absent), Qwen2 (biases on q, k, v only; sliding windows
+from max_window_layers on, when use_sliding_window), Qwen3 (q/k RMSNorms over the head dim, 128 by default),
+Phi-3 (fused qkv and gate_up: the same parameters), OLMo (LayerNorms without parameters), OLMo 2 and 3 (norms after
+attention and MLP only, q/k norms over the whole projections; OLMo 3 sliding windows), Granite (Llama with
+scaling multipliers, no parameters), Cohere (a parallel block with one weight-only LayerNorm, optional q/k norms).
+"""
+
+from __future__ import annotations
+
+from advisor.model.families._common import attention_bias, llama_base, runs, typed_windows
+from advisor.model.families._config import Config
+from advisor.model.layer import NormKind
+from advisor.model.spec import QKNorm
+
+
+def llama(c: Config) -> dict:
+    return {**llama_base(c), **attention_bias(c), "mlp_bias": c.bool("mlp_bias", False)}
+
+
+def granite(c: Config) -> dict:
+    return llama(c)
+
+
+def mistral(c: Config) -> dict:
+    d = llama_base(c, kv=8, max_positions=4096 * 32)
+    window = c.nullable_int("sliding_window", 4096)
+    return {**d, "layer_runs": runs([window] * d["n_layers"])}
+
+
+def qwen_windows(c: Config, n_layers: int, moe: bool = False) -> tuple[dict, ...]:
+    """Qwen2/Qwen3: with use_sliding_window, layers from max_window_layers on attend over sliding_window keys
+    (transformers configuration_qwen2.py); Qwen2-MoE puts the windows on the odd layers below max_window_layers."""
+    use = c.bool("use_sliding_window", False)
+    window = c.nullable_int("sliding_window", 4096)
+    first = c.int("max_window_layers", default=28, minimum=0)
+    if moe:
+        default = ["sliding_attention" if use and (i + 1) % 2 and i < first else "full_attention" for i in range(n_layers)]
+    else:
+        default = ["sliding_attention" if use and window is not None and i >= first else "full_attention"
+                   for i in range(n_layers)]
+    return runs(typed_windows(c, n_layers, window if use else None, default) if use else [None] * n_layers)
+
+
+def qwen2(c: Config) -> dict:
+    d = llama_base(c, max_positions=32768)
+    return {**d, "qkv_bias": True, "layer_runs": qwen_windows(c, d["n_layers"])}
+
+
+def qwen3(c: Config) -> dict:
+    d = llama_base(c, head_dim=128, max_positions=32768)
+    return {**d, **attention_bias(c), "qk_norm": QKNorm.head, "layer_runs": qwen_windows(c, d["n_layers"])}
+
+
+def phi3(c: Config) -> dict:
+    d = llama_base(c, max_positions=4096)
+    window = c.int("sliding_window", default=None)
+    return {**d, "layer_runs": runs([window] * d["n_layers"])}
+
+
+def olmo(c: Config) -> dict:
+    return {**llama_base(c), **attention_bias(c), "norm": NormKind.nonparametric}
+
+
+def olmo2(c: Config) -> dict:
+    return {**llama_base(c), **attention_bias(c), "qk_norm": QKNorm.full}
+
+
+def olmo3(c: Config) -> dict:
+    d = olmo2(c)
+    n = d["n_layers"]
+    window = c.nullable_int("sliding_window", 4096)
+    # transformers configuration_olmo3.py: every fourth layer global, the others sliding
+    default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
+    return {**d, "layer_runs": runs(typed_windows(c, n, window, default))}
+
+
+def cohere(c: Config) -> dict:
+    d = llama_base(c, tied=True, max_positions=8192)
+    c.float("logit_scale", None)  # scales the logits: no parameters
+    return {**d, **attention_bias(c), "norm": NormKind.layernorm_nobias, "parallel_block": True,
+            "norms_per_layer": 1, "qk_norm": QKNorm.full if c.bool("use_qk_norm", False) else QKNorm.none}

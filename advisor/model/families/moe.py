@@ -1,0 +1,113 @@
+"""Mixture-of-experts families: the routed experts, top-k, the experts' width, shared experts, dense layers.
+
+As transformers 5.23 builds them (modeling_*.py): Mixtral (num_local_experts SwiGLU experts of
+intermediate_size, top num_experts_per_tok, a bias-free router; sliding_window on every layer where set),
+Qwen2-MoE (moe_intermediate_size experts, one shared expert of shared_expert_intermediate_size with a sigmoid
+gate h -> 1, qkv_bias; dense layers from mlp_only_layers and decoder_sparse_step), Qwen3-MoE (no shared expert,
+q/k norms), OLMoE (q/k norms over the projections), DeepSeek-V2/V3 (multi-head latent attention; n_shared_experts
+shared experts as one MLP of n_shared_experts x moe_intermediate_size; the first first_k_dense_replace layers
+dense of intermediate_size), GPT-OSS (biases on every expert linear and on the router, attention_bias, one sink
+logit per head, local and global layers alternating from a local first).
+"""
+
+from __future__ import annotations
+
+from advisor.model.families._common import attention_bias, dense_layers, llama_base, runs, typed_windows
+from advisor.model.families._config import Config
+from advisor.model.families.llama import qwen_windows
+from advisor.model.spec import PositionKind, QKNorm
+from advisor.model.layer import MLPKind, NormKind
+
+
+def _experts(c: Config, n: int, k_default: int, d_ff: int, **extra) -> dict:
+    """``n`` routed experts of width d_ff, top num_experts_per_tok (``k_default`` where absent); with no routed
+    experts (n = 0, which Qwen-MoE allows) every layer is dense and the keys of the experts are not read."""
+    k = c.int("num_experts_per_tok", default=k_default)
+    return dict(n_experts=max(n, 1), experts_per_token=k if n else 1, d_ff_expert=d_ff, **extra)
+
+
+def _with_runs(d: dict, windows: list, dense: list[bool]) -> dict:
+    d["layer_runs"] = runs(windows, dense)
+    if all(dense):  # no layer routes: a dense model
+        d["experts"], d["layer_runs"] = None, runs(windows)
+    return d
+
+
+def mixtral(c: Config) -> dict:
+    d = llama_base(c, kv=8, max_positions=4096 * 32)
+    d["experts"] = _experts(c, c.int("num_local_experts", default=8), 2, d["d_ff"])
+    return {**d, "layer_runs": runs([c.int("sliding_window", default=None)] * d["n_layers"])}
+
+
+def qwen2_moe(c: Config) -> dict:
+    d = llama_base(c, max_positions=32768)
+    d.update(qkv_bias=c.bool("qkv_bias", True))
+    n = c.int("num_experts", default=60, minimum=0)
+    d["experts"] = _experts(c, n, 4, c.int("moe_intermediate_size", default=1408),
+                            d_ff_shared=c.int("shared_expert_intermediate_size", default=5632, minimum=0), shared_gate=True)
+    windows = [r["window"] for r in qwen_windows(c, d["n_layers"], moe=True) for _ in range(r["count"])]
+    return _with_runs(d, windows or [None] * d["n_layers"], dense_layers(c, d["n_layers"], n > 0))
+
+
+def qwen3_moe(c: Config) -> dict:
+    d = llama_base(c, kv=4, max_positions=32768)
+    n = c.int("num_experts", default=128, minimum=0)
+    d.update(attention_bias(c), qk_norm=QKNorm.head)
+    d["experts"] = _experts(c, n, 8, c.int("moe_intermediate_size", default=768))
+    window = c.nullable_int("sliding_window", 4096) if c.bool("use_sliding_window", False) else None
+    return _with_runs(d, [window] * d["n_layers"], dense_layers(c, d["n_layers"], n > 0))
+
+
+def olmoe(c: Config) -> dict:
+    d = llama_base(c, max_positions=4096)
+    d.update(attention_bias(c), qk_norm=QKNorm.full)
+    d["experts"] = _experts(c, c.int("num_experts", default=64), 8, d["d_ff"])
+    return d
+
+
+def _deepseek(c: Config, v3: bool) -> dict:
+    """transformers modeling_deepseek_v2.py / _v3.py; defaults of their config classes."""
+    bias = c.bool("attention_bias", False)
+    freq = c.int("moe_layer_freq", default=1)
+    c.expect("moe_layer_freq", freq, 1, "transformers' DeepSeek models route every layer after the dense ones")
+    n = c.int("num_hidden_layers")
+    first = c.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
+    top_k = c.int("num_experts_per_tok", default=8) if v3 else c.int("num_experts_per_tok")
+    moe_ff = c.int("moe_intermediate_size", default=2048 if v3 else 1407)
+    d = dict(n_layers=n, d_model=c.int("hidden_size"), n_heads=c.int("num_attention_heads"),
+             d_ff=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+             max_positions=c.int("max_position_embeddings", default=4096 if v3 else 2048),
+             mlp=MLPKind.swiglu, norm=NormKind.rmsnorm, position=PositionKind.rotary,
+             tied_embeddings=c.bool("tie_word_embeddings", False), linear_bias=False, qkv_bias=bias, out_bias=bias,
+             mlp_bias=False if v3 else c.bool("mlp_bias", False),
+             latent=dict(q_lora_rank=c.nullable_int("q_lora_rank", 1536), kv_lora_rank=c.int("kv_lora_rank", default=512),
+                         qk_nope_head_dim=c.int("qk_nope_head_dim", default=128, minimum=0),
+                         qk_rope_head_dim=c.int("qk_rope_head_dim", default=64, minimum=0),
+                         v_head_dim=c.int("v_head_dim", default=128)),
+             experts=dict(n_experts=c.int("n_routed_experts", default=256 if v3 else 64), experts_per_token=top_k,
+                          d_ff_expert=moe_ff, d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0)))
+    c.int("num_key_value_heads", default=None)  # MLA expands keys and values for every head: no parameters
+    c.int("head_dim", default=None)
+    return _with_runs(d, [None] * n, [i < first for i in range(n)])
+
+
+def deepseek_v2(c: Config) -> dict:
+    return _deepseek(c, v3=False)
+
+
+def deepseek_v3(c: Config) -> dict:
+    return _deepseek(c, v3=True)
+
+
+def gpt_oss(c: Config) -> dict:
+    d = llama_base(c, kv=8, head_dim=64, max_positions=131072)
+    k = c.int("num_experts_per_tok", default=4)
+    if "experts_per_token" in c.raw:  # OpenAI's own key beside transformers': they must agree
+        c.expect("experts_per_token", c.int("experts_per_token"), k, f"it must equal num_experts_per_tok ({k})")
+    n, bias = d["n_layers"], c.bool("attention_bias", True)
+    window = c.nullable_int("sliding_window", 128)
+    default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    d["experts"] = _experts(c, c.int("num_local_experts", default=128), 4, d["d_ff"], router_bias=True,
+                            expert_bias=True)
+    return {**d, "qkv_bias": bias, "out_bias": bias, "attention_sinks": True,
+            "layer_runs": runs(typed_windows(c, n, window, default))}

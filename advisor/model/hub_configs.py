@@ -1,0 +1,112 @@
+"""The config.json of well-known models as their Hugging Face repositories publish them (the repository is the
+key's comment), read by the catalogue (advisor.model.catalogue) through the same adapters as any config.json, and
+counted against transformers' own model in tests/test_hf_families.py.
+
+Left out of each: keys that change neither the parameters nor the cost (token ids, dtype, initializer range,
+dropout, rope scaling, transformers_version, auto_map), and the weights' quantization_config (DeepSeek-V3's fp8,
+GPT-OSS's mxfp4 blocks: the parameters are the same; transformers would try to quantize on loading).
+"""
+
+from __future__ import annotations
+
+_GPT_OSS_TYPES = ["sliding_attention", "full_attention"] * 18
+
+HUB_CONFIGS: dict[str, dict] = {
+    "mistral-7b": {  # mistralai/Mistral-7B-v0.1
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "sliding_window": 4096,
+        "tie_word_embeddings": False, "vocab_size": 32000},
+    "mixtral-8x7b": {  # mistralai/Mixtral-8x7B-v0.1
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+        "output_router_logits": False, "rms_norm_eps": 1e-05, "router_aux_loss_coef": 0.02, "sliding_window": None,
+        "tie_word_embeddings": False, "vocab_size": 32000},
+    "qwen2.5-7b": {  # Qwen/Qwen2.5-7B
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "hidden_size": 3584,
+        "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+        "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064},
+    "qwen3-8b": {  # Qwen/Qwen3-8B
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+        "max_window_layers": 36, "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "sliding_window": None, "tie_word_embeddings": False, "use_sliding_window": False,
+        "vocab_size": 151936},
+    "qwen3-30b-a3b": {  # Qwen/Qwen3-30B-A3B
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False,
+        "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
+        "use_sliding_window": False, "vocab_size": 151936},
+    "gemma-2-9b": {  # google/gemma-2-9b
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256,
+        "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584,
+        "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 16,
+        "num_hidden_layers": 42, "num_key_value_heads": 8, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "sliding_window": 4096, "sliding_window_size": 4096, "vocab_size": 256000},
+    "gemma-3-1b": {  # google/gemma-3-1b-pt
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "attention_bias": False,
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+        "max_position_embeddings": 32768, "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "sliding_window": 512, "sliding_window_pattern": 6,
+        "vocab_size": 262144},
+    "phi-3-mini": {  # microsoft/Phi-3-mini-4k-instruct
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu", "hidden_size": 3072,
+        "intermediate_size": 8192, "max_position_embeddings": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064},
+    "olmo-2-7b": {  # allenai/OLMo-2-1124-7B
+        "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "attention_bias": False, "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 11008, "max_position_embeddings": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+        "vocab_size": 100352},
+    "falcon-7b": {  # tiiuae/falcon-7b
+        "architectures": ["FalconForCausalLM"], "model_type": "falcon", "alibi": False,
+        "apply_residual_connection_post_layernorm": False, "bias": False, "hidden_size": 4544,
+        "layer_norm_epsilon": 1e-05, "multi_query": True, "new_decoder_architecture": False,
+        "num_attention_heads": 71, "num_hidden_layers": 32, "parallel_attn": True, "vocab_size": 65024},
+    "gpt-neox-20b": {  # EleutherAI/gpt-neox-20b
+        "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_act": "gelu_fast",
+        "hidden_size": 6144, "intermediate_size": 24576, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+        "num_attention_heads": 64, "num_hidden_layers": 44, "rotary_emb_base": 10000, "rotary_pct": 0.25,
+        "tie_word_embeddings": False, "use_parallel_residual": True, "vocab_size": 50432},
+    "mpt-7b": {  # mosaicml/mpt-7b
+        "architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 4096, "expansion_ratio": 4,
+        "attn_config": {"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch", "attn_pdrop": 0,
+                        "attn_type": "multihead_attention", "attn_uses_sequence_id": False, "clip_qkv": None,
+                        "prefix_lm": False, "qk_ln": False, "softmax_scale": None},
+        "learned_pos_emb": True, "max_seq_len": 2048, "n_heads": 32, "n_layers": 32, "no_bias": True,
+        "norm_type": "low_precision_layernorm", "vocab_size": 50432},
+    "deepseek-v2-lite": {  # deepseek-ai/DeepSeek-V2-Lite
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "attention_bias": False,
+        "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 10944,
+        "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+        "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+        "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+        "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy",
+        "v_head_dim": 128, "vocab_size": 102400},
+    "deepseek-v3": {  # deepseek-ai/DeepSeek-V3
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
+        "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+        "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+        "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+        "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.5, "tie_word_embeddings": False, "topk_group": 4,
+        "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280},
+    "gpt-oss-120b": {  # openai/gpt-oss-120b
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+        "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+        "initial_context_length": 4096, "intermediate_size": 2880, "layer_types": _GPT_OSS_TYPES,
+        "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+        "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128, "rms_norm_eps": 1e-05,
+        "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+        "vocab_size": 201088},
+}

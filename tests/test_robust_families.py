@@ -1,0 +1,111 @@
+"""Bad config.json files of the families advisor reads (advisor/model/families/) are refused in one line naming
+the key and what is supported, exit 2; and a mixture-of-experts model, described exactly, is refused by estimate
+and plan rather than costed as a dense one (issue 17).
+
+Each bad config below was loaded wrong before the family adapters: BERT as a decoder, "n_embd": "64" as 100B
+parameters, the string "false" as true, Mixtral as a dense 7.24B. Decision on booleans: only JSON true/false are
+booleans; strings ("false", "true") and numbers (0, 1) are refused, as transformers' strict configs refuse them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _robust import assert_one_line_error, tried
+from advisor.api import estimate
+from advisor.errors import AdvisorError
+from advisor.model import load_model, model_from_hf_config
+from advisor.model.hub_configs import HUB_CONFIGS
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "intermediate_size": 96, "vocab_size": 1000}
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000}
+
+
+def _with(base: dict, **changes) -> dict:
+    return {**base, **changes}
+
+
+BAD = [
+    ({"model_type": "bert", "hidden_size": 768}, ["model_type 'bert' is an encoder", "not a decoder-only", "llama"]),
+    ({"model_type": "t5", "d_model": 512}, ["model_type 't5' is an encoder-decoder", "gpt_oss"]),
+    (_with(LLAMA, is_encoder_decoder=True), ["is an encoder-decoder"]),
+    ({"model_type": "mamba", "hidden_size": 768}, ["model_type 'mamba' is not supported", "supported: bloom,", "qwen3_moe"]),
+    ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, ["'gemma3' is not supported", "multimodal",
+                                                                               "gemma3_text"]),
+    ({key: v for key, v in LLAMA.items() if key != "model_type"}, ["lacks 'model_type'", "supported: "]),
+    ({"model_type": 7}, ["'model_type' must be a string, not 7"]),
+    (_with(GPT2, n_embd="64"), ["'n_embd' must be an integer, not the string '64'"]),  # was 100B parameters
+    (_with(GPT2, tie_word_embeddings="false"), ["'tie_word_embeddings' must be true or false", "the string 'false'"]),
+    (_with(GPT2, tie_word_embeddings="true"), ["'tie_word_embeddings' must be true or false"]),
+    (_with(GPT2, tie_word_embeddings=0), ["'tie_word_embeddings' must be true or false (a JSON boolean), not 0"]),
+    (_with(LLAMA, attention_bias="no"), ["'attention_bias' must be true or false"]),
+    (_with(LLAMA, hidden_act="relu"), ["'hidden_act' = 'relu' is not supported for llama", "silu"]),
+    (_with(LLAMA, num_experts=8), ["'num_experts' = 8 changes the model's parameters", "llama"]),  # was dense
+    (_with(LLAMA, q_lora_rank=1536), ["'q_lora_rank' = 1536 changes the model's parameters"]),
+    (_with(GPT2, add_cross_attention=True), ["'add_cross_attention' = true is not supported", "decoder-only"]),
+    (_with(GPT2, num_key_value_heads=2), ["'num_key_value_heads' = 2 changes the model's parameters", "gpt2"]),
+    ({**{k: v for k, v in LLAMA.items() if k != "hidden_size"}}, ["lacks 'hidden_size', which a llama model needs"]),
+    (_with(LLAMA, model_type="mistral", sliding_window="4096"), ["'sliding_window' must be an integer"]),
+    (_with(LLAMA, model_type="gemma2", layer_types=["full_attention"]), ["'layer_types' has 1 entries for 2 layers"]),
+    (_with(LLAMA, model_type="gemma2", layer_types=["linear_attention", "full_attention"]),
+     ["'layer_types' holds 'linear_attention'", "full_attention and sliding_attention"]),
+    (_with(LLAMA, model_type="gemma3_text", use_bidirectional_attention=True), ["'use_bidirectional_attention' = true"]),
+    (_with(LLAMA, model_type="gemma2", attn_logit_softcapping=-1.0), ["'attn_logit_softcapping' must be positive"]),
+    ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 1000, "expansion_ratio": 8},
+     ["'expansion_ratio' = 8 is not supported", "a 4 x d_model MLP"]),
+    ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 1000,
+      "attn_config": {"attn_type": "multiquery_attention"}}, ["'attn_config.attn_type' = the string 'multiquery_attention'"]),
+    ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 1000, "attn_config": [1]},
+     ["'attn_config' must be a JSON object"]),
+    (_with(HUB_CONFIGS["deepseek-v3"], moe_layer_freq=2), ["'moe_layer_freq' = 2 is not supported"]),
+    (_with(HUB_CONFIGS["deepseek-v3"], q_lora_rank=0), ["'q_lora_rank' must be at least 1, got 0"]),
+    (_with(HUB_CONFIGS["gpt-oss-120b"], experts_per_token=2), ["'experts_per_token' = 2 is not supported",
+                                                                "num_experts_per_tok (4)"]),
+    (_with(HUB_CONFIGS["mixtral-8x7b"], num_experts_per_tok=16), ["experts_per_token=16 exceeds n_experts=8"]),
+    (_with(HUB_CONFIGS["qwen3-30b-a3b"], mlp_only_layers=["0"]), ["'mlp_only_layers' must be a list of integers"]),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,
+      "intermediate_size": 96}, ["'intermediate_size' = 96 changes the model's parameters", "falcon"]),  # ffn_hidden_size
+]
+
+
+@pytest.mark.parametrize("cfg,needles", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_family_configs_are_one_line_exit_2(cfg, needles, tmp_path):
+    tried("models")
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    assert_one_line_error(["estimate", "--model", str(f), "--hw", "dgx-a100"], str(f), *needles)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "deepseek-v2-lite"])
+def test_moe_models_are_described_but_not_costed(name):
+    """Estimate and plan refuse them in one line that says what is known: never a silently dense estimate."""
+    tried("models", 2)
+    m = load_model(name)
+    assert m.routed and m.active_params < m.n_params
+    needles = [f"{name} is described exactly ({m.n_params:,} parameters, {m.active_params:,} active per token)",
+               "mixture-of-experts training is not costed yet"]
+    assert_one_line_error(["estimate", "--model", name, "--hw", "dgx-h100", "--gpus", "8"], *needles)
+    assert_one_line_error(["plan", "--model", name, "--hw", "dgx-h100", "--nodes", "2"], *needles)
+
+
+def test_moe_refused_through_the_api_too(tmp_path):
+    tried("models")
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(HUB_CONFIGS["mixtral-8x7b"]))
+    assert model_from_hf_config(f).n_params == 46_702_792_704
+    with pytest.raises(AdvisorError, match="described exactly"):
+        estimate(str(f), "dgx-h100", gpus=8)
+
+
+def test_a_moe_config_with_every_layer_dense_is_a_dense_model(tmp_path):
+    """Qwen2-MoE with num_experts 0 builds dense MLPs everywhere (transformers modeling_qwen2_moe.py): costed."""
+    cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 96, "vocab_size": 1000, "num_experts": 0}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    m = model_from_hf_config(f)
+    assert not m.routed and m.experts is None
+    assert estimate(m, "dgx-a100", gpus=1, seq=128).step_time_s > 0
