@@ -295,6 +295,7 @@ TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_pos
                  "ckpt_format"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_megatron_args_build_core_configs(case):
     pytest.importorskip("megatron.core")

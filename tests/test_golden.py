@@ -108,6 +108,7 @@ def test_plan_json_equals_the_golden(name):
     assert not problems, f"{len(problems)} differences, first: " + "; ".join(problems[:5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(record.SEARCHES))
 def test_every_row_of_a_search_is_what_estimate_says(name):
     """`advisor plan` and `advisor estimate` apply one stack rule (issue 14: they disagreed on the same plan):

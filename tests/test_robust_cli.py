@@ -253,6 +253,7 @@ argv = st.one_of(_command("estimate"), _command("estimate"), _command("plan"), _
 FUZZ_EXAMPLES = 2100
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(argv)

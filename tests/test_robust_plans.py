@@ -101,6 +101,7 @@ def total_memory(e) -> float:
     return e.memory.peak_bytes + e.memory.overhead_bytes
 
 
+@pytest.mark.slow
 @settings(max_examples=150, **SETTINGS)
 @given(cases)
 def test_estimates_are_finite_positive_and_sum_their_parts(case):
@@ -119,6 +120,7 @@ def test_estimates_are_finite_positive_and_sum_their_parts(case):
     assert e.tokens_per_step == kw["micro_batch"] * kw["grad_accum"] * kw["dp"] * kw["seq"]
 
 
+@pytest.mark.slow
 @settings(max_examples=120, **SETTINGS)
 @given(cases)
 def test_memory_never_grows_with_zero_stage(case):
@@ -129,6 +131,7 @@ def test_memory_never_grows_with_zero_stage(case):
     assert all(b <= a * (1 + MONOTONE_REL) for a, b in zip(mem, mem[1:])), (kw, mem)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, **SETTINGS)
 @given(cases)
 def test_memory_never_grows_with_tp(case):
@@ -147,6 +150,7 @@ def test_memory_never_grows_with_tp(case):
     assert e2.memory.peak_bytes <= e1.memory.peak_bytes * (1 + MONOTONE_REL), (kw, e1.memory.parts, e2.memory.parts)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, **SETTINGS)
 @given(cases)
 def test_memory_never_grows_with_pp(case):
@@ -165,6 +169,7 @@ def test_memory_never_grows_with_pp(case):
     assert e2.memory.peak_bytes <= e1.memory.peak_bytes * (1 + MONOTONE_REL), (kw, e1.memory.parts, e2.memory.parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["intra", "inter", "flops", "hbm", "host"])
 @settings(max_examples=60, **SETTINGS)
 @given(cases, st.floats(1.0, 20.0))
@@ -185,6 +190,7 @@ def searches(draw):
     return m, hw, world, gb, draw(st.sampled_from([128, 1024])), draw(st.sampled_from([0.0, 0.05, 0.3]))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, **SETTINGS)
 @given(searches())
 def test_every_plan_the_search_returns_is_valid_and_fits(s):
@@ -216,6 +222,7 @@ def test_every_plan_the_search_returns_is_valid_and_fits(s):
         assert text and "\n" not in text  # and it is one line
 
 
+@pytest.mark.slow
 @settings(max_examples=150, **SETTINGS)
 @given(models(), profiles(), st.integers(-2, 40), st.integers(-2, 20), st.integers(-2, 20), st.integers(-1, 4),
        st.sampled_from(["gpipe", "1f1b", "interleaved"]), st.integers(0, 5), st.integers(-1, 9), st.integers(0, 64))

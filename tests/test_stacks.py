@@ -106,6 +106,7 @@ def test_flash_attention_1_runs_at_half_the_rate_of_flash_attention_2():
     assert fwd["llm-foundry-2023"] == pytest.approx(2 * fwd["llm-foundry"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_modern_runs_all_fit_and_the_mpt_shapes_are_exact():
     from validation import modern
 
@@ -121,6 +122,7 @@ def test_modern_runs_all_fit_and_the_mpt_shapes_are_exact():
     assert rep.extra["llm-foundry-2023_mape_pct"] < 10.0
 
 
+@pytest.mark.slow
 def test_stack_any_ranks_every_stack_that_describes_the_model():
     res = plan("gpt2-xl", "dgx-a100", stack="any", top=40)
     names = {s.name for s in res.stacks}

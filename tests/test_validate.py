@@ -26,6 +26,9 @@ from validation import datasets as ds  # noqa: E402
 from validation import validate as v  # noqa: E402
 
 
+pytestmark = pytest.mark.slow  # every test here shares one full validation run (~10 s)
+
+
 @pytest.fixture(scope="module")
 def report():
     return v.run()
