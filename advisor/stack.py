@@ -167,6 +167,10 @@ class Engine(Spec):
         default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
                                    "in fp32) is alive while it is reduce-scattered")
     selective: Optional[Selective] = Field(default=None, description="what selective recomputation reruns (None: none offered)")
+    fsdp_param_dtype: Literal["storage", "half"] = Field(
+        default="storage", description="half: under mixed precision, ZeRO-2/3 (FSDP) gathers the parameters in the half "
+                                       "type, so its plans run the layers as pure half precision does (the half mode's "
+                                       "tables); storage: as the run's precision says")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
 

@@ -21,7 +21,7 @@ counted FLOP is costed at no more than the GPU's peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,27 @@ class Evaluation:
 
 
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
-    """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised)."""
+    """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised). Where the stack's FSDP
+    runs the layers in half precision (Workload.fsdp_variant), its ZeRO-2/3 plans are costed with those tables."""
+    alt = w.fsdp_variant()
+    fsdp = (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
+    if not fsdp.any():
+        return _evaluate(w, c)
+    if fsdp.all():
+        return _evaluate(alt, c)
+    return _merge(_evaluate(w, c.take(np.nonzero(~fsdp)[0])), _evaluate(alt, c.take(np.nonzero(fsdp)[0])), fsdp)
+
+
+def _merge(a: Any, b: Any, rows: Any) -> Any:
+    """``a`` on the rows where ``rows`` is False and ``b`` where it is True, field by field (arrays, dataclasses)."""
+    if is_dataclass(a):
+        return type(a)(**{f.name: _merge(getattr(a, f.name), getattr(b, f.name), rows) for f in fields(a)})
+    out = np.empty(len(rows))
+    out[~rows], out[rows] = np.broadcast_to(a, (int((~rows).sum()),)), np.broadcast_to(b, (int(rows.sum()),))
+    return out
+
+
+def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     mesh = Mesh.of(c, w.hw.gpus_per_node)
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len

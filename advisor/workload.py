@@ -8,11 +8,12 @@ its element-wise passes to the stack's measured tables here (``softcapped``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelError, ModelSpec
 from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
-from advisor.training import Attention, Optimizer, Precision, TrainingSetup
+from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class Workload:
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes))
+
+    def fsdp_variant(self) -> Optional["Workload"]:
+        """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
+        precision (engine.fsdp_param_dtype): the same, with the half mode's tables; None where they run as the rest."""
+        if self.stack.engine.fsdp_param_dtype != "half" or self.precision.mode is not Mode.mixed:
+            return None
+        tables = self.stack.tables(Mode.half.value, self.attention.value, self.layer)
+        return replace(self, tables=softcapped(tables, self.model, self.precision.activation_bytes))
 
     @property
     def selective_recomputes(self) -> tuple[str, ...]:

@@ -134,3 +134,25 @@ def test_stack_any_ranks_every_stack_that_describes_the_model():
     for name, e in best.items():
         single = plan("gpt2-xl", "dgx-a100", stack=name, top=1).plans[0].estimate
         assert single.step_time_s == pytest.approx(e.step_time_s, rel=1e-12)
+
+
+def test_hf_trainer_fsdp_runs_its_layers_in_bf16_under_mixed_precision():
+    # accelerate's FSDP plugin sets param_dtype = bf16 under --bf16 (accelerate state.py, utils/dataclasses.py): the
+    # gathered layers hold bf16 activations, not DDP's autocast fp32 residual stream. Llama-2-7B ZeRO-3 over 8 A100-80GB,
+    # seq 4096, micro-batch 2: 16 bytes a parameter / 8 = 13.5 GB of states plus 32 layers of bf16 activations
+    # (about 34 x s x b x h bytes each, Korthikanti et al. 2022, ~1.5 GB at flash attention's 24-ish) fits in 80 GB;
+    # with the DDP (autocast) tables it read 80.8 GiB, "does not fit", for a recipe that runs.
+    kw = dict(gpus=8, micro_batch=2, global_batch=128, seq=4096, precision="bf16-mixed")
+    fsdp = estimate("llama2-7b", "dgx-a100", stack="hf-trainer", zero=3, **kw)
+    assert fsdp.fits and fsdp.memory.peak_bytes < 70 * 2**30
+    # DDP (no FSDP gather) keeps autocast's tables: the same layer costs more activation memory per token there
+    ddp = estimate("llama2-7b", "dgx-a100", stack="hf-trainer", zero=1, recompute="full", **kw)
+    z1 = estimate("llama2-7b", "dgx-a100", stack="megatron-deepspeed", zero=1, recompute="full", **kw)
+    assert ddp.memory.parts["activations"] > z1.memory.parts["activations"]
+    # the plan search costs the same row the same way (the alternate tables are chosen per row, not per search)
+    row = next(p for p in plan("llama2-7b", "dgx-a100", gpus=8, stack="hf-trainer", seq=4096, top=500,
+                               precision="bf16-mixed").plans
+               if p.plan.zero == 3 and p.plan.dp == 8 and p.setup.micro_batch == 2 and p.setup.recompute == "none"
+               and p.setup.global_batch == 128)
+    assert row.estimate.step_time_s == pytest.approx(fsdp.step_time_s, rel=1e-12)
+    assert row.estimate.memory.peak_bytes == pytest.approx(fsdp.memory.peak_bytes, rel=1e-12)
