@@ -52,6 +52,7 @@ class Adapter:
     attentions: tuple[str, ...] = ("sdpa",)
     policies: tuple[str, ...] = ("none", "full")
     host_mode = "mixed"  # the mode whose aten ops are counted for kernels.host
+    host_emulated = True  # count the host's ops with the CUDA emulation on (hf-trainer's shipped counts had it off)
     layer_pattern = r"\.layers\.(\d+)(?:\.|$)"
     head_modules: tuple[str, ...] = ("lm_head", "output")  # outside the layers, but the logits' and loss's
     row_parallel: tuple[str, ...] = ()  # linear layers whose output is a partial sum under TP (row parallel)
@@ -80,7 +81,8 @@ class Adapter:
         skip = ({"q_dim"} if f.tied_q else set()) | ({"kv_dim"} if f.tied_kv else set())
         return tuple(t for t in ("d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant") if t not in skip)
 
-    def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str) -> Case:
+    def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
+              emulate: bool = True) -> Case:
         raise NotImplementedError
 
     def layer_of(self, module: str) -> Optional[int]:

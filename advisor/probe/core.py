@@ -5,11 +5,13 @@ the layers, as linear forms in the layer's dimensions), kernels.host and host_ou
 and outside, forward and backward), kernels.elementwise (bytes per token the layer's element-wise ops move) and,
 under eager attention, kernels.attention_scores.
 
-One layer is layer 1 of a 2-layer model (its input is layer 0's output, as in a deep model); aten ops per layer are
-a 2-layer model's less a 1-layer model's, the rest is outside the layers (validation/probes/host_overhead.py's
-differencing). Saved bytes without checkpointing are what autograd saves (saved-tensor hooks); under a checkpoint
-they are what is alive at the forward's end (measure.py). The logits and the loss's buffers are left to
-memory.logits, tensors smaller than one element per token (a bias gradient, a scalar) to nobody: they are listed.
+One layer is layer 1 of a 3-layer model (its input is a layer's output and its output a layer's input, as in a
+deep model); aten ops per layer are a 2-layer model's less a 1-layer model's, the rest is outside the layers
+(validation/probes/host_overhead.py's differencing). What a layer keeps is what it made that is alive at the
+forward's end (measure.py): what autograd saved, what a checkpoint holds, and what the model returns (a KV cache);
+where that differs from what autograd saves (saved-tensor hooks), the probe says so. The logits and the loss's
+buffers are left to memory.logits; tensors that do not grow with the tokens (weights read by element-wise ops,
+bias gradients, scalars) to nobody, counted in the notes.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _steps(adapter: Adapter, family: str, mode: str, attention: str, policy: str
     steps = []
     for dims in adapter.configs(family):
         torch.manual_seed(0)
-        case = adapter.build(family, dims, 2, mode, attention, policy)
+        case = adapter.build(family, dims, 3, mode, attention, policy)
         steps.append(run_step(case.model, case.forward, case.tokens, case.backward_context))
     return steps
 
@@ -159,7 +161,7 @@ def _host(adapter: Adapter, family: str, attention: str, source: str, probed: Pr
     counts = {}
     for n in (1, 2):
         torch.manual_seed(0)
-        case = adapter.build(family, dims, n, adapter.host_mode, attention, "none")
+        case = adapter.build(family, dims, n, adapter.host_mode, attention, "none", emulate=adapter.host_emulated)
         counts[n] = count_ops(case.model, case.forward)
     fw, bw = counts[2][0] - counts[1][0], counts[2][1] - counts[1][1]
     mlp = adapter.families[family].mlp

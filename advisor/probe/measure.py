@@ -93,7 +93,7 @@ def _weight_grad_cast(node) -> bool:
     return bool(nexts) and all(f.name().endswith("AccumulateGrad") for f in nexts)
 
 
-def _watcher(step: Step, tracker, from_weights: set, made: list, producer: dict):
+def _watcher(step: Step, tracker, from_weights: set, made: list, producer: dict, nodes: dict):
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -104,10 +104,14 @@ def _watcher(step: Step, tracker, from_weights: set, made: list, producer: dict)
             name = func.overloadpacket.__name__
             ins, outs = _tensors(args) + _tensors(kwargs or {}), _tensors(out)
             module, bw = _innermost(tracker), tracker.is_bw
+            node = torch._C._current_autograd_node() if bw else None
+            if not bw:  # the autograd node this op made (numbered before the op runs) ran in this module
+                nodes.setdefault(torch._C._autograd._get_sequence_nr() - 1, module)
+            elif node is not None:  # ModTracker's backward scopes overlap across residual connections: the node's
+                module = nodes.get(node._sequence_nr(), module)  # forward module is the precise attribution
             weight_only = bool(ins) and all(_key(t) in from_weights for t in ins)
             if weight_only and not bw:
                 from_weights.update(_key(t) for t in outs)
-            node = torch._C._current_autograd_node() if bw else None
             counted = name not in VIEWS and name not in GEMMS and not weight_only and not _weight_grad_cast(node)
             moved = ins if name.endswith("_") else ins + outs
             step.ops.append(Op(name, module, bw, [Tensor(t.numel() / step.tokens, t.element_size(), module, name)
@@ -147,7 +151,7 @@ def run_step(model, forward: Callable[[], Any], tokens: int, backward_context: C
         return t
 
     with ModTracker() as tracker:
-        watch = _watcher(step, tracker, from_weights, made, producer)
+        watch = _watcher(step, tracker, from_weights, made, producer, {})
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
             loss = forward()
         step.saved = list(saved.values())

@@ -36,7 +36,8 @@ class Torchtitan(Adapter):
     emulation = (", bf16 parameters (FSDP2 param_dtype), CPU flash SDPA for CUDA's, RMSNorm as CUDA's fused kernel "
                  "(advisor/probe/emulate.py)")
 
-    def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str) -> Case:
+    def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
+              emulate: bool = True) -> Case:
         import torch
         from torchtitan.components.loss import cross_entropy_loss
 
