@@ -243,3 +243,17 @@ def test_torchtitan_reprobed_matches_its_shipped_profile():
     for key in ("layer", "full_recompute", "selective"):
         assert saved[key] == getattr(s_saved, key).model_dump(exclude_defaults=True), key
     assert saved["outside_layers"] == s_saved.outside_layers
+
+
+def test_probe_cli_refuses_an_unknown_stack_and_a_missing_library_in_one_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+    from advisor.probe.adapters.hf import HFTrainer
+
+    r = CliRunner().invoke(cli, ["probe", "--stack", "nope"])
+    assert r.exit_code != 0 and "no probe for stack 'nope'" in str(r.exception or r.output)
+    monkeypatch.setattr(HFTrainer, "library", "no-such-distribution-xyz")
+    r = CliRunner().invoke(cli, ["probe", "--stack", "hf-trainer"])
+    assert "not installed: pip install transformers==5.23.0" in str(r.exception)
+    assert "\n" not in str(r.exception)
