@@ -217,6 +217,7 @@ def _register_commands() -> None:
 
     cli.add_command(calibrate)
     cli.add_command(export_command)
+    cli.add_command(__import__("advisor.cli_probe", fromlist=["probe_command"]).probe_command)
 
 
 _register_commands()
