@@ -195,13 +195,16 @@ def test_hf_trainer_reprobed_reproduces_its_profile(family):
     excluded: 17h + 8 d_head for Llama under autocast where the probe finds 8h + 4 d_head + 4), eager attention's
     per-score traffic (the shipped one is (eager - sdpa) per score, the probe's only the score-sized tensors), and
     eager's ops per layer (the shipped 123 counts the 23 ops that build the mask, once per forward, in the layer)."""
-    from advisor.model.layer import DecoderLayer, MLPKind, NormKind
+    from advisor.model.catalogue import gpt2_like, llama_like
     from advisor.probe import adapter_for
     from advisor.probe.core import probe
     from advisor.stack import load_stack
 
     h, f, heads, kv, dh, mlp, norm = OLD_PROBE_LAYERS[family]
-    layer = DecoderLayer.build(h, f, heads, kv, dh, MLPKind(mlp), NormKind(norm), family == "gpt2", family == "gpt2")
+    spec = (gpt2_like("old-probe", 2, h, heads, d_ff=f) if family == "gpt2"
+            else llama_like("old-probe", 2, h, heads, kv, f, 32000, 4096))
+    layer = spec.layer
+    assert (layer.d_head, layer.mlp.value, layer.norm.value) == (dh, mlp, norm)
     shipped, p = load_stack("hf-trainer"), probe(adapter_for("hf-trainer"), family)
     for e in p.saved:
         s = next(x for x in shipped.memory.saved if x.matches(e["mode"], e["attention"], mlp))
