@@ -15,7 +15,7 @@ from typing import Optional
 
 import click
 
-DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "gemm", "h100", "published")
+DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "multinode", "gemm", "h100", "published")
 
 
 def _f(x: Optional[float], fmt: str = ".1f") -> str:
