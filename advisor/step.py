@@ -78,7 +78,7 @@ class Evaluation:
 
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
     """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised)."""
-    mesh = Mesh.of(c, w.hw.gpus_per_node)
+    mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
