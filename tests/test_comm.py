@@ -203,17 +203,18 @@ def _published(entry_id: str):
 def test_aws_p6_b200_fit_reproduces_the_published_four_node_sweep():
     """published_collectives.yaml, mleng_b200_4node_32gpu_allreduce_bench (Stas Bekman's all_reduce_bench.py, 4x
     p6-b200, 32 ranks, EFA v4; busbw read as times): `python -m validation.fit_collectives
-    mleng_b200_4node_32gpu_allreduce_bench --hw aws-p6-b200` reported NCCL's ring across nodes, 15 sizes from
-    1 MiB, max error 10.8% (256 MiB), mean 3.74%; the shipped profile reproduces that (tolerances: the printed
-    figures rounded up). Its busbw tops out under the node's NIC rate: 381.8 of 400 GB/s at 16 GiB."""
+    mleng_b200_4node_32gpu_allreduce_bench --hw aws-p6-b200 --from-bytes 1M` reported NCCL's ring or tree (the tree's
+    log2 start-up up to 128 MiB, the ring above), 15 sizes from 1 MiB, max error 9.2%, mean 3.61%; the shipped profile
+    reproduces that (tolerances: the printed figures rounded up). Its busbw tops out under the node's NIC rate: 381.8
+    of 400 GB/s at 16 GiB."""
     n, S, t = _published("mleng_b200_4node_32gpu_allreduce_bench")
     hw = load_hardware("aws-p6-b200")
-    assert n == 32 and hw.inter_node.fit.algorithm == "ring"
+    assert n == 32 and hw.inter_node.fit.algorithm == "tree"
     S, t = S[S >= 2**20], t[S >= 2**20]
     got, path = collective_time_and_path("all_reduce", n, S, hw, 8)
     err = np.abs(got / t - 1)
-    assert len(S) == 15 and set(path.tolist()) == {RING}  # on all the node's NICs at every size
-    assert err.max() < 0.1085 and err.mean() < 0.0375
+    assert len(S) == 15 and set(path[S >= 2**28].tolist()) == {RING}  # large messages on the ring, all the NICs
+    assert err.max() < 0.0925 and err.mean() < 0.0365
     assert bus_factor("all_reduce", n) * S[-1] / t[-1] == pytest.approx(381.8e9, rel=1e-3)
     assert float(bus_factor("all_reduce", n) * S[-1] / got[-1]) < hw.inter_node.bandwidth_bytes_per_s
 
@@ -253,11 +254,13 @@ PROFILES = list_profiles()
 
 @settings(max_examples=200, deadline=None)
 @given(profile=st.sampled_from(PROFILES), nodes=st.integers(2, 256), per_node=st.sampled_from([1, 2, 4, 8]),
-       size=st.floats(64 * 2**20, 16 * 2**30))
+       size=st.floats(256 * 2**20, 16 * 2**30))
 def test_reduce_scatter_plus_all_gather_is_an_all_reduce_on_the_ring(profile, nodes, per_node, size):
-    """An all-reduce on a ring is a reduce-scatter followed by an all-gather: the same traffic, the same NICs. On any
-    profile, for any group across nodes (per_node of its GPUs in each), the pair costs within 10% of the ring
-    all-reduce from 64 MiB (below, the pair pays two calls' start-ups where the all-reduce pays one)."""
+    """An all-reduce on a ring is a reduce-scatter followed by an all-gather: the same traffic, the same NICs and the
+    same network steps. On any profile, for any group across nodes (per_node of its GPUs in each), the pair costs
+    within 10% of the ring all-reduce from 256 MiB; below, the pair's second call pays its constant start-up again
+    (aws-p6-b200's fit: 209 us per call, torch.distributed's per-call time included: 12% of a 64 MiB all-reduce on
+    2 GPUs)."""
     hw = load_hardware(profile)
     ring = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(update={
         "fit": hw.inter_node.fit.model_copy(update={"algorithm": "ring", "collnet": False})})})

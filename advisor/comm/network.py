@@ -18,7 +18,9 @@ the bytes X each GPU's NIC share carries and the network hops of their start-up:
   that crosses each domain boundary once, so a domain's NICs carry bus_factor(n) x S, X = bus_factor(n) x S / g,
   and busbw tops out at the group's NIC rate g x B_gpu x eff at any domain count (p5, 8 GPUs on 3,200 Gb/s:
   all-gather 329/331/294 GB/s busbw on 2/4/8 nodes; maintainers: ~396 GB/s on 8x 400G, 192 on DGX A100's 8x
-  200G). Hops: k - 1, and 2(k - 1) for an all-reduce (NCCL's nInter).
+  200G). Hops: k - 1, and 2(k - 1) for an all-reduce (NCCL's nInter); its start-up also pays every NVLink step
+  of the ring beyond the in-node part's, (g - 1)(k - 1) of them (twice for an all-reduce) at NCCL's 3.4 us: on 2x
+  p5 that is 24 us of a 32 MiB all-gather's 240, on 8x p5 167 of 710, and on 1,536 A100s 4.5 ms per call.
 - tree (all-reduce; NCCL's double binary tree across domains, a chain inside, NVLS-tree on NVLink SHARP nodes):
   at 2 domains each sends S across, half the ring's bytes ("2 nodes is a special case", NCCL's maintainers);
   from 3 domains each is inner in one tree (S/2 up, 2 x S/2 down) and a leaf in the other (S/2): 2S, no less
@@ -58,6 +60,9 @@ from advisor.comm.link import Collective, bus_factor, link_time, startup
 from advisor.hardware import Hardware
 from advisor.units import MiB, us
 
+# NCCL's latency per ring step over NVLink, Simple protocol (hwLat[NVLINK][RING][SIMPLE] = 3.4 us in NCCL 2.30.7's
+# tuning.cc; nccl_tuning_model.md s.2): ring start-up = base + (nsteps - nInter) x intraLat + nInter x interLat
+NVLINK_RING_STEP_US = 3.4
 # path codes (advisor.comm.PATH_NAMES): how a collective ran
 IN_NODE, IN_DOMAIN, RING, TREE, COLLNET, PAIRWISE = range(6)
 
@@ -91,8 +96,12 @@ def across(c: Collective, n: Any, S: Any, g: Any, k: Any, nodes: Any, hw: Hardwa
     parts = (Collective.reduce_scatter, Collective.all_gather) if c is Collective.all_reduce else (c,)
     in_node = sum(link_time(p, g, S, intra) for p in parts)
     in0 = startup(lambda x: sum(link_time(p, x, 1.0, intra) for p in parts), g)
-    ring_hops = (2.0 if c is Collective.all_reduce else 1.0) * (k - 1.0)
-    best = pipelined(in_node, in0, bus_factor(c, n) * S / g, S / n, ring_hops, fit.half_size_MiB)
+    steps = 2.0 if c is Collective.all_reduce else 1.0  # NCCL's ring: 2(n-1) steps for an all-reduce, n-1 otherwise
+    # the ring's start-up grows with every rank it passes, not with the nodes alone: beyond the g - 1 NVLink steps of
+    # the in-node part (its fitted start-up) it takes (g - 1)(k - 1) more, each a step of NCCL's own latency model
+    ring_in0 = in0 + steps * (g - 1.0) * (k - 1.0) * NVLINK_RING_STEP_US * us
+    best = pipelined(in_node - in0 + ring_in0, ring_in0, bus_factor(c, n) * S / g, S / n, steps * (k - 1.0),
+                     fit.half_size_MiB)
     path = np.full(np.shape(n), RING)
     if c is not Collective.all_reduce:
         return best, path
