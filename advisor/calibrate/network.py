@@ -69,14 +69,16 @@ def fit_world(base: Hardware, collective, n: np.ndarray, per_node: np.ndarray, S
     # NCCL's ring alone, or ring and tree as its tuner picks (advisor.comm.network): both are fitted, and the tree is
     # kept only where it fits clearly better (one 2-node sweep cannot tell them apart unless it beats the ring's bound)
     best = None
-    for algorithm in algorithms:
-        tree = algorithm == "tree" and "all_reduce" in set(colls.tolist())
+    # the tree's own ramp is fitted, or held at 0 (the ring's ramp on S / n): one cannot reach the other continuously
+    variants = [(a, t) for a in algorithms for t in ((False, True) if a == "tree" and "all_reduce" in set(colls.tolist())
+                                                    else (False,))]
+    for algorithm, tree in variants:
         free = _FREE + ((_HOP,) if several_hops else ()) + ((_TREE,) if tree else ())
         keys = [f[0] for f in free]
         lo, hi = np.array([f[1] for f in free]), np.array([f[2] for f in free])
 
         def pred(x):
-            link = link_with_fit(base.inter_node, {**dict(zip(keys, x)), "algorithm": algorithm})
+            link = link_with_fit(base.inter_node, {"tree_half_size_MiB": 0.0, **dict(zip(keys, x)), "algorithm": algorithm})
             return pred_with(base.model_copy(update={"inter_node": link}))
 
         for mult in _STARTS:
@@ -85,7 +87,7 @@ def fit_world(base: Hardware, collective, n: np.ndarray, per_node: np.ndarray, S
             err = np.abs(pred(x)[judged] / t[judged] - 1)
             score = (err.max() + err.mean()) * (1.0 if algorithm == "ring" else 1.05)
             if best is None or score < best[1]:
-                best = (dict(zip(keys, x)), score, algorithm)
+                best = ({"tree_half_size_MiB": 0.0, **dict(zip(keys, x))}, score, algorithm)
     values = {**fitted(best[0]), "algorithm": best[2]}
     link = base.inter_node.model_copy(update={"fit": CommFit(**{**base.inter_node.fit.model_dump(), **values})})
     hw = base.model_copy(update={"inter_node": link})
