@@ -50,11 +50,16 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     n, S, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float),
                                          np.asarray(per_node, dtype=float))
     g, g_dom, k = network.domain_groups(n, per_node, hw)
-    t = np.asarray(link_time(c, n, S, hw.intra_node), dtype=float).copy()
     nodes = np.ceil(n / g)
     path = np.where(nodes > 1, network.IN_DOMAIN, network.IN_NODE)
     multi = k > 1
-    if np.any(multi):  # the search's TP groups never leave a domain: cost the network only where used
+    if not np.any(multi):  # the search's TP groups never leave a domain: cost the network only where used
+        t = np.asarray(link_time(c, n, S, hw.intra_node), dtype=float)
+    else:
+        t = np.zeros(n.shape)
+        inside = ~multi
+        if np.any(inside):
+            t[inside] = link_time(c, n[inside], S[inside], hw.intra_node)
         t[multi], path[multi] = network.across(c, n[multi], S[multi], g_dom[multi], k[multi], nodes[multi], hw)
     return np.where((n <= 1) | (S <= 0), 0.0, t), path
 

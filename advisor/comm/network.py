@@ -83,34 +83,41 @@ def across(c: Collective, n: Any, S: Any, g: Any, k: Any, nodes: Any, hw: Hardwa
     if osub > 1.0 and hw.inter_node.full_bisection_nodes is not None:
         rate = np.where(nodes > hw.inter_node.full_bisection_nodes, rate / osub, rate)
 
+    ramps = {}  # one ramp per (chunk, half size): the power is most of this function's time in a search
+
     def pipelined(in_node: Any, in0: Any, per_gpu: Any, chunk: Any, hops: Any, half_MiB: float) -> Any:
+        key = (id(chunk), half_MiB)
+        if key not in ramps:
+            ramps[key] = ramp(chunk, half_MiB, fit.half_size_exponent)
         net0 = network_startup(fit, hops)
-        net_t = net0 + per_gpu / (rate * ramp(chunk, half_MiB, fit.half_size_exponent))
-        return np.maximum(in_node - in0, net_t - net0) + in0 + net0
+        return np.maximum(in_node - in0, per_gpu / (rate * ramps[key])) + in0 + net0
 
     if c is Collective.all_to_all:  # S/n to each of the g - 1 local peers over NVLink, the rest on the GPU's NICs
         in_node = link_time(c, g, S * g / n, intra)
         in0 = startup(lambda x: link_time(c, x, 1.0, intra), g)
         t = pipelined(in_node, in0, S * (n - g) / n, S * g / n, k - 1.0, fit.half_size_MiB)
         return t, np.full(np.shape(n), PAIRWISE)
-    parts = (Collective.reduce_scatter, Collective.all_gather) if c is Collective.all_reduce else (c,)
-    in_node = sum(link_time(p, g, S, intra) for p in parts)
-    in0 = startup(lambda x: sum(link_time(p, x, 1.0, intra) for p in parts), g)
+    # an all-reduce's in-node part: reduce-scatter + all-gather, which cost alike (the same bus factor)
+    parts = 2.0 if c is Collective.all_reduce else 1.0
+    part = Collective.reduce_scatter if c is Collective.all_reduce else c
+    in_node = parts * link_time(part, g, S, intra)
+    in0 = startup(lambda x: parts * link_time(part, x, 1.0, intra), g)
     steps = 2.0 if c is Collective.all_reduce else 1.0  # NCCL's ring: 2(n-1) steps for an all-reduce, n-1 otherwise
     # the ring's start-up grows with every rank it passes, not with the nodes alone: beyond the g - 1 NVLink steps of
     # the in-node part (its fitted start-up) it takes (g - 1)(k - 1) more, each a step of NCCL's own latency model
     ring_in0 = in0 + steps * (g - 1.0) * (k - 1.0) * NVLINK_RING_STEP_US * us
-    best = pipelined(in_node - in0 + ring_in0, ring_in0, bus_factor(c, n) * S / g, S / n, steps * (k - 1.0),
+    chunk = S / n
+    best = pipelined(in_node - in0 + ring_in0, ring_in0, bus_factor(c, n) * S / g, chunk, steps * (k - 1.0),
                      fit.half_size_MiB)
     path = np.full(np.shape(n), RING)
     if c is not Collective.all_reduce:
         return best, path
     options = []
     if fit.algorithm != "ring":  # the tree's pipeline carries whole messages: its ramp is on S (tree_half_size_MiB)
-        tree_ramp = (S, fit.tree_half_size_MiB) if fit.tree_half_size_MiB > 0 else (S / n, fit.half_size_MiB)
+        tree_ramp = (S, fit.tree_half_size_MiB) if fit.tree_half_size_MiB > 0 else (chunk, fit.half_size_MiB)
         options.append((TREE, np.where(k <= 2, 1.0, 2.0) * S / g, *tree_ramp, 2.0 * np.floor(np.log2(np.maximum(k, 2.0)))))
     if fit.collnet:
-        options.append((COLLNET, S / g, S / n, fit.half_size_MiB, np.ones(np.shape(k))))
+        options.append((COLLNET, S / g, chunk, fit.half_size_MiB, np.ones(np.shape(k))))
     for code, per_gpu, chunk, half, hops in options:
         alt = pipelined(in_node, in0, per_gpu, chunk, hops, half)
         path = np.where(alt < best, code, path)
