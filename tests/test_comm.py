@@ -367,3 +367,19 @@ def test_nvlink_domain_spans_trays():
     assert int(path) >= RING
     with pytest.raises(ValueError, match="nvlink_domain_gpus=70 must be a whole number of nodes"):
         hw.model_validate({**hw.model_dump(), "nvlink_domain_gpus": 70})
+
+
+def test_an_oversubscribed_fabric_slows_groups_beyond_its_full_bisection():
+    """A profile can say its fabric is oversubscribed: beyond full_bisection_nodes nodes the NICs deliver
+    1/oversubscription of their rate (a 2:1 spine, say), and a large all-gather across them takes about twice as
+    long; within them, nothing changes."""
+    hw = load_hardware("dgx-h100")
+    osub = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(update={"oversubscription": 2.0,
+                                                                                "full_bisection_nodes": 4})})
+    S = 16 * 2.0**30
+    for nodes, ratio in ((4, 1.0), (8, 2.0)):
+        n = 8 * nodes
+        slow, fast = (float(collective_time("all_gather", n, S * nodes, h, 8)) for h in (osub, hw))
+        assert slow / fast == pytest.approx(ratio, rel=0.05)
+    with pytest.raises(ValueError, match="describe the network: move them to inter_node"):
+        hw.model_validate({**hw.model_dump(), "intra_node": {**hw.intra_node.model_dump(), "oversubscription": 2.0}})
