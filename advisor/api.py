@@ -17,6 +17,7 @@ from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
 from advisor.options import EstimateOptions
+from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.stack import Stack, load_stack
 from advisor.step import evaluate
@@ -184,5 +185,6 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
 
 def _estimate(spec: ModelSpec, hardware: Hardware, stack: Stack, plan: Plan, setup: TrainingSetup, world: int) -> Estimate:
     grad_accum, _ = resolve_grad_accum(setup, plan)
-    out = evaluate(Workload.of(spec, hardware, stack, setup), Candidates.of_plan(plan, setup, grad_accum))
-    return make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, out)
+    w, c = Workload.of(spec, hardware, stack, setup), Candidates.of_plan(plan, setup, grad_accum)
+    return make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, evaluate(w, c),
+                         collectives=collective_picks(w, c))

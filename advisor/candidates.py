@@ -6,7 +6,8 @@ once, and an estimate is a table of one row, so both go through the same cost mo
 pp, virtual stages) and how each group's ranks sit on nodes, in Megatron's rank order (tp fastest, then dp,
 then pp; megatron/core/parallel_state.py): a node holds min(tp, g) ranks of a TP group, and g / tp ranks of
 each DP group when TP fills less than a node; a pipeline boundary crosses nodes once a stage (tp x dp ranks)
-fills a node.
+fills a node, and leaves the NVLink domain once a stage fills a domain (a node, or an NVL72 rack of 18 nodes:
+advisor.comm.network places groups in domains from their ranks per node).
 """
 
 from __future__ import annotations
@@ -98,13 +99,15 @@ class Mesh:
     dp_per_node: Any
     shard_per_node: Any
     stage_crosses_nodes: Any  # a pipeline boundary crosses nodes
+    stage_crosses_domains: Any = None  # ... and NVLink domains (the network carries it)
 
     @classmethod
-    def of(cls, c: Candidates, gpus_per_node: int) -> "Mesh":
+    def of(cls, c: Candidates, gpus_per_node: int, domain_gpus: int | None = None) -> "Mesh":
         dp, tp, pp = (np.asarray(x, dtype=float) for x in (c.dp, c.tp, c.pp))
         v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1).astype(float)
         shard = np.asarray(shard_degree(dp, c.zero, c.hybrid, gpus_per_node), dtype=float)
         dp_per_node = np.clip(np.floor(gpus_per_node / tp), 1, dp)
         return cls(dp=dp, dp_shard=shard, dp_replicate=dp / shard, tp=tp, pp=pp, v=v,
                    tp_per_node=np.minimum(tp, gpus_per_node), dp_per_node=dp_per_node,
-                   shard_per_node=np.minimum(dp_per_node, shard), stage_crosses_nodes=tp * dp >= gpus_per_node)
+                   shard_per_node=np.minimum(dp_per_node, shard), stage_crosses_nodes=tp * dp >= gpus_per_node,
+                   stage_crosses_domains=tp * dp >= (domain_gpus or gpus_per_node))

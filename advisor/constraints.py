@@ -73,7 +73,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif "heads" in reason:
                 reason = f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={model.kv_heads}"
             elif reason.startswith("tp spans"):
-                reason = f"tp={plan.tp} > {hw.gpus_per_node} GPUs per node: {reason}"
+                reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers"
             reasons.append(reason)

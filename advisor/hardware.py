@@ -6,8 +6,12 @@ Datasheet figures sit beside a ``source:`` line; efficiency figures are either f
 ``advisor calibrate`` or justified in the profile's comments. A profile may start from another with
 ``base:`` and give only what differs (see ``hardware_from_yaml``).
 
-Deliberately left out: per-GPU NIC affinity (PXN, rail-optimised topologies), NVLink SHARP (NVLS)
-in-switch reductions, power/thermal clock throttling.
+An NVLink domain may be larger than a node (``nvlink_domain_gpus``: GB200/GB300 NVL72 racks join 18 trays of 4
+GPUs through NVLink switch trays): groups inside a domain run on the NVLink link, groups across domains on the
+network, each GPU with its own share of its node's NICs (advisor.comm.network).
+
+Deliberately left out: power/thermal clock throttling; which GPU sits beside which NIC (every GPU is taken to
+own an equal share of its node's NICs, as on rail-optimised nodes).
 """
 
 from __future__ import annotations
@@ -110,12 +114,20 @@ class CommFit(Spec):
     # group size, so the start-up does not grow with the ranks here.
     ll_latency_us: float = Field(default=0.0, ge=0, le=1e6)
     ll_bandwidth_ratio: float = Field(default=0.0, ge=0, le=1.0)
-    # Inter-node links only: how NCCL ran large all-reduces across nodes in the sweep the fit comes from.
-    # "ring": every byte crosses each node boundary, so the node's NICs carry 2(n-1)/n x S in all and busbw
-    # tops out at the node's NIC rate (2x p4d, 3x A100 HDR, 4x B200 EFA sweeps in published_collectives.yaml);
-    # "tree": across k nodes they carry 2(k-1)/k x S, half a ring's at 2 nodes (the 2x A3 Mega sweep beats
-    # its NIC rate: 339 GB/s busbw on 200 GB/s). See advisor.comm, "Across nodes". Unset: ring.
+    # Inter-node links only: the algorithms NCCL chose from for all-reduces across nodes on this system (advisor.comm
+    # .network). "ring": its ring only, where the profile's sweep shows nothing else (2x p4d on NCCL 2.9.9: 43.8 of 50
+    # GB/s busbw) or the platform sets NCCL_ALGO=Ring (GCP's GPUDirect-TCPX); "tree" or unset: ring or tree, whichever
+    # is faster per call, as NCCL's tuner picks by default (the 2x A3 Mega sweep beats its NIC rate: 339 GB/s busbw
+    # on 200 GB/s, which only the tree's half bytes on 2 nodes allow).
     algorithm: Optional[Literal["ring", "tree"]] = None
+    # Inter-node links only: the fabric reduces in its switches (InfiniBand SHARP) and NCCL's CollNet is enabled
+    # (NCCL_COLLNET_ENABLE=1 with the SHARP plugin, as Azure's ND H100 v5 runs it): an all-reduce across nodes may
+    # then send each byte to the switch once instead of around a ring (advisor.comm.network).
+    collnet: bool = False
+    # Inter-node links only: NCCL's tree carries each message through one pipeline (up a chain of the node's GPUs,
+    # across, and back down) where its ring splits it into n steps: its rate ramps up with the whole message S, as
+    # (S / (S + tree_half_size)) ** half_size_exponent (0: as the ring's, with S / n). Fitted with the rest.
+    tree_half_size_MiB: float = Field(default=0.0, ge=0, le=1e6)
 
 
 class Link(Spec):
@@ -125,6 +137,13 @@ class Link(Spec):
     latency_us: float = Field(ge=0, le=1e6, description="datasheet/typical one-way latency")
     fit: CommFit
     note: Optional[str] = None
+    # Intra-node (NVSwitch) links only: the switch reduces (NVLink SHARP, H100 and later); named in the algorithm
+    # NCCL picks (NVLS-tree across 2 nodes). Its rate inside a node is in the link's fit (fitted sweeps ran it).
+    nvls: bool = False
+    # Inter-node links only: a fabric that delivers 1/oversubscription of the NICs' rate once a group spans more
+    # than full_bisection_nodes nodes (NVLink domains); 1: non-blocking (a rail-optimised fat tree).
+    oversubscription: float = Field(default=1.0, ge=1.0, le=100.0)
+    full_bisection_nodes: Optional[int] = Field(default=None, ge=1, le=10_000_000)
 
     @model_validator(mode="after")
     def _one_bandwidth(self) -> "Link":
@@ -216,6 +235,9 @@ class Hardware(Spec):
     source: str = Field(min_length=1, description="where the datasheet figures come from")
     gpu: GPU
     gpus_per_node: int = Field(ge=1, le=4096)
+    # GPUs joined by one NVLink (NVSwitch) domain: gpus_per_node (the default) for a DGX/HGX node, 72 for an NVL72
+    # rack of 18 trays; a multiple of gpus_per_node
+    nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     intra_node: Link
     inter_node: Link
     efficiency: ComputeEfficiency
@@ -229,7 +251,31 @@ class Hardware(Spec):
     def _algorithm_across_nodes_only(cls, v: Link) -> Link:
         if v.fit.algorithm is not None:
             raise ValueError("fit.algorithm (NCCL's ring or tree across nodes) belongs to inter_node.fit: remove it here")
+        if v.fit.collnet or v.oversubscription != 1.0 or v.full_bisection_nodes is not None:
+            raise ValueError("fit.collnet, oversubscription and full_bisection_nodes describe the network: move them "
+                             "to inter_node")
         return v
+
+    @field_validator("inter_node")
+    @classmethod
+    def _nvls_in_the_node_only(cls, v: Link) -> Link:
+        if v.nvls:
+            raise ValueError("nvls (NVLink SHARP in the NVSwitch) belongs to intra_node: remove it from inter_node")
+        return v
+
+    @model_validator(mode="after")
+    def _domain_of_whole_nodes(self) -> "Hardware":
+        d = self.nvlink_domain_gpus
+        if d is not None and (d < self.gpus_per_node or d % self.gpus_per_node):
+            raise ValueError(f"nvlink_domain_gpus={d} must be a whole number of nodes of gpus_per_node="
+                             f"{self.gpus_per_node} GPUs (e.g. {self.gpus_per_node * max(1, d // self.gpus_per_node)}); "
+                             "leave it out for one NVLink domain per node")
+        return self
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs in one NVLink domain (a node's, unless the profile joins several nodes into one)."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
 
     @property
     def inter_node_bytes_per_s_per_gpu(self) -> float:

@@ -31,6 +31,9 @@ def render_estimate(e) -> str:
         if v > 0:
             lines.append(f"  {k:22s} {fmt_seconds(v):>12s}  {100 * v / total:5.1f}%")
     lines.append(f"  {'total':22s} {fmt_seconds(total):>12s}")
+    if e.collectives:
+        lines += ["", "collectives (the link or NCCL algorithm each runs on, at one call's size):"]
+        lines += [f"  {k:10s} {v}" for k, v in e.collectives.items()]
     m = e.memory
     lines += ["", "memory per GPU (busiest GPU, peak of max_memory_allocated):"]
     for k, v in m.parts.items():

@@ -57,6 +57,9 @@ class Estimate(Result):
     breakdown: dict[str, float]
     dominant: str
     usd_per_million_tokens: Optional[float] = None  # when the profile has a price per GPU-hour
+    # the link or NCCL algorithm each of the plan's collectives runs on, at one call's size (advisor.picks; estimate
+    # only: a search's rows leave it empty)
+    collectives: dict[str, str] = {}
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -64,7 +67,7 @@ def dominant_part(breakdown: dict[str, float]) -> str:
 
 
 def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: TrainingSetup, world: int,
-                  grad_accum: int, out: Evaluation, i: int = 0) -> Estimate:
+                  grad_accum: int, out: Evaluation, i: int = 0, collectives: Optional[dict] = None) -> Estimate:
     """Row ``i`` of an evaluation as a typed Estimate."""
     breakdown = {k: float(v[i]) for k, v in out.time.parts().items()}
     step = sum(breakdown.values())
@@ -92,4 +95,5 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         breakdown=breakdown, dominant=dominant_part(breakdown),
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
+        collectives=collectives or {},
     )

@@ -98,7 +98,7 @@ def _merge(a: Any, b: Any, rows: Any) -> Any:
 
 
 def _evaluate(w: Workload, c: Candidates) -> Evaluation:
-    mesh = Mesh.of(c, w.hw.gpus_per_node)
+    mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)

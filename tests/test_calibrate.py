@@ -318,3 +318,29 @@ def test_low_latency_path_is_fitted_below_one_mib():
     assert rep.max_rel_err < 0.02
     assert link.fit.ll_latency_us == pytest.approx(14.0, rel=0.05)
     assert cal.fit_low_latency(base, "all_reduce", n[-3:], S[-3:], t[-3:]) is None  # fewer than 4 sizes
+
+
+def test_world_fit_from_one_collective_predicts_the_others():
+    """Issue 19: a profile fitted from one collective across nodes predicts the others. All-reduce, all-gather and
+    all-to-all over every GPU of 2 and 4 nodes, made by comm.collective_time with a known network: the fit is taken
+    from the all-reduce and the report says how it predicts the all-gather (the same NICs) and the all-to-all
+    (each GPU's own): within 2%, as they were made by the same network. The sweep measures all four collectives."""
+    from advisor.calibrate.microbench import COLLECTIVES as MEASURED, BenchConfig, measurement_plan
+    from advisor.comm import collective_time
+
+    assert set(MEASURED) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    assert {c for link, _, c, _ in measurement_plan(BenchConfig(sizes=[1 << 20]), 16, 8) if link == "world"} >= set(MEASURED)
+    base = load_hardware("dgx-h100")
+    truth = base.model_copy(update={"inter_node": base.inter_node.model_copy(update={"fit": CommFit(
+        latency_us=12.0, latency_per_hop_us=10.0, bandwidth_efficiency=0.8, half_size_MiB=6.0, half_size_exponent=0.4)})})
+    n = np.repeat([16.0, 32.0], 10)
+    S = np.tile(2.0 ** np.arange(22, 32), 2)
+    rows = [{"kind": "collective", "link": "world", "collective": coll, "n_ranks": int(a), "per_node": 8,
+             "size_bytes": int(b), "time_s": float(c), "status": "ok"}
+            for coll in ("all_reduce", "all_gather", "all_to_all")
+            for a, b, c in zip(n, S, collective_time(coll, n, S, truth, 8))]
+    hw, lines = cal.calibrate_profile(rows, base, "t", {"date": "x"})
+    assert any("inter-node profile fit from world all_reduce" in ln for ln in lines)
+    for coll in ("all_gather", "all_to_all"):
+        line = next(ln for ln in lines if f"world {coll} predicted by the all_reduce fit" in ln)
+        assert float(line.split("max error ")[1].split("%")[0]) < 2.0, line

@@ -22,6 +22,7 @@ needs_reference = pytest.mark.skipif(REFERENCE is None, reason="raw reference fi
 DATASET_FILES = [
     "seeds_titan_rtx.yaml", "seeds_dgx_a100.yaml", "vtrain_a100.csv", "vtrain_a100.meta.yaml",
     "a100_nccl_allreduce.csv", "h100_single_gpu.jsonl", "published_runs.yaml", "published_collectives.yaml",
+    "multinode_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
     "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
 ]
@@ -31,7 +32,7 @@ PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 @pytest.mark.parametrize("loader, n_rows", [
     (ds.load_titan_seed, 3), (ds.load_dgx_seed, 4), (ds.load_vtrain, 1440), (ds.load_nccl_a100, 7 * 1024),
     (ds.load_h100_single, 3), (ds.load_published_runs, 27), (ds.load_published_runs_raw, 59),
-    (ds.load_published_collectives, 36), (ds.load_aiconfigurator_gemm, 4 * 1296),
+    (ds.load_published_collectives, 36), (ds.load_multinode_collectives, 38), (ds.load_aiconfigurator_gemm, 4 * 1296),
     (ds.load_aiconfigurator_nccl_a100, 4 * 3 * 21),
 ])
 def test_row_counts(loader, n_rows):
@@ -177,7 +178,8 @@ def test_published_spot_values():
 
 
 @needs_reference
-@pytest.mark.parametrize("name", ["published_runs.yaml", "published_collectives.yaml", "published_runs_modern.yaml"])
+@pytest.mark.parametrize("name", ["published_runs.yaml", "published_collectives.yaml", "published_runs_modern.yaml",
+                                  "multinode_collectives.yaml"])
 def test_published_copies_are_verbatim(name):
     assert (ds.DATA_DIR / name).read_bytes() == (REFERENCE / name).read_bytes()
 

@@ -57,7 +57,7 @@ BAD_FROM = [
     pytest.param("nranks0.jsonl", rows(n_ranks=0), ["n_ranks"]),
     pytest.param("strsize.jsonl", rows(size_bytes="big"), ["strsize.jsonl", "size_bytes"]),
     pytest.param("badlink.jsonl", rows(link="warp"), ["warp"]),
-    pytest.param("badcoll.jsonl", rows(collective="all_to_all"), ["all_to_all"]),
+    pytest.param("badcoll.jsonl", rows(collective="all_scatter"), ["all_scatter"]),
     pytest.param("copy.jsonl", '{"kind": "copy", "bytes_moved": 8, "time_s": 0, "status": "ok"}\n', ["time_s"]),
 ]
 

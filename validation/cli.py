@@ -15,7 +15,8 @@ from typing import Optional
 
 import click
 
-DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "gemm", "h100", "published", "modern")
+DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "multinode", "gemm", "h100", "published",
+            "modern")
 
 
 def _f(x: Optional[float], fmt: str = ".1f") -> str:

@@ -358,6 +358,20 @@ def load_published_collectives() -> list[dict]:
     return _read_yaml("published_collectives.yaml")
 
 
+def load_multinode_collectives() -> list[dict]:
+    """validation/data/multinode_collectives.yaml (verbatim): collectives across nodes, one entry per system,
+    collective and run, in published_collectives.yaml's schema (plain dicts; summaries have no measurements)."""
+    return _read_yaml("multinode_collectives.yaml")
+
+
+# the files' collective names (nccl-tests' binaries: alltoall_perf) -> advisor.comm.Collective
+COLLECTIVE_NAMES = {"alltoall": "all_to_all"}
+
+
+def collective_name(entry: dict) -> str:
+    return COLLECTIVE_NAMES.get(entry["collective"], entry["collective"])
+
+
 def collective_sweep(entry: dict) -> tuple[np.ndarray, np.ndarray]:
     """(sizes in bytes, times in seconds) of a published_collectives.yaml entry's measurements.
 
@@ -365,10 +379,12 @@ def collective_sweep(entry: dict) -> tuple[np.ndarray, np.ndarray]:
     all_reduce_bench.py sweeps and GPU-count points, the ``mleng_*`` entries), the time that busbw stands for by
     nccl-tests' definition, t = S x bus_factor(n) / busbw (advisor.comm.bus_factor; n = the entry's num_gpus).
     Their busbw is published to 0.01 GB/s: below 1 MiB on several nodes (0.01-0.04 GB/s) that is a coarse time.
+    The same holds for multinode_collectives.yaml's entries without a time column (``time_us: null``).
     """
     from advisor.comm import bus_factor
 
-    factor = float(bus_factor(entry["collective"], entry["hardware"]["num_gpus"]))
-    pts = [(m["size_bytes"], m["time_us"] * 1e-6 if "time_us" in m else m["size_bytes"] * factor / (m["busbw_GBps"] * 1e9))
+    factor = float(bus_factor(collective_name(entry), entry["hardware"]["num_gpus"]))
+    pts = [(m["size_bytes"], m["time_us"] * 1e-6 if m.get("time_us") is not None
+            else m["size_bytes"] * factor / (m["busbw_GBps"] * 1e9))
            for m in entry["measurements"]]
     return tuple(np.array(v, dtype=float) for v in zip(*pts))

@@ -3,7 +3,8 @@
     python -m validation.fit_intra_node --hw dgx-h200 mleng_h200_8gpu_allreduce_bench_nvls \\
         mleng_h200_4gpu_allreduce_8GiB mleng_h200_5gpu_allreduce_8GiB ... [--from-bytes 0]
 
-reads the entries of validation/data/published_collectives.yaml (one node each, one collective; a sweep over
+reads the entries of validation/data/published_collectives.yaml or multinode_collectives.yaml (one node each, or
+one NVLink domain of several nodes where the profile has one; one collective; a sweep over
 sizes at one GPU count and single points at other GPU counts can be mixed), fits the profile's intra_node
 CommFit to all of them with advisor.calibrate.links.fit_link (the fitter ``advisor calibrate`` uses: log-time
 least squares, then a minimax polish on the judged sizes), and prints the fit as YAML to paste into the
@@ -36,7 +37,7 @@ from advisor.calibrate import fit_link, fit_report, parse_sizes
 from advisor.comm import bus_factor, link_time
 from advisor.hardware import CommFit, load_hardware
 from advisor.units import GB, MiB
-from validation.datasets import collective_sweep, load_published_collectives
+from validation.datasets import collective_name, collective_sweep, load_multinode_collectives, load_published_collectives
 
 # the CommFit keys fitted and printed where not 0 (the others stay at their defaults: no low-latency path)
 FIT_KEYS = ("latency_us", "latency_per_hop_us", "bandwidth_efficiency", "group_penalty", "half_size_MiB",
@@ -49,16 +50,18 @@ FIT_KEYS = ("latency_us", "latency_per_hop_us", "bandwidth_efficiency", "group_p
 NEUTRAL = CommFit(latency_us=0.0, bandwidth_efficiency=1.0)
 
 
-def points(ids: list[str]) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(collective, n, size, time) of the named one-node entries, concatenated."""
-    entries = {e["id"]: e for e in load_published_collectives()}
+def points(ids: list[str], domain_gpus: int = 0) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(collective, n, size, time) of the named entries, concatenated: each in one node, or in one NVLink domain of
+    ``domain_gpus`` GPUs."""
+    entries = {e["id"]: e for e in load_published_collectives() + load_multinode_collectives()}
     missing = [i for i in ids if i not in entries]
     if missing:
         raise SystemExit(f"no entry {missing[0]!r} in published_collectives.yaml")
-    colls = {entries[i]["collective"] for i in ids}
+    colls = {collective_name(entries[i]) for i in ids}
     if len(colls) != 1:
         raise SystemExit(f"the entries mix collectives ({', '.join(sorted(colls))}): fit one at a time")
-    if any((entries[i]["hardware"].get("num_nodes") or 1) != 1 for i in ids):
+    if any((entries[i]["hardware"].get("num_nodes") or 1) != 1 and entries[i]["hardware"]["num_gpus"] > domain_gpus
+           for i in ids):
         raise SystemExit("an entry spans several nodes: fit the network with validation.fit_collectives")
     n, S, t = [], [], []
     for i in ids:
@@ -75,7 +78,7 @@ def main(argv=None) -> None:
     ap.add_argument("--hw", required=True, help="the profile whose intra-node link is fitted")
     ap.add_argument("--from-bytes", default="0", help="smallest size judged (default 0: every size)")
     a = ap.parse_args(argv)
-    coll, n, S, t = points(a.entries)
+    coll, n, S, t = points(a.entries, load_hardware(a.hw).domain_gpus)
     # the profile's link rate, and a neutral fit to start from (the result does not depend on the profile's fit)
     link = load_hardware(a.hw).intra_node.model_copy(update={"fit": NEUTRAL})
     judge = parse_sizes(a.from_bytes)[0] if a.from_bytes not in ("0", "") else 0.0

@@ -17,7 +17,7 @@ import numpy as np
 
 from advisor.errors import AdvisorError
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
                "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 

@@ -1,13 +1,16 @@
 """Microbenchmarks for `advisor calibrate` (torch.distributed; nccl on GPUs, gloo on CPU).
 
 Collectives are measured as nccl-tests measures them (doc/PERFORMANCE.md): ``size`` is the buffer each
-rank contributes (all-reduce), or the full output (all-gather) / full input (reduce-scatter);
+rank contributes (all-reduce), or the full output (all-gather) / full input (reduce-scatter), or each rank's whole
+send buffer (all-to-all);
 ``algbw = size / time``, ``busbw = algbw * advisor.comm.bus_factor(collective, n)`` (the model's table).
 Each measurement: ``warmup`` untimed calls, then ``iters`` timed calls; a call's time is the slowest
 rank's (max over the group), and the median and spread (min, max) of the calls are kept.
 
 Groups: inside a node, groups of 2, 4, ... ranks and the whole node; across nodes, one rank per node
-(the inter-node link alone). With one node only the intra-node link is measured.
+(the inter-node link alone) and every rank ("world": all-reduce, all-gather, reduce-scatter and all-to-all over
+every GPU of every node, what data, ZeRO and expert parallelism run). With one node only the intra-node link is
+measured.
 
 Started by ``advisor calibrate`` (advisor.calibrate.launch), or run in every rank under torchrun
 (``torchrun ... -m advisor.cli_calibrate``). Every row is appended and flushed to the results JSONL as soon as
@@ -26,7 +29,9 @@ from pathlib import Path
 from advisor.calibrate.lifeline import bind_to_parent
 from advisor.comm import bus_factor
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+# all-to-all too: expert parallelism and Ulysses sequence parallelism send it, and across nodes it runs on each GPU's
+# own NICs where the others aggregate them (advisor.comm.network): a sweep of it checks that apart
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 # transformer-shaped GEMMs (m = tokens, k/n = d_model or d_ff) and squares; CPU runs use the first few
 MATMUL_SHAPES = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
                  (8192, 4096, 4096), (8192, 4096, 16384), (8192, 16384, 4096))
@@ -90,6 +95,9 @@ def time_collective(coll: str, size: int, group, ranks: list[int], cfg: BenchCon
     elif coll == "reduce_scatter":
         shard = torch.empty(count // n, dtype=torch.float32, device=device)
         call = lambda: dist.reduce_scatter_tensor(shard, x, group=group)  # noqa: E731
+    elif coll == "all_to_all":  # nccl-tests' alltoall: size = each rank's whole send buffer, size / n to each peer
+        out = torch.empty_like(x)
+        call = lambda: dist.all_to_all_single(out, x, group=group)  # noqa: E731
     else:  # send_recv: ranks[0] sends to ranks[1]
         peer = ranks[1] if me == ranks[0] else ranks[0]
         call = (lambda: dist.send(x, peer)) if me == ranks[0] else (lambda: dist.recv(x, peer))  # noqa: E731

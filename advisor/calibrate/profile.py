@@ -147,15 +147,16 @@ def links_update(links: dict) -> dict:
 def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, led: Ledger) -> Optional[Link]:
     """The inter-node link fitted to "world" rows (every GPU of several nodes) through advisor.comm's
     multi-node paths, all-reduce preferred; None when there are none or none explains its sweep. Reports each
-    collective's fit."""
-    chosen, rejected = None, None
+    collective's fit, and how the chosen fit predicts the other collectives measured (issue 19: one collective's
+    fit should predict the others: all-gather and reduce-scatter on the same NICs, all-to-all on each GPU's own)."""
+    chosen, rejected, points = None, None, {}
     for coll in COLLECTIVES:
         pts = [(float(r["n_ranks"]), float(r["per_node"]), float(r["size_bytes"]), float(r["time_s"])) for r in rows
                if r.get("kind") == "collective" and r.get("link") == "world" and r.get("collective") == coll
                and r.get("status", "ok") == "ok"]
         if not pts:
             continue
-        n, g, S, t = (np.array(v) for v in zip(*pts))
+        n, g, S, t = points[coll] = tuple(np.array(v) for v in zip(*pts))
         try:
             with fitting_step(f"world {coll}"):
                 link, rep = fit_world(base, coll, n, g, S, t, judge_from_bytes)
@@ -174,7 +175,22 @@ def _fit_world_rows(rows: list[dict], base: Hardware, judge_from_bytes: float, l
         return None
     led.fitted.append(f"inter_node from world {chosen[0]}")
     led.lines.append(f"inter-node profile fit from world {chosen[0]} (replaces the one-GPU-per-node fit): " + _fit_text(chosen[1].fit))
+    led.lines += cross_check(base.model_copy(update={"inter_node": chosen[1]}), chosen[0], points, judge_from_bytes)
     return chosen[1]
+
+
+def cross_check(hw: Hardware, fitted_from: str, points: dict, judge_from_bytes: float) -> list[str]:
+    """One line per other collective measured across nodes: how the fit from ``fitted_from`` predicts it."""
+    from advisor.calibrate.fitting import fit_report
+    from advisor.comm import collective_time
+
+    out = []
+    for coll, (n, g, S, t) in points.items():
+        if coll != fitted_from:
+            rep = fit_report(collective_time(coll, n, S, hw, g), n, S, t, [],
+                             f"  world {coll} predicted by the {fitted_from} fit", judge_from_bytes)
+            out.append(rep.line())
+    return out
 
 
 def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str, share: float = 1.0) -> Link:

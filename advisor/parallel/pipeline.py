@@ -12,7 +12,7 @@
   times under interleaving. Megatron's scatter/gather optimisation (s.4.1; --scatter-gather-tensors-in-
   pipeline, on by default; the stack's ``pipeline_scatter_gather``): each TP rank sends 1/tp of the activation
   over its own link and the receiving stage all-gathers it on the intra-node link. Under sequence parallelism
-  the activation is already split. A boundary crosses nodes once a stage fills a node.
+  the activation is already split. A boundary leaves NVLink once a stage fills an NVLink domain (a node, or a rack).
 - In flight (Korthikanti et al. 2022, s.4.2.3): GPipe keeps all m micro-batches of its L/p layers, 1F1B
   min(p, m), interleaved 1F1B p micro-batches times (1 + (p - 1) / (p v)); the first stage holds the most.
 
@@ -66,7 +66,7 @@ def p2p_time(w: Workload, c: Candidates, mesh: Mesh, act_bytes: Any) -> Any:
                                     where=on & scatter & ~sp)
     out = np.zeros(np.shape(on))
     if on.any():
-        size, crosses = np.broadcast_to(size, np.shape(on))[on], np.broadcast_to(mesh.stage_crosses_nodes, np.shape(on))[on]
+        size, crosses = np.broadcast_to(size, np.shape(on))[on], np.broadcast_to(mesh.stage_crosses_domains, np.shape(on))[on]
         out[on] = 2.0 * mesh.v[on] * (comm.p2p_time(size, w.hw, crosses) + regather[on])
     return out
 

@@ -12,7 +12,8 @@ all-reduces its output (under SP: reduce-scatters it), the LM head's input gradi
 (under SP: all-gather + reduce-scatter), and the vocab-parallel cross-entropy all-reduces three fp32 values per
 token (max, target logit, sum of exp).
 
-TP groups stay inside a node (the search's constraint): the collectives run on the intra-node link.
+TP groups stay inside an NVLink domain (the search's constraint: a node, or an NVL72 rack of 18 trays): the
+collectives run on the NVLink link (advisor.comm).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ LAYER_COLLECTIVES, RECOMPUTE_COLLECTIVES = 4.0, 2.0
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware) -> dict[str, Any]:
     """Constraint -> where a plan breaks it. Heads are split over the TP ranks; KV heads too, or replicated
-    when tp exceeds them (a whole number of ranks per KV head); TP needs the intra-node link."""
-    g, kv = hw.gpus_per_node, model.kv_heads
+    when tp exceeds them (a whole number of ranks per KV head); TP needs the NVLink link of its domain (a node, or
+    a rack where NVLink joins several)."""
+    g, kv = hw.domain_gpus, model.kv_heads
     return {
         "tp does not divide the attention heads": (model.n_heads % c.tp) != 0,
         "tp does not divide the KV heads": ((kv % c.tp) != 0) & (c.tp <= kv),

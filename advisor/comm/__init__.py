@@ -1,0 +1,83 @@
+"""Communication: the time of NCCL collectives over a group of GPUs, inside a node, an NVLink domain, or across
+the network.
+
+- ``advisor.comm.link``: one link class's alpha-beta-protocol model (``link_time``) and nccl-tests' bus factors;
+- ``advisor.comm.network``: groups across nodes and NVLink domains, the NICs a group owns and the algorithm NCCL's
+  tuner picks (ring, tree / NVLS-tree, CollNet, pairwise all-to-all).
+
+``collective_time`` is what the cost model calls; ``collective_time_and_path`` also names the algorithm each
+entry ran (``PATH_NAMES``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from advisor.comm import network
+from advisor.comm.link import Collective, bus_factor, link_time, startup
+from advisor.hardware import Hardware
+
+PATH_NAMES = {network.IN_NODE: "NVLink in one node", network.IN_DOMAIN: "NVLink domain across nodes",
+              network.RING: "ring across nodes", network.TREE: "tree across nodes",
+              network.COLLNET: "CollNet (in-network reduction)", network.PAIRWISE: "pairwise across nodes"}
+
+
+def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any,
+                    where: Any = None) -> Any:
+    """Seconds for a collective over ``n`` GPUs placed ``per_node`` to a node (vectorised).
+
+    Groups inside one NVLink domain use its link; groups that span domains take the fastest of the algorithms
+    NCCL has there, on the NICs their GPUs own (advisor.comm.network). ``where``: a mask of the plans that run
+    this collective; the others get 0 without being costed (a search's plans mostly share one kind, and costing
+    a collective for every plan takes as long as the rest of the evaluation).
+    """
+    if where is None:
+        return collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    shape = np.broadcast_shapes(np.shape(where), np.shape(n), np.shape(size_bytes), np.shape(per_node))
+    mask = np.broadcast_to(np.asarray(where, dtype=bool), shape)
+    out = np.zeros(shape)
+    if mask.any():
+        n, size_bytes, per_node = (np.broadcast_to(np.asarray(a, dtype=float), shape)[mask] for a in (n, size_bytes, per_node))
+        out[mask] = collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    return out
+
+
+def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):
+    """(seconds, path) where path is a key of PATH_NAMES: the link or the algorithm across nodes that ran it."""
+    c = Collective(coll)
+    n, S, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float),
+                                         np.asarray(per_node, dtype=float))
+    g, g_dom, k = network.domain_groups(n, per_node, hw)
+    nodes = np.ceil(n / g)
+    path = np.where(nodes > 1, network.IN_DOMAIN, network.IN_NODE)
+    multi = k > 1
+    if not np.any(multi):  # the search's TP groups never leave a domain: cost the network only where used
+        t = np.asarray(link_time(c, n, S, hw.intra_node), dtype=float)
+    else:
+        t = np.zeros(n.shape)
+        inside = ~multi
+        if np.any(inside):
+            t[inside] = link_time(c, n[inside], S[inside], hw.intra_node)
+        t[multi], path[multi] = network.across(c, n[multi], S[multi], g_dom[multi], k[multi], nodes[multi], hw)
+    return np.where((n <= 1) | (S <= 0), 0.0, t), path
+
+
+def algorithm_name(path: int, hw: Hardware) -> str:
+    """The algorithm a path code stands for on this system (NCCL's tree is NVLS-tree where the NVSwitch reduces)."""
+    if path == network.TREE and hw.intra_node.nvls:
+        return "NVLS-tree across nodes"
+    return PATH_NAMES[int(path)]
+
+
+def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
+    """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across the network every
+    GPU of a stage sends at once, each on its own share of its node's NICs)."""
+    intra = link_time(Collective.send_recv, 2, size_bytes, hw.intra_node)
+    inter = link_time(Collective.send_recv, 2, size_bytes, hw.inter_node, 1.0 / hw.gpus_per_node)
+    return np.where(np.asarray(across_nodes, dtype=bool), inter, intra)
+
+
+__all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
+           "link_time", "p2p_time", "startup"]

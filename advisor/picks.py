@@ -1,0 +1,66 @@
+"""Which link or NCCL algorithm each of a plan's collectives runs on, at the size one call moves, for the estimate's
+output (``Estimate.collectives``): the pick advisor.comm made when it costed the step (NCCL's tuner picks per call,
+by size: a 2-node all-reduce of a few MiB may take the ring where a 1 GiB bucket takes the tree).
+
+One entry per kind of collective the plan runs: tensor parallelism's per-layer all-reduce (or all-gather +
+reduce-scatter under sequence parallelism), the gradient all-reduce of DDP (one bucket), ZeRO's reduce-scatter and
+all-gather (one unit: a layer, or the whole stage), HSDP's all-reduce across replicas, pipeline send/recv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor import comm
+from advisor.candidates import Candidates, Mesh
+from advisor.comm import Collective
+from advisor.hardware import Hardware
+from advisor.layout import DataParallelKind
+from advisor.parallel import data, pipeline, tensor
+from advisor.units import MiB, fmt_bytes
+from advisor.workload import Workload
+
+NAMES = {Collective.all_reduce: "all-reduce", Collective.all_gather: "all-gather",
+         Collective.reduce_scatter: "reduce-scatter", Collective.send_recv: "send/recv"}
+
+
+def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: float) -> str:
+    """'all-reduce of 1.00 GiB over 16 GPUs (8 per node, 2 nodes): tree across nodes'."""
+    _, path = comm.collective_time_and_path(coll, n, size, hw, per_node)
+    nodes = int(np.ceil(n / max(min(per_node, n), 1.0)))
+    where = f"{int(min(per_node, n))} per node, {nodes} nodes" if nodes > 1 else "one node"
+    return f"{NAMES[coll]} of {fmt_bytes(size)} over {int(n)} GPUs ({where}): {comm.algorithm_name(int(path), hw)}"
+
+
+def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
+    """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
+    hw = w.hw
+    mesh = Mesh.of(c, hw.gpus_per_node, hw.domain_gpus)
+    one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
+    tp, dp, shard, pp = one(mesh.tp), one(mesh.dp), one(mesh.dp_shard), one(mesh.pp)
+    zero, out = int(c.zero[0]), {}
+    layers = pipeline.layers_per_stage(w.model, mesh.pp)
+    states = data.model_states(w, c, mesh, layers)
+    if tp > 1:
+        act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len))
+        colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
+        out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
+    if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
+        grads = one(states.params * states.grad_bytes)
+        if zero == 0:
+            eng = w.stack.engine
+            size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)
+            out["dp_grad"] = describe(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))
+        else:
+            per_unit = zero >= 2 and w.stack.engine.zero_collectives == "per_unit"
+            units = max(one(layers), 1.0) if per_unit else 1.0
+            body = one(states.params - states.params_outside_layers) if per_unit else one(states.params)
+            out["zero"] = "; ".join(describe(x, shard, body / units * b, hw, one(mesh.shard_per_node)) for x, b in (
+                (Collective.reduce_scatter, one(states.grad_bytes)), (Collective.all_gather, one(states.weight_bytes))))
+        if bool(c.hybrid[0]):
+            out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
+    if pp > 1:
+        across = bool(np.asarray(mesh.stage_crosses_domains).reshape(-1)[0])
+        out["pp_p2p"] = ("send/recv between stages: " + ("the network, each GPU on its own NIC share" if across
+                                                         else "NVLink (stages inside one NVLink domain)"))
+    return out
