@@ -159,3 +159,14 @@ def test_modules_and_functions_stay_readable_in_one_sitting(module):
     long = [(f.name, f.end_lineno - f.lineno + 1) for f in ast.walk(ast.parse(text))
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{module}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_every_package_ships():
+    """A non-editable install ships only the packages pyproject.toml lists: every directory of advisor/ with an
+    __init__.py must be there, or `pip install .` gives an advisor that fails on import."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "advisor").rglob("__init__.py")}
+    assert found - listed == set()
