@@ -4,7 +4,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
