@@ -32,7 +32,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import pipeline
+from advisor.parallel import pipeline, zero3
 from advisor.training import Recompute
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -138,7 +138,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
-    exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
@@ -181,8 +181,8 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     return out[0], out[1]
 
 
-def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any, ag: Any, layers: Any,
-                                 windows: Windows, inline: LayerTimes) -> Any:
+def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,
+                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes) -> Any:
     """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
     the last layer's reduce-scatter are always exposed)."""
     units = np.maximum(layers, 1.0)
@@ -196,7 +196,14 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any,
         on = np.broadcast_to(zero >= 3, z3.shape)
         pick = (lambda x: np.broadcast_to(x, z3.shape)[on])  # noqa: E731
         sub = LayerTimes(*(pick(getattr(inline, f)) for f in LayerTimes.__dataclass_fields__))
-        z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+        z = w.stack.engine.zero3_calls
+        if z is None:  # one call per pass, shared out over the sub-modules
+            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+        else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
+            calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
+                                          pick(states.weight_bytes), pick(states.reduce_bytes),
+                                          pick(states.params_outside_layers), w.tables.cpu_us_per_op)
+            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(c.recompute), calls))
     else:
         z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
     return np.where(zero >= 3, z3, z2)
