@@ -194,11 +194,21 @@ class Engine(Spec):
     unit_grad_buffer: bool = Field(
         default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
                                    "in fp32) is alive while it is reduce-scattered")
+    main_grads: Literal["compute", "fp32"] = Field(
+        default="compute", description="fp32: under half or mixed precision the gradients accumulate in a persistent "
+                                       "fp32 buffer (Megatron's main_grad with grad_reduce_in_fp32), 4 bytes a parameter")
+    param_gather_overlap: bool = Field(
+        default=False, description="ZeRO-1: the all-gather of the updated weights runs bucket by bucket beside the next "
+                                   "forward (Megatron's --overlap-param-gather) instead of after the step")
     selective: Optional[Selective] = Field(default=None, description="what selective recomputation reruns (None: none offered)")
     fsdp_param_dtype: Literal["storage", "half"] = Field(
         default="storage", description="half: under mixed precision, ZeRO-2/3 (FSDP) gathers the parameters in the half "
                                        "type, so its plans run the layers as pure half precision does (the half mode's "
                                        "tables); storage: as the run's precision says")
+    module_dtype: Literal["storage", "half"] = Field(
+        default="storage", description="half: under mixed precision the engine casts the whole model to the half type "
+                                       "(DeepSpeed's bf16 / fp16 modes), so every plan runs the layers as pure half "
+                                       "precision does (the half mode's tables); storage: as the run's precision says")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
 

@@ -82,6 +82,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     params = layers * p_layer + outside
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
+    if eng.main_grads == "fp32":  # Megatron's fp32 main_grad buffer beside half-precision weights
+        gb = np.maximum(gb, 4.0)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
@@ -143,6 +145,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
+    if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
+        ag = np.where(zero == 1, np.maximum(ag - windows.fwd_s, ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB
+                                                                               / np.maximum(states.params * states.weight_bytes, 1.0))), ag)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
