@@ -135,8 +135,8 @@ def test_deepspeed_zero3_regathers_for_recomputation_and_overlaps_per_linear_lay
 
 def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):
     """The auto stack asks whether the model fits one GPU in the hf-trainer stack; when it does, the decision
-    tree reuses that answer (the same question). When it does not, the tree asks again in megatron-deepspeed,
-    whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU with Megatron's kernels only."""
+    tree reuses that answer (the same question). When it does not, the tree asks again in megatron-core (auto's
+    stack then), whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU in neither."""
     from advisor import api, search
     from advisor.hardware import load_hardware
 
@@ -148,18 +148,48 @@ def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):
     a100 = load_hardware("dgx-a100")
     small = a100.model_copy(update={"gpu": a100.gpu.model_copy(update={"memory_GiB": 3.04})})
     res = search.plan("gpt2", small, gpus=8, top=1)
-    assert calls == ["hf-trainer", "megatron-deepspeed"]
-    assert res.plans[0].setup.stack == "megatron-deepspeed" and res.tree["fits_one_gpu"]
+    assert calls == ["hf-trainer", "megatron-core"]
+    # megatron-core keeps fp32 main gradients (2 bytes a parameter more than hf-trainer's DDP): no fit either
+    assert res.plans[0].setup.stack == "megatron-core" and not res.tree["fits_one_gpu"]
 
 
 def test_the_search_says_which_stack_it_costed():
-    # One stack for the whole search (auto: hf-trainer when the model fits on one GPU, else megatron-deepspeed);
-    # an FSDP plan exported to accelerate runs on HF modules, so the output must say which.
-    small = plan(model="gpt2", hw="dgx-a100", top=1)
-    big = plan(model="llama3-8b", hw="dgx-h100", top=1)
+    # --stack auto costs each plan kind in the stack its users most likely run (api.AUTO_RULE): gpt2 fits one GPU, so
+    # its data-parallel plans are hf-trainer's and its TP/PP plans megatron-core's; llama3-8b does not fit one H100 in
+    # hf-trainer, so every plan of it is megatron-core's. The output states the rule; an FSDP plan exported to
+    # accelerate runs on HF modules, so each row names its stack.
+    from advisor.api import AUTO_RULE
+    small = plan(model="gpt2", hw="dgx-a100", top=50)
+    big = plan(model="llama3-8b", hw="dgx-h100", top=5)
     forced = plan(model="gpt2", hw="dgx-a100", top=1, stack="megatron-deepspeed")
-    assert small.to_json()["stack"] == "hf-trainer" and big.to_json()["stack"] == "megatron-deepspeed"
-    assert forced.to_json()["stack"] == "megatron-deepspeed"
-    assert any(n.startswith("stack: every plan costed as hf-trainer runs it (Hugging Face transformers") for n in small.notes())
-    assert any("Megatron's fused kernels" in n for n in big.notes())
-    assert forced.plans[0].estimate.step_time_s < small.plans[0].estimate.step_time_s  # fused kernels are faster
+    for res in (small, big):
+        doc = res.to_json()
+        assert doc["stack"] == "auto" and doc["stack_rule"] == AUTO_RULE
+        assert any(n.startswith("stack: --stack auto: plans with tensor or pipeline parallelism in megatron-core")
+                   for n in res.notes())
+        for row in doc["plans"]:
+            mp = row["plan"]["tp"] > 1 or row["plan"]["pp"] > 1
+            assert row["stack"] == ("megatron-core" if mp or res is big else "hf-trainer"), row["label"]
+    assert small.to_json()["stacks"] == ["hf-trainer", "megatron-core"] and big.to_json()["stacks"] == ["megatron-core"]
+    # both kinds were costed: the fastest DDP and ZeRO plans (hf-trainer's) and TP and PP plans (megatron-core's)
+    assert {"ddp", "zero", "tp", "pp"} <= set(small.best_by_kind)
+    assert forced.to_json()["stack"] == "megatron-deepspeed" and forced.to_json()["stack_rule"] is None
+    assert any("Megatron's fused kernels" in n for n in forced.notes())
+
+
+def test_estimate_and_export_follow_the_auto_rule():
+    """The same rule for one plan: gpt2 DDP in hf-trainer, gpt2 TP=2 in megatron-core, printed and in --json; a
+    searched row and its estimate agree."""
+    from advisor.api import AUTO_RULE
+    ddp = estimate(model="gpt2", hw="dgx-a100", gpus=8)
+    tp = estimate(model="gpt2", hw="dgx-a100", gpus=8, tp=2)
+    assert (ddp.stack, tp.stack) == ("hf-trainer", "megatron-core")
+    assert tp.stack_rule == AUTO_RULE and estimate(model="gpt2", hw="dgx-a100", gpus=8, stack="hf-trainer").stack_rule is None
+    res = plan(model="gpt2", hw="dgx-a100", top=50)
+    row = next(p.estimate for p in res.plans if p.estimate.plan.tp > 1 or p.estimate.plan.pp > 1)
+    again = estimate(model="gpt2", hw="dgx-a100", gpus=8, dp=row.plan.dp, tp=row.plan.tp, pp=row.plan.pp,
+                     zero=row.plan.zero, sp=row.plan.sp, schedule=row.plan.schedule,
+                     virtual_stages=row.plan.virtual_stages, micro_batch=row.setup.micro_batch,
+                     global_batch=res.global_batch, recompute=row.setup.recompute)
+    assert again.stack == row.stack == "megatron-core"
+    assert again.step_time_s == pytest.approx(row.step_time_s, rel=1e-9)
