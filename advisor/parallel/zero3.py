@@ -66,32 +66,69 @@ def tensors(w: Workload, tp: Any) -> dict[str, list]:
     return out
 
 
-def _calls(hw: Any, kind: str, bucket: float, sizes: list, keep: list, coll: Collective, shard: Any, per_node: Any,
-           per_elem: Any, host_s: Any) -> Any:
-    """Seconds of one sub-module's calls: per tensor, or its kept tensors coalesced up to ``bucket`` a call."""
-    if kind == "per_tensor":
-        return sum(np.where(k, comm.collective_time(coll, shard, s * per_elem, hw, per_node) + host_s, 0.0)
-                   for s, k in zip(sizes, keep))
-    total = sum(np.where(k, s, 0.0) for s, k in zip(sizes, keep))
-    count = sum(np.where(k, 1.0, 0.0) for k in keep)
+def _per_tensor(hw: Any, coll: Collective, sizes: list, keep: list, owner: list, k: int, shard: Any, per_node: Any,
+                per_elem: Any, host_s: Any) -> list:
+    """Seconds of each sub-module's calls, one per kept tensor: every tensor costed in one vectorised call."""
+    S = np.stack(np.broadcast_arrays(*sizes))
+    t = comm.collective_time(coll, shard[None, ...], S * per_elem, hw, per_node[None, ...]) + host_s
+    t = np.where(np.stack(np.broadcast_arrays(*keep)), t, 0.0)
+    return [t[np.asarray(owner) == j].sum(axis=0) for j in range(k)]
+
+
+def _per_bucket(hw: Any, coll: Collective, bucket: float, sizes: list, keep: list, owner: list, k: int, shard: Any,
+                per_node: Any, per_elem: Any, host_s: Any) -> list:
+    """Seconds of each sub-module's calls, its kept tensors coalesced up to ``bucket`` elements a call (a larger
+    tensor is one call of its own)."""
+    S, K = np.stack(np.broadcast_arrays(*sizes)), np.stack(np.broadcast_arrays(*keep))
+    own = np.asarray(owner)
+    total = np.stack([np.where(K[own == j], S[own == j], 0.0).sum(axis=0) for j in range(k)])
+    count = np.stack([K[own == j].sum(axis=0) for j in range(k)]).astype(float)
     calls = np.minimum(count, np.maximum(1.0, np.ceil(total / bucket))) if bucket > 0 else np.minimum(count, 1.0)
-    one = comm.collective_time(coll, shard, total * per_elem / np.maximum(calls, 1.0), hw, per_node)
-    return np.where(calls > 0, calls * (one + host_s), 0.0)
+    one = comm.collective_time(coll, shard[None, ...], total * per_elem / np.maximum(calls, 1.0), hw, per_node[None, ...])
+    t = np.where(calls > 0, calls * (one + host_s), 0.0)
+    return list(t)
 
 
 def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: Any, weight_bytes: Any,
                     reduce_bytes: Any, root_params: Any, cpu_us_per_op: float) -> SubModuleCalls:
+    """The calls of every plan (arrays over plans): costed once per distinct (tp, shard, GPUs per node, bytes) and
+    spread back, since a search's ZeRO-3 plans share a handful of them (the search's speed)."""
+    cols = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (tp, shard, per_node, weight_bytes, reduce_bytes,
+                                                                      root_params)))
+    code = np.zeros(cols[0].size, dtype=np.int64)  # one integer per distinct row (1-D uniques sort fast)
+    for c in cols:
+        values, idx = np.unique(c.ravel(), return_inverse=True)
+        code = code * len(values) + idx.ravel()
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
+    back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))  # noqa: E731
+    return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
+                          back(u.root_gather_s), back(u.root_reduce_s))
+
+
+def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: Any, weight_bytes: Any,
+                     reduce_bytes: Any, root_params: Any, cpu_us_per_op: float) -> SubModuleCalls:
+    shard, per_node = np.asarray(shard, dtype=float), np.asarray(per_node, dtype=float)
     host_ag = z.host_ops_per_rank_gather * shard * cpu_us_per_op * us
     host_rs = z.host_ops_per_rank_reduce * shard * cpu_us_per_op * us
-    gather, reduce, gathered = [], [], []
-    for sizes in tensors(w, tp).values():
-        sizes = [np.asarray(s, dtype=float) for s in sizes]
-        keep = [s >= z.persistence_elements for s in sizes]
-        gather.append(_calls(w.hw, z.gathers, z.gather_bucket_elements, sizes, keep, Collective.all_gather, shard, per_node,
-                             weight_bytes, host_ag))
-        reduce.append(_calls(w.hw, z.reduces, z.reduce_bucket_elements, sizes, [np.ones_like(s, dtype=bool) for s in sizes],
-                             Collective.reduce_scatter, shard, per_node, reduce_bytes, host_rs))
-        gathered.append(sum(np.where(k, s, 0.0) for s, k in zip(sizes, keep)))
+    by_module = tensors(w, tp)
+    k = len(by_module)
+    sizes = [np.broadcast_to(np.asarray(s, dtype=float), shard.shape) for v in by_module.values() for s in v]
+    owner = [j for j, v in enumerate(by_module.values()) for _ in v]
+    keep = [s >= z.persistence_elements for s in sizes]
+    every = [np.ones(shard.shape, dtype=bool) for _ in sizes]
+    if z.gathers == "per_tensor":
+        gather = _per_tensor(w.hw, Collective.all_gather, sizes, keep, owner, k, shard, per_node, weight_bytes, host_ag)
+    else:
+        gather = _per_bucket(w.hw, Collective.all_gather, z.gather_bucket_elements, sizes, keep, owner, k, shard,
+                             per_node, weight_bytes, host_ag)
+    if z.reduces == "per_tensor":
+        reduce = _per_tensor(w.hw, Collective.reduce_scatter, sizes, every, owner, k, shard, per_node, reduce_bytes, host_rs)
+    else:
+        reduce = _per_bucket(w.hw, Collective.reduce_scatter, z.reduce_bucket_elements, sizes, every, owner, k, shard,
+                             per_node, reduce_bytes, host_rs)
+    gathered = [sum(np.where(kp, s, 0.0) for s, kp, o in zip(sizes, keep, owner) if o == j) for j in range(k)]
     root_ag = comm.collective_time(Collective.all_gather, shard, root_params * weight_bytes, w.hw, per_node) + host_ag
     root_rs = comm.collective_time(Collective.reduce_scatter, shard, root_params * reduce_bytes, w.hw, per_node) + host_rs
     return SubModuleCalls(gather, reduce, gathered, root_ag, root_rs)
