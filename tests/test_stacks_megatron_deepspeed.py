@@ -166,3 +166,23 @@ def test_a_zero3_call_never_costs_less_with_more_host_ops_or_ranks(shard, elems)
     c = zero3.submodule_calls(w, z, 1.0, float(shard) * 2, 8.0, 2.0, 2.0, float(elems), 8.6)
     for x, y, more in zip(a.gather_s + a.reduce_s, b.gather_s + b.reduce_s, c.gather_s + c.reduce_s):
         assert float(x) >= float(y) and float(more) >= float(x)
+
+
+def test_nanotron_numbers_are_its_sources():
+    """nanotron 0.4 read from its source (flash_attn does not build on CPU, so nothing is probed): DDP bucket 25 MB
+    (config/config.py:182), fp32 gradient accumulation and master weights, DDP / ZeRO-1, TP (+SP), AFAB (GPipe) and
+    1F1B pipelines, full-layer recomputation only; a Llama layer saves 8f of its GLU MLP (gate_up output, SiLU
+    output, product), as torchtitan's probed SwiGLU block does."""
+    nt = load_stack("nanotron")
+    e = nt.engine
+    assert (e.bucket_MiB, e.main_grads, e.reduce_dtype, e.master_weights) == (25.0, "fp32", "fp32", "always")
+    assert e.offers == ["ddp", "zero1", "tp", "sp", "pp", "gpipe"] and e.selective is None
+    saved = nt.memory.saved[0]
+    assert saved.layer.split["d_ff"] == 8 == load_stack("torchtitan").memory.saved[0].layer.split["d_ff"]
+    with pytest.raises(AdvisorError, match="nanotron has no selective recomputation"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, recompute="selective", stack="nanotron")
+    with pytest.raises(AdvisorError, match="nanotron does not run ZeRO-2"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, zero=2, stack="nanotron")
+    # GPT-2 (GELU, LayerNorm) is not nanotron's model: the profile says so in one line
+    with pytest.raises(AdvisorError, match="stack nanotron has no"):
+        estimate("gpt2", "dgx-a100", gpus=8, stack="nanotron")
