@@ -24,9 +24,20 @@ from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
 from advisor.workload import Workload
 
-# The stacks ``--stack auto`` chooses between: models that fit on one GPU are typically trained with Hugging Face
-# modules (DDP, FSDP, DeepSpeed), larger ones with Megatron's fused kernels.
-AUTO_SMALL, AUTO_LARGE = "hf-trainer", "megatron-deepspeed"
+# ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
+# export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
+# data-parallel plans (DDP, ZeRO, FSDP) of a model that fits one GPU are what the Hugging Face Trainer / accelerate
+# run; a model too large for one GPU is trained with Megatron's kernels (megatron-core, its distributed optimizer or
+# Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
+# megatron-deepspeed, which they ran.
+AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
+AUTO_RULE = (f"--stack auto: plans with tensor or pipeline parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
+             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, else in {AUTO_LARGE}")
+
+
+def model_parallel(tp, pp):
+    """Whether a plan (or each of a table's plans) is of the kinds --stack auto costs in AUTO_MODEL_PARALLEL."""
+    return (tp > 1) | (pp > 1)
 
 
 class PlanError(AdvisorError):
@@ -71,19 +82,22 @@ def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSe
     return bool(out.memory.peak[0] + out.overhead.total[0] <= hw.gpu.memory_bytes)
 
 
-def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
-                  setup: TrainingSetup) -> tuple[Stack, bool]:
+def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
+                  plan: Optional[Plan] = None) -> tuple[Stack, bool]:
     """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
-    user of this model most likely runs (AUTO_SMALL where the model fits on one GPU in it, else AUTO_LARGE);
-    the same rule for every plan of a search and for an estimate."""
+    user of this plan's kind most likely runs (AUTO_RULE): AUTO_MODEL_PARALLEL for a plan with TP or PP, else
+    AUTO_SMALL where the model fits on one GPU in it, else AUTO_LARGE. Without a plan (a search), the stack of its
+    data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL."""
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
         return stack, fits_one_gpu(model, hw, stack, setup)
     small = load_stack(AUTO_SMALL)
     if fits_one_gpu(model, hw, small, setup):
+        if plan is not None and model_parallel(plan.tp, plan.pp):
+            return load_stack(AUTO_MODEL_PARALLEL), True
         return small, True
-    large = load_stack(AUTO_LARGE)  # its kernels' peak differs: it may fit where the small stack's does not
-    return large, fits_one_gpu(model, hw, large, setup)
+    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp) else AUTO_LARGE)
+    return large, fits_one_gpu(model, hw, large, setup)  # its kernels' peak differs: it may fit where small's does not
 
 
 def build_inputs(model, hw, **given):
@@ -113,7 +127,7 @@ def build_inputs(model, hw, **given):
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
-    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup)[0]
+    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup, plan)[0]
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
@@ -158,14 +172,15 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full), ``optimizer`` (adamw,
-    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Every bad value is an AdvisorError
+    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto: AUTO_RULE). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
     if unknown:
         EstimateOptions.of(given, unknown, "estimate")
     spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **given)
-    return _estimate(spec, hardware, stack_, plan, setup, world)
+    est = _estimate(spec, hardware, stack_, plan, setup, world)
+    return est.model_copy(update={"stack_rule": AUTO_RULE}) if str(stack) == "auto" else est
 
 
 def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], plan: Plan,
@@ -174,13 +189,15 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     (default: the plan's dp x tp x pp)."""
     spec, hardware = load_model(model), load_hardware(hw)
     world = plan.world_size if world_size is None else world_size
-    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup)[0]
+    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup, plan)[0]
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    if setup.stack == "auto":
+    auto = setup.stack == "auto"
+    if auto:
         setup = setup.model_copy(update={"stack": stack.name})
-    return _estimate(spec, hardware, stack, plan, setup, world)
+    est = _estimate(spec, hardware, stack, plan, setup, world)
+    return est.model_copy(update={"stack_rule": AUTO_RULE}) if auto else est
 
 
 def _estimate(spec: ModelSpec, hardware: Hardware, stack: Stack, plan: Plan, setup: TrainingSetup, world: int) -> Estimate:

@@ -73,6 +73,7 @@ class PlanSearch:
     allow_tp_across_nodes: bool = False
     seq_defaulted: bool = False
     tokens: Optional[float] = None  # a token budget to train
+    stack_rule: Optional[str] = None  # --stack auto: the rule that chose each row's stack (advisor.api.AUTO_RULE)
 
     @property
     def stack(self) -> Stack:
@@ -112,7 +113,10 @@ class PlanSearch:
     def notes(self) -> list[str]:
         t = self.tree
         out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
-        if len(self.stacks) > 1:
+        if self.stack_rule is not None:
+            out.append(f"stack: {self.stack_rule} (each row names its stack in --json; `advisor stacks show NAME` says "
+                       "what each does; --stack NAME costs every plan in one, --stack any ranks every stack's)")
+        elif len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
         else:
@@ -139,8 +143,9 @@ class PlanSearch:
             "model": self.model_spec.name, "hw": self.hardware.name, "world_size": self.world_size,
             "worlds": list(self.worlds), "global_batch": self.global_batch, "seq_len": self.seq_len,
             "objective": self.objective, "tokens": self.tokens, "candidates": self.candidates,
-            "rejected": dict(self.rejected), "stack": self.stack.name if len(self.stacks) == 1 else "any",
-            "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
+            "rejected": dict(self.rejected), "stack": ("auto" if self.stack_rule is not None else
+                                                 self.stack.name if len(self.stacks) == 1 else "any"),
+            "stack_rule": self.stack_rule, "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
         }
 

@@ -60,6 +60,7 @@ class Estimate(Result):
     # the link or NCCL algorithm each of the plan's collectives runs on, at one call's size (advisor.picks; estimate
     # only: a search's rows leave it empty)
     collectives: dict[str, str] = {}
+    stack_rule: Optional[str] = None  # --stack auto: the rule that chose the stack (advisor.api.AUTO_RULE)
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:

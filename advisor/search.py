@@ -5,8 +5,8 @@ HYBRID_SHARD across nodes, nn.DataParallel inside one node), sequence parallelis
 virtual stages, micro-batch size, recomputation; over one GPU count or a ladder of them (``--gpus A:B``: A,
 2A, 4A, ... up to B). Candidates are one table; constraints (advisor.constraints) and the cost model
 (advisor.step.evaluate) run once over all of them, with no Python loop per plan. Rejections are counted by
-reason. Every plan of a search is costed in one training stack (advisor.api.resolve_stack, the rule
-``estimate`` follows too). Plans are ranked by the objective (advisor.ranking) and explained against the
+reason. Every plan of a search is costed in one training stack, the one named, or under ``--stack auto`` the one a
+user of its kind most likely runs (advisor.api.AUTO_RULE and resolve_stack, the rule ``estimate`` follows too). Plans are ranked by the objective (advisor.ranking) and explained against the
 seeds' decision tree (advisor.explain); when nothing fits, advisor.suggest says what would.
 """
 
@@ -46,8 +46,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     path or a Hardware. ``gpus``: a count, or a range ``"64:1024"`` (or ``(64, 1024)``) searched as 64, 128, ...
     1024 (default: ``nodes`` x the GPUs of a node, or one node). ``seq`` defaults to the model's context length
     (at most 8192), ``global_batch`` to ~0.5M tokens (a multiple of the largest GPU count), ``precision`` to the
-    GPU's best, ``stack`` to auto (hf-trainer when the model fits on one GPU, else megatron-deepspeed); ``any``
-    ranks the plans of every stack (``advisor stacks``), each row naming its own.
+    GPU's best, ``stack`` to auto (each plan in the stack a user of its kind most likely runs: api.AUTO_RULE, each
+    row naming its stack); ``any`` ranks the plans of every stack (``advisor stacks``), each row naming its own.
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
@@ -60,11 +60,20 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     worlds = _worlds(o, hardware)
     setup = _setup(o, spec, hardware, max(worlds))
     chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup)
-    # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans
-    stacks = _describing(spec, hardware, setup) if o.stack == "any" else [chosen]
+    # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans;
+    # "auto" costs each plan kind in its own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and
+    # PP plans in api.AUTO_MODEL_PARALLEL
+    parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
+    if o.stack == "any":
+        stacks = _describing(spec, hardware, setup)
+    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL:
+        stacks = [chosen, load_stack(api.AUTO_MODEL_PARALLEL)]
+        parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
+    else:
+        stacks = [chosen]
     setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
               for st in stacks}
-    found = [_search_world(spec, hardware, st, setups[st.name], w, o) for st in stacks for w in worlds]
+    found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
     tree = decision_tree(spec, hardware, max(worlds), fits_one)
     ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
     setup = setups[chosen.name] if o.stack != "any" else setup
@@ -75,7 +84,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     return PlanSearch(spec, hardware, stacks, setup, worlds, o.global_batch is None, o.objective,
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
-                      seq_defaulted=o.seq is None, tokens=o.tokens)
+                      seq_defaulted=o.seq is None, tokens=o.tokens,
+                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None)
 
 
 def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:
@@ -139,8 +149,11 @@ class _Found:
 
 
 def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup, world: int,
-                  o: PlanOptions) -> _Found:
-    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack)
+                  o: PlanOptions, model_parallel: Optional[bool] = None) -> _Found:
+    """The plans of one GPU count in one stack: all of them, or (``model_parallel`` True / False) only those with /
+    without TP or PP, which --stack auto costs in different stacks."""
+    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
+                                           model_parallel)
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():
@@ -185,12 +198,13 @@ def _round_world(world: int, hw: Hardware) -> int:
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
-                      stack: Stack) -> tuple[Candidates, int, dict[str, int]]:
-    """(the plans that break no constraint, how many were considered, rejections by reason)."""
+                      stack: Stack, model_parallel: Optional[bool] = None) -> tuple[Candidates, int, dict[str, int]]:
+    """(the plans that break no constraint, how many were considered, rejections by reason); ``model_parallel``:
+    only the (tp, pp) layouts with (True) or without (False) TP or PP."""
     multi = world > hardware.gpus_per_node
     # (tp, pp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
     # counted, not built: a highly composite world size has thousands of layouts x 4,032 rows each.
-    pairs = tp_pp_pairs(world)
+    pairs = [p for p in tp_pp_pairs(world) if model_parallel is None or bool(api.model_parallel(*p)) == model_parallel]
     pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):

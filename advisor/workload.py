@@ -36,7 +36,10 @@ class Workload:
                 "token), but mixture-of-experts training is not costed yet (expert parallelism, the routing all-to-all "
                 "and expert memory): `advisor models` shows its shape; estimate and plan take dense models")
         layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it)
-        tables = stack.tables(setup.precision.mode.value, setup.attention.value, layer)
+        mode = setup.precision.mode
+        if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
+            mode = Mode.half
+        tables = stack.tables(mode.value, setup.attention.value, layer)
         sel = stack.engine.selective
         if sel is not None:
             known = {lin.name for lin in layer.linears} | set(RECOMPUTED)

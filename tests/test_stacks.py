@@ -19,7 +19,8 @@ STACKS = list_stacks()
 
 
 def test_the_shipped_stacks():
-    assert {"hf-trainer", "megatron-deepspeed", "torchtitan", "llm-foundry", "llm-foundry-2023"} <= set(STACKS)
+    assert {"hf-trainer", "megatron-deepspeed", "torchtitan", "llm-foundry", "llm-foundry-2023", "megatron-core", "deepspeed",
+            "nanotron"} <= set(STACKS)
 
 
 @pytest.mark.parametrize("name", STACKS)

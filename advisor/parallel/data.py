@@ -32,7 +32,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import pipeline
+from advisor.parallel import pipeline, zero3
 from advisor.training import Recompute
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -82,6 +82,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     params = layers * p_layer + outside
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
+    if eng.main_grads == "fp32":  # Megatron's fp32 main_grad buffer beside half-precision weights
+        gb = np.maximum(gb, 4.0)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
@@ -138,11 +140,14 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
-    exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
+    if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
+        ag = np.where(zero == 1, np.maximum(ag - windows.fwd_s, ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB
+                                                                               / np.maximum(states.params * states.weight_bytes, 1.0))), ag)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
@@ -181,8 +186,8 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     return out[0], out[1]
 
 
-def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any, ag: Any, layers: Any,
-                                 windows: Windows, inline: LayerTimes) -> Any:
+def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,
+                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes) -> Any:
     """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
     the last layer's reduce-scatter are always exposed)."""
     units = np.maximum(layers, 1.0)
@@ -196,7 +201,14 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any,
         on = np.broadcast_to(zero >= 3, z3.shape)
         pick = (lambda x: np.broadcast_to(x, z3.shape)[on])  # noqa: E731
         sub = LayerTimes(*(pick(getattr(inline, f)) for f in LayerTimes.__dataclass_fields__))
-        z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+        z = w.stack.engine.zero3_calls
+        if z is None:  # one call per pass, shared out over the sub-modules
+            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+        else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
+            calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
+                                          pick(states.weight_bytes), pick(states.reduce_bytes),
+                                          pick(states.params_outside_layers), w.tables.cpu_us_per_op)
+            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(c.recompute), calls))
     else:
         z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
     return np.where(zero >= 3, z3, z2)

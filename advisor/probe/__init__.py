@@ -17,6 +17,7 @@ from advisor.probe.solve import ProbeError
 ADAPTERS = {
     "hf-trainer": "advisor.probe.adapters.hf:HFTrainer",
     "torchtitan": "advisor.probe.adapters.torchtitan:Torchtitan",
+    "megatron-core": "advisor.probe.adapters.megatron_core:MegatronCore",
 }
 
 
