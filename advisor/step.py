@@ -28,9 +28,9 @@ import numpy as np
 
 from advisor import compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
-from advisor.memory import MemoryBreakdown, Overhead, breakdown
+from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix
 from advisor.parallel import data, pipeline, tensor
-from advisor.training import Recompute
+from advisor.recompute import Mix, rerun
 from advisor.workload import Workload
 
 
@@ -102,14 +102,15 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
-    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute)
+    pol = policy_mix(w, c, mesh, layers)
+    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, pol)
     head = compute.head_times(w, tokens, mesh.tp)
     tp = tensor.time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
-    hosts = host.layer_host_times(w, mesh.tp, c.recompute)
+    hosts = host.layer_host_times(w, mesh.tp, pol)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
-                     recompute_s=lt.recompute_s + np.where(c.recompute == Recompute.full.code, 2.0 * tp.per_layer_collective_s, 0.0))
+                     recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
     states = data.model_states(w, c, mesh, layers)
@@ -123,7 +124,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
-    model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
+    model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
 
 
@@ -138,7 +139,7 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
         host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
 
 
-def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
+def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[Any, Any]:
     """(model FLOPs, hardware FLOPs) per step (module docstring)."""
     m, layer = w.model, w.layer
     per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
@@ -148,6 +149,5 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
     executed = {"attention/core": executed_core, "elementwise": 0.0, **{lin.name: lin.flops_per_token for lin in layer.linears}}
     selective = sum(executed[op] for op in w.selective_recomputes)
-    rc = np.where(c.recompute == Recompute.full.code, executed_layer,
-                  np.where(c.recompute == Recompute.selective.code, selective, 0.0))
+    rc = rerun(pol, executed_layer, selective)
     return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step

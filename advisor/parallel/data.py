@@ -31,9 +31,9 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
-from advisor.layout import DataParallelKind
+from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import pipeline
-from advisor.training import Recompute
+from advisor.recompute import mix
 from advisor.units import MiB
 from advisor.workload import Workload
 
@@ -196,13 +196,15 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, zero: Any, rs: Any,
         on = np.broadcast_to(zero >= 3, z3.shape)
         pick = (lambda x: np.broadcast_to(x, z3.shape)[on])  # noqa: E731
         sub = LayerTimes(*(pick(getattr(inline, f)) for f in LayerTimes.__dataclass_fields__))
-        z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+        v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
+        rerun = mix(c.recompute, c.recompute_k, layers, v, w.model.n_layers).full  # checkpointed layers' share
+        z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
     else:
         z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
     return np.where(zero >= 3, z3, z2)
 
 
-def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, recompute: Any, ag_layer: Any,
+def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
                             rs_layer: Any) -> tuple[Any, Any]:
     """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
     parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
@@ -234,10 +236,10 @@ def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, recompute:
 
     next_gather = [ag[(k + 1) % 4] for k in range(4)]
     fwd = exposed(lt.fwd_s, next_gather)
-    rcp = exposed(lt.recompute_s, next_gather)
+    # the checkpointed share ``rerun`` of the layers gathers again while it is recomputed, each over its forward
+    rcp = rerun * exposed(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), next_gather)
     bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
-    full = np.asarray(recompute) == Recompute.full.code
-    return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
+    return layers * fwd + ag[0], layers * (rcp + bwd)
 
 
 def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any) -> Any:
