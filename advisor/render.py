@@ -95,4 +95,15 @@ def render_plan(result, explain: bool = False, suggestion: str = "", width: int 
         lines += ["", f"rejected plans ({sum(result.rejected.values()):,} of {result.candidates:,}):"]
         for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {n:>9,}  {reason}")
+        lines += offload_notes(result)
     return "\n".join(lines)
+
+
+def offload_notes(result) -> list[str]:
+    """Why a search proposed no offload plans, where it did not (advisor/parallel/offload.py)."""
+    hw = result.hardware
+    if hw.host is None:
+        return [f"offload: profile {hw.name} has no host side (host memory, PCIe, CPU Adam rate, NVMe): no CPU/NVMe "
+                "offload plans were costed; add host: to the profile (as in dgx-h100)"]
+    none = [s.name for s in result.stacks if not s.engine.offloads]
+    return [f"offload: {', '.join(none)} offloads nothing (its profile's engine.offloads)"] if none else []

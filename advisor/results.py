@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from pydantic import BaseModel, ConfigDict
 
 from advisor.hardware import Hardware
@@ -60,6 +62,9 @@ class Estimate(Result):
     # the link or NCCL algorithm each of the plan's collectives runs on, at one call's size (advisor.picks; estimate
     # only: a search's rows leave it empty)
     collectives: dict[str, str] = {}
+    # host memory per node that offloaded states and activations take (advisor/parallel/offload.py); a plan that
+    # needs more than the profile's host memory does not fit
+    host_memory_bytes: float = 0.0
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -75,7 +80,8 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
     peak = sum(mem_parts.values())
     over = {k: float(v[i]) for k, v in out.overhead.parts().items()}
     cap = hw.gpu.memory_bytes
-    fits = peak + sum(over.values()) <= cap
+    host_need = float(np.broadcast_to(out.host_bytes, np.shape(out.tokens))[i])
+    fits = peak + sum(over.values()) <= cap and host_fits(hw, host_need)
     tokens = float(out.tokens[i])
     hw_flops = float(out.hw_flops[i])
     peak_flops = hw.gpu.peak_flops_per_s(setup.precision.math)
@@ -96,4 +102,10 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
         collectives=collectives or {},
+        host_memory_bytes=host_need,
     )
+
+
+def host_fits(hw: Hardware, host_bytes):
+    """Whether a node's host memory holds what its ranks offload (arrays or scalars)."""
+    return np.asarray(host_bytes) <= (hw.host.memory_bytes if hw.host is not None else 0.0)

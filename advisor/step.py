@@ -9,6 +9,8 @@ Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micr
     dp comm     the gradient reduction, ZeRO's gathers and reduce-scatters, nn.DataParallel's copies, beyond
                 what overlaps with compute (advisor.parallel.data)
     optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
+    offload     offloaded states' PCIe and NVMe traffic beyond what overlaps, the CPU step, activation
+                offload's copies (advisor.parallel.offload)
 The step time is the sum of the parts (``TimeBreakdown.total``). Memory: advisor.memory.
 
 FLOPs: the model FLOPs of a step count its forward and backward once (3x the forward: Narayanan et al. 2021
@@ -28,8 +30,8 @@ import numpy as np
 
 from advisor import compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
-from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix
-from advisor.parallel import data, pipeline, tensor
+from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
+from advisor.parallel import data, offload, pipeline, tensor
 from advisor.recompute import Mix, rerun
 from advisor.workload import Workload
 
@@ -49,6 +51,7 @@ class TimeBreakdown:
     comm_zero_params: Any
     comm_dataparallel: Any
     optimizer: Any
+    offload: Any = 0.0  # the offloads' exposed PCIe and NVMe traffic and the CPU step (advisor/parallel/offload.py)
 
     def parts(self) -> dict[str, Any]:
         return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -61,7 +64,8 @@ class TimeBreakdown:
 _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/backward",
           "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
-          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer"}
+          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
+          "offload": "offload"}
 TIME_PARTS = tuple(_NAMES.values())
 
 
@@ -74,6 +78,7 @@ class Evaluation:
     hw_flops: Any
     tokens: Any  # per step
     params_local: Any  # parameters of the busiest GPU's stage and TP rank
+    host_bytes: Any = 0.0  # host memory per node the offloads need (advisor/parallel/offload.py)
 
 
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
@@ -113,8 +118,14 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
-    states = data.model_states(w, c, mesh, layers)
+    on_gpu = data.model_states(w, c, mesh, layers)
+    states = offload.apply(w, c, on_gpu, layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
+    kept, full = saved_per_token(w, c, mesh, pol)
+    off = offload.time(w, c, mesh, states, on_gpu, pol, full * tokens, layers, windows.fwd_s, windows.bwd_s)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
+    host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
+    on_cpu = offload.codes(c)[0]
     body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
@@ -122,10 +133,11 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
+        optimizer=np.where(on_cpu, 0.0, optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master)),
+        offload=off.exposed_s)
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
-    return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
+    return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
