@@ -161,10 +161,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
         nvme_params = np.where(params & nvme, ranks * passes * HALF * shard / (host.nvme_read_GBps * 1e9), 0.0)
     else:
         step, nvme_params = cpu, 0.0
+    # as ZeRO's gathers (advisor.parallel.data.zero_exposed_per_micro_batch): the last layer's gradient copy and the
+    # first layer's fetch have no compute to hide behind, the rest hides behind the pass up to its length
+    units = np.maximum(np.asarray(layers, dtype=float), 1.0)
     grads_mb = np.where(opt, HALF * shard / pcie, 0.0)
-    exposed_grads = ga * np.maximum(grads_mb - bwd_window, 0.0)
+    exposed_grads = ga * np.maximum(grads_mb - bwd_window, grads_mb / units)
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
-    exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), 0.0)
+    exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)
     acts = np.where(pol.offload, ga * 2.0 * act_bytes_per_layer * layers / pcie, 0.0)
     return OffloadTime(down, up, step, exposed_grads + exposed_fetch + step + upload + acts)
