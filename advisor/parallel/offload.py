@@ -93,7 +93,8 @@ def apply(w: Workload, c: Candidates, states: ModelStates, layers: Any) -> Model
                    step_temporaries=np.where(opt, 0.0, states.step_temporaries),
                    grads=np.where(opt, 0.0, states.grads),
                    weights=np.where(params, 0.0, states.weights),
-                   gathered=np.where(params, np.maximum(states.gathered, 2.0 * unit), states.gathered))
+                   gathered=np.where(params, np.maximum(states.gathered, np.minimum(2.0 * unit, states.params
+                                                                                     * states.weight_bytes)), states.gathered))
 
 
 def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from_states: ModelStates, kept_full: Any,
