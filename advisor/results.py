@@ -81,7 +81,8 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
     over = {k: float(v[i]) for k, v in out.overhead.parts().items()}
     cap = hw.gpu.memory_bytes
     host_need = float(np.broadcast_to(out.host_bytes, np.shape(out.tokens))[i])
-    fits = peak + sum(over.values()) <= cap and host_fits(hw, host_need)
+    gpu_fits = peak + sum(over.values()) <= cap
+    fits = gpu_fits and bool(host_fits(hw, host_need))
     tokens = float(out.tokens[i])
     hw_flops = float(out.hw_flops[i])
     peak_flops = hw.gpu.peak_flops_per_s(setup.precision.math)
@@ -97,7 +98,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         hw_tflops_per_gpu=hw_flops / (step * world) / 1e12,
         fits=bool(fits),
         memory=MemoryReport(peak_bytes=peak, parts=mem_parts, overhead_bytes=sum(over.values()), overhead=over,
-                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(fits)),
+                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(gpu_fits)),
         breakdown=breakdown, dominant=dominant_part(breakdown),
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),

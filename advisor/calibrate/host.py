@@ -70,20 +70,20 @@ def measure(base_host, gpus_per_node: int, n_params: int = 20_000_000) -> tuple[
     """The measured host fields over ``base_host``'s (a Host or None), and a line per measurement for the user."""
     from advisor.errors import AdvisorError
 
+    copy = pinned_copy_GBps()
+    if copy is None and base_host is None:  # said before a measurement that takes seconds
+        raise AdvisorError("no GPU to measure the host<->device copy and the base profile has no host side: give "
+                           "--base a profile with one (e.g. dgx-h100)")
     cores = os.cpu_count() or 1
     per_core = cpu_adam_params_per_s(n_params, threads=1)
     node = max(cpu_adam_params_per_s(n_params), per_core)  # a loaded machine's threads may only contend
     lines = [f"CPU Adam (torch fused AdamW, fp32): {per_core / 1e9:.3f} G params/s on one core, {node / 1e9:.3f} G "
              f"params/s on {cores} threads"]
-    copy = pinned_copy_GBps()
     fields = dict(base_host.model_dump()) if base_host is not None else {}
     fields.update(memory_GiB=round(host_memory_GiB(), 1), cpu_cores=cores, cpu_adam_Gparams_per_s=round(node / 1e9, 4))
     if copy is None:
         lines.append("pinned host<->device copy: cannot be measured here (no GPU visible); pcie_GBps stays the base "
-                     "profile's" + ("" if base_host is not None else " (none)"))
-        if base_host is None:
-            raise AdvisorError("no GPU to measure the host<->device copy and the base profile has no host side: give "
-                               "--base a profile with one (e.g. dgx-h100)")
+                     "profile's")
     else:
         fields["pcie_GBps"] = round(min(copy), 2)
         lines.append(f"pinned host<->device copy: {copy[0]:.1f} GB/s to the GPU, {copy[1]:.1f} GB/s back (the lower "
