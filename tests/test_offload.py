@@ -116,6 +116,13 @@ def test_offloaded_states_beyond_host_memory_are_rejected_with_a_reason():
 
 
 # -- memory never grows when offloading more -------------------------------------------------------------------
+def test_offloading_more_frees_gpu_memory_llama2_7b_on_8():
+    kw = dict(model="llama2-7b", hw="dgx-h100", gpus=8, micro_batch=1, grad_accum=2, seq=4096, stack="megatron-deepspeed")
+    p = [estimate(zero=3, offload=o, **kw).memory.peak_bytes for o in ("none", "optimizer-cpu", "params-cpu")]
+    assert p[0] > p[1] > p[2]
+
+
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(model=st.sampled_from(["gpt2-medium", "llama2-7b", "llama3-8b"]), dp=st.sampled_from([1, 2, 8]),
        mb=st.sampled_from([1, 2]), rc=st.sampled_from(["none", "full", "selective"]))
@@ -197,6 +204,7 @@ def test_policy_and_offload_survive_the_plan_round_trip():
 
 
 # -- calibrate: the host side this machine can measure -------------------------------------------------------------
+@pytest.mark.slow  # the first fused CPU AdamW step initialises for ~5 s
 def test_cpu_adam_rate_is_measured_with_torch():
     torch = pytest.importorskip("torch")  # noqa: F841
     from advisor.calibrate.host import cpu_adam_params_per_s
