@@ -78,9 +78,16 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
     """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant, offload) and which rows are
     kept; ``policies`` (Recompute codes) and ``offloads`` (Offload codes) are what the stack and hardware offer."""
     grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
-                        np.arange(len(MICRO_BATCHES)), np.asarray(policies), np.array(VARIANTS), np.asarray(offloads),
-                        indexing="ij")
-    pi, zero, sp, si, mi, rc, var, off = (g.ravel() for g in grids)
+                        np.arange(len(MICRO_BATCHES)), np.asarray(policies), np.array(VARIANTS), indexing="ij")
+    pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
+    off = np.zeros(len(pi), dtype=np.int64)
+    if len(offloads) > 1:  # offload rows exist only under ZeRO-2/3, one process per GPU, no pipeline: built for those
+        base = np.nonzero((zero >= 2) & (var == 0) & (pp_a[pi] == 1))[0]
+        extra = [base[(zero[base] == 3) | (not Offload.of_code(o).params)] for o in offloads if o != Offload.none.code]
+        codes = [np.full(len(e), o) for e, o in zip(extra, [o for o in offloads if o != Offload.none.code])]
+        rows = np.concatenate([np.arange(len(pi))] + extra)
+        pi, zero, sp, si, mi, rc, var = (x[rows] for x in (pi, zero, sp, si, mi, rc, var))
+        off = np.concatenate([off] + codes)
     params_off = (off == Offload.params_cpu.code) | (off == Offload.params_nvme.code)
     tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
     mb = MICRO_BATCHES[mi]
