@@ -236,3 +236,23 @@ def test_host_profiles_are_sourced():
         assert host is not None and host.source and host.has_nvme
         assert host.cpu_adam_Gparams_per_s < host.cpu_cores * 0.70 + 1e-9  # memory-bound, below the cores' rate
     assert np.isclose(load_hardware("dgx-h100").host.cpu_adam_Gparams_per_s, 614.4 / 30, rtol=0.01)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_layers=st.integers(1, 128), pp=st.sampled_from([1, 2, 4, 8]), v=st.sampled_from([1, 2]),
+       k=st.integers(1, 64), full=st.floats(1.0, 1e6), ckpt=st.floats(0.0, 1.0))
+def test_checkpointing_more_layers_never_keeps_more(n_layers, pp, v, k, full, ckpt):
+    """block k+1 keeps no more than block k, every-k no more than every-(k+1); all between full and none; the
+    rerun share is what each policy's rule says (advisor/recompute.py)."""
+    from advisor.recompute import kept_per_token, mix
+
+    layers = max(n_layers / pp, 1.0)
+    checkpointed = ckpt * full  # a checkpointed layer keeps at most what it would without
+    keep = lambda code, kk: float(kept_per_token(mix(code, kk, layers, v, n_layers), full, checkpointed, full))  # noqa: E731
+    b, e = Recompute.block.code, Recompute.every_k.code
+    assert keep(b, k + 1) <= keep(b, k) + 1e-9 * full
+    assert keep(e, k) <= keep(e, k + 1) + 1e-9 * full
+    for code, kk in ((b, k), (e, k)):
+        assert keep(Recompute.full.code, 1) - 1e-9 * full <= keep(code, kk) <= keep(Recompute.none.code, 1) + 1e-9 * full
+    m = mix(e, k, layers, v, n_layers)
+    assert float(m.full) == (n_layers // k) / n_layers
