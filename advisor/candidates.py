@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor.layout import DataParallelKind, Plan, Schedule, shard_degree
+from advisor.layout import DataParallelKind, Offload, Plan, Schedule, shard_degree
 from advisor.training import Recompute, TrainingSetup
 
 
@@ -39,6 +39,8 @@ class Candidates:
     grad_accum: Any
     recompute: Any  # Recompute codes
     allow_tp_across_nodes: bool = False
+    recompute_k: Any = 1  # TrainingSetup.recompute_layers (advisor/recompute.py)
+    offload: Any = 0  # Offload codes (advisor/parallel/offload.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -70,19 +72,27 @@ class Candidates:
                    virtual_stages=plan.virtual_stages if plan.schedule is Schedule.interleaved else 1,
                    dp_kind=plan.data_parallel.code, overlap=plan.overlap_grad_reduce, micro_batch=setup.micro_batch,
                    grad_accum=grad_accum, recompute=setup.recompute.code,
-                   allow_tp_across_nodes=plan.allow_tp_across_nodes)
+                   allow_tp_across_nodes=plan.allow_tp_across_nodes, recompute_k=setup.recompute_layers,
+                   offload=plan.offload.code)
 
     def plan(self, i: int) -> Plan:
         """Row ``i`` as a typed Plan."""
         return Plan(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), zero=int(self.zero[i]),
                     hybrid_shard=bool(self.hybrid[i]), sp=bool(self.sp[i]), schedule=Schedule.of_code(self.schedule[i]),
                     virtual_stages=int(self.virtual_stages[i]), data_parallel=DataParallelKind.of_code(self.dp_kind[i]),
-                    overlap_grad_reduce=bool(self.overlap[i]), allow_tp_across_nodes=self.allow_tp_across_nodes)
+                    overlap_grad_reduce=bool(self.overlap[i]), allow_tp_across_nodes=self.allow_tp_across_nodes,
+                    offload=Offload.of_code(self._at(self.offload, i)))
 
     def setup(self, i: int, setup: TrainingSetup) -> TrainingSetup:
         """``setup`` with row ``i``'s micro batch and recomputation."""
         return setup.model_copy(update={"micro_batch": int(self.micro_batch[i]),
-                                        "recompute": Recompute.of_code(self.recompute[i])})
+                                        "recompute": Recompute.of_code(self.recompute[i]),
+                                        "recompute_layers": int(self._at(self.recompute_k, i))})
+
+    @staticmethod
+    def _at(col: Any, i: int) -> Any:
+        """Row ``i`` of a column that may be of length 1 (broadcast)."""
+        return col[i] if len(col) > 1 else col[0]
 
 
 @dataclass(frozen=True)

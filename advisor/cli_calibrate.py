@@ -45,7 +45,9 @@ TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install 
               help="seconds without progress before a rank is declared hung")
 @click.option("--compute/--no-compute", default=True, help="also measure matmul, copy and optimizer rates")
 @click.option("--judge-from", default="4M", show_default=True, help="size from which the fit is judged by its worst point")
-def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, timeout_s, compute, judge_from):
+@click.option("--host", "host_only", is_flag=True,
+              help="measure only the host side (CPU Adam rate, pinned host<->device copy, memory, cores) over --base")
+def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, timeout_s, compute, judge_from, host_only):
     """Measure this machine's collectives and kernels and write a hardware profile for --hw."""
     from advisor import calibrate as cal
     from advisor.calibrate.launch import check_nproc
@@ -54,6 +56,10 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
 
     out_path = cal.refuse_shipped(out)
     base_hw = load_hardware(base)
+    if host_only:
+        with lock_output(out_path):
+            _calibrate_host(out_path, base, base_hw, name)
+        return
     # every option is checked before a sweep that can take minutes
     judge_bytes = cal.parse_sizes(judge_from)[0]
     from_ = list(from_) or None
@@ -97,6 +103,27 @@ def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: flo
         raise cal.CalibrationError(f"{named}: {exc}") from exc
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
               "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
+    path = cal.write_profile(hw, out_path, header)
+    for line in lines:
+        click.echo(line)
+    click.echo(f"wrote {path} (use it with --hw {path})")
+
+
+def _calibrate_host(out_path: Path, base: str, base_hw, name) -> None:
+    """`--host`: the base profile with its host side measured here (advisor.calibrate.host)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise AdvisorError(TORCH_HINT) from None
+    from advisor import calibrate as cal
+    from advisor.calibrate.host import measure
+    from advisor.hardware import Host
+
+    fields, lines = measure(base_hw.host, base_hw.gpus_per_node)
+    info = {"base": base, "date": datetime.date.today().isoformat(), "host": platform.node(), "measured": "host side"}
+    hw = base_hw.model_copy(update={"name": name or out_path.stem, "host": Host(**fields), "calibration": info})
+    header = (f"# Written by `advisor calibrate --host` on {info['date']} (base profile {base}): the host side measured "
+              "here, the rest the base's.\n")
     path = cal.write_profile(hw, out_path, header)
     for line in lines:
         click.echo(line)

@@ -24,7 +24,8 @@ import numpy as np
 
 from advisor.hardware import Hardware
 from advisor.model.layer import keys_per_query
-from advisor.training import Attention, Recompute
+from advisor.recompute import as_mix, rerun
+from advisor.training import Attention
 from advisor.workload import Workload
 
 
@@ -119,7 +120,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> L
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0
-    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, selective, 0.0))
+    rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
 
 

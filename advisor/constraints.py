@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
-from advisor.parallel import data, pipeline, tensor
+from advisor.parallel import data, offload, pipeline, tensor
 from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
@@ -27,7 +27,8 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     also the plan features it does not run."""
     ones = np.ones(len(c), dtype=bool)
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **data.violations(c, hw), **(stack_violations(c, stack) if stack is not None else {})}
+           **data.violations(c, hw), **offload.violations(c, hw, stack),
+           **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -53,6 +54,9 @@ def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
     if stack.engine.selective is None:
         out[f"{stack.name} has no selective recomputation"] = c.recompute == Recompute.selective.code
+    for policy in Recompute:  # the checkpointing policies its profile lists (advisor/recompute.py)
+        if policy.value not in stack.engine.checkpointing and policy is not Recompute.selective:
+            out[f"{stack.name} does not run {policy.value} checkpointing"] = c.recompute == policy.code
     return out
 
 

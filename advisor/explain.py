@@ -83,7 +83,12 @@ PART_WORDS = {
     "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
     "comm/dp_grad": "gradient reduction", "comm/zero_params": "ZeRO/FSDP parameter gathers", "comm/dataparallel": "nn.DataParallel replicate/gather",
     "optimizer": "optimizer step", "host_overhead": "host-side kernel launches",
+    "offload": "offload (PCIe/NVMe copies and the CPU optimizer step)",
 }
+OFFLOAD_WHY = {"optimizer-cpu": "optimizer states and step on the CPU (ZeRO-Offload)",
+               "optimizer-nvme": "optimizer states on NVMe, the step on the CPU (ZeRO-Infinity)",
+               "params-cpu": "parameters, optimizer states and step on the CPU", "params-nvme": "parameters and "
+               "optimizer states on NVMe, the step on the CPU (ZeRO-Infinity)"}
 
 
 def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None) -> str:
@@ -99,6 +104,10 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
         words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
     words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")
+    if e.plan.offload.value != "none":
+        kept = sum(e.memory.parts[k] for k in ("weights", "gradients", "optimizer_states"))
+        words.append(f"{OFFLOAD_WHY[e.plan.offload.value]}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
+                     f"{e.host_memory_bytes / GiB:.0f} GiB of host memory per node")
     if best_time > 0 and e.step_time_s > best_time * 1.0005:
         words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
     kind = plan_kind(e.plan)

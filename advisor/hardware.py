@@ -23,6 +23,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
+from advisor.host_side import Host
 from advisor.profiles import ProfileKind, to_yaml
 from advisor.spec import Spec
 from advisor.units import GB, TFLOP, Gbit, GiB
@@ -242,6 +243,7 @@ class Hardware(Spec):
     inter_node: Link
     efficiency: ComputeEfficiency
     price_per_gpu_hour_usd: Optional[float] = Field(default=None, gt=0, le=1e4)
+    host: Optional[Host] = Field(default=None, description="the node's host side (offload); None: not described")
     calibration: Optional[dict] = Field(
         default=None, description="provenance of fitted values: date, host, versions, results file"
     )
@@ -329,6 +331,7 @@ def hardware_to_yaml(hw: Hardware) -> str:
 
 __all__ = [
     "GPU",
+    "Host",
     "CommFit",
     "ComputeEfficiency",
     "Hardware",

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from advisor.training import Attention, Recompute
+from advisor.recompute import as_mix, rerun
+from advisor.training import Attention
 from advisor.workload import Workload
 
 
@@ -63,7 +64,7 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     issued = {"attention/core": 8 * launch + extra, "elementwise": max(t.host_forward_ops - g_fwd, 0) * launch,
               **{lin.name: launch + extra for lin in w.layer.linears}}
     selective = sum(issued[op] for op in w.selective_recomputes)
-    rc = np.where(recompute == Recompute.full.code, fwd, np.where(recompute == Recompute.selective.code, selective, 0.0))
+    rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)
     ones = np.ones(np.shape(rc))
     return LayerHostTimes(fwd * ones, bwd * ones, rc)
 

@@ -37,6 +37,20 @@ class DataParallelKind(Coded):
     dp = "dp"  # torch.nn.DataParallel: one process, scatter/replicate/gather through GPU 0
 
 
+class Offload(Coded):
+    """Where model states live besides the GPU (advisor/parallel/offload.py); codes are positions, only appended."""
+
+    none = "none"
+    optimizer_cpu = "optimizer-cpu"  # ZeRO-Offload: fp32 master + Adam states and the step on the CPU
+    optimizer_nvme = "optimizer-nvme"  # ZeRO-Infinity: the same states on NVMe, staged through host memory
+    params_cpu = "params-cpu"  # ZeRO-3 offload_param cpu / FSDP CPUOffload(offload_params=True): parameters too
+    params_nvme = "params-nvme"  # ZeRO-Infinity offload_param nvme
+
+    @property
+    def params(self) -> bool:
+        return self in (Offload.params_cpu, Offload.params_nvme)
+
+
 FSDP_TO_ZERO = {"full-shard": 3, "shard-grad-op": 2, "hybrid-shard": 3, "no-shard": 0}
 ZERO_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
@@ -85,6 +99,7 @@ class Plan(Spec):
         default=True, description="gradient reduction overlapped with backward (PyTorch DDP: on; Megatron default: off)"
     )
     allow_tp_across_nodes: bool = False
+    offload: Offload = Field(default=Offload.none, description="model states held in host memory or on NVMe")
 
     @property
     def world_size(self) -> int:
@@ -108,6 +123,8 @@ class Plan(Spec):
         if self.pp > 1:
             sched = self.schedule.value + (f"(v={self.virtual_stages})" if self.schedule is Schedule.interleaved else "")
             parts.append(f"PP={self.pp} {sched}")
+        if self.offload is not Offload.none:
+            parts.append(f"offload {self.offload.value}")
         return " x ".join(parts)
 
 

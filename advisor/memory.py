@@ -11,7 +11,8 @@ backward: every activation plus the cross-entropy's buffers; (b) under full reco
 is recomputed: its full activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the
 head's gradient; (c) the optimizer step: all gradients and the step's temporaries. ``peak`` is what
 ``torch.cuda.max_memory_allocated()`` reports; the CUDA context, NCCL buffers and allocator fragmentation are
-``Overhead``, reported apart. Left out: CPU/NVMe offload, activation offload, expert parallelism.
+``Overhead``, reported apart. Offloaded model states and activations (advisor/parallel/offload.py, advisor/recompute.py) leave the GPU;
+left out: expert parallelism.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from advisor.candidates import Candidates, Mesh
 from advisor.parallel import pipeline
 from advisor.parallel.data import ModelStates
-from advisor.training import Recompute
+from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
 from advisor.workload import Workload
 
@@ -73,20 +74,25 @@ class Overhead:
         return sum(self.parts().values())
 
 
-def saved_per_token(w: Workload, c: Candidates, mesh: Mesh) -> tuple[Any, Any]:
-    """(bytes one layer keeps per token under each plan's recomputation, bytes with none) on one TP rank."""
+def policy_mix(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> Mix:
+    """Each plan's checkpointing policy over its stage's layers (advisor.recompute)."""
+    return mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers)
+
+
+def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any, Any]:
+    """(bytes one layer keeps per token on the GPU under each plan's policy, bytes with none) on one TP rank."""
     t, sp = w.tables, np.asarray(c.sp, dtype=bool)
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
-    kept = np.where(c.recompute == Recompute.full.code, t.saved_full_recompute.per_gpu(mesh.tp, sp),
-                    np.where(c.recompute == Recompute.selective.code, t.saved_selective.per_gpu(mesh.tp, sp), full))
+    kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), t.saved_selective.per_gpu(mesh.tp, sp))
     return kept, full
 
 
 def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any,
               layers: Any) -> tuple[MemoryBreakdown, Overhead]:
     t, pp = w.tables, mesh.pp
-    kept, full = saved_per_token(w, c, mesh)
+    m = policy_mix(w, c, mesh, layers)
+    kept, full = saved_per_token(w, c, mesh, m)
     outside = t.saved_outside_layers * tokens
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
@@ -97,8 +103,10 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     held, at_peak = logits * t.logits_held, logits * t.logits_peak
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
-    rc_extra = np.where(c.recompute == Recompute.full.code, full * tokens + RECOMPUTE_TEMPORARIES_D_FF * w.model.d_ff / mesh.tp
-                        * w.act_bytes * tokens + states.head_grads, 0.0)
+    # while a checkpoint is rerun its group's layers hold their full activations; under activation offload the
+    # layer being brought back does
+    rc_extra = np.where(m.full > 0, m.group * full * tokens + RECOMPUTE_TEMPORARIES_D_FF * w.model.d_ff / mesh.tp
+                        * w.act_bytes * tokens + states.head_grads, np.where(m.offload, full * tokens, 0.0))
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy

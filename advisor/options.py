@@ -88,6 +88,8 @@ class EstimateOptions(Common):
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
     grad_accum: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     recompute: str = "none"
+    recompute_layers: int = Field(default=1, ge=1, le=100_000)
+    offload: str = "none"
     overlap_grad_reduce: Optional[bool] = None
     data_parallel: str = "ddp"
 

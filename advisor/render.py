@@ -13,7 +13,7 @@ def render_estimate(e) -> str:
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
-        f"recompute {e.setup.recompute.value}, {e.setup.optimizer.value}",
+        f"recompute {policy(e.setup)}, {e.setup.optimizer.value}",
         f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items() if k != "world_size"),
         *([f"       ({e.stack_rule})"] if getattr(e, "stack_rule", None) else []),
         "",
@@ -44,14 +44,23 @@ def render_estimate(e) -> str:
     lines.append(f"  {'+ overhead':22s} {fmt_bytes(m.overhead_bytes):>12s}  (" + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in m.overhead.items() if v) + ")")
     verdict = "fits" if m.fits else "DOES NOT FIT"
     lines.append(f"  {'capacity':22s} {fmt_bytes(m.capacity_bytes):>12s}  -> {verdict} (headroom {fmt_bytes(m.headroom_bytes)})")
+    if e.host_memory_bytes > 0:
+        lines.append(f"  {'host memory per node':22s} {fmt_bytes(e.host_memory_bytes):>12s}  (offloaded states and "
+                     "activations of the node's ranks)" + ("" if e.fits else " -> DOES NOT FIT the host" if m.fits else ""))
     return "\n".join(lines)
+
+
+def policy(setup) -> str:
+    """The checkpointing policy with its k where it takes one (advisor/recompute.py)."""
+    r, k = setup.recompute.value, setup.recompute_layers
+    return f"{r}({k})" if r in ("block", "every-k") or (r == "full" and k > 1) else r
 
 
 def _columns(result) -> list[tuple[str, str, object]]:
     """(heading, alignment, value of an Estimate) of the ranking table; GPUs, efficiency and budget columns
     appear where the search has them."""
     cols = [("mb", ">", lambda e: str(e.setup.micro_batch)), ("ga", ">", lambda e: str(e.grad_accum)),
-            ("recompute", ">", lambda e: e.setup.recompute.value)]
+            ("recompute", ">", lambda e: policy(e.setup))]
     if len(result.worlds) > 1:
         cols.insert(0, ("GPUs", ">", lambda e: f"{e.world_size:,}"))
     if len(result.stacks) > 1:
@@ -96,4 +105,15 @@ def render_plan(result, explain: bool = False, suggestion: str = "", width: int 
         lines += ["", f"rejected plans ({sum(result.rejected.values()):,} of {result.candidates:,}):"]
         for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {n:>9,}  {reason}")
+        lines += offload_notes(result)
     return "\n".join(lines)
+
+
+def offload_notes(result) -> list[str]:
+    """Why a search proposed no offload plans, where it did not (advisor/parallel/offload.py)."""
+    hw = result.hardware
+    if hw.host is None:
+        return [f"offload: profile {hw.name} has no host side (host memory, PCIe, CPU Adam rate, NVMe): no CPU/NVMe "
+                "offload plans were costed; add host: to the profile (as in dgx-h100)"]
+    none = [s.name for s in result.stacks if not s.engine.offloads]
+    return [f"offload: {', '.join(none)} offloads nothing (its profile's engine.offloads)"] if none else []

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from pydantic import BaseModel, ConfigDict
 
 from advisor.hardware import Hardware
@@ -61,6 +63,9 @@ class Estimate(Result):
     # only: a search's rows leave it empty)
     collectives: dict[str, str] = {}
     stack_rule: Optional[str] = None  # --stack auto: the rule that chose the stack (advisor.api.AUTO_RULE)
+    # host memory per node that offloaded states and activations take (advisor/parallel/offload.py); a plan that
+    # needs more than the profile's host memory does not fit
+    host_memory_bytes: float = 0.0
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -76,7 +81,9 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
     peak = sum(mem_parts.values())
     over = {k: float(v[i]) for k, v in out.overhead.parts().items()}
     cap = hw.gpu.memory_bytes
-    fits = peak + sum(over.values()) <= cap
+    host_need = float(np.broadcast_to(out.host_bytes, np.shape(out.tokens))[i])
+    gpu_fits = peak + sum(over.values()) <= cap
+    fits = gpu_fits and bool(host_fits(hw, host_need))
     tokens = float(out.tokens[i])
     hw_flops = float(out.hw_flops[i])
     peak_flops = hw.gpu.peak_flops_per_s(setup.precision.math)
@@ -92,9 +99,15 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         hw_tflops_per_gpu=hw_flops / (step * world) / 1e12,
         fits=bool(fits),
         memory=MemoryReport(peak_bytes=peak, parts=mem_parts, overhead_bytes=sum(over.values()), overhead=over,
-                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(fits)),
+                            capacity_bytes=cap, headroom_bytes=cap - peak - sum(over.values()), fits=bool(gpu_fits)),
         breakdown=breakdown, dominant=dominant_part(breakdown),
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
         collectives=collectives or {},
+        host_memory_bytes=host_need,
     )
+
+
+def host_fits(hw: Hardware, host_bytes):
+    """Whether a node's host memory holds what its ranks offload (arrays or scalars)."""
+    return np.asarray(host_bytes) <= (hw.host.memory_bytes if hw.host is not None else 0.0)

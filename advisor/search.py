@@ -27,11 +27,13 @@ from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
-from advisor.results import make_estimate
-from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations, tp_pp_pairs
+from advisor.results import host_fits, make_estimate
+from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, offloads_of,
+                           pair_violations, policies_of, tp_pp_pairs)
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
-from advisor.training import TrainingSetup
+from advisor.layout import Schedule
+from advisor.training import Recompute, TrainingSetup
 from advisor.workload import Workload
 
 
@@ -158,6 +160,10 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():
         rejected["does not fit in memory"] = int((~fits).sum())
+    host_ok = host_fits(hardware, out.host_bytes)
+    if (fits & ~host_ok).any():  # offloaded states beyond the node's host memory
+        rejected["offloaded states exceed host memory"] = int((fits & ~host_ok).sum())
+    fits = fits & host_ok
     return _Found(world, stack, setup, valid, out, fits, n, rejected)
 
 
@@ -197,6 +203,16 @@ def _round_world(world: int, hw: Hardware) -> int:
     return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
 
 
+def block_layers(spec: ModelSpec, c: Candidates) -> Any:
+    """The candidates' k, with Megatron's block method searched at half of each stage chunk's layers checkpointed
+    (the rest of its chunk keeps everything: the middle of the memory/recompute trade)."""
+    if not (c.recompute == Recompute.block.code).any():
+        return c.recompute_k
+    v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
+    chunk = np.maximum(np.ceil(spec.n_layers / (c.pp * v)), 1)
+    return np.where(c.recompute == Recompute.block.code, np.ceil(chunk / 2.0).astype(int), c.recompute_k)
+
+
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
                       stack: Stack, model_parallel: Optional[bool] = None) -> tuple[Candidates, int, dict[str, int]]:
     """(the plans that break no constraint, how many were considered, rejections by reason); ``model_parallel``:
@@ -209,14 +225,16 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):
         pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
-    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi)
+    policies, offloads = policies_of(stack), offloads_of(stack, hardware)
+    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi, policies, offloads)
     kept_pairs = [p for p, r in zip(pairs, pair_reason) if r < 0]
-    rows = int(count_candidates(world, kept_pairs, gb, multi).sum())
+    rows = int(count_candidates(world, kept_pairs, gb, multi, policies, offloads).sum())
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = enumerate_candidates(world, gb, multi, kept_pairs)
-    cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes})
+    cols = enumerate_candidates(world, gb, multi, kept_pairs, policies, offloads)
+    cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes,
+                         "recompute_k": block_layers(spec, cols)})
     bad = violations(cols, spec, hardware, world, stack)
     pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
     rejected: dict[str, int] = {}

@@ -16,7 +16,9 @@ import numpy as np
 from advisor.candidates import Candidates
 from advisor.constraints import violations
 from advisor.hardware import Hardware
-from advisor.layout import Schedule
+from advisor.layout import Offload, Schedule
+from advisor.recompute import SEARCH_K
+from advisor.training import Recompute
 from advisor.model import ModelSpec
 
 
@@ -25,6 +27,30 @@ MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)]
 # data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
 VARIANTS = (0, 1, 2)
+# checkpointing policies (Recompute codes) and offloads (Offload codes) searched where nothing else is said
+TODAY_POLICIES = (Recompute.none.code, Recompute.selective.code, Recompute.full.code)
+NO_OFFLOAD = (Offload.none.code,)
+# the k each policy is searched with (advisor.recompute.SEARCH_K; block's is set per plan by advisor.search)
+K_OF_POLICY = np.array([SEARCH_K.get(r, 1) for r in Recompute])
+
+
+def policies_of(stack) -> tuple[int, ...]:
+    """The checkpointing policies searched for a stack: today's three and those its profile adds."""
+    if stack is None:
+        return TODAY_POLICIES
+    # today's three always (a stack without selective recomputation has its rows rejected, and counted, as before)
+    return TODAY_POLICIES + tuple(r.code for r in Recompute if r.value in stack.engine.checkpointing
+                                  and r.code not in TODAY_POLICIES)
+
+
+def offloads_of(stack, hw: Hardware) -> tuple[int, ...]:
+    """No offload, and what the stack offloads where the hardware profile describes its host side."""
+    if stack is None or hw.host is None:
+        return NO_OFFLOAD
+    return NO_OFFLOAD + tuple(o.code for o in Offload if o.value in stack.engine.offloads
+                              and (hw.host.has_nvme or "nvme" not in o.value))
+
+
 # Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
 # 2M rows is ~0.5-1 GB. Realistic clusters stay far below (16,384 GPUs: ~0.5M rows before constraints).
 MAX_CANDIDATES = 2_000_000
@@ -47,11 +73,22 @@ def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
     return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
 
 
-def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool):
-    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant) and which rows are kept."""
+def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool,
+          policies=TODAY_POLICIES, offloads=NO_OFFLOAD):
+    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant, offload) and which rows are
+    kept; ``policies`` (Recompute codes) and ``offloads`` (Offload codes) are what the stack and hardware offer."""
     grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
-                        np.arange(len(MICRO_BATCHES)), np.arange(3), np.array(VARIANTS), indexing="ij")
+                        np.arange(len(MICRO_BATCHES)), np.asarray(policies), np.array(VARIANTS), indexing="ij")
     pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
+    off = np.zeros(len(pi), dtype=np.int64)
+    if len(offloads) > 1:  # offload rows exist only under ZeRO-2/3, one process per GPU, no pipeline: built for those
+        base = np.nonzero((zero >= 2) & (var == 0) & (pp_a[pi] == 1))[0]
+        extra = [base[(zero[base] == 3) | (not Offload.of_code(o).params)] for o in offloads if o != Offload.none.code]
+        codes = [np.full(len(e), o) for e, o in zip(extra, [o for o in offloads if o != Offload.none.code])]
+        rows = np.concatenate([np.arange(len(pi))] + extra)
+        pi, zero, sp, si, mi, rc, var = (x[rows] for x in (pi, zero, sp, si, mi, rc, var))
+        off = np.concatenate([off] + codes)
+    params_off = (off == Offload.params_cpu.code) | (off == Offload.params_nvme.code)
     tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
     mb = MICRO_BATCHES[mi]
     multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
@@ -61,12 +98,17 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
         & (global_batch % (mb * dp) == 0)  # Megatron: global batch divisible by micro_batch x dp
         & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
         & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
-        & ~((dp == 1) & (zero > 0))  # ZeRO over one replica is no ZeRO
+        & ~((dp == 1) & (zero > 0) & (off == 0))  # ZeRO over one replica is no ZeRO (but ZeRO-Offload's engine)
+        # offload: the optimizer under ZeRO-2 or -3, parameters under ZeRO-3, one process per GPU, no pipeline
+        & ~((off > 0) & ((zero < 2) | (var != 0) | (pp > 1)))
+        & ~(params_off & (zero != 3))
+        & ~((dp == 1) & (off > 0) & ~params_off & (zero == 3))  # one GPU: ZeRO-3 without sharding is ZeRO-2's plan
     )
-    return (pi, zero, sp, si, mi, rc, var), keep
+    return (pi, zero, sp, si, mi, rc, var, off), keep
 
 
-def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool) -> np.ndarray:
+def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool,
+                     policies=None, offloads=None) -> np.ndarray:
     """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
     through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
     if not pairs:
@@ -78,20 +120,23 @@ def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int
     counts = np.zeros(len(uniq), dtype=np.int64)
     for start in range(0, len(uniq), 256):  # bounded memory: 256 keys x 4,032 rows at a time
         u = uniq[start:start + 256]
-        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node)
+        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node,
+                               TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
         counts[start:start + len(u)] = np.bincount(pi[keep], minlength=len(u))
     return counts[np.asarray(inverse).reshape(-1)]
 
 
 def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
-                         pairs: Optional[list[tuple[int, int]]] = None) -> Candidates:
+                         pairs: Optional[list[tuple[int, int]]] = None, policies=None, offloads=None) -> Candidates:
     """All combinations as a table (structural duplicates removed, constraints not applied).
 
     ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
     pairs = tp_pp_pairs(world) if pairs is None else pairs
     tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
     pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
-    (pi, zero, sp, si, mi, rc, var), keep = _grid(tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node)
+    (pi, zero, sp, si, mi, rc, var, off), keep = _grid(
+        tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node,
+        TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
     tp, pp = tp_a[pi], pp_a[pi]
     dp = world // (tp * pp)
     sched = np.array([s[0].code for s in SCHEDULES])[si]
@@ -101,7 +146,8 @@ def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
     ga = global_batch // (mb[idx] * dp[idx])
     return Candidates(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
                       schedule=sched[idx], virtual_stages=v[idx], dp_kind=(var[idx] == 1).astype(int),
-                      overlap=np.ones(len(idx), bool), micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx])
+                      overlap=np.ones(len(idx), bool), micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx],
+                      recompute_k=K_OF_POLICY[rc[idx]], offload=off[idx])
 
 
 def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,

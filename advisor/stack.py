@@ -128,7 +128,9 @@ class Memory(Spec):
 
 
 PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved")
-RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
+RECOMPUTED = ("attention/core", "elementwise")
+CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
+OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values  # besides the layer table's linear layers, by name
 
 
 class Selective(Spec):
@@ -211,6 +213,14 @@ class Engine(Spec):
                                        "precision does (the half mode's tables); storage: as the run's precision says")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
+    checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
+        default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
+        "(advisor/recompute.py; selective also needs `selective`)")
+    offloads: list[Literal[OFFLOADS]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="where the stack can keep model states off the GPU (advisor/parallel/offload.py)")
+    offload_optimizer: Literal["cpu_adam", "torch"] = Field(
+        default="cpu_adam", description="the optimizer step on offloaded states: DeepSpeed's vectorised CPU Adam, or "
+        "torch's CPU optimizer (FSDP CPU offload)")
 
 
 class Stack(Spec):

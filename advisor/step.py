@@ -9,6 +9,8 @@ Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micr
     dp comm     the gradient reduction, ZeRO's gathers and reduce-scatters, nn.DataParallel's copies, beyond
                 what overlaps with compute (advisor.parallel.data)
     optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
+    offload     offloaded states' PCIe and NVMe traffic beyond what overlaps, the CPU step, activation
+                offload's copies (advisor.parallel.offload)
 The step time is the sum of the parts (``TimeBreakdown.total``). Memory: advisor.memory.
 
 FLOPs: the model FLOPs of a step count its forward and backward once (3x the forward: Narayanan et al. 2021
@@ -28,9 +30,9 @@ import numpy as np
 
 from advisor import compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
-from advisor.memory import MemoryBreakdown, Overhead, breakdown
-from advisor.parallel import data, pipeline, tensor
-from advisor.training import Recompute
+from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
+from advisor.parallel import data, offload, pipeline, tensor
+from advisor.recompute import Mix, rerun
 from advisor.workload import Workload
 
 
@@ -49,6 +51,7 @@ class TimeBreakdown:
     comm_zero_params: Any
     comm_dataparallel: Any
     optimizer: Any
+    offload: Any = 0.0  # the offloads' exposed PCIe and NVMe traffic and the CPU step (advisor/parallel/offload.py)
 
     def parts(self) -> dict[str, Any]:
         return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -61,7 +64,8 @@ class TimeBreakdown:
 _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/backward",
           "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
-          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer"}
+          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
+          "offload": "offload"}
 TIME_PARTS = tuple(_NAMES.values())
 
 
@@ -74,6 +78,7 @@ class Evaluation:
     hw_flops: Any
     tokens: Any  # per step
     params_local: Any  # parameters of the busiest GPU's stage and TP rank
+    host_bytes: Any = 0.0  # host memory per node the offloads need (advisor/parallel/offload.py)
 
 
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
@@ -102,18 +107,25 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
-    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute)
+    pol = policy_mix(w, c, mesh, layers)
+    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, pol)
     head = compute.head_times(w, tokens, mesh.tp)
     tp = tensor.time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
-    hosts = host.layer_host_times(w, mesh.tp, c.recompute)
+    hosts = host.layer_host_times(w, mesh.tp, pol)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
-                     recompute_s=lt.recompute_s + np.where(c.recompute == Recompute.full.code, 2.0 * tp.per_layer_collective_s, 0.0))
+                     recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
-    states = data.model_states(w, c, mesh, layers)
+    on_gpu = data.model_states(w, c, mesh, layers)
+    states = offload.apply(w, c, on_gpu, layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
+    kept, full = saved_per_token(w, c, mesh, pol)
+    off = offload.time(w, c, mesh, states, on_gpu, pol, full * tokens, layers, windows.fwd_s, windows.bwd_s)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
+    host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
+    on_cpu = offload.codes(c)[0]
     body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
@@ -121,10 +133,11 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
+        optimizer=np.where(on_cpu, 0.0, optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master)),
+        offload=off.exposed_s)
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
-    model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
-    return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
+    model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
+    return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
@@ -138,7 +151,7 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
         host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
 
 
-def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
+def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[Any, Any]:
     """(model FLOPs, hardware FLOPs) per step (module docstring)."""
     m, layer = w.model, w.layer
     per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
@@ -148,6 +161,5 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
     executed = {"attention/core": executed_core, "elementwise": 0.0, **{lin.name: lin.flops_per_token for lin in layer.linears}}
     selective = sum(executed[op] for op in w.selective_recomputes)
-    rc = np.where(c.recompute == Recompute.full.code, executed_layer,
-                  np.where(c.recompute == Recompute.selective.code, selective, 0.0))
+    rc = rerun(pol, executed_layer, selective)
     return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step

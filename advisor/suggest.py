@@ -6,7 +6,8 @@ other GPU counts (doubling, then bisecting in whole nodes), shorter sequences an
 more GPU memory, and names the first that fits. When constraints rather than memory reject every
 plan, it names the constraints and their counts.
 
-Deliberately left out: CPU/NVMe offload (not modelled), changing the model.
+Deliberately left out: CPU/NVMe offload (the search itself proposes it where the profile has a host side),
+changing the model.
 """
 
 from __future__ import annotations

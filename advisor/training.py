@@ -91,6 +91,10 @@ class Recompute(Coded):
     none = "none"
     selective = "selective"  # Korthikanti et al. 2022: recompute the attention core only
     full = "full"  # keep only each layer's input; rerun the layer forward in backward
+    # (the policies below: advisor/recompute.py; codes are positions, so they are only ever appended)
+    block = "block"  # Megatron --recompute-method block: the first recompute_layers layers of each stage chunk full
+    every_k = "every-k"  # every recompute_layers-th layer full, the rest kept (torchtitan's selective layer AC)
+    offload = "offload"  # every saved tensor copied to host memory and back (torch.autograd.graph.save_on_cpu)
 
 
 class TrainingSetup(Spec):
@@ -102,6 +106,9 @@ class TrainingSetup(Spec):
     optimizer: Optimizer = Optimizer.adamw
     attention: Attention = Attention.sdpa
     recompute: Recompute = Recompute.none
+    recompute_layers: int = Field(default=1, ge=1, le=100_000, description=(
+        "full: layers per checkpointed group (Megatron --recompute-method uniform --recompute-num-layers); block: "
+        "layers recomputed per stage chunk; every-k: k"))
     stack: str = Field(default="auto", min_length=1, max_length=4096,
                        description="training stack profile (advisor stacks) or a path to one; auto: see advisor.api")
 

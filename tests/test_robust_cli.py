@@ -97,7 +97,8 @@ BAD_OPTIONS = [
     (["plan", "--model", "llama3-405b", "--hw", "titan-rtx-pcie", "--gpus", "2", "--seq", "1024"],
      ["no plan fits llama3-405b on 2x titan-rtx-pcie", "it fits on --gpus"]),
     (["plan", "--model", "llama3-405b", "--hw", "titan-rtx-pcie", "--gpus", "2", "--json"], ["no plan fits"]),
-    (["plan", "--model", "llama3-405b", "--hw", "dgx-a100", "--gpus", "1", "--export", "deepspeed"], ["no plan fits", "nothing to export"]),
+    # (on a profile without a host side: dgx-a100 now fits 405B on one GPU with ZeRO-Infinity's NVMe offload)
+    (["plan", "--model", "llama3-405b", "--hw", "titan-rtx-pcie", "--gpus", "1", "--export", "deepspeed"], ["no plan fits", "nothing to export"]),
     (["plan", *P[1:], "--export", "deepspeed", "--out", "/nonexistent/dir/ds.json"], ["directory /nonexistent/dir does not exist"]),
     (["export", *X[1:5]], ["Missing option '--format'"]),
     ([*X, "--gpus", "8", "--tp", "3"], ["not divisible by tp x pp = 3 x 1"]),
@@ -159,10 +160,13 @@ def test_a_too_large_search_space_is_refused_not_attempted(tmp_path):
 
 def test_no_fit_suggestion_is_specific_and_right():
     """The suggested GPU count really fits, and one node fewer does not (bisected in whole nodes)."""
+    from advisor.hardware import load_hardware
     from advisor.search import plan
 
     tried("plans")
-    res = plan("llama2-70b", "dgx-a100", gpus=8, seq=4096, global_batch=1024)
+    # without the host side (offload would fit it on one node: ZeRO-3 with parameters in host memory)
+    hw = load_hardware("dgx-a100").model_copy(update={"host": None})
+    res = plan("llama2-70b", hw, gpus=8, seq=4096, global_batch=1024)
     assert not res.plans
     from advisor.suggest import suggest_fix
 
@@ -170,7 +174,7 @@ def test_no_fit_suggestion_is_specific_and_right():
     m = re.search(r"it fits on --gpus ([\d,]+)", msg)
     assert m, msg
     n = int(m.group(1).replace(",", ""))
-    assert plan("llama2-70b", "dgx-a100", gpus=n, seq=4096, global_batch=1024, top=1).plans
+    assert plan("llama2-70b", hw, gpus=n, seq=4096, global_batch=1024, top=1).plans
     assert n > 8 and n % 8 == 0
 
 

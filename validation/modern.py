@@ -6,8 +6,8 @@ predicted to fit; their tokens per second per GPU are compared, per source.
 Each row is estimated as a user of that run would ask: the stack it ran on (``--stack llm-foundry`` or
 ``torchtitan``), its model's shape (MPT: GPT-style with biases, learned positions and tied embeddings, which
 reproduces the parameter counts its tables log), its plan and batch, bf16-mixed, SDPA. torchtitan's per-layer
-checkpointing ("selective layer": every second block) has no name in advisor yet: those rows are counted as
-rejected, with the reason.
+checkpointing ("selective layer": selective_ac_option "2", every second block) is the every-k policy with k = 2
+(advisor/recompute.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from validation.validate import DatasetReport, Point, _estimate, _report, ape_st
 # the stack each source's runs ran on; llm-foundry's tables were swept with v0.0.4 (FlashAttention 1)
 STACKS = {"Composer": "llm-foundry-2023", "torchtitan": "torchtitan"}
 HARDWARE = {"NVIDIA A100 40GB": "mosaicml-a100-40gb", "NVIDIA A100 80GB": "dgx-a100"}
-RECOMPUTE = {"none": "none", "full": "full", "full (activation checkpointing)": "full", "selective op": "selective"}
+RECOMPUTE = {"none": "none", "full": "full", "full (activation checkpointing)": "full", "selective op": "selective",
+             "selective layer": "every-k"}
+# torchtitan mid-2024's documented selective layer option, "2": every second block (its performance.md rows)
+EVERY_K = {"selective layer": 2}
 
 
 def load_modern_runs() -> list[dict]:
@@ -54,7 +57,7 @@ def estimate_kwargs(run: dict) -> Optional[dict[str, Any]]:
     return dict(model=model_spec(run), hw=HARDWARE[hw["gpu"]], gpus=hw["num_gpus"], dp=p["dp"], tp=p["tp"], pp=p["pp"],
                 fsdp="full-shard", micro_batch=b["micro_batch_per_gpu"], global_batch=b["global_batch_seqs"],
                 seq=run["model"]["seq_len"], precision="bf16-mixed", attention="sdpa", recompute=recompute,
-                stack=source_of(run))
+                recompute_layers=EVERY_K.get(p["activation_recompute"], 1), stack=source_of(run))
 
 
 def measured_tokens_per_s_per_gpu(run: dict) -> float:
@@ -69,7 +72,7 @@ def validate_modern() -> DatasetReport:
     for r in runs:
         kw = estimate_kwargs(r)
         if kw is None:
-            rejected[f"{r['parallelism']['activation_recompute']} checkpointing (every k-th block) is not modelled"] += 1
+            rejected[f"{r['parallelism']['activation_recompute']} checkpointing is not modelled"] += 1
             continue
         est = _estimate(kw, rejected)
         if est is None:

@@ -50,6 +50,12 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     if setup.precision is Precision.fp8_mixed:
         cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
     cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
+    if setup.recompute.value in ("block", "every-k", "offload"):
+        notes.append({"block": f"block recompute: checkpoint the first {setup.recompute_layers} layers in the script",
+                      "every-k": f"every-k recompute: model.gradient_checkpointing_enable() with every_n_layers="
+                                 f"{setup.recompute_layers} (Hugging Face) in the script",
+                      "offload": "activation offload: wrap the forward in torch.autograd.graph.save_on_cpu(pin_memory=True) "
+                                 "(Hugging Face gradient_checkpointing_enable offload) in the script"}[setup.recompute.value])
     if setup.recompute == "selective":
         notes.append("selective recompute is chosen in the model code (checkpoint the attention core); "
                      "accelerate has no switch for it")
@@ -68,6 +74,9 @@ def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: 
     """distributed_type and its plugin's keys: NO, MULTI_GPU, DEEPSPEED (ZeRO-1) or FSDP (ZeRO-2/3, HSDP)."""
     if world_size == 1 and plan.zero == 0:
         return {"distributed_type": "NO"}
+    if plan.offload.value not in ("none", "params-cpu") or (plan.offload.value == "params-cpu" and plan.zero != 3):
+        raise ExportError(f"accelerate's FSDP offloads parameters to the CPU only (fsdp_offload_params), not "
+                          f"{plan.offload.value}: use --format deepspeed")
     if plan.zero == 0:
         return {"distributed_type": "MULTI_GPU"}
     if plan.zero == 1:
@@ -83,7 +92,10 @@ def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: 
     return {"distributed_type": "FSDP",
             "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": strategy,
                             "fsdp_reshard_after_forward": strategy,
-                            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_offload_params": False,
+                            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                            # FSDP's CPUOffload(offload_params=True): parameters, gradients and the optimizer step on
+                            # the CPU (the advisor's params-cpu)
+                            "fsdp_offload_params": plan.offload.value == "params-cpu",
                             "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
                             "fsdp_use_orig_params": True, "fsdp_sync_module_states": True,
                             "fsdp_cpu_ram_efficient_loading": True,

@@ -52,12 +52,19 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
         "zero_optimization": zero,
     }
     cfg.update(_precision(plan, setup, notes))
+    zero.update(_offload(plan, notes))
     if setup.recompute != "none":
+        k = setup.recompute_layers
         cfg["activation_checkpointing"] = {"partition_activations": bool(plan.sp and plan.tp > 1),
-                                           "contiguous_memory_optimization": False, "cpu_checkpointing": False,
+                                           "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": setup.recompute == "offload",
                                            "synchronize_checkpoint_boundary": False, "profile": False}
-        notes.append(f"{setup.recompute} recompute: the model must call deepspeed.checkpointing.checkpoint "
-                     + ("per layer" if setup.recompute == "full" else "around the attention core"))
+        where = {"full": f"around each group of {k} layer(s)", "selective": "around the attention core",
+                 "block": f"around each of the first {k} layers of each stage chunk",
+                 "every-k": f"around every {k}-th layer",
+                 "offload": "per layer with cpu_checkpointing (its checkpoints move to host memory; the advisor "
+                            "costs every saved tensor offloaded: torch.autograd.graph.save_on_cpu)"}[setup.recompute.value]
+        notes.append(f"{setup.recompute} recompute: the model must call deepspeed.checkpointing.checkpoint {where}")
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         notes.append(f"tp={plan.tp} via DeepSpeed AutoTP training (tensor_parallel.autotp_size); "
@@ -69,6 +76,24 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
         if plan.schedule == "interleaved":
             raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule: use --format megatron")
     return cfg, notes
+
+
+def _offload(plan: Plan, notes: list[str]) -> dict[str, Any]:
+    """ZeRO-Offload / ZeRO-Infinity: offload_optimizer and offload_param (deepspeed/runtime/zero/offload_config.py;
+    pin_memory on, as DeepSpeed defaults it); NVMe needs nvme_path, a mount on the node's NVMe drives."""
+    o = plan.offload.value
+    if o == "none":
+        return {}
+    device = "nvme" if o.endswith("nvme") else "cpu"
+    section = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        section["nvme_path"] = "/local_nvme"
+        notes.append("offload to NVMe: set nvme_path to a directory on the node's local NVMe drives (/raid on a DGX)")
+    out = {"offload_optimizer": dict(section)}
+    if plan.offload.params:
+        out["offload_param"] = dict(section)
+    notes.append("the optimizer runs on the CPU: DeepSpeedCPUAdam (deepspeed.ops.adam), built on first use")
+    return out
 
 
 def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, Any]:

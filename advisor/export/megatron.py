@@ -46,10 +46,12 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
         a += ["--num-layers-per-virtual-pipeline-stage", model.n_layers // (plan.pp * plan.virtual_stages)]
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
-    if setup.recompute == "full":
-        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
-    elif setup.recompute == "selective":
-        a += ["--recompute-granularity", "selective"]
+    a += _recompute(model, plan, setup)
+    if plan.offload.value != "none":
+        # Megatron's --optimizer-cpu-offload runs under its distributed optimizer (ZeRO-1) with the precision-aware
+        # optimizer (megatron/training/arguments.py), not under the ZeRO-2/3 engines the advisor costs offload in
+        raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
+                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
     a += _model_shape(model)
@@ -72,6 +74,23 @@ def _unwritten(model: ModelSpec) -> list[str]:
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
              "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias}
     return [name for name, present in found.items() if present]
+
+
+def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
+    """--recompute-granularity/--recompute-method/--recompute-num-layers for the plan's checkpointing policy
+    (megatron/core/transformer/transformer_block.py: uniform checkpoints groups of k layers, block the first k of
+    each stage chunk)."""
+    r, k = setup.recompute.value, setup.recompute_layers
+    if r == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", k]
+    if r == "block":
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", k]
+    if r == "selective":
+        return ["--recompute-granularity", "selective"]
+    if r != "none":
+        raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
+                          "full, block or selective, or another --format")
+    return []
 
 
 def _model_shape(model: ModelSpec) -> list:

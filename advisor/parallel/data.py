@@ -31,9 +31,9 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
-from advisor.layout import DataParallelKind
+from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import pipeline, zero3
-from advisor.training import Recompute
+from advisor.recompute import mix
 from advisor.units import MiB
 from advisor.workload import Workload
 
@@ -201,20 +201,22 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
         on = np.broadcast_to(zero >= 3, z3.shape)
         pick = (lambda x: np.broadcast_to(x, z3.shape)[on])  # noqa: E731
         sub = LayerTimes(*(pick(getattr(inline, f)) for f in LayerTimes.__dataclass_fields__))
+        v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
+        rerun = mix(c.recompute, c.recompute_k, layers, v, w.model.n_layers).full  # checkpointed layers' share
         z = w.stack.engine.zero3_calls
         if z is None:  # one call per pass, shared out over the sub-modules
-            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(c.recompute), pick(ag_unit), pick(rs_unit)))
+            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
         else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
             calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
                                           pick(states.weight_bytes), pick(states.reduce_bytes),
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
-            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(c.recompute), calls))
+            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls))
     else:
         z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
     return np.where(zero >= 3, z3, z2)
 
 
-def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, recompute: Any, ag_layer: Any,
+def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
                             rs_layer: Any) -> tuple[Any, Any]:
     """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
     parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
@@ -246,10 +248,10 @@ def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, recompute:
 
     next_gather = [ag[(k + 1) % 4] for k in range(4)]
     fwd = exposed(lt.fwd_s, next_gather)
-    rcp = exposed(lt.recompute_s, next_gather)
+    # the checkpointed share ``rerun`` of the layers gathers again while it is recomputed, each over its forward
+    rcp = rerun * exposed(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), next_gather)
     bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
-    full = np.asarray(recompute) == Recompute.full.code
-    return layers * fwd + ag[0], layers * (np.where(full, rcp, 0.0) + bwd)
+    return layers * fwd + ag[0], layers * (rcp + bwd)
 
 
 def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any) -> Any:

@@ -28,7 +28,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.training import Recompute
+from advisor.recompute import mix
 from advisor.workload import Workload
 
 # collectives per layer and micro-batch: 2 forward, 2 backward, 2 more in a recomputed forward
@@ -89,7 +89,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> Te
     ag_rs = (comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp)
              + comm.collective_time(Collective.reduce_scatter, tp, act, hw, mesh.tp_per_node, where=on & sp))
     per = np.where(sp, ag_rs, ar)
-    n = LAYER_COLLECTIVES + np.where(c.recompute == Recompute.full.code, RECOMPUTE_COLLECTIVES, 0.0)
+    rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
+    n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES
     loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
                               layers_s=np.where(on, layers * n * per, 0.0),

@@ -34,7 +34,6 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.model.layer import Split
 from advisor.stack import Zero3Calls
-from advisor.training import Recompute
 from advisor.units import us
 from advisor.workload import Workload
 
@@ -134,10 +133,11 @@ def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: 
     return SubModuleCalls(gather, reduce, gathered, root_ag, root_rs)
 
 
-def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, recompute: Any,
+def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
             calls: SubModuleCalls) -> tuple[Any, Any]:
     """Exposed gather and reduce-scatter seconds per micro-batch (forward, backward) on the busiest stage; ``lt`` is
-    one layer's GPU time with its TP collectives in line. Sub-module k's compute is its share of the layer's GEMM
+    one layer's GPU time with its TP collectives in line, ``rerun`` the checkpointed share of the layers (each
+    gathers again while it is recomputed, over its own forward). Sub-module k's compute is its share of the layer's GEMM
     FLOPs (proportional to its weights), the first one also carrying the attention core and half the element-wise
     work, the first MLP one the other half."""
     params = np.array(list(w.layer.module_weights().values()), dtype=float)
@@ -169,7 +169,7 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, recompute: 
         return t
 
     fwd_order, bwd_order = list(range(n)), list(range(n - 1, -1, -1))
-    full = np.asarray(recompute) == Recompute.full.code
     fwd = layers * one_pass(lt.fwd_s, fwd_order, False) + calls.root_gather_s
-    bwd = layers * (np.where(full, one_pass(lt.recompute_s, fwd_order, False), 0.0) + one_pass(lt.bwd_s, bwd_order, True))
+    rcp = rerun * one_pass(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), fwd_order, False)
+    bwd = layers * (rcp + one_pass(lt.bwd_s, bwd_order, True))
     return fwd, bwd + calls.root_gather_s + calls.root_reduce_s

@@ -1,0 +1,174 @@
+"""Offload: model states kept in host memory or on NVMe, and activations copied to host memory.
+
+- **ZeRO-Offload** (``optimizer-cpu``; Ren et al. 2021, "ZeRO-Offload: Democratizing Billion-Scale Model Training",
+  s.4): the fp32 master weights, Adam's momentum and variance and the fp32 gradients live in host memory, the
+  optimizer step runs on the CPU (DeepSpeed's CPU Adam); the GPU keeps the half-precision weights. Per step each
+  GPU sends its partition's half-precision gradients down (2 bytes a parameter) and receives the updated
+  half-precision parameters (2 bytes): for one GPU 2M + 2M = 4M bytes over PCIe for M parameters (the paper's
+  communication volume, s.4.1: "4M"). The gradient copies overlap the backward that produces them (DeepSpeed
+  copies each reduced bucket as backward proceeds, once per micro-batch: it accumulates on the CPU); the CPU step
+  and the parameter copy do not overlap the GPU (DeepSpeed offers no delayed parameter update).
+- **ZeRO-Infinity** (Rajbhandari et al. 2021, "ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep
+  Learning"): ``optimizer-nvme`` keeps the optimizer states on the node's NVMe, read and written once a step around
+  the CPU step (swapped a sub-group at a time, overlapped with it: the longer of the two); ``params-cpu`` /
+  ``params-nvme`` (ZeRO-3's ``offload_param``) also keep the half-precision parameters there: every gather of a
+  micro-batch (forward, backward, and the recomputed forward) first copies the GPU's partition up over PCIe
+  (prefetched behind the pass's compute), and the step writes the new parameters in place (no upload).
+- **FSDP CPU offload** (``params-cpu`` in an FSDP stack: CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy):
+  the same movement; its optimizer step is torch's CPU optimizer, at the per-core rate `advisor calibrate
+  --host` measures (``engine.offload_optimizer: torch``).
+- **Activation offload** (the ``offload`` checkpointing policy, advisor/recompute.py): each layer's saved tensors
+  down in forward and up in backward, on the compute stream.
+
+The node's CPU, host memory and NVMe are shared by the ranks on it. Left out: pinned-buffer staging copies, the
+CPU's own gradient clipping and overflow checks, NVMe capacity beyond the states, delayed parameter update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from advisor.candidates import Candidates, Mesh
+from advisor.hardware import Hardware
+from advisor.layout import Offload
+from advisor.parallel.data import ModelStates
+from advisor.recompute import Mix
+from advisor.stack import Stack
+from advisor.workload import Workload
+
+HALF = 2.0  # bytes of a half-precision gradient or parameter on the wire (the ZeRO-Offload paper's fp16)
+FP32_GRAD = 4.0  # the fp32 gradient partition DeepSpeed accumulates in host memory (stage_1_and_2.py, cpu_offload)
+# torch's CPU AdamW (foreach/for-loop) against its fused kernel on one core: 0.14 vs 0.70 Gparams/s measured by
+# `advisor calibrate --host` here (AMD EPYC, torch 2.13): FSDP's CPU step runs the former
+TORCH_CPU_ADAM_SLOWDOWN = 0.70 / 0.14
+NO_HOST = "no host side in the hardware profile: offload is not costed (add host: to the profile)"
+
+
+def codes(c: Candidates) -> tuple[Any, Any, Any]:
+    """(optimizer states offloaded, parameters offloaded, to NVMe) per plan."""
+    off = np.asarray(c.offload)
+    params = (off == Offload.params_cpu.code) | (off == Offload.params_nvme.code)
+    nvme = (off == Offload.optimizer_nvme.code) | (off == Offload.params_nvme.code)
+    return off > 0, params, nvme
+
+
+def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[str, Any]:
+    opt, params, nvme = codes(c)
+    from advisor.training import Recompute  # noqa: PLC0415 (a leaf enum)
+
+    act = np.asarray(c.recompute) == Recompute.offload.code
+    out = {
+        NO_HOST: (opt | act) & (hw.host is None),
+        "no NVMe in the hardware profile's host side": nvme & (hw.host is not None and not hw.host.has_nvme),
+        "offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)": opt & (np.asarray(c.zero) < 2),
+        "offloading parameters needs ZeRO-3 / FULL_SHARD": params & (np.asarray(c.zero) != 3),
+        # DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/engine.py:77)
+        "offload with pipeline parallelism is not costed": opt & (c.pp > 1),
+        "offload with HYBRID_SHARD or nn.DataParallel is not costed": opt & (np.asarray(c.hybrid, dtype=bool) | (c.dp_kind != 0)),
+    }
+    if stack is not None:
+        for o in Offload:
+            if o is not Offload.none and o.value not in stack.engine.offloads:
+                out[f"{stack.name} does not offload {o.value}"] = np.asarray(c.offload) == o.code
+    return out
+
+
+def ranks_per_node(hw: Hardware, mesh: Mesh) -> Any:
+    """Ranks sharing one node's CPU, host memory and NVMe."""
+    return np.minimum(hw.gpus_per_node, mesh.dp * mesh.tp * mesh.pp)
+
+
+def apply(w: Workload, c: Candidates, states: ModelStates, layers: Any) -> ModelStates:
+    """The GPU's model states with the offloaded ones gone: the optimizer states, the step's temporaries and the
+    gradient partition (DeepSpeed's estimate_zero2_model_states_mem_needs: 2 bytes a parameter on the GPU with
+    cpu_offload), and under parameter offload the weights but the two units gathered at a time."""
+    opt, params, _ = codes(c)
+    if not opt.any():
+        return states
+    unit = w.layer.rank_params(np.asarray(c.tp, dtype=float)) * states.weight_bytes
+    return replace(states, optimizer_states=np.where(opt, 0.0, states.optimizer_states),
+                   step_temporaries=np.where(opt, 0.0, states.step_temporaries),
+                   grads=np.where(opt, 0.0, states.grads),
+                   weights=np.where(params, 0.0, states.weights),
+                   gathered=np.where(params, np.maximum(states.gathered, np.minimum(2.0 * unit, states.params
+                                                                                     * states.weight_bytes)), states.gathered))
+
+
+def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from_states: ModelStates, kept_full: Any,
+               tokens: Any, in_flight_layers: Any, pol: Mix) -> Any:
+    """Host memory one node needs for its ranks' offloaded states and activations (``from_states``: before apply)."""
+    opt, params, nvme = codes(c)
+    shard = states.params / mesh.dp_shard
+    per_param = np.where(nvme, FP32_GRAD, from_states.optimizer_states / np.maximum(shard, 1.0) + FP32_GRAD)
+    per_param = per_param + np.where(params & ~nvme, states.weight_bytes, 0.0)
+    model = np.where(opt, shard * per_param, 0.0)
+    acts = np.where(pol.offload, kept_full * tokens * in_flight_layers, 0.0)
+    return (model + acts) * ranks_per_node(w.hw, mesh)
+
+
+@dataclass(frozen=True)
+class OffloadTime:
+    """Seconds per step the offloads add beyond what overlaps with the GPU's work."""
+
+    pcie_down_bytes: Any  # per step, per GPU
+    pcie_up_bytes: Any
+    cpu_step_s: Any
+    exposed_s: Any
+
+
+def pcie_bytes(c: Candidates, shard_params: Any, passes: Any) -> tuple[Any, Any]:
+    """(down, up) bytes per step one GPU moves over PCIe for its offloaded model states: half-precision gradients
+    down every micro-batch; parameters up after the step (optimizer offload), or for every gather pass of every
+    micro-batch (parameter offload). One GPU, one micro-batch, M parameters: 2M + 2M (Ren et al. 2021)."""
+    opt, params, _ = codes(c)
+    ga = np.asarray(c.grad_accum, dtype=float)
+    down = np.where(opt, ga * HALF * shard_params, 0.0)
+    up = np.where(params, ga * passes * HALF * shard_params, np.where(opt, HALF * shard_params, 0.0))
+    return down, up
+
+
+def cpu_step_time(w: Workload, shard_params: Any, ranks: Any) -> Any:
+    """The CPU optimizer step on one GPU's partition, the node's CPU shared by its ranks (they step together)."""
+    rate = w.hw.host.cpu_adam_params_per_s if w.hw.host is not None else np.inf
+    if w.stack.engine.offload_optimizer == "torch":
+        rate = rate / TORCH_CPU_ADAM_SLOWDOWN
+    return shard_params * ranks / rate
+
+
+def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: ModelStates, pol: Mix,
+         act_bytes_per_layer: Any, layers: Any, fwd_window: Any, bwd_window: Any) -> OffloadTime:
+    """Per step: the exposed PCIe copies, the CPU step, NVMe traffic, activation offload's copies (``on_gpu``: the
+    states before offload, whose optimizer bytes the NVMe swaps)."""
+    hw = w.hw
+    zeros = np.zeros(np.shape(states.params))
+    if hw.host is None:
+        return OffloadTime(zeros, zeros, zeros, zeros)
+    opt, params, nvme = codes(c)
+    ga = np.asarray(c.grad_accum, dtype=float)
+    host, ranks = hw.host, ranks_per_node(hw, mesh)
+    shard = states.params / mesh.dp_shard
+    passes = 2.0 + pol.full  # forward, backward, and the checkpointed layers' recomputed forward
+    down, up = pcie_bytes(c, shard, passes)
+    pcie = host.pcie_bytes_per_s
+    cpu = np.where(opt, cpu_step_time(w, shard, ranks), 0.0)
+    if host.has_nvme:  # the states read and written around the step by every rank of the node, overlapped with it
+        states_b = np.where(nvme, ranks * on_gpu.optimizer_states, 0.0)
+        swap = states_b / (host.nvme_read_GBps * 1e9) + states_b / (host.nvme_write_GBps * 1e9)
+        step = np.maximum(cpu, swap)
+        # parameters read from NVMe for every gather pass, by every rank of the node
+        nvme_params = np.where(params & nvme, ranks * passes * HALF * shard / (host.nvme_read_GBps * 1e9), 0.0)
+    else:
+        step, nvme_params = cpu, 0.0
+    # as ZeRO's gathers (advisor.parallel.data.zero_exposed_per_micro_batch): the last layer's gradient copy and the
+    # first layer's fetch have no compute to hide behind, the rest hides behind the pass up to its length
+    units = np.maximum(np.asarray(layers, dtype=float), 1.0)
+    grads_mb = np.where(opt, HALF * shard / pcie, 0.0)
+    exposed_grads = ga * np.maximum(grads_mb - bwd_window, grads_mb / units)
+    fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
+    exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
+    upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)
+    acts = np.where(pol.offload, ga * 2.0 * act_bytes_per_layer * layers / pcie, 0.0)
+    return OffloadTime(down, up, step, exposed_grads + exposed_fetch + step + upload + acts)
