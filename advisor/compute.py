@@ -45,11 +45,12 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
     """GPU seconds of a recipe's low-precision GEMMs: the format's peak at the recipe's calibrated efficiency (its
     half dims and fixed time those of the format where the profile gives none for the recipe)."""
     e, key = hw.efficiency, recipe_key(hw, r)
-    h0 = e.matmul_half_dim.get(key, e.matmul_half_dim.get(r.format, 0.0))
+    # a format the profile gives no shape terms for (fp4) takes the BF16 kernels' (the same tile shapes and launch)
+    h0 = next((e.matmul_half_dim[x] for x in (key, r.format, "bf16") if x in e.matmul_half_dim), 0.0)
     n = np.asarray(n, dtype=float)
     k = np.asarray(k, dtype=float)
     eff = e.matmul_max[key] * n / (n + h0) * k / (k + h0)
-    fixed = e.matmul_fixed_us.get(key, e.matmul_fixed_us.get(r.format, 0.0)) * 1e-6 * kernels
+    fixed = next((e.matmul_fixed_us[x] for x in (key, r.format, "bf16") if x in e.matmul_fixed_us), 0.0) * 1e-6 * kernels
     return flops / (hw.gpu.peak_flops_per_s(r.format) * eff) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
 

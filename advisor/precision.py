@@ -22,6 +22,10 @@ writes per element in training, both orientations (the GEMM-ready copy and the t
 backward GEMMs read), counted from the kernels the recipe runs; ``gemm_quantise_bytes`` is one operand in one
 orientation, as a per-GEMM benchmark quantises it (Transformer Engine's benchmarks/gemm/benchmark_gemm.py
 "autocast" mode, lowprec_runs.yaml's te-gemm-* rows).
+
+Saved inputs: only NVFP4 keeps its linears' inputs quantised for backward here. The FP8 recipes are costed as
+keeping BF16 inputs, as torchao's measured runs show (reference/lowprec_runs.yaml: tensorwise, rowwise and MXFP8 on
+H100 and B200 hold the BF16 run's peak within 0.5%); Transformer Engine's own FP8 input caching is not modelled.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Recipe:
     gemm_quantise_bytes: float  # a per-GEMM benchmark: one operand, one orientation
     needs_block_scaling: bool  # the GEMM applies per-block scales in the tensor core (Blackwell, sm_100+)
     bf16_edge_layers: int  # decoder layers at the start and at the end the stack keeps in BF16 (each side)
+    saves_quantised_inputs: bool  # backward's wgrad reads the quantised input kept from forward, not a BF16 copy
     aliases: tuple[str, ...]
     source: str
 
@@ -87,34 +92,35 @@ _BLOCK_Q = 2.0 + 2.0 * (1.0 + 4.0 / 128)
 _FP4_Q = 4.0 + 2.0 * (0.5 + 1.0 / 16)
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
-    Recipe("fp8-tensorwise", "fp8", PASSES, "per tensor, scale from the current amax", 0, 4.0, 1.0, 6.0, 5.0, False, 0,
+    Recipe("fp8-tensorwise", "fp8", PASSES, "per tensor, scale from the current amax", 0, 4.0, 1.0, 6.0, 5.0, False, 0, False,
            ("fp8-current", "tensorwise", "current", "float8currentscaling"),
            "TE Float8CurrentScaling (HYBRID: E4M3 forward, E5M2 gradients); torchao Float8LinearConfig() "
            "TENSORWISE (all three GEMMs in float8); Megatron --fp8-recipe tensorwise"),
-    Recipe("fp8-delayed", "fp8", PASSES, "per tensor, scale from the amax history", 0, 4.0, 1.0, 4.0, 3.0, False, 0,
+    Recipe("fp8-delayed", "fp8", PASSES, "per tensor, scale from the amax history", 0, 4.0, 1.0, 4.0, 3.0, False, 0, False,
            ("delayed", "delayedscaling"),
            "TE DelayedScaling (amax_history_len 1024, HYBRID); Megatron --fp8-recipe delayed (its default)"),
-    Recipe("fp8-rowwise", "fp8", PASSES, "per row (axiswise), power-of-2 scales", 0, 4.0, 1.0, 10.0, 5.0, False, 0,
+    Recipe("fp8-rowwise", "fp8", PASSES, "per row (axiswise), power-of-2 scales", 0, 4.0, 1.0, 10.0, 5.0, False, 0, False,
            ("rowwise",),
            "torchao Float8LinearConfig.from_recipe_name('rowwise'): AXISWISE e4m3 input, weight and grad_output, "
            "round_scales_to_power_of_2; the CUTLASS row-wise kernel"),
-    Recipe("fp8-rowwise-gw-hp", "fp8", ("fprop", "dgrad"), "per row; wgrad in BF16", 0, 4.0, 1.0, 7.0, 5.0, False, 0,
+    Recipe("fp8-rowwise-gw-hp", "fp8", ("fprop", "dgrad"), "per row; wgrad in BF16", 0, 4.0, 1.0, 7.0, 5.0, False, 0, False,
            ("rowwise_with_gw_hp", "rowwise-gw-hp"),
            "torchao ROWWISE_WITH_GW_HP: cast_config_input_for_grad_weight and grad_output_for_grad_weight "
            "ScalingType.DISABLED, so grad_weight runs in high precision; one column-wise cast fewer (7)"),
     Recipe("fp8-blockwise", "fp8", PASSES, "1x128 activations and gradients, 128x128 weights (DeepSeek-V3)", 128, 4.0,
-           1.0, _BLOCK_Q, 3.0 + 4.0 / 128, False, 0, ("blockwise", "float8blockscaling"),
+           1.0, _BLOCK_Q, 3.0 + 4.0 / 128, False, 0, False, ("blockwise", "float8blockscaling"),
            "TE Float8BlockScaling: x_block_scaling_dim 1, w_block_scaling_dim 2, grad_block_scaling_dim 1, FP32 "
            "(power-of-2) scales; Megatron --fp8-recipe blockwise"),
     Recipe("mxfp8", "fp8", PASSES, "blocks of 32 along the reduction dimension, E8M0 scales", 32, 1.0, 1.0, _MX_Q,
-           3.0 + 1.0 / 32, True, 0, ("mxfp8blockscaling", "mxfp8_cublas", "mxfp8_rceil", "mxfp8-cublas"),
+           3.0 + 1.0 / 32, True, 0, False, ("mxfp8blockscaling", "mxfp8_cublas", "mxfp8_rceil", "mxfp8-cublas"),
            "TE MXFP8BlockScaling (E4M3, 32 consecutive values per E8M0 scale); torchao MXLinearConfig block_size 32; "
            "Megatron --fp8-recipe mxfp8"),
     Recipe("nvfp4", "fp4", PASSES, "blocks of 16 with E4M3 scales and an FP32 tensor scale; 16x16 weight blocks", 16,
-           1.0, 0.5, _FP4_Q, 4.0 + 0.5 + 1.0 / 16, True, 1, ("nvfp4blockscaling",),
+           1.0, 0.5, _FP4_Q, 4.0 + 0.5 + 1.0 / 16, True, 1, True, ("nvfp4blockscaling",),
            "TE NVFP4BlockScaling (E2M1; 2D 16x16 weight scaling, RHT on input/grad column-wise, stochastic rounding "
            "of gradients); Megatron --fp4-recipe nvfp4 with first_last_layers_bf16 (1 layer at each end, "
-           "transformer_config.py), as NVIDIA's NVFP4 recipe keeps the last layers in BF16 (arXiv 2509.25149)"),
+           "transformer_config.py), as NVIDIA's NVFP4 recipe keeps the last layers in BF16 (arXiv 2509.25149); wgrad "
+           "reads the column-wise NVFP4 input kept from forward, not a BF16 copy"),
 ]}
 
 # The precisions that are not recipes, under the names users type
