@@ -130,3 +130,19 @@ def test_plan_auto_ranks_recipes():
                                    "--precision", "auto"])
     assert res.exit_code == 0, res.output
     assert "mxfp8" not in res.output and "fp8-tensorwise" in res.output
+
+
+def test_calibrate_fits_a_recipe_against_its_format_peak():
+    """advisor calibrate's fp8-tensorwise rows (torch._scaled_mm) are fitted against the FP8 peak into
+    matmul_max['fp8-tensorwise']: rows made from a known efficiency give it back."""
+    from advisor.calibrate.compute import fit_efficiency
+
+    hw = load_hardware("dgx-h100")
+    peak = hw.gpu.peak_flops_per_s("fp8")
+    rows = []
+    for m, k, n in [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8192, 14336, 4096), (2048, 1024, 1024)]:
+        t = 2 * m * k * n / (peak * 0.65 * n / (n + 100) * k / (k + 100)) + 20e-6
+        rows.append({"kind": "matmul", "math": "fp8-tensorwise", "m": m, "k": k, "n": n, "time_s": t, "status": "ok"})
+    eff, _ = fit_efficiency(rows, hw)
+    assert eff.matmul_max["fp8-tensorwise"] == pytest.approx(0.65, rel=0.02)
+    assert eff.matmul_max["bf16"] == hw.efficiency.matmul_max["bf16"]  # nothing else moves
