@@ -146,3 +146,18 @@ def test_calibrate_fits_a_recipe_against_its_format_peak():
     eff, _ = fit_efficiency(rows, hw)
     assert eff.matmul_max["fp8-tensorwise"] == pytest.approx(0.65, rel=0.02)
     assert eff.matmul_max["bf16"] == hw.efficiency.matmul_max["bf16"]  # nothing else moves
+
+
+def test_low_precision_params_halve_the_weights_and_their_gathers():
+    """A stack that keeps FP8 weights (Megatron --fp8-param-gather) holds the layers' weights at 1 byte (+ scales)
+    instead of 2, and keeps one quantised copy fewer."""
+    from advisor.stack import load_stack
+
+    base = load_stack("megatron-deepspeed")
+    fp8p = base.model_copy(update={"engine": base.engine.model_copy(update={"low_precision_params": True})})
+    kw = dict(gpus=8, dp=8, zero=1, micro_batch=1, seq=4096, precision="fp8-tensorwise")
+    a = estimate("llama3-8b", "dgx-h100", stack=base, **kw).memory.parts
+    b = estimate("llama3-8b", "dgx-h100", stack=fp8p, **kw).memory.parts
+    layer_params = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336)  # Llama 3 8B's linears
+    assert a["weights"] - b["weights"] == pytest.approx(layer_params * 1.0, rel=0.01)  # 2 bytes -> 1 (tensorwise)
+    assert a["transient"] - b["transient"] == pytest.approx(layer_params * 1.0, rel=0.01)  # one cached copy fewer
