@@ -236,11 +236,13 @@ def bridge_kwargs(row: dict) -> Optional[dict]:
     model, hw, prec = BRIDGE_MODELS.get(row["Model"]), BRIDGE_HARDWARE.get(row["System"]), BRIDGE_PRECISION.get(row["Precision"])
     if model is None or hw is None or prec is None or row["task"] != "pretrain":
         return None
-    if row["CP"] not in ("", "1", "n/a") or row["FSDP"] not in ("", "n/a", "0"):
-        return None
+    if row["CP"] not in ("", "1", "n/a") or not (row["FSDP"] in ("", "n/a") or row["FSDP"].isdigit()):
+        return None  # context parallelism is not costed; "64 (0)" cells say two things
+    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1); an FSDP degree means Megatron-FSDP (ZeRO-3)
+    fsdp = row["FSDP"].isdigit() and int(row["FSDP"]) > 0
     gpus, tp, pp = int(row["#-GPUs"]), int(row["TP"] or 1), int(row["PP"] or 1)
     vp = row["VP"] if row["VP"] not in ("", "n/a") else None
-    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), zero=1,
+    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), zero=3 if fsdp else 1,
               micro_batch=int(row["MBS"]), global_batch=int(row["GBS"]), seq=int(row["Sequence Length"]),
               precision=prec, recompute="none", stack=BRIDGE_STACK)
     if tp > 1:
