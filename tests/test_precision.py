@@ -161,3 +161,22 @@ def test_low_precision_params_halve_the_weights_and_their_gathers():
     layer_params = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336)  # Llama 3 8B's linears
     assert a["weights"] - b["weights"] == pytest.approx(layer_params * 1.0, rel=0.01)  # 2 bytes -> 1 (tensorwise)
     assert a["transient"] - b["transient"] == pytest.approx(layer_params * 1.0, rel=0.01)  # one cached copy fewer
+
+
+@pytest.mark.parametrize("fmt, precision, expect", [
+    ("megatron", "fp8-tensorwise", "--fp8-recipe tensorwise"), ("megatron", "mxfp8", "--fp8-format e4m3"),
+    ("megatron", "nvfp4", "--first-last-layers-bf16"), ("accelerate", "fp8-tensorwise", "backend: AO"),
+    ("accelerate", "fp8-delayed", "backend: TE"),
+])
+def test_exports_write_the_recipe(fmt, precision, expect):
+    res = CliRunner().invoke(cli, ["export", "--format", fmt, "--model", "llama3-8b", "--hw", "aws-p6-b200", "--gpus",
+                                   "8", "--dp", "8", "--zero", "1", "--precision", precision])
+    assert res.exit_code == 0, res.output
+    assert expect in res.output
+
+
+@pytest.mark.parametrize("fmt, precision", [("megatron", "fp8-rowwise"), ("accelerate", "nvfp4")])
+def test_exports_refuse_a_recipe_the_launcher_cannot_run(fmt, precision):
+    res = CliRunner().invoke(cli, ["export", "--format", fmt, "--model", "llama3-8b", "--hw", "aws-p6-b200", "--gpus",
+                                   "8", "--dp", "8", "--zero", "1", "--precision", precision])
+    assert res.exit_code == 2 and precision in res.output and "Traceback" not in res.output
