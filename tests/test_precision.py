@@ -82,12 +82,11 @@ def _te(rid: str) -> dict:
 
 @pytest.mark.parametrize("profile, tag, recipe, te", [
     ("dgx-b300", "b300", "fp8-tensorwise", "FP8Current"), ("dgx-b300", "b300", "mxfp8", "MXFP8"),
-    ("dgx-b300", "b300", "nvfp4", "NVFP4"), ("dgx-b300", "b300", "fp8-delayed", "FP8Delayed"),
-    ("dgx-h100", "h200", "fp8-tensorwise", "FP8Current"), ("dgx-h100", "h200", "fp8-delayed", "FP8Delayed"),
+    ("dgx-b300", "b300", "nvfp4", "NVFP4"), ("dgx-h100", "h200", "fp8-tensorwise", "FP8Current"),
 ])
 def test_recipe_rates_reproduce_te_prequantised_speedups(profile, tag, recipe, te):
     """The calibration: one layer's 12 GEMMs of TE's 5B config, pre-quantised, run the measured speedup over BF16
-    (B300: FP8 current x1.923, delayed x1.613, MXFP8 x1.83, NVFP4 x3.481; H200 NVL: x1.905, x1.674)."""
+    (B300: FP8 current x1.923, MXFP8 x1.83, NVFP4 x3.481; H200 NVL: x1.905)."""
     hw = load_hardware(profile)
     all3 = ("fprop", "dgrad", "wgrad")
     measured = _te(f"te-gemm-{tag}-prequant-layer-total-{te}")["speedup_vs_bf16"]
@@ -221,3 +220,18 @@ def test_cast_time_grows_with_the_tokens(recipe, tokens):
     w = Workload.of(load_model("llama3-8b"), hw, load_stack("torchtitan"), TrainingSetup(precision=recipe))
     lin = w.layer.linears[0]
     assert linear_pass_times(w, lin, 2 * tokens, 1)[2] >= linear_pass_times(w, lin, tokens, 1)[2] > 0
+
+
+# B300: the profile's BF16 rate is the B200's (aws-p6-b200), 11% slower than TE's own B300 BF16 table (14.57 vs
+# 13.10 ms for the 12 GEMMs), and the recipes' rates are relative to it: the goal's 15% there, 5% on the H200 NVL
+@pytest.mark.parametrize("profile, tag, ms, tol", [("dgx-b300", "b300", 7.802, 0.15), ("h200-nvl", "h200", 18.978, 0.05)])
+def test_delayed_scaling_runs_current_scalings_gemm(profile, tag, ms, tol):
+    """Delayed and current scaling call the same per-tensor FP8 GEMM: one rate. With delayed scaling's single cast
+    pass (no amax pre-pass) one layer's 12 GEMMs then take TE's measured autocast time (B300 7.802 ms, H200 NVL
+    18.978 ms)."""
+    from validation.lowprec import h200_nvl
+
+    hw = h200_nvl() if profile == "h200-nvl" else load_hardware(profile)
+    assert hw.efficiency.matmul_max["fp8-delayed"] == hw.efficiency.matmul_max["fp8-tensorwise"]
+    assert _te(f"te-gemm-{tag}-autocast-layer-total-FP8Delayed")["time_ms"] == ms
+    assert te_layer_seconds(hw, "fp8-delayed", True, ("fprop", "dgrad", "wgrad")) * 1e3 == pytest.approx(ms, rel=tol)
