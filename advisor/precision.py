@@ -91,36 +91,45 @@ _MX_Q = 2.0 + 2.0 * (1.0 + 1.0 / 32)
 _BLOCK_Q = 2.0 + 2.0 * (1.0 + 4.0 / 128)
 _FP4_Q = 4.0 + 2.0 * (0.5 + 1.0 / 16)
 
+_FP8 = dict(format="fp8", low=PASSES, element_bytes=1.0, bf16_edge_layers=0, saves_quantised_inputs=False)
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
-    Recipe("fp8-tensorwise", "fp8", PASSES, "per tensor, scale from the current amax", 0, 4.0, 1.0, 6.0, 5.0, False, 0, False,
-           ("fp8-current", "tensorwise", "current", "float8currentscaling"),
-           "TE Float8CurrentScaling (HYBRID: E4M3 forward, E5M2 gradients); torchao Float8LinearConfig() "
-           "TENSORWISE (all three GEMMs in float8); Megatron --fp8-recipe tensorwise"),
-    Recipe("fp8-delayed", "fp8", PASSES, "per tensor, scale from the amax history", 0, 4.0, 1.0, 4.0, 3.0, False, 0, False,
-           ("delayed", "delayedscaling"),
-           "TE DelayedScaling (amax_history_len 1024, HYBRID); Megatron --fp8-recipe delayed (its default)"),
-    Recipe("fp8-rowwise", "fp8", PASSES, "per row (axiswise), power-of-2 scales", 0, 4.0, 1.0, 10.0, 5.0, False, 0, False,
-           ("rowwise",),
-           "torchao Float8LinearConfig.from_recipe_name('rowwise'): AXISWISE e4m3 input, weight and grad_output, "
-           "round_scales_to_power_of_2; the CUTLASS row-wise kernel"),
-    Recipe("fp8-rowwise-gw-hp", "fp8", ("fprop", "dgrad"), "per row; wgrad in BF16", 0, 4.0, 1.0, 7.0, 5.0, False, 0, False,
-           ("rowwise_with_gw_hp", "rowwise-gw-hp"),
-           "torchao ROWWISE_WITH_GW_HP: cast_config_input_for_grad_weight and grad_output_for_grad_weight "
-           "ScalingType.DISABLED, so grad_weight runs in high precision; one column-wise cast fewer (7)"),
-    Recipe("fp8-blockwise", "fp8", PASSES, "1x128 activations and gradients, 128x128 weights (DeepSeek-V3)", 128, 4.0,
-           1.0, _BLOCK_Q, 3.0 + 4.0 / 128, False, 0, False, ("blockwise", "float8blockscaling"),
-           "TE Float8BlockScaling: x_block_scaling_dim 1, w_block_scaling_dim 2, grad_block_scaling_dim 1, FP32 "
-           "(power-of-2) scales; Megatron --fp8-recipe blockwise"),
-    Recipe("mxfp8", "fp8", PASSES, "blocks of 32 along the reduction dimension, E8M0 scales", 32, 1.0, 1.0, _MX_Q,
-           3.0 + 1.0 / 32, True, 0, False, ("mxfp8blockscaling", "mxfp8_cublas", "mxfp8_rceil", "mxfp8-cublas"),
-           "TE MXFP8BlockScaling (E4M3, 32 consecutive values per E8M0 scale); torchao MXLinearConfig block_size 32; "
-           "Megatron --fp8-recipe mxfp8"),
-    Recipe("nvfp4", "fp4", PASSES, "blocks of 16 with E4M3 scales and an FP32 tensor scale; 16x16 weight blocks", 16,
-           1.0, 0.5, _FP4_Q, 4.0 + 0.5 + 1.0 / 16, True, 1, True, ("nvfp4blockscaling",),
-           "TE NVFP4BlockScaling (E2M1; 2D 16x16 weight scaling, RHT on input/grad column-wise, stochastic rounding "
-           "of gradients); Megatron --fp4-recipe nvfp4 with first_last_layers_bf16 (1 layer at each end, "
-           "transformer_config.py), as NVIDIA's NVFP4 recipe keeps the last layers in BF16 (arXiv 2509.25149); wgrad "
-           "reads the column-wise NVFP4 input kept from forward, not a BF16 copy"),
+    Recipe(name="fp8-tensorwise", **_FP8, granularity="per tensor, scale from the current amax", block=0,
+           scale_bytes=4.0, quantise_bytes=6.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("fp8-current", "tensorwise", "current", "float8currentscaling"),
+           source="TE Float8CurrentScaling (HYBRID: E4M3 forward, E5M2 gradients); torchao Float8LinearConfig() "
+                  "TENSORWISE (all three GEMMs in float8); Megatron --fp8-recipe tensorwise"),
+    Recipe(name="fp8-delayed", **_FP8, granularity="per tensor, scale from the amax history", block=0,
+           scale_bytes=4.0, quantise_bytes=4.0, gemm_quantise_bytes=3.0, needs_block_scaling=False,
+           aliases=("delayed", "delayedscaling"),
+           source="TE DelayedScaling (amax_history_len 1024, HYBRID); Megatron --fp8-recipe delayed (its default)"),
+    Recipe(name="fp8-rowwise", **_FP8, granularity="per row (axiswise), power-of-2 scales", block=0,
+           scale_bytes=4.0, quantise_bytes=10.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("rowwise",),
+           source="torchao Float8LinearConfig.from_recipe_name('rowwise'): AXISWISE e4m3 input, weight and "
+                  "grad_output, round_scales_to_power_of_2; the CUTLASS row-wise kernel"),
+    Recipe(name="fp8-rowwise-gw-hp", **{**_FP8, "low": ("fprop", "dgrad")}, granularity="per row; wgrad in BF16",
+           block=0, scale_bytes=4.0, quantise_bytes=7.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("rowwise_with_gw_hp", "rowwise-gw-hp"),
+           source="torchao ROWWISE_WITH_GW_HP: cast_config_input_for_grad_weight and grad_output_for_grad_weight "
+                  "ScalingType.DISABLED, so grad_weight runs in high precision; one column-wise cast fewer (7)"),
+    Recipe(name="fp8-blockwise", **_FP8, granularity="1x128 activations and gradients, 128x128 weights (DeepSeek-V3)",
+           block=128, scale_bytes=4.0, quantise_bytes=_BLOCK_Q, gemm_quantise_bytes=3.0 + 4.0 / 128,
+           needs_block_scaling=False, aliases=("blockwise", "float8blockscaling"),
+           source="TE Float8BlockScaling: x_block_scaling_dim 1, w_block_scaling_dim 2, grad_block_scaling_dim 1, "
+                  "FP32 (power-of-2) scales; Megatron --fp8-recipe blockwise"),
+    Recipe(name="mxfp8", **_FP8, granularity="blocks of 32 along the reduction dimension, E8M0 scales", block=32,
+           scale_bytes=1.0, quantise_bytes=_MX_Q, gemm_quantise_bytes=3.0 + 1.0 / 32, needs_block_scaling=True,
+           aliases=("mxfp8blockscaling", "mxfp8_cublas", "mxfp8_rceil", "mxfp8-cublas"),
+           source="TE MXFP8BlockScaling (E4M3, 32 consecutive values per E8M0 scale); torchao MXLinearConfig "
+                  "block_size 32; Megatron --fp8-recipe mxfp8"),
+    Recipe(name="nvfp4", format="fp4", low=PASSES,
+           granularity="blocks of 16 with E4M3 scales and an FP32 tensor scale; 16x16 weight blocks", block=16,
+           scale_bytes=1.0, element_bytes=0.5, quantise_bytes=_FP4_Q, gemm_quantise_bytes=4.0 + 0.5 + 1.0 / 16,
+           needs_block_scaling=True, bf16_edge_layers=1, saves_quantised_inputs=True, aliases=("nvfp4blockscaling",),
+           source="TE NVFP4BlockScaling (E2M1; 2D 16x16 weight scaling, RHT on input/grad column-wise, stochastic "
+                  "rounding of gradients); Megatron --fp4-recipe nvfp4 with first_last_layers_bf16 (1 layer at each "
+                  "end, transformer_config.py), as NVIDIA's NVFP4 recipe keeps the last layers in BF16 (arXiv "
+                  "2509.25149); wgrad reads the column-wise NVFP4 input kept from forward, not a BF16 copy"),
 ]}
 
 # The precisions that are not recipes, under the names users type

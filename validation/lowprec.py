@@ -221,9 +221,11 @@ def validate_lowprec() -> DatasetReport:
     extra = {}
     extra["speedup_mape_pct"], extra["speedup_max_ape_pct"] = ape_stats(speedups)
     extra["gemm_mape_pct"], extra["gemm_max_ape_pct"] = ape_stats(gemms)
-    extra["speedup_within_10_pct"] = 100.0 * np.mean([abs(p.error_pct) <= SPEEDUP_TOLERANCE_PCT for p in speedups]) if speedups else float("nan")
-    extra["tokens_within_15_pct"] = 100.0 * np.mean([abs(p.error_pct) <= TOKENS_TOLERANCE_PCT for p in points]) if points else float("nan")
-    extra["gemm_within_15_pct"] = 100.0 * np.mean([abs(p.error_pct) <= GEMM_TOLERANCE_PCT for p in gemms]) if gemms else float("nan")
+    def within(points: list[Point], tol: float) -> float:
+        return 100.0 * float(np.mean([abs(p.error_pct) <= tol for p in points])) if points else float("nan")
+    extra["speedup_within_10_pct"] = within(speedups, SPEEDUP_TOLERANCE_PCT)
+    extra["tokens_within_15_pct"] = within(points, TOKENS_TOLERANCE_PCT)
+    extra["gemm_within_15_pct"] = within(gemms, GEMM_TOLERANCE_PCT)
     notes = [f"speedup over BF16 {s.label}: predicted x{s.predicted:.3f}, measured x{s.measured:.3f} ({s.error_pct:+.1f}%)"
              for s in speedups]
     notes += [f"GEMM {g.label}: predicted {g.predicted:.4g}, measured {g.measured:.4g} ({g.error_pct:+.1f}%)"
