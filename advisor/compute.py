@@ -76,6 +76,20 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any) -> tuple[A
     return fprop + q_fwd, dgrad + wgrad + q_bwd, q_fwd
 
 
+def cast_seconds(w: Workload, tokens: Any, tp: Any) -> Any:
+    """GPU seconds one layer's quantisation kernels take for ``tokens`` tokens on one TP rank, forward and backward
+    (0 without a recipe): what `advisor plan --precision auto` reports as the recipe's price beside its GEMMs."""
+    if w.precision.recipe is None:
+        return 0.0
+    total = 0.0
+    for lin in w.layer.linears:
+        fwd, bwd, q_fwd = linear_pass_times(w, lin, tokens, tp)
+        # the backward's cast is the output gradient's: its share of the forward's casts by element count
+        n, k = lin.gemm_dims(tp)
+        total = total + q_fwd * (1.0 + tokens * n / (tokens * k + k * n))
+    return total
+
+
 def gemm_eff(hw: Hardware, math: str, n: Any, k: Any) -> Any:
     e = hw.efficiency
     key = math if math in e.matmul_max else "fp32"

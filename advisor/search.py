@@ -254,6 +254,8 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
             f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
             + (f", {r.bf16_edge_layers} layer at each end in BF16" if r.bf16_edge_layers else "")
             + "; attention and the output layer in BF16")
+        if r is not None and res is not None:
+            what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"
         vs = ""
         if base is not None and name != runs[0][0]:
             vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
@@ -262,3 +264,13 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
     ranked.sort(key=lambda t: -(best(t[1]).tokens_per_s if best(t[1]) is not None else -1.0))
     top = next((res for _, res, _ in ranked if best(res) is not None), runs[0][1])
     return top, ranked
+
+
+def _cast_share(res: PlanSearch, e) -> float:
+    """The share of a plan's step its recipe's quantisation kernels take (every layer of every micro-batch, one TP
+    rank, recomputation aside), from advisor.compute.cast_seconds."""
+    from advisor.compute import cast_seconds
+
+    w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
+    per_layer = float(cast_seconds(w, e.setup.micro_batch * e.setup.seq_len, e.plan.tp))
+    return per_layer * res.model_spec.n_layers / e.plan.pp * e.grad_accum / e.step_time_s

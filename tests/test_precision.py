@@ -131,6 +131,7 @@ def test_plan_auto_ranks_recipes():
                                    "--precision", "auto"])
     assert res.exit_code == 0, res.output
     assert "precisions ranked" in res.output and "nvfp4" in res.output and "bf16-mixed" in res.output
+    assert "% of the step" in res.output  # each recipe's casts, as a share of its best plan's step
     # Hopper offers no block-scaled recipe
     res = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--top", "1",
                                    "--precision", "auto"])
