@@ -26,6 +26,7 @@ import yaml
 from advisor.compute import gemm_time, mem_time, recipe_gemm_time
 from advisor.hardware import Hardware, load_hardware
 from advisor.precision import RECIPES
+from advisor.units import GiB
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
 
@@ -190,7 +191,9 @@ def _baseline(row: dict, rows: list[dict]) -> Optional[dict]:
 def validate_lowprec() -> DatasetReport:
     rows = load_lowprec()
     rejected, points, speedups, gemms = Counter(), [], [], []
+    memory_deltas: list[tuple[str, float, float]] = []
     tokens: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     for r in rows:
         if r.get("kind") == "gemm":
             got = predict_gemm(r)
@@ -208,6 +211,7 @@ def validate_lowprec() -> DatasetReport:
         if est is None:
             continue
         tokens[r["id"]] = est.tokens_per_s / est.world_size
+        peaks[r["id"]] = est.memory.peak_bytes / GiB
         points.append(Point(label=r["id"], kind=r["precision"]["recipe"], predicted=tokens[r["id"]],
                             measured=float(r["measured"]["tokens_per_s_per_gpu"]), breakdown=est.breakdown))
     for r in rows:
@@ -218,6 +222,11 @@ def validate_lowprec() -> DatasetReport:
                                                            / base["measured"]["tokens_per_s_per_gpu"])
         speedups.append(Point(label=r["id"], kind=r["precision"]["recipe"],
                               predicted=tokens[r["id"]] / tokens[base["id"]], measured=float(measured)))
+        if r["measured"].get("peak_memory_gib") and base["measured"].get("peak_memory_gib"):
+            # the recipe's memory change against its BF16 row, in GiB (torchtitan's reserved memory): what the recipe
+            # itself moves, apart from how far the stack's activation tables are from the BF16 peak
+            memory_deltas.append((r["id"], peaks[r["id"]] - peaks[base["id"]],
+                                  r["measured"]["peak_memory_gib"] - base["measured"]["peak_memory_gib"]))
     extra = {}
     extra["speedup_mape_pct"], extra["speedup_max_ape_pct"] = ape_stats(speedups)
     extra["gemm_mape_pct"], extra["gemm_max_ape_pct"] = ape_stats(gemms)
@@ -228,6 +237,7 @@ def validate_lowprec() -> DatasetReport:
     extra["gemm_within_15_pct"] = within(gemms, GEMM_TOLERANCE_PCT)
     notes = [f"speedup over BF16 {s.label}: predicted x{s.predicted:.3f}, measured x{s.measured:.3f} ({s.error_pct:+.1f}%)"
              for s in speedups]
+    notes += [f"peak memory against BF16 {rid}: predicted {p:+.1f} GiB, measured {m:+.1f} GiB" for rid, p, m in memory_deltas]
     notes += [f"GEMM {g.label}: predicted {g.predicted:.4g}, measured {g.measured:.4g} ({g.error_pct:+.1f}%)"
               for g in gemms if abs(g.error_pct) > GEMM_TOLERANCE_PCT]
     return _report("lowprec", "low-precision recipes: torchao/torchtitan end-to-end rows, TE and torchao GEMM rows",
