@@ -19,6 +19,7 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import EstimateOptions
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
+from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, load_stack
 from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
@@ -59,16 +60,24 @@ def resolve_world(hw: Hardware, gpus: Optional[int], nodes: Optional[int], plan_
 
 
 def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
-    """The precision to train in: the one asked for, if the GPU runs its math natively (a one-line error
+    """The precision to train in: the one asked for (a stack's own recipe name, e.g. Float8CurrentScaling or
+    Megatron's ``--fp8-recipe tensorwise``, means advisor's: advisor.precision), if the GPU runs it (a one-line error
     otherwise), or by default bf16-mixed where the GPU has bf16 (Ampere and later), else fp16-mixed."""
     gpu = hardware.gpu
     default = "bf16-mixed" if gpu.runs("bf16") else ("fp16-mixed" if gpu.runs("fp16") else "fp32")
     if precision is None:
         return default
+    precision = canonical(precision)
     try:
-        math = Precision(precision).math
+        p = Precision(precision)
     except ValueError:
         return precision  # not a precision at all: TrainingSetup names the choices
+    math = p.math
+    r = p.recipe
+    if r is not None:
+        why = check_gpu(r, gpu.name, gpu.peak_tflops, gpu.block_scaling)
+        if why is not None:
+            raise PlanError(f"{why} (profile {hardware.name})")
     if not gpu.runs(math):
         raise PlanError(f"--precision {precision}: the {gpu.name} of profile {hardware.name} has no {math} math "
                         f"(it lists {', '.join(sorted(gpu.peak_tflops))}); use {default}")

@@ -92,7 +92,14 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     from advisor.search import plan as run_plan
 
     model, hw = kw.pop("model"), kw.pop("hw")
-    result = run_plan(model, hw, top=top, **kw)
+    recipes = None
+    if kw.get("precision") == "auto":  # every precision the GPU has, ranked by their best plans (advisor.search)
+        from advisor.search import rank_precisions
+
+        kw.pop("precision")
+        result, recipes = rank_precisions(model, hw, top=top, **kw)
+    else:
+        result = run_plan(model, hw, top=top, **kw)
     suggestion = ""
     if not result.plans:
         from advisor.suggest import suggest_fix
@@ -113,7 +120,11 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     if as_json:
         _emit(out, json.dumps(result.to_json(), indent=2) + "\n", "the ranking (JSON)")
     elif result.plans or explain:
-        _emit(out, render_plan(result, explain=explain, suggestion=suggestion) + "\n", "the ranking")
+        text = render_plan(result, explain=explain, suggestion=suggestion) + "\n"
+        if recipes is not None:
+            text += "\nprecisions ranked (--precision auto; the best plan of each):\n" + "".join(
+                f"  {i}. {name:18s} {why}\n" for i, (name, _, why) in enumerate(recipes, 1))
+        _emit(out, text, "the ranking")
     if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
         _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {suggestion}")
 

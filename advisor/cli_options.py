@@ -18,6 +18,23 @@ def _apply(f, opts):
     return f
 
 
+def _precision(ctx, param, value):
+    """A --precision value as advisor names it (advisor.precision.canonical); a name nobody uses is a usage error."""
+    if value is None:
+        return None
+    from advisor.precision import canonical
+    from advisor.training import Precision
+
+    name = canonical(value)
+    known = [p.value for p in Precision]
+    if name == "auto" and ctx.info_name == "plan":
+        return name
+    if name not in known:
+        raise click.BadParameter(f"{value!r} is not a precision or a recipe: use one of {', '.join(known)}"
+                                 + (" or auto" if ctx.info_name == "plan" else ""))
+    return name
+
+
 def common_plan_options(f):
     """Options shared by ``estimate``, ``export`` and ``plan``."""
     return _apply(f, [
@@ -26,8 +43,11 @@ def common_plan_options(f):
         click.option("--nodes", type=int, default=None, help="nodes of the profile (alternative to --gpus)"),
         click.option("--seq", type=int, default=None,
                      help="sequence length in tokens [default: the model's context length, at most 8192]"),
-        click.option("--precision", type=click.Choice(["fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"]), default=None,
-                     help="default: bf16-mixed where the GPU has bf16, else fp16-mixed"),
+        click.option("--precision", default=None, callback=_precision,
+                     help="fp32, bf16-mixed, fp16-mixed (fp16), bf16, fp8-mixed, or a low-precision recipe: "
+                          "fp8-tensorwise (current), fp8-delayed, fp8-rowwise, fp8-rowwise-gw-hp, fp8-blockwise, mxfp8, "
+                          "nvfp4 (Transformer Engine, torchao and Megatron names accepted); plan also takes auto "
+                          "[default: bf16-mixed where the GPU has bf16, else fp16-mixed]"),
         click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
         click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default="adamw", show_default=True),
         click.option("--stack", default="auto", show_default=True,

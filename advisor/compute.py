@@ -11,8 +11,15 @@ the s x s scores. Element-wise work (norms, activations, dropout, residuals, rot
 memory-bound: bytes moved, as the stack's profile measures them (advisor.stack), over HBM bandwidth x the
 element-wise efficiency. Full recomputation reruns the layer forward, selective the attention core.
 
+Under a low-precision recipe (advisor.precision) each linear's three GEMMs (fprop, dgrad, wgrad) run at the
+recipe's rate where the recipe runs them low (the profile's ``matmul_max[<recipe>]``, calibrated from per-GEMM
+microbenchmarks against BF16 on the same harness), in BF16 otherwise; the quantisation kernels (amax, cast,
+transposes, scales) are memory-bound: the input and the weight once per micro-batch in forward, the output
+gradient once in backward, at the recipe's bytes per element. The legacy ``fp8-mixed`` switch runs every GEMM at
+the fp8 peak and costs no cast kernels, as before.
+
 The host's side of the same kernels (issuing them) is advisor.host. Deliberately left out: CUDA graphs,
-torch.compile fusion, FP8 scaling kernels.
+torch.compile fusion.
 """
 
 from __future__ import annotations
@@ -23,10 +30,65 @@ from typing import Any
 import numpy as np
 
 from advisor.hardware import Hardware
-from advisor.model.layer import keys_per_query
+from advisor.model.layer import Linear, keys_per_query
+from advisor.precision import PASSES, Recipe
 from advisor.recompute import as_mix, rerun
 from advisor.training import Attention
 from advisor.workload import Workload
+
+
+def recipe_key(hw: Hardware, r: Recipe) -> str:
+    """The efficiency entry a recipe's GEMMs run at: its own calibration where the profile has one, else its format's."""
+    return r.name if r.name in hw.efficiency.matmul_max else r.format
+
+
+def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernels: float = 1.0) -> Any:
+    """GPU seconds of a recipe's low-precision GEMMs: the format's peak at the recipe's calibrated efficiency (its
+    half dims and fixed time those of the format where the profile gives none for the recipe)."""
+    e, key = hw.efficiency, recipe_key(hw, r)
+    # a format the profile gives no shape terms for (fp4) takes the BF16 kernels' (the same tile shapes and launch)
+    h0 = next((e.matmul_half_dim[x] for x in (key, r.format, "bf16") if x in e.matmul_half_dim), 0.0)
+    n = np.asarray(n, dtype=float)
+    k = np.asarray(k, dtype=float)
+    eff = e.matmul_max[key] * n / (n + h0) * k / (k + h0)
+    fixed = next((e.matmul_fixed_us[x] for x in (key, r.format, "bf16") if x in e.matmul_fixed_us), 0.0) * 1e-6 * kernels
+    return flops / (hw.gpu.peak_flops_per_s(r.format) * eff) + np.where(np.asarray(flops) > 0, fixed, 0.0)
+
+
+def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
+    """(forward, backward, quantisation in forward) GPU seconds of one linear for ``tokens`` tokens on one TP rank.
+    Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts."""
+    hw, r = w.hw, w.precision.recipe
+    flops = lin.rank_flops_per_token(tp) * tokens
+    n, k = lin.gemm_dims(tp)
+    if r is None:
+        f = gemm_time(hw, w.math, flops, n, k)
+        return f, 2.0 * f, 0.0
+    bf16 = gemm_time(hw, "bf16", flops, n, k)
+    low = recipe_gemm_time(hw, r, flops, n, k)
+    # the layers the stack keeps in BF16 at each end (NVFP4: Megatron's first_last_layers_bf16) are spread over all
+    # layers: the per-layer time is the mean of the model's layers
+    bf16_share = min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
+    fprop, dgrad, wgrad = (bf16_share * bf16 + (1.0 - bf16_share) * (low if r.runs_low(g) else bf16) for g in PASSES)
+    # casts: the input (tokens x k) and the weight (k x n) in forward, the output gradient (tokens x n) in backward;
+    # a recipe that keeps wgrad in BF16 still casts all three for fprop and dgrad
+    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (tokens * k + k * n))
+    q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * tokens * n)
+    return fprop + q_fwd, dgrad + wgrad + q_bwd, q_fwd
+
+
+def cast_seconds(w: Workload, tokens: Any, tp: Any) -> Any:
+    """GPU seconds one layer's quantisation kernels take for ``tokens`` tokens on one TP rank, forward and backward
+    (0 without a recipe): what `advisor plan --precision auto` reports as the recipe's price beside its GEMMs."""
+    if w.precision.recipe is None:
+        return 0.0
+    total = 0.0
+    for lin in w.layer.linears:
+        fwd, bwd, q_fwd = linear_pass_times(w, lin, tokens, tp)
+        # the backward's cast is the output gradient's: its share of the forward's casts by element count
+        n, k = lin.gemm_dims(tp)
+        total = total + q_fwd * (1.0 + tokens * n / (tokens * k + k * n))
+    return total
 
 
 def gemm_eff(hw: Hardware, math: str, n: Any, k: Any) -> Any:
@@ -70,7 +132,8 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     hw, s, layer = w.hw, w.seq_len, w.layer
     heads, d = layer.n_heads / tp, (layer.d_head + layer.v_head) / 2.0
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
-    math = "bf16" if w.math == "fp8" else w.math  # attention stays in bf16 under fp8 recipes
+    # attention stays in bf16 under fp8 and fp4 recipes (advisor.precision: fp8_dpa off in every TE recipe)
+    math = "bf16" if w.math in ("fp8", "fp4") else w.math
     if w.attention is Attention.sdpa:
         causal = keys_per_query(s)
         fwd = sum(n * _fused_forward(w, math, 0.5 * full_flops * keys_per_query(s, win) / causal, min(s, win or s), d)
@@ -109,14 +172,16 @@ class LayerTimes:
 
 def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> LayerTimes:
     hw = w.hw
-    gemms = {lin.name: gemm_time(hw, w.math, lin.rank_flops_per_token(tp) * tokens, *lin.gemm_dims(tp)) for lin in w.layer.linears}
+    passes = {lin.name: linear_pass_times(w, lin, tokens, tp) for lin in w.layer.linears}
+    gemms = {name: p[0] for name, p in passes.items()}
     gemm_fwd = sum(gemms.values())
+    gemm_bwd = sum(p[1] for p in passes.values())
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
     fwd = gemm_fwd + attn_fwd + ew_fwd
-    bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
+    bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0
@@ -136,9 +201,11 @@ def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
     """The logits GEMM is vocab-parallel under TP (Megatron); the loss moves the stack's bytes per logit."""
     hw, h, vocab = w.hw, w.model.d_model, w.model.vocab
     t = w.tables
-    logits_fwd = gemm_time(hw, w.math, 2.0 * h * vocab * tokens / tp, vocab / tp, h)
+    # a recipe leaves the output layer in BF16 (advisor.precision); the legacy fp8-mixed ran it at its math
+    math = "bf16" if w.precision.recipe is not None else w.math
+    logits_fwd = gemm_time(hw, math, 2.0 * h * vocab * tokens / tp, vocab / tp, h)
     # a stack that pads the vocabulary to a multiple of 128 x tp (Megatron's --make-vocab-size-divisible-by) is aligned
-    ok = aligned(vocab / tp, w.math) | (t.vocab_padding > 0)
+    ok = aligned(vocab / tp, math) | (t.vocab_padding > 0)
     logits_fwd = logits_fwd / np.where(ok, 1.0, UNALIGNED_GEMM_EFFICIENCY)
     logits = tokens * vocab / tp
     emb_bytes = tokens * h * w.act_bytes * 4  # lookup (+ position add) and final norm

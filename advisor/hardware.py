@@ -48,13 +48,16 @@ class GPU(Spec):
     # floors far below any real GPU (1 GB/s; 1 GFLOP/s) keep a denormal from overflowing a time to inf
     memory_bandwidth_GBps: float = Field(ge=1.0, le=1e6, description="HBM/GDDR bandwidth, datasheet")
     peak_tflops: dict[str, float] = Field(
-        description="dense peak per math precision: fp32, tf32, bf16, fp16, fp8 (where the GPU has it)"
+        description="dense peak per math precision: fp32, tf32, bf16, fp16, fp8, fp6, fp4 (where the GPU has it)"
     )
+    block_scaling: bool = Field(
+        default=False, description="tensor cores that apply per-block scales inside the GEMM (Blackwell, sm_100+): "
+                                   "MXFP8's blocks of 32 and NVFP4's blocks of 16 (advisor.precision)")
 
     @field_validator("peak_tflops")
     @classmethod
     def _check_peaks(cls, v: dict[str, float]) -> dict[str, float]:
-        allowed = {"fp32", "tf32", "bf16", "fp16", "fp8"}
+        allowed = {"fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4"}
         for key, val in v.items():
             if key not in allowed:
                 raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
@@ -80,7 +83,7 @@ class GPU(Spec):
 
     def peak_flops_per_s(self, math: str) -> float:
         """Datasheet dense peak for a math precision; a GPU without it falls back to what it can run."""
-        fallback = {"fp8": "fp16", "bf16": "fp16", "fp16": "fp32", "tf32": "fp32", "fp32": "fp32"}
+        fallback = {"fp4": "fp8", "fp6": "fp8", "fp8": "fp16", "bf16": "fp16", "fp16": "fp32", "tf32": "fp32", "fp32": "fp32"}
         key = math
         while key not in self.peak_tflops:
             key = fallback[key]

@@ -84,8 +84,29 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     t, sp = w.tables, np.asarray(c.sp, dtype=bool)
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
-    kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), t.saved_selective.per_gpu(mesh.tp, sp))
+    less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
+    full = full - less
+    kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp),
+                          t.saved_selective.per_gpu(mesh.tp, sp) - less)
     return kept, full
+
+
+def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
+    """Bytes per token one layer saves less where the recipe keeps its linears' inputs quantised for the wgrad
+    GEMM instead of in BF16 (advisor.precision ``saves_quantised_inputs``: NVFP4), on one TP rank: each
+    sub-module's input once (q/k/v and gate/up share theirs), a row-parallel input split over TP, a column-parallel
+    one split only under sequence parallelism. Spread over the layers as the BF16 edge layers are."""
+    r = w.precision.recipe
+    if r is None or not r.saves_quantised_inputs:
+        return 0.0
+    inputs: dict[str, Any] = {}
+    for lin in w.layer.linears:
+        if lin.module in inputs:
+            continue
+        split = (lin.split.value == "row") | ((lin.split.value == "column") & np.asarray(sp, dtype=bool))
+        inputs[lin.module] = lin.n_in / np.where(split, tp, 1.0)
+    share = 1.0 - min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
+    return share * (w.act_bytes - r.stored_bytes) * sum(inputs.values())
 
 
 def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any,

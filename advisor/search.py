@@ -21,7 +21,7 @@ from advisor import api
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.candidates import Candidates
 from advisor.constraints import violations
-from advisor.errors import format_validation_error
+from advisor.errors import AdvisorError, format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
@@ -129,6 +129,9 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     seq = api.default_seq_len(spec) if o.seq is None else o.seq
     api.check_seq(spec, seq)
     gb = default_global_batch(world, seq) if o.global_batch is None else o.global_batch
+    if o.precision == "auto":
+        raise PlanError("precision='auto' ranks every precision the GPU runs: call advisor.search.rank_precisions "
+                        "(the `advisor plan --precision auto` command), or name one precision here")
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
                              optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack))
@@ -245,3 +248,64 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
             rejected[reason] = newly
         ok &= ~mask
     return cols.take(np.nonzero(ok)[0]), len(cols) + int(pruned_counts.sum()), rejected
+
+
+def auto_precisions(hardware: Hardware) -> list[str]:
+    """What ``--precision auto`` compares on a GPU: its default half precision and every low-precision recipe it
+    runs (advisor.precision; the legacy fp8-mixed switch is left out: the recipes say what it meant)."""
+    from advisor.precision import RECIPES, check_gpu
+
+    gpu = hardware.gpu
+    out = [resolve_precision(hardware, None)]
+    return out + [name for name, r in RECIPES.items() if check_gpu(r, gpu.name, gpu.peak_tflops, gpu.block_scaling) is None]
+
+
+def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Optional[PlanSearch], str]]]:
+    """``advisor plan --precision auto``: the plan search run once per precision the GPU has (auto_precisions);
+    returns the search whose best plan is fastest, and every precision's (name, search or None, why) fastest first.
+    The why names what the recipe runs low, its cast kernels' share of the step, and its speed and memory against
+    the default precision's best plan."""
+    from advisor.precision import recipe
+
+    hardware = load_hardware(hw)
+    runs: list[tuple[str, Optional[PlanSearch], str]] = []
+    for name in auto_precisions(hardware):
+        try:
+            runs.append((name, plan(model, hardware, precision=name, **kw), ""))
+        except AdvisorError as exc:
+            runs.append((name, None, str(exc).splitlines()[0]))
+
+    def best(res: Optional[PlanSearch]):
+        return res.plans[0].estimate if res is not None and res.plans else None
+    base = best(runs[0][1])
+    ranked = []
+    for name, res, err in runs:
+        e = best(res)
+        if e is None:
+            ranked.append((name, res, err or "no plan fits"))
+            continue
+        r = recipe(name)
+        what = ("every GEMM in " + name) if r is None else (
+            f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
+            + (f", {r.bf16_edge_layers} layer at each end in BF16" if r.bf16_edge_layers else "")
+            + "; attention and the output layer in BF16")
+        if r is not None and res is not None:
+            what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"
+        vs = ""
+        if base is not None and name != runs[0][0]:
+            vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
+                  f"{e.memory.peak_bytes / base.memory.peak_bytes:.2f}x")
+        ranked.append((name, res, f"{e.tokens_per_s / e.world_size:,.0f} tokens/s per GPU ({e.label}): {what}{vs}"))
+    ranked.sort(key=lambda t: -(best(t[1]).tokens_per_s if best(t[1]) is not None else -1.0))
+    top = next((res for _, res, _ in ranked if best(res) is not None), runs[0][1])
+    return top, ranked
+
+
+def _cast_share(res: PlanSearch, e) -> float:
+    """The share of a plan's step its recipe's quantisation kernels take (every layer of every micro-batch, one TP
+    rank, recomputation aside), from advisor.compute.cast_seconds."""
+    from advisor.compute import cast_seconds
+
+    w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
+    per_layer = float(cast_seconds(w, e.setup.micro_batch * e.setup.seq_len, e.plan.tp))
+    return per_layer * res.model_spec.n_layers / e.plan.pp * e.grad_accum / e.step_time_s

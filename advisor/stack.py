@@ -211,6 +211,11 @@ class Engine(Spec):
         default="storage", description="half: under mixed precision the engine casts the whole model to the half type "
                                        "(DeepSpeed's bf16 / fp16 modes), so every plan runs the layers as pure half "
                                        "precision does (the half mode's tables); storage: as the run's precision says")
+    low_precision_params: bool = Field(
+        default=False, description="under a low-precision recipe (advisor.precision) the layers' weights are kept, "
+                                   "and gathered, in the recipe's format, the fp32 master copy in the optimizer "
+                                   "(Megatron --fp8-param-gather, MLPerf FP8_PARAMS); False: half-precision weights "
+                                   "quantised per use")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]

@@ -12,6 +12,7 @@ from typing import Optional
 
 from pydantic import Field, model_validator
 
+from advisor.precision import Recipe, recipe
 from advisor.spec import Spec
 
 
@@ -50,12 +51,28 @@ class Precision(Name):
     bf16_mixed = "bf16-mixed"
     fp16_mixed = "fp16-mixed"
     bf16 = "bf16"
-    fp8_mixed = "fp8-mixed"
+    fp8_mixed = "fp8-mixed"  # the one FP8 switch before issue 21: every GEMM in FP8, no cast kernels costed
+    # low-precision recipes as the stacks run them (advisor.precision: which GEMMs run low, scaling, cast kernels)
+    fp8_tensorwise = "fp8-tensorwise"
+    fp8_delayed = "fp8-delayed"
+    fp8_rowwise = "fp8-rowwise"
+    fp8_rowwise_gw_hp = "fp8-rowwise-gw-hp"
+    fp8_blockwise = "fp8-blockwise"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
+
+    @property
+    def recipe(self) -> "Optional[Recipe]":
+        """The low-precision recipe (advisor.precision), None for the plain precisions and fp8-mixed."""
+        return recipe(self.value)
 
     @property
     def math(self) -> str:
         """The GEMMs' math precision. fp32: PyTorch's default, TF32 off for matmuls
-        (torch.backends.cuda.matmul.allow_tf32)."""
+        (torch.backends.cuda.matmul.allow_tf32). A recipe: its format (fp8, fp4) for the GEMMs it runs low."""
+        r = self.recipe
+        if r is not None:
+            return r.format
         return {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8-mixed": "fp8"}[self.value]
 
     @property
@@ -73,7 +90,7 @@ class Precision(Name):
     @property
     def autocast(self) -> bool:
         """Mixed precision, which torch.autocast runs on fp32 weights unless the stack keeps half weights."""
-        return self in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed)
+        return self in (Precision.bf16_mixed, Precision.fp16_mixed, Precision.fp8_mixed) or self.recipe is not None
 
 
 class Optimizer(Name):

@@ -25,6 +25,7 @@ DATASET_FILES = [
     "multinode_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
     "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
+    "lowprec_runs.yaml", "megatron_bridge_performance.csv",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 
@@ -179,7 +180,8 @@ def test_published_spot_values():
 
 @needs_reference
 @pytest.mark.parametrize("name", ["published_runs.yaml", "published_collectives.yaml", "published_runs_modern.yaml",
-                                  "multinode_collectives.yaml"])
+                                  "multinode_collectives.yaml", "lowprec_runs.yaml",
+                                  "megatron_bridge_performance.csv"])
 def test_published_copies_are_verbatim(name):
     assert (ds.DATA_DIR / name).read_bytes() == (REFERENCE / name).read_bytes()
 

@@ -140,6 +140,21 @@ def test_seed_comparisons_are_all_checked_and_explained(report):
 
 
 NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-11-24)
+    # 2026-11-25, issue 21: the recipes' speedups over BF16 come out right for tensorwise FP8 on H100 (x1.27-1.31 vs
+    # 1.25-1.29) and within 12-15% for MXFP8/NVFP4; torchao's row-wise FP8 is predicted 8-24% fast (its CUTLASS
+    # kernel has no microbenchmark: tensorwise's rate assumed) and async TP is not modelled (x1.23 vs 1.44)
+    "lowprec speedups within 10 %": "44% of 18 speedups (MAPE 11%, max 24%: fp8-rowwise and async-TP rows)",
+    # the BF16 baselines themselves are 44-123% fast on torchtitan's Llama 3 8B FSDP rows: the stacks issue's
+    "lowprec tokens/s within 15 %": "15% of 34 rows (BF16 baselines +44..+123%: torchtitan FSDP on H100/B200)",
+    "lowprec GEMM rows within 15 %": "82% of 91 GEMM rows (MAPE 9.5%; B300 single-GEMM rows +15..+39% on the B200's "
+                                     "BF16 rate; torchao's H100 blockwise kernels 31% faster fprop, 2x slower wgrad "
+                                     "than TE's rate)",
+    # gb200-nvl72's NVLink fit (group_penalty 1.99, from 8 and 72 GPUs) runs a 2-GPU group at 0.5% of the link: the
+    # TP=2 rows' TP collectives cost 87 s a step and the GB300 PP=4 rows' sends 5 s (the communication issue's)
+    "bridge tokens/s within 10 %": "18% of 28 rows compared (GB300 TP=1 PP=1 -2..-7%, GB200 +12..+21%, H100 FP8 "
+                                   "-15%; GB200 TP=2 -91%, GB300 PP=4 -39..-60%; 51 rows not askable: CP, 405B's "
+                                   "126 layers over PP x VP)",
+    "bridge runs predicted to fit %": "14% (24 of 28 predicted not to fit on megatron-deepspeed's memory tables)",
     "vtrain top-1 regret max %": "18% (mean 3.9%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
                                  "TP=2 micro-batch 2 are measured 8-18% apart in the direction the model ranks the other way",
     # 2026-11-25: at one NIC share per GPU the FSDP2 collectives of 8 nodes made these steps 20% slow (bias -20%);

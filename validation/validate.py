@@ -78,6 +78,13 @@ GOALS = {
     # all-gather / all-reduce time ratio on the same system within 15% of the measured one
     "multinode max APE % (>= 64 MiB)": Goal("multinode", 15.0, "max", lambda d: d.extra["max_ape_from_64MiB_pct"]),
     "multinode AG/AR ratio max error %": Goal("multinode", 15.0, "max", lambda d: d.extra["ag_ar_ratio_max_error_pct"]),
+    # issue 21: every recipe row's speedup over its table's BF16 row within 10%, its tokens/s within 15%, every GEMM
+    # row within 15%; Megatron-Bridge's dense rows within 10% and all predicted to fit
+    "lowprec speedups within 10 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["speedup_within_10_pct"]),
+    "lowprec tokens/s within 15 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["tokens_within_15_pct"]),
+    "lowprec GEMM rows within 15 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["gemm_within_15_pct"]),
+    "bridge tokens/s within 10 %": Goal("bridge", 100.0, "min", lambda d: d.extra["within_10_pct"]),
+    "bridge runs predicted to fit %": Goal("bridge", 100.0, "min", lambda d: d.extra["predicted_to_fit_pct"]),
 }
 RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is within 10%
 NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB
@@ -534,6 +541,15 @@ def _modern() -> DatasetReport:
     return modern.validate_modern()
 
 
+def _lowprec(name: str) -> Callable[[], DatasetReport]:
+    """A validator of validation.lowprec (which imports this module: imported when run)."""
+    def run() -> DatasetReport:
+        from validation import lowprec
+
+        return getattr(lowprec, name)()
+    return run
+
+
 def _multinode() -> DatasetReport:
     from validation.validate_multinode import validate_multinode  # it imports this module: imported when run
 
@@ -543,7 +559,8 @@ def _multinode() -> DatasetReport:
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
               "collectives": validate_collectives, "a100-collectives": _kernels("validate_a100_collectives"),
               "multinode": _multinode, "gemm": _kernels("validate_gemm"), "h100": validate_h100,
-              "published": validate_published, "modern": _modern}
+              "published": validate_published, "modern": _modern, "lowprec": _lowprec("validate_lowprec"),
+              "bridge": _lowprec("validate_bridge")}
 
 
 def run(names: Optional[list[str]] = None) -> Report:

@@ -19,6 +19,7 @@ import numpy as np
 from advisor.calibrate.fitting import OUTLIER_REL, FitReport, Ledger, log_r2
 from advisor.hardware import ComputeEfficiency, Hardware
 from advisor.calibrate.measurements import CalibrationError, _math_of
+from advisor.precision import RECIPES
 from advisor.units import GB
 
 ADAMW_BYTES_PER_PARAM = 28.0  # 7 fp32 accesses: read p, g, m, v; write p, m, v
@@ -47,14 +48,17 @@ def fit_matmul(rows: list[dict], hw: Hardware, skipped: Optional[list[str]] = No
         if r.get("kind") == "matmul" and r.get("status", "ok") == "ok":
             by_math.setdefault(r.get("math") or _math_of(r), []).append(r)
     for math, rs in sorted(by_math.items()):
-        if math not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
-            raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16 or fp8")
+        # a low-precision recipe's GEMMs (advisor.precision, e.g. fp8-tensorwise through torch._scaled_mm) are
+        # fitted against the peak of the recipe's format, into the profile's matmul_* entries under its name
+        if math not in ("fp32", "tf32", "bf16", "fp16", "fp8") and math not in RECIPES:
+            raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16, fp8 or a recipe "
+                                   f"({', '.join(RECIPES)})")
         if len(rs) < MIN_MATMUL_POINTS:
             if skipped is not None:
                 skipped.append(f"matmul {math}: {len(rs)} point{'s' if len(rs) > 1 else ''}, need at least "
                                f"{MIN_MATMUL_POINTS} to fit max and half_dim; kept from the base profile")
             continue
-        out[math] = _fit_matmul_math(math, rs, hw.gpu.peak_flops_per_s(math))
+        out[math] = _fit_matmul_math(math, rs, hw.gpu.peak_flops_per_s(RECIPES[math].format if math in RECIPES else math))
     return out
 
 

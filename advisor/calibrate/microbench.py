@@ -142,12 +142,40 @@ def compute_rows(device, cpu: bool) -> list[dict]:
             t = _median_time(lambda: a @ b, device, 2 if cpu else 10)
             rows.append({"kind": "matmul", "math": math, "m": m, "k": k, "n": n, "time_s": t,
                          "TFLOPs": 2 * m * k * n / t / 1e12, "status": "ok"})
+    if not cpu:
+        rows += fp8_matmul_rows(device, shapes)
     nbytes = (64 if cpu else 1024) << 20
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     t = _median_time(lambda: dst.copy_(src), device, 3 if cpu else 20)
     rows.append({"kind": "copy", "bytes_moved": 2 * nbytes, "time_s": t, "GBps": 2 * nbytes / t / 1e9, "status": "ok"})
     rows += optimizer_rows(device, params=(2 << 20) if cpu else (200 << 20))
+    return rows
+
+
+def fp8_matmul_rows(device, shapes) -> list[dict]:
+    """The FP8 recipes' GEMMs as the stacks call them, on a GPU with FP8 tensor cores (sm_89+): torch._scaled_mm on
+    pre-quantised e4m3 operands with one scale per tensor (fp8-tensorwise: Transformer Engine's current scaling and
+    torchao's TENSORWISE call this cuBLAS kernel) and one per row / column (fp8-rowwise: torchao's AXISWISE, the
+    CUTLASS row-wise kernel), bf16 out. Quantisation is not timed: advisor.compute costs it apart, as memory-bound
+    work. Nothing where the GPU or the PyTorch build lacks them."""
+    import torch
+
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9) or not hasattr(torch, "_scaled_mm"):
+        return []
+    rows = []
+    for math, rowwise in (("fp8-tensorwise", False), ("fp8-rowwise", True)):
+        for m, k, n in shapes:
+            a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLAS's FP8 needs
+            sa = torch.ones((m, 1) if rowwise else (), device=device)
+            sb = torch.ones((1, n) if rowwise else (), device=device)
+            try:
+                t = _median_time(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), device, 10)
+            except (RuntimeError, TypeError):  # a shape or scaling this build's kernels refuse
+                continue
+            rows.append({"kind": "matmul", "math": math, "m": m, "k": k, "n": n, "time_s": t,
+                         "TFLOPs": 2 * m * k * n / t / 1e12, "status": "ok"})
     return rows
 
 

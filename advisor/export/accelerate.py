@@ -31,6 +31,11 @@ ACCELERATE_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16", Prec
                         Precision.bf16: "no", Precision.fp8_mixed: "fp8"}
 
 
+# accelerate 1.15's fp8_config backends (utils/dataclasses.py): TERecipeKwargs (Transformer Engine's DelayedScaling,
+# fp8_format HYBRID) and AORecipeKwargs (torchao Float8LinearConfig(), i.e. tensorwise)
+ACCELERATE_FP8 = {"fp8-delayed": {"backend": "TE", "fp8_format": "HYBRID"}, "fp8-tensorwise": {"backend": "AO"}}
+
+
 def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
                     world_size: int) -> tuple[dict[str, Any], list[str]]:
     """accelerate ClusterConfig keys: DDP -> MULTI_GPU, ZeRO-1 -> DeepSpeed plugin, ZeRO-2/3 -> FSDP."""
@@ -38,8 +43,13 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
         raise ExportError(f"accelerate cannot express tp={plan.tp} x pp={plan.pp} without its Megatron-LM plugin "
                           "(which needs the Megatron-LM repo): use --format megatron")
     lay, notes = node_layout(hw, world_size), []
+    recipe = setup.precision.recipe
+    if recipe is not None and recipe.name not in ACCELERATE_FP8:
+        raise ExportError(f"--precision {recipe.name}: accelerate's fp8_config runs Transformer Engine's delayed "
+                          "scaling or torchao's tensorwise float8 only: use fp8-delayed or fp8-tensorwise, or "
+                          "--format megatron")
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
-                           "mixed_precision": ACCELERATE_PRECISION[setup.precision]}
+                           "mixed_precision": "fp8" if recipe is not None else ACCELERATE_PRECISION[setup.precision]}
     if setup.precision is Precision.bf16 and plan.zero == 1:  # DeepSpeed plugin: bf16 with fp32 master weights
         cfg["mixed_precision"] = "bf16"
         notes.append("pure bf16 through accelerate's DeepSpeed plugin keeps fp32 master weights: "
@@ -49,6 +59,8 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
                      "before accelerator.prepare")
     if setup.precision is Precision.fp8_mixed:
         cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
+    elif recipe is not None:
+        cfg["fp8_config"] = dict(ACCELERATE_FP8[recipe.name])
     cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
     if setup.recompute.value in ("block", "every-k", "offload"):
         notes.append({"block": f"block recompute: checkpoint the first {setup.recompute_layers} layers in the script",

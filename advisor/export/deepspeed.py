@@ -103,6 +103,10 @@ def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, 
         return {"fp16": dict(FP16_DYNAMIC)}
     if p is Precision.fp8_mixed:
         notes.append("fp8: the JSON enables bf16; FP8 GEMMs come from Transformer Engine layers in the model")
+    if p.recipe is not None:
+        notes.append(f"{p.value}: the JSON enables bf16; the {p.recipe.format.upper()} GEMMs come from the model's "
+                     f"Transformer Engine or torchao layers under that recipe ({p.recipe.source.split(';')[0]})")
+        return {"bf16": {"enabled": True}}
     if p in (Precision.bf16_mixed, Precision.fp8_mixed):
         return {"bf16": {"enabled": True}}
     if p is Precision.bf16:

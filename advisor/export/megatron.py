@@ -114,8 +114,27 @@ def _model_shape(model: ModelSpec) -> list:
     return a
 
 
+# Megatron-LM's low-precision flags (megatron-core 0.16.1 transformer_config.py: fp8 -> --fp8-format e4m3|hybrid,
+# fp8_recipe tensorwise|delayed|mxfp8|blockwise, fp4 -> --fp4-format e2m1, fp4_recipe nvfp4, first_last_layers_bf16).
+# The FP8 format is Transformer Engine's default for each recipe: HYBRID for delayed and current scaling, E4M3 for
+# MXFP8BlockScaling and Float8BlockScaling (TE recipe/__init__.py).
+MEGATRON_RECIPES = {
+    "fp8-tensorwise": ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+    "fp8-delayed": ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+    "fp8-blockwise": ["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
+    "mxfp8": ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
+    "nvfp4": ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4", "--first-last-layers-bf16"],
+}
+
+
 def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:
     p = setup.precision
+    if p.recipe is not None:
+        if p.value not in MEGATRON_RECIPES:
+            raise ExportError(f"--precision {p.value} is torchao's recipe, which Megatron-LM does not run (its "
+                              f"--fp8-recipe: tensorwise, delayed, mxfp8, blockwise; --fp4-recipe nvfp4): pick one of "
+                              f"{', '.join(MEGATRON_RECIPES)}")
+        return ["--bf16"] + MEGATRON_RECIPES[p.value]
     if p is Precision.fp16_mixed:
         return ["--fp16"]  # no --loss-scale: dynamic loss scaling (Megatron's default)
     if p is Precision.fp8_mixed:

@@ -84,6 +84,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     if eng.main_grads == "fp32":  # Megatron's fp32 main_grad buffer beside half-precision weights
         gb = np.maximum(gb, 4.0)
+    r = w.precision.recipe
+    if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
+        wb = np.where(master, (layers * p_layer * r.stored_bytes + outside * wb) / params, wb)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
@@ -102,13 +105,29 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
         optimizer_states=params * optimizer.state_bytes(w, master) / shard, gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
-        autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0,
+        autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
+        + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
         step_temporaries=optimizer.step_temporaries(w, params / shard),
         head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
         # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
+
+
+def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: bool = False) -> Any:
+    """Bytes of the recipe's quantised weight copies kept through the step: where the weights stay whole on the GPU
+    (ZeRO 0-2), Transformer Engine quantises each weight at the first micro-batch and keeps the copy for the
+    rest (``is_first_microbatch``), in both orientations (the forward's row-wise copy and the dgrad's column-wise
+    one; TE recipe docstrings: "both versions are computed from the high precision input"), scales included.
+    Under ZeRO-3 / FSDP the gathered weight is cast per use and freed with it (torchao's float8 all-gather: the
+    measured torchtitan FSDP runs hold the same memory in FP8 as in BF16, reference/lowprec_runs.yaml). Where the
+    stack keeps the weights themselves in the recipe's format (``low_precision_params``), only the column-wise copy
+    is extra."""
+    r = w.precision.recipe
+    if r is None:
+        return 0.0
+    return np.where(zero >= 3, 0.0, (1.0 if low_params else 2.0) * r.stored_bytes * layer_params)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,165 @@
+"""Low-precision training recipes as the stacks run them: which GEMMs run in FP8/FP4, how tensors are scaled, what
+the quantisation kernels move and what stays in BF16 (issue 21).
+
+A recipe is data (``RECIPES``), each field cited from the stack's own code:
+- Transformer Engine 2.20.2, transformer_engine/common/recipe/__init__.py (DelayedScaling, Float8CurrentScaling,
+  Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling);
+- torchao 0.18.0, torchao/float8/config.py (Float8LinearConfig.from_recipe_name: tensorwise, rowwise,
+  rowwise_with_gw_hp) and torchao/prototype/mx_formats/config.py (MX block size 32);
+- megatron-core 0.16.1, transformer/transformer_config.py (``fp8_recipe``: tensorwise, delayed, mxfp8, blockwise;
+  ``fp4_recipe``: nvfp4; ``first_last_layers_bf16``, ``num_layers_at_start_in_bf16`` / ``_at_end_``: 1 each) and
+  fp8_utils.py / fp4_utils.py (get_fp8_context / get_fp4_context: those layers run outside the FP8/FP4 autocast);
+- torchtitan 0.3.0, components/quantization/utils.py (module_filter_fn: only Linear modules with both dimensions
+  multiples of 16, minus ``filter_fqns``; llama3's config_registry filters ``lm_head``).
+
+Every stack leaves the attention core (softmax(QK^T)V) in BF16 by default: TE's ``fp8_dpa`` / ``fp8_mha`` default to
+False in every recipe (NVFP4BlockScaling: "Not applying quantization to attention for now"), and torchao converts
+nn.Linear only. The output layer (LM head) stays in BF16: Megatron's GPTModel builds it as a
+tensor_parallel.ColumnParallelLinear outside the transformer block's FP8 context, torchtitan filters ``lm_head``.
+
+Quantisation (cast) kernels are memory-bound: ``quantise_bytes`` is what one tensor's quantisation reads and
+writes per element in training, both orientations (the GEMM-ready copy and the transposed / column-wise copy the
+backward GEMMs read), counted from the kernels the recipe runs; ``gemm_quantise_bytes`` is one operand in one
+orientation, as a per-GEMM benchmark quantises it (Transformer Engine's benchmarks/gemm/benchmark_gemm.py
+"autocast" mode, lowprec_runs.yaml's te-gemm-* rows).
+
+Saved inputs: only NVFP4 keeps its linears' inputs quantised for backward here. The FP8 recipes are costed as
+keeping BF16 inputs, as torchao's measured runs show (reference/lowprec_runs.yaml: tensorwise, rowwise and MXFP8 on
+H100 and B200 hold the BF16 run's peak within 0.5%); Transformer Engine's own FP8 input caching is not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from advisor.errors import AdvisorError
+
+PASSES = ("fprop", "dgrad", "wgrad")
+
+
+class RecipeError(AdvisorError):
+    """A recipe name nobody knows, or a GPU that cannot run it."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str  # the --precision value
+    format: str  # the GEMM's math key in a GPU's peak_tflops: fp8 or fp4
+    low: tuple[str, ...]  # the GEMMs (fprop, dgrad, wgrad) that run in the low format; the rest in BF16
+    granularity: str  # how tensors are scaled
+    block: int  # elements sharing one scale along the reduction dimension (0: one scale per tensor or row)
+    scale_bytes: float  # bytes of one scale factor
+    element_bytes: float  # bytes of one quantised element
+    quantise_bytes: float  # training: bytes read + written per element quantising one tensor, both orientations
+    gemm_quantise_bytes: float  # a per-GEMM benchmark: one operand, one orientation
+    needs_block_scaling: bool  # the GEMM applies per-block scales in the tensor core (Blackwell, sm_100+)
+    bf16_edge_layers: int  # decoder layers at the start and at the end the stack keeps in BF16 (each side)
+    saves_quantised_inputs: bool  # backward's wgrad reads the quantised input kept from forward, not a BF16 copy
+    aliases: tuple[str, ...]
+    source: str
+
+    @property
+    def scale_overhead(self) -> float:
+        """Scale bytes per quantised element (a block's scale shared by ``block`` elements)."""
+        return self.scale_bytes / self.block if self.block else 0.0
+
+    @property
+    def stored_bytes(self) -> float:
+        """Bytes per element of a quantised copy with its scales."""
+        return self.element_bytes + self.scale_overhead
+
+    def runs_low(self, gemm: str) -> bool:
+        return gemm in self.low
+
+
+# Bytes of the quantisation kernels, per element (BF16 input: 2 bytes read per pass):
+# - per-tensor current scaling: an amax reduction reads the tensor (2), then the cast reads it again (2) and writes
+#   the FP8 copy (1) and its transpose (1: Hopper's FP8 GEMM takes only the TN layout, TE's Float8Quantizer writes
+#   both usages in one kernel): 6; a per-GEMM benchmark writes one orientation: 5.
+# - delayed scaling: the scale is last steps' amax history (DelayedScaling.amax_history_len), so one kernel casts
+#   and records amax: read 2, write 1 + 1: 4; per GEMM 3.
+# - row-wise (torchao AXISWISE): the row-wise copy for fprop and a column-wise copy for wgrad are each their own
+#   amax + cast (dim0 and dim1 scaling, float8/float8_linear.py), read 2 + 2, write 1, twice: 10; per GEMM 5.
+# - 1x128 / 128x128 blocks (Float8BlockScaling), MXFP8 (blocks of 32): one fused kernel reads the tensor once and
+#   writes both orientations, each with its scales (TE docstrings: "both versions are computed from the high
+#   precision input"): 2 + 2 x (1 + scales); per GEMM 2 + 1 + scales.
+# - NVFP4: a global amax pass for the FP32 tensor scale (read 2), then one kernel writes both orientations of 0.5
+#   byte elements and E4M3 scales per 16 (the column-wise one through the 16x16 random Hadamard transform): 2 + 2 +
+#   2 x (0.5 + 1/16); per GEMM 2 + 2 + 0.5625.
+_MX_Q = 2.0 + 2.0 * (1.0 + 1.0 / 32)
+_BLOCK_Q = 2.0 + 2.0 * (1.0 + 4.0 / 128)
+_FP4_Q = 4.0 + 2.0 * (0.5 + 1.0 / 16)
+
+_FP8 = dict(format="fp8", low=PASSES, element_bytes=1.0, bf16_edge_layers=0, saves_quantised_inputs=False)
+RECIPES: dict[str, Recipe] = {r.name: r for r in [
+    Recipe(name="fp8-tensorwise", **_FP8, granularity="per tensor, scale from the current amax", block=0,
+           scale_bytes=4.0, quantise_bytes=6.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("fp8-current", "tensorwise", "current", "float8currentscaling"),
+           source="TE Float8CurrentScaling (HYBRID: E4M3 forward, E5M2 gradients); torchao Float8LinearConfig() "
+                  "TENSORWISE (all three GEMMs in float8); Megatron --fp8-recipe tensorwise"),
+    Recipe(name="fp8-delayed", **_FP8, granularity="per tensor, scale from the amax history", block=0,
+           scale_bytes=4.0, quantise_bytes=4.0, gemm_quantise_bytes=3.0, needs_block_scaling=False,
+           aliases=("delayed", "delayedscaling"),
+           source="TE DelayedScaling (amax_history_len 1024, HYBRID); Megatron --fp8-recipe delayed (its default)"),
+    Recipe(name="fp8-rowwise", **_FP8, granularity="per row (axiswise), power-of-2 scales", block=0,
+           scale_bytes=4.0, quantise_bytes=10.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("rowwise",),
+           source="torchao Float8LinearConfig.from_recipe_name('rowwise'): AXISWISE e4m3 input, weight and "
+                  "grad_output, round_scales_to_power_of_2; the CUTLASS row-wise kernel"),
+    Recipe(name="fp8-rowwise-gw-hp", **{**_FP8, "low": ("fprop", "dgrad")}, granularity="per row; wgrad in BF16",
+           block=0, scale_bytes=4.0, quantise_bytes=7.0, gemm_quantise_bytes=5.0, needs_block_scaling=False,
+           aliases=("rowwise_with_gw_hp", "rowwise-gw-hp"),
+           source="torchao ROWWISE_WITH_GW_HP: cast_config_input_for_grad_weight and grad_output_for_grad_weight "
+                  "ScalingType.DISABLED, so grad_weight runs in high precision; one column-wise cast fewer (7)"),
+    Recipe(name="fp8-blockwise", **_FP8, granularity="1x128 activations and gradients, 128x128 weights (DeepSeek-V3)",
+           block=128, scale_bytes=4.0, quantise_bytes=_BLOCK_Q, gemm_quantise_bytes=3.0 + 4.0 / 128,
+           needs_block_scaling=False, aliases=("blockwise", "float8blockscaling"),
+           source="TE Float8BlockScaling: x_block_scaling_dim 1, w_block_scaling_dim 2, grad_block_scaling_dim 1, "
+                  "FP32 (power-of-2) scales; Megatron --fp8-recipe blockwise"),
+    Recipe(name="mxfp8", **_FP8, granularity="blocks of 32 along the reduction dimension, E8M0 scales", block=32,
+           scale_bytes=1.0, quantise_bytes=_MX_Q, gemm_quantise_bytes=3.0 + 1.0 / 32, needs_block_scaling=True,
+           aliases=("mxfp8blockscaling", "mxfp8_cublas", "mxfp8_rceil", "mxfp8-cublas"),
+           source="TE MXFP8BlockScaling (E4M3, 32 consecutive values per E8M0 scale); torchao MXLinearConfig "
+                  "block_size 32; Megatron --fp8-recipe mxfp8"),
+    Recipe(name="nvfp4", format="fp4", low=PASSES,
+           granularity="blocks of 16 with E4M3 scales and an FP32 tensor scale; 16x16 weight blocks", block=16,
+           scale_bytes=1.0, element_bytes=0.5, quantise_bytes=_FP4_Q, gemm_quantise_bytes=4.0 + 0.5 + 1.0 / 16,
+           needs_block_scaling=True, bf16_edge_layers=1, saves_quantised_inputs=True, aliases=("nvfp4blockscaling",),
+           source="TE NVFP4BlockScaling (E2M1; 2D 16x16 weight scaling, RHT on input/grad column-wise, stochastic "
+                  "rounding of gradients); Megatron --fp4-recipe nvfp4 with first_last_layers_bf16 (1 layer at each "
+                  "end, transformer_config.py), as NVIDIA's NVFP4 recipe keeps the last layers in BF16 (arXiv "
+                  "2509.25149); wgrad reads the column-wise NVFP4 input kept from forward, not a BF16 copy"),
+]}
+
+# The precisions that are not recipes, under the names users type
+PLAIN_ALIASES = {"fp16": "fp16-mixed"}
+
+
+def canonical(name: str) -> str:
+    """The --precision value a stack's own recipe name means ("Float8CurrentScaling" -> "fp8-tensorwise");
+    names advisor already knows pass through."""
+    key = name.strip()
+    low = key.lower()
+    if low in PLAIN_ALIASES:
+        return PLAIN_ALIASES[low]
+    for r in RECIPES.values():
+        if low == r.name or low in r.aliases:
+            return r.name
+    return key
+
+
+def recipe(name: str) -> Optional[Recipe]:
+    """The recipe a --precision value names; None for bf16/fp16/fp32 and the legacy fp8-mixed."""
+    return RECIPES.get(name)
+
+
+def check_gpu(r: Recipe, gpu_name: str, peaks: dict, block_scaling: bool) -> Optional[str]:
+    """Why a GPU cannot run a recipe (one line), or None."""
+    if r.format not in peaks:
+        need = "Hopper or Ada (sm_89+)" if r.format == "fp8" else "Blackwell (sm_100+)"
+        return f"--precision {r.name}: the {gpu_name} has no {r.format.upper()} tensor cores ({need} needed)"
+    if r.needs_block_scaling and not block_scaling:
+        return (f"--precision {r.name}: the {gpu_name} has no block-scaled tensor cores ({r.granularity}: Blackwell, "
+                "sm_100+, needed); on Hopper use fp8-tensorwise, fp8-delayed, fp8-rowwise or fp8-blockwise")
+    return None

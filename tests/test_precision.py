@@ -1,0 +1,250 @@
+"""Low-precision recipes (issue 21): the recipe definitions as the stacks' code states them, the datasheet FP4 rates,
+the GEMM calibration against Transformer Engine's measured per-GEMM times, the GPU checks and the memory effects."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.api import PlanError, estimate
+from advisor.cli import cli
+from advisor.hardware import load_hardware
+from advisor.precision import RECIPES, canonical
+from advisor.training import Precision
+from validation.lowprec import TE_SHAPES, load_lowprec, te_layer_seconds
+
+
+def test_recipes_as_the_stacks_define_them():
+    # TE MXFP8BlockScaling: 32 consecutive values per E8M0 (1-byte) scale; NVFP4BlockScaling: E2M1 (half a byte) in
+    # blocks of 16 with E4M3 scales; Float8BlockScaling: 1x128 / 128x128 with FP32 scales
+    mx, fp4, blk = RECIPES["mxfp8"], RECIPES["nvfp4"], RECIPES["fp8-blockwise"]
+    assert (mx.block, mx.scale_bytes, mx.element_bytes, mx.format) == (32, 1.0, 1.0, "fp8")
+    assert (fp4.block, fp4.scale_bytes, fp4.element_bytes, fp4.format) == (16, 1.0, 0.5, "fp4")
+    assert (blk.block, blk.scale_bytes) == (128, 4.0)
+    assert fp4.stored_bytes == pytest.approx(0.5625)
+    # torchao ROWWISE_WITH_GW_HP keeps grad_weight in high precision; the others run all three GEMMs low
+    assert RECIPES["fp8-rowwise-gw-hp"].low == ("fprop", "dgrad")
+    assert all(RECIPES[n].low == ("fprop", "dgrad", "wgrad") for n in RECIPES if n != "fp8-rowwise-gw-hp")
+    # Megatron's first_last_layers_bf16 keeps num_layers_at_start/end_in_bf16 = 1 layer at each end
+    assert fp4.bf16_edge_layers == 1 and mx.bf16_edge_layers == 0
+    assert mx.needs_block_scaling and fp4.needs_block_scaling and not RECIPES["fp8-tensorwise"].needs_block_scaling
+
+
+@pytest.mark.parametrize("name, ours", [
+    ("Float8CurrentScaling", "fp8-tensorwise"), ("DelayedScaling", "fp8-delayed"), ("MXFP8BlockScaling", "mxfp8"),
+    ("Float8BlockScaling", "fp8-blockwise"), ("NVFP4BlockScaling", "nvfp4"),  # Transformer Engine
+    ("tensorwise", "fp8-tensorwise"), ("rowwise", "fp8-rowwise"), ("rowwise_with_gw_hp", "fp8-rowwise-gw-hp"),  # torchao
+    ("delayed", "fp8-delayed"), ("blockwise", "fp8-blockwise"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"),  # Megatron
+    ("fp16", "fp16-mixed"), ("bf16", "bf16"),
+])
+def test_stack_names_are_aliases(name, ours):
+    assert canonical(name) == ours
+    Precision(canonical(name))
+
+
+@pytest.mark.parametrize("profile, fp8, fp4", [
+    ("aws-p6-b200", 4500, 9000), ("dgx-b300", 4500, 14000), ("gb200-nvl72", 5000, 10000), ("gb300-nvl72", 5000, 15000),
+])
+def test_blackwell_datasheet_peaks(profile, fp8, fp4):
+    """aiconfigurator 0.12.0's NVIDIA-authored systems/*.yaml dense tensor rates; FP6 at the FP8 rate."""
+    g = load_hardware(profile).gpu
+    assert (g.peak_tflops["fp8"], g.peak_tflops["fp6"], g.peak_tflops["fp4"]) == (fp8, fp8, fp4)
+    assert g.block_scaling
+
+
+@pytest.mark.parametrize("precision, hw", [("mxfp8", "dgx-h100"), ("nvfp4", "dgx-h200"), ("fp8-tensorwise", "dgx-a100")])
+def test_a_gpu_without_the_recipe_is_one_line(precision, hw):
+    with pytest.raises(PlanError) as exc:
+        estimate("llama3-8b", hw, gpus=8, precision=precision, fsdp="full-shard")
+    assert "\n" not in str(exc.value) and precision in str(exc.value)
+
+
+def test_cli_takes_the_stack_names_and_refuses_others():
+    ok = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--fsdp",
+                                  "full-shard", "--precision", "Float8CurrentScaling"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--precision", "fp7"])
+    assert bad.exit_code == 2 and "fp8-tensorwise" in bad.output
+
+
+@lru_cache(maxsize=1)
+def _rows() -> dict:
+    return {r["id"]: r for r in load_lowprec()}
+
+
+def _te(rid: str) -> dict:
+    return _rows()[rid]
+
+
+@pytest.mark.parametrize("profile, tag, recipe, te", [
+    ("dgx-b300", "b300", "fp8-tensorwise", "FP8Current"), ("dgx-b300", "b300", "mxfp8", "MXFP8"),
+    ("dgx-b300", "b300", "nvfp4", "NVFP4"), ("dgx-h100", "h200", "fp8-tensorwise", "FP8Current"),
+])
+def test_recipe_rates_reproduce_te_prequantised_speedups(profile, tag, recipe, te):
+    """The calibration: one layer's 12 GEMMs of TE's 5B config, pre-quantised, run the measured speedup over BF16
+    (B300: FP8 current x1.923, MXFP8 x1.83, NVFP4 x3.481; H200 NVL: x1.905)."""
+    hw = load_hardware(profile)
+    all3 = ("fprop", "dgrad", "wgrad")
+    measured = _te(f"te-gemm-{tag}-prequant-layer-total-{te}")["speedup_vs_bf16"]
+    assert te_layer_seconds(hw, "bf16", False, all3) / te_layer_seconds(hw, recipe, False, all3) == pytest.approx(measured, rel=0.01)
+
+
+def test_b300_gemm_times_against_te():
+    """Absolute per-layer GEMM times on a B300 (TE's table): BF16 13.102 ms, FP8 current with its casts 9.147 ms,
+    MXFP8 8.984, NVFP4 6.453: each within 15%."""
+    hw = load_hardware("dgx-b300")
+    all3 = ("fprop", "dgrad", "wgrad")
+    assert te_layer_seconds(hw, "bf16", False, all3) * 1e3 == pytest.approx(13.102, rel=0.15)
+    for recipe, te, ms in [("fp8-tensorwise", "FP8Current", 9.147), ("mxfp8", "MXFP8", 8.984), ("nvfp4", "NVFP4", 6.453)]:
+        assert _te(f"te-gemm-b300-autocast-layer-total-{te}")["time_ms"] == ms
+        assert te_layer_seconds(hw, recipe, True, all3) * 1e3 == pytest.approx(ms, rel=0.15)
+    assert set(TE_SHAPES) == {"QKV", "AttnOut", "MLPUp", "MLPDown"}
+
+
+def test_torchao_h100_tensorwise_speedup():
+    """torchao's H100 table: Llama 3 8B, 8 GPUs FSDP, micro-batch 1, seq 8192, per-op SAC: FP8 tensorwise x1.2503 over
+    BF16 (7,689.5 vs 6,150 tokens/s); predicted within 10%."""
+    kw = dict(gpus=8, dp=8, fsdp="full-shard", micro_batch=1, seq=8192, recompute="selective", stack="torchtitan")
+    bf16 = estimate("llama3-8b", "dgx-h100", precision="bf16-mixed", **kw)
+    fp8 = estimate("llama3-8b", "dgx-h100", precision="fp8-tensorwise", **kw)
+    assert fp8.tokens_per_s / bf16.tokens_per_s == pytest.approx(1.2503, rel=0.10)
+    assert fp8.breakdown["compute/forward"] < bf16.breakdown["compute/forward"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(mb=st.sampled_from([1, 2, 4]), seq=st.sampled_from([2048, 4096, 8192]))
+def test_nvfp4_saves_activations_fp8_does_not(mb, seq):
+    """NVFP4 keeps its linears' inputs in 4 bits for backward: fewer activation bytes than BF16; the FP8 recipes keep
+    BF16 inputs (torchao's measured runs hold the BF16 peak)."""
+    kw = dict(gpus=4, dp=4, fsdp="full-shard", micro_batch=mb, seq=seq, stack="torchtitan")
+    acts = {p: estimate("llama3-8b", "gb200-nvl72", precision=p, **kw).memory.parts["activations"]
+            for p in ("bf16-mixed", "mxfp8", "nvfp4")}
+    assert acts["nvfp4"] < acts["mxfp8"] == pytest.approx(acts["bf16-mixed"])
+
+
+def test_plan_auto_ranks_recipes():
+    res = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "aws-p6-b200", "--gpus", "8", "--top", "1",
+                                   "--precision", "auto"])
+    assert res.exit_code == 0, res.output
+    assert "precisions ranked" in res.output and "nvfp4" in res.output and "bf16-mixed" in res.output
+    assert "% of the step" in res.output  # each recipe's casts, as a share of its best plan's step
+    # Hopper offers no block-scaled recipe
+    res = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--top", "1",
+                                   "--precision", "auto"])
+    assert res.exit_code == 0, res.output
+    assert "mxfp8" not in res.output and "fp8-tensorwise" in res.output
+
+
+def test_calibrate_fits_a_recipe_against_its_format_peak():
+    """advisor calibrate's fp8-tensorwise rows (torch._scaled_mm) are fitted against the FP8 peak into
+    matmul_max['fp8-tensorwise']: rows made from a known efficiency give it back."""
+    from advisor.calibrate.compute import fit_efficiency
+
+    hw = load_hardware("dgx-h100")
+    peak = hw.gpu.peak_flops_per_s("fp8")
+    rows = []
+    for m, k, n in [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8192, 14336, 4096), (2048, 1024, 1024)]:
+        t = 2 * m * k * n / (peak * 0.65 * n / (n + 100) * k / (k + 100)) + 20e-6
+        rows.append({"kind": "matmul", "math": "fp8-tensorwise", "m": m, "k": k, "n": n, "time_s": t, "status": "ok"})
+    eff, _ = fit_efficiency(rows, hw)
+    assert eff.matmul_max["fp8-tensorwise"] == pytest.approx(0.65, rel=0.02)
+    assert eff.matmul_max["bf16"] == hw.efficiency.matmul_max["bf16"]  # nothing else moves
+
+
+def test_low_precision_params_halve_the_weights_and_their_gathers():
+    """A stack that keeps FP8 weights (Megatron --fp8-param-gather) holds the layers' weights at 1 byte (+ scales)
+    instead of 2, and keeps one quantised copy fewer."""
+    from advisor.stack import load_stack
+
+    base = load_stack("megatron-deepspeed")
+    fp8p = base.model_copy(update={"engine": base.engine.model_copy(update={"low_precision_params": True})})
+    kw = dict(gpus=8, dp=8, zero=1, micro_batch=1, seq=4096, precision="fp8-tensorwise")
+    a = estimate("llama3-8b", "dgx-h100", stack=base, **kw).memory.parts
+    b = estimate("llama3-8b", "dgx-h100", stack=fp8p, **kw).memory.parts
+    layer_params = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336)  # Llama 3 8B's linears
+    assert a["weights"] - b["weights"] == pytest.approx(layer_params * 1.0, rel=0.01)  # 2 bytes -> 1 (tensorwise)
+    assert a["transient"] - b["transient"] == pytest.approx(layer_params * 1.0, rel=0.01)  # one cached copy fewer
+
+
+@pytest.mark.parametrize("fmt, precision, expect", [
+    ("megatron", "fp8-tensorwise", "--fp8-recipe tensorwise"), ("megatron", "mxfp8", "--fp8-format e4m3"),
+    ("megatron", "nvfp4", "--first-last-layers-bf16"), ("accelerate", "fp8-tensorwise", "backend: AO"),
+    ("accelerate", "fp8-delayed", "backend: TE"),
+])
+def test_exports_write_the_recipe(fmt, precision, expect):
+    res = CliRunner().invoke(cli, ["export", "--format", fmt, "--model", "llama3-8b", "--hw", "aws-p6-b200", "--gpus",
+                                   "8", "--dp", "8", "--zero", "1", "--precision", precision])
+    assert res.exit_code == 0, res.output
+    assert expect in res.output
+
+
+@pytest.mark.parametrize("fmt, precision", [("megatron", "fp8-rowwise"), ("accelerate", "nvfp4")])
+def test_exports_refuse_a_recipe_the_launcher_cannot_run(fmt, precision):
+    res = CliRunner().invoke(cli, ["export", "--format", fmt, "--model", "llama3-8b", "--hw", "aws-p6-b200", "--gpus",
+                                   "8", "--dp", "8", "--zero", "1", "--precision", precision])
+    assert res.exit_code == 2 and precision in res.output and "Traceback" not in res.output
+
+
+LOW_PROFILES = ["dgx-h100", "dgx-h200", "aws-p6-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(profile=st.sampled_from(LOW_PROFILES), recipe=st.sampled_from(sorted(RECIPES)),
+       m=st.integers(8192, 65536), k=st.sampled_from([4096, 8192, 16384]), n=st.sampled_from([4096, 8192, 28672]))
+def test_a_recipe_runs_large_gemms_faster_than_bf16(profile, recipe, m, k, n):
+    """Every recipe a GPU runs beats BF16 on a large GEMM, casts included (TE's tables: x1.33-x3.5 on the 5B shapes)."""
+    from validation.lowprec import gemm_seconds
+
+    hw = load_hardware(profile)
+    r = RECIPES[recipe]
+    if r.format not in hw.gpu.peak_tflops or (r.needs_block_scaling and not hw.gpu.block_scaling):
+        return
+    all3 = ("fprop", "dgrad", "wgrad")
+    assert gemm_seconds(hw, recipe, m, k, n, True, all3) < gemm_seconds(hw, "bf16", m, k, n, False, all3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(recipe=st.sampled_from(sorted(RECIPES)), tokens=st.integers(1, 1 << 20))
+def test_cast_time_grows_with_the_tokens(recipe, tokens):
+    """The quantisation kernels are memory-bound: doubling the tokens of a linear never shortens its casts."""
+    from advisor.compute import linear_pass_times
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    hw = load_hardware("gb200-nvl72")
+    w = Workload.of(load_model("llama3-8b"), hw, load_stack("torchtitan"), TrainingSetup(precision=recipe))
+    lin = w.layer.linears[0]
+    assert linear_pass_times(w, lin, 2 * tokens, 1)[2] >= linear_pass_times(w, lin, tokens, 1)[2] > 0
+
+
+# B300: the profile's BF16 rate is the B200's (aws-p6-b200), 11% slower than TE's own B300 BF16 table (14.57 vs
+# 13.10 ms for the 12 GEMMs), and the recipes' rates are relative to it: the goal's 15% there, 5% on the H200 NVL
+@pytest.mark.parametrize("profile, tag, ms, tol", [("dgx-b300", "b300", 7.802, 0.15), ("h200-nvl", "h200", 18.978, 0.05)])
+def test_delayed_scaling_runs_current_scalings_gemm(profile, tag, ms, tol):
+    """Delayed and current scaling call the same per-tensor FP8 GEMM: one rate. With delayed scaling's single cast
+    pass (no amax pre-pass) one layer's 12 GEMMs then take TE's measured autocast time (B300 7.802 ms, H200 NVL
+    18.978 ms)."""
+    from validation.lowprec import h200_nvl
+
+    hw = h200_nvl() if profile == "h200-nvl" else load_hardware(profile)
+    assert hw.efficiency.matmul_max["fp8-delayed"] == hw.efficiency.matmul_max["fp8-tensorwise"]
+    assert _te(f"te-gemm-{tag}-autocast-layer-total-FP8Delayed")["time_ms"] == ms
+    assert te_layer_seconds(hw, "fp8-delayed", True, ("fprop", "dgrad", "wgrad")) * 1e3 == pytest.approx(ms, rel=tol)
+
+
+def test_nvfp4_memory_saving_on_torchtitans_gb200_run():
+    """torchtitan's GB200 Llama 3 8B run (4 GPUs FSDP, micro-batch 32, seq 2048): NVFP4 peaks 63.5 GiB below BF16
+    (110.95 vs 174.49 GiB, reference/lowprec_runs.yaml tt-gb200-l8b-*); the recipe's own saving (its 4-bit saved GEMM
+    inputs) within 15% of that, whatever the stack's BF16 activation tables give for the peak itself."""
+    from validation.lowprec import e2e_kwargs
+
+    bf16, fp4 = (estimate(**e2e_kwargs(_te(f"tt-gb200-l8b-{x}"))) for x in ("bf16", "nvfp4-bf16tail"))
+    measured = _te("tt-gb200-l8b-nvfp4-bf16tail")["measured"]["peak_memory_gib"] - _te("tt-gb200-l8b-bf16")["measured"]["peak_memory_gib"]
+    assert measured == pytest.approx(-63.54)
+    assert (fp4.memory.peak_bytes - bf16.memory.peak_bytes) / 2**30 == pytest.approx(measured, rel=0.15)

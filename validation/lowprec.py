@@ -1,0 +1,322 @@
+"""Low-precision training (issue 21): validation/data/lowprec_runs.yaml and megatron_bridge_performance.csv, verbatim
+copies of the reference files.
+
+``lowprec``: the end-to-end rows (torchao / torchtitan benchmark tables: bf16 beside FP8 tensorwise / rowwise, MXFP8,
+NVFP4) estimated as their users ran them (``--stack torchtitan``, FSDP, their batch and checkpointing), each recipe
+row's tokens/s per GPU and its speedup over the same table's BF16 row; and the GEMM rows (Transformer Engine's
+per-GEMM profiling on B300 and H200 NVL, torchao's tables) through advisor.compute's recipe GEMM time plus, for the
+"autocast" rows, the per-GEMM quantisation of both operands (advisor.precision ``gemm_quantise_bytes``).
+
+``bridge``: Megatron-Bridge's dense pre-training rows (Llama 3 8B / 70B, Llama 3.1 405B) on the systems advisor has
+a profile for, estimated on ``BRIDGE_STACK`` with their TP/PP/VP, micro and global batch; tokens/s per GPU, and
+every row must fit.
+
+``python -m validation.lowprec --fit`` prints the recipe GEMM calibrations the Hopper and Blackwell profiles carry.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from typing import Any, Optional
+
+import numpy as np
+import yaml
+
+from advisor.compute import gemm_time, mem_time, recipe_gemm_time
+from advisor.hardware import Hardware, load_hardware
+from advisor.precision import RECIPES
+from advisor.units import GiB
+from validation.datasets import DATA_DIR
+from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
+
+# The stack the Megatron-Bridge rows are costed on: megatron-core where main has that profile, else the closest.
+BRIDGE_STACK = "megatron-deepspeed"
+
+E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "dgx-h100", "H200": "dgx-h200",
+                "B200 (power limited)": "aws-p6-b200", "B200": "aws-p6-b200", "GB200": "gb200-nvl72"}
+E2E_MODELS = {"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3-405b", "Qwen3-8B": "qwen3-8b"}
+BRIDGE_HARDWARE = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-B300": "dgx-b300", "DGX-GB200": "gb200-nvl72",
+                   "DGX-GB300": "gb300-nvl72"}
+BRIDGE_MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
+# Megatron-Bridge's precision column: FP8 is current scaling on these tables (the README: "FP8 current scaling")
+BRIDGE_PRECISION = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8", "NVFP4": "nvfp4"}
+
+SPEEDUP_TOLERANCE_PCT = 10.0
+TOKENS_TOLERANCE_PCT = 15.0
+GEMM_TOLERANCE_PCT = 15.0
+
+# TE's 5B configuration (docs/features/low_precision_training: gemm profiling): M = 15872 tokens, hidden 4096
+TE_M = 15872
+TE_SHAPES = {"QKV": (4096, 12288), "AttnOut": (4096, 4096), "MLPUp": (4096, 16384), "MLPDown": (16384, 4096)}  # (k, n)
+TE_RECIPES = {"BF16": "bf16", "FP8Current": "fp8-tensorwise", "FP8Delayed": "fp8-delayed", "MXFP8": "mxfp8",
+              "NVFP4": "nvfp4", "FP8Block": "fp8-blockwise"}
+
+
+def load_lowprec() -> list[dict]:
+    return yaml.safe_load((DATA_DIR / "lowprec_runs.yaml").read_text())
+
+
+def load_bridge() -> list[dict]:
+    with open(DATA_DIR / "megatron_bridge_performance.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def h200_nvl() -> Hardware:
+    """The H200 NVL (PCIe card, 600 W) TE's H200 rows ran on: dgx-h200's efficiencies on the NVL's datasheet rates
+    (NVIDIA H200 datasheet, H200 NVL column: BF16 1,671 and FP8 3,341 TFLOP/s with sparsity, half dense; 4.8 TB/s)."""
+    hw = load_hardware("dgx-h200")
+    gpu = hw.gpu.model_copy(update={"name": "H200-NVL", "memory_bandwidth_GBps": 4800.0,
+                                    "peak_tflops": {**hw.gpu.peak_tflops, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}})
+    return hw.model_copy(update={"name": "h200-nvl", "gpu": gpu})
+
+
+def gemm_seconds(hw: Hardware, recipe: str, m: float, k: float, n: float, autocast: bool, passes=("fprop",)) -> float:
+    """One GEMM's passes of shape m x k x n (fprop: [m, k] @ [k, n]) in ``recipe``; ``autocast``: each pass also
+    quantises both of its operands in one orientation (TE benchmark_gemm.py's autocast mode)."""
+    r = RECIPES.get(recipe)
+    flops = 2.0 * m * k * n
+    t = 0.0
+    # operands per pass: fprop x [m,k], w [k,n]; dgrad dy [m,n], w; wgrad x, dy
+    operands = {"fprop": m * k + k * n, "dgrad": m * n + k * n, "wgrad": m * k + m * n}
+    for p in passes:
+        if r is None or not r.runs_low(p):
+            t += float(gemm_time(hw, "bf16", flops, n, k))
+            continue
+        t += float(recipe_gemm_time(hw, r, flops, n, k))
+        if autocast:
+            t += float(mem_time(hw, r.gemm_quantise_bytes * operands[p]))
+    return t
+
+
+def _gemm_hw(gpu: str) -> Optional[Hardware]:
+    if gpu.startswith("B300"):
+        return load_hardware("dgx-b300")
+    if gpu.startswith("H200 NVL"):
+        return h200_nvl()
+    if gpu.startswith("B200"):
+        return load_hardware("aws-p6-b200")
+    if gpu.startswith("H100"):
+        return load_hardware("dgx-h100")
+    return None
+
+
+def te_layer_seconds(hw: Hardware, recipe: str, autocast: bool, passes) -> float:
+    return sum(gemm_seconds(hw, recipe, TE_M, k, n, autocast, passes) for k, n in TE_SHAPES.values())
+
+
+def predict_gemm(row: dict) -> Optional[tuple[float, float, str]]:
+    """(predicted, measured, what) of one GEMM row, or None where advisor has nothing to say."""
+    hw = _gemm_hw(row["hardware"]["gpu"])
+    if hw is None:
+        return None
+    rid, recipe = row["id"], row["recipe"]
+    autocast = row.get("mode", "").startswith("autocast")
+    if rid.startswith("te-gemm-"):
+        parts = rid.split("-")
+        if "layer" in parts:
+            which = parts[parts.index("layer") + 1]
+            passes = ("fprop", "dgrad", "wgrad") if which == "total" else (which,)
+            pred = te_layer_seconds(hw, recipe, autocast, passes)
+        else:
+            k, n = TE_SHAPES[parts[5]]
+            pred = gemm_seconds(hw, recipe, TE_M, k, n, autocast)
+        return pred * 1e3, float(row["time_ms"]), "time ms"
+    if rid.startswith("te-speedups-"):
+        passes = ("fprop", "dgrad", "wgrad")
+        return (te_layer_seconds(hw, "bf16", False, passes) / te_layer_seconds(hw, recipe, autocast, passes),
+                float(row["speedup_vs_bf16"]), "speedup")
+    shape = row.get("shape")
+    if not isinstance(shape, list) or len(shape) != 3:
+        return None
+    m, k, n = (float(x) for x in shape)
+    groups = float(row.get("groups") or 1)
+    if row.get("time_us") is not None:  # one pass of a grouped GEMM, pre-quantised
+        pass_ = "wgrad" if rid.endswith("wgrad") else ("dgrad" if rid.endswith("dgrad") else "fprop")
+        pred = groups * gemm_seconds(hw, recipe, m / groups, k, n, False, (pass_,))
+        return pred * 1e6, float(row["time_us"]), "time us"
+    if row.get("speedup_vs_bf16") is not None:  # forward + backward with the casts, against bf16
+        all3 = ("fprop", "dgrad", "wgrad")
+        return (gemm_seconds(hw, "bf16", m / groups, k, n, False, all3) / gemm_seconds(hw, recipe, m / groups, k, n, True, all3),
+                float(row["speedup_vs_bf16"]), "speedup")
+    return None
+
+
+def _recompute(ac: Any) -> Optional[str]:
+    a = str(ac or "none").lower()
+    if a.startswith("full"):
+        return "full"
+    if "sac" in a or a.startswith("selective"):
+        return "selective"
+    if a.startswith("none"):
+        return "none"
+    return None
+
+
+def e2e_kwargs(row: dict) -> Optional[dict]:
+    """advisor.estimate's options for an end-to-end row, or None where advisor cannot ask it (MoE, no GPU named,
+    a parallelism column advisor does not read)."""
+    hw, m, p, b = row["hardware"], row["model"], row["parallelism"], row["batch"]
+    model, gpu = E2E_MODELS.get(m["name"]), E2E_HARDWARE.get(str(hw.get("gpu")))
+    recompute = _recompute(p.get("ac"))
+    if model is None or gpu is None or recompute is None or p.get("ep") or not isinstance(p.get("dp"), int):
+        return None
+    tp, pp = p.get("tp") or 1, p.get("pp") or 1
+    if not isinstance(tp, int) or not isinstance(pp, int):
+        tp = int(str(tp).split()[0])
+        pp = int(str(pp).split()[0])
+    kw = dict(model=model, hw=gpu, gpus=hw["num_gpus"], dp=p["dp"], tp=tp, pp=pp, fsdp="full-shard",
+              micro_batch=b["micro_batch_per_gpu"], seq=m["seq_len"], recompute=recompute, stack="torchtitan",
+              precision="bf16-mixed" if row["precision"]["recipe"] == "bf16" else row["precision"]["recipe"])
+    if b.get("global_batch_seqs"):
+        kw["global_batch"] = b["global_batch_seqs"]
+    return kw
+
+
+def _baseline(row: dict, rows: list[dict]) -> Optional[dict]:
+    """The BF16 row of the same source, model, GPUs, batch and parallelism (compile and async TP included)."""
+    if row["precision"]["recipe"] == "bf16":
+        return None
+    for other in rows:
+        if other.get("kind") == "gemm" or other["precision"]["recipe"] != "bf16":
+            continue
+        same = (other["source"]["url"] == row["source"]["url"] and other["model"]["name"] == row["model"]["name"]
+                and other["hardware"] == row["hardware"] and other["batch"] == row["batch"]
+                and other["parallelism"] == row["parallelism"])
+        if same:
+            return other
+    return None
+
+
+def validate_lowprec() -> DatasetReport:
+    rows = load_lowprec()
+    rejected, points, speedups, gemms = Counter(), [], [], []
+    memory_deltas: list[tuple[str, float, float]] = []
+    tokens: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    for r in rows:
+        if r.get("kind") == "gemm":
+            got = predict_gemm(r)
+            if got is None:
+                rejected["GEMM row with no shape or GPU advisor reads"] += 1
+                continue
+            pred, meas, what = got
+            gemms.append(Point(label=r["id"], kind=f"gemm {what}", predicted=pred, measured=meas))
+            continue
+        kw = e2e_kwargs(r)
+        if kw is None:
+            rejected["end-to-end row advisor cannot ask (MoE, no GPU named, or a column it does not read)"] += 1
+            continue
+        est = _estimate(kw, rejected)
+        if est is None:
+            continue
+        tokens[r["id"]] = est.tokens_per_s / est.world_size
+        peaks[r["id"]] = est.memory.peak_bytes / GiB
+        points.append(Point(label=r["id"], kind=r["precision"]["recipe"], predicted=tokens[r["id"]],
+                            measured=float(r["measured"]["tokens_per_s_per_gpu"]), breakdown=est.breakdown))
+    for r in rows:
+        base = _baseline(r, rows) if r.get("kind") != "gemm" else None
+        if base is None or r["id"] not in tokens or base["id"] not in tokens:
+            continue
+        measured = r["measured"].get("speedup_vs_bf16") or (r["measured"]["tokens_per_s_per_gpu"]
+                                                           / base["measured"]["tokens_per_s_per_gpu"])
+        speedups.append(Point(label=r["id"], kind=r["precision"]["recipe"],
+                              predicted=tokens[r["id"]] / tokens[base["id"]], measured=float(measured)))
+        if r["measured"].get("peak_memory_gib") and base["measured"].get("peak_memory_gib"):
+            # the recipe's memory change against its BF16 row, in GiB (torchtitan's reserved memory): what the recipe
+            # itself moves, apart from how far the stack's activation tables are from the BF16 peak
+            memory_deltas.append((r["id"], peaks[r["id"]] - peaks[base["id"]],
+                                  r["measured"]["peak_memory_gib"] - base["measured"]["peak_memory_gib"]))
+    extra = {}
+    extra["speedup_mape_pct"], extra["speedup_max_ape_pct"] = ape_stats(speedups)
+    extra["gemm_mape_pct"], extra["gemm_max_ape_pct"] = ape_stats(gemms)
+    def within(points: list[Point], tol: float) -> float:
+        return 100.0 * float(np.mean([abs(p.error_pct) <= tol for p in points])) if points else float("nan")
+    extra["speedup_within_10_pct"] = within(speedups, SPEEDUP_TOLERANCE_PCT)
+    extra["tokens_within_15_pct"] = within(points, TOKENS_TOLERANCE_PCT)
+    extra["gemm_within_15_pct"] = within(gemms, GEMM_TOLERANCE_PCT)
+    notes = [f"speedup over BF16 {s.label}: predicted x{s.predicted:.3f}, measured x{s.measured:.3f} ({s.error_pct:+.1f}%)"
+             for s in speedups]
+    notes += [f"peak memory against BF16 {rid}: predicted {p:+.1f} GiB, measured {m:+.1f} GiB" for rid, p, m in memory_deltas]
+    notes += [f"GEMM {g.label}: predicted {g.predicted:.4g}, measured {g.measured:.4g} ({g.error_pct:+.1f}%)"
+              for g in gemms if abs(g.error_pct) > GEMM_TOLERANCE_PCT]
+    return _report("lowprec", "low-precision recipes: torchao/torchtitan end-to-end rows, TE and torchao GEMM rows",
+                   "tokens/s per GPU", len(rows), points, rejected, extra=extra, notes=notes)
+
+
+def bridge_kwargs(row: dict) -> Optional[dict]:
+    model, hw, prec = BRIDGE_MODELS.get(row["Model"]), BRIDGE_HARDWARE.get(row["System"]), BRIDGE_PRECISION.get(row["Precision"])
+    if model is None or hw is None or prec is None or row["task"] != "pretrain":
+        return None
+    if row["CP"] not in ("", "1", "n/a") or not (row["FSDP"] in ("", "n/a") or row["FSDP"].isdigit()):
+        return None  # context parallelism is not costed; "64 (0)" cells say two things
+    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1); an FSDP degree means Megatron-FSDP (ZeRO-3)
+    fsdp = row["FSDP"].isdigit() and int(row["FSDP"]) > 0
+    gpus, tp, pp = int(row["#-GPUs"]), int(row["TP"] or 1), int(row["PP"] or 1)
+    vp = row["VP"] if row["VP"] not in ("", "n/a") else None
+    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), zero=3 if fsdp else 1,
+              micro_batch=int(row["MBS"]), global_batch=int(row["GBS"]), seq=int(row["Sequence Length"]),
+              precision=prec, recompute="none", stack=BRIDGE_STACK)
+    if tp > 1:
+        kw["sp"] = True
+    if vp is not None and pp > 1 and int(vp) > 1:
+        kw["schedule"] = "interleaved"
+        kw["virtual_stages"] = int(vp)
+    return kw
+
+
+def validate_bridge() -> DatasetReport:
+    rows = load_bridge()
+    rejected, points, no_fit = Counter(), [], []
+    dense = [r for r in rows if r["Model"] in BRIDGE_MODELS]
+    for r in dense:
+        kw = bridge_kwargs(r)
+        if kw is None:
+            rejected["a system without a profile, context parallelism, FSDP or a fine-tuning row"] += 1
+            continue
+        est = _estimate(kw, rejected)
+        if est is None:
+            continue
+        label = f"{r['Model']} {r['System']} {r['Precision']} tp{r['TP']} pp{r['PP']} {r['release']}"
+        if not est.fits:
+            no_fit.append(label)
+        points.append(Point(label=label, kind=r["Precision"], predicted=est.tokens_per_s / est.world_size,
+                            measured=float(r["Tokens / sec / GPU"]), breakdown=est.breakdown))
+    extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1),
+             "within_10_pct": 100.0 * np.mean([abs(p.error_pct) <= 10.0 for p in points]) if points else float("nan")}
+    notes = [f"stack {BRIDGE_STACK}; {len(points)} of {len(dense)} dense rows compared"]
+    if no_fit:
+        notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6]))
+    return _report("bridge", "Megatron-Bridge dense pre-training (Llama 3 8B/70B, 3.1 405B): BF16, FP8, MXFP8, NVFP4",
+                   "tokens/s per GPU", len(dense), points, rejected, extra=extra, notes=notes)
+
+
+def fit_report() -> str:
+    """The recipe calibrations: each recipe's matmul_max that gives TE's measured pre-quantised speedup over BF16."""
+    from scipy.optimize import brentq
+
+    out = []
+    # fp8-delayed takes fp8-tensorwise's rate (the same GEMM; see dgx-h100's profile)
+    cases = [("dgx-b300", "B300", {"fp8-tensorwise": "FP8Current", "mxfp8": "MXFP8", "nvfp4": "NVFP4"}),
+             ("dgx-h100", "H200", {"fp8-tensorwise": "FP8Current"})]
+    rows = {r["id"]: r for r in load_lowprec()}
+    for prof, tag, recipes in cases:
+        hw = load_hardware(prof)
+        passes = ("fprop", "dgrad", "wgrad")
+        tb = te_layer_seconds(hw, "bf16", False, passes)
+        for name, te in recipes.items():
+            sp = rows[f"te-gemm-{tag.lower()}-prequant-layer-total-{te}"]["speedup_vs_bf16"]
+            r = RECIPES[name]
+
+            def f(x: float) -> float:
+                e = hw.efficiency.model_copy(update={"matmul_max": {**hw.efficiency.matmul_max, name: x}})
+                return te_layer_seconds(hw.model_copy(update={"efficiency": e}), name, False, passes) - tb / sp
+            out.append(f"{prof} {name}: x{sp} over BF16 -> matmul_max {brentq(f, 0.01, 1.0):.3f} of the {r.format} peak")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--fit" in sys.argv:
+        print(fit_report())
