@@ -31,7 +31,7 @@ from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
 
 # The stack the Megatron-Bridge rows are costed on: megatron-core where main has that profile, else the closest.
-BRIDGE_STACK = "megatron-deepspeed"
+BRIDGE_STACK = "megatron-core"
 
 E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "dgx-h100", "H200": "dgx-h200",
                 "B200 (power limited)": "aws-p6-b200", "B200": "aws-p6-b200", "GB200": "gb200-nvl72"}
