@@ -86,6 +86,17 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     return large, fits_one_gpu(model, hw, large, setup)
 
 
+def finetune_of(o, method: Optional[str] = None):
+    """The options' FineTune, or a one-line PlanError naming the option ("auto" is plan's only)."""
+    if (method or o.method) == "auto":
+        raise PlanError("--method auto picks a method by searching: use it with advisor plan (estimate and export "
+                        "cost one method: full, lora or qlora)")
+    try:
+        return o.finetune(method)
+    except Exception as exc:
+        raise PlanError(format_validation_error(exc).replace("method", "--method")) from None
+
+
 def build_inputs(model, hw, **given):
     """Validate every option (advisor.options) and return (model spec, hardware, stack, plan, setup, world)."""
     o = EstimateOptions.of(given, {}, "estimate")
@@ -105,7 +116,8 @@ def build_inputs(model, hw, **given):
     try:
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
-                              attention=o.attention, recompute=o.recompute, stack=_stack_name(o.stack))
+                              attention=o.attention, recompute=o.recompute, stack=_stack_name(o.stack),
+                              finetune=finetune_of(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
@@ -147,7 +159,10 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
-             allow_tp_across_nodes: bool = False, **unknown) -> Estimate:
+             allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
+             lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
+             quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
+             offload: str = "none", lora_library: str = "peft", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -158,7 +173,11 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full), ``optimizer`` (adamw,
-    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Every bad value is an AdvisorError
+    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Fine-tuning (advisor.finetune):
+    ``method`` (full, lora, qlora), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (PEFT's,
+    torchtune's or litgpt's module names, or all-linear), ``dora``, ``quant`` (none, int8, nf4), ``double_quant``,
+    ``optimizer_8bit``, ``paged``, ``offload`` (none, optimizer, activations, optimizer+activations),
+    ``lora_library`` (peft, litgpt, torchtune: whose adapter code runs). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

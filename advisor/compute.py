@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from advisor import finetune
 from advisor.hardware import Hardware
 from advisor.model.layer import keys_per_query
 from advisor.training import Attention, Recompute
@@ -114,8 +115,11 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> L
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
-    fwd = gemm_fwd + attn_fwd + ew_fwd
-    bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
+    # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
+    # adapters and dequantisation add their own (advisor.finetune)
+    extra_fwd, extra_bwd = finetune.layer_extra_times(w, tokens)
+    fwd = gemm_fwd + attn_fwd + ew_fwd + extra_fwd
+    bwd = (1.0 + finetune.weight_grad_share(w)) * gemm_fwd + attn_bwd + ew_bwd + extra_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0
@@ -144,5 +148,14 @@ def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
     fwd = logits_fwd + mem_time(hw, logits * t.loss_forward + emb_bytes)
     # Embedding backward: zero a V x h fp32 gradient, then scatter-add the token gradients.
     emb_bwd = mem_time(hw, vocab * h / tp * 4.0 + tokens * h * 8.0)
-    bwd = 2.0 * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes) + emb_bwd
+    # a frozen head computes the input gradient only; a frozen embedding has no backward
+    ft = w.finetune
+    frozen = ft.adapters
+    head_lora = 0.0
+    if frozen and "head" in ft.target_set:
+        r = ft.lora_rank
+        head_lora = gemm_time(hw, w.math, 2.0 * tokens * h * r, r, h) + gemm_time(hw, w.math, 2.0 * tokens * r * vocab, vocab, r)
+    fwd = fwd + head_lora
+    bwd = ((1.0 if frozen else 2.0) * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes)
+           + (0.0 if frozen else emb_bwd) + 2.0 * head_lora)
     return HeadTimes(fwd, bwd)

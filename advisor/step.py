@@ -121,7 +121,8 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
+        optimizer=optimizer.step_time(w, states.trained, states.trained / mesh.dp_shard, states.master)
+        * (0.0 if w.finetune.offloads_optimizer else 1.0))
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
@@ -143,6 +144,13 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
     m, layer = w.model, w.layer
     per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
     model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    ft = w.finetune
+    if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
+        from advisor.finetune import adapter_params_per_layer, head_adapter_params
+
+        linears = m.n_layers * sum(lin.flops_per_token for lin in layer.linears) + 2.0 * m.d_model * m.vocab
+        adapters = 2.0 * (m.n_layers * adapter_params_per_layer(layer, ft) + head_adapter_params(m, ft))
+        model = model + (3.0 * adapters - linears) * tokens_per_step
     # eager attention computes every score before masking: the masked half is executed too
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
