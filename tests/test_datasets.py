@@ -24,7 +24,7 @@ DATASET_FILES = [
     "a100_nccl_allreduce.csv", "h100_single_gpu.jsonl", "published_runs.yaml", "published_collectives.yaml",
     "multinode_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
-    "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
+    "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml", "finetune_runs.yaml",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 
