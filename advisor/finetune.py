@@ -285,6 +285,15 @@ def quant_bytes_per_weight(ft: FineTune, n_in: int = 4096) -> float:
     return 0.0
 
 
+def half_base(ft: FineTune, precision: Any) -> bool:
+    """Whether a mixed-precision adapter run holds its frozen base in half precision: PEFT's recipes load the model
+    with ``torch_dtype=torch.bfloat16`` and train the adapters in fp32 under autocast (peft ``autocast_adapter_dtype``
+    casts them up), torchtune loads bf16; litgpt's bf16-mixed keeps fp32 weights (Lightning's MixedPrecision casts
+    nothing: its tutorial's bf16-mixed LoRA rows use ~2.8x the memory of bf16-true). Activations then flow in half
+    precision as in the stack's half mode (the residual stream is the base's dtype)."""
+    return ft.adapters and precision.autocast and ft.library is not Library.litgpt
+
+
 def head_quantised(ft: FineTune) -> bool:
     return ft.library is Library.litgpt
 
@@ -313,12 +322,14 @@ def model_states(w: "Workload", c: Any, mesh: Any, layers: Any, full: Any) -> An
     ft, m = w.finetune, w.model
     zero, shard = np.asarray(c.zero), mesh.dp_shard
     wb, gb = full.weight_bytes, full.grad_bytes
+    half = half_base(ft, w.precision)
+    base_wb = 2.0 if half else wb  # the frozen base's bytes per weight; the adapters keep wb (fp32 under autocast)
     n_params = full.params  # tp = pp = 1 (adapters refuse both): every parameter of the model
     quant = float(quantised_weights(m, ft, head_quantised(ft)))
     qb = quant_bytes_per_weight(ft, m.d_model)
     per_layer = float(adapter_params_per_layer(m.layer, ft))
     trainable = m.n_layers * per_layer + head_adapter_params(m, ft)
-    base = (n_params - quant) * wb + quant * qb
+    base = (n_params - quant) * base_wb + quant * qb
     stored = base / n_params  # bytes per base parameter as held (and as ZeRO-3 gathers it)
     z3 = np.where(zero >= 3, shard, 1.0)
     if ft.offloads_optimizer:
@@ -336,7 +347,7 @@ def model_states(w: "Workload", c: Any, mesh: Any, layers: Any, full: Any) -> An
         optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
         grad_buffer=np.where(zero >= 2, per_layer * gb, 0.0),
         bucket_copy=np.where(ddp, trainable * gb, 0.0),
-        autocast_copy=optimizer.autocast_weights(w, full.master) * (n_params - quant) * 2.0,
+        autocast_copy=0.0 if half else optimizer.autocast_weights(w, full.master) * (n_params - quant) * 2.0,
         step_temporaries=0.0 if ft.offloads_optimizer else optimizer.step_temporaries(w, trainable / shard),
         head_grads=np.minimum(head_adapter_params(m, ft) * gb, grads))
 
@@ -363,7 +374,7 @@ def _module_inputs(w: "Workload") -> dict[str, tuple[int, int]]:
     for lin in w.layer.linears:
         width, n = out.get(lin.module, (lin.n_in, 0))
         out[lin.module] = (width, n + 1)
-    mixed = w.precision.autocast
+    mixed = w.precision.autocast and not half_base(w.finetune, w.precision)
     return {k: (width, n if mixed else 1) for k, (width, n) in out.items()}
 
 
@@ -426,3 +437,19 @@ def layer_extra_times(w: "Workload", tokens: Any) -> tuple[Any, Any]:
 def weight_grad_share(w: "Workload") -> float:
     """The base GEMMs' weight gradients: 1 (a full fine-tune computes them) or 0 (frozen)."""
     return 0.0 if w.finetune.adapters else 1.0
+
+
+# Activation offload moves each saved tensor to pinned host memory during forward and back during backward over the
+# GPU's host link: PCIe 4.0 x16 (31.5 GB/s per direction, PCI-SIG) on every GPU of the fine-tuning profiles; pinned
+# cudaMemcpyAsync reaches ~80% of it (CUDA samples' bandwidthTest, pinned, ~25-26 GB/s on Gen4 x16). The profiles
+# carry no host-link field yet: this is the Gen4 x16 figure for all of them.
+HOST_LINK_BYTES_PER_S = 31.5e9 * 0.8
+
+
+def activation_offload_exposed(w: "Workload", saved_bytes: Any, fwd_s: Any, bwd_s: Any) -> tuple[Any, Any]:
+    """(forward, backward) seconds per micro-batch that activation offload adds: torchtune copies on a side stream
+    (OffloadActivations, use_streams=True), so only what outlasts the pass it overlaps is exposed."""
+    if not w.finetune.offloads_activations:
+        return 0.0, 0.0
+    t = saved_bytes / HOST_LINK_BYTES_PER_S
+    return np.maximum(t - fwd_s, 0.0), np.maximum(t - bwd_s, 0.0)

@@ -73,6 +73,7 @@ class PlanSearch:
     allow_tp_across_nodes: bool = False
     seq_defaulted: bool = False
     tokens: Optional[float] = None  # a token budget to train
+    method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
 
     @property
     def stack(self) -> Stack:
@@ -111,7 +112,8 @@ class PlanSearch:
 
     def notes(self) -> list[str]:
         t = self.tree
-        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        out = list(self.method_choice.get("lines", []))
+        out += [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
         if len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
@@ -142,6 +144,7 @@ class PlanSearch:
             "rejected": dict(self.rejected), "stack": self.stack.name if len(self.stacks) == 1 else "any",
             "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
+            **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }
 
 

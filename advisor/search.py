@@ -74,7 +74,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o) for st in stacks for w in worlds]
-    tree = decision_tree(spec, hardware, max(worlds), fits_one)
+    tree = decision_tree(spec, hardware, max(worlds), fits_one, setup.finetune.method.value)
     ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}

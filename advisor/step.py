@@ -28,6 +28,7 @@ import numpy as np
 
 from advisor import compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
+from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown
 from advisor.parallel import data, pipeline, tensor
 from advisor.training import Recompute
@@ -115,9 +116,17 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     states = data.model_states(w, c, mesh, layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
     body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    off_f, off_b = 0.0, 0.0
+    if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
+        from advisor.finetune import activation_offload_exposed
+        from advisor.memory import saved_per_token
+
+        kept = saved_per_token(w, c, mesh)[0] * tokens * layers
+        off_f, off_b = activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
+    cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
     time = TimeBreakdown(
-        compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
-        compute_backward=ga * (layers * lt.bwd_s + head.bwd_s), compute_recompute=ga * layers * lt.recompute_s,
+        compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
+        compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,

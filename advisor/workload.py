@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from advisor.finetune import FULL, FineTune, Library, trainable_params
+from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelError, ModelSpec
 from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
@@ -49,6 +49,8 @@ class Workload:
         ft = setup.finetune
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
+            if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
+                tables = stack.tables(Mode.half.value, setup.attention.value, layer)
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft)
