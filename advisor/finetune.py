@@ -340,6 +340,11 @@ def model_states(w: "Workload", c: Any, mesh: Any, layers: Any, full: Any) -> An
         states = trainable * optimizer.state_bytes(w, full.master) / shard
     p_layer = float(m.layer.n_params)
     gathered = np.where(zero >= 3, np.minimum(2.0 * p_layer * stored, base * (1.0 - 1.0 / shard)), 0.0)
+    if ft.library is Library.litgpt:
+        # litgpt's finetune scripts load the checkpoint after fabric.setup_module: Fabric's FSDP load_raw loads a full
+        # state dict under _get_full_state_dict_context(rank0_only=False) (lightning/fabric/strategies/fsdp.py
+        # _load_raw_module_state), so every rank holds every weight unsharded beside its own shard once, at start
+        gathered = np.where((zero >= 3) & (shard > 1), np.maximum(gathered, base), gathered)
     grads = trainable * gb / np.where(zero >= 2, shard, 1.0)
     ddp = np.asarray(full.bucket_copy) > 0
     return replace(
@@ -397,6 +402,11 @@ def saved_delta_per_token(w: "Workload") -> float:
     for module, (width, copies) in _module_inputs(w).items():
         if keeps_input or (module in adapted and ft.lora_dropout == 0.0):
             continue  # the quantised matmul, or the adapter's A, keeps the input itself
+        if module == "out" and not w.eager:
+            # a fused kernel's output, which it keeps for its backward, is the out projection's input: torch's SDPA
+            # returns (b, heads, s, d) laid out as (b, s, heads, d), so transformers' transpose(1, 2).contiguous() and
+            # litgpt's transpose(1, 2).contiguous().view() copy nothing (torch.contiguous returns self)
+            continue
         delta -= copies * width * a
     dropouts = {TARGET_MODULE[t] if (ft.library is Library.litgpt and t in "qkv") else t: n_in for t, n_in, _ in shapes}
     if ft.lora_dropout > 0.0:

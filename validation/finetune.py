@@ -77,7 +77,8 @@ def estimate_kwargs(run: dict) -> tuple[Optional[dict], str]:
         return None, "DeepSpeed ZeRO-3 parameter offload to CPU is not costed"
     litgpt = "lit-gpt" in str(t["framework"])
     seq = t["seq_len"] if isinstance(t["seq_len"], int) else PEFT_SEQ
-    precision = ("bf16" if "bf16-true" in t["precision"] else "bf16-mixed" if "mixed" in t["precision"] else "fp32")
+    p = str(t["precision"])
+    precision = "fp32" if p.startswith("fp32") else "bf16" if "bf16-true" in p else "bf16-mixed"
     n = hw["num_gpus"]
     kw: dict[str, Any] = dict(model=spec, hw=HARDWARE[hw["gpu"]], gpus=n, micro_batch=t["micro_batch_per_gpu"],
                               seq=seq, precision=precision, recompute="full" if t["activation_checkpointing"] else "none",
