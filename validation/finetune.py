@@ -82,7 +82,7 @@ def estimate_kwargs(run: dict) -> tuple[Optional[dict], str]:
     n = hw["num_gpus"]
     kw: dict[str, Any] = dict(model=spec, hw=HARDWARE[hw["gpu"]], gpus=n, micro_batch=t["micro_batch_per_gpu"],
                               seq=seq, precision=precision, recompute="full" if t["activation_checkpointing"] else "none",
-                              stack="hf-trainer", grad_accum=1)
+                              stack="litgpt" if litgpt else "hf-trainer", grad_accum=1)
     if n > 1:
         kw["fsdp"] = "full-shard"
     if method["kind"] != "full":
