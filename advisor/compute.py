@@ -116,10 +116,9 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> L
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
     # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
-    # adapters and dequantisation add their own (advisor.finetune)
-    extra_fwd, extra_bwd = finetune.layer_extra_times(w, tokens)
-    fwd = gemm_fwd + attn_fwd + ew_fwd + extra_fwd
-    bwd = (1.0 + finetune.weight_grad_share(w)) * gemm_fwd + attn_bwd + ew_bwd + extra_bwd
+    # adapters and dequantisation add their own (advisor.adapters.with_adapters)
+    fwd = gemm_fwd + attn_fwd + ew_fwd
+    bwd = (1.0 + finetune.weight_grad_share(w)) * gemm_fwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor import finetune
+from advisor import adapters
 from advisor.candidates import Candidates, Mesh
 from advisor.parallel import pipeline
 from advisor.parallel.data import ModelStates
@@ -82,7 +82,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh) -> tuple[Any, Any]:
     """(bytes one layer keeps per token under each plan's recomputation, bytes with none) on one TP rank."""
     t, sp = w.tables, np.asarray(c.sp, dtype=bool)
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
-    delta = finetune.saved_delta_per_token(w)  # a frozen base's inputs not kept, the adapters' tensors kept
+    delta = adapters.saved_delta_per_token(w)  # a frozen base's inputs not kept, the adapters' tensors kept
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores) + delta
     kept = np.where(c.recompute == Recompute.full.code, t.saved_full_recompute.per_gpu(mesh.tp, sp),
                     np.where(c.recompute == Recompute.selective.code, t.saved_selective.per_gpu(mesh.tp, sp) + delta, full))

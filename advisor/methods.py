@@ -12,7 +12,8 @@ fits at micro-batch 1 (doubling, then bisecting; at most the model's positions w
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any
 
 from advisor.errors import AdvisorError
 
@@ -21,10 +22,9 @@ LADDER = (("full", {}), ("lora", {}), ("qlora", {}), ("qlora+offload", {"offload
 MAX_SEQ_SEARCH = 1 << 20  # the longest sequence the search for it tries (1M tokens)
 
 
-def plan_auto(model: Any, hw: Any, given: dict[str, Any]):
-    """The PlanSearch of the method the rule picks, with ``method_choice`` saying what fit and why."""
-    from advisor.search import plan
-
+def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, Any]):
+    """The PlanSearch of the method the rule picks (each searched by ``plan``: advisor.search.plan), with
+    ``method_choice`` saying what fit and why."""
     results, steps = {}, {}
     for name, extra in LADDER:
         kw = {**given, **extra, "method": name.split("+")[0]}

@@ -62,7 +62,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     if o.method == "auto":
         from advisor.methods import plan_auto
 
-        return plan_auto(model, hw, given)
+        return plan_auto(plan, model, hw, given)
     spec, hardware = load_model(model), load_hardware(hw)
     if o.objective == "cost" and hardware.price_per_gpu_hour_usd is None:
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor import compute, host, optimizer
+from advisor import adapters, compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown
@@ -103,7 +103,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
-    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute)
+    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute), tokens, c.recompute)
     head = compute.head_times(w, tokens, mesh.tp)
     tp = tensor.time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
@@ -118,11 +118,10 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
     off_f, off_b = 0.0, 0.0
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
-        from advisor.finetune import activation_offload_exposed
         from advisor.memory import saved_per_token
 
         kept = saved_per_token(w, c, mesh)[0] * tokens * layers
-        off_f, off_b = activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
+        off_f, off_b = adapters.activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
     cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from advisor import estimate
 from advisor.errors import AdvisorError
-from advisor.finetune import FineTune, parse_targets, quant_bytes_per_weight, trainable_params
+from advisor.finetune import (
+    FineTune,
+    parse_targets,
+    quant_bytes_per_weight,
+    trainable_params,
+)
 from advisor.model import load_model, model_from_hf_dict
 
 peft = pytest.importorskip("peft", reason="peft not installed (test extra)")

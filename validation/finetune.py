@@ -18,7 +18,7 @@ without a per-GPU configuration) are counted as rejected with the reason.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -52,7 +52,7 @@ def load_finetune_runs() -> list[dict]:
     return yaml.safe_load((DATA_DIR / "finetune_runs.yaml").read_text())
 
 
-def model_spec(name: str) -> Optional[ModelSpec]:
+def model_spec(name: str) -> ModelSpec | None:
     cfg = CONFIGS.get(name)
     if cfg is None:
         return None
@@ -63,7 +63,7 @@ def _targets(text: str) -> str:
     return "q_proj,v_proj" if "query,value" in text or "query and value" in text else "q_proj,v_proj"
 
 
-def estimate_kwargs(run: dict) -> tuple[Optional[dict], str]:
+def estimate_kwargs(run: dict) -> tuple[dict | None, str]:
     """(advisor.estimate's options for a run, or None, and the reason it cannot be estimated)."""
     m, t, hw, method = run["model"], run["training"], run["hardware"], run["method"]
     spec = model_spec(m["name"])

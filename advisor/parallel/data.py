@@ -113,9 +113,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
     if w.finetune.adapters:
-        from advisor import finetune
+        from advisor import adapters
 
-        return finetune.model_states(w, c, mesh, layers, states)
+        return adapters.model_states(w, c, mesh, layers, states)
     return states
 
 
