@@ -105,6 +105,7 @@ def validate_finetune() -> DatasetReport:
     rejected: Counter = Counter()
     points: list[Point] = []
     verdicts, time_ratios = [], []
+    iteration_s: dict[str, tuple[float, float]] = {}  # id -> (predicted, measured) seconds per iteration
     for run in runs:
         kw, why = estimate_kwargs(run)
         if kw is None:
@@ -121,7 +122,9 @@ def validate_finetune() -> DatasetReport:
             points.append(Point(label=run["id"], kind=kw.get("method", "full"), predicted=est.memory.peak_bytes / scale,
                                 measured=float(me["peak_memory_gb"])))
         if me.get("time_1k_iterations_min"):
-            time_ratios.append(est.step_time_s * 1000 / 60 / float(me["time_1k_iterations_min"]))
+            measured = float(me["time_1k_iterations_min"]) * 60 / 1000
+            time_ratios.append(est.step_time_s / measured)
+            iteration_s[run["id"]] = (est.step_time_s, measured)
     report = _report("finetune", "fine-tuning runs: full, LoRA, QLoRA (litgpt, PEFT, HF blog)", "peak memory (GB)",
                      len(runs), points, rejected)
     report.extra["verdicts_right_pct"] = 100.0 * sum(verdicts) / max(len(verdicts), 1)
@@ -129,6 +132,14 @@ def validate_finetune() -> DatasetReport:
     if time_ratios:
         report.extra["time_at_longest_over_measured_min"] = min(time_ratios)
         report.extra["time_at_longest_over_measured_max"] = max(time_ratios)
+    # what QLoRA adds to LoRA's iteration on the same row (the same samples): dequantisation, which does not depend on the
+    # sequence, so the unknown mean length cancels out of the difference
+    deq = [(iteration_s[q][0] - iteration_s[lo][0], iteration_s[q][1] - iteration_s[lo][1])
+           for q in iteration_s if "_nf4" in q and (lo := q.replace("_nf4dq_", "_bf16_").replace("_nf4_", "_bf16_")) in iteration_s]
+    if deq:
+        report.extra["qlora_minus_lora_s_predicted_over_measured_min"] = min(p / m for p, m in deq)
+        report.extra["qlora_minus_lora_s_predicted_over_measured_max"] = max(p / m for p, m in deq)
+        report.extra["qlora_minus_lora_max_error_pct"] = max(abs(p / m - 1.0) for p, m in deq) * 100.0
     report.notes.append("time: litgpt's 1k-iteration times average Alpaca's varying lengths (not stated); predictions "
                         "at the longest sample are an upper bound, reported as ratios, not scored")
     return report
