@@ -181,3 +181,11 @@ def with_adapters(w: Workload, lt: LayerTimes, tokens: Any, recompute: Any) -> L
     fwd, bwd = layer_extra_times(w, tokens)
     rc = np.where(np.asarray(recompute) == Recompute.full.code, fwd, 0.0)
     return replace(lt, fwd_s=lt.fwd_s + fwd, bwd_s=lt.bwd_s + bwd, recompute_s=lt.recompute_s + rc)
+
+
+def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
+    """Seconds of an optimizer step on the CPU (DeepSpeed offload_optimizer, torchtune offload_optimizer): this GPU's
+    share of the gradients goes to the host and the updated weights come back over the host link. The CPU's Adam
+    itself is not costed (no profile gives the host's memory bandwidth): a lower bound, small for adapters."""
+    shard = states.trained / dp_shard
+    return shard * 2.0 * states.grad_bytes / HOST_LINK_BYTES_PER_S  # an adapter weight is held as its gradient is

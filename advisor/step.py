@@ -129,8 +129,8 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=optimizer.step_time(w, states.trained, states.trained / mesh.dp_shard, states.master)
-        * (0.0 if w.finetune.offloads_optimizer else 1.0))
+        optimizer=adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
+        optimizer.step_time(w, states.trained, states.trained / mesh.dp_shard, states.master))
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -152,3 +153,28 @@ def test_plan_auto_picks_the_first_method_that_fits():
 def test_adapters_refuse_tensor_parallelism():
     with pytest.raises(AdvisorError, match="data parallelism only"):
         estimate("llama2-7b", "dgx-a100", gpus=2, tp=2, method="lora")
+
+
+@settings(max_examples=20, deadline=None)
+@given(method=st.sampled_from(["lora", "qlora"]), targets=st.sampled_from(["q_proj,v_proj", "all-linear", "all-linear+head"]),
+       dora=st.booleans(), bits8=st.booleans(), library=st.sampled_from(["peft", "litgpt", "torchtune"]),
+       precision=st.sampled_from(["bf16", "bf16-mixed"]), recompute=st.sampled_from(["none", "selective", "full"]),
+       dropout=st.sampled_from([0.0, 0.05]))
+def test_every_option_costs_finite_parts_and_offload_never_costs_memory(method, targets, dora, bits8, library,
+                                                                     precision, recompute, dropout):
+    kw = dict(gpus=1, seq=512, method=method, lora_targets=targets, dora=dora, optimizer_8bit=bits8,
+              lora_library=library, precision=precision, recompute=recompute, lora_dropout=dropout)
+    e = estimate("llama2-7b", "l40s", **kw)
+    assert all(np.isfinite(v) and v >= 0 for v in e.memory.parts.values())
+    assert all(np.isfinite(v) and v >= 0 for v in e.breakdown.values())
+    off = estimate("llama2-7b", "l40s", offload="optimizer+activations", **kw)
+    assert off.memory.peak_bytes <= e.memory.peak_bytes and off.step_time_s >= e.step_time_s * (1 - 1e-9)
+
+
+def test_qlora_shards_the_quantised_base_under_fsdp():
+    """FSDP/ZeRO-3 shards the frozen base as held (NF4 bytes) and reduces only the adapters' gradients."""
+    one = estimate("llama2-70b", "l40s", gpus=4, dp=4, zero=0, method="qlora", seq=1024, recompute="full", precision="bf16")
+    sharded = estimate("llama2-70b", "l40s", gpus=4, fsdp="full-shard", method="qlora", seq=1024, recompute="full",
+                       precision="bf16")
+    assert sharded.memory.parts["weights"] == pytest.approx(one.memory.parts["weights"] / 4, rel=1e-9)
+    assert sharded.memory.parts["gradients"] < 0.01 * sharded.memory.parts["weights"]
