@@ -94,7 +94,7 @@ def finetune_of(o, method: Optional[str] = None):
     try:
         return o.finetune(method)
     except Exception as exc:
-        raise PlanError(format_validation_error(exc).replace("method", "--method")) from None
+        raise PlanError(format_validation_error(exc)) from None
 
 
 def build_inputs(model, hw, **given):
