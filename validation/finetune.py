@@ -18,6 +18,7 @@ without a per-GPU configuration) are counted as rejected with the reason.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 import yaml
@@ -52,6 +53,7 @@ def load_finetune_runs() -> list[dict]:
     return yaml.safe_load((DATA_DIR / "finetune_runs.yaml").read_text())
 
 
+@lru_cache(maxsize=None)  # the specs are frozen: build each model once per run
 def model_spec(name: str) -> ModelSpec | None:
     cfg = CONFIGS.get(name)
     if cfg is None:
