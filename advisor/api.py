@@ -109,6 +109,17 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     return large, fits_one_gpu(model, hw, large, setup)  # its kernels' peak differs: it may fit where small's does not
 
 
+def finetune_of(o, method: Optional[str] = None):
+    """The options' FineTune, or a one-line PlanError naming the option ("auto" is plan's only)."""
+    if (method or o.method) == "auto":
+        raise PlanError("--method auto picks a method by searching: use it with advisor plan (estimate and export "
+                        "cost one method: full, lora or qlora)")
+    try:
+        return o.finetune(method)
+    except Exception as exc:
+        raise PlanError(format_validation_error(exc)) from None
+
+
 def build_inputs(model, hw, **given):
     """Validate every option (advisor.options) and return (model spec, hardware, stack, plan, setup, world)."""
     o = EstimateOptions.of(given, {}, "estimate")
@@ -129,7 +140,7 @@ def build_inputs(model, hw, **given):
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
-                              stack=_stack_name(o.stack))
+                              stack=_stack_name(o.stack), finetune=finetune_of(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
@@ -172,7 +183,10 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
              allow_tp_across_nodes: bool = False, recompute_layers: int = 1, offload: str = "none",
-             **unknown) -> Estimate:
+             method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
+             lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
+             quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
+             adapter_offload: str = "none", lora_library: str = "peft", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -182,9 +196,15 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     interleaved) and ``virtual_stages``, ``data_parallel`` (ddp or dp for nn.DataParallel),
     ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
-    the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full, block, every-k, offload; advisor/recompute.py) with ``recompute_layers``
-    (k), ``offload`` (none, optimizer-cpu, optimizer-nvme, params-cpu, params-nvme), ``optimizer`` (adamw,
-    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto: AUTO_RULE). Every bad value is an AdvisorError
+    the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full, block, every-k, offload;
+    advisor/recompute.py) with ``recompute_layers`` (k), ``offload`` (none, optimizer-cpu, optimizer-nvme,
+    params-cpu, params-nvme: advisor/parallel/offload.py), ``optimizer`` (adamw, adamw-fused, sgd), ``stack``
+    (``advisor stacks``, a YAML path, or auto: AUTO_RULE). Fine-tuning (advisor.finetune):
+    ``method`` (full, lora, qlora), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (PEFT's,
+    torchtune's or litgpt's module names, or all-linear), ``dora``, ``quant`` (none, int8, nf4), ``double_quant``,
+    ``optimizer_8bit``, ``paged``, ``adapter_offload`` (none, optimizer, activations, optimizer+activations:
+    a fine-tune's CPU offload as torchtune and DeepSpeed run it), ``lora_library`` (peft, litgpt, torchtune:
+    whose adapter code runs). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

@@ -54,7 +54,35 @@ def common_plan_options(f):
                      help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer when the model "
                           "fits on one GPU, else megatron-deepspeed"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
+        *finetune_options(),
     ])
+
+
+def finetune_options():
+    """Fine-tuning: the method and its adapters (advisor.finetune)."""
+    return [
+        click.option("--method", type=click.Choice(["full", "lora", "qlora", "auto"]), default="full", show_default=True,
+                     help="what is trained: every weight, LoRA adapters on a frozen base, or on a quantised (NF4) base; "
+                          "auto (plan): the first that fits of full, lora, qlora, qlora with CPU offload"),
+        click.option("--lora-rank", type=int, default=8, show_default=True),
+        click.option("--lora-alpha", type=float, default=16.0, show_default=True, help="scaling only: costs nothing"),
+        click.option("--lora-dropout", type=float, default=0.0, show_default=True),
+        click.option("--lora-targets", default=None,
+                     help="modules to adapt, as PEFT (q_proj,v_proj | all-linear | lm_head), torchtune (output_proj, "
+                          "w1,w2,w3, output) or litgpt (query,key,value,projection,mlp,head) name them [default: q,v]"),
+        click.option("--dora", is_flag=True, help="DoRA: a magnitude vector per adapted linear"),
+        click.option("--quant", type=click.Choice(["none", "int8", "nf4"]), default=None,
+                     help="the frozen base's storage [default: nf4 for qlora, else the precision's dtype]"),
+        click.option("--double-quant/--no-double-quant", default=True, show_default=True,
+                     help="NF4 with 8-bit absmax (QLoRA's double quantisation)"),
+        click.option("--optimizer-8bit", is_flag=True, help="bitsandbytes 8-bit optimizer states"),
+        click.option("--paged", is_flag=True, help="bitsandbytes paged optimizer"),
+        click.option("--adapter-offload", type=click.Choice(["none", "optimizer", "activations", "optimizer+activations"]),
+                     default="none", show_default=True,
+                     help="a LoRA/QLoRA fine-tune's CPU offload, as torchtune and DeepSpeed run it"),
+        click.option("--lora-library", type=click.Choice(["peft", "litgpt", "torchtune"]), default="peft", show_default=True,
+                     help="whose adapter code runs (what it saves, quantises and chunks)"),
+    ]
 
 
 def single_plan_options(f):

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from advisor import finetune
 from advisor.hardware import Hardware
 from advisor.model.layer import Linear, keys_per_query
 from advisor.precision import PASSES, Recipe
@@ -57,13 +58,15 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
 
 def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
     """(forward, backward, quantisation in forward) GPU seconds of one linear for ``tokens`` tokens on one TP rank.
-    Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts."""
+    Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts. A frozen base (LoRA,
+    QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients."""
     hw, r = w.hw, w.precision.recipe
+    wg = finetune.weight_grad_share(w)
     flops = lin.rank_flops_per_token(tp) * tokens
     n, k = lin.gemm_dims(tp)
     if r is None:
         f = gemm_time(hw, w.math, flops, n, k)
-        return f, 2.0 * f, 0.0
+        return f, (1.0 + wg) * f, 0.0
     bf16 = gemm_time(hw, "bf16", flops, n, k)
     low = recipe_gemm_time(hw, r, flops, n, k)
     # the layers the stack keeps in BF16 at each end (NVFP4: Megatron's first_last_layers_bf16) are spread over all
@@ -74,7 +77,7 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any) -> tuple[A
     # a recipe that keeps wgrad in BF16 still casts all three for fprop and dgrad
     q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (tokens * k + k * n))
     q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * tokens * n)
-    return fprop + q_fwd, dgrad + wgrad + q_bwd, q_fwd
+    return fprop + q_fwd, dgrad + wg * wgrad + q_bwd, q_fwd
 
 
 def cast_seconds(w: Workload, tokens: Any, tp: Any) -> Any:
@@ -180,6 +183,8 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> L
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
+    # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
+    # adapters and dequantisation add their own (advisor.adapters.with_adapters)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
@@ -212,5 +217,14 @@ def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
     fwd = logits_fwd + mem_time(hw, logits * t.loss_forward + emb_bytes)
     # Embedding backward: zero a V x h fp32 gradient, then scatter-add the token gradients.
     emb_bwd = mem_time(hw, vocab * h / tp * 4.0 + tokens * h * 8.0)
-    bwd = 2.0 * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes) + emb_bwd
+    # a frozen head computes the input gradient only; a frozen embedding has no backward
+    ft = w.finetune
+    frozen = ft.adapters
+    head_lora = 0.0
+    if frozen and "head" in ft.target_set:
+        r = ft.lora_rank
+        head_lora = gemm_time(hw, w.math, 2.0 * tokens * h * r, r, h) + gemm_time(hw, w.math, 2.0 * tokens * r * vocab, vocab, r)
+    fwd = fwd + head_lora
+    bwd = ((1.0 if frozen else 2.0) * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes)
+           + (0.0 if frozen else emb_bwd) + 2.0 * head_lora)
     return HeadTimes(fwd, bwd)

@@ -19,6 +19,9 @@ from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
 WORLD = "dp x tp x pp != world size"
+# the fine-tuning recipes of PEFT (with accelerate/DeepSpeed), torchtune and litgpt shard adapters with data
+# parallelism (DDP, FSDP, ZeRO); adapters under tensor or pipeline parallelism are not costed
+ADAPTERS = "LoRA/QLoRA are costed with data parallelism only (DDP, ZeRO, FSDP): use --tp 1 --pp 1"
 
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
@@ -65,6 +68,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     """One-line reasons a single plan is invalid (empty when valid)."""
     grad_accum, batch_err = resolve_grad_accum(setup, plan)
     reasons = [batch_err] if batch_err else []
+    if setup.finetune.adapters and (plan.tp > 1 or plan.pp > 1):
+        reasons.append(ADAPTERS)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean

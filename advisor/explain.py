@@ -23,12 +23,19 @@ from advisor.units import GiB
 FAST_NETWORK_BYTES_PER_GPU = 100e9 / 8
 
 
-def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool) -> dict[str, Any]:
-    """Where this question sits in seed 001's decision tree, and the rule of thumb it gives."""
+def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool, method: str = "full") -> dict[str, Any]:
+    """Where this question sits in seed 001's decision tree, and the rule of thumb it gives. On one GPU that the
+    model does not fit, fine-tuning methods answer beside ZeRO-Offload (issue 22: advisor.methods)."""
     fast = hw.inter_node_bytes_per_s_per_gpu >= FAST_NETWORK_BYTES_PER_GPU
     nvlink = hw.intra_node.kind.value in ("nvlink", "nvswitch")
     if world == 1:
         pos, rule, first = "single GPU", "normal training" if fits_one_gpu else "ZeRO + CPU offload", "single"
+        if method != "full":
+            rule = (f"{method} fine-tuning fits" if fits_one_gpu else
+                    f"{method} does not fit either: QLoRA (NF4 base), CPU offload of the optimizer and activations")
+        elif not fits_one_gpu:
+            rule = ("ZeRO + CPU offload, or fine-tune adapters on a frozen base: LoRA, or QLoRA on an NF4 base "
+                    "(advisor plan --method auto)")
     elif world <= hw.gpus_per_node:
         if fits_one_gpu:
             pos, rule, first = "single node, model fits on one GPU", "DDP first; ZeRO may or may not be faster", "ddp"

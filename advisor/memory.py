@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from advisor import adapters
 from advisor.candidates import Candidates, Mesh
 from advisor.parallel import pipeline
 from advisor.parallel.data import ModelStates
@@ -37,6 +38,10 @@ NCCL_BUFFER_BYTES = 0.25 * GiB
 FRAGMENTATION = 0.05
 # Full recomputation: the recomputed layer's MLP holds ~3 d_ff-sized temporaries beside its saved tensors
 RECOMPUTE_TEMPORARIES_D_FF = 3.0
+# torchtune's OffloadActivations (torchtune/training/_activation_offloading.py) copies each saved tensor to pinned CPU
+# memory on a side stream and brings it back ahead of its backward: about two layers' tensors stay on the GPU (the one
+# computing and the one in transfer)
+OFFLOAD_LAYERS_ON_GPU = 2.0
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,10 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
-    full = full - less
+    delta = adapters.saved_delta_per_token(w)  # a frozen base's inputs not kept, the adapters' tensors kept
+    full = full - less + delta
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp),
-                          t.saved_selective.per_gpu(mesh.tp, sp) - less)
+                          t.saved_selective.per_gpu(mesh.tp, sp) - less + delta)
     return kept, full
 
 
@@ -118,6 +124,8 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
     in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum)
+    if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
+        in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
     last = kept * tokens * layers + outside  # the last holds the logits
     logits = tokens * w.model.vocab / mesh.tp

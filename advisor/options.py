@@ -72,6 +72,31 @@ class Common(_Options):
     optimizer: str = "adamw"
     stack: Union[str, Any] = "auto"
     allow_tp_across_nodes: bool = False
+    # fine-tuning (advisor.finetune): the method and its adapters
+    method: str = "full"
+    lora_rank: int = Field(default=8, ge=1, le=65536)
+    lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    lora_targets: Optional[str] = None
+    dora: bool = False
+    quant: Optional[str] = None
+    double_quant: bool = True
+    optimizer_8bit: bool = False
+    paged: bool = False
+    adapter_offload: str = "none"  # a fine-tune's CPU offload (torchtune, DeepSpeed); plans' --offload is advisor.parallel.offload's
+    lora_library: str = "peft"
+
+    def finetune(self, method: Optional[str] = None):
+        """The FineTune these options describe (``method`` overrides theirs: plan's ``auto`` tries each)."""
+        from advisor.finetune import FineTune
+
+        given = dict(method=method or self.method, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
+                     lora_dropout=self.lora_dropout, dora=self.dora, quant=self.quant, double_quant=self.double_quant,
+                     optimizer_8bit=self.optimizer_8bit, paged=self.paged, offload=self.adapter_offload,
+                     library=self.lora_library)
+        if self.lora_targets is not None:
+            given["targets"] = self.lora_targets
+        return FineTune(**given)
 
 
 class EstimateOptions(Common):

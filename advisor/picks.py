@@ -46,7 +46,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
         out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
-        grads = one(states.params * states.grad_bytes)
+        grads = one(states.trained * states.grad_bytes)
         if zero == 0:
             eng = w.stack.engine
             size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)

@@ -74,6 +74,7 @@ class PlanSearch:
     seq_defaulted: bool = False
     tokens: Optional[float] = None  # a token budget to train
     stack_rule: Optional[str] = None  # --stack auto: the rule that chose each row's stack (advisor.api.AUTO_RULE)
+    method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
 
     @property
     def stack(self) -> Stack:
@@ -112,7 +113,8 @@ class PlanSearch:
 
     def notes(self) -> list[str]:
         t = self.tree
-        out = [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
+        out = list(self.method_choice.get("lines", []))
+        out += [f"decision tree (HF multi-GPU guide): {t.get('position', '')}; rule of thumb: {t.get('rule', '')}"]
         if self.stack_rule is not None:
             out.append(f"stack: {self.stack_rule} (each row names its stack in --json; `advisor stacks show NAME` says "
                        "what each does; --stack NAME costs every plan in one, --stack any ranks every stack's)")
@@ -147,6 +149,7 @@ class PlanSearch:
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
             "stack_rule": self.stack_rule, "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
+            **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }
 
 

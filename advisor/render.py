@@ -8,6 +8,20 @@ import textwrap
 from advisor.units import fmt_bytes, fmt_duration, fmt_seconds
 
 
+def _method_lines(e) -> list[str]:
+    """The fine-tuning method and its trainable parameters (PEFT's print_trainable_parameters() line)."""
+    ft = e.setup.finetune
+    if not ft.adapters:
+        return []
+    quant = ft.base_quant.value
+    base = {"none": e.setup.precision.value, "nf4": f"NF4{' + double quant' if ft.double_quant else ''}",
+            "int8": "int8"}[quant]
+    return [f"method: {ft.method} r={ft.lora_rank} alpha={ft.lora_alpha:g} dropout={ft.lora_dropout:g} targets "
+            f"{ft.targets}{' DoRA' if ft.dora else ''} ({ft.library}); frozen base in {base}",
+            f"trainable params: {e.trainable_params:,} || all params: {e.params + e.trainable_params:,} || "
+            f"trainable%: {100 * e.trainable_params / (e.params + e.trainable_params):.4f}"]
+
+
 def render_estimate(e) -> str:
     lines = [
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
@@ -16,6 +30,7 @@ def render_estimate(e) -> str:
         f"recompute {policy(e.setup)}, {e.setup.optimizer.value}",
         f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items() if k != "world_size"),
         *([f"       ({e.stack_rule})"] if getattr(e, "stack_rule", None) else []),
+        *_method_lines(e),
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {e.tokens_per_s:,.0f} tokens/s   {e.samples_per_s:,.2f} samples/s",

@@ -59,6 +59,7 @@ class Estimate(Result):
     breakdown: dict[str, float]
     dominant: str
     usd_per_million_tokens: Optional[float] = None  # when the profile has a price per GPU-hour
+    trainable_params: Optional[int] = None  # what the optimizer trains (advisor.finetune; all of them for full)
     # the link or NCCL algorithm each of the plan's collectives runs on, at one call's size (advisor.picks; estimate
     # only: a search's rows leave it empty)
     collectives: dict[str, str] = {}
@@ -70,6 +71,12 @@ class Estimate(Result):
 
 def dominant_part(breakdown: dict[str, float]) -> str:
     return max(breakdown, key=lambda k: breakdown[k])
+
+
+def trainable_params(spec: ModelSpec, ft) -> int:
+    from advisor.finetune import trainable_params as count
+
+    return count(spec, ft)
 
 
 def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: TrainingSetup, world: int,
@@ -103,7 +110,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         breakdown=breakdown, dominant=dominant_part(breakdown),
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
-        collectives=collectives or {},
+        collectives=collectives or {}, trainable_params=trainable_params(spec, setup.finetune),
         host_memory_bytes=host_need,
     )
 

@@ -40,7 +40,10 @@ from advisor.workload import Workload
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
          global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
          optimizer: str = "adamw", stack="auto", memory_headroom: float = 0.05, objective: str = "time",
-         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, **unknown) -> PlanSearch:
+         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
+         lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
+         quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
+         offload: str = "none", lora_library: str = "peft", **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -53,9 +56,15 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
-    an AdvisorError of one line.
+    an AdvisorError of one line. Fine-tuning: ``method`` (full, lora, qlora, or auto: advisor.methods picks the
+    first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
     """
-    o = PlanOptions.of({k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}, unknown, "plan")
+    given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
+    o = PlanOptions.of(given, unknown, "plan")
+    if o.method == "auto":
+        from advisor.methods import plan_auto
+
+        return plan_auto(plan, model, hw, given)
     spec, hardware = load_model(model), load_hardware(hw)
     if o.objective == "cost" and hardware.price_per_gpu_hour_usd is None:
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
@@ -76,7 +85,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
-    tree = decision_tree(spec, hardware, max(worlds), fits_one)
+    tree = decision_tree(spec, hardware, max(worlds), fits_one, setup.finetune.method.value)
     ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}
@@ -134,7 +143,8 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
                         "(the `advisor plan --precision auto` command), or name one precision here")
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
-                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack))
+                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack),
+                             finetune=api.finetune_of(o))
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 
@@ -159,6 +169,13 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     without TP or PP, which --stack auto costs in different stacks."""
     valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
                                            model_parallel)
+    if setup.finetune.adapters:
+        from advisor.constraints import ADAPTERS
+
+        split = (valid.tp > 1) | (valid.pp > 1)
+        if split.any():
+            rejected[ADAPTERS] = int(split.sum())
+            valid = valid.take(np.nonzero(~split)[0])
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from advisor import compute, host, optimizer
+from advisor import adapters, compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
+from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
 from advisor.parallel import data, offload, pipeline, tensor
 from advisor.recompute import Mix, rerun
@@ -108,7 +109,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
     pol = policy_mix(w, c, mesh, layers)
-    lt = compute.layer_times(w, tokens, mesh.tp, c.sp, pol)
+    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol), tokens, pol)
     head = compute.head_times(w, tokens, mesh.tp)
     tp = tensor.time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
@@ -127,13 +128,19 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]
     body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    off_f, off_b = 0.0, 0.0
+    if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
+        kept = kept * tokens * layers
+        off_f, off_b = adapters.activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
+    cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
     time = TimeBreakdown(
-        compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
-        compute_backward=ga * (layers * lt.bwd_s + head.bwd_s), compute_recompute=ga * layers * lt.recompute_s,
+        compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
+        compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=np.where(on_cpu, 0.0, optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master)),
+        optimizer=(adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
+                   np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, states.trained / mesh.dp_shard, states.master))),
         offload=off.exposed_s)
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
@@ -156,6 +163,13 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     m, layer = w.model, w.layer
     per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
     model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    ft = w.finetune
+    if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
+        from advisor.finetune import adapter_params_per_layer, head_adapter_params
+
+        linears = m.n_layers * sum(lin.flops_per_token for lin in layer.linears) + 2.0 * m.d_model * m.vocab
+        adapters = 2.0 * (m.n_layers * adapter_params_per_layer(layer, ft) + head_adapter_params(m, ft))
+        model = model + (3.0 * adapters - linears) * tokens_per_step
     # eager attention computes every score before masking: the masked half is executed too
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)

@@ -12,6 +12,7 @@ from typing import Optional
 
 from pydantic import Field, model_validator
 
+from advisor.finetune import FULL, FineTune
 from advisor.precision import Recipe, recipe
 from advisor.spec import Spec
 
@@ -128,6 +129,7 @@ class TrainingSetup(Spec):
         "layers recomputed per stage chunk; every-k: k"))
     stack: str = Field(default="auto", min_length=1, max_length=4096,
                        description="training stack profile (advisor stacks) or a path to one; auto: see advisor.api")
+    finetune: FineTune = FULL  # what is trained: every weight (full), or adapters on a frozen base (advisor.finetune)
 
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelError, ModelSpec
 from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
@@ -27,6 +28,7 @@ class Workload:
     optimizer: Optimizer
     layer: DecoderLayer
     tables: StackTables
+    finetune: FineTune = FULL
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -47,8 +49,14 @@ class Workload:
             if unknown:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
+        ft = setup.finetune
+        if ft.adapters:
+            trainable_params(model, ft)  # a one-line error where no target exists in this model
+            if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
+                tables = stack.tables(Mode.half.value, setup.attention.value, layer)
+            tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
-                   softcapped(tables, model, setup.precision.activation_bytes))
+                   softcapped(tables, model, setup.precision.activation_bytes), ft)
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -98,3 +106,18 @@ def softcapped(t: StackTables, model: ModelSpec, act_bytes: float) -> StackTable
                     logits_held=t.logits_held + SOFTCAP_SAVED * act_bytes,
                     logits_peak=t.logits_peak + SOFTCAP_SAVED * act_bytes)
     return t
+
+
+# Chunked cross-entropy: litgpt computes the logits in chunks of 128 tokens (lm_head_chunk_size=128) and the loss chunk
+# by chunk (litgpt/utils.py chunked_cross_entropy, chunk_size=128): the chunks' half-precision logits are kept for
+# backward, and a chunk's fp32 copy is negligible beside them. torchtune's CEWithChunkedOutputLoss
+# (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32 copy and its log-softmax (8 bytes) of 1/8 of the
+# logits beside the half-precision logits.
+CHUNKED_LOSS = {Library.litgpt: 0.0, Library.torchtune: 8.0 / 8}
+
+
+def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
+    """The logits' bytes per element where the fine-tuning library chunks the loss (CHUNKED_LOSS)."""
+    if ft.library not in CHUNKED_LOSS:
+        return t
+    return replace(t, logits_held=act_bytes, logits_peak=act_bytes + CHUNKED_LOSS[ft.library])

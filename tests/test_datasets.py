@@ -25,7 +25,7 @@ DATASET_FILES = [
     "multinode_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
     "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
-    "lowprec_runs.yaml", "megatron_bridge_performance.csv",
+    "lowprec_runs.yaml", "megatron_bridge_performance.csv", "finetune_runs.yaml",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 

@@ -155,6 +155,17 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
                                    "-15%; GB200 TP=2 -91%, GB300 PP=4 -39..-60%; 51 rows not askable: CP, 405B's "
                                    "126 layers over PP x VP)",
     "bridge runs predicted to fit %": "14% (24 of 28 predicted not to fit on megatron-deepspeed's memory tables)",
+    # 2026-11-25, issue 22: with litgpt's blocks counted from its source (stack_profiles/litgpt.yaml) every row is under:
+    # FSDP rows (Fabric's full-state-dict load peak) -1..-11%, PEFT bloomz +7%, single-GPU LoRA -7..-28% and QLoRA
+    # -14..-21%. The single-GPU LoRA rows land within 0-5% if every frozen linear kept its input, which torch's source
+    # (2.1.0 and 2.13: mm's input saved only when the weight needs a gradient; tests/test_finetune.py) says it does not:
+    # not adopted, not explained. Three fit verdicts are wrong from that shortfall: Llama 2 7B LoRA at micro-batch 4 and
+    # Falcon-40B QLoRA (NF4, with and without double quantisation) on one A100-40GB ran out of memory, predicted 38-40 GB
+    "finetune peak-memory max APE %": "28% (MAPE 12%)",
+    "finetune fit verdicts right %": "92% (34 of 37)",
+    # the dequantisation kernels of bitsandbytes 0.41.1 run at 27-58% of the speed the model gives them (HBM-bound: read
+    # the packed weight and constants, write bf16, in forward and in backward): 7B adds 80-88 ms an iteration, 28 modelled
+    "finetune QLoRA-over-LoRA time max error %": "73% (predicted 0.27-0.58x of what QLoRA adds)",
     "vtrain top-1 regret max %": "18% (mean 3.9%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
                                  "TP=2 micro-batch 2 are measured 8-18% apart in the direction the model ranks the other way",
     # 2026-11-25: at one NIC share per GPU the FSDP2 collectives of 8 nodes made these steps 20% slow (bias -20%);

@@ -53,6 +53,9 @@ def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
     """The launch config of one plan in format ``kind`` (one of KINDS); ExportError if it cannot be expressed."""
     if kind not in EXPORTERS:
         raise ExportError(f"unknown export format {kind!r}: use one of {', '.join(KINDS)}")
+    if kind == "megatron" and setup.finetune.adapters:
+        raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
+                          "export accelerate, deepspeed or torchrun (PEFT)")
     return EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
 
 

@@ -82,4 +82,32 @@ def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, gra
     return (f"advisor export: {model.name}, {plan.label()} on {world_size} GPUs ({hw.name}); "
             f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
             f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
-            f"precision={setup.precision.value} recompute={setup.recompute}")
+            f"precision={setup.precision.value} recompute={setup.recompute}"
+            + (f"; {finetune_note(setup)}" if setup.finetune.adapters else ""))
+
+
+# advisor's canonical targets as Llama-style Hugging Face modules name them (a fused qkv as GPT-NeoX/Falcon/BLOOM)
+PEFT_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "query_key_value", "o": "o_proj",
+              "gate": "gate_proj", "up": "up_proj", "down": "down_proj", "head": "lm_head"}
+
+
+def finetune_note(setup: TrainingSetup) -> str:
+    """What the script must build for a LoRA/QLoRA plan: PEFT's LoraConfig (and bitsandbytes' quantisation config)
+    with the options the plan was costed with (the launcher configs cannot say it)."""
+    ft = setup.finetune
+    from advisor.finetune import Quant
+
+    targets = ", ".join(repr(PEFT_NAMES[t]) for t in ft.target_set)
+    out = (f"method={ft.method}: wrap the model with peft.get_peft_model(model, LoraConfig(r={ft.lora_rank}, "
+           f"lora_alpha={ft.lora_alpha:g}, lora_dropout={ft.lora_dropout:g}, target_modules=[{targets}]"
+           f"{', use_dora=True' if ft.dora else ''}))")
+    if ft.base_quant is Quant.nf4:
+        out += (" on a base loaded with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+                f"bnb_4bit_use_double_quant={ft.double_quant}, bnb_4bit_compute_dtype=torch.bfloat16)")
+    elif ft.base_quant is Quant.int8:
+        out += " on a base loaded with BitsAndBytesConfig(load_in_8bit=True)"
+    if ft.optimizer_8bit or ft.paged:
+        out += f"; optimizer bitsandbytes.optim.{'Paged' if ft.paged else ''}AdamW{'8bit' if ft.optimizer_8bit else ''}"
+    if ft.offload.value != "none":
+        out += f"; offload {ft.offload} to CPU (DeepSpeed offload_optimizer / torchtune enable_activation_offloading)"
+    return out

@@ -123,5 +123,9 @@ def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     cfg, notes = deepspeed_dict(model, hw, plan, setup, grad_accum, world_size)
     launch = " ".join(torchrun_argv(hw, world_size)) + " --deepspeed ds_config.json"
     notes.append(f"launch: {launch} (deepspeed.initialize(config='ds_config.json'))")
+    if setup.finetune.adapters:
+        from advisor.export.common import finetune_note
+
+        notes.append(finetune_note(setup))
     cfg[NOTES_KEY] = notes
     return Exported("ds_config.json", json.dumps(cfg, indent=2) + "\n", tuple(notes))

@@ -72,6 +72,11 @@ class ModelStates:
     step_temporaries: Any  # the optimizer step's temporaries
     head_grads: Any  # the V x h table's gradient (the last one a recomputed backward frees)
     grads_persist: Any  # gradients alive through forward and backward
+    grad_params: Any = None  # parameters with gradients and optimizer states: all (None) or the adapters (LoRA)
+
+    @property
+    def trained(self) -> Any:
+        return self.params if self.grad_params is None else self.grad_params
 
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
@@ -99,7 +104,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     fp32_reduce = eng.reduce_dtype == "fp32"
     reduce_bytes = 4.0 if fp32_reduce else gb
     buffer = p_layer * (gb + (4.0 if fp32_reduce else 0.0)) if eng.unit_grad_buffer else 0.0
-    return ModelStates(
+    states = ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
         weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
@@ -113,6 +118,11 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
+    if w.finetune.adapters:
+        from advisor import adapters
+
+        return adapters.model_states(w, c, mesh, layers, states)
+    return states
 
 
 def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: bool = False) -> Any:
@@ -160,7 +170,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
-    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.reduce_bytes / mesh.dp_shard,
+    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.trained * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
@@ -174,14 +184,15 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
     """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
-    size = states.params * states.reduce_bytes
+    size = states.trained * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
     if eng.gradient_reduction == "one_call":
         total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
     else:  # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
         n = np.maximum(np.ceil(size / bucket), 1.0)
         total = n * comm.collective_time(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, where=ddp)
-    last = np.minimum(np.maximum(bucket, w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes), size)
+    embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes
+    last = np.minimum(np.maximum(bucket, embedding), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     return np.maximum(total - hide, np.where(can_overlap, last_t, total))
 
@@ -194,12 +205,17 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
-    unit = (states.params - states.params_outside_layers) / units
     out = []
-    for coll, per_param in ((Collective.reduce_scatter, states.reduce_bytes), (Collective.all_gather, states.weight_bytes)):
-        whole = comm.collective_time(coll, shard, states.params * per_param, hw, per_node, where=whole_on)
+    # gradients are reduced for the trained parameters (the adapters under LoRA); ZeRO-2/3 gather every weight as
+    # held (a frozen base too), ZeRO-1 the updated (trained) ones
+    gather = np.where(zero >= 2, states.params, states.trained)
+    for coll, per_param, n in ((Collective.reduce_scatter, states.reduce_bytes, states.trained),
+                               (Collective.all_gather, states.weight_bytes, gather)):
+        share = n / states.params
+        unit = (states.params - states.params_outside_layers) / units * share
+        whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
         per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
-                    + comm.collective_time(coll, shard, states.params_outside_layers * per_param, hw, per_node,
+                    + comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw, per_node,
                                            where=units_on))
         out.append(np.where(units_on, per_unit, whole))
     return out[0], out[1]
@@ -281,5 +297,5 @@ def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelState
     hw, dp = w.hw, mesh.dp
     bcast = comm.collective_time(Collective.broadcast, dp, states.params * states.weight_bytes, hw, dp, where=single)
     gather = tokens * w.model.vocab * 4.0 * (dp - 1) / (hw.intra_node.bandwidth_bytes_per_s * COPY_ENGINE_EFFICIENCY)
-    reduce = comm.collective_time(Collective.reduce, dp, states.params * states.grad_bytes, hw, dp, where=single)
+    reduce = comm.collective_time(Collective.reduce, dp, states.trained * states.grad_bytes, hw, dp, where=single)
     return np.where(single, c.grad_accum * (bcast + gather) + reduce, 0.0)

@@ -1,0 +1,191 @@
+"""The fine-tuning method's parts that need the optimizer and the compute model (advisor.finetune owns the method,
+its parameters): what a LoRA/QLoRA step saves, its's model states, and the time its adapters and dequantisation add
+to a layer. advisor.parallel.data and advisor.step call these; see advisor.finetune's docstring for the sources."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from advisor import optimizer
+from advisor.compute import LayerTimes, gemm_time, mem_time
+from advisor.finetune import (
+    STATE_8BIT_BYTES,
+    Library,
+    Quant,
+    adapter_params_per_layer,
+    half_base,
+    head_adapter_params,
+    head_quantised,
+    quant_bytes_per_weight,
+    quantised_weights,
+    target_shapes,
+)
+from advisor.training import Optimizer
+from advisor.workload import Workload
+
+
+def quant_saves_input(ft: FineTune) -> bool:
+    """bitsandbytes 0.41.1 MatMul4Bit keeps the input A for backward whenever an input needs a gradient (module
+    docstring); torchao's linear_nf4 (torchao/dtypes/nf4tensor.py ``LinearNF4``) keeps only the NF4 weight."""
+    return ft.base_quant is not Quant.none and ft.library is not Library.torchtune
+
+
+def dequant_buffer(w: Workload) -> float:
+    """Bytes of the half-precision weight a quantised linear dequantises into while its GEMM runs (bitsandbytes
+    ``F.dequantize_4bit(B, state).to(A.dtype)`` in MatMul4Bit forward and backward; torchao ``weight.to(dtype)``),
+    one linear at a time; DoRA also builds W + s B A to take its column norm (peft dora.py ``get_weight_norm``)."""
+    ft = w.finetune
+    biggest = max(lin.weights for lin in w.layer.linears)
+    if head_quantised(ft):
+        biggest = max(biggest, w.model.vocab * w.model.d_model)
+    out = biggest * 2.0 if ft.base_quant is not Quant.none else 0.0
+    if ft.dora:
+        out += max(n_in * n_out for _, n_in, n_out in target_shapes(w.layer, ft.target_set)) * 2.0
+    return out
+
+
+def _module_inputs(w: Workload) -> dict[str, tuple[int, int]]:
+    """Per layer-table module (qkv, out, fc1, fc2): (input width, copies autograd would save for the weight
+    gradients). Under autocast each linear casts its input on its own (the stack profile: q/k/v and gate/up each
+    cast the norm output); in one dtype the linears of a module share one input tensor."""
+    out: dict[str, tuple[int, int]] = {}
+    for lin in w.layer.linears:
+        width, n = out.get(lin.module, (lin.n_in, 0))
+        out[lin.module] = (width, n + 1)
+    mixed = w.precision.autocast and not half_base(w.finetune, w.precision)
+    return {k: (width, n if mixed else 1) for k, (width, n) in out.items()}
+
+
+TARGET_MODULE = {"q": "qkv", "k": "qkv", "v": "qkv", "qkv": "qkv", "o": "out", "gate": "fc1", "up": "fc1", "down": "fc2"}
+DROPOUT_MASK_BYTES = 1.0  # torch.native_dropout's mask is bool, one byte per element
+
+
+def saved_delta_per_token(w: Workload) -> float:
+    """Bytes one layer saves per token beyond (+) or below (-) the stack's full-fine-tune table (module docstring):
+    a frozen linear's input is not kept (unless the quantised matmul keeps it, or an adapter without dropout keeps
+    the same tensor), each adapter keeps its dropout's output and mask and its A output (r wide)."""
+    ft = w.finetune
+    if not ft.adapters:
+        return 0.0
+    a, r = w.act_bytes, ft.lora_rank
+    shapes = target_shapes(w.layer, ft.target_set)
+    adapted = {TARGET_MODULE[t] for t, _, _ in shapes}
+    keeps_input = quant_saves_input(ft)
+    delta = 0.0
+    for module, (width, copies) in _module_inputs(w).items():
+        if keeps_input or (module in adapted and ft.lora_dropout == 0.0):
+            continue  # the quantised matmul, or the adapter's A, keeps the input itself
+        if module == "out" and not w.eager:
+            # a fused kernel's output, which it keeps for its backward, is the out projection's input: torch's SDPA
+            # returns (b, heads, s, d) laid out as (b, s, heads, d), so transformers' transpose(1, 2).contiguous() and
+            # litgpt's transpose(1, 2).contiguous().view() copy nothing (torch.contiguous returns self)
+            continue
+        delta -= copies * width * a
+    dropouts = {TARGET_MODULE[t] if (ft.library is Library.litgpt and t in "qkv") else t: n_in for t, n_in, _ in shapes}
+    if ft.lora_dropout > 0.0:
+        delta += sum(n_in * (a + DROPOUT_MASK_BYTES) for n_in in dropouts.values())
+    delta += sum(r * a for _ in shapes)
+    if ft.dora:  # DoRA rescales the output: (base + lora) x magnitude / norm keeps an out-wide product per target
+        delta += sum(n_out * a for _, _, n_out in shapes)
+    return delta
+
+
+# Activation offload moves each saved tensor to pinned host memory during forward and back during backward over the
+# GPU's host link: PCIe 4.0 x16 (31.5 GB/s per direction, PCI-SIG) on every GPU of the fine-tuning profiles; pinned
+# cudaMemcpyAsync reaches ~80% of it (CUDA samples' bandwidthTest, pinned, ~25-26 GB/s on Gen4 x16). The profiles
+# carry no host-link field yet: this is the Gen4 x16 figure for all of them.
+HOST_LINK_BYTES_PER_S = 31.5e9 * 0.8
+
+
+def activation_offload_exposed(w: Workload, saved_bytes: Any, fwd_s: Any, bwd_s: Any) -> tuple[Any, Any]:
+    """(forward, backward) seconds per micro-batch that activation offload adds: torchtune copies on a side stream
+    (OffloadActivations, use_streams=True), so only what outlasts the pass it overlaps is exposed."""
+    if not w.finetune.offloads_activations:
+        return 0.0, 0.0
+    t = saved_bytes / HOST_LINK_BYTES_PER_S
+    return np.maximum(t - fwd_s, 0.0), np.maximum(t - bwd_s, 0.0)
+
+
+def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
+    """The ModelStates of a LoRA/QLoRA step (module docstring), from the full fine-tune's ``full`` (the same plan):
+    base weights frozen in their dtype or quantised, gradients and optimizer states for the adapters alone."""
+    ft, m = w.finetune, w.model
+    zero, shard = np.asarray(c.zero), mesh.dp_shard
+    wb, gb = full.weight_bytes, full.grad_bytes
+    half = half_base(ft, w.precision)
+    base_wb = 2.0 if half else wb  # the frozen base's bytes per weight; the adapters keep wb (fp32 under autocast)
+    n_params = full.params  # tp = pp = 1 (adapters refuse both): every parameter of the model
+    quant = float(quantised_weights(m, ft, head_quantised(ft)))
+    qb = quant_bytes_per_weight(ft, m.d_model)
+    per_layer = float(adapter_params_per_layer(m.layer, ft))
+    trainable = m.n_layers * per_layer + head_adapter_params(m, ft)
+    base = (n_params - quant) * base_wb + quant * qb
+    stored = base / n_params  # bytes per base parameter as held (and as ZeRO-3 gathers it)
+    z3 = np.where(zero >= 3, shard, 1.0)
+    if ft.offloads_optimizer:
+        states = np.zeros(np.shape(z3))
+    elif ft.optimizer_8bit and w.optimizer is not Optimizer.sgd:
+        states = trainable * (2.0 * STATE_8BIT_BYTES + np.where(full.master, 4.0, 0.0)) / shard
+    else:
+        states = trainable * optimizer.state_bytes(w, full.master) / shard
+    p_layer = float(m.layer.n_params)
+    gathered = np.where(zero >= 3, np.minimum(2.0 * p_layer * stored, base * (1.0 - 1.0 / shard)), 0.0)
+    if ft.library is Library.litgpt:
+        # litgpt's finetune scripts load the checkpoint after fabric.setup_module: Fabric's FSDP load_raw loads a full
+        # state dict under _get_full_state_dict_context(rank0_only=False) (lightning/fabric/strategies/fsdp.py
+        # _load_raw_module_state), so every rank holds every weight unsharded beside its own shard once, at start
+        gathered = np.where((zero >= 3) & (shard > 1), np.maximum(gathered, base), gathered)
+    grads = trainable * gb / np.where(zero >= 2, shard, 1.0)
+    ddp = np.asarray(full.bucket_copy) > 0
+    return replace(
+        full, grad_params=trainable, weight_bytes=stored, weights=(base + trainable * wb) / z3, grads=grads,
+        optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
+        grad_buffer=np.where(zero >= 2, per_layer * gb, 0.0),
+        bucket_copy=np.where(ddp, trainable * gb, 0.0),
+        autocast_copy=0.0 if half else optimizer.autocast_weights(w, full.master) * (n_params - quant) * 2.0,
+        step_temporaries=0.0 if ft.offloads_optimizer else optimizer.step_temporaries(w, trainable / shard),
+        head_grads=np.minimum(head_adapter_params(m, ft) * gb, grads))
+
+
+def layer_extra_times(w: Workload, tokens: Any) -> tuple[Any, Any]:
+    """(forward, backward) GPU seconds one layer's adapters and dequantisation add for ``tokens`` tokens: each
+    adapter's two thin GEMMs (backward: input and weight gradients, 2x), its dropout (read x, write the output and
+    the mask; backward the same), the scaled add of its output; every quantised weight read packed and written
+    in half precision once per forward and once per backward; DoRA's weight norm (forward: W + s B A, its norm)."""
+    ft, hw, a, r = w.finetune, w.hw, w.act_bytes, w.finetune.lora_rank
+    if not ft.adapters:
+        return 0.0, 0.0
+    fwd = 0.0
+    for _, n_in, n_out in target_shapes(w.layer, ft.target_set):
+        fwd = fwd + gemm_time(hw, w.math, 2.0 * tokens * n_in * r, r, n_in) + gemm_time(hw, w.math, 2.0 * tokens * r * n_out, n_out, r)
+        fwd = fwd + mem_time(hw, tokens * n_out * 3.0 * a)  # out += s * (B A x): read, read, write
+        if ft.lora_dropout > 0.0:
+            fwd = fwd + mem_time(hw, tokens * n_in * (2.0 * a + DROPOUT_MASK_BYTES))
+        if ft.dora:
+            fwd = fwd + gemm_time(hw, w.math, 2.0 * n_out * r * n_in, n_out, r) + mem_time(hw, 3.0 * a * n_in * n_out)
+    bwd = 2.0 * fwd
+    if ft.base_quant is not Quant.none:
+        packed = sum(lin.weights for lin in w.layer.linears)
+        deq = mem_time(hw, packed * (quant_bytes_per_weight(ft, w.model.d_model) + 2.0))
+        fwd, bwd = fwd + deq, bwd + deq
+    return fwd, bwd
+
+
+def with_adapters(w: Workload, lt: LayerTimes, tokens: Any, pol: Any) -> LayerTimes:
+    """A layer's times with its adapters' and dequantisation's added (a full recomputation reruns them)."""
+    if not w.finetune.adapters:
+        return lt
+    fwd, bwd = layer_extra_times(w, tokens)
+    rc = pol.full * fwd  # the checkpointed share of the layers reruns the adapters too (advisor.recompute.Mix)
+    return replace(lt, fwd_s=lt.fwd_s + fwd, bwd_s=lt.bwd_s + bwd, recompute_s=lt.recompute_s + rc)
+
+
+def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
+    """Seconds of an optimizer step on the CPU (DeepSpeed offload_optimizer, torchtune offload_optimizer): this GPU's
+    share of the gradients goes to the host and the updated weights come back over the host link. The CPU's Adam
+    itself is not costed (no profile gives the host's memory bandwidth): a lower bound, small for adapters."""
+    shard = states.trained / dp_shard
+    return shard * 2.0 * states.grad_bytes / HOST_LINK_BYTES_PER_S  # an adapter weight is held as its gradient is

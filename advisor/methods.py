@@ -1,0 +1,101 @@
+"""``advisor plan --method auto``: which fine-tuning method fits the GPUs, and which is fastest.
+
+The rule people follow (the seeds' decision tree, single-GPU branch, extended with fine-tuning methods; PEFT's and
+QLoRA's READMEs): train every weight if it fits; else LoRA adapters on a frozen half-precision base; else QLoRA (NF4
+base with double quantisation); else QLoRA with the optimizer and the activations offloaded to the CPU
+(torchtune's enable_activation_offloading, DeepSpeed offload_optimizer). Each method is searched as ``plan`` searches
+one (same plans, same stack rule); the first that has a fitting plan is the answer, and the fastest fitting method is
+said beside it (a frozen base skips the weight-gradient GEMMs, so LoRA's step is often faster than a full one). For the
+answer's best plan: the largest micro-batch that fits at the sequence length searched, and the longest sequence that
+fits at micro-batch 1 (doubling, then bisecting; at most the model's positions where they are learned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from advisor.errors import AdvisorError
+
+# the order of the rule, each with the options it sets
+LADDER = (("full", {}), ("lora", {}), ("qlora", {}), ("qlora+offload", {"adapter_offload": "optimizer+activations"}))
+MAX_SEQ_SEARCH = 1 << 20  # the longest sequence the search for it tries (1M tokens)
+
+
+def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, Any]):
+    """The PlanSearch of the method the rule picks (each searched by ``plan``: advisor.search.plan), with
+    ``method_choice`` saying what fit and why."""
+    results, steps = {}, {}
+    for name, extra in LADDER:
+        kw = {**given, **extra, "method": name.split("+")[0]}
+        try:
+            res = plan(model, hw, **kw)
+        except AdvisorError as exc:  # e.g. a model the adapters cannot target: say why that rung was skipped
+            steps[name] = f"not costed: {exc}"
+            continue
+        results[name] = res
+        steps[name] = res.plans[0].estimate.step_time_s if res.plans else None
+    fitting = [n for n, _ in LADDER if isinstance(steps.get(n), float)]
+    if not fitting:
+        last = results[list(results)[-1]] if results else None
+        if last is None:
+            raise AdvisorError("--method auto: no method could be costed for this model: " + "; ".join(
+                f"{n}: {s}" for n, s in steps.items()))
+        last.method_choice = {"chosen": None, "steps_s": steps,
+                              "lines": ["method auto: nothing fits, not even QLoRA with CPU offload"]}
+        return last
+    chosen, fastest = fitting[0], min(fitting, key=lambda n: steps[n])
+    res = results[chosen]
+    best = res.plans[0].estimate
+    mb, seq = largest_micro_batch(res.model_spec, res.hardware, best), longest_seq(res.model_spec, res.hardware, best)
+    why = {"full": "every weight trains: the most capable update, and it fits",
+           "lora": "full fine-tuning does not fit (weights, gradients and optimizer states of every parameter); "
+                   "adapters on a frozen base do",
+           "qlora": "neither full fine-tuning nor LoRA on a half-precision base fits; an NF4 base does",
+           "qlora+offload": "only with the optimizer and the activations on the CPU does QLoRA fit"}[chosen]
+    def fmt(n: str) -> str:
+        s = steps.get(n)
+        return f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None else f"{n} {s}"
+    lines = [f"method auto: {chosen} ({why}); fastest that fits: {fastest}",
+             "methods (best step of each): " + ", ".join(fmt(n) for n, _ in LADDER),
+             f"{chosen} on {best.label}: largest micro-batch that fits at seq {best.setup.seq_len}: {mb}; "
+             f"longest sequence that fits at micro-batch 1: {seq:,}"]
+    res.method_choice = {"chosen": chosen, "fastest": fastest, "steps_s": steps, "largest_micro_batch": mb,
+                         "longest_seq": seq, "lines": lines}
+    return res
+
+
+def _fits(model, hw, est, **update) -> bool:
+    from advisor.api import estimate_plan
+
+    setup = est.setup.model_copy(update={"grad_accum": None, "global_batch": None, **update})
+    try:
+        return estimate_plan(model, hw, est.plan, setup, est.world_size).fits
+    except AdvisorError:
+        return False
+
+
+def largest_micro_batch(model, hw, est, limit: int = 4096) -> int:
+    """The largest micro-batch of ``est``'s plan that fits (doubling from its own, then bisecting)."""
+    return _largest(lambda v: _fits(model, hw, est, micro_batch=v), est.setup.micro_batch, limit)
+
+
+def longest_seq(model, hw, est) -> int:
+    """The longest sequence of ``est``'s plan at micro-batch 1 that fits."""
+    cap = model.max_positions if model.position.value == "learned" else MAX_SEQ_SEARCH
+    return _largest(lambda v: _fits(model, hw, est, micro_batch=1, seq_len=v), min(est.setup.seq_len, cap), cap)
+
+
+def _largest(ok, start: int, limit: int) -> int:
+    if not ok(start):
+        return 0
+    lo, hi = start, start
+    while hi < limit and ok(min(2 * hi, limit)):
+        lo = hi = min(2 * hi, limit)
+    if hi >= limit:
+        return limit
+    hi = min(2 * hi, limit)  # lo fits, hi does not
+    while hi - lo > max(1, lo // 64):  # within 1.5%
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
