@@ -43,7 +43,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
-         offload: str = "none", lora_library: str = "peft", **unknown) -> PlanSearch:
+         adapter_offload: str = "none", lora_library: str = "peft", **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
