@@ -84,7 +84,7 @@ def test_llama2_13b_on_one_h100_gets_ranked_offload_plans():
     steps = [p.estimate.step_time_s for p in res.plans]
     assert steps == sorted(steps) and all(s > 0 for s in steps)
     assert all(p.estimate.plan.offload is not Offload.none for p in res.plans)
-    assert res.tree["rule"] == "ZeRO + CPU offload"
+    assert res.tree["rule"].startswith("ZeRO + CPU offload")  # (then the fine-tuning methods: advisor.finetune)
 
 
 def test_cli_plan_single_gpu_lists_offload_plans():
