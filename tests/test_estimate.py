@@ -39,7 +39,8 @@ def test_step_time_is_sum_of_parts():
 def test_zero_paper_model_states(zero, expected_gb):
     # ZeRO paper (arXiv 1910.02054) Figure 1: Psi = 7.5B parameters, Nd = 64 GPUs, K = 12 (mixed-precision
     # Adam): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB of model states per GPU. A 7.46B GPT stands in for Psi and
-    # the states are scaled to 7.5B; grad_accum=2 keeps the gradients alive through the step.
+    # the states are scaled to 7.5B; grad_accum=2 keeps the gradients alive through the step. The stack keeps the
+    # paper's 2-byte gradients (megatron-core, auto's stack for this model, keeps fp32 main gradients: 18 bytes)
     m = ModelSpec(name="psi", n_layers=36, d_model=4096, n_heads=32, d_ff=16384, vocab=50257, max_positions=2048)
     # the paper's own implementation: DeepSpeed (fp16 gradients; megatron-core keeps fp32 main grads, K = 14)
     e = estimate(model=m, hw="dgx-a100", gpus=64, zero=zero, micro_batch=1, grad_accum=2, seq=1, precision="bf16-mixed",

@@ -4,6 +4,7 @@ source: their numbers as the sources say, used by plan and estimate, and their b
 from __future__ import annotations
 
 import pytest
+from _robust import tried
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,8 +13,6 @@ from advisor import estimate, plan
 from advisor.cli import cli
 from advisor.errors import AdvisorError
 from advisor.stack import StackError, load_stack, stack_from_yaml, stack_to_yaml
-
-from _robust import tried
 
 MC, DS = load_stack("megatron-core"), load_stack("deepspeed")
 

@@ -101,7 +101,7 @@ def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: A
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
     u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
-    back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))  # noqa: E731
+    back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))
     return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
                           back(u.root_gather_s), back(u.root_reduce_s))
 
