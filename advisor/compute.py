@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from advisor.hardware import Hardware
-from advisor.model.layer import keys_per_query
+from advisor.model.layer import DecoderLayer, keys_per_query
+from advisor.parallel import expert
 from advisor.training import Attention, Recompute
 from advisor.workload import Workload
 
@@ -106,10 +107,21 @@ class LayerTimes:
     recompute_s: Any
 
 
-def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> LayerTimes:
+def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0) -> dict[str, Any]:
+    """Forward GPU seconds of each linear of ``layer`` on one GPU; routed experts as advisor.parallel.expert costs them."""
     hw = w.hw
-    gemms = {lin.name: gemm_time(hw, w.math, lin.rank_flops_per_token(tp) * tokens, *lin.gemm_dims(tp)) for lin in w.layer.linears}
+    return {lin.name: (gemm_time(hw, w.math, *expert.gemm_shape(w, lin, tokens, tp, ep, etp)) if lin.copies > 1 else
+                       gemm_time(hw, w.math, lin.rank_flops_per_token(tp) * tokens, *lin.gemm_dims(tp)))
+            for lin in layer.linears}
+
+
+def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: Any = 1.0, etp: Any = 1.0) -> LayerTimes:
+    hw = w.hw
+    gemms = layer_gemms(w, w.layer, tokens, tp, ep, etp)
     gemm_fwd = sum(gemms.values())
+    if len(w.model.layers) > 1:  # dense first layers beside routed ones (DeepSeek): the model's mean layer
+        gemm_fwd = sum(k.count * (gemm_fwd if k is w.layer else sum(layer_gemms(w, k, tokens, tp, ep, etp).values()))
+                       for k in w.model.layers) / w.model.n_layers
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)

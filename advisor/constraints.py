@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
-from advisor.parallel import data, pipeline, tensor
+from advisor.parallel import data, expert, pipeline, tensor
 from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
@@ -27,14 +27,14 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     also the plan features it does not run."""
     ones = np.ones(len(c), dtype=bool)
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **data.violations(c, hw), **(stack_violations(c, stack) if stack is not None else {})}
+           **data.violations(c, hw), **expert.violations(c, model), **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
 FEATURE_WORDS = {"ddp": "DDP", "dataparallel": "nn.DataParallel", "zero1": "ZeRO-1", "zero2": "ZeRO-2 / SHARD_GRAD_OP",
                  "zero3": "ZeRO-3 / FULL_SHARD", "hsdp": "HYBRID_SHARD", "tp": "tensor parallelism",
                  "sp": "sequence parallelism", "pp": "pipeline parallelism", "gpipe": "a GPipe schedule",
-                 "interleaved": "an interleaved schedule"}
+                 "interleaved": "an interleaved schedule", "ep": "expert parallelism"}
 
 
 def features(c: Candidates) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def features(c: Candidates) -> dict[str, Any]:
             "zero1": (c.dp > 1) & (c.zero == 1), "zero2": (c.dp > 1) & (c.zero == 2),
             "zero3": (c.dp > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
             "sp": np.asarray(c.sp, dtype=bool), "pp": c.pp > 1, "gpipe": (c.pp > 1) & (c.schedule == Schedule.gpipe.code),
-            "interleaved": c.schedule == Schedule.interleaved.code}
+            "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 
 
 def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:

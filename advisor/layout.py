@@ -50,6 +50,9 @@ class Layout(Spec):
     pp: int = Field(default=1, ge=1)
     virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
     world_size: int = Field(ge=1)
+    ep: int = Field(default=1, ge=1, description="expert parallelism: carved from dp_shard x dp_replicate x tp "
+                                                 "(advisor.parallel.expert), not a factor of the world size")
+    etp: int = Field(default=1, ge=1, description="expert tensor parallelism: the routed experts' own TP degree")
 
     @model_validator(mode="after")
     def _product(self) -> "Layout":
@@ -85,6 +88,10 @@ class Plan(Spec):
         default=True, description="gradient reduction overlapped with backward (PyTorch DDP: on; Megatron default: off)"
     )
     allow_tp_across_nodes: bool = False
+    ep: int = Field(default=1, ge=1, le=1_000_000, description="expert parallelism: routed experts split over ep "
+                                                               "ranks of the data-parallel x tensor-parallel ranks")
+    etp: Optional[int] = Field(default=None, ge=1, le=1_000_000,
+                               description="expert tensor parallelism of the routed experts (None: tp, Megatron's default)")
 
     @property
     def world_size(self) -> int:
@@ -95,7 +102,8 @@ class Plan(Spec):
         shard = int(shard_degree(self.dp, self.zero, self.hybrid_shard, gpus_per_node))
         return Layout(dp_replicate=max(self.dp // shard, 1), dp_shard=shard, tp=self.tp, pp=self.pp,
                       virtual_stages=self.virtual_stages if self.schedule is Schedule.interleaved else 1,
-                      world_size=self.world_size if world_size is None else world_size)
+                      world_size=self.world_size if world_size is None else world_size, ep=self.ep,
+                      etp=self.tp if self.etp is None else self.etp)
 
     def label(self) -> str:
         parts = []
@@ -108,6 +116,8 @@ class Plan(Spec):
         if self.pp > 1:
             sched = self.schedule.value + (f"(v={self.virtual_stages})" if self.schedule is Schedule.interleaved else "")
             parts.append(f"PP={self.pp} {sched}")
+        if self.ep > 1 or self.etp not in (None, self.tp):
+            parts.append(f"EP={self.ep}" + (f" ETP={self.etp}" if self.etp not in (None, self.tp) else ""))
         return " x ".join(parts)
 
 

@@ -11,7 +11,9 @@ backward: every activation plus the cross-entropy's buffers; (b) under full reco
 is recomputed: its full activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the
 head's gradient; (c) the optimizer step: all gradients and the step's temporaries. ``peak`` is what
 ``torch.cuda.max_memory_allocated()`` reports; the CUDA context, NCCL buffers and allocator fragmentation are
-``Overhead``, reported apart. Left out: CPU/NVMe offload, activation offload, expert parallelism.
+``Overhead``, reported apart. Mixture of experts: the routed experts' shards and their states
+(advisor.parallel.data with advisor.parallel.expert), the routed activations at top-k (advisor.parallel.expert).
+Left out: CPU/NVMe offload, activation offload.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from advisor.candidates import Candidates, Mesh
-from advisor.parallel import pipeline
+from advisor.parallel import expert, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.training import Recompute
 from advisor.units import GiB
@@ -78,6 +80,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh) -> tuple[Any, Any]:
     t, sp = w.tables, np.asarray(c.sp, dtype=bool)
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
+    if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
+        full = full + expert.routed_saved(w, mesh, sp)
     kept = np.where(c.recompute == Recompute.full.code, t.saved_full_recompute.per_gpu(mesh.tp, sp),
                     np.where(c.recompute == Recompute.selective.code, t.saved_selective.per_gpu(mesh.tp, sp), full))
     return kept, full

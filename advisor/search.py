@@ -28,7 +28,8 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
 from advisor.results import make_estimate
-from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations, tp_pp_pairs
+from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations,
+                           tp_pp_pairs, with_experts)
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
@@ -201,7 +202,11 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = enumerate_candidates(world, gb, multi, kept_pairs)
+    cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs), spec)
+    if len(cols) > MAX_CANDIDATES:
+        raise PlanError(f"{world:,} GPUs give {len(cols):,} candidate plans for {spec.name} with its expert-parallel "
+                        f"degrees, more than the {MAX_CANDIDATES:,} one search evaluates; use a GPU count with fewer "
+                        f"divisors (e.g. --gpus {_round_world(world, hardware)})")
     cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes})
     bad = violations(cols, spec, hardware, world, stack)
     pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))

@@ -127,7 +127,10 @@ class Memory(Spec):
     logits: list[Logits]
 
 
-PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved")
+PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved", "ep")
+# what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
+# (Hugging Face's Trainer has none; advisor.parallel.expert)
+DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
 RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
 
 
@@ -172,7 +175,13 @@ class Engine(Spec):
                                        "type, so its plans run the layers as pure half precision does (the half mode's "
                                        "tables); storage: as the run's precision says")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
-        default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
+        default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
+    moe_grouped_gemm: bool = Field(
+        default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
+                                   "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
+    ep_alltoall_overlap: Literal["none", "shared_experts"] = Field(
+        default="none", description="the expert-parallel dispatch and combine all-to-alls run exposed, or beside the "
+                                    "shared experts' GEMMs (Megatron --moe-shared-expert-overlap)")
 
 
 class Stack(Spec):

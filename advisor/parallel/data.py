@@ -32,7 +32,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import pipeline
+from advisor.parallel import expert, pipeline
 from advisor.training import Recompute
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -72,14 +72,26 @@ class ModelStates:
     step_temporaries: Any  # the optimizer step's temporaries
     head_grads: Any  # the V x h table's gradient (the last one a recomputed backward frees)
     grads_persist: Any  # gradients alive through forward and backward
+    expert_params: Any = 0.0  # of ``params``, the local routed experts' (advisor.parallel.expert): reduced over edp
+    stepped_params: Any = None  # parameters whose optimizer states this GPU keeps and steps (params / dp_shard dense)
+
+    @property
+    def dp_params(self) -> Any:
+        """Parameters the data-parallel group reduces and gathers (all but the routed experts)."""
+        return self.params - self.expert_params
 
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
     m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
     eng = w.stack.engine
-    p_layer = w.layer.rank_params(tp)  # split linears' share, replicated ones (MLA's down projections) whole
+    # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
+    p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
     params = layers * p_layer + outside
+    # the routed experts' optimizer states sharded over the expert data-parallel group by ZeRO-1 (EP plans run
+    # DDP or ZeRO-1: advisor.parallel.expert.violations)
+    experts = layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp) if w.layer.routed else 0.0
+    stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
@@ -98,15 +110,16 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
         weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
-        optimizer_states=params * optimizer.state_bytes(w, master) / shard, gathered=gathered,
+        optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0,
-        step_temporaries=optimizer.step_temporaries(w, params / shard),
+        step_temporaries=optimizer.step_temporaries(w, stepped),
         head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
         # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
-        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
+        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
+        stepped_params=stepped)
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
     exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
-    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.params * states.reduce_bytes / mesh.dp_shard,
+    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
@@ -150,7 +163,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
     """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
-    size = states.params * states.reduce_bytes
+    size = states.dp_params * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
     if eng.gradient_reduction == "one_call":
         total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
@@ -170,10 +183,10 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
-    unit = (states.params - states.params_outside_layers) / units
+    unit = (states.dp_params - states.params_outside_layers) / units
     out = []
     for coll, per_param in ((Collective.reduce_scatter, states.reduce_bytes), (Collective.all_gather, states.weight_bytes)):
-        whole = comm.collective_time(coll, shard, states.params * per_param, hw, per_node, where=whole_on)
+        whole = comm.collective_time(coll, shard, states.dp_params * per_param, hw, per_node, where=whole_on)
         per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
                     + comm.collective_time(coll, shard, states.params_outside_layers * per_param, hw, per_node,
                                            where=units_on))
