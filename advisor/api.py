@@ -105,11 +105,12 @@ def build_inputs(model, hw, **given):
     try:
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
-                              attention=o.attention, recompute=o.recompute, stack=_stack_name(o.stack))
+                              attention=o.attention, recompute=o.recompute, stack=_stack_name(o.stack),
+                              moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
-                    allow_tp_across_nodes=o.allow_tp_across_nodes)
+                    allow_tp_across_nodes=o.allow_tp_across_nodes, ep=o.ep, etp=o.etp)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
@@ -147,7 +148,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
-             allow_tp_across_nodes: bool = False, **unknown) -> Estimate:
+             allow_tp_across_nodes: bool = False, ep: int = 1, etp: Optional[int] = None,
+             moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -158,7 +160,9 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full), ``optimizer`` (adamw,
-    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Every bad value is an AdvisorError
+    adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Mixture of experts: ``ep`` (expert
+    parallelism, carved from dp x tp), ``etp`` (the experts' tensor parallelism, default tp),
+    ``moe_capacity_factor`` (default dropless), ``moe_imbalance`` (default 1: balanced). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

@@ -72,6 +72,8 @@ class Common(_Options):
     optimizer: str = "adamw"
     stack: Union[str, Any] = "auto"
     allow_tp_across_nodes: bool = False
+    moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=1000)
+    moe_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
 
 
 class EstimateOptions(Common):
@@ -90,6 +92,8 @@ class EstimateOptions(Common):
     recompute: str = "none"
     overlap_grad_reduce: Optional[bool] = None
     data_parallel: str = "ddp"
+    ep: int = Field(default=1, ge=1, le=1_000_000)
+    etp: Optional[int] = Field(default=None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _no_contradiction(self) -> "EstimateOptions":

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from advisor.hardware import Hardware
 from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec
+from advisor.parallel.expert import moe_note
 from advisor.step import Evaluation
 from advisor.training import TrainingSetup
 
@@ -60,6 +61,8 @@ class Estimate(Result):
     # the link or NCCL algorithm each of the plan's collectives runs on, at one call's size (advisor.picks; estimate
     # only: a search's rows leave it empty)
     collectives: dict[str, str] = {}
+    # mixture of experts: active parameters and how routing is costed (advisor.parallel.expert.moe_note); "" if dense
+    moe: str = ""
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -95,5 +98,5 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         breakdown=breakdown, dominant=dominant_part(breakdown),
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
-        collectives=collectives or {},
+        collectives=collectives or {}, moe=moe_note(spec, setup),
     )

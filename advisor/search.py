@@ -39,7 +39,8 @@ from advisor.workload import Workload
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
          global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
          optimizer: str = "adamw", stack="auto", memory_headroom: float = 0.05, objective: str = "time",
-         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, **unknown) -> PlanSearch:
+         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, moe_capacity_factor: Optional[float] = None,
+         moe_imbalance: float = 1.0, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -52,7 +53,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
-    an AdvisorError of one line.
+    an AdvisorError of one line. A mixture-of-experts model's plans also choose the expert-parallel degree (and
+    expert tensor parallelism); ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1:
+    balanced routing) say how its tokens are routed.
     """
     o = PlanOptions.of({k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}, unknown, "plan")
     spec, hardware = load_model(model), load_hardware(hw)
@@ -120,7 +123,8 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     gb = default_global_batch(world, seq) if o.global_batch is None else o.global_batch
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
-                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack))
+                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack),
+                             moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 

@@ -146,6 +146,16 @@ def load(w) -> float:
     return min(w.moe_imbalance, cap) if cap is not None else w.moe_imbalance
 
 
+def moe_note(model: ModelSpec, setup) -> str:
+    """A mixture-of-experts model's active parameters and how its routing is costed, for the output ('' if dense)."""
+    if not model.routed:
+        return ""
+    e = model.experts
+    return (f"mixture of experts: top-{e.experts_per_token} of {e.n_experts} routed experts, "
+            f"{model.active_params / 1e9:.2f}B of {model.n_params / 1e9:.2f}B parameters active per token (FLOPs and "
+            f"MFU count the active ones, as Megatron and torchtitan do); {routing_note(setup)}")
+
+
 def routing_note(w) -> str:
     """How routing is costed, for the output."""
     cap = w.moe_capacity_factor
