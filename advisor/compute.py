@@ -126,6 +126,10 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
+    if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share
+        frac = w.layer.count / w.model.n_layers
+        pf, pb = expert.permute_bytes(w, tokens, tp, sp, ep)
+        ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf), ew_bwd + frac * mem_time(hw, pb)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)

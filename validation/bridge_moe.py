@@ -10,8 +10,9 @@ How a row becomes an estimate:
 - the stack: MOE_STACK, one constant (megatron-core's profile is being written; until it ships, megatron-deepspeed
   with Megatron-Core's grouped GEMMs: validation/data/megatron-core-moe.yaml);
 - Megatron's distributed optimizer (ZeRO-1; Bridge's recipes use it), sequence parallelism where TP > 1, the
-  experts unsplit by TP (ETP 1, as Bridge's MoE recipes set expert_tensor_parallel_size), no recomputation (the
-  recipes' selective module recomputation has no name in advisor), balanced routing (the tables' footnote: "MoE
+  experts unsplit by TP (ETP 1, as Bridge's MoE recipes set expert_tensor_parallel_size), the least recomputation
+  (none, selective, full) the model predicts to fit, as the run fitted (the tables do not give it; Bridge's recipes
+  recompute modules advisor has no name for), balanced routing (the tables' footnote: "MoE
   runs force a balanced token distribution"), dropless;
 - precision: BF16 rows as bf16-mixed; FP8 (current scaling) and MXFP8 rows as fp8-mixed, advisor's one FP8 recipe
   (its GEMMs at the fp8 peak; MXFP8's block scales are not costed): the error is reported per precision;
@@ -37,6 +38,8 @@ from advisor.model.hf import model_from_hf_dict
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
 
+# Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
+RECOMPUTE_LADDER = ("none", "selective", "full")
 # The stack every row is costed in: switch to "megatron-core" when its profile is on main.
 MOE_STACK = str(DATA_DIR / "megatron-core-moe.yaml")
 
@@ -122,14 +125,19 @@ def _kind(row: dict[str, Any]) -> str:
 
 
 def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-moe") -> DatasetReport:
-    rows, rejected, points, no_fit, fallbacks = load_rows(systems), Counter(), [], [], 0
+    rows, rejected, points, no_fit, fallbacks, recomputed = load_rows(systems), Counter(), [], [], 0, Counter()
     by_precision: dict[str, list[Point]] = defaultdict(list)
     for r in rows:
         kw, fallback = estimate_kwargs(r)
         fallbacks += fallback
-        est = _estimate(kw, rejected)
+        est = None
+        for rc in RECOMPUTE_LADDER:  # the least recomputation predicted to fit (the tables do not publish it)
+            est = _estimate({**kw, "recompute": rc}, rejected)
+            if est is None or est.fits:
+                break
         if est is None:
             continue
+        recomputed[est.setup.recompute.value] += 1
         label = f"{r['model']} {r['system']} {r['precision']} {r['gpus']}g TP{r['tp']} PP{r['pp']} EP{r['ep']}"
         if not est.fits:
             no_fit.append(label)
@@ -143,7 +151,9 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
              f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
              "(the tables force a balanced token distribution); FP8 and MXFP8 as fp8-mixed",
-             f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B"]
+             f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
+             "recomputation, which the tables do not give, the least predicted to fit: "
+             + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     if no_fit:
         notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6])
                      + (", ..." if len(no_fit) > 6 else ""))

@@ -182,6 +182,23 @@ def gemm_shape(w, lin: Linear, tokens: Any, tp: Any, ep: Any, etp: Any) -> tuple
     return flops / (rows / (rows + h0)), n, k, kernels
 
 
+def permute_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any) -> tuple[Any, Any]:
+    """(forward, backward) bytes one GPU's MoE layer moves to put tokens in expert order and back, for a micro-batch
+    of ``tokens`` (megatron-core 0.16.1 moe/moe_utils.py, the fused kernels of --moe-permute-fusion): permute reads
+    each token once and writes its k copies, (1 + k) h; unpermute reads the k expert outputs and the probabilities and
+    writes the token, (k + 1) h; with EP and several local experts the received chunks are sorted by expert after the
+    dispatch and back before the combine (sort_chunks_by_idxs: read and write k h, twice). Backward moves the same
+    gradients the other way, and unpermute's backward reads the k expert outputs once more for the probabilities'
+    gradient. In the activation dtype, at the busiest rank's load, on the GPU's sequence share under SP."""
+    layer = w.layer
+    k, h = top_k(layer), w.model.d_model
+    share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
+    sort = np.where((np.asarray(ep) > 1) & (n_experts(layer) / np.asarray(ep, dtype=float) > 1), 4.0 * k, 0.0)
+    per_token = h * w.act_bytes * load(w) / share
+    fwd = tokens * per_token * (2.0 * k + 2.0 + sort)
+    return fwd, fwd + tokens * per_token * k
+
+
 @dataclass(frozen=True)
 class ExpertTime:
     """Seconds of the expert-parallel all-to-alls for one micro-batch on the busiest stage (0 without EP)."""
