@@ -145,7 +145,9 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
                   breakdown=est.breakdown)
         points.append(p)
         by_precision[r["precision"]].append(p)
-    extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1)}
+    ranks = published_plan_ranks(rows)
+    extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1),
+             "published_plan_in_top5_pct": 100.0 * sum(r is not None for _, r in ranks) / max(len(ranks), 1)}
     for prec, pts in sorted(by_precision.items()):
         extra[f"{prec}_mape_pct"], extra[f"{prec}_max_ape_pct"] = ape_stats(pts)
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
@@ -154,6 +156,8 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
              f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
              "recomputation, which the tables do not give, the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
+    notes.append("the published plan's rank in advisor plan's top 5 (dp, tp, pp, ep matched; '-': not in it): "
+                 + ", ".join(f"{k} {r or '-'}" for k, r in ranks))
     if no_fit:
         notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6])
                      + (", ..." if len(no_fit) > 6 else ""))

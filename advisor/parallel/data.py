@@ -90,7 +90,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     params = layers * p_layer + outside
     # the routed experts' optimizer states sharded over the expert data-parallel group by ZeRO-1 (EP plans run
     # DDP or ZeRO-1: advisor.parallel.expert.violations)
-    experts = layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp) if w.layer.routed else 0.0
+    # (without EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)
+    experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
+                        0.0) if w.layer.routed else 0.0)
     stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
