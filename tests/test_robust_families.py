@@ -15,7 +15,6 @@ import pytest
 
 from _robust import assert_one_line_error, run_main, tried
 from advisor.api import estimate
-from advisor.errors import AdvisorError
 from advisor.model import load_model, model_from_hf_config
 from advisor.model.hub_configs import HUB_CONFIGS
 
