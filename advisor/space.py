@@ -122,7 +122,8 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
 
 def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
     """Each plan of a mixture-of-experts model once per (ep, etp) its (dp, tp) admits (advisor.parallel.expert.
-    ep_choices), where it can split experts (DDP or ZeRO-1: the others keep ep 1, etp = tp); a dense model's as is."""
+    ep_choices), where it can split experts (not HSDP or nn.DataParallel: those keep ep 1, etp = tp); a dense model's
+    as is."""
     if not model.routed or len(c) == 0:
         return c
     dp, tp = np.broadcast_to(c.dp, (len(c),)), np.broadcast_to(c.tp, (len(c),))
@@ -133,7 +134,7 @@ def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
     for j, ch in enumerate(choices):
         table[j, :len(ch)] = ch
         table[j, :, 1] = np.where(np.arange(table.shape[1]) < len(ch), table[j, :, 1], uniq[j, 1])
-    splits = (np.broadcast_to(c.zero, (len(c),)) <= 1) & ~np.broadcast_to(np.asarray(c.hybrid, dtype=bool), (len(c),)) & (
+    splits = ~np.broadcast_to(np.asarray(c.hybrid, dtype=bool), (len(c),)) & (
         np.broadcast_to(c.dp_kind, (len(c),)) == 0)
     reps = np.where(splits, np.array([len(ch) for ch in choices])[inv], 1)
     idx = np.repeat(np.arange(len(c)), reps)

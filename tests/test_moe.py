@@ -129,7 +129,7 @@ def test_dense_first_layers_are_costed_in_flops():
 @pytest.mark.parametrize("kw,word", [
     (dict(ep=3), "ep does not divide the routed experts"),
     (dict(ep=16), "ep x etp does not divide dp x tp"),
-    (dict(ep=2, zero=3), "ZeRO-2/3"),
+    (dict(ep=2, fsdp="hybrid-shard", zero=3, gpus=16), "HYBRID_SHARD"),
     (dict(ep=2, tp=2), "sequence parallelism"),
 ])
 def test_bad_ep_is_one_line(kw, word):
@@ -160,7 +160,7 @@ def test_search_offers_ep_only_for_routed_models():
     assert with_experts(c, load_model("llama-3-8b")) is c
     moe = with_experts(c, load_model("mixtral-8x7b"))
     assert len(moe) > len(c) and set(np.unique(moe.ep)) == {1, 2, 4, 8}
-    assert not ((moe.ep > 1) & (moe.zero >= 2)).any()  # EP plans run DDP or ZeRO-1
+    assert not ((moe.ep > 1) & moe.hybrid).any()  # EP plans run DDP, ZeRO-1/2/3 or FSDP, not HSDP
     assert ((moe.dp * moe.tp) % (moe.ep * moe.etp) == 0).all()
 
 

@@ -88,8 +88,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
     params = layers * p_layer + outside
-    # the routed experts' optimizer states sharded over the expert data-parallel group by ZeRO-1 (EP plans run
-    # DDP or ZeRO-1: advisor.parallel.expert.violations)
+    # the routed experts' states sharded over the expert data-parallel group (edp ranks) by ZeRO, the rest over dp
     # (without EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)
     experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
                         0.0) if w.layer.routed else 0.0)
@@ -97,6 +96,10 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
+    weights = params * wb / np.where(zero >= 3, shard, 1.0)
+    if w.layer.routed:  # ZeRO-2/3 shard the experts' gradients (and weights) over edp as ZeRO-1 their optimizer states
+        grads = np.where(zero >= 2, stepped, params) * gb
+        weights = np.where(zero >= 3, stepped, params) * wb
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
     # weights this GPU does not already hold
@@ -111,7 +114,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     return ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
-        weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
+        weights=weights, grads=grads,
         optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0,
@@ -153,6 +156,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
+    if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
+        ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
+        rs, ag = rs + ers, ag + eag
     exposed = zero_exposed_per_micro_batch(w, c, zero, rs, ag, layers, windows, inline)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes

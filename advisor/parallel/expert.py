@@ -29,15 +29,16 @@ tokens), in the activation dtype, over the ep ranks (advisor.comm all_to_all: NV
 network across). With etp > 1 the received tokens are also all-gathered and the outputs reduce-scattered over
 the etp ranks. The stack may run the all-to-alls beside the shared experts' GEMMs (``ep_alltoall_overlap``).
 
-Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their gradients and
-optimizer states are sharded by the distributed optimizer (ZeRO-1) over the expert data-parallel group (edp
-ranks), as megatron-core's DistributedOptimizer builds a separate buffer for expert parameters over
-``expert_data_parallel_group``. Routed activations: the stack's tables are evaluated at the MLP width a token
+Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their optimizer states (ZeRO-1,
+the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
+group (edp ranks), as megatron-core's DistributedOptimizer and Megatron-FSDP build a separate buffer for expert
+parameters over ``expert_data_parallel_group``; their reduce-scatters and gathers run over that group beside the
+dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables are evaluated at the MLP width a token
 passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), and the permuted copies the experts read and
 write (the grouped GEMM's input, k x h, and the expert outputs the combine keeps to weigh by the router's
 probabilities, k x h), plus the router's logits and routing map (E per token) are added (``routed_saved``).
 
-Not modelled: ZeRO-2/3 / FSDP of the experts (refused with EP), context parallelism, the DeepEP / flex
+Not modelled: HSDP with EP (refused), context parallelism, the DeepEP / flex
 dispatcher, FP8 dispatch, batch-level all-to-all overlap (--overlap-moe-expert-parallel-comm), the aux-loss
 kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's
 weights as routed layers).
@@ -78,8 +79,8 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
         "etp does not divide the experts' FFN width": (e.d_ff_expert % etp) != 0,
         "experts split over TP ranks otherwise than attention need sequence parallelism": (tp > 1) & ~sp & (
             (ep > 1) | (etp != tp)),
-        "expert parallelism with ZeRO-2/3, FSDP or nn.DataParallel is not costed (DDP and ZeRO-1 are)": split & (
-            (c.zero >= 2) | np.asarray(c.hybrid, dtype=bool) | (c.dp_kind == DataParallelKind.dp.code)),
+        "expert parallelism with HYBRID_SHARD or nn.DataParallel is not costed (DDP, ZeRO-1/2/3 and FSDP are)": split & (
+            np.asarray(c.hybrid, dtype=bool) | (c.dp_kind == DataParallelKind.dp.code)),
     }
 
 
@@ -236,19 +237,32 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
     return ExpertTime(fwd, bwd, moe_layers * (fwd + bwd + rc))
 
 
+def _edp(w, mesh: Mesh) -> tuple[Any, Any]:
+    """(where the experts have an expert data-parallel group of their own, its ranks per node: etp x ep apart)."""
+    own = (mesh.edp > 1) & ((mesh.ep > 1) | (mesh.etp != mesh.tp))
+    return own, np.clip(np.floor(w.hw.gpus_per_node / (mesh.ep * mesh.etp)), 1, mesh.edp)
+
+
 def grad_time(w, c: Candidates, mesh: Mesh, states, hide: Any) -> Any:
-    """The expert gradients' reduction over the expert data-parallel group (edp ranks, etp x ep apart): an
-    all-reduce (DDP) or reduce-scatter + all-gather of the updated weights (the distributed optimizer), the
-    reduction hidden behind the last backward as the dense gradients' is (``hide``), the all-gather not."""
-    on = (mesh.edp > 1) & (mesh.ep * mesh.etp > 1)
-    per_node = np.clip(np.floor(w.hw.gpus_per_node / (mesh.ep * mesh.etp)), 1, mesh.edp)
+    """DDP's all-reduce of the expert gradients over the expert data-parallel group (edp ranks), hidden behind the
+    last backward as the dense gradients' is (``hide``). Under ZeRO the experts' reduce-scatters and gathers join the
+    dense ones' (``sharded_collectives``, advisor.parallel.data)."""
+    on, per_node = _edp(w, mesh)
     grads = states.expert_params * states.reduce_bytes
-    zero = np.asarray(c.zero)
-    ar = comm.collective_time(Collective.all_reduce, mesh.edp, grads, w.hw, per_node, where=on & (zero == 0))
-    rs = comm.collective_time(Collective.reduce_scatter, mesh.edp, grads, w.hw, per_node, where=on & (zero >= 1))
+    ar = comm.collective_time(Collective.all_reduce, mesh.edp, grads, w.hw, per_node, where=on & (np.asarray(c.zero) == 0))
+    return np.maximum(ar - hide, 0.0)
+
+
+def sharded_collectives(w, mesh: Mesh, states, zero_on: Any) -> tuple[Any, Any]:
+    """(reduce-scatter of the expert gradients, all-gather of the expert weights) over the expert data-parallel group,
+    one call each per pass over the stage (the distributed optimizer's expert buffer; Megatron-FSDP's expert units)."""
+    on, per_node = _edp(w, mesh)
+    on = on & zero_on
+    rs = comm.collective_time(Collective.reduce_scatter, mesh.edp, states.expert_params * states.reduce_bytes, w.hw,
+                              per_node, where=on)
     ag = comm.collective_time(Collective.all_gather, mesh.edp, states.expert_params * states.weight_bytes, w.hw,
-                              per_node, where=on & (zero >= 1))
-    return np.maximum(ar + rs - hide, 0.0) + ag
+                              per_node, where=on)
+    return rs, ag
 
 
 # --- memory ----------------------------------------------------------------------------------------------------
