@@ -13,6 +13,10 @@ and replicates across nodes. Ranks are ordered as Megatron orders them: tp faste
 (megatron/core/parallel_state.py), so a node holds whole TP groups and the first ranks of each DP group.
 
 Megatron's constraints (seed 002): world_size = tp x pp x dp; global batch divisible by micro_batch x dp.
+
+Mixture of experts: ``ep`` and ``etp`` are not factors of the world size. Megatron carves the experts' own mesh
+etp x ep x edp from the same dp x tp ranks of a pipeline stage (megatron-core parallel_state: edp = world / (etp x
+ep x pp)); advisor.parallel.expert owns it.
 """
 
 from __future__ import annotations
