@@ -77,4 +77,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers"
             reasons.append(reason)
+    if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
+        etp = plan.tp if plan.etp is None else plan.etp
+        experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
+                   else "no routed experts")
+        reasons.append(f"ep={plan.ep}, etp={etp}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
+                       "parallelism off)")
     return reasons

@@ -43,6 +43,8 @@ def test_mixtral_gets_a_real_plan():
     assert best.params == 46_702_792_704 and best.fits and best.plan.ep > 1
     assert "12.88B of 46.70B parameters active" in best.moe and "balanced routing" in best.moe
     assert any("mixture of experts" in n for n in found.notes())
+    row = found.to_json()["plans"][0]  # `advisor plan --json`
+    assert row["plan"]["ep"] == row["layout"]["ep"] == best.plan.ep and row["breakdown"]["comm/ep_alltoall"] > 0
 
 
 def _mixtral(ep: int, gpus: int = 8, **kw):
