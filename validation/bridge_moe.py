@@ -67,6 +67,14 @@ KIMI_K2 = {  # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3's architectu
 
 
 @lru_cache(maxsize=None)
+def moe_stack():
+    """MOE_STACK's profile, read once (a YAML read per estimate would be most of this dataset's time)."""
+    from advisor.stack import load_stack
+
+    return load_stack(MOE_STACK)
+
+
+@lru_cache(maxsize=None)
 def model_spec(name: str) -> ModelSpec:
     catalogue = {"DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b"}
     if name in catalogue:
@@ -114,7 +122,7 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     fallback = interleaved and spec.n_layers % (pp * vp) != 0
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
-              attention="sdpa", recompute="none", stack=MOE_STACK)
+              attention="sdpa", recompute="none", stack=moe_stack())
     if interleaved and not fallback:
         kw.update(schedule="interleaved", virtual_stages=vp)
     return kw, fallback
@@ -183,7 +191,7 @@ def published_plan_ranks(rows: Optional[list[dict[str, Any]]] = None, top: int =
         kw, _ = estimate_kwargs(r)
         try:
             found = plan(kw["model"], _hardware(r["hw"]), gpus=r["gpus"], seq=r["seq"], global_batch=r["gbs"],
-                         precision=kw["precision"], stack=MOE_STACK, top=top)
+                         precision=kw["precision"], stack=moe_stack(), top=top)
         except AdvisorError as exc:
             out.append((f"{' '.join(map(str, key))}: {str(exc)[:80]}", None))
             continue
