@@ -246,3 +246,14 @@ def test_table_layer_is_the_routed_width():
     assert expert.table_layer(layer).d_ff == 2 * 512 + 512
     dense = load_model("llama-3-8b").layer
     assert expert.table_layer(dense) is dense
+
+
+@pytest.mark.parametrize("kind", ["deepspeed", "accelerate", "torchrun"])
+def test_other_exports_refuse_expert_parallelism(kind):
+    from advisor.export import ExportError, export
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    with pytest.raises(ExportError, match="use --format megatron"):
+        export(kind, load_model("mixtral-8x7b"), load_hardware("dgx-h100"), Plan(dp=8, ep=8, zero=1),
+               TrainingSetup(seq_len=4096), 1, 8)

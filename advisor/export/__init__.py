@@ -53,6 +53,10 @@ def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
     """The launch config of one plan in format ``kind`` (one of KINDS); ExportError if it cannot be expressed."""
     if kind not in EXPORTERS:
         raise ExportError(f"unknown export format {kind!r}: use one of {', '.join(KINDS)}")
+    if kind != "megatron" and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+        # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
+        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
+                          f"or --ep 1 for a {kind} config")
     return EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
 
 
