@@ -140,11 +140,12 @@ def build_inputs(model, hw, **given):
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
-                              stack=_stack_name(o.stack), finetune=finetune_of(o))
+                              stack=_stack_name(o.stack), finetune=finetune_of(o),
+                              moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
-                    allow_tp_across_nodes=o.allow_tp_across_nodes, offload=o.offload)
+                    allow_tp_across_nodes=o.allow_tp_across_nodes, offload=o.offload, ep=o.ep, etp=o.etp)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
@@ -186,7 +187,9 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
              lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
-             adapter_offload: str = "none", lora_library: str = "peft", **unknown) -> Estimate:
+             adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
+             etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
+             **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -204,7 +207,9 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     torchtune's or litgpt's module names, or all-linear), ``dora``, ``quant`` (none, int8, nf4), ``double_quant``,
     ``optimizer_8bit``, ``paged``, ``adapter_offload`` (none, optimizer, activations, optimizer+activations:
     a fine-tune's CPU offload as torchtune and DeepSpeed run it), ``lora_library`` (peft, litgpt, torchtune:
-    whose adapter code runs). Every bad value is an AdvisorError
+    whose adapter code runs). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
+    experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
+    (default 1: balanced). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

@@ -41,8 +41,12 @@ class Candidates:
     allow_tp_across_nodes: bool = False
     recompute_k: Any = 1  # TrainingSetup.recompute_layers (advisor/recompute.py)
     offload: Any = 0  # Offload codes (advisor/parallel/offload.py)
+    ep: Any = 1  # expert parallelism (advisor.parallel.expert): carved from dp x tp, 1 for dense models
+    etp: Any = None  # expert tensor parallelism (None: tp, Megatron's default)
 
     def __post_init__(self) -> None:
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
         for f in fields(self):
             if f.name != "allow_tp_across_nodes":
                 object.__setattr__(self, f.name, np.atleast_1d(np.asarray(getattr(self, f.name))))
@@ -73,7 +77,8 @@ class Candidates:
                    dp_kind=plan.data_parallel.code, overlap=plan.overlap_grad_reduce, micro_batch=setup.micro_batch,
                    grad_accum=grad_accum, recompute=setup.recompute.code,
                    allow_tp_across_nodes=plan.allow_tp_across_nodes, recompute_k=setup.recompute_layers,
-                   offload=plan.offload.code)
+                   offload=plan.offload.code,
+                   ep=plan.ep, etp=plan.tp if plan.etp is None else plan.etp)
 
     def plan(self, i: int) -> Plan:
         """Row ``i`` as a typed Plan."""
@@ -81,7 +86,8 @@ class Candidates:
                     hybrid_shard=bool(self.hybrid[i]), sp=bool(self.sp[i]), schedule=Schedule.of_code(self.schedule[i]),
                     virtual_stages=int(self.virtual_stages[i]), data_parallel=DataParallelKind.of_code(self.dp_kind[i]),
                     overlap_grad_reduce=bool(self.overlap[i]), allow_tp_across_nodes=self.allow_tp_across_nodes,
-                    offload=Offload.of_code(self._at(self.offload, i)))
+                    offload=Offload.of_code(self._at(self.offload, i)),
+                    ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i]))
 
     def setup(self, i: int, setup: TrainingSetup) -> TrainingSetup:
         """``setup`` with row ``i``'s micro batch and recomputation."""
@@ -110,6 +116,10 @@ class Mesh:
     shard_per_node: Any
     stage_crosses_nodes: Any  # a pipeline boundary crosses nodes
     stage_crosses_domains: Any = None  # ... and NVLink domains (the network carries it)
+    ep: Any = 1.0  # expert parallelism, and how the expert groups sit (advisor.parallel.expert)
+    etp: Any = 1.0
+    edp: Any = 1.0  # expert data parallelism: dp x tp / (ep x etp) ranks hold the same experts
+    ep_per_node: Any = 1.0
 
     @classmethod
     def of(cls, c: Candidates, gpus_per_node: int, domain_gpus: int | None = None) -> "Mesh":
@@ -117,7 +127,9 @@ class Mesh:
         v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1).astype(float)
         shard = np.asarray(shard_degree(dp, c.zero, c.hybrid, gpus_per_node), dtype=float)
         dp_per_node = np.clip(np.floor(gpus_per_node / tp), 1, dp)
+        ep, etp = np.asarray(c.ep, dtype=float), np.asarray(c.etp, dtype=float)
         return cls(dp=dp, dp_shard=shard, dp_replicate=dp / shard, tp=tp, pp=pp, v=v,
                    tp_per_node=np.minimum(tp, gpus_per_node), dp_per_node=dp_per_node,
                    shard_per_node=np.minimum(dp_per_node, shard), stage_crosses_nodes=tp * dp >= gpus_per_node,
-                   stage_crosses_domains=tp * dp >= (domain_gpus or gpus_per_node))
+                   stage_crosses_domains=tp * dp >= (domain_gpus or gpus_per_node), ep=ep, etp=etp,
+                   edp=dp * tp / (ep * etp), ep_per_node=np.clip(np.floor(gpus_per_node / etp), 1, ep))

@@ -53,6 +53,12 @@ def common_plan_options(f):
         click.option("--stack", default="auto", show_default=True,
                      help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer when the model "
                           "fits on one GPU, else megatron-deepspeed"),
+        click.option("--moe-capacity-factor", type=float, default=None,
+                     help="mixture of experts: an expert takes at most this multiple of its balanced share of tokens, "
+                          "the rest dropped [default: dropless]"),
+        click.option("--moe-imbalance", type=float, default=1.0, show_default=True,
+                     help="mixture of experts: the busiest expert-parallel rank's tokens over the balanced share "
+                          "(1: balanced, as the published benchmarks force)"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
         *finetune_options(),
     ])
@@ -112,4 +118,7 @@ def single_plan_options(f):
         click.option("--data-parallel", type=click.Choice(["ddp", "dp"]), default="ddp", show_default=True,
                      help="DDP or single-process nn.DataParallel"),
         click.option("--allow-tp-across-nodes", is_flag=True, help="let TP span nodes (normally rejected)"),
+        click.option("--ep", type=int, default=1, show_default=True,
+                     help="expert-parallel degree (mixture of experts): carved from dp x tp"),
+        click.option("--etp", type=int, default=None, help="expert tensor-parallel degree [default: tp]"),
     ])

@@ -25,13 +25,14 @@ torch.compile fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from advisor import finetune
 from advisor.hardware import Hardware
-from advisor.model.layer import Linear, keys_per_query
+from advisor.model.layer import DecoderLayer, Linear, keys_per_query
+from advisor.parallel import expert
 from advisor.precision import PASSES, Recipe
 from advisor.recompute import as_mix, rerun
 from advisor.training import Attention
@@ -56,27 +57,33 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
     return flops / (hw.gpu.peak_flops_per_s(r.format) * eff) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
 
-def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any) -> tuple[Any, Any, Any]:
+def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Optional[tuple] = None,
+                      weights: Any = 1.0) -> tuple[Any, Any, Any]:
     """(forward, backward, quantisation in forward) GPU seconds of one linear for ``tokens`` tokens on one TP rank.
     Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts. A frozen base (LoRA,
-    QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients."""
+    QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients. ``shape``: (FLOPs, n, k,
+    kernels) where another module shapes the GEMM (routed experts: advisor.parallel.expert.gemm_shape), with
+    ``weights`` weight matrices of n x k to cast."""
     hw, r = w.hw, w.precision.recipe
     wg = finetune.weight_grad_share(w)
-    flops = lin.rank_flops_per_token(tp) * tokens
-    n, k = lin.gemm_dims(tp)
+    if shape is None:
+        flops, (n, k), kernels = lin.rank_flops_per_token(tp) * tokens, lin.gemm_dims(tp), 1.0
+    else:
+        flops, n, k, kernels = shape
     if r is None:
-        f = gemm_time(hw, w.math, flops, n, k)
+        f = gemm_time(hw, w.math, flops, n, k, kernels)
         return f, (1.0 + wg) * f, 0.0
-    bf16 = gemm_time(hw, "bf16", flops, n, k)
-    low = recipe_gemm_time(hw, r, flops, n, k)
+    bf16 = gemm_time(hw, "bf16", flops, n, k, kernels)
+    low = recipe_gemm_time(hw, r, flops, n, k, kernels)
+    rows = flops / (2.0 * n * k)  # the GEMM's M: the tokens it multiplies (routed copies for experts)
     # the layers the stack keeps in BF16 at each end (NVFP4: Megatron's first_last_layers_bf16) are spread over all
     # layers: the per-layer time is the mean of the model's layers
     bf16_share = min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
     fprop, dgrad, wgrad = (bf16_share * bf16 + (1.0 - bf16_share) * (low if r.runs_low(g) else bf16) for g in PASSES)
     # casts: the input (tokens x k) and the weight (k x n) in forward, the output gradient (tokens x n) in backward;
     # a recipe that keeps wgrad in BF16 still casts all three for fprop and dgrad
-    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (tokens * k + k * n))
-    q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * tokens * n)
+    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (rows * k + weights * k * n))
+    q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * rows * n)
     return fprop + q_fwd, dgrad + wg * wgrad + q_bwd, q_fwd
 
 
@@ -173,18 +180,41 @@ class LayerTimes:
     recompute_s: Any
 
 
-def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any) -> LayerTimes:
+def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0,
+                 etp: Any = 1.0) -> dict[str, tuple[Any, Any, Any]]:
+    """(forward, backward, forward casts) GPU seconds of each linear of ``layer`` on one GPU (linear_pass_times);
+    routed experts at the shape advisor.parallel.expert gives them, their ``copies / ep`` local weights cast."""
+    return {lin.name: (linear_pass_times(w, lin, tokens, tp, expert.gemm_shape(w, lin, tokens, tp, ep, etp),
+                                         np.asarray(lin.copies, dtype=float) / ep) if lin.copies > 1 else
+                       linear_pass_times(w, lin, tokens, tp))
+            for lin in layer.linears}
+
+
+def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0) -> dict[str, Any]:
+    """Forward GPU seconds of each linear of ``layer`` on one GPU; routed experts as advisor.parallel.expert costs them."""
+    return {name: p[0] for name, p in layer_passes(w, layer, tokens, tp, ep, etp).items()}
+
+
+def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: Any = 1.0, etp: Any = 1.0) -> LayerTimes:
     hw = w.hw
-    passes = {lin.name: linear_pass_times(w, lin, tokens, tp) for lin in w.layer.linears}
+    passes = layer_passes(w, w.layer, tokens, tp, ep, etp)
     gemms = {name: p[0] for name, p in passes.items()}
     gemm_fwd = sum(gemms.values())
     gemm_bwd = sum(p[1] for p in passes.values())
+    if len(w.model.layers) > 1:  # dense first layers beside routed ones (DeepSeek): the model's mean layer
+        other = {id(k): layer_passes(w, k, tokens, tp, ep, etp) for k in w.model.layers if k is not w.layer}
+        gemm_fwd, gemm_bwd = (sum(k.count * sum(p[j] for p in (passes if k is w.layer else other[id(k)]).values())
+                                  for k in w.model.layers) / w.model.n_layers for j in (0, 1))
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
     ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
     # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
     # adapters and dequantisation add their own (advisor.adapters.with_adapters)
+    if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share
+        frac = w.layer.count / w.model.n_layers
+        pf, pb = expert.permute_bytes(w, tokens, tp, sp, ep)
+        ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf), ew_bwd + frac * mem_time(hw, pb)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)

@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
-from advisor.parallel import data, offload, pipeline, tensor
+from advisor.parallel import data, expert, offload, pipeline, tensor
 from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
@@ -30,7 +30,7 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     also the plan features it does not run."""
     ones = np.ones(len(c), dtype=bool)
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **data.violations(c, hw), **offload.violations(c, hw, stack),
+           **data.violations(c, hw), **offload.violations(c, hw, stack), **expert.violations(c, model),
            **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
@@ -38,7 +38,7 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
 FEATURE_WORDS = {"ddp": "DDP", "dataparallel": "nn.DataParallel", "zero1": "ZeRO-1", "zero2": "ZeRO-2 / SHARD_GRAD_OP",
                  "zero3": "ZeRO-3 / FULL_SHARD", "hsdp": "HYBRID_SHARD", "tp": "tensor parallelism",
                  "sp": "sequence parallelism", "pp": "pipeline parallelism", "gpipe": "a GPipe schedule",
-                 "interleaved": "an interleaved schedule"}
+                 "interleaved": "an interleaved schedule", "ep": "expert parallelism"}
 
 
 def features(c: Candidates) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def features(c: Candidates) -> dict[str, Any]:
             "zero1": (c.dp > 1) & (c.zero == 1), "zero2": (c.dp > 1) & (c.zero == 2),
             "zero3": (c.dp > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
             "sp": np.asarray(c.sp, dtype=bool), "pp": c.pp > 1, "gpipe": (c.pp > 1) & (c.schedule == Schedule.gpipe.code),
-            "interleaved": c.schedule == Schedule.interleaved.code}
+            "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 
 
 def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
@@ -86,4 +86,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers"
             reasons.append(reason)
+    if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
+        etp = plan.tp if plan.etp is None else plan.etp
+        experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
+                   else "no routed experts")
+        reasons.append(f"ep={plan.ep}, etp={etp}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
+                       "parallelism off)")
     return reasons

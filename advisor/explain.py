@@ -91,6 +91,7 @@ PART_WORDS = {
     "comm/dp_grad": "gradient reduction", "comm/zero_params": "ZeRO/FSDP parameter gathers", "comm/dataparallel": "nn.DataParallel replicate/gather",
     "optimizer": "optimizer step", "host_overhead": "host-side kernel launches",
     "offload": "offload (PCIe/NVMe copies and the CPU optimizer step)",
+    "comm/ep_alltoall": "expert-parallel dispatch/combine all-to-all", "comm/ep_grad": "expert gradient reduction",
 }
 OFFLOAD_WHY = {"optimizer-cpu": "optimizer states and step on the CPU (ZeRO-Offload)",
                "optimizer-nvme": "optimizer states on NVMe, the step on the CPU (ZeRO-Infinity)",
@@ -107,7 +108,9 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         words.append("no other part above 1%")
     elif overhead:
         k = max(overhead, key=overhead.get)
-        link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") else "inter-node"
+        # an EP group inside one NVLink domain (etp x ep ranks in a row) stays on NVLink, as a TP group does
+        ep_inside = k == "comm/ep_alltoall" and e.layout.ep * e.layout.etp <= hw.domain_gpus
+        link = "intra-node" if e.world_size <= hw.gpus_per_node or (k == "comm/tp") or ep_inside else "inter-node"
         where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
         words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
     words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")

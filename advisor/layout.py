@@ -13,6 +13,10 @@ and replicates across nodes. Ranks are ordered as Megatron orders them: tp faste
 (megatron/core/parallel_state.py), so a node holds whole TP groups and the first ranks of each DP group.
 
 Megatron's constraints (seed 002): world_size = tp x pp x dp; global batch divisible by micro_batch x dp.
+
+Mixture of experts: ``ep`` and ``etp`` are not factors of the world size. Megatron carves the experts' own mesh
+etp x ep x edp from the same dp x tp ranks of a pipeline stage (megatron-core parallel_state: edp = world / (etp x
+ep x pp)); advisor.parallel.expert owns it.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ class Layout(Spec):
     pp: int = Field(default=1, ge=1)
     virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
     world_size: int = Field(ge=1)
+    ep: int = Field(default=1, ge=1, description="expert parallelism: carved from dp_shard x dp_replicate x tp "
+                                                 "(advisor.parallel.expert), not a factor of the world size")
+    etp: int = Field(default=1, ge=1, description="expert tensor parallelism: the routed experts' own TP degree")
 
     @model_validator(mode="after")
     def _product(self) -> "Layout":
@@ -100,6 +107,10 @@ class Plan(Spec):
     )
     allow_tp_across_nodes: bool = False
     offload: Offload = Field(default=Offload.none, description="model states held in host memory or on NVMe")
+    ep: int = Field(default=1, ge=1, le=1_000_000, description="expert parallelism: routed experts split over ep "
+                                                               "ranks of the data-parallel x tensor-parallel ranks")
+    etp: Optional[int] = Field(default=None, ge=1, le=1_000_000,
+                               description="expert tensor parallelism of the routed experts (None: tp, Megatron's default)")
 
     @property
     def world_size(self) -> int:
@@ -110,7 +121,8 @@ class Plan(Spec):
         shard = int(shard_degree(self.dp, self.zero, self.hybrid_shard, gpus_per_node))
         return Layout(dp_replicate=max(self.dp // shard, 1), dp_shard=shard, tp=self.tp, pp=self.pp,
                       virtual_stages=self.virtual_stages if self.schedule is Schedule.interleaved else 1,
-                      world_size=self.world_size if world_size is None else world_size)
+                      world_size=self.world_size if world_size is None else world_size, ep=self.ep,
+                      etp=self.tp if self.etp is None else self.etp)
 
     def label(self) -> str:
         parts = []
@@ -125,6 +137,8 @@ class Plan(Spec):
             parts.append(f"PP={self.pp} {sched}")
         if self.offload is not Offload.none:
             parts.append(f"offload {self.offload.value}")
+        if self.ep > 1 or self.etp not in (None, self.tp):
+            parts.append(f"EP={self.ep}" + (f" ETP={self.etp}" if self.etp not in (None, self.tp) else ""))
         return " x ".join(parts)
 
 

@@ -11,8 +11,9 @@ backward: every activation plus the cross-entropy's buffers; (b) under full reco
 is recomputed: its full activations and ~3 d_ff-sized temporaries join the kept inputs, the held logits and the
 head's gradient; (c) the optimizer step: all gradients and the step's temporaries. ``peak`` is what
 ``torch.cuda.max_memory_allocated()`` reports; the CUDA context, NCCL buffers and allocator fragmentation are
-``Overhead``, reported apart. Offloaded model states and activations (advisor/parallel/offload.py, advisor/recompute.py) leave the GPU;
-left out: expert parallelism.
+``Overhead``, reported apart. Offloaded model states and activations (advisor/parallel/offload.py,
+advisor/recompute.py) leave the GPU. Mixture of experts: the routed experts' shards and their states
+(advisor.parallel.data with advisor.parallel.expert), the routed activations at top-k (advisor.parallel.expert).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from advisor import adapters
 from advisor.candidates import Candidates, Mesh
-from advisor.parallel import pipeline
+from advisor.parallel import expert, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
@@ -92,6 +93,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
     delta = adapters.saved_delta_per_token(w)  # a frozen base's inputs not kept, the adapters' tensors kept
     full = full - less + delta
+    if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
+        full = full + expert.routed_saved(w, mesh, sp)
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp),
                           t.saved_selective.per_gpu(mesh.tp, sp) - less + delta)
     return kept, full

@@ -97,6 +97,8 @@ class Common(_Options):
         if self.lora_targets is not None:
             given["targets"] = self.lora_targets
         return FineTune(**given)
+    moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=1000)
+    moe_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
 
 
 class EstimateOptions(Common):
@@ -117,6 +119,8 @@ class EstimateOptions(Common):
     offload: str = "none"
     overlap_grad_reduce: Optional[bool] = None
     data_parallel: str = "ddp"
+    ep: int = Field(default=1, ge=1, le=1_000_000)
+    etp: Optional[int] = Field(default=None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _no_contradiction(self) -> "EstimateOptions":

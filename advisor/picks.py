@@ -4,7 +4,8 @@ by size: a 2-node all-reduce of a few MiB may take the ring where a 1 GiB bucket
 
 One entry per kind of collective the plan runs: tensor parallelism's per-layer all-reduce (or all-gather +
 reduce-scatter under sequence parallelism), the gradient all-reduce of DDP (one bucket), ZeRO's reduce-scatter and
-all-gather (one unit: a layer, or the whole stage), HSDP's all-reduce across replicas, pipeline send/recv.
+all-gather (one unit: a layer, or the whole stage), HSDP's all-reduce across replicas, pipeline send/recv, the
+expert-parallel all-to-all of one MoE layer's dispatch.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import data, pipeline, tensor
+from advisor.parallel import data, expert, pipeline, tensor
 from advisor.units import MiB, fmt_bytes
 from advisor.workload import Workload
 
 NAMES = {Collective.all_reduce: "all-reduce", Collective.all_gather: "all-gather",
-         Collective.reduce_scatter: "reduce-scatter", Collective.send_recv: "send/recv"}
+         Collective.reduce_scatter: "reduce-scatter", Collective.send_recv: "send/recv",
+         Collective.all_to_all: "all-to-all"}
 
 
 def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: float) -> str:
@@ -46,7 +48,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
         out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
-        grads = one(states.trained * states.grad_bytes)
+        grads = one(states.dp_params * states.grad_bytes)
         if zero == 0:
             eng = w.stack.engine
             size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)
@@ -54,11 +56,15 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         else:
             per_unit = zero >= 2 and w.stack.engine.zero_collectives == "per_unit"
             units = max(one(layers), 1.0) if per_unit else 1.0
-            body = one(states.params - states.params_outside_layers) if per_unit else one(states.params)
+            body = one(states.dp_params - states.params_outside_layers) if per_unit else one(states.dp_params)
             out["zero"] = "; ".join(describe(x, shard, body / units * b, hw, one(mesh.shard_per_node)) for x, b in (
                 (Collective.reduce_scatter, one(states.grad_bytes)), (Collective.all_gather, one(states.weight_bytes))))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
+    ep = one(mesh.ep)
+    if ep > 1:  # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
+        size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp))
+        out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
     if pp > 1:
         across = bool(np.asarray(mesh.stage_crosses_domains).reshape(-1)[0])
         out["pp_p2p"] = ("send/recv between stages: " + ("the network, each GPU on its own NIC share" if across

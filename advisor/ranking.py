@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from advisor.parallel.expert import moe_note
 from advisor.explain import KIND_NAMES
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
@@ -124,6 +125,8 @@ class PlanSearch:
         else:
             out.append(f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
                        "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")
+        if self.model_spec.routed:
+            out.append(moe_note(self.model_spec, self.setup))
         if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
             out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
                        "speed for efficiency")

@@ -39,6 +39,7 @@ def render_estimate(e) -> str:
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",
         *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (profile price per GPU-hour)"]
           if e.usd_per_million_tokens is not None else []),
+        *([e.moe] if e.moe else []),
         "",
         "time breakdown (per step):",
     ]

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from advisor.hardware import Hardware
 from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec
+from advisor.parallel.expert import moe_note
 from advisor.step import Evaluation
 from advisor.training import TrainingSetup
 
@@ -67,6 +68,8 @@ class Estimate(Result):
     # host memory per node that offloaded states and activations take (advisor/parallel/offload.py); a plan that
     # needs more than the profile's host memory does not fit
     host_memory_bytes: float = 0.0
+    # mixture of experts: active parameters and how routing is costed (advisor.parallel.expert.moe_note); "" if dense
+    moe: str = ""
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -111,7 +114,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
         collectives=collectives or {}, trainable_params=trainable_params(spec, setup.finetune),
-        host_memory_bytes=host_need,
+        host_memory_bytes=host_need, moe=moe_note(spec, setup),
     )
 
 

@@ -29,7 +29,7 @@ from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, offloads_of,
-                           pair_violations, policies_of, tp_pp_pairs)
+                           pair_violations, policies_of, tp_pp_pairs, with_experts)
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.layout import Schedule
@@ -43,7 +43,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
-         adapter_offload: str = "none", lora_library: str = "peft", **unknown) -> PlanSearch:
+         adapter_offload: str = "none", lora_library: str = "peft",
+         moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -58,6 +59,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
     an AdvisorError of one line. Fine-tuning: ``method`` (full, lora, qlora, or auto: advisor.methods picks the
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
+    an AdvisorError of one line. A mixture-of-experts model's plans also choose the expert-parallel degree (and
+    expert tensor parallelism); ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1:
+    balanced routing) say how its tokens are routed.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
     o = PlanOptions.of(given, unknown, "plan")
@@ -144,7 +148,8 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
                              optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack),
-                             finetune=api.finetune_of(o))
+                             finetune=api.finetune_of(o),
+                             moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 
@@ -252,7 +257,11 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = enumerate_candidates(world, gb, multi, kept_pairs, policies, offloads)
+    cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs, policies, offloads), spec)
+    if len(cols) > MAX_CANDIDATES:
+        raise PlanError(f"{world:,} GPUs give {len(cols):,} candidate plans for {spec.name} with its expert-parallel "
+                        f"degrees, more than the {MAX_CANDIDATES:,} one search evaluates; use a GPU count with fewer "
+                        f"divisors (e.g. --gpus {_round_world(world, hardware)})")
     cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes,
                          "recompute_k": block_layers(spec, cols)})
     bad = violations(cols, spec, hardware, world, stack)

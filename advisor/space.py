@@ -2,13 +2,15 @@
 
 dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across nodes,
 nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages, micro-batch
-size, recomputation; structural duplicates are left out (SP without TP, schedules without a pipeline,
+size, recomputation, and for a mixture-of-experts model the expert-parallel degree and expert tensor
+parallelism (``with_experts``); structural duplicates are left out (SP without TP, schedules without a pipeline,
 ZeRO over one replica). advisor.search evaluates and ranks them; advisor.suggest re-runs a corner of
 the space when nothing fits.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -20,6 +22,7 @@ from advisor.layout import Offload, Schedule
 from advisor.recompute import SEARCH_K
 from advisor.training import Recompute
 from advisor.model import ModelSpec
+from advisor.parallel import expert
 
 
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
@@ -161,3 +164,31 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
                    dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
                    grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes)
     return violations(c, spec, hw, world, stack)
+
+
+def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
+    """Each plan of a mixture-of-experts model once per (ep, etp) its (dp, tp) admits (advisor.parallel.expert.
+    ep_choices), where it can split experts (not HSDP or nn.DataParallel: those keep ep 1, etp = tp); a dense model's
+    as is."""
+    if not model.routed or len(c) == 0:
+        return c
+    dp, tp = np.broadcast_to(c.dp, (len(c),)), np.broadcast_to(c.tp, (len(c),))
+    uniq, inv = np.unique(np.stack([dp, tp], axis=1), axis=0, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    choices = [expert.ep_choices(model, int(d), int(t)) for d, t in uniq]
+    table = np.ones((len(uniq), max(len(ch) for ch in choices), 2), dtype=np.int64)
+    for j, ch in enumerate(choices):
+        table[j, :len(ch)] = ch
+        table[j, :, 1] = np.where(np.arange(table.shape[1]) < len(ch), table[j, :, 1], uniq[j, 1])
+    splits = ~np.broadcast_to(np.asarray(c.hybrid, dtype=bool), (len(c),)) & (
+        np.broadcast_to(c.dp_kind, (len(c),)) == 0)
+    reps = np.where(splits, np.array([len(ch) for ch in choices])[inv], 1)
+    idx = np.repeat(np.arange(len(c)), reps)
+    offs = np.arange(len(idx)) - np.repeat(np.cumsum(reps) - reps, reps)
+    pick = table[inv[idx], offs]
+    # a plan that cannot split experts keeps them as tensor parallelism splits them
+    keep = np.repeat(splits, reps)
+    ep = np.where(keep, pick[:, 0], 1)
+    etp = np.where(keep, pick[:, 1], tp[idx])
+    out = c.take(idx)
+    return replace(out, ep=ep, etp=etp)

@@ -127,10 +127,13 @@ class Memory(Spec):
     logits: list[Logits]
 
 
-PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved")
-RECOMPUTED = ("attention/core", "elementwise")
+PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved", "ep")
+# what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
+# (Hugging Face's Trainer has none; advisor.parallel.expert)
+DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
+RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
-OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values  # besides the layer table's linear layers, by name
+OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
 
 
 class Selective(Spec):
@@ -217,7 +220,7 @@ class Engine(Spec):
                                    "(Megatron --fp8-param-gather, MLPerf FP8_PARAMS); False: half-precision weights "
                                    "quantised per use")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
-        default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
+        default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
         default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")
@@ -226,6 +229,12 @@ class Engine(Spec):
     offload_optimizer: Literal["cpu_adam", "torch"] = Field(
         default="cpu_adam", description="the optimizer step on offloaded states: DeepSpeed's vectorised CPU Adam, or "
         "torch's CPU optimizer (FSDP CPU offload)")
+    moe_grouped_gemm: bool = Field(
+        default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
+                                   "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
+    ep_alltoall_overlap: Literal["none", "shared_experts"] = Field(
+        default="none", description="the expert-parallel dispatch and combine all-to-alls run exposed, or beside the "
+                                    "shared experts' GEMMs (Megatron --moe-shared-expert-overlap)")
 
 
 class Stack(Spec):

@@ -15,7 +15,11 @@ The step time is the sum of the parts (``TimeBreakdown.total``). Memory: advisor
 
 FLOPs: the model FLOPs of a step count its forward and backward once (3x the forward: Narayanan et al. 2021
 eq. 3): the layer table's GEMMs, the causal attention core for the keys each query sees ((s + 1) / 2 on
-average), the LM head; the input embedding is a lookup, not counted. The hardware FLOPs are what the GPUs
+average), the LM head; the input embedding is a lookup, not counted. A mixture-of-experts layer counts its
+routed experts at top-k (active parameters) and its shared experts and router whole, each distinct layer (dense
+first layers) at its own count, as Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py:
+routed FFN x moe_router_topk + shared experts) and torchtitan's ``get_num_flop_per_token`` (6 x active params +
+attention) count them; they leave the router's h x E GEMM out (< 0.2% of a DeepSeek-V3 layer). The hardware FLOPs are what the GPUs
 execute: the same, plus the masked half of the scores where eager attention computes them, plus the recomputed
 forward (full: every layer; selective: the attention core). So HFU >= MFU, and neither exceeds 100%: every
 counted FLOP is costed at no more than the GPU's peak.
@@ -32,7 +36,7 @@ from advisor import adapters, compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
-from advisor.parallel import data, offload, pipeline, tensor
+from advisor.parallel import data, expert, offload, pipeline, tensor
 from advisor.recompute import Mix, rerun
 from advisor.workload import Workload
 
@@ -53,6 +57,8 @@ class TimeBreakdown:
     comm_dataparallel: Any
     optimizer: Any
     offload: Any = 0.0  # the offloads' exposed PCIe and NVMe traffic and the CPU step (advisor/parallel/offload.py)
+    comm_ep: Any = 0.0  # the expert-parallel dispatch and combine all-to-alls (advisor.parallel.expert)
+    comm_ep_grad: Any = 0.0  # the routed experts' gradient reduction over the expert data-parallel group
 
     def parts(self) -> dict[str, Any]:
         return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -67,6 +73,7 @@ _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/bac
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
           "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
           "offload": "offload"}
+          "comm_ep": "comm/ep_alltoall", "comm_ep_grad": "comm/ep_grad"}
 TIME_PARTS = tuple(_NAMES.values())
 
 
@@ -109,14 +116,19 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     tokens = c.micro_batch.astype(float) * w.seq_len
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
     pol = policy_mix(w, c, mesh, layers)
-    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol), tokens, pol)
+    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp), tokens, pol)
     head = compute.head_times(w, tokens, mesh.tp)
     tp = tensor.time(w, c, mesh, tokens, layers)
+    ep, moe = _expert_time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     hosts = host.layer_host_times(w, mesh.tp, pol)
-    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts)
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, ep, moe)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
+    if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
+        frac = moe / layers
+        inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
+                         recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
     on_gpu = data.model_states(w, c, mesh, layers)
@@ -127,12 +139,17 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]
-    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    ep_s = ep.layers_s if ep is not None else 0.0
+    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s + ep_s, layers * hosts.total_s) + p2p
+    ep_grad = (expert.grad_time(w, c, mesh, states, np.where(np.asarray(c.overlap, dtype=bool), windows.last_backward_s, 0.0))
+               if ep is not None else np.zeros(np.shape(ga)))
     off_f, off_b = 0.0, 0.0
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
         kept = kept * tokens * layers
         off_f, off_b = adapters.activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
     cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
+    # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
+    stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
@@ -140,20 +157,34 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
         comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=(adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
-                   np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, states.trained / mesh.dp_shard, states.master))),
-        offload=off.exposed_s)
+                   np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master))),
+        offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad)
     memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
 
+def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> tuple[Any, Any]:
+    """(the all-to-alls of the stage's MoE layers, how many of its layers route), or (None, 0) for a dense model."""
+    if not w.layer.routed:
+        return None, 0.0
+    moe = layers * w.layer.count / w.model.n_layers  # dense first layers spread over the stages as their share
+    gemms = compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
+    shared = sum(t for name, t in gemms.items() if name.startswith("mlp/shared"))
+    return expert.time(w, c, mesh, tokens, moe, shared), moe
+
+
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
-                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes) -> host.MicroBatch:
+                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, ep: Any = None, moe: Any = 0.0) -> host.MicroBatch:
     """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it."""
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
+    ep_fwd = 0.0
+    if ep is not None:
+        gpu, ep_fwd = gpu + ep.layers_s, moe * ep.per_layer_fwd_s
     return host.MicroBatch(
-        gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s,
-        gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s, head_fwd_s=head.fwd_s,
+        gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s + ep_fwd,
+        gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s + (ep.layers_s - ep_fwd if ep is not None else 0.0),
+        head_fwd_s=head.fwd_s,
         head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
         host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
 
@@ -162,7 +193,11 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     """(model FLOPs, hardware FLOPs) per step (module docstring)."""
     m, layer = w.model, w.layer
     per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
-    model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    if len(m.layers) == 1:
+        model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    else:  # dense first layers beside routed ones: each layer at its own FLOPs (routed experts at top-k)
+        layers_flops = sum(k.count * sum(k.flops_per_token(w.seq_len, causal=True).values()) for k in m.layers)
+        model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab) * tokens_per_step
     ft = w.finetune
     if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
         from advisor.finetune import adapter_params_per_layer, head_adapter_params

@@ -130,6 +130,12 @@ class TrainingSetup(Spec):
     stack: str = Field(default="auto", min_length=1, max_length=4096,
                        description="training stack profile (advisor stacks) or a path to one; auto: see advisor.api")
     finetune: FineTune = FULL  # what is trained: every weight (full), or adapters on a frozen base (advisor.finetune)
+    moe_capacity_factor: Optional[float] = Field(
+        default=None, gt=0, le=1000, description="mixture of experts: tokens an expert takes at most, as a multiple of "
+                                                 "its balanced share (the rest dropped); None: dropless")
+    moe_imbalance: float = Field(
+        default=1.0, ge=1.0, le=1000, description="mixture of experts: the busiest expert-parallel rank's routed tokens "
+                                                  "over the balanced share (1: balanced, as the published benchmarks force)")
 
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":

@@ -1,8 +1,8 @@
 """What every candidate plan of one evaluation shares: the model, the hardware, the training stack and the
 scalar part of the training setup, with the stack's tables resolved once for this model and precision.
 
-The one place a model the cost model does not cost yet is refused: routed experts (mixture of experts: expert
-parallelism, the routing all-to-all and expert memory are issue 17's second part). Soft-capping (Gemma 2) adds
+A routed (mixture-of-experts) layer's tables are evaluated at the MLP width a token passes through
+(advisor.parallel.expert.table_layer), and the routing inputs (capacity factor, imbalance) ride along. Soft-capping (Gemma 2) adds
 its element-wise passes to the stack's measured tables here (``softcapped``)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Optional
 
 from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
-from advisor.model import DecoderLayer, ModelError, ModelSpec
+from advisor.model import DecoderLayer, ModelSpec
+from advisor.parallel import expert
 from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
 from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup
 
@@ -29,19 +30,16 @@ class Workload:
     layer: DecoderLayer
     tables: StackTables
     finetune: FineTune = FULL
+    moe_capacity_factor: Optional[float] = None  # mixture of experts (advisor.parallel.expert.load)
+    moe_imbalance: float = 1.0
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
-        if model.routed:
-            raise ModelError(
-                f"{model.name} is described exactly ({model.n_params:,} parameters, {model.active_params:,} active per "
-                "token), but mixture-of-experts training is not costed yet (expert parallelism, the routing all-to-all "
-                "and expert memory): `advisor models` shows its shape; estimate and plan take dense models")
-        layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it)
+        layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it); else the routed one
         mode = setup.precision.mode
         if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
             mode = Mode.half
-        tables = stack.tables(mode.value, setup.attention.value, layer)
+        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer))
         sel = stack.engine.selective
         if sel is not None:
             known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
@@ -53,17 +51,18 @@ class Workload:
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
-                tables = stack.tables(Mode.half.value, setup.attention.value, layer)
+                tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer))
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
-                   softcapped(tables, model, setup.precision.activation_bytes), ft)
+                   softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
+                   setup.moe_imbalance)
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
         precision (engine.fsdp_param_dtype): the same, with the half mode's tables; None where they run as the rest."""
         if self.stack.engine.fsdp_param_dtype != "half" or self.precision.mode is not Mode.mixed:
             return None
-        tables = self.stack.tables(Mode.half.value, self.attention.value, self.layer)
+        tables = self.stack.tables(Mode.half.value, self.attention.value, expert.table_layer(self.layer))
         return replace(self, tables=softcapped(tables, self.model, self.precision.activation_bytes))
 
     @property

@@ -13,9 +13,8 @@ import json
 
 import pytest
 
-from _robust import assert_one_line_error, tried
+from _robust import assert_one_line_error, run_main, tried
 from advisor.api import estimate
-from advisor.errors import AdvisorError
 from advisor.model import load_model, model_from_hf_config
 from advisor.model.hub_configs import HUB_CONFIGS
 
@@ -80,24 +79,25 @@ def test_bad_family_configs_are_one_line_exit_2(cfg, needles, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "deepseek-v2-lite"])
-def test_moe_models_are_described_but_not_costed(name):
-    """Estimate and plan refuse them in one line that says what is known: never a silently dense estimate."""
+def test_moe_models_are_costed_as_moe(name):
+    """Issue 17: once refused in one line, they are now costed with their experts (never a silently dense estimate):
+    every parameter held, the active ones counted in the FLOPs, the routing said in the output."""
     tried("models", 2)
     m = load_model(name)
     assert m.routed and m.active_params < m.n_params
-    needles = [f"{name} is described exactly ({m.n_params:,} parameters, {m.active_params:,} active per token)",
-               "mixture-of-experts training is not costed yet"]
-    assert_one_line_error(["estimate", "--model", name, "--hw", "dgx-h100", "--gpus", "8"], *needles)
-    assert_one_line_error(["plan", "--model", name, "--hw", "dgx-h100", "--nodes", "2"], *needles)
+    code, out, err = run_main(["estimate", "--model", name, "--hw", "dgx-h100", "--gpus", "8", "--zero", "1"])
+    assert code == 0, err
+    assert f"{m.active_params / 1e9:.2f}B of {m.n_params / 1e9:.2f}B parameters active" in out
+    assert "balanced routing" in out and "dropless" in out
 
 
-def test_moe_refused_through_the_api_too(tmp_path):
+def test_moe_costed_through_the_api_too(tmp_path):
     tried("models")
     f = tmp_path / "config.json"
     f.write_text(json.dumps(HUB_CONFIGS["mixtral-8x7b"]))
     assert model_from_hf_config(f).n_params == 46_702_792_704
-    with pytest.raises(AdvisorError, match="described exactly"):
-        estimate(str(f), "dgx-h100", gpus=8)
+    e = estimate(str(f), "dgx-h100", gpus=8, ep=8, zero=1, stack="megatron-deepspeed")
+    assert e.params == 46_702_792_704 and e.layout.ep == 8 and "12.88B of 46.70B" in e.moe
 
 
 def test_a_moe_config_with_every_layer_dense_is_a_dense_model(tmp_path):

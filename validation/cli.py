@@ -16,7 +16,7 @@ from typing import Optional
 import click
 
 DATASETS = ("titan", "dgx", "vtrain", "nccl", "collectives", "a100-collectives", "multinode", "gemm", "h100", "published",
-            "modern", "lowprec", "bridge", "finetune")
+            "modern", "lowprec", "bridge", "finetune", "bridge-moe")
 
 
 def _f(x: Optional[float], fmt: str = ".1f") -> str:

@@ -93,6 +93,10 @@ GOALS = {
     "lowprec GEMM rows within 15 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["gemm_within_15_pct"]),
     "bridge tokens/s within 10 %": Goal("bridge", 100.0, "min", lambda d: d.extra["within_10_pct"]),
     "bridge runs predicted to fit %": Goal("bridge", 100.0, "min", lambda d: d.extra["predicted_to_fit_pct"]),
+    # issue 17: Megatron-Bridge's MoE rows (the plan as published) within 15% MAPE of tokens/s per GPU
+    "bridge-moe tokens/s MAPE %": Goal("bridge-moe", 15.0, "max", lambda d: d.mape_pct),
+    # issue 17: for each model, the published plan ranks in `advisor plan`'s top 5 on that system and batch
+    "bridge-moe published plan in top 5 %": Goal("bridge-moe", 100.0, "min", lambda d: d.extra["published_plan_in_top5_pct"]),
 }
 RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is within 10%
 NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB
@@ -570,11 +574,18 @@ def _multinode() -> DatasetReport:
     return validate_multinode()
 
 
+def _bridge_moe() -> DatasetReport:
+    from validation.bridge_moe import validate_bridge_moe  # it imports this module: imported when run
+
+    return validate_bridge_moe()
+
+
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
               "collectives": validate_collectives, "a100-collectives": _kernels("validate_a100_collectives"),
               "multinode": _multinode, "gemm": _kernels("validate_gemm"), "h100": validate_h100,
               "published": validate_published, "modern": _modern, "lowprec": _lowprec("validate_lowprec"),
-              "bridge": _lowprec("validate_bridge"), "finetune": _finetune}
+              "bridge": _lowprec("validate_bridge"), "finetune": _finetune,
+              "bridge-moe": _bridge_moe}
 
 
 def run(names: Optional[list[str]] = None) -> Report:

@@ -56,6 +56,10 @@ def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export accelerate, deepspeed or torchrun (PEFT)")
+    if kind != "megatron" and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+        # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
+        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
+                          f"or --ep 1 for a {kind} config")
     return EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
 
 

@@ -1,7 +1,7 @@
 """Megatron-LM: a bash script with pretrain_gpt.py's arguments (megatron/training/arguments.py spelling).
 
-Model shape, parallel degrees, batch, precision, recompute and data parallelism (distributed optimizer for
-ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
+Model shape (and a mixture of experts' --num-experts, --moe-*), parallel degrees (with
+--expert-model-parallel-size), batch, precision, recompute and data parallelism (distributed optimizer for ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
 optimizer and checkpoint paths stay the user's. The environment Megatron-LM's validate_args checks
 (CUDA_DEVICE_MAX_CONNECTIONS) is set in the script. The notes are written into the script as comments.
 """
@@ -54,7 +54,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
                           "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
-    a += _model_shape(model)
+    a += _model_shape(model) + _experts(model, plan, setup, notes)
     a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
     a += ["--clip-grad", GRADIENT_CLIP]
     if setup.attention.value == "eager":
@@ -67,7 +67,10 @@ def _unwritten(model: ModelSpec) -> list[str]:
     would train another model)."""
     found = {"parallel attention + MLP blocks": model.parallel_block, "q/k norms": model.qk_norm.value != "none",
              f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
-             "multi-head latent attention": model.latent is not None, "experts": model.experts is not None,
+             "multi-head latent attention": model.latent is not None,
+             "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
+             "biases on the experts or the router": model.experts is not None and (
+                 model.experts.expert_bias or model.experts.router_bias),
              "sliding-window attention": any(r.window for r in model.layer_runs), "a GeGLU MLP": model.mlp is MLPKind.geglu,
              f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
              "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
@@ -125,6 +128,31 @@ MEGATRON_RECIPES = {
     "mxfp8": ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
     "nvfp4": ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4", "--first-last-layers-bf16"],
 }
+
+
+def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str]) -> list:
+    """Mixture of experts (megatron/training/arguments.py _add_moe_args): the experts, their width, top-k, the
+    dense first layers as --moe-layer-freq's list, the expert-parallel and expert tensor-parallel degrees, grouped
+    GEMMs and the all-to-all dispatcher (what advisor.parallel.expert costs), dropless or a capacity factor."""
+    e = model.experts
+    if e is None:
+        return []
+    etp = plan.tp if plan.etp is None else plan.etp
+    a: list = ["--num-experts", e.n_experts, "--moe-ffn-hidden-size", e.d_ff_expert, "--moe-router-topk",
+               e.experts_per_token, "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", etp,
+               "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    if e.d_ff_shared:
+        a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared]
+    runs = [(r.count, r.dense) for r in model.layer_runs] or [(model.n_layers, False)]
+    if any(dense for _, dense in runs):
+        # a Python list expression, as Megatron-LM's moe_freq_type parses it: 0 a dense layer, 1 an MoE layer
+        a += ["--moe-layer-freq", "[" + ",".join(str(int(not dense)) for count, dense in runs for _ in range(count)) + "]"]
+    if setup.moe_capacity_factor is not None:
+        a += ["--moe-expert-capacity-factor", setup.moe_capacity_factor, "--moe-token-drop-policy", "probs"]
+    if setup.moe_imbalance != 1.0:
+        notes.append(f"the estimate assumed routing {setup.moe_imbalance:g}x imbalanced on the busiest expert rank; "
+                     "Megatron's router balances by its auxiliary loss (--moe-aux-loss-coeff)")
+    return a
 
 
 def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import pipeline, zero3
+from advisor.parallel import expert, pipeline, zero3
 from advisor.recompute import mix
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -73,18 +73,32 @@ class ModelStates:
     head_grads: Any  # the V x h table's gradient (the last one a recomputed backward frees)
     grads_persist: Any  # gradients alive through forward and backward
     grad_params: Any = None  # parameters with gradients and optimizer states: all (None) or the adapters (LoRA)
+    expert_params: Any = 0.0  # of ``params``, the local routed experts' (advisor.parallel.expert): reduced over edp
+    stepped_params: Any = None  # parameters whose optimizer states this GPU keeps and steps (params / dp_shard dense)
 
     @property
     def trained(self) -> Any:
         return self.params if self.grad_params is None else self.grad_params
 
+    @property
+    def dp_params(self) -> Any:
+        """Parameters whose gradients the data-parallel group reduces: the trained ones (the adapters under LoRA), all
+        but the routed experts (reduced over the expert data-parallel group)."""
+        return self.trained - self.expert_params
+
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
     m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
     eng = w.stack.engine
-    p_layer = w.layer.rank_params(tp)  # split linears' share, replicated ones (MLA's down projections) whole
+    # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
+    p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
     params = layers * p_layer + outside
+    # the routed experts' states sharded over the expert data-parallel group (edp ranks) by ZeRO, the rest over dp
+    # (without EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)
+    experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
+                        0.0) if w.layer.routed else 0.0)
+    stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     if eng.main_grads == "fp32":  # Megatron's fp32 main_grad buffer beside half-precision weights
@@ -93,6 +107,10 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
         wb = np.where(master, (layers * p_layer * r.stored_bytes + outside * wb) / params, wb)
     grads = params * gb / np.where(zero >= 2, shard, 1.0)
+    weights = params * wb / np.where(zero >= 3, shard, 1.0)
+    if w.layer.routed:  # ZeRO-2/3 shard the experts' gradients (and weights) over edp as ZeRO-1 their optimizer states
+        grads = np.where(zero >= 2, stepped, params) * gb
+        weights = np.where(zero >= 3, stepped, params) * wb
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
     # weights this GPU does not already hold
@@ -107,17 +125,18 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     states = ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
-        weights=params * wb / np.where(zero >= 3, shard, 1.0), grads=grads,
-        optimizer_states=params * optimizer.state_bytes(w, master) / shard, gathered=gathered,
+        weights=weights, grads=grads,
+        optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
         + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
-        step_temporaries=optimizer.step_temporaries(w, params / shard),
+        step_temporaries=optimizer.step_temporaries(w, stepped),
         head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
         # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
-        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1))
+        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
+        stepped_params=stepped)
     if w.finetune.adapters:
         from advisor import adapters
 
@@ -169,8 +188,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
+    if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
+        ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
+        rs, ag = rs + ers, ag + eag
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
-    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.trained * states.reduce_bytes / mesh.dp_shard,
+    hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
@@ -184,7 +206,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
     """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
-    size = states.trained * states.reduce_bytes
+    size = states.dp_params * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
     if eng.gradient_reduction == "one_call":
         total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
@@ -206,10 +228,10 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
     out = []
-    # gradients are reduced for the trained parameters (the adapters under LoRA); ZeRO-2/3 gather every weight as
-    # held (a frozen base too), ZeRO-1 the updated (trained) ones
-    gather = np.where(zero >= 2, states.params, states.trained)
-    for coll, per_param, n in ((Collective.reduce_scatter, states.reduce_bytes, states.trained),
+    # gradients are reduced for the trained parameters (the adapters under LoRA), the routed experts apart (over their
+    # expert data-parallel group); ZeRO-2/3 gather every weight as held (a frozen base too), ZeRO-1 the updated ones
+    gather = np.where(zero >= 2, states.params - states.expert_params, states.dp_params)
+    for coll, per_param, n in ((Collective.reduce_scatter, states.reduce_bytes, states.dp_params),
                                (Collective.all_gather, states.weight_bytes, gather)):
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share

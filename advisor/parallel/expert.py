@@ -1,0 +1,279 @@
+"""Mixture of experts and expert parallelism (EP): the routed experts split over ep ranks, their own tensor
+parallelism (etp), the dispatch and combine all-to-alls, grouped GEMMs, expert model states and routed activations.
+
+Layout (megatron-core 0.16.1 parallel_state.initialize_model_parallel): the experts get a rank generator of
+their own over the same ranks, ``tp=etp, ep=ep, dp=edp, pp=pp`` in the order tp-ep-dp-pp, with
+``edp = world / (etp x ep x pp)``: EP is carved from the dense layers' dp x tp (x cp) ranks of a pipeline stage,
+not a factor of the world size. So ep x etp divides dp x tp; the experts split over ep (n_experts / ep local
+experts each, Megatron-LM arguments.py: num_experts % ep == 0) and each expert's FFN over etp; the expert ranks sit
+etp fastest, then ep, so ep_per_node = min(ep, g / etp). With tp > 1 and EP, Megatron needs sequence parallelism
+(arguments.py: "When using expert parallelism and tensor parallelism, sequence parallelism must be used").
+
+Work (balanced routing): the dense layers' dp x tp ranks of a stage hold dp micro-batches of tokens; every
+token goes to top-k experts, and the dp x tp = edp x ep x etp ranks share that expert work evenly: one GPU does
+tokens x k x (expert FLOPs) / tp, what tensor parallelism alone would give. Its local experts run as one grouped
+GEMM per linear (the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k x ep x etp / (tp x E) rows:
+the existing GEMM efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M + h0) for the thin M
+dimension, the same saturating form on rows that the profile fits on columns. Routing imbalance (the busiest
+rank's tokens over the balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables
+force a balanced distribution) multiplies the busiest rank's expert GEMMs, its all-to-all bytes and its routed
+activations; a capacity factor caps it (tokens beyond capacity are dropped: Fedus et al. 2021, Switch
+Transformer s.2.2). FLOPs and MFU count the top-k active experts at the balanced load, as Megatron-LM's
+``num_floating_point_operations`` (training.py: routed FFN x moe_router_topk, plus shared experts) and torchtitan's
+``get_num_flop_per_token`` (active parameters: 6 N_active + attention) count them (advisor.step.flops).
+
+Communication per MoE layer and micro-batch (the alltoall dispatcher, megatron-core
+moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): dispatch and combine forward, their gradients backward, two
+more in a recomputed forward; each GPU sends its tokens x k hidden states (its sequence-parallel share of the
+tokens), in the activation dtype, over the ep ranks (advisor.comm all_to_all: NVLink inside a domain, the
+network across). With etp > 1 the received tokens are also all-gathered and the outputs reduce-scattered over
+the etp ranks. The stack may run the all-to-alls beside the shared experts' GEMMs (``ep_alltoall_overlap``).
+
+Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their optimizer states (ZeRO-1,
+the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
+group (edp ranks), as megatron-core's DistributedOptimizer and Megatron-FSDP build a separate buffer for expert
+parameters over ``expert_data_parallel_group``; their reduce-scatters and gathers run over that group beside the
+dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables are evaluated at the MLP width a token
+passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), and the permuted copies the experts read and
+write (the grouped GEMM's input, k x h, and the expert outputs the combine keeps to weigh by the router's
+probabilities, k x h), plus the router's logits and routing map (E per token) are added (``routed_saved``).
+
+Not modelled: HSDP with EP (refused), context parallelism, the DeepEP / flex
+dispatcher, FP8 dispatch, batch-level all-to-all overlap (--overlap-moe-expert-parallel-comm), the aux-loss
+kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's
+weights as routed layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from advisor import comm
+from advisor.candidates import Candidates, Mesh
+from advisor.comm import Collective
+from advisor.layout import DataParallelKind
+from advisor.model import DecoderLayer, ModelSpec
+from advisor.model.layer import Linear, Split
+from advisor.training import Recompute
+
+# Passes of the dispatch + combine pair per MoE layer and micro-batch: forward, backward, a recomputed forward
+FORWARD_ALLTOALLS, BACKWARD_ALLTOALLS, RECOMPUTE_ALLTOALLS = 2.0, 2.0, 2.0
+
+
+# --- constraints and the candidates of the search ---------------------------------------------------------------
+def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
+    """Constraint -> where a plan breaks it (module docstring for their sources)."""
+    ep, etp = np.asarray(c.ep), np.asarray(c.etp)
+    split = uses_ep(c)
+    if not model.routed:
+        return {"expert parallelism on a model without routed experts": split}
+    e = model.experts
+    tp, sp = np.asarray(c.tp), np.asarray(c.sp, dtype=bool)
+    return {
+        "ep does not divide the routed experts": (e.n_experts % ep) != 0,
+        "ep x etp does not divide dp x tp (EP is carved from the data- and tensor-parallel ranks)":
+            ((c.dp * tp) % (ep * etp)) != 0,
+        "etp does not divide the experts' FFN width": (e.d_ff_expert % etp) != 0,
+        "experts split over TP ranks otherwise than attention need sequence parallelism": (tp > 1) & ~sp & (
+            (ep > 1) | (etp != tp)),
+        "expert parallelism with HYBRID_SHARD or nn.DataParallel is not costed (DDP, ZeRO-1/2/3 and FSDP are)": split & (
+            np.asarray(c.hybrid, dtype=bool) | (c.dp_kind == DataParallelKind.dp.code)),
+    }
+
+
+def uses_ep(c: Candidates) -> Any:
+    """Where a plan splits the experts otherwise than tensor parallelism alone would (ep > 1, or etp != tp)."""
+    return (np.asarray(c.ep) > 1) | (np.asarray(c.etp) != np.asarray(c.tp))
+
+
+def ep_choices(model: ModelSpec, dp: int, tp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs the search tries for a (dp, tp) layout: every ep dividing the experts and dp x tp, with the
+    experts split as attention is (etp = tp, Megatron's default) or unsplit (etp 1); (1, tp) alone for a dense
+    model. Every ep is a divisor of the experts: a handful (256 experts: 9)."""
+    if not model.routed:
+        return [(1, tp)]
+    n = model.experts.n_experts
+    out = []
+    for etp in sorted({1, tp}, reverse=True):
+        if model.experts.d_ff_expert % etp:
+            continue
+        out += [(ep, etp) for ep in range(1, n + 1) if n % ep == 0 and (dp * tp) % (ep * etp) == 0]
+    return out
+
+
+# --- the layer's parts --------------------------------------------------------------------------------------
+def expert_linears(layer: DecoderLayer) -> tuple[Linear, ...]:
+    return tuple(lin for lin in layer.linears if lin.copies > 1)
+
+
+def expert_params(layer: DecoderLayer) -> int:
+    """Parameters of the routed experts of one layer (every copy)."""
+    return sum(lin.params for lin in expert_linears(layer))
+
+
+def rank_layer_params(layer: DecoderLayer, tp: Any, ep: Any, etp: Any) -> Any:
+    """Parameters one GPU holds of one layer: the rest split by tp as advisor.model.layer says, the routed experts
+    by ep and etp. A dense layer is ``layer.rank_params(tp)``."""
+    if not layer.routed:
+        return layer.rank_params(tp)
+    rest = replace(layer, linears=tuple(lin for lin in layer.linears if lin.copies == 1))
+    return rest.rank_params(tp) + expert_params(layer) / (np.asarray(ep, dtype=float) * etp)
+
+
+def table_layer(layer: DecoderLayer) -> DecoderLayer:
+    """The layer whose dimensions the stack's per-token tables are evaluated on: a routed layer at the MLP width one
+    token passes through (top-k routed experts and the shared ones); a dense layer itself."""
+    if not layer.routed:
+        return layer
+    k = max(lin.active for lin in expert_linears(layer))
+    shared = {lin.n_out for lin in layer.linears if lin.name in ("mlp/shared/gate", "mlp/shared/fc")}
+    return replace(layer, d_ff=int(round(k * layer.d_ff)) + sum(shared))
+
+
+def top_k(layer: DecoderLayer) -> float:
+    return max((lin.active for lin in expert_linears(layer)), default=1.0)
+
+
+def n_experts(layer: DecoderLayer) -> int:
+    return max((lin.copies for lin in expert_linears(layer)), default=1)
+
+
+def load(w) -> float:
+    """The busiest rank's routed tokens over the balanced share: the imbalance, capped by the capacity factor."""
+    cap = w.moe_capacity_factor
+    return min(w.moe_imbalance, cap) if cap is not None else w.moe_imbalance
+
+
+def moe_note(model: ModelSpec, setup) -> str:
+    """A mixture-of-experts model's active parameters and how its routing is costed, for the output ('' if dense)."""
+    if not model.routed:
+        return ""
+    e = model.experts
+    return (f"mixture of experts: top-{e.experts_per_token} of {e.n_experts} routed experts, "
+            f"{model.active_params / 1e9:.2f}B of {model.n_params / 1e9:.2f}B parameters active per token (FLOPs and "
+            f"MFU count the active ones, as Megatron and torchtitan do); {routing_note(setup)}")
+
+
+def routing_note(w) -> str:
+    """How routing is costed, for the output."""
+    cap = w.moe_capacity_factor
+    drop = f"capacity factor {cap:g}, tokens beyond it dropped" if cap is not None else "dropless"
+    bal = ("balanced routing (the default, as the published MoE benchmarks force)" if w.moe_imbalance == 1.0
+           else f"routing imbalance {w.moe_imbalance:g}x on the busiest expert rank")
+    return f"{bal}; {drop}"
+
+
+# --- time ------------------------------------------------------------------------------------------------------
+def gemm_shape(w, lin: Linear, tokens: Any, tp: Any, ep: Any, etp: Any) -> tuple[Any, Any, Any, Any]:
+    """(FLOPs at the dense model's efficiency, n, k, kernels) of one routed-expert linear on one GPU for a micro-batch
+    of ``tokens``, for advisor.compute.gemm_time: the FLOPs divided by the thin-M factor M / (M + h0) (module
+    docstring)."""
+    hw, math = w.hw, w.math
+    tp, ep, etp = (np.asarray(x, dtype=float) for x in (tp, ep, etp))
+    busy = load(w)
+    flops = lin.flops_per_token * tokens / tp * busy
+    n, k = (lin.n_out / etp, lin.n_in) if lin.split is Split.column else (lin.n_out, lin.n_in / etp)
+    rows = tokens * lin.active * ep * etp / (tp * lin.copies) * busy
+    key = math if math in hw.efficiency.matmul_max else "fp32"
+    h0 = hw.efficiency.matmul_half_dim.get(key, 0.0)
+    kernels = 1.0 if w.stack.engine.moe_grouped_gemm else lin.copies / ep
+    return flops / (rows / (rows + h0)), n, k, kernels
+
+
+def permute_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any) -> tuple[Any, Any]:
+    """(forward, backward) bytes one GPU's MoE layer moves to put tokens in expert order and back, for a micro-batch
+    of ``tokens`` (megatron-core 0.16.1 moe/moe_utils.py, the fused kernels of --moe-permute-fusion): permute reads
+    each token once and writes its k copies, (1 + k) h; unpermute reads the k expert outputs and the probabilities and
+    writes the token, (k + 1) h; with EP and several local experts the received chunks are sorted by expert after the
+    dispatch and back before the combine (sort_chunks_by_idxs: read and write k h, twice). Backward moves the same
+    gradients the other way, and unpermute's backward reads the k expert outputs once more for the probabilities'
+    gradient. In the activation dtype, at the busiest rank's load, on the GPU's sequence share under SP."""
+    layer = w.layer
+    k, h = top_k(layer), w.model.d_model
+    share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
+    sort = np.where((np.asarray(ep) > 1) & (n_experts(layer) / np.asarray(ep, dtype=float) > 1), 4.0 * k, 0.0)
+    per_token = h * w.act_bytes * load(w) / share
+    fwd = tokens * per_token * (2.0 * k + 2.0 + sort)
+    return fwd, fwd + tokens * per_token * k
+
+
+@dataclass(frozen=True)
+class ExpertTime:
+    """Seconds of the expert-parallel all-to-alls for one micro-batch on the busiest stage (0 without EP)."""
+
+    per_layer_fwd_s: Any  # one MoE layer's dispatch + combine forward, beyond what overlaps
+    per_layer_bwd_s: Any
+    layers_s: Any  # every MoE layer of the stage: forward, backward and a recomputed forward
+
+
+def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any) -> Any:
+    """Bytes one GPU sends in one dispatch (or combine): its tokens (its sequence-parallel share under TP) x top-k
+    hidden states in the activation dtype, at the busiest rank's load."""
+    k = top_k(w.layer)
+    share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
+    return tokens / share * k * w.model.d_model * w.act_bytes * load(w)
+
+
+def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_s: Any) -> ExpertTime:
+    """The dispatch and combine all-to-alls per micro-batch over the stage's ``moe_layers`` MoE layers;
+    ``shared_fwd_s``: one layer's shared-expert GEMMs forward, which they run beside where the stack overlaps them."""
+    on = mesh.ep > 1
+    size = alltoall_bytes(w, tokens, mesh.tp, c.sp)
+    one = comm.collective_time(Collective.all_to_all, mesh.ep, size, w.hw, mesh.ep_per_node, where=on)
+    etp_on = mesh.etp > 1  # the received tokens gathered over the etp ranks, the outputs reduce-scattered
+    etp_per_node = np.minimum(mesh.etp, w.hw.gpus_per_node)
+    gathered = size * mesh.etp
+    one = one + (comm.collective_time(Collective.all_gather, mesh.etp, gathered, w.hw, etp_per_node, where=etp_on)
+                 + comm.collective_time(Collective.reduce_scatter, mesh.etp, gathered, w.hw, etp_per_node,
+                                        where=etp_on)) / 2.0
+    pair = FORWARD_ALLTOALLS * one  # dispatch and combine (backward: their gradients, as many)
+    hide = shared_fwd_s if w.stack.engine.ep_alltoall_overlap == "shared_experts" else 0.0
+    fwd = np.maximum(pair - hide, 0.0)
+    bwd = np.maximum(pair - 2.0 * np.asarray(hide), 0.0)  # the shared experts' backward: twice their forward
+    rc = np.where(c.recompute == Recompute.full.code, RECOMPUTE_ALLTOALLS / FORWARD_ALLTOALLS * fwd, 0.0)
+    return ExpertTime(fwd, bwd, moe_layers * (fwd + bwd + rc))
+
+
+def _edp(w, mesh: Mesh) -> tuple[Any, Any]:
+    """(where the experts have an expert data-parallel group of their own, its ranks per node: etp x ep apart)."""
+    own = (mesh.edp > 1) & ((mesh.ep > 1) | (mesh.etp != mesh.tp))
+    return own, np.clip(np.floor(w.hw.gpus_per_node / (mesh.ep * mesh.etp)), 1, mesh.edp)
+
+
+def grad_time(w, c: Candidates, mesh: Mesh, states, hide: Any) -> Any:
+    """DDP's all-reduce of the expert gradients over the expert data-parallel group (edp ranks), hidden behind the
+    last backward as the dense gradients' is (``hide``). Under ZeRO the experts' reduce-scatters and gathers join the
+    dense ones' (``sharded_collectives``, advisor.parallel.data)."""
+    on, per_node = _edp(w, mesh)
+    grads = states.expert_params * states.reduce_bytes
+    ar = comm.collective_time(Collective.all_reduce, mesh.edp, grads, w.hw, per_node, where=on & (np.asarray(c.zero) == 0))
+    return np.maximum(ar - hide, 0.0)
+
+
+def sharded_collectives(w, mesh: Mesh, states, zero_on: Any) -> tuple[Any, Any]:
+    """(reduce-scatter of the expert gradients, all-gather of the expert weights) over the expert data-parallel group,
+    one call each per pass over the stage (the distributed optimizer's expert buffer; Megatron-FSDP's expert units)."""
+    on, per_node = _edp(w, mesh)
+    on = on & zero_on
+    rs = comm.collective_time(Collective.reduce_scatter, mesh.edp, states.expert_params * states.reduce_bytes, w.hw,
+                              per_node, where=on)
+    ag = comm.collective_time(Collective.all_gather, mesh.edp, states.expert_params * states.weight_bytes, w.hw,
+                              per_node, where=on)
+    return rs, ag
+
+
+# --- memory ----------------------------------------------------------------------------------------------------
+def routed_saved(w, mesh: Mesh, sp: Any) -> Any:
+    """Bytes per token one MoE layer keeps for backward beyond the stack's table at the routed width, on one GPU:
+    the permuted tokens the experts read (k x h) and the expert outputs the combine weighs (k x h), in the
+    activation dtype, at the busiest rank's load; the router's logits (E, activation dtype) and routing map (E
+    bytes). Split over the TP ranks as the sequence is (sequence parallelism, which EP with TP needs)."""
+    layer = w.layer
+    if not layer.routed:
+        return 0.0
+    k, h, e = top_k(layer), w.model.d_model, n_experts(layer)
+    share = np.where(np.asarray(sp, dtype=bool), mesh.tp, 1.0)
+    return (2.0 * k * h * w.act_bytes * load(w) + e * (w.act_bytes + 1.0)) / share

@@ -1,0 +1,259 @@
+"""Mixture of experts and expert parallelism (issue 17, advisor/parallel/expert.py): memory against a count from first
+principles, the all-to-all bytes and time by hand, FLOPs as torchtitan and Megatron count them, the search and the
+Megatron export, and the invariants (memory never grows with ep; a dense model is untouched by EP).
+
+Megatron-Core 0.16.1 ships no theoretical memory report (megatron/training/theoretical_memory_usage.py is
+Megatron-LM's, not in the megatron-core wheel), so the memory check is the first-principles count below.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor import estimate, plan
+from advisor.comm import Collective, collective_time
+from advisor.errors import AdvisorError
+from advisor.hardware import load_hardware
+from advisor.model import load_model
+from advisor.model.spec import Experts, LayerRun, ModelSpec
+from advisor.parallel import expert
+
+MD = "megatron-deepspeed"
+# Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1 config.json): h 4096, 32 layers, 32 heads, 8 KV heads of 128, 8 experts
+# of width 14336, top-2, vocabulary 32000, untied
+H, L, F, E, K, V, KV = 4096, 32, 14336, 8, 2, 32000, 8 * 128
+ATTN = H * (H + 2 * KV) + H * H  # q, k, v and out
+ROUTER, EXPERT, NORMS = H * E, 3 * H * F, 2 * H  # the router, one expert's gate, up and down, the two RMSNorms
+DENSE = L * (ATTN + ROUTER + NORMS) + 2 * V * H + H  # everything but the experts: embeddings, head, final norm
+
+
+def test_mixtral_counts():
+    m = load_model("mixtral-8x7b")
+    assert m.n_params == DENSE + L * E * EXPERT == 46_702_792_704
+    assert m.active_params == DENSE + L * K * EXPERT == 12_879_925_248
+
+
+def test_mixtral_gets_a_real_plan():
+    """The issue's first complaint: Mixtral loaded as a 7.24B dense model. Now it is planned as 46.7B with EP."""
+    found = plan("mixtral-8x7b", "dgx-h100", gpus=16, seq=4096, global_batch=256, top=3)
+    best = found.plans[0].estimate
+    assert best.params == 46_702_792_704 and best.fits and best.plan.ep > 1
+    assert "12.88B of 46.70B parameters active" in best.moe and "balanced routing" in best.moe
+    assert any("mixture of experts" in n for n in found.notes())
+    row = found.to_json()["plans"][0]  # `advisor plan --json`
+    assert row["plan"]["ep"] == row["layout"]["ep"] == best.plan.ep and row["breakdown"]["comm/ep_alltoall"] > 0
+
+
+def _mixtral(ep: int, gpus: int = 8, **kw):
+    return estimate("mixtral-8x7b", "dgx-h100", gpus=gpus, zero=1, ep=ep, micro_batch=1, seq=4096,
+                    global_batch=gpus, stack=MD, **kw)
+
+
+def test_memory_from_first_principles():
+    """8 GPUs, dp 8, ep 8: each holds the dense part and one expert per layer (E / ep); bf16 weights and gradients
+    (2 bytes each), and the distributed optimizer's fp32 master weights and Adam moments (12 bytes) sharded over dp
+    for the dense part and over the expert data-parallel group (dp x tp / ep = 1 rank) for the experts."""
+    e = _mixtral(8)
+    local = DENSE + L * EXPERT * E / 8
+    assert e.memory.parts["weights"] == pytest.approx(2 * local, rel=1e-12)
+    assert e.memory.parts["gradients"] == pytest.approx(2 * local, rel=1e-12)
+    assert e.memory.parts["optimizer_states"] == pytest.approx(12 * (DENSE / 8 + L * EXPERT), rel=1e-12)
+    # Routed activations at top-k (bf16): Korthikanti's 16h + 10h per token (LayerNorms, attention, residuals) and
+    # SwiGLU's 6 bytes per unit of the MLP width a token passes through, k x F; the permuted copies the experts read
+    # and the outputs the combine weighs (2 k h elements), the router's logits (E, bf16) and routing map (E bytes)
+    per_token_layer = 26 * H + 6 * K * F + 2 * K * H * 2 + E * 3
+    assert e.memory.parts["activations"] == pytest.approx(per_token_layer * 4096 * L, rel=1e-12)
+
+
+def test_imbalance_scales_the_routed_parts_and_a_capacity_caps_it():
+    base, hot = _mixtral(8), _mixtral(8, moe_imbalance=1.5)
+    capped = _mixtral(8, moe_imbalance=1.5, moe_capacity_factor=1.25)
+    extra = (hot.memory.parts["activations"] - base.memory.parts["activations"]) / (4096 * L)
+    assert extra == pytest.approx(0.5 * 2 * K * H * 2, rel=1e-9)  # only the routed copies grow
+    assert hot.breakdown["comm/ep_alltoall"] > capped.breakdown["comm/ep_alltoall"] > base.breakdown["comm/ep_alltoall"]
+    assert hot.breakdown["comm/ep_alltoall"] / base.breakdown["comm/ep_alltoall"] > 1.3
+    assert "imbalance 1.5x" in hot.moe and "capacity factor 1.25" in capped.moe and "dropless" in base.moe
+
+
+def test_alltoall_bytes_and_time_by_hand():
+    """Per MoE layer and micro-batch: dispatch and combine forward, their gradients backward, each GPU sending its
+    tokens x top-k hidden states in bf16 (under TP with SP, its sequence share)."""
+    hw = load_hardware("dgx-h100")
+    e = _mixtral(8)
+    size = 4096 * K * H * 2
+    assert size == 64 * 2**20
+    one = float(collective_time(Collective.all_to_all, 8, size, hw, 8))
+    assert e.breakdown["comm/ep_alltoall"] == pytest.approx(L * 4 * one, rel=1e-12)
+    assert "all-to-all of 64.00 MiB over 8 GPUs (one node)" in e.collectives["ep"]
+    sp = estimate("mixtral-8x7b", "dgx-h100", gpus=16, tp=2, sp=True, zero=1, ep=8, etp=1, micro_batch=1, seq=4096,
+                  global_batch=16, stack=MD)
+    assert "all-to-all of 32.00 MiB over 8 GPUs" in sp.collectives["ep"]
+    # ep 16 over two nodes leaves NVLink: slower per byte than ep 8 in one
+    two = float(collective_time(Collective.all_to_all, 16, size, hw, 8))
+    assert two > one
+
+
+def test_flops_count_active_parameters_as_torchtitan_does():
+    """torchtitan get_num_flop_per_token: 6 x (active parameters less the embedding) + attention; advisor leaves the
+    norms' parameters out (no GEMM) and counts attention causally: the rest is identical."""
+    e = _mixtral(8)
+    m = load_model("mixtral-8x7b")
+    core = 2.0 * (4096 + 1) / 2 * 32 * (128 + 128)  # per token and layer: QK^T and PV over the (s + 1) / 2 keys seen
+    per_token = e.tflops_per_gpu * 1e12 * e.world_size * e.step_time_s / e.tokens_per_step
+    assert per_token == pytest.approx(6 * (m.active_params - V * H - L * NORMS - H) + 3 * L * core, rel=1e-12)
+
+
+def test_megatron_mlp_flops_match_num_floating_point_operations():
+    """Megatron-LM training.py num_floating_point_operations, MoE terms: 12 x h^2 x (moe_ffn / h x topk x 3/2 (SwiGLU)
+    + shared / h x 3/2) per token and layer for forward and backward; advisor's expert and shared GEMMs the same."""
+    m = load_model("deepseek-v3")
+    routed = next(k for k in m.layers if k.routed)
+    fl = routed.flops_per_token(4096)
+    e = m.experts
+    megatron = 12 * m.d_model ** 2 * (e.d_ff_expert / m.d_model * e.experts_per_token * 1.5
+                                      + e.d_ff_shared / m.d_model * 1.5) / 3  # forward only
+    assert fl["mlp/experts"] + fl["mlp/shared"] == pytest.approx(megatron, rel=1e-12)
+
+
+def test_dense_first_layers_are_costed_in_flops():
+    m = load_model("deepseek-v3")
+    assert len(m.layers) == 2 and sorted(k.count for k in m.layers) == [3, 58]
+    e = estimate(m, "gb200-nvl72", gpus=256, pp=4, ep=64, zero=1, micro_batch=1, global_batch=256, seq=4096,
+                 precision="fp8-mixed", stack=MD)
+    per_token = e.tflops_per_gpu * 1e12 * e.world_size * e.step_time_s / e.tokens_per_step
+    expect = 3 * (sum(k.count * sum(k.flops_per_token(4096).values()) for k in m.layers) + 2 * m.d_model * m.vocab)
+    assert per_token == pytest.approx(expect, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw,word", [
+    (dict(ep=3), "ep does not divide the routed experts"),
+    (dict(ep=16), "ep x etp does not divide dp x tp"),
+    (dict(ep=2, fsdp="hybrid-shard", zero=3, gpus=16), "HYBRID_SHARD"),
+    (dict(ep=2, tp=2), "sequence parallelism"),
+])
+def test_bad_ep_is_one_line(kw, word):
+    args = dict(gpus=8, zero=1, micro_batch=1, seq=4096, global_batch=8, stack=MD) | kw
+    with pytest.raises(AdvisorError) as exc:
+        estimate("mixtral-8x7b", "dgx-h100", **args)
+    assert word in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_dense_model_refuses_ep_and_is_unchanged_at_ep_1():
+    with pytest.raises(AdvisorError, match="without routed experts"):
+        estimate("llama-3-8b", "dgx-h100", gpus=8, ep=2, stack=MD)
+    a = estimate("llama-3-8b", "dgx-h100", gpus=8, tp=2, sp=True, zero=1, seq=4096, global_batch=64, stack=MD)
+    b = estimate("llama-3-8b", "dgx-h100", gpus=8, tp=2, sp=True, zero=1, seq=4096, global_batch=64, stack=MD, ep=1, etp=2)
+    assert a.step_time_s == b.step_time_s and a.memory.peak_bytes == b.memory.peak_bytes
+    assert a.breakdown["comm/ep_alltoall"] == 0.0 and a.moe == ""
+
+
+def test_hf_trainer_runs_no_expert_parallelism():
+    with pytest.raises(AdvisorError, match="hf-trainer does not run expert parallelism"):
+        estimate("mixtral-8x7b", "dgx-h100", gpus=8, ep=2, stack="hf-trainer")
+
+
+def test_search_offers_ep_only_for_routed_models():
+    from advisor.space import enumerate_candidates, with_experts
+
+    c = enumerate_candidates(16, 64, True, [(2, 1), (1, 2)])
+    assert with_experts(c, load_model("llama-3-8b")) is c
+    moe = with_experts(c, load_model("mixtral-8x7b"))
+    assert len(moe) > len(c) and set(np.unique(moe.ep)) == {1, 2, 4, 8}
+    assert not ((moe.ep > 1) & moe.hybrid).any()  # EP plans run DDP, ZeRO-1/2/3 or FSDP, not HSDP
+    assert ((moe.dp * moe.tp) % (moe.ep * moe.etp) == 0).all()
+
+
+@pytest.mark.slow  # importing megatron.core takes ~20 s
+def test_megatron_export_writes_the_moe_flags():
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer import TransformerConfig
+
+    from advisor.api import build_inputs
+    from advisor.export import export
+    from advisor.layout import resolve_grad_accum
+
+    spec, hw, _, p, setup, world = build_inputs("mixtral-8x7b", "dgx-h100", gpus=16, tp=2, sp=True, zero=1, ep=8,
+                                                etp=1, seq=4096, global_batch=256, stack=MD)
+    text = export("megatron", spec, hw, p, setup, resolve_grad_accum(setup, p)[0], world).text
+    import re
+    import shlex
+
+    body = re.search(r"MEGATRON_ARGS=\((.*?)\n\)", text, re.S).group(1)
+    toks = shlex.split(body, comments=True)
+    f = {t[2:].replace("-", "_"): (toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else True)
+         for i, t in enumerate(toks) if t.startswith("--")}
+    assert f["num_experts"] == "8" and f["expert_model_parallel_size"] == "8" and f["moe_router_topk"] == "2"
+    assert f["moe_grouped_gemm"] is True and f["moe_token_dispatcher_type"] == "alltoall"
+    # As Megatron-LM's core_transformer_config_from_args maps them (--num-experts -> num_moe_experts)
+    tc = TransformerConfig(num_layers=int(f["num_layers"]), hidden_size=int(f["hidden_size"]),
+                           num_attention_heads=int(f["num_attention_heads"]), ffn_hidden_size=int(f["ffn_hidden_size"]),
+                           tensor_model_parallel_size=int(f["tensor_model_parallel_size"]), sequence_parallel=True,
+                           num_moe_experts=int(f["num_experts"]), moe_ffn_hidden_size=int(f["moe_ffn_hidden_size"]),
+                           moe_router_topk=int(f["moe_router_topk"]),
+                           expert_model_parallel_size=int(f["expert_model_parallel_size"]),
+                           expert_tensor_parallel_size=int(f["expert_tensor_parallel_size"]),
+                           moe_grouped_gemm=True, moe_token_dispatcher_type=f["moe_token_dispatcher_type"],
+                           gated_linear_unit=True, add_bias_linear=False)
+    assert tc.num_moe_experts % tc.expert_model_parallel_size == 0
+    # megatron-core parallel_state: the expert ranks of a stage, etp x ep x edp, are the dense ones' tp x dp
+    assert (world // int(f["pipeline_model_parallel_size"])) % (tc.expert_model_parallel_size * tc.expert_tensor_parallel_size) == 0
+
+
+def test_dense_first_layers_in_the_export():
+    from advisor.export import megatron_args
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    m2 = SMALL.model_copy(update={"layer_runs": (LayerRun(count=1, dense=True), LayerRun(count=3))})
+    args, _ = megatron_args(m2, load_hardware("dgx-h100"), Plan(dp=8, ep=8, zero=1), TrainingSetup(seq_len=4096), 1)
+    freq = args[args.index("--moe-layer-freq") + 1]
+    assert freq == "[0,1,1,1]"
+
+
+# --- invariants ------------------------------------------------------------------------------------------------
+SMALL = ModelSpec(name="tiny-moe", n_layers=4, d_model=512, n_heads=8, n_kv_heads=4, d_ff=1024, vocab=4096,
+                  max_positions=1024, mlp="swiglu", norm="rmsnorm", position="rotary", tied_embeddings=False,
+                  linear_bias=False, experts=Experts(n_experts=16, experts_per_token=2, d_ff_expert=512, d_ff_shared=512))
+
+
+@settings(max_examples=10, deadline=None)
+@given(tp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]), k=st.integers(0, 3), mb=st.sampled_from([1, 2]))
+def test_memory_per_gpu_never_grows_with_ep(tp, zero, k, mb):
+    """Doubling ep holds fewer experts per GPU and no more of anything else: the peak, and the states held in every
+    phase (the peak's other parts are those of whichever phase peaks, which may change)."""
+    ep = 2 ** k
+    kw = dict(gpus=16, tp=tp, sp=tp > 1, zero=zero, etp=1, micro_batch=mb, seq=1024, global_batch=16 // tp * mb,
+              stack=MD)
+    a, b = estimate(SMALL, "dgx-h100", ep=ep, **kw), estimate(SMALL, "dgx-h100", ep=2 * ep, **kw)
+    assert b.memory.peak_bytes <= a.memory.peak_bytes * (1 + 1e-12)
+    for part in ("weights", "optimizer_states"):
+        assert b.memory.parts[part] <= a.memory.parts[part] * (1 + 1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ep=st.sampled_from([1, 2, 4, 8, 16]), imbalance=st.floats(1.0, 3.0))
+def test_imbalance_never_speeds_a_step(ep, imbalance):
+    kw = dict(gpus=16, zero=1, ep=ep, seq=1024, global_batch=16, stack=MD)
+    assert (estimate(SMALL, "dgx-h100", moe_imbalance=imbalance, **kw).step_time_s
+            >= estimate(SMALL, "dgx-h100", **kw).step_time_s * (1 - 1e-12))
+
+
+def test_table_layer_is_the_routed_width():
+    layer = next(k for k in SMALL.layers if k.routed)
+    assert expert.table_layer(layer).d_ff == 2 * 512 + 512
+    dense = load_model("llama-3-8b").layer
+    assert expert.table_layer(dense) is dense
+
+
+@pytest.mark.parametrize("kind", ["deepspeed", "accelerate", "torchrun"])
+def test_other_exports_refuse_expert_parallelism(kind):
+    from advisor.export import ExportError, export
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    with pytest.raises(ExportError, match="use --format megatron"):
+        export(kind, load_model("mixtral-8x7b"), load_hardware("dgx-h100"), Plan(dp=8, ep=8, zero=1),
+               TrainingSetup(seq_len=4096), 1, 8)

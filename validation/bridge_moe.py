@@ -1,0 +1,202 @@
+"""Megatron-Bridge's published mixture-of-experts runs (reference/megatron_bridge_performance.csv, a verbatim copy in
+validation/data/): tokens/s per GPU of DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, GPT-OSS-120B and Kimi-K2 on the
+systems a shipped profile describes, each estimated with the plan as published (GPUs, TP, PP, VP, EP, micro and
+global batch, sequence 4096), and whether that plan ranks in ``advisor plan``'s top 5 for its model, system and batch.
+
+How a row becomes an estimate:
+- the newest container release's row of each (model, system, precision): the tables repeat a configuration
+  release after release as the software improves (Qwen3-30B-A3B on GB200: 26,032 tokens/s/GPU in 26.04, 39,936 in
+  26.08), and advisor costs one stack;
+- the stack: MOE_STACK, one constant (megatron-core's profile is being written; until it ships, megatron-deepspeed
+  with Megatron-Core's grouped GEMMs: validation/data/megatron-core-moe.yaml);
+- Megatron's distributed optimizer (ZeRO-1; Bridge's recipes use it), sequence parallelism where TP > 1, the
+  experts unsplit by TP (ETP 1, as Bridge's MoE recipes set expert_tensor_parallel_size), the least recomputation
+  (none, selective, full) the model predicts to fit, as the run fitted (the tables do not give it; Bridge's recipes
+  recompute modules advisor has no name for), balanced routing (the tables' footnote: "MoE
+  runs force a balanced token distribution"), dropless;
+- precision: BF16 rows as bf16-mixed; FP8 (current scaling) and MXFP8 rows as fp8-mixed, advisor's one FP8 recipe
+  (its GEMMs at the fp8 peak; MXFP8's block scales are not costed): the error is reported per precision;
+- an interleaved schedule whose layers do not divide pp x vp (DeepSeek-V3's 61 layers: Bridge places the embedding
+  and loss as pipeline layers of their own) runs as 1F1B, and is counted;
+- rows with no precision (25.09's token-drop tables) are not compared.
+
+Systems: DGX-H100 -> dgx-h100, DGX-B200 -> aws-p6-b200 (8x B200 on NVSwitch), DGX-GB200 -> gb200-nvl72, DGX-GB300 ->
+gb300-nvl72; DGX-B300 has a profile (dgx-b300) but is not in the issue's list: its rows are scored apart.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections import Counter, defaultdict
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from advisor.model import ModelSpec, load_model
+from advisor.model.hf import model_from_hf_dict
+from validation.datasets import DATA_DIR
+from validation.validate import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
+
+# Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
+RECOMPUTE_LADDER = ("none", "selective", "full")
+# The stack every row is costed in: switch to "megatron-core" when its profile is on main.
+MOE_STACK = str(DATA_DIR / "megatron-core-moe.yaml")
+
+SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
+EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
+PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-mixed", "MXFP8": "fp8-mixed"}
+
+# The two models the catalogue lacks, as their config.json on the Hugging Face hub gives them (the keys that change
+# cost; advisor.model.families reads them as it reads any config).
+QWEN3_235B = {  # Qwen/Qwen3-235B-A22B config.json
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 94, "mlp_only_layers": [], "moe_intermediate_size": 1536, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 94,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "use_sliding_window": False,
+    "vocab_size": 151936, "decoder_sparse_step": 1}
+KIMI_K2 = {  # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3's architecture)
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 131072, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 64,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.827,
+    "tie_word_embeddings": False, "topk_group": 1, "v_head_dim": 128, "vocab_size": 163840}
+
+
+@lru_cache(maxsize=None)
+def moe_stack():
+    """MOE_STACK's profile, read once (a YAML read per estimate would be most of this dataset's time)."""
+    from advisor.stack import load_stack
+
+    return load_stack(MOE_STACK)
+
+
+@lru_cache(maxsize=None)
+def model_spec(name: str) -> ModelSpec:
+    catalogue = {"DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b"}
+    if name in catalogue:
+        return load_model(catalogue[name])
+    cfg = {"Qwen3_235B_a22B": (QWEN3_235B, "qwen3-235b-a22b"), "Kimi_K2": (KIMI_K2, "kimi-k2")}[name]
+    return model_from_hf_dict(cfg[0], cfg[1])
+
+
+MODELS = ("DeepSeekV3", "Qwen3_30B_a3B", "Qwen3_235B_a22B", "GPT OSS 120B", "Kimi_K2")
+
+
+def _int(x: str) -> Optional[int]:
+    m = re.match(r"\s*(\d+)", x or "")
+    return int(m.group(1)) if m else None
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split()[0]))
+
+
+def load_rows(systems: dict[str, str] = SYSTEMS) -> list[dict[str, Any]]:
+    """The MoE rows on the given systems with a precision: the newest release's row of each (model, system,
+    precision), the plan the tables publish today (older releases ran older software, often other plans)."""
+    with open(DATA_DIR / "megatron_bridge_performance.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if r["Model"] not in MODELS or r["System"] not in systems or r["Precision"] not in PRECISIONS:
+            continue
+        row = {"model": r["Model"], "system": r["System"], "hw": systems[r["System"]], "precision": r["Precision"],
+               "gpus": int(r["#-GPUs"]), "tp": int(r["TP"]), "pp": int(r["PP"]), "ep": int(r["EP"]),
+               "vp": _int(r["VP"]), "mbs": int(r["MBS"]), "gbs": int(r["GBS"]), "seq": int(r["Sequence Length"]),
+               "measured": float(r["Tokens / sec / GPU"]), "release": r["release"]}
+        key = tuple(row[k] for k in ("model", "system", "precision"))
+        if key not in out or _release(row["release"]) > _release(out[key]["release"]):
+            out[key] = row
+    return list(out.values())
+
+
+def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(advisor.estimate's options for a row, whether its interleaved schedule ran as 1F1B)."""
+    spec = model_spec(row["model"])
+    tp, pp, vp = row["tp"], row["pp"], row["vp"]
+    interleaved = pp > 1 and vp is not None and vp > 1
+    fallback = interleaved and spec.n_layers % (pp * vp) != 0
+    kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
+              micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
+              attention="sdpa", recompute="none", stack=moe_stack())
+    if interleaved and not fallback:
+        kw.update(schedule="interleaved", virtual_stages=vp)
+    return kw, fallback
+
+
+def _kind(row: dict[str, Any]) -> str:
+    return f"{row['precision']} {row['system']}"
+
+
+def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-moe") -> DatasetReport:
+    rows, rejected, points, no_fit, fallbacks, recomputed = load_rows(systems), Counter(), [], [], 0, Counter()
+    by_precision: dict[str, list[Point]] = defaultdict(list)
+    for r in rows:
+        kw, fallback = estimate_kwargs(r)
+        fallbacks += fallback
+        est = None
+        for rc in RECOMPUTE_LADDER:  # the least recomputation predicted to fit (the tables do not publish it)
+            est = _estimate({**kw, "recompute": rc}, rejected)
+            if est is None or est.fits:
+                break
+        if est is None:
+            continue
+        recomputed[est.setup.recompute.value] += 1
+        label = f"{r['model']} {r['system']} {r['precision']} {r['gpus']}g TP{r['tp']} PP{r['pp']} EP{r['ep']}"
+        if not est.fits:
+            no_fit.append(label)
+        p = Point(label=label, kind=_kind(r), predicted=est.tokens_per_s / est.world_size, measured=r["measured"],
+                  breakdown=est.breakdown)
+        points.append(p)
+        by_precision[r["precision"]].append(p)
+    ranks = published_plan_ranks(rows)
+    extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1),
+             "published_plan_in_top5_pct": 100.0 * sum(r is not None for _, r in ranks) / max(len(ranks), 1)}
+    for prec, pts in sorted(by_precision.items()):
+        extra[f"{prec}_mape_pct"], extra[f"{prec}_max_ape_pct"] = ape_stats(pts)
+    notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
+             f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
+             "(the tables force a balanced token distribution); FP8 and MXFP8 as fp8-mixed",
+             f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
+             "recomputation, which the tables do not give, the least predicted to fit: "
+             + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
+    notes.append("the published plan's rank in advisor plan's top 5 (dp, tp, pp, ep matched; '-': not in it): "
+                 + ", ".join(f"{k} {r or '-'}" for k, r in ranks))
+    if no_fit:
+        notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6])
+                     + (", ..." if len(no_fit) > 6 else ""))
+    return _report(name, "Megatron-Bridge MoE pretraining tables (DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, "
+                   "GPT-OSS-120B, Kimi-K2) on H100, B200, GB200, GB300", "tokens/s per GPU", len(rows), points,
+                   rejected, extra=extra, notes=notes)
+
+
+def published_plan_ranks(rows: Optional[list[dict[str, Any]]] = None, top: int = 5) -> list[tuple[str, Optional[int]]]:
+    """For each (model, system, precision, GPUs, batch) of the rows: the published plan's rank among ``advisor plan``'s
+    ``top`` (None: not among them, or the search refused), matched on dp, tp, pp and ep."""
+    from advisor.errors import AdvisorError
+    from advisor.search import plan
+
+    rows = load_rows() if rows is None else rows
+    out = []
+    seen = set()
+    for r in rows:
+        key = (r["model"], r["system"], r["precision"], r["gpus"], r["gbs"])
+        if key in seen:
+            continue
+        seen.add(key)
+        kw, _ = estimate_kwargs(r)
+        try:
+            found = plan(kw["model"], _hardware(r["hw"]), gpus=r["gpus"], seq=r["seq"], global_batch=r["gbs"],
+                         precision=kw["precision"], stack=moe_stack(), top=top)
+        except AdvisorError as exc:
+            out.append((f"{' '.join(map(str, key))}: {str(exc)[:80]}", None))
+            continue
+        dp = r["gpus"] // (r["tp"] * r["pp"])
+        rank = next((i + 1 for i, p in enumerate(found.plans) if (p.estimate.plan.dp, p.estimate.plan.tp,
+                     p.estimate.plan.pp, p.estimate.plan.ep) == (dp, r["tp"], r["pp"], r["ep"])), None)
+        out.append((" ".join(map(str, key)), rank))
+    return out
