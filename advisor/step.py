@@ -72,8 +72,7 @@ _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/bac
           "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
           "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
-          "offload": "offload"}
-          "comm_ep": "comm/ep_alltoall", "comm_ep_grad": "comm/ep_grad"}
+          "offload": "offload", "comm_ep": "comm/ep_alltoall", "comm_ep_grad": "comm/ep_grad"}
 TIME_PARTS = tuple(_NAMES.values())
 
 

@@ -7,8 +7,8 @@ How a row becomes an estimate:
 - the newest container release's row of each (model, system, precision): the tables repeat a configuration
   release after release as the software improves (Qwen3-30B-A3B on GB200: 26,032 tokens/s/GPU in 26.04, 39,936 in
   26.08), and advisor costs one stack;
-- the stack: MOE_STACK, one constant (megatron-core's profile is being written; until it ships, megatron-deepspeed
-  with Megatron-Core's grouped GEMMs: validation/data/megatron-core-moe.yaml);
+- the stack: MOE_STACK, one constant: megatron-core (its grouped GEMMs and shared-expert overlap, the stack
+  Megatron-Bridge runs);
 - Megatron's distributed optimizer (ZeRO-1; Bridge's recipes use it), sequence parallelism where TP > 1, the
   experts unsplit by TP (ETP 1, as Bridge's MoE recipes set expert_tensor_parallel_size), the least recomputation
   (none, selective, full) the model predicts to fit, as the run fitted (the tables do not give it; Bridge's recipes
@@ -41,7 +41,7 @@ from validation.validate import DatasetReport, Point, _estimate, _hardware, _rep
 # Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
 RECOMPUTE_LADDER = ("none", "selective", "full")
 # The stack every row is costed in: switch to "megatron-core" when its profile is on main.
-MOE_STACK = str(DATA_DIR / "megatron-core-moe.yaml")
+MOE_STACK = "megatron-core"
 
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
 EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}

@@ -1,0 +1,119 @@
+"""A training stack's engine, read from its profile (advisor.stack): how it holds, reduces and gathers model
+states, when it synchronises, which checkpointing policies, offloads and plan features it runs."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from advisor.spec import Spec
+
+PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved", "ep")
+# what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
+# (Hugging Face's Trainer has none; advisor.parallel.expert)
+DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
+RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
+CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
+OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
+
+
+class Selective(Spec):
+    """What the stack's selective recomputation reruns in backward: linear layers of the layer table by name
+    (advisor.model.layer: attention/qkv, attention/out, mlp/fc, mlp/proj, mlp/gate, mlp/up, mlp/down), the
+    attention core, and "elementwise" (every pointwise op of the layer's forward)."""
+
+    recomputes: list[str] = Field(min_length=1)
+    source: Optional[str] = None
+
+
+class Zero3Calls(Spec):
+    """How a DeepSpeed-style ZeRO-3 coordinator issues its gathers and reduce-scatters, read from its source: one
+    call per parameter tensor (DeepSpeed 0.3: ``_allgather_param`` per tensor, ``_reduce_scatter_gradient`` per
+    tensor) or per bucket of tensors (DeepSpeed >= 0.6: ``all_gather_coalesced`` of a fetch or a prefetch bucket,
+    ``reduce_scatter_coalesced`` of an IPG bucket). Each call pays the collective's start-up over every rank of the
+    group (advisor.comm), and a call made with per-rank tensor lists also pays host ops per rank."""
+
+    gathers: Literal["per_tensor", "per_bucket"]
+    gather_bucket_elements: float = Field(default=0, ge=0, le=1e13, description="per_bucket: elements one gather "
+                                          "call carries at most (stage3_prefetch_bucket_size); a larger tensor is one call")
+    reduces: Literal["per_tensor", "per_bucket"]
+    reduce_bucket_elements: float = Field(default=0, ge=0, le=1e13, description="per_bucket: elements one "
+                                          "reduce-scatter call carries (reduce_bucket_size)")
+    persistence_elements: float = Field(ge=0, le=1e13, description="tensors with fewer elements are never "
+                                        "partitioned, so never gathered (stage3_param_persistence_threshold)")
+    max_live_elements: float = Field(gt=0, le=1e15, description="no prefetch while this many gathered elements are "
+                                     "live (stage3_max_live_parameters): a sub-module this large is fetched blocking")
+    host_ops_per_rank_gather: int = Field(default=0, ge=0, le=100, description="host ops one gather call issues per "
+                                          "rank of its group (list-form all_gather: a slice and a copy per rank)")
+    host_ops_per_rank_reduce: int = Field(default=0, ge=0, le=100, description="the same for one reduce-scatter call")
+    device_sync_per_fetch: bool = Field(description="each fetch synchronises the device (torch.cuda.synchronize), so "
+                                        "a sub-module's reduce-scatter cannot overlap the next one's compute")
+    source: Optional[str] = None
+
+
+class Engine(Spec):
+    """How the training engine holds, reduces and gathers model states, and when it synchronises."""
+
+    master_weights: Literal["always", "with_zero"] = Field(
+        description="fp32 master weights beside half-precision weights and gradients: always, or only under ZeRO")
+    gradient_reduction: Literal["one_call", "buckets"] = Field(
+        description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
+    bucket_MiB: float = Field(gt=0, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
+    zero_collectives: Literal["one_call", "per_unit"] = Field(
+        description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
+    zero3_overlap: Literal["prefetch", "per_submodule"] = Field(
+        description="ZeRO-3 gathers hide behind the pass (prefetch) or behind one sub-module each (DeepSpeed)")
+    zero3_gathered: Literal["layer", "submodule"] = Field(
+        description="what ZeRO-3 holds gathered at once, twice (current and prefetched)")
+    zero3_calls: Optional[Zero3Calls] = Field(
+        default=None, description="per_submodule ZeRO-3: how its gathers and reduce-scatters are issued (None: one "
+                                  "call per pass, as zero_collectives says, shared out over the sub-modules)")
+    gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
+    gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
+    device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(
+        description="the device is synchronised once per step (the host runs ahead across micro-batches), once per "
+                    "micro-batch, or after each micro-batch's forward and after its backward")
+    pipeline_scatter_gather: bool = Field(
+        description="pipeline sends split over the TP ranks and all-gathered on arrival (Megatron)")
+    reduce_dtype: Literal["compute", "fp32"] = Field(
+        default="compute", description="gradients are reduced in the compute dtype, or upcast to fp32 first")
+    unit_grad_buffer: bool = Field(
+        default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
+                                   "in fp32) is alive while it is reduce-scattered")
+    main_grads: Literal["compute", "fp32"] = Field(
+        default="compute", description="fp32: under half or mixed precision the gradients accumulate in a persistent "
+                                       "fp32 buffer (Megatron's main_grad with grad_reduce_in_fp32), 4 bytes a parameter")
+    param_gather_overlap: bool = Field(
+        default=False, description="ZeRO-1: the all-gather of the updated weights runs bucket by bucket beside the next "
+                                   "forward (Megatron's --overlap-param-gather) instead of after the step")
+    selective: Optional[Selective] = Field(default=None, description="what selective recomputation reruns (None: none offered)")
+    fsdp_param_dtype: Literal["storage", "half"] = Field(
+        default="storage", description="half: under mixed precision, ZeRO-2/3 (FSDP) gathers the parameters in the half "
+                                       "type, so its plans run the layers as pure half precision does (the half mode's "
+                                       "tables); storage: as the run's precision says")
+    module_dtype: Literal["storage", "half"] = Field(
+        default="storage", description="half: under mixed precision the engine casts the whole model to the half type "
+                                       "(DeepSpeed's bf16 / fp16 modes), so every plan runs the layers as pure half "
+                                       "precision does (the half mode's tables); storage: as the run's precision says")
+    low_precision_params: bool = Field(
+        default=False, description="under a low-precision recipe (advisor.precision) the layers' weights are kept, "
+                                   "and gathered, in the recipe's format, the fp32 master copy in the optimizer "
+                                   "(Megatron --fp8-param-gather, MLPerf FP8_PARAMS); False: half-precision weights "
+                                   "quantised per use")
+    offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
+        default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
+    checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
+        default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
+        "(advisor/recompute.py; selective also needs `selective`)")
+    offloads: list[Literal[OFFLOADS]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="where the stack can keep model states off the GPU (advisor/parallel/offload.py)")
+    offload_optimizer: Literal["cpu_adam", "torch"] = Field(
+        default="cpu_adam", description="the optimizer step on offloaded states: DeepSpeed's vectorised CPU Adam, or "
+        "torch's CPU optimizer (FSDP CPU offload)")
+    moe_grouped_gemm: bool = Field(
+        default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
+                                   "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
+    ep_alltoall_overlap: Literal["none", "shared_experts"] = Field(
+        default="none", description="the expert-parallel dispatch and combine all-to-alls run exposed, or beside the "
+                                    "shared experts' GEMMs (Megatron --moe-shared-expert-overlap)")
