@@ -1,0 +1,192 @@
+"""advisor export writes only the costed stack's own launch formats; torchtitan and llm-foundry exports are read back
+by those libraries' own parsers; Megatron exports pass Megatron-LM's own parse_args + validate_args.
+
+Optional parsers (each test skips when its library is absent):
+- torchtitan 0.3.0: `pip install torchtitan==0.3.0 tyro torchdata datasets tensorboard` (its config registries
+  import the trainer's components); the test runs ConfigManager.parse_args on the exported argv.
+- llm-foundry 0.22.0: `pip install llm-foundry==0.22.0` with a torchvision matching torch (composer imports it);
+  the test runs make_dataclass_and_log_config(TrainConfig) + validate_config as scripts/train/train.py does.
+- Megatron-LM's megatron/training/arguments.py ships in megatron-core 0.19.2's wheel (Python >= 3.12 only; 0.16.1
+  has no megatron/training): `pip install --no-deps --target DIR --python-version 3.12 --only-binary=:all:
+  megatron-core==0.19.2 triton` and ADVISOR_MEGATRON_LM=DIR. It runs in a subprocess (its megatron.core is not the
+  installed 0.16.1 the other tests use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from advisor.cli_export import export_command
+from advisor.export import KINDS, ExportError, export, launch_formats, resolve_launch, stacks_launching
+from advisor.hardware import load_hardware
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.model import load_model
+from advisor.stack import list_stacks, load_stack, stack_from_yaml
+from advisor.training import TrainingSetup
+
+
+def inputs(model, hw, world, plan_kw, setup_kw):
+    plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
+    grad_accum, err = resolve_grad_accum(setup, plan)
+    assert err is None
+    return load_model(model), load_hardware(hw), plan, setup, grad_accum, world
+
+
+# -- which formats a stack launches ----------------------------------------------------------------------------
+def test_shipped_stacks_list_their_launch_formats():
+    """Each shipped profile names its formats, usual one first (the stacks' own launchers: shared/stacks/)."""
+    want = {"hf-trainer": ("accelerate", "deepspeed", "torchrun"), "megatron-deepspeed": ("megatron", "deepspeed"),
+            "torchtitan": ("torchtitan",), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",)}
+    for name in list_stacks():
+        assert set(launch_formats(load_stack(name))) <= set(KINDS), name
+    for name, formats in want.items():
+        if name in list_stacks():
+            assert launch_formats(load_stack(name)) == formats
+    assert stacks_launching("accelerate")[0] == "hf-trainer" and stacks_launching("megatron")[0] == "megatron-deepspeed"
+
+
+def test_a_format_the_stack_does_not_launch_is_refused_in_one_line():
+    with pytest.raises(ExportError) as err:
+        resolve_launch("accelerate", "torchtitan")
+    assert str(err.value) == ("stack torchtitan does not launch accelerate: it launches torchtitan (--format "
+                              "torchtitan); accelerate is launched by --stack hf-trainer")
+    assert resolve_launch(None, "megatron-deepspeed")[1] == "megatron"  # no format: the stack's usual one
+    assert resolve_launch("deepspeed", "megatron-deepspeed")[1] == "deepspeed"
+
+
+def test_a_profile_without_launch_formats_says_which_field(tmp_path):
+    text = load_stack("torchtitan").model_dump(mode="json")
+    text.pop("launch")
+    stack = stack_from_yaml(yaml.safe_dump(text))
+    with pytest.raises(ExportError, match="lists no launch format: add launch:"):
+        launch_formats(stack)
+    bad = stack.model_copy(update={"launch": ["slurm"]})
+    with pytest.raises(ExportError, match="lists launch format 'slurm'"):
+        launch_formats(bad)
+
+
+BASE = ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--zero", "3", "--micro-batch", "2", "--seq", "8192"]
+
+
+@pytest.mark.parametrize("stack,fmt,first_line", [
+    ("torchtitan", None, "#!/bin/bash"),
+    ("hf-trainer", None, "# advisor export: llama3-8b"),
+    ("megatron-deepspeed", None, "#!/bin/bash"),
+    ("llm-foundry", None, "# advisor export: llama3-8b"),
+])
+def test_cli_without_format_writes_the_stacks_first(stack, fmt, first_line):
+    result = CliRunner().invoke(export_command, BASE + ["--stack", stack])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(first_line) and f"; stack {stack}" in result.stdout.splitlines()[1 if first_line == "#!/bin/bash" else 0]
+
+
+def test_cli_refuses_a_format_of_another_stack_exit_2():
+    result = CliRunner().invoke(export_command, BASE + ["--stack", "torchtitan", "--format", "megatron"])
+    assert result.exit_code == 2
+    assert result.output == ("error: stack torchtitan does not launch megatron: it launches torchtitan (--format "
+                             "torchtitan); megatron is launched by --stack megatron-deepspeed\n")
+
+
+def test_cli_format_without_stack_costs_in_the_stack_that_launches_it():
+    """No --stack: the format names the stack (torchtitan's arguments come from the torchtitan stack)."""
+    result = CliRunner().invoke(export_command, BASE + ["--format", "torchtitan"])
+    assert result.exit_code == 0, result.output
+    assert "; stack torchtitan" in result.stdout
+
+
+def test_plan_the_stack_does_not_run_is_refused():
+    """ZeRO-1 is not among torchtitan's plan kinds (its profile's offers): refused, naming the stack."""
+    with pytest.raises(ExportError, match="invalid under stack torchtitan"):
+        export("torchtitan", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1)))
+
+
+# -- torchtitan: torchtitan 0.3.0's ConfigManager -----------------------------------------------------------------
+TITAN = {
+    "fsdp-sac": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=2, grad_accum=2, recompute="selective")),
+    "ddp-full": ("llama3-8b", "dgx-h100", 8, dict(dp=8), dict(micro_batch=1, global_batch=32, recompute="full")),
+    "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
+                       dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
+    "zero2-tp-sp": ("llama3-8b", "dgx-h100", 16, dict(dp=4, tp=4, zero=2, sp=True), dict(micro_batch=1, grad_accum=4)),
+    "3d-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
+                                                          virtual_stages=2),
+                       dict(micro_batch=1, global_batch=256, recompute="full")),
+    "pp-1f1b-fp32": ("llama3-8b", "dgx-a100", 16, dict(dp=8, pp=2), dict(micro_batch=1, global_batch=64, precision="fp32",
+                                                                          seq_len=2048)),
+}
+
+
+def _argv(text: str, tmp_path) -> list[str]:
+    """Run the exported script with bash, a stub torchrun on PATH: the arguments torchtitan.train gets."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "torchrun").write_text('#!/bin/sh\nprintf "%s\\0" "$@"\n')
+    (bindir / "torchrun").chmod(0o755)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    out = subprocess.run(["bash", str(script)], env={"PATH": f"{bindir}:{os.environ['PATH']}"}, capture_output=True,
+                         check=True).stdout.decode().split("\0")[:-1]
+    return out[out.index("torchtitan.train") + 1:]
+
+
+@pytest.mark.parametrize("case", TITAN)
+def test_torchtitan_notes_in_file_and_degrees(case, tmp_path):
+    model, hw, plan, setup, ga, world = inputs(*TITAN[case])
+    out = export("torchtitan", model, hw, plan, setup, ga, world)
+    assert all(f"# note: {n}" in out.text.splitlines() for n in out.notes) and out.notes
+    argv = _argv(out.text, tmp_path)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--") and not argv[i + 1].startswith("-")}
+    product = 1
+    for k in ("data-parallel-replicate-degree", "data-parallel-shard-degree", "tensor-parallel-degree",
+              "pipeline-parallel-degree"):
+        product *= int(flag[f"--parallelism.{k}"])
+    assert product == world
+    assert argv[-1] == f"activation-checkpoint:{setup.recompute.value}"
+
+
+@pytest.mark.parametrize("case", TITAN)
+def test_torchtitan_config_manager_parses(case, tmp_path):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+
+    model, hw, plan, setup, ga, world = inputs(*TITAN[case])
+    cfg = ConfigManager().parse_args(_argv(export("torchtitan", model, hw, plan, setup, ga, world).text, tmp_path))
+    p, t, lay = cfg.parallelism, cfg.training, plan.layout(hw.gpus_per_node, world)
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+            p.pipeline_parallel_degree) == (lay.dp_replicate, lay.dp_shard, plan.tp, plan.pp)
+    assert t.global_batch_size == setup.micro_batch * ga * plan.dp and t.seq_len == setup.seq_len
+    # without PP torchtitan accumulates global / (local x dp) steps; with PP it splits local into micro-batches
+    if plan.pp > 1:
+        assert t.local_batch_size // p.pipeline_parallel_microbatch_size == ga
+        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule.value]
+        assert p.pipeline_parallel_layers_per_stage * plan.pp * lay.virtual_stages == model.n_layers
+    else:
+        assert t.global_batch_size // (t.local_batch_size * plan.dp) == ga
+    if plan.tp > 1:
+        assert p.enable_sequence_parallel == plan.sp
+    ac = cfg.activation_checkpoint  # the subcommand's config: FullAC.Config, SelectiveAC.Config, or none
+    want = {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[setup.recompute.value]
+    assert (None if ac is None else type(ac).__qualname__) == want
+    assert t.dtype == ("bfloat16" if setup.precision.value == "bf16" else "float32")
+    assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
+    assert t.disable_cuda_graphs and not cfg.compile.enable
+    assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
+    shape = cfg.model_spec.model
+    assert (shape.dim, len(shape.layers)) == (model.d_model, model.n_layers)
+
+
+@pytest.mark.parametrize("model,setup_kw,message", [
+    ("llama2-7b", dict(), "no config function for llama2-7b"),
+    ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed override"),
+])
+def test_torchtitan_refusals(model, setup_kw, message):
+    with pytest.raises(ExportError, match=message):
+        export("torchtitan", *inputs(model, "dgx-h100", 8, dict(dp=8, zero=3), setup_kw))
