@@ -190,3 +190,49 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
 def test_torchtitan_refusals(model, setup_kw, message):
     with pytest.raises(ExportError, match=message):
         export("torchtitan", *inputs(model, "dgx-h100", 8, dict(dp=8, zero=3), setup_kw))
+
+
+# -- Megatron-LM: its own parse_args + validate_args, every Megatron export case -----------------------------------
+_VALIDATE = textwrap.dedent('''
+    import json, os, sys, typing
+    typing.override = getattr(typing, "override", lambda f: f)  # 3.12's no-op decorator, for Python 3.11
+    import megatron.training.arguments as A
+    out = []
+    for case in json.load(sys.stdin):
+        A.get_device_arch_version = lambda: case["arch"]  # the GPU's major compute capability (CPU here)
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        os.environ.update(case["env"])
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        try:
+            A.validate_args(A.parse_args())
+            out.append("ok")
+        except (AssertionError, SystemExit, ValueError) as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    print(json.dumps(out))
+''')
+ARCH = {"A100": 8, "H100": 9, "TITA": 7}  # CUDA compute capability major: Ampere 8.0, Hopper 9.0, Titan RTX (Turing) 7.5 (NVIDIA datasheets)
+
+
+def test_megatron_exports_pass_megatron_lms_validate_args(tmp_path):
+    """Every Megatron case of tests/test_export.py, run by bash (the env it sets), through Megatron-LM's own
+    parse_args and validate_args (megatron-core 0.19.2's megatron/training/arguments.py)."""
+    root = os.environ.get("ADVISOR_MEGATRON_LM")
+    if not root or not os.path.isfile(os.path.join(root, "megatron", "training", "arguments.py")):
+        pytest.skip("set ADVISOR_MEGATRON_LM to a directory with megatron/training/arguments.py (module docstring)")
+    from test_export import CASES, _run_megatron_script
+    from test_export import inputs as case_inputs
+
+    cases = []
+    for case in CASES:
+        model, hw, plan, setup, ga, world = case_inputs(case)
+        text = export("megatron", model, hw, plan, setup, ga, world).text
+        argv, env = _run_megatron_script(text, tmp_path, {})
+        argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab - 1), "--mock-data"]
+        cases.append({"argv": argv, "env": {**env, "WORLD_SIZE": str(world), "RANK": "0"},
+                      "arch": ARCH[hw.gpu.name[:4].upper()]})
+    run = subprocess.run([sys.executable, "-c", _VALIDATE], input=json.dumps(cases), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = dict(zip(CASES, json.loads(run.stdout.strip().splitlines()[-1])))
+    assert results == {case: "ok" for case in CASES}
