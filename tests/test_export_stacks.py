@@ -236,3 +236,16 @@ def test_megatron_exports_pass_megatron_lms_validate_args(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     results = dict(zip(CASES, json.loads(run.stdout.strip().splitlines()[-1])))
     assert results == {case: "ok" for case in CASES}
+
+
+def test_plan_export_writes_only_the_costed_stacks_format():
+    from _robust import run_main
+
+    from advisor.cli import plan
+
+    code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "torchtitan",
+                             "--export", "megatron"])
+    assert code == 2 and err.count("\n") == 1 and "stack torchtitan does not launch megatron" in err
+    chosen = CliRunner().invoke(plan, ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--export", "torchtitan"])
+    assert chosen.exit_code == 0, chosen.output
+    assert "; stack torchtitan" in chosen.stdout.splitlines()[1]  # searched in the stack that launches the format
