@@ -2,8 +2,9 @@
 by those libraries' own parsers; Megatron exports pass Megatron-LM's own parse_args + validate_args.
 
 Optional parsers (each test skips when its library is absent):
-- torchtitan 0.3.0: `pip install torchtitan==0.3.0 tyro torchdata datasets tensorboard` (its config registries
-  import the trainer's components); the test runs ConfigManager.parse_args on the exported argv.
+- torchtitan 0.3.0: `pip install torchtitan==0.3.0` (in the test extra; its config registries import the trainer's
+  components, so its dependencies torchdata, datasets and tensorboard are needed too); the test runs
+  ConfigManager.parse_args on the exported argv.
 - llm-foundry 0.22.0: `pip install llm-foundry==0.22.0` with a torchvision matching torch (composer imports it);
   the test runs make_dataclass_and_log_config(TrainConfig) + validate_config as scripts/train/train.py does.
 - Megatron-LM's megatron/training/arguments.py ships in megatron-core 0.19.2's wheel (Python >= 3.12 only; 0.16.1
@@ -151,6 +152,7 @@ def test_torchtitan_notes_in_file_and_degrees(case, tmp_path):
     assert argv[-1] == f"activation-checkpoint:{setup.recompute.value}"
 
 
+@pytest.mark.slow  # ~7 s each: ConfigManager imports torchtitan's trainer components and model registry
 @pytest.mark.parametrize("case", TITAN)
 def test_torchtitan_config_manager_parses(case, tmp_path):
     pytest.importorskip("torchtitan")
@@ -213,6 +215,7 @@ _VALIDATE = textwrap.dedent('''
 ARCH = {"A100": 8, "H100": 9, "TITA": 7}  # CUDA compute capability major: Ampere 8.0, Hopper 9.0, Titan RTX (Turing) 7.5 (NVIDIA datasheets)
 
 
+@pytest.mark.slow  # ~45 s: imports Megatron-LM's training package in a subprocess
 def test_megatron_exports_pass_megatron_lms_validate_args(tmp_path):
     """Every Megatron case of tests/test_export.py, run by bash (the env it sets), through Megatron-LM's own
     parse_args and validate_args (megatron-core 0.19.2's megatron/training/arguments.py)."""
@@ -249,3 +252,72 @@ def test_plan_export_writes_only_the_costed_stacks_format():
     chosen = CliRunner().invoke(plan, ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--export", "torchtitan"])
     assert chosen.exit_code == 0, chosen.output
     assert "; stack torchtitan" in chosen.stdout.splitlines()[1]  # searched in the stack that launches the format
+
+
+# -- llm-foundry: its TrainConfig and train.py's validate_config ---------------------------------------------------
+FOUNDRY = {
+    "mpt-fsdp": ("mpt-7b", "dgx-a100", 8, dict(dp=8, zero=3), dict(micro_batch=4, grad_accum=2, seq_len=2048)),
+    "gpt2-ddp-fp16": ("gpt2", "dgx-a100", 8, dict(dp=8), dict(micro_batch=8, global_batch=128, precision="fp16-mixed")),
+    "llama-hsdp-full": ("llama2-13b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
+                        dict(micro_batch=1, global_batch=128, recompute="full")),
+    "zero2-fp32": ("mpt-7b", "dgx-a100", 16, dict(dp=16, zero=2), dict(micro_batch=1, global_batch=64, precision="fp32",
+                                                                        seq_len=2048)),
+}
+
+
+@pytest.mark.parametrize("case", FOUNDRY)
+def test_foundry_yaml_keys(case):
+    model, hw, plan, setup, ga, world = inputs(*FOUNDRY[case])
+    out = export("llm-foundry", model, hw, plan, setup, ga, world, "llm-foundry")
+    cfg = yaml.safe_load(out.text)
+    assert all(f"# note: {n}" in out.text.splitlines() for n in out.notes)
+    # update_batch_size_info (llmfoundry/utils/config_utils.py): device batch = global / world, accumulation =
+    # device batch / micro-batch; with every rank a data-parallel rank that is advisor's grad_accum
+    assert cfg["global_train_batch_size"] // world // cfg["device_train_microbatch_size"] == ga
+    assert cfg["max_seq_len"] == setup.seq_len
+    assert cfg["precision"] == {"bf16-mixed": "amp_bf16", "fp16-mixed": "amp_fp16", "fp32": "fp32"}[setup.precision.value]
+    if plan.zero >= 2:
+        want = "HYBRID_SHARD" if plan.hybrid_shard else {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[plan.zero]
+        f = cfg["fsdp_config"]
+        assert f["sharding_strategy"] == want and f["limit_all_gathers"] is True
+        assert f["activation_checkpointing"] == (setup.recompute.value == "full")
+        assert f["mixed_precision"] == ("FULL" if setup.precision.value == "fp32" else "PURE")
+    else:
+        assert "fsdp_config" not in cfg
+    assert cfg["model"]["name"] == ("mpt_causal_lm" if model.name == "mpt-7b" else "hf_causal_lm")
+    if model.name == "mpt-7b":  # MPT-7B: d_model 4096, 32 heads, 32 layers, expansion 4, ALiBi (its config.json)
+        m = cfg["model"]
+        assert (m["d_model"], m["n_heads"], m["n_layers"], m["expansion_ratio"]) == (4096, 32, 32, 4.0)
+        assert m["attn_config"]["alibi"] and not m["learned_pos_emb"]
+
+
+@pytest.mark.parametrize("case", FOUNDRY)
+def test_foundry_train_config_parses(case, monkeypatch):
+    """As llm-foundry's scripts/train/train.py reads its YAML: make_dataclass_and_log_config(TrainConfig, all
+    transforms) then validate_config (llmfoundry/command_utils/train.py)."""
+    pytest.importorskip("llmfoundry")
+    from omegaconf import OmegaConf
+
+    from llmfoundry.command_utils.train import validate_config
+    from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS, TrainConfig, make_dataclass_and_log_config
+
+    model, hw, plan, setup, ga, world = inputs(*FOUNDRY[case])
+    out = export("llm-foundry", model, hw, plan, setup, ga, world, "llm-foundry")
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # composer.utils.dist.get_world_size without a process group
+    _, cfg = make_dataclass_and_log_config(OmegaConf.create(out.text), TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
+    validate_config(cfg)
+    assert (cfg.device_train_batch_size, cfg.device_train_microbatch_size) == (setup.micro_batch * ga, setup.micro_batch)
+    assert cfg.max_seq_len == setup.seq_len
+
+
+@pytest.mark.parametrize("plan_kw,setup_kw,message", [
+    (dict(dp=4, tp=2), dict(), "invalid under stack llm-foundry: llm-foundry does not run tensor parallelism"),
+    (dict(dp=8, zero=3), dict(precision="bf16"), "no pure bf16"),
+    (dict(dp=8, zero=3), dict(recompute="selective"), "invalid under stack llm-foundry: llm-foundry has no selective"),
+    (dict(dp=8), dict(recompute="full"), "needs --zero 2 or 3"),
+])
+def test_foundry_refusals(plan_kw, setup_kw, message):
+    """What the stack does not run is refused by its profile (offers, selective) before the exporter sees it."""
+    with pytest.raises(ExportError, match=message):
+        export("llm-foundry", *inputs("mpt-7b", "dgx-a100", 8, plan_kw, dict(micro_batch=1, seq_len=2048, **setup_kw)),
+               "llm-foundry")
