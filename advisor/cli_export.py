@@ -37,24 +37,16 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
 
     The plan options are `advisor estimate`'s; --json is refused (the config is in the launcher's format).
     """
-    from advisor.api import build_inputs
+    from advisor.api import launch_config
     from advisor.errors import AdvisorError
-    from advisor.export import export as export_plan
-    from advisor.export import launching
     from advisor.io import write_atomic
-    from advisor.layout import resolve_grad_accum
 
     if out is not None and str(out) == "-":  # --out - : stdout, as without --out
         out = None
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:
-        spec, hw, stack, plan, setup, world = build_inputs(**kw)
-        if kind is not None and str(kw.get("stack", "auto")) == "auto" and kind not in stack.launch:
-            # no stack given: the format says which one the user runs (advisor.export.stacks_launching)
-            spec, hw, stack, plan, setup, world = build_inputs(**{**kw, "stack": launching(kind, stack)})
-        grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
-        result = export_plan(kind, spec, hw, plan, setup, grad_accum, world, stack)
+        result = launch_config(kw.pop("model"), kw.pop("hw"), format=kind, **kw)
         if out is not None:  # written before the notes: a bad --out is then one line, not notes and an error
             write_atomic(out, result.text)
     except AdvisorError as exc:

@@ -321,3 +321,15 @@ def test_foundry_refusals(plan_kw, setup_kw, message):
     with pytest.raises(ExportError, match=message):
         export("llm-foundry", *inputs("mpt-7b", "dgx-a100", 8, plan_kw, dict(micro_batch=1, seq_len=2048, **setup_kw)),
                "llm-foundry")
+
+
+def test_python_api_launch_config():
+    """advisor.launch_config: estimate's options, the same refusal as the CLI, the stack's usual format by default."""
+    import advisor
+    from advisor.errors import AdvisorError
+
+    out = advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, micro_batch=2, stack="torchtitan")
+    assert (out.kind, out.stack, out.filename) == ("torchtitan", "torchtitan", "torchtitan_train.sh")
+    assert advisor.launch_config("gpt2", "dgx-a100", gpus=8, format="deepspeed").stack == "hf-trainer"
+    with pytest.raises(AdvisorError, match="stack torchtitan does not launch megatron: it launches torchtitan"):
+        advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, stack="torchtitan", format="megatron")
