@@ -12,14 +12,14 @@ where the mapping is close but not exact, the difference is said in ``notes``, w
 notes also writes into the file (comments in the YAML and the script, "_advisor_notes" in the JSON).
 
 One module per format (accelerate.py, deepspeed.py, megatron.py, torchrun.py, torchtitan.py, foundry.py) and one
-for what they
-share (common.py: checks, header, node layout, ``Exported``, ``ExportError``).
+for what they share (common.py: checks, header, node layout, ``Run``, ``Exported``, ``ExportError``).
 
 Names follow the libraries as checked on CPU (tests/test_export.py loads every export with the
 library's own parser): accelerate 1.15 (ClusterConfig, FSDP1 ``fsdp_reshard_after_forward``),
 DeepSpeed 0.19 (DeepSpeedConfig), megatron-core 0.16 (TransformerConfig, DistributedDataParallelConfig,
-OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling, torch 2.x
-``torch.distributed.run``.
+OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling (its parse_args and
+validate_args, as shipped in megatron-core 0.19.2, pass every Megatron case: tests/test_export_stacks.py), torch 2.x
+``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names).
 
 Deliberately left out: optimizer / learning-rate settings, data paths, checkpointing, CPU offload.
 """
