@@ -112,7 +112,8 @@ def test_plan_the_stack_does_not_run_is_refused():
 # -- torchtitan: torchtitan 0.3.0's ConfigManager -----------------------------------------------------------------
 TITAN = {
     "fsdp-sac": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=2, grad_accum=2, recompute="selective")),
-    "ddp-full": ("llama3-8b", "dgx-h100", 8, dict(dp=8), dict(micro_batch=1, global_batch=32, recompute="full")),
+    "ddp-full": ("llama3-8b", "dgx-h100", 8, dict(dp=8), dict(micro_batch=1, global_batch=32, recompute="full",
+                                                               optimizer="adamw-fused")),
     "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
                        dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
     "zero2-tp-sp": ("llama3-8b", "dgx-h100", 16, dict(dp=4, tp=4, zero=2, sp=True), dict(micro_batch=1, grad_accum=4)),
@@ -180,6 +181,7 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     assert t.dtype == ("bfloat16" if setup.precision.value == "bf16" else "float32")
     assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
     assert t.disable_cuda_graphs and not cfg.compile.enable
+    assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
     assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
     shape = cfg.model_spec.model
     assert (shape.dim, len(shape.layers)) == (model.d_model, model.n_layers)
@@ -188,6 +190,7 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
 @pytest.mark.parametrize("model,setup_kw,message", [
     ("llama2-7b", dict(), "no config function for llama2-7b"),
     ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed override"),
+    ("llama3-8b", dict(optimizer="sgd"), "train AdamW, not sgd"),
 ])
 def test_torchtitan_refusals(model, setup_kw, message):
     with pytest.raises(ExportError, match=message):

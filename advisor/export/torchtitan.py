@@ -28,6 +28,7 @@ CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama
            "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
 # Schedule names of torch.distributed.pipelining (schedules.py get_schedule_class), as torchtitan passes them on
 SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B"}
+OPTIMIZER = {"adamw": "foreach", "adamw-fused": "fused"}
 # torch.compile: off, as the torchtitan stack profile's element-wise traffic was probed in eager mode
 COMPILE = False
 # CUDA graphs: off. The profile costs the host launching every aten op (kernels.host, mid-2024 torchtitan);
@@ -79,6 +80,9 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("training.dtype", lambda r: "bfloat16" if r.setup.precision is Precision.bf16 else "float32"),
     ("training.mixed_precision_param", _param_dtype),
     ("training.mixed_precision_reduce", lambda r: "float32"),
+    # AdamW as costed: advisor's adamw is torch's default foreach kernel, adamw-fused the fused one (torchtitan
+    # 0.3.0's default implementation is fused: OptimizersContainer.Config)
+    ("optimizer.implementation", lambda r: OPTIMIZER[r.setup.optimizer.value]),
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
     ("compile.enable", lambda r: COMPILE),
 ]
@@ -95,6 +99,9 @@ def _refuse(r: Run) -> None:
                           "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
     if r.plan.zero == 1:
         raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding: use --zero 2 or 3")
+    if r.setup.optimizer.value not in OPTIMIZER:
+        raise ExportError(f"torchtitan's config functions train AdamW, not {r.setup.optimizer.value}: use --optimizer "
+                          "adamw or adamw-fused")
 
 
 def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
