@@ -4,7 +4,7 @@ Typed inputs (ModelSpec, Hardware, Stack, Plan + TrainingSetup), pure functions 
 that are named breakdowns. ``estimate`` answers for one plan, ``plan`` searches every valid plan.
 """
 
-from advisor.api import estimate
+from advisor.api import estimate, launch_config
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec, list_models, load_model
@@ -28,6 +28,7 @@ __all__ = [
     "Stack",
     "TrainingSetup",
     "estimate",
+    "launch_config",
     "list_models",
     "list_profiles",
     "list_stacks",

@@ -242,3 +242,18 @@ def _estimate(spec: ModelSpec, hardware: Hardware, stack: Stack, plan: Plan, set
     w, c = Workload.of(spec, hardware, stack, setup), Candidates.of_plan(plan, setup, grad_accum)
     return make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, evaluate(w, c),
                          collectives=collective_picks(w, c))
+
+
+def launch_config(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, format: Optional[str] = None,
+                  **options):
+    """The launch config (``advisor.export.Exported``: file name, text, notes) of one plan, in a format its stack
+    launches: ``format`` one of the stack profile's ``launch`` (default: its first). ``options`` are ``estimate``'s
+    (``stack`` included); with no stack given, a format picks the stack that launches it, as ``advisor export``
+    does. A format the stack does not launch, or a plan it cannot express, is an ExportError of one line."""
+    from advisor.export import export, launching
+
+    spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **options)
+    if format is not None and str(options.get("stack", "auto")) == "auto" and format not in stack_.launch:
+        spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **{**options, "stack": launching(format, stack_)})
+    grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
+    return export(format, spec, hardware, plan, setup, grad_accum, world, stack_)

@@ -82,7 +82,8 @@ def estimate(as_json: bool, **kw) -> None:
 @click.option("--objective", type=click.Choice(["time", "throughput", "memory", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="also show rejected plans counted by reason")
-@click.option("--export", "export_kind", type=click.Choice(["accelerate", "deepspeed", "megatron", "torchrun"]), default=None, help="write the launch config of the top plan")
+@click.option("--export", "export_kind", type=click.Choice(["accelerate", "deepspeed", "megatron", "torchrun", "torchtitan", "llm-foundry"]),
+              default=None, help="write the launch config of the top plan, in a format its stack launches")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="write the ranking (or with --export the launch config) to this file instead of stdout; - is stdout")
 @click.option("--allow-tp-across-nodes", is_flag=True)
@@ -100,6 +101,13 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         result, recipes = rank_precisions(model, hw, top=top, **kw)
     else:
         result = run_plan(model, hw, top=top, **kw)
+    if export_kind and str(kw.get("stack") or "auto") == "auto" and result.plans:
+        from advisor.export import launching  # no stack given: search the stack that launches the format
+        from advisor.stack import load_stack
+
+        chosen = load_stack(result.plans[0].estimate.stack)
+        if export_kind not in chosen.launch:
+            result = run_plan(model, hw, top=top, **{**kw, "stack": launching(export_kind, chosen)})
     suggestion = ""
     if not result.plans:
         from advisor.suggest import suggest_fix
@@ -112,7 +120,8 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
             _fail("no plan fits, nothing to export: " + suggestion)
         best = result.plans[0].estimate
         out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
-                              best.grad_accum, best.world_size)
+                              best.grad_accum, best.world_size,
+                              best.stack if str(kw.get("stack") or "auto") in ("auto", "any") else kw["stack"])
         _emit(out, out_cfg.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
         for note in out_cfg.notes:
             click.echo(f"note: {note}", err=True)

@@ -1,4 +1,5 @@
-"""`advisor export`: write the launch configuration (accelerate, DeepSpeed, Megatron-LM, torchrun) for one plan.
+"""`advisor export`: write the launch configuration of one plan in a format its stack launches (accelerate,
+DeepSpeed, Megatron-LM, torchrun, torchtitan, llm-foundry; the stack profile's ``launch:``, its first by default).
 
 Thin: the plan options are ``advisor estimate``'s (advisor/cli_options.py) and go through the same
 ``advisor.api.build_inputs``, so both commands take the same plans with the same defaults and refuse the
@@ -27,28 +28,25 @@ def _fail(message: str) -> None:
 @click.command("export")
 @common_plan_options
 @single_plan_options
-@click.option("--format", "kind", type=click.Choice(KINDS), required=True)
+@click.option("--format", "kind", type=click.Choice(KINDS), default=None,
+              help="the launch format; one the stack launches (advisor stacks show NAME: launch) [default: the stack's first]")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write here instead of stdout (atomically; - is stdout; devices, FIFOs, links refused)")
 def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
-    """Write the launch configuration of one plan (accelerate YAML, DeepSpeed JSON, Megatron-LM args, torchrun).
+    """Write the launch configuration of one plan in a format its stack launches (without --format: the stack's usual one).
 
     The plan options are `advisor estimate`'s; --json is refused (the config is in the launcher's format).
     """
-    from advisor.api import build_inputs
+    from advisor.api import launch_config
     from advisor.errors import AdvisorError
-    from advisor.export import export as export_plan
     from advisor.io import write_atomic
-    from advisor.layout import resolve_grad_accum
 
     if out is not None and str(out) == "-":  # --out - : stdout, as without --out
         out = None
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:
-        spec, hw, _stack, plan, setup, world = build_inputs(**kw)
-        grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
-        result = export_plan(kind, spec, hw, plan, setup, grad_accum, world)
+        result = launch_config(kw.pop("model"), kw.pop("hw"), format=kind, **kw)
         if out is not None:  # written before the notes: a bad --out is then one line, not notes and an error
             write_atomic(out, result.text)
     except AdvisorError as exc:
@@ -58,7 +56,7 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
     if out is None:
         click.echo(result.text, nl=False)
     else:
-        click.echo(f"wrote {out} ({kind}; suggested name {result.filename})", err=True)
+        click.echo(f"wrote {out} ({result.kind} for stack {result.stack}; suggested name {result.filename})", err=True)
 
 
 export = export_command  # the name advisor/cli.py registers

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 from pydantic import Field
@@ -136,6 +136,10 @@ class Stack(Spec):
     name: str = Field(min_length=1)
     description: str = ""
     source: str = Field(min_length=1, description="the library versions and files the numbers come from")
+    launch: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")]] = Field(
+        default_factory=list, max_length=16,
+        description="the launch formats the stack is started with, its usual one first (advisor export --format; "
+                    "advisor.export.KINDS names them); none listed: advisor export refuses, naming this field")
     kernels: Kernels
     memory: Memory
     engine: Engine

@@ -1,4 +1,9 @@
-"""Export a chosen plan as a launch configuration: accelerate YAML, DeepSpeed JSON, Megatron-LM arguments, torchrun.
+"""Export a chosen plan as a launch configuration: accelerate YAML, DeepSpeed JSON, Megatron-LM arguments, torchrun,
+torchtitan's arguments, an llm-foundry train YAML.
+
+Only the costed stack's own formats are written: a stack profile lists them (``launch:``, its usual one first), and
+``export`` refuses any other in one line naming the ones it has (``resolve_launch``); without a format it writes
+the stack's first. Stack ``auto`` with a format takes the shipped stack whose usual format it is.
 
 Each exporter is a pure function of the three inputs (model, hardware, plan + training setup) and the
 resolved ``grad_accum`` / ``world_size``; it returns an ``Exported`` (file name, text, notes). What a
@@ -6,19 +11,23 @@ format cannot express is refused with one ``ExportError`` line rather than appro
 where the mapping is close but not exact, the difference is said in ``notes``, which every format that has
 notes also writes into the file (comments in the YAML and the script, "_advisor_notes" in the JSON).
 
-One module per format (accelerate.py, deepspeed.py, megatron.py, torchrun.py) and one for what they
-share (common.py: checks, header, node layout, ``Exported``, ``ExportError``).
+One module per format (accelerate.py, deepspeed.py, megatron.py, torchrun.py, torchtitan.py, foundry.py) and one
+for what they share (common.py: checks, header, node layout, ``Run``, ``Exported``, ``ExportError``).
 
 Names follow the libraries as checked on CPU (tests/test_export.py loads every export with the
 library's own parser): accelerate 1.15 (ClusterConfig, FSDP1 ``fsdp_reshard_after_forward``),
 DeepSpeed 0.19 (DeepSpeedConfig), megatron-core 0.16 (TransformerConfig, DistributedDataParallelConfig,
-OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling, torch 2.x
-``torch.distributed.run``.
+OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling (its parse_args and
+validate_args, as shipped in megatron-core 0.19.2, pass every Megatron case: tests/test_export_stacks.py), torch 2.x
+``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names).
 
 Deliberately left out: optimizer / learning-rate settings, data paths, checkpointing, CPU offload.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
 
 from advisor.export.accelerate import ACCELERATE_PRECISION, accelerate_config, accelerate_dict
 from advisor.export.common import (
@@ -33,26 +42,89 @@ from advisor.export.common import (
     node_layout,
 )
 from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, deepspeed_dict
+from advisor.export.foundry import foundry_config, foundry_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
 from advisor.export.torchrun import torchrun_argv, torchrun_command
+from advisor.export.torchtitan import torchtitan_args, torchtitan_config
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
+from advisor.constraints import plan_errors
+from advisor.stack import Stack, list_stacks, load_stack
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
-           "megatron_env", "node_layout", "torchrun_argv", "torchrun_command"]
+           "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config",
+           "foundry_config", "foundry_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = ("accelerate", "deepspeed", "megatron", "torchrun")
+KINDS = ("accelerate", "deepspeed", "megatron", "torchrun", "torchtitan", "llm-foundry")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
-             "torchrun": torchrun_command}
+             "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config}
 
 
-def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-           world_size: int) -> Exported:
-    """The launch config of one plan in format ``kind`` (one of KINDS); ExportError if it cannot be expressed."""
-    if kind not in EXPORTERS:
+def launch_formats(stack: Stack) -> tuple[str, ...]:
+    """The formats a stack is launched with (its profile's ``launch``), its usual one first."""
+    unknown = [f for f in stack.launch if f not in EXPORTERS]
+    if unknown:
+        raise ExportError(f"stack {stack.name} lists launch format {unknown[0]!r}, which advisor does not write: "
+                          f"use {', '.join(KINDS)} in its profile's launch:")
+    if not stack.launch:
+        raise ExportError(f"stack {stack.name} lists no launch format: add launch: [...] ({', '.join(KINDS)}) "
+                          "to its profile")
+    return tuple(stack.launch)
+
+
+def stacks_launching(kind: str) -> list[str]:
+    """The shipped stacks that launch ``kind``, those whose usual format it is first."""
+    found = [(load_stack(n).launch, n) for n in list_stacks()]
+    return [n for _, n in sorted((launch.index(kind), n) for launch, n in found if kind in launch)]
+
+
+def launching(kind: str, auto_choice: Stack) -> str:
+    """The stack an export in ``kind`` is costed in when none was given: the auto rule's choice if it launches
+    ``kind``, else the shipped stack whose usual format ``kind`` is."""
+    if kind in auto_choice.launch:
+        return auto_choice.name
+    names = stacks_launching(kind)
+    if not names:
+        raise ExportError(f"no stack profile launches {kind}: add it to a profile's launch: list")
+    return names[0]
+
+
+def resolve_launch(kind: Optional[str], stack: Union[str, Stack, None]) -> tuple[Stack, str]:
+    """(the stack, the format) of an export: ``kind`` must be one of the stack's launch formats (None: its usual
+    one). Stack ``auto`` (or None) with a format: the shipped stack whose usual format it is."""
+    if kind is not None and kind not in EXPORTERS:
         raise ExportError(f"unknown export format {kind!r}: use one of {', '.join(KINDS)}")
+    if stack is None or (isinstance(stack, str) and stack in ("auto", "any")):
+        if kind is None:
+            raise ExportError("no stack to take the launch format from: give --stack or --format")
+        names = stacks_launching(kind)
+        if not names:
+            raise ExportError(f"no stack profile launches {kind}: add it to a profile's launch: list")
+        return load_stack(names[0]), kind
+    stack = load_stack(stack)
+    formats = launch_formats(stack)
+    if kind is None:
+        return stack, formats[0]
+    if kind not in formats:
+        others = [n for n in stacks_launching(kind) if n != stack.name]
+        hint = f"; {kind} is launched by --stack {' or '.join(others)}" if others else ""
+        raise ExportError(f"stack {stack.name} does not launch {kind}: it launches {', '.join(formats)} "
+                          f"(--format {formats[0]}){hint}")
+    return stack, kind
+
+
+def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+           world_size: int, stack: Union[str, Stack, None] = None) -> Exported:
+    """The launch config of one plan in format ``kind`` (one of KINDS; None: the stack's usual one), for the stack
+    it was costed in (``stack``, default ``setup.stack``); ExportError, one line, if the stack does not launch
+    that format or the format cannot express the plan."""
+    stack_, kind = resolve_launch(kind, setup.stack if stack is None else stack)
+    errors = plan_errors(plan, setup, model, hw, world_size, stack_)  # what the stack does not run, too
+    if errors:
+        raise ExportError(f"plan {plan.label()} is invalid under stack {stack_.name}: {errors[0]}")
+    setup = setup.model_copy(update={"stack": stack_.name})  # the header names the stack
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export accelerate, deepspeed or torchrun (PEFT)")
@@ -60,11 +132,12 @@ def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
                           f"or --ep 1 for a {kind} config")
-    return EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
+    out = EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
+    return dataclasses.replace(out, kind=kind, stack=stack_.name)
 
 
-def export_config(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                  world_size: int) -> tuple[str, str]:
+def export_config(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
+                  grad_accum: int, world_size: int, stack: Union[str, Stack, None] = None) -> tuple[str, str]:
     """(suggested file name, file text) for one launcher; see ``export`` for the notes as well."""
-    out = export(kind, model, hw, plan, setup, grad_accum, world_size)
+    out = export(kind, model, hw, plan, setup, grad_accum, world_size, stack)
     return out.filename, out.text

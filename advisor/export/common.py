@@ -18,7 +18,7 @@ from advisor.constraints import plan_errors
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
 
-__all__ = ["GRADIENT_CLIP", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "TrainingSetup",
+__all__ = ["GRADIENT_CLIP", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "Run", "TrainingSetup",
            "check", "global_batch", "header", "node_layout"]
 
 RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port
@@ -36,6 +36,8 @@ class Exported:
     filename: str
     text: str
     notes: tuple[str, ...] = ()
+    kind: str = ""  # the format and the stack it was written for (set by advisor.export.export)
+    stack: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,29 @@ def global_batch(plan: Plan, setup: TrainingSetup, grad_accum: int) -> int:
     return setup.micro_batch * grad_accum * plan.dp
 
 
+@dataclass(frozen=True)
+class Run:
+    """One export's inputs together, as the key tables of torchtitan.py and foundry.py read them: a table row is
+    (the format's key, a function of a Run giving its value or None for "not written"), so that a plan or setup
+    field added later (context parallelism, a recompute policy, offload, a precision recipe) is one row per format."""
+
+    model: ModelSpec
+    hw: Hardware
+    plan: Plan
+    setup: TrainingSetup
+    grad_accum: int
+    world_size: int
+
+    @property
+    def axes(self):
+        """The plan's named axes (advisor.layout.Layout: dp_replicate, dp_shard, tp, pp, virtual_stages)."""
+        return self.plan.layout(self.hw.gpus_per_node, self.world_size)
+
+    def field(self, name: str, default):
+        """A plan or setup field by name, ``default`` where neither has it (a field another change adds)."""
+        return getattr(self.plan, name, getattr(self.setup, name, default))
+
+
 def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
            world_size: int) -> str:
     """One line saying what was exported: model, plan, GPUs and the batch, as every format's first comment."""
@@ -83,7 +108,8 @@ def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, gra
             f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
             f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
             f"precision={setup.precision.value} recompute={setup.recompute}"
-            + (f"; {finetune_note(setup)}" if setup.finetune.adapters else ""))
+            + (f"; {finetune_note(setup)}" if setup.finetune.adapters else "")
+            + (f"; stack {setup.stack}" if setup.stack not in ("auto", "any") else ""))
 
 
 # advisor's canonical targets as Llama-style Hugging Face modules name them (a fused qkv as GPT-NeoX/Falcon/BLOOM)

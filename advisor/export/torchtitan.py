@@ -1,0 +1,156 @@
+"""torchtitan: a bash script running ``torchtitan.train`` with its own arguments (torchtitan 0.3.0).
+
+torchtitan 0.3.0 reads no TOML job file any more: a run is a config function of a model's registry
+(``--module llama3 --config llama3_8b``, models/*/config_registry.py) plus ``--<section>.<key>`` overrides, parsed by
+tyro in torchtitan/config/manager.py (ConfigManager.parse_args), with activation checkpointing chosen by a subcommand
+(``activation-checkpoint:none|full|selective|memory-budget``). So the export is that argument list, one
+override per line, in a script; tests/test_export_stacks.py parses it with ConfigManager itself.
+
+Every key comes from one row of KEYS (the format's key, a function of the run giving its value or None: not
+written); a plan or setup field added later is one row. Refused: models torchtitan has no config function for,
+fp16 (TrainingConfig's dtypes are bfloat16 and float32) and fp8 (a model converter of the registry, not an
+override), ZeRO-1 (FSDP2 has no optimizer-only sharding), nn.DataParallel.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable, Optional
+
+from advisor.export.common import Exported, ExportError, Precision, Run, check, header
+from advisor.export.torchrun import torchrun_argv
+from advisor.layout import Schedule
+
+# advisor model -> (torchtitan module, config function): the dense and MoE configs of torchtitan 0.3.0's registries
+# (torchtitan/models/{llama3,qwen3,gpt_oss,deepseek_v3}/config_registry.py) whose shapes are the catalogue's
+CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
+           "llama3-405b": ("llama3", "llama3_405b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
+           "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
+# Schedule names of torch.distributed.pipelining (schedules.py get_schedule_class), as torchtitan passes them on
+SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B"}
+OPTIMIZER = {"adamw": "foreach", "adamw-fused": "fused"}
+# torch.compile: off, as the torchtitan stack profile's element-wise traffic was probed in eager mode
+COMPILE = False
+# CUDA graphs: off. The profile costs the host launching every aten op (kernels.host, mid-2024 torchtitan);
+# 0.3.0 captures forward + backward in a CUDA graph unless training.disable_cuda_graphs (trainer.py:613), and
+# refuses the capture under pipeline parallelism (trainer.py:180-186)
+CUDA_GRAPHS = False
+
+
+def _pp(r: Run, value: Any) -> Any:
+    return value if r.plan.pp > 1 else None
+
+
+def _local_batch(r: Run) -> int:
+    """Sequences per DP rank per step: with PP the pipeline splits them into micro-batches; without, a step
+    accumulates global / (local x dp) of them (torchtitan/trainer.py gradient_accumulation_steps)."""
+    return r.setup.micro_batch * r.grad_accum if r.plan.pp > 1 else r.setup.micro_batch
+
+
+def _layers_per_stage(r: Run) -> Optional[int]:
+    stages = r.plan.pp * r.axes.virtual_stages
+    return r.model.n_layers // stages if r.plan.pp > 1 else None
+
+
+def _param_dtype(r: Run) -> str:
+    return "float32" if r.setup.precision is Precision.fp32 else "bfloat16"
+
+
+# (key, value of the run or None: not written). Flags with a bool value are written --key / --section.no-key.
+KEYS: list[tuple[str, Callable[[Run], Any]]] = [
+    ("parallelism.data_parallel_replicate_degree", lambda r: r.axes.dp_replicate),
+    ("parallelism.data_parallel_shard_degree", lambda r: r.axes.dp_shard),
+    # ZeRO-2: FSDP2 keeps the gathered parameters from forward to backward (reshard_after_forward=False)
+    ("parallelism.fsdp_reshard_after_forward", lambda r: "never" if r.plan.zero == 2 else None),
+    ("parallelism.tensor_parallel_degree", lambda r: r.plan.tp),
+    ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
+    ("parallelism.context_parallel_degree", lambda r: r.field("cp", 1) if r.field("cp", 1) > 1 else None),
+    ("parallelism.pipeline_parallel_degree", lambda r: r.plan.pp),
+    ("parallelism.pipeline_parallel_schedule", lambda r: _pp(r, SCHEDULES[r.plan.schedule])),
+    ("parallelism.pipeline_parallel_microbatch_size", lambda r: _pp(r, r.setup.micro_batch)),
+    # an even split: the embedding and the output head are not counted as layers of the first and last stage
+    ("parallelism.pipeline_parallel_layers_per_stage", _layers_per_stage),
+    ("parallelism.pipeline_parallel_first_stage_less_layers", lambda r: _pp(r, 0)),
+    ("parallelism.pipeline_parallel_last_stage_less_layers", lambda r: _pp(r, 0)),
+    ("training.local_batch_size", _local_batch),
+    ("training.global_batch_size", lambda r: r.setup.micro_batch * r.grad_accum * r.plan.dp),
+    ("training.seq_len", lambda r: r.setup.seq_len),
+    # pure bf16: bf16 parameters and optimizer states (TrainingConfig.dtype); mixed: fp32 parameters sharded,
+    # gathered in bf16, gradients reduced in fp32 (FSDP2 MixedPrecisionPolicy, parallelism/fsdp.py)
+    ("training.dtype", lambda r: "bfloat16" if r.setup.precision is Precision.bf16 else "float32"),
+    ("training.mixed_precision_param", _param_dtype),
+    ("training.mixed_precision_reduce", lambda r: "float32"),
+    # AdamW as costed: advisor's adamw is torch's default foreach kernel, adamw-fused the fused one (torchtitan
+    # 0.3.0's default implementation is fused: OptimizersContainer.Config)
+    ("optimizer.implementation", lambda r: OPTIMIZER[r.setup.optimizer.value]),
+    ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
+    ("compile.enable", lambda r: COMPILE),
+]
+RECOMPUTE = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
+             "selective": "activation-checkpoint:selective"}  # selective = torchtitan's per-op SAC (SelectiveAC)
+
+
+def _refuse(r: Run) -> None:
+    if r.model.name not in CONFIGS:
+        raise ExportError(f"torchtitan 0.3.0 has no config function for {r.model.name}: its registries cover "
+                          f"{', '.join(CONFIGS)}")
+    if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
+        raise ExportError(f"torchtitan has no {r.setup.precision.value} override (its dtypes are bfloat16 and "
+                          "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
+    if r.plan.zero == 1:
+        raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding: use --zero 2 or 3")
+    if r.setup.optimizer.value not in OPTIMIZER:
+        raise ExportError(f"torchtitan's config functions train AdamW, not {r.setup.optimizer.value}: use --optimizer "
+                          "adamw or adamw-fused")
+
+
+def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
+    """torchtitan.train's arguments (module, config, overrides; the activation-checkpoint subcommand follows them:
+    RECOMPUTE) and notes."""
+    _refuse(r)
+    module, config = CONFIGS[r.model.name]
+    args, notes = ["--module", module, "--config", config], []
+    for key, value_of in KEYS:
+        value = value_of(r)
+        if value is None:
+            continue
+        section, name = key.split(".")
+        flag = f"--{section}.{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            args.append(flag if value else f"--{section}.no-{name.replace('_', '-')}")
+        else:
+            args += [flag, str(value)]
+    if r.setup.attention.value != "sdpa":
+        notes.append(f"{r.setup.attention.value} attention was costed; torchtitan runs SDPA: memory will be lower")
+    if r.plan.pp > 1 and r.model.n_layers % (r.plan.pp * r.axes.virtual_stages):
+        raise ExportError(f"{r.model.n_layers} layers do not split evenly over {r.plan.pp * r.axes.virtual_stages} "
+                          "pipeline stages")
+    if r.plan.pp > 1:
+        notes.append("pipeline stages hold n_layers / stages layers each; the embedding and the output head sit "
+                     "on the first and last stage beside them")
+    notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
+                 "without pipeline parallelism dropping that line may run faster than estimated")
+    if r.plan.zero == 2:
+        notes.append("ZeRO-2 is FSDP2 with fsdp_reshard_after_forward=never: parameters stay gathered from "
+                     "forward to backward")
+    return args, notes
+
+
+def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    run = Run(model, hw, plan, setup, grad_accum, world_size)
+    args, notes = torchtitan_args(run)
+    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+             "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
+             "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",
+             "TORCHTITAN_ARGS=("]
+    i = 0
+    while i < len(args):  # one option per line, with its value when it has one
+        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
+        i += take
+    launch = torchrun_argv(hw, world_size, "-m")
+    # the activation-checkpoint subcommand comes last: tyro reads the options before it
+    lines += [")", " ".join(launch) + f' torchtitan.train "${{TORCHTITAN_ARGS[@]}}" "$@" {RECOMPUTE[setup.recompute.value]}']
+    lines += [f"# note: {n}" for n in notes]
+    return Exported("torchtitan_train.sh", "\n".join(lines) + "\n", tuple(notes))

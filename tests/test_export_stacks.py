@@ -1,0 +1,344 @@
+"""advisor export writes only the costed stack's own launch formats; torchtitan and llm-foundry exports are read back
+by those libraries' own parsers; Megatron exports pass Megatron-LM's own parse_args + validate_args.
+
+Optional parsers (each test skips when its library is absent):
+- torchtitan 0.3.0: `pip install torchtitan==0.3.0` (in the test extra; its config registries import the trainer's
+  components, so its dependencies torchdata, datasets and tensorboard are needed too); the test runs
+  ConfigManager.parse_args on the exported argv.
+- llm-foundry 0.22.0: `pip install llm-foundry==0.22.0` with a torchvision matching torch (composer imports it);
+  the test runs make_dataclass_and_log_config(TrainConfig) + validate_config as scripts/train/train.py does.
+- Megatron-LM's megatron/training/arguments.py ships in megatron-core 0.19.2's wheel (Python >= 3.12 only; 0.16.1
+  has no megatron/training): `pip install --no-deps --target DIR --python-version 3.12 --only-binary=:all:
+  megatron-core==0.19.2 triton` and ADVISOR_MEGATRON_LM=DIR. It runs in a subprocess (its megatron.core is not the
+  installed 0.16.1 the other tests use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from advisor.cli_export import export_command
+from advisor.export import KINDS, ExportError, export, launch_formats, resolve_launch, stacks_launching
+from advisor.hardware import load_hardware
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.model import load_model
+from advisor.stack import list_stacks, load_stack, stack_from_yaml
+from advisor.training import TrainingSetup
+
+
+def inputs(model, hw, world, plan_kw, setup_kw):
+    plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
+    grad_accum, err = resolve_grad_accum(setup, plan)
+    assert err is None
+    return load_model(model), load_hardware(hw), plan, setup, grad_accum, world
+
+
+# -- which formats a stack launches ----------------------------------------------------------------------------
+def test_shipped_stacks_list_their_launch_formats():
+    """Each shipped profile names its formats, usual one first (the stacks' own launchers: shared/stacks/)."""
+    want = {"hf-trainer": ("accelerate", "deepspeed", "torchrun"), "megatron-deepspeed": ("megatron", "deepspeed"),
+            "torchtitan": ("torchtitan",), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",),
+            "megatron-core": ("megatron",), "deepspeed": ("deepspeed",)}
+    unwritten = {"nanotron", "litgpt"}  # their own configs, which advisor does not write: export refuses in one line
+    for name in list_stacks():
+        if name in unwritten:
+            with pytest.raises(ExportError, match=f"stack {name} lists no launch format"):
+                launch_formats(load_stack(name))
+            continue
+        assert set(launch_formats(load_stack(name))) <= set(KINDS), name
+    for name, formats in want.items():
+        if name in list_stacks():
+            assert launch_formats(load_stack(name)) == formats
+    assert stacks_launching("accelerate")[0] == "hf-trainer" and stacks_launching("megatron")[0] == "megatron-core"
+
+
+def test_a_format_the_stack_does_not_launch_is_refused_in_one_line():
+    with pytest.raises(ExportError) as err:
+        resolve_launch("accelerate", "torchtitan")
+    assert str(err.value) == ("stack torchtitan does not launch accelerate: it launches torchtitan (--format "
+                              "torchtitan); accelerate is launched by --stack hf-trainer")
+    assert resolve_launch(None, "megatron-deepspeed")[1] == "megatron"  # no format: the stack's usual one
+    assert resolve_launch("deepspeed", "megatron-deepspeed")[1] == "deepspeed"
+
+
+def test_a_profile_without_launch_formats_says_which_field(tmp_path):
+    text = load_stack("torchtitan").model_dump(mode="json")
+    text.pop("launch")
+    stack = stack_from_yaml(yaml.safe_dump(text))
+    with pytest.raises(ExportError, match="lists no launch format: add launch:"):
+        launch_formats(stack)
+    bad = stack.model_copy(update={"launch": ["slurm"]})
+    with pytest.raises(ExportError, match="lists launch format 'slurm'"):
+        launch_formats(bad)
+
+
+BASE = ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--zero", "3", "--micro-batch", "2", "--seq", "8192"]
+
+
+@pytest.mark.parametrize("stack,fmt,first_line", [
+    ("torchtitan", None, "#!/bin/bash"),
+    ("hf-trainer", None, "# advisor export: llama3-8b"),
+    ("megatron-deepspeed", None, "#!/bin/bash"),
+    ("llm-foundry", None, "# advisor export: llama3-8b"),
+])
+def test_cli_without_format_writes_the_stacks_first(stack, fmt, first_line):
+    result = CliRunner().invoke(export_command, BASE + ["--stack", stack])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(first_line) and f"; stack {stack}" in result.stdout.splitlines()[1 if first_line == "#!/bin/bash" else 0]
+
+
+def test_cli_refuses_a_format_of_another_stack_exit_2():
+    result = CliRunner().invoke(export_command, BASE + ["--stack", "torchtitan", "--format", "megatron"])
+    assert result.exit_code == 2
+    assert result.output == ("error: stack torchtitan does not launch megatron: it launches torchtitan (--format "
+                             "torchtitan); megatron is launched by --stack megatron-deepspeed\n")
+
+
+def test_cli_format_without_stack_costs_in_the_stack_that_launches_it():
+    """No --stack: the format names the stack (torchtitan's arguments come from the torchtitan stack)."""
+    result = CliRunner().invoke(export_command, BASE + ["--format", "torchtitan"])
+    assert result.exit_code == 0, result.output
+    assert "; stack torchtitan" in result.stdout
+
+
+def test_plan_the_stack_does_not_run_is_refused():
+    """ZeRO-1 is not among torchtitan's plan kinds (its profile's offers): refused, naming the stack."""
+    with pytest.raises(ExportError, match="invalid under stack torchtitan"):
+        export("torchtitan", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1)))
+
+
+# -- torchtitan: torchtitan 0.3.0's ConfigManager -----------------------------------------------------------------
+TITAN = {
+    "fsdp-sac": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=2, grad_accum=2, recompute="selective")),
+    "ddp-full": ("llama3-8b", "dgx-h100", 8, dict(dp=8), dict(micro_batch=1, global_batch=32, recompute="full",
+                                                               optimizer="adamw-fused")),
+    "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
+                       dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
+    "zero2-tp-sp": ("llama3-8b", "dgx-h100", 16, dict(dp=4, tp=4, zero=2, sp=True), dict(micro_batch=1, grad_accum=4)),
+    "3d-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
+                                                          virtual_stages=2),
+                       dict(micro_batch=1, global_batch=256, recompute="full")),
+    "pp-1f1b-fp32": ("llama3-8b", "dgx-a100", 16, dict(dp=8, pp=2), dict(micro_batch=1, global_batch=64, precision="fp32",
+                                                                          seq_len=2048)),
+}
+
+
+def _argv(text: str, tmp_path) -> list[str]:
+    """Run the exported script with bash, a stub torchrun on PATH: the arguments torchtitan.train gets."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "torchrun").write_text('#!/bin/sh\nprintf "%s\\0" "$@"\n')
+    (bindir / "torchrun").chmod(0o755)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    out = subprocess.run(["bash", str(script)], env={"PATH": f"{bindir}:{os.environ['PATH']}"}, capture_output=True,
+                         check=True).stdout.decode().split("\0")[:-1]
+    return out[out.index("torchtitan.train") + 1:]
+
+
+@pytest.mark.parametrize("case", TITAN)
+def test_torchtitan_notes_in_file_and_degrees(case, tmp_path):
+    model, hw, plan, setup, ga, world = inputs(*TITAN[case])
+    out = export("torchtitan", model, hw, plan, setup, ga, world)
+    assert all(f"# note: {n}" in out.text.splitlines() for n in out.notes) and out.notes
+    argv = _argv(out.text, tmp_path)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--") and not argv[i + 1].startswith("-")}
+    product = 1
+    for k in ("data-parallel-replicate-degree", "data-parallel-shard-degree", "tensor-parallel-degree",
+              "pipeline-parallel-degree"):
+        product *= int(flag[f"--parallelism.{k}"])
+    assert product == world
+    assert argv[-1] == f"activation-checkpoint:{setup.recompute.value}"
+
+
+@pytest.mark.slow  # ~7 s each: ConfigManager imports torchtitan's trainer components and model registry
+@pytest.mark.parametrize("case", TITAN)
+def test_torchtitan_config_manager_parses(case, tmp_path):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+
+    model, hw, plan, setup, ga, world = inputs(*TITAN[case])
+    cfg = ConfigManager().parse_args(_argv(export("torchtitan", model, hw, plan, setup, ga, world).text, tmp_path))
+    p, t, lay = cfg.parallelism, cfg.training, plan.layout(hw.gpus_per_node, world)
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+            p.pipeline_parallel_degree) == (lay.dp_replicate, lay.dp_shard, plan.tp, plan.pp)
+    assert t.global_batch_size == setup.micro_batch * ga * plan.dp and t.seq_len == setup.seq_len
+    # without PP torchtitan accumulates global / (local x dp) steps; with PP it splits local into micro-batches
+    if plan.pp > 1:
+        assert t.local_batch_size // p.pipeline_parallel_microbatch_size == ga
+        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule.value]
+        assert p.pipeline_parallel_layers_per_stage * plan.pp * lay.virtual_stages == model.n_layers
+    else:
+        assert t.global_batch_size // (t.local_batch_size * plan.dp) == ga
+    if plan.tp > 1:
+        assert p.enable_sequence_parallel == plan.sp
+    ac = cfg.activation_checkpoint  # the subcommand's config: FullAC.Config, SelectiveAC.Config, or none
+    want = {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[setup.recompute.value]
+    assert (None if ac is None else type(ac).__qualname__) == want
+    assert t.dtype == ("bfloat16" if setup.precision.value == "bf16" else "float32")
+    assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
+    assert t.disable_cuda_graphs and not cfg.compile.enable
+    assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
+    assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
+    shape = cfg.model_spec.model
+    assert (shape.dim, len(shape.layers)) == (model.d_model, model.n_layers)
+
+
+@pytest.mark.parametrize("model,setup_kw,message", [
+    ("llama2-7b", dict(), "no config function for llama2-7b"),
+    ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed override"),
+    ("llama3-8b", dict(optimizer="sgd"), "train AdamW, not sgd"),
+])
+def test_torchtitan_refusals(model, setup_kw, message):
+    with pytest.raises(ExportError, match=message):
+        export("torchtitan", *inputs(model, "dgx-h100", 8, dict(dp=8, zero=3), setup_kw))
+
+
+# -- Megatron-LM: its own parse_args + validate_args, every Megatron export case -----------------------------------
+_VALIDATE = textwrap.dedent('''
+    import json, os, sys, typing
+    typing.override = getattr(typing, "override", lambda f: f)  # 3.12's no-op decorator, for Python 3.11
+    import megatron.training.arguments as A
+    out = []
+    for case in json.load(sys.stdin):
+        A.get_device_arch_version = lambda: case["arch"]  # the GPU's major compute capability (CPU here)
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        os.environ.update(case["env"])
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        try:
+            A.validate_args(A.parse_args())
+            out.append("ok")
+        except (AssertionError, SystemExit, ValueError) as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    print(json.dumps(out))
+''')
+ARCH = {"A100": 8, "H100": 9, "TITA": 7}  # CUDA compute capability major: Ampere 8.0, Hopper 9.0, Titan RTX (Turing) 7.5 (NVIDIA datasheets)
+
+
+@pytest.mark.slow  # ~45 s: imports Megatron-LM's training package in a subprocess
+def test_megatron_exports_pass_megatron_lms_validate_args(tmp_path):
+    """Every Megatron case of tests/test_export.py, run by bash (the env it sets), through Megatron-LM's own
+    parse_args and validate_args (megatron-core 0.19.2's megatron/training/arguments.py)."""
+    root = os.environ.get("ADVISOR_MEGATRON_LM")
+    if not root or not os.path.isfile(os.path.join(root, "megatron", "training", "arguments.py")):
+        pytest.skip("set ADVISOR_MEGATRON_LM to a directory with megatron/training/arguments.py (module docstring)")
+    from test_export import CASES, _run_megatron_script
+    from test_export import inputs as case_inputs
+
+    cases = []
+    for case in CASES:
+        model, hw, plan, setup, ga, world = case_inputs(case)
+        text = export("megatron", model, hw, plan, setup, ga, world).text
+        argv, env = _run_megatron_script(text, tmp_path, {})
+        argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab - 1), "--mock-data"]
+        cases.append({"argv": argv, "env": {**env, "WORLD_SIZE": str(world), "RANK": "0"},
+                      "arch": ARCH[hw.gpu.name[:4].upper()]})
+    run = subprocess.run([sys.executable, "-c", _VALIDATE], input=json.dumps(cases), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = dict(zip(CASES, json.loads(run.stdout.strip().splitlines()[-1])))
+    assert results == {case: "ok" for case in CASES}
+
+
+def test_plan_export_writes_only_the_costed_stacks_format():
+    from _robust import run_main
+
+    from advisor.cli import plan
+
+    code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "torchtitan",
+                             "--export", "megatron"])
+    assert code == 2 and err.count("\n") == 1 and "stack torchtitan does not launch megatron" in err
+    chosen = CliRunner().invoke(plan, ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--export", "torchtitan"])
+    assert chosen.exit_code == 0, chosen.output
+    assert "; stack torchtitan" in chosen.stdout.splitlines()[1]  # searched in the stack that launches the format
+
+
+# -- llm-foundry: its TrainConfig and train.py's validate_config ---------------------------------------------------
+FOUNDRY = {
+    "mpt-fsdp": ("mpt-7b", "dgx-a100", 8, dict(dp=8, zero=3), dict(micro_batch=4, grad_accum=2, seq_len=2048)),
+    "gpt2-ddp-fp16": ("gpt2", "dgx-a100", 8, dict(dp=8), dict(micro_batch=8, global_batch=128, precision="fp16-mixed")),
+    "llama-hsdp-full": ("llama2-13b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
+                        dict(micro_batch=1, global_batch=128, recompute="full")),
+    "zero2-fp32": ("mpt-7b", "dgx-a100", 16, dict(dp=16, zero=2), dict(micro_batch=1, global_batch=64, precision="fp32",
+                                                                        seq_len=2048)),
+}
+
+
+@pytest.mark.parametrize("case", FOUNDRY)
+def test_foundry_yaml_keys(case):
+    model, hw, plan, setup, ga, world = inputs(*FOUNDRY[case])
+    out = export("llm-foundry", model, hw, plan, setup, ga, world, "llm-foundry")
+    cfg = yaml.safe_load(out.text)
+    assert all(f"# note: {n}" in out.text.splitlines() for n in out.notes)
+    # update_batch_size_info (llmfoundry/utils/config_utils.py): device batch = global / world, accumulation =
+    # device batch / micro-batch; with every rank a data-parallel rank that is advisor's grad_accum
+    assert cfg["global_train_batch_size"] // world // cfg["device_train_microbatch_size"] == ga
+    assert cfg["max_seq_len"] == setup.seq_len
+    assert cfg["precision"] == {"bf16-mixed": "amp_bf16", "fp16-mixed": "amp_fp16", "fp32": "fp32"}[setup.precision.value]
+    if plan.zero >= 2:
+        want = "HYBRID_SHARD" if plan.hybrid_shard else {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[plan.zero]
+        f = cfg["fsdp_config"]
+        assert f["sharding_strategy"] == want and f["limit_all_gathers"] is True
+        assert f["activation_checkpointing"] == (setup.recompute.value == "full")
+        assert f["mixed_precision"] == ("FULL" if setup.precision.value == "fp32" else "PURE")
+    else:
+        assert "fsdp_config" not in cfg
+    assert cfg["model"]["name"] == ("mpt_causal_lm" if model.name == "mpt-7b" else "hf_causal_lm")
+    if model.name == "mpt-7b":  # MPT-7B: d_model 4096, 32 heads, 32 layers, expansion 4, ALiBi (its config.json)
+        m = cfg["model"]
+        assert (m["d_model"], m["n_heads"], m["n_layers"], m["expansion_ratio"]) == (4096, 32, 32, 4.0)
+        assert m["attn_config"]["alibi"] and not m["learned_pos_emb"]
+
+
+@pytest.mark.parametrize("case", FOUNDRY)
+def test_foundry_train_config_parses(case, monkeypatch):
+    """As llm-foundry's scripts/train/train.py reads its YAML: make_dataclass_and_log_config(TrainConfig, all
+    transforms) then validate_config (llmfoundry/command_utils/train.py)."""
+    pytest.importorskip("llmfoundry")
+    from omegaconf import OmegaConf
+
+    from llmfoundry.command_utils.train import validate_config
+    from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS, TrainConfig, make_dataclass_and_log_config
+
+    model, hw, plan, setup, ga, world = inputs(*FOUNDRY[case])
+    out = export("llm-foundry", model, hw, plan, setup, ga, world, "llm-foundry")
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # composer.utils.dist.get_world_size without a process group
+    _, cfg = make_dataclass_and_log_config(OmegaConf.create(out.text), TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
+    validate_config(cfg)
+    assert (cfg.device_train_batch_size, cfg.device_train_microbatch_size) == (setup.micro_batch * ga, setup.micro_batch)
+    assert cfg.max_seq_len == setup.seq_len
+
+
+@pytest.mark.parametrize("plan_kw,setup_kw,message", [
+    (dict(dp=4, tp=2), dict(), "invalid under stack llm-foundry: llm-foundry does not run tensor parallelism"),
+    (dict(dp=8, zero=3), dict(precision="bf16"), "no pure bf16"),
+    (dict(dp=8, zero=3), dict(recompute="selective"), "invalid under stack llm-foundry: llm-foundry has no selective"),
+    (dict(dp=8), dict(recompute="full"), "needs --zero 2 or 3"),
+])
+def test_foundry_refusals(plan_kw, setup_kw, message):
+    """What the stack does not run is refused by its profile (offers, selective) before the exporter sees it."""
+    with pytest.raises(ExportError, match=message):
+        export("llm-foundry", *inputs("mpt-7b", "dgx-a100", 8, plan_kw, dict(micro_batch=1, seq_len=2048, **setup_kw)),
+               "llm-foundry")
+
+
+def test_python_api_launch_config():
+    """advisor.launch_config: estimate's options, the same refusal as the CLI, the stack's usual format by default."""
+    import advisor
+    from advisor.errors import AdvisorError
+
+    out = advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, micro_batch=2, stack="torchtitan")
+    assert (out.kind, out.stack, out.filename) == ("torchtitan", "torchtitan", "torchtitan_train.sh")
+    assert advisor.launch_config("gpt2", "dgx-a100", gpus=8, format="deepspeed").stack == "hf-trainer"
+    with pytest.raises(AdvisorError, match="stack torchtitan does not launch megatron: it launches torchtitan"):
+        advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, stack="torchtitan", format="megatron")
