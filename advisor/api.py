@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.constraints import plan_errors
 from advisor.errors import AdvisorError, format_validation_error
 from advisor.hardware import Hardware, load_hardware
-from advisor.layout import FSDP_TO_ZERO, Plan, resolve_grad_accum
+from advisor.layout import FSDP_TO_ZERO, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
 from advisor.options import EstimateOptions
 from advisor.picks import collective_picks
@@ -93,13 +93,14 @@ def build_inputs(model, hw, **given):
     precision = resolve_precision(hardware, o.precision)
     zero = FSDP_TO_ZERO[o.fsdp] if o.fsdp is not None else (o.zero or 0)
     # without --gpus or --nodes the plan's own degrees say how many GPUs: dp (default 1) x tp x pp
-    world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp)
+    world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp * o.cp)
     dp = o.dp
     if dp is None:
-        if world % (o.tp * o.pp):
-            raise PlanError(f"{world} GPUs are not divisible by tp x pp = {o.tp} x {o.pp}: give --dp or a GPU count "
-                            "that tp x pp divides")
-        dp = world // (o.tp * o.pp)
+        if world % (o.tp * o.pp * o.cp):
+            cp = f" x cp" if o.cp > 1 else ""
+            raise PlanError(f"{world} GPUs are not divisible by tp x pp{cp} = {o.tp * o.pp * o.cp}: give --dp or a GPU "
+                            f"count that it divides")
+        dp = world // (o.tp * o.pp * o.cp)
     virtual_stages = o.virtual_stages or (2 if o.schedule == "interleaved" else 1)
     seq = default_seq_len(spec) if o.seq is None else o.seq
     try:
@@ -114,6 +115,12 @@ def build_inputs(model, hw, **given):
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
     resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup)[0]
+    if o.cp > 1:  # the flavour asked for, or the first the stack runs
+        flavours = resolved.engine.context_parallel
+        kind = o.cp_comm or (flavours[0] if flavours else "ring")
+        plan = plan.model_copy(update={"cp": o.cp, "cp_comm": ContextParallel(kind)})
+    if o.pp_split != "even":
+        plan = plan.model_copy(update={"pp_split": PipelineSplit(o.pp_split)})
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
@@ -147,7 +154,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
-             allow_tp_across_nodes: bool = False, **unknown) -> Estimate:
+             allow_tp_across_nodes: bool = False, cp: int = 1, cp_comm: Optional[str] = None,
+             pp_split: str = "even", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -155,7 +163,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     (default dp x tp x pp), ``dp`` (default gpus / (tp x pp)), ``tp``, ``pp``, ``zero`` (0-3) or ``fsdp``
     (full-shard, shard-grad-op, hybrid-shard, no-shard), ``sp`` (sequence parallel), ``schedule`` (gpipe, 1f1b,
     interleaved) and ``virtual_stages``, ``data_parallel`` (ddp or dp for nn.DataParallel),
-    ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
+    ``overlap_grad_reduce``, ``cp`` (context parallelism) and ``cp_comm`` (ring, all-gather, ulysses; default the
+    stack's first), ``pp_split`` (even, edges: the embedding and the loss counted as layers). The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full), ``optimizer`` (adamw,
     adamw-fused, sgd), ``stack`` (``advisor stacks``, a YAML path, or auto). Every bad value is an AdvisorError

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from advisor.candidates import Candidates, Mesh
-from advisor.parallel import pipeline
+from advisor.parallel import context, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.training import Recompute
 from advisor.units import GiB
@@ -90,7 +90,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     outside = t.saved_outside_layers * tokens
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
     last = kept * tokens * layers + outside  # the last holds the logits
     logits = tokens * w.model.vocab / mesh.tp
@@ -102,6 +102,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
+    fixed = fixed + context.transient_bytes(w, c, mesh, tokens)  # all-gather CP's gathered K and V
     grads_fb = np.where(states.grads_persist, states.grads, 0.0)
     opt_phase = states.grads + states.step_temporaries + states.bucket_copy
     in_fb = fb + fixed + grads_fb >= opt_phase

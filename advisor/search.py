@@ -28,7 +28,7 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
 from advisor.results import make_estimate
-from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, pair_violations, tp_pp_pairs
+from advisor.space import MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts, pair_violations
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
@@ -38,7 +38,8 @@ from advisor.workload import Workload
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
          global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
          optimizer: str = "adamw", stack="auto", memory_headroom: float = 0.05, objective: str = "time",
-         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, **unknown) -> PlanSearch:
+         top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, cp: Optional[int] = None,
+         **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -50,6 +51,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     ranks the plans of every stack (``advisor stacks``), each row naming its own.
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
+    ``cp``: only plans of this context-parallel degree (default: every degree the space holds, advisor.space).
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
     an AdvisorError of one line.
     """
@@ -140,7 +142,8 @@ class _Found:
 
 def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup, world: int,
                   o: PlanOptions) -> _Found:
-    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack)
+    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
+                                           setup.seq_len, setup.attention.value == "eager", o.cp)
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():
@@ -185,25 +188,29 @@ def _round_world(world: int, hw: Hardware) -> int:
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
-                      stack: Stack) -> tuple[Candidates, int, dict[str, int]]:
+                      stack: Stack, seq_len: int = 1, eager: bool = False,
+                      cp: Optional[int] = None) -> tuple[Candidates, int, dict[str, int]]:
     """(the plans that break no constraint, how many were considered, rejections by reason)."""
     multi = world > hardware.gpus_per_node
-    # (tp, pp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
-    # counted, not built: a highly composite world size has thousands of layouts x 4,032 rows each.
-    pairs = tp_pp_pairs(world)
-    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack)
+    # (tp, pp, cp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
+    # counted, not built: a highly composite world size has thousands of layouts x 5,760 rows each.
+    pairs = [p for p in layouts(world, spec, seq_len, stack) if cp is None or p[2] == cp]
+    if not pairs:
+        raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
+                        f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")
+    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack, seq_len, eager)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):
         pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
-    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi)
+    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi, stack)
     kept_pairs = [p for p, r in zip(pairs, pair_reason) if r < 0]
-    rows = int(count_candidates(world, kept_pairs, gb, multi).sum())
+    rows = int(count_candidates(world, kept_pairs, gb, multi, stack).sum())
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = enumerate_candidates(world, gb, multi, kept_pairs)
+    cols = enumerate_candidates(world, gb, multi, kept_pairs, stack)
     cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes})
-    bad = violations(cols, spec, hardware, world, stack)
+    bad = violations(cols, spec, hardware, world, stack, seq_len, eager)
     pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
     rejected: dict[str, int] = {}
     ok = np.ones(len(cols), dtype=bool)

@@ -1,8 +1,10 @@
 """The search space: every plan a world size admits, as a table of candidates (no estimates here).
 
-dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across nodes,
-nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages, micro-batch
-size, recomputation; structural duplicates are left out (SP without TP, schedules without a pipeline,
+dp x tp x cp x pp factorisations of the world size (cp a power of two up to advisor.parallel.context.MAX_CP,
+in each context-parallel flavour the stack runs, where the sequence splits into 2 x cp chunks; pipelines split
+evenly, or unevenly where the stack can and the layers do not divide), ZeRO stage 0-3 (and FSDP HYBRID_SHARD
+across nodes, nn.DataParallel inside one node), sequence parallelism, pipeline schedule (the zero-bubble ones
+where the stack runs them) and virtual stages, micro-batch size, recomputation; structural duplicates are left out (SP without TP, schedules without a pipeline,
 ZeRO over one replica). advisor.search evaluates and ranks them; advisor.suggest re-runs a corner of
 the space when nothing fits.
 """
@@ -16,13 +18,21 @@ import numpy as np
 from advisor.candidates import Candidates
 from advisor.constraints import violations
 from advisor.hardware import Hardware
-from advisor.layout import Schedule
+from advisor.layout import ContextParallel, PipelineSplit, Schedule
 from advisor.model import ModelSpec
+from advisor.parallel.context import MAX_CP
+
+# The search's smallest share of a sequence per context-parallel rank (a bound of the space, as MAX_CP; estimate
+# takes any cp): below it tensor and sequence parallelism already split the activations as well, and a ring step's
+# attention block, (s / cp)^2 / 2 scores, is too short to hide its K/V transfer. Published runs keep far more:
+# Llama 3 405B at 131,072 tokens with CP 16 holds 8,192 per rank (Dubey et al. 2024 s.3.3.2).
+MIN_TOKENS_PER_CP_RANK = 2048
 
 
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 # (schedule, virtual stages)
-SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)]
+SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)] + [
+    (Schedule.zb_h1, 1), (Schedule.zb_v, 2), (Schedule.dualpipe_v, 2)]
 # data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
 VARIANTS = (0, 1, 2)
 # Candidate rows evaluated in one vectorised pass: evaluate keeps a few dozen float64 columns per row, so
@@ -47,13 +57,49 @@ def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
     return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
 
 
-def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool):
-    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant) and which rows are kept."""
-    grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
-                        np.arange(len(MICRO_BATCHES)), np.arange(3), np.array(VARIANTS), indexing="ij")
-    pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
-    tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
-    mb = MICRO_BATCHES[mi]
+def layouts(world: int, spec: ModelSpec, seq_len: int, stack=None) -> list[tuple[int, int, int, int, int]]:
+    """Every (tp, pp, cp, cp flavour code, pipeline split code) the search considers: the (tp, pp) pairs, cp a
+    power of two up to MAX_CP dividing what is left and splitting the sequence into 2 x cp chunks, in each flavour
+    the stack runs (all without a stack); the uneven split where the stack runs it and the layers do not divide."""
+    eng = stack.engine if stack is not None else None
+    flavours = [k.code for k in ContextParallel if eng is None or k.value in eng.context_parallel]
+    uneven = eng is None or PipelineSplit.edges.value in eng.pipeline_splits
+    out = []
+    for tp, pp in tp_pp_pairs(world):
+        splits = [PipelineSplit.even.code] + ([PipelineSplit.edges.code] if uneven and pp > 1 and spec.n_layers % pp else [])
+        rest = world // (tp * pp)
+        cps = [1] + [cp for cp in (2 ** k for k in range(1, MAX_CP.bit_length()))
+                     if rest % cp == 0 and seq_len % (2 * cp) == 0 and seq_len // cp >= MIN_TOKENS_PER_CP_RANK]
+        for cp in cps:
+            for kind in (flavours if cp > 1 else [ContextParallel.ring.code]):
+                out.extend((tp, pp, cp, kind, split) for split in splits)
+    return out
+
+
+def _columns(pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tp, pp, cp, cp flavour, split) arrays of (tp, pp) pairs or (tp, pp, cp, flavour, split) layouts."""
+    a = np.array([tuple(p) + (1, 0, 0)[len(p) - 2:] for p in pairs], dtype=np.int64).reshape(-1, 5)
+    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+
+
+def schedules_run(stack=None) -> np.ndarray:
+    """Which SCHEDULES the stack runs (every one without a stack): the zero-bubble ones only where it lists them."""
+    zb = (Schedule.zb_h1, Schedule.zb_v, Schedule.dualpipe_v)
+    return np.array([s not in zb or stack is None or s.value in stack.engine.zero_bubble for s, _ in SCHEDULES])
+
+
+def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool,
+          stack=None):
+    """The kept rows of the grid over pairs x (zero, sp, schedule, micro batch, recompute, variant), as the index
+    of each axis: the keep rule is evaluated on broadcast axes, and only kept rows are built."""
+    shape = (len(tp_a), 4, 2, len(SCHEDULES), len(MICRO_BATCHES), 3, len(VARIANTS))
+
+    def axis(values, k):
+        return np.asarray(values).reshape([-1 if j == k else 1 for j in range(len(shape))])
+
+    tp, pp, dp = axis(tp_a, 0), axis(pp_a, 0), axis(dp_a, 0)
+    zero, sp, si = axis(np.arange(4), 1), axis(np.arange(2), 2), axis(np.arange(len(SCHEDULES)), 3)
+    mb, var = axis(MICRO_BATCHES, 4), axis(np.array(VARIANTS), 6)
     multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
     keep = (
         ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
@@ -62,56 +108,60 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
         & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
         & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
         & ~((dp == 1) & (zero > 0))  # ZeRO over one replica is no ZeRO
+        & axis(schedules_run(stack), 3)  # zero-bubble schedules where the stack runs them
     )
-    return (pi, zero, sp, si, mi, rc, var), keep
+    keep = np.broadcast_to(keep, shape)
+    pi, zero, sp, si, mi, rc, vi = np.unravel_index(np.flatnonzero(keep), shape)
+    return pi, zero, sp, si, mi, rc, np.asarray(VARIANTS)[vi]
 
 
-def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool) -> np.ndarray:
+def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool,
+                     stack=None) -> np.ndarray:
     """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
     through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
     if not pairs:
         return np.zeros(0, dtype=np.int64)
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64)
-    keys = np.stack([world // (tp_a * pp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
+    tp_a, pp_a, cp_a, _, _ = _columns(pairs)
+    keys = np.stack([world // (tp_a * pp_a * cp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     counts = np.zeros(len(uniq), dtype=np.int64)
-    for start in range(0, len(uniq), 256):  # bounded memory: 256 keys x 4,032 rows at a time
-        u = uniq[start:start + 256]
-        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node)
-        counts[start:start + len(u)] = np.bincount(pi[keep], minlength=len(u))
+    for start in range(0, len(uniq), 128):  # bounded memory: 128 keys x 5,760 rows at a time
+        u = uniq[start:start + 128]
+        pi, *_ = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node, stack)
+        counts[start:start + len(u)] = np.bincount(pi, minlength=len(u))
     return counts[np.asarray(inverse).reshape(-1)]
 
 
 def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
-                         pairs: Optional[list[tuple[int, int]]] = None) -> Candidates:
+                         pairs: Optional[list[tuple[int, int]]] = None, stack=None) -> Candidates:
     """All combinations as a table (structural duplicates removed, constraints not applied).
 
-    ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
+    ``pairs`` restricts the layouts: (tp, pp) pairs (cp 1, even split) or ``layouts`` (default: every pair)."""
     pairs = tp_pp_pairs(world) if pairs is None else pairs
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
-    (pi, zero, sp, si, mi, rc, var), keep = _grid(tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node)
-    tp, pp = tp_a[pi], pp_a[pi]
-    dp = world // (tp * pp)
+    tp_a, pp_a, cp_a, kind_a, split_a = _columns(pairs)
+    pi, zero, sp, si, mi, rc, var = _grid(tp_a, pp_a, world // (tp_a * pp_a * cp_a), global_batch, multi_node, stack)
+    tp, pp, cp = tp_a[pi], pp_a[pi], cp_a[pi]
+    dp = world // (tp * pp * cp)
     sched = np.array([s[0].code for s in SCHEDULES])[si]
     v = np.array([s[1] for s in SCHEDULES])[si]
     mb = MICRO_BATCHES[mi]
-    idx = np.nonzero(keep)[0]
-    ga = global_batch // (mb[idx] * dp[idx])
-    return Candidates(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
-                      schedule=sched[idx], virtual_stages=v[idx], dp_kind=(var[idx] == 1).astype(int),
-                      overlap=np.ones(len(idx), bool), micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx])
+    ga = global_batch // (mb * dp)
+    return Candidates(dp=dp, tp=tp, pp=pp, zero=zero, hybrid=var == 2, sp=sp == 1,
+                      schedule=sched, virtual_stages=v, dp_kind=(var == 1).astype(int),
+                      overlap=np.ones(len(pi), bool), micro_batch=mb, grad_accum=ga, recompute=rc,
+                      cp=cp, cp_comm=kind_a[pi], pp_split=split_a[pi])
 
 
 def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
-                    allow_tp_across_nodes: bool, stack=None) -> dict[str, np.ndarray]:
-    """The constraints that a (tp, pp) layout breaks whatever the rest of the plan (checked once per pair)."""
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+                    allow_tp_across_nodes: bool, stack=None, seq_len: Optional[int] = None,
+                    eager: bool = False) -> dict[str, np.ndarray]:
+    """The constraints that a layout ((tp, pp) pair or ``layouts`` entry) breaks whatever the rest of the plan
+    (checked once per layout). The uneven split's divisibility is checked here for one chunk per rank only."""
+    tp_a, pp_a, cp_a, kind_a, split_a = _columns(pairs)
     n = len(tp_a)
-    c = Candidates(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
+    c = Candidates(dp=world // (tp_a * pp_a * cp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
                    sp=np.zeros(n, bool), schedule=np.full(n, Schedule.one_f_one_b.code), virtual_stages=np.ones(n, int),
                    dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
-                   grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes)
-    return violations(c, spec, hw, world, stack)
+                   grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes,
+                   cp=cp_a, cp_comm=kind_a, pp_split=split_a)
+    return violations(c, spec, hw, world, stack, seq_len, eager)

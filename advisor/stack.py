@@ -173,6 +173,13 @@ class Engine(Spec):
                                        "tables); storage: as the run's precision says")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(PLAN_FEATURES), description="the plan features the stack runs; the search proposes no other")
+    context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
+        default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
+    pipeline_splits: list[Literal["even", "edges"]] = Field(
+        default_factory=lambda: ["even"], description="how it may split layers over pipeline ranks: even (ceil), edges "
+                                                      "(the embedding and the loss counted as layers)")
+    zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
+        default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")
 
 
 class Stack(Spec):

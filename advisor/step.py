@@ -5,7 +5,8 @@ Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micr
     compute     m x (forward + backward + recomputation) of the stage's layers and the head (advisor.compute)
     comm/tp     m x the TP collectives of the layers and the head (advisor.parallel.tensor)
     host        m x what the host's issuing adds beyond the GPU's work (advisor.host)
-    pipeline    m x stage-to-stage send/recv, and the bubble (advisor.parallel.pipeline)
+    pipeline    m x stage-to-stage send/recv, and the bubble of the schedule (advisor.parallel.pipeline); the
+                busiest rank's layers (and whether it holds the head) follow the pipeline split
     dp comm     the gradient reduction, ZeRO's gathers and reduce-scatters, nn.DataParallel's copies, beyond
                 what overlaps with compute (advisor.parallel.data)
     optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
@@ -29,7 +30,7 @@ import numpy as np
 from advisor import compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.memory import MemoryBreakdown, Overhead, breakdown
-from advisor.parallel import data, pipeline, tensor
+from advisor.parallel import context, data, pipeline, tensor
 from advisor.training import Recompute
 from advisor.workload import Workload
 
@@ -49,6 +50,7 @@ class TimeBreakdown:
     comm_zero_params: Any
     comm_dataparallel: Any
     optimizer: Any
+    comm_cp: Any = 0.0
 
     def parts(self) -> dict[str, Any]:
         return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -61,7 +63,8 @@ class TimeBreakdown:
 _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/backward",
           "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
-          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer"}
+          "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
+          "comm_cp": "comm/cp"}
 TIME_PARTS = tuple(_NAMES.values())
 
 
@@ -100,42 +103,52 @@ def _merge(a: Any, b: Any, rows: Any) -> Any:
 def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
-    tokens = c.micro_batch.astype(float) * w.seq_len
-    layers = pipeline.layers_per_stage(w.model, mesh.pp)
+    tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
     lt = compute.layer_times(w, tokens, mesh.tp, c.sp, c.recompute)
     head = compute.head_times(w, tokens, mesh.tp)
+    # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
+    layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
+    mem_layers = pipeline.memory_layers(w.model, c, mesh)
+    head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
     tp = tensor.time(w, c, mesh, tokens, layers)
+    tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
+    cp = context.time(w, c, mesh, tokens, *compute.attention_core_time(w, tokens, mesh.tp))
     hosts = host.layer_host_times(w, mesh.tp, c.recompute)
-    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts)
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
                      recompute_s=lt.recompute_s + np.where(c.recompute == Recompute.full.code, 2.0 * tp.per_layer_collective_s, 0.0))
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
-    states = data.model_states(w, c, mesh, layers)
+    states = data.model_states(w, c, mesh, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
-    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s + cp.layer_s) + tp.layers_s, layers * hosts.total_s) + p2p
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s), compute_recompute=ga * layers * lt.recompute_s,
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
-        comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
-        comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
-        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master))
-    memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
+        comm_pp_p2p=ga * p2p,
+        pipeline_bubble=pipeline.bubble_time(w.model, c, mesh, layers, body, layers * lt.fwd_s, layers * lt.bwd_s,
+                                             layers * lt.recompute_s),
+        comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
+        optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master),
+        comm_cp=ga * layers * cp.layer_s)
+    memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)
 
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
-                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes) -> host.MicroBatch:
-    """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it."""
+                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, on_head: Any = 1.0) -> host.MicroBatch:
+    """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it (``on_head``:
+    1.0 where that stage issues the head's kernels)."""
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
     return host.MicroBatch(
         gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s,
         gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s, head_fwd_s=head.fwd_s,
         head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
-        host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
+        host_s=layers * hosts.total_s + on_head * host.head_host_time(w, mesh.tp),
+        host_head_s=on_head * host.head_host_time(w, mesh.tp))
 
 
 def flops(w: Workload, c: Candidates, tokens_per_step: Any) -> tuple[Any, Any]:
