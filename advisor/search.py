@@ -68,6 +68,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o) for st in stacks for w in worlds]
     tree = decision_tree(spec, hardware, max(worlds), fits_one)
+    # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
+    per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
+    tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
     ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}

@@ -48,11 +48,18 @@ EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "me
              "torchrun": torchrun_command}
 
 
+ZERO_BUBBLE = ("zb-h1", "zb-v", "dualpipev")
+
+
 def export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
            world_size: int) -> Exported:
     """The launch config of one plan in format ``kind`` (one of KINDS); ExportError if it cannot be expressed."""
     if kind not in EXPORTERS:
         raise ExportError(f"unknown export format {kind!r}: use one of {', '.join(KINDS)}")
+    if kind in ("accelerate", "deepspeed") and (plan.cp > 1 or plan.pp_split.value != "even" or plan.schedule.value in ZERO_BUBBLE):
+        what = (f"context parallelism (cp={plan.cp})" if plan.cp > 1 else f"the {plan.schedule.value} schedule"
+                if plan.schedule.value in ZERO_BUBBLE else "an uneven pipeline split")
+        raise ExportError(f"the {kind} export does not write {what}: use --format megatron")
     return EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
 
 
