@@ -97,9 +97,8 @@ def build_inputs(model, hw, **given):
     dp = o.dp
     if dp is None:
         if world % (o.tp * o.pp * o.cp):
-            cp = f" x cp" if o.cp > 1 else ""
-            raise PlanError(f"{world} GPUs are not divisible by tp x pp{cp} = {o.tp * o.pp * o.cp}: give --dp or a GPU "
-                            f"count that it divides")
+            what = f"tp x pp x cp = {o.tp} x {o.pp} x {o.cp}" if o.cp > 1 else f"tp x pp = {o.tp} x {o.pp}"
+            raise PlanError(f"{world} GPUs are not divisible by {what}: give --dp or a GPU count that it divides")
         dp = world // (o.tp * o.pp * o.cp)
     virtual_stages = o.virtual_stages or (2 if o.schedule == "interleaved" else 1)
     seq = default_seq_len(spec) if o.seq is None else o.seq

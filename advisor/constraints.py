@@ -26,9 +26,9 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     """Constraint name -> boolean array, True where the plan breaks it (short reasons users see); with a stack,
     also the plan features it does not run; with the sequence length, context parallelism's chunking."""
     ones = np.ones(len(c), dtype=bool)
-    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **context.violations(c, model, seq_len, eager),
-           **data.violations(c, hw), **(stack_violations(c, stack) if stack is not None else {})}
+    # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
+    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager),
+           **pipeline.violations(c, model), **data.violations(c, hw), **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -64,7 +64,7 @@ def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
             out[f"{stack.name} does not run the {sched.value} schedule"] = c.schedule == sched.code
     if PipelineSplit.edges.value not in eng.pipeline_splits:
         out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
-    return out
+    return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
@@ -88,6 +88,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"
             elif reason.startswith("sequence not divisible"):
                 reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
+            elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
+                reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):
                 reason = (f"{reason}: {model.n_layers} layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers "
                           "divide evenly: drop --pp-split)")

@@ -277,15 +277,16 @@ def test_search_space_counts_match_full_enumeration():
     from advisor.model import load_model
     from advisor.candidates import Candidates
     from advisor.constraints import violations
-    from advisor.space import enumerate_candidates
+    from advisor.space import enumerate_candidates, layouts
 
     spec, hw = load_model("llama3-8b"), load_hardware("dgx-a100")
     for world, gb in ((720, 720), (96, 48), (24, 24)):
         res = search(spec, hw, gpus=world, global_batch=gb)
-        cols = enumerate_candidates(world, gb, world > hw.gpus_per_node)
+        seq, stack = res.setup.seq_len, res.stack  # every (tp, pp, cp, flavour, split) layout the stack runs
+        cols = enumerate_candidates(world, gb, world > hw.gpus_per_node, layouts(world, spec, seq, stack), stack)
         cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": False})
         assert res.candidates == len(cols)
         ok = np.ones(len(cols), bool)
-        for reason, mask in violations(cols, spec, hw, world).items():
+        for reason, mask in violations(cols, spec, hw, world, stack, seq).items():
             assert res.rejected.get(reason, 0) == int((mask & ok).sum()), reason
             ok &= ~mask

@@ -64,16 +64,19 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
     edges = (c.pp_split == EDGES) & (c.pp > 1)
     chunks = np.where(interleaved, c.virtual_stages, np.where(two, 2, 1))
     units = layers + np.where(edges, 2, 0)  # the embedding and the loss count as layers in the uneven split
+    # layout-level reasons first: the search checks them once per layout and counts its rows under them
     return {
         "pp > number of layers": c.pp > layers,
+        "uneven split needs pp > 1, layers that pp does not divide, and layers + 2 divisible by pp": (
+            c.pp_split == EDGES) & ((c.pp == 1) | (((layers + 2) % c.pp) != 0) | ((layers % c.pp) == 0)),
         "ZeRO-2/3 with pipeline parallelism (only ZeRO-1 combines with PP)": (c.pp > 1) & (c.zero >= 2),
         "interleaved schedule needs pp > 1 and layers divisible by pp x virtual stages": interleaved & (
             (c.pp == 1) | ((units % np.maximum(c.pp * c.virtual_stages, 1)) != 0) | (c.virtual_stages < 2)),
         "interleaved schedule needs the micro-batch count divisible by pp": interleaved & (c.pp > 1) & ((c.grad_accum % c.pp) != 0),
         "ZB-V and DualPipeV need pp > 1, layers divisible by 2 x pp and 2 x pp micro-batches": two & (
             (c.pp == 1) | ((units % (2 * c.pp)) != 0) | (c.grad_accum < 2 * c.pp)),
-        "uneven split needs pp > 1 and layers + 2 (embedding, loss) divisible by pp x chunks": (c.pp_split == EDGES) & (
-            (c.pp == 1) | ((units % np.maximum(c.pp * chunks, 1)) != 0) | ((layers % c.pp) == 0)),
+        "uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks": (c.pp_split == EDGES) & (c.pp > 1) & (
+            (units % np.maximum(c.pp * chunks, 1)) != 0),
     }
 
 
