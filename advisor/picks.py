@@ -21,7 +21,7 @@ from advisor.units import MiB, fmt_bytes
 from advisor.workload import Workload
 
 NAMES = {Collective.all_reduce: "all-reduce", Collective.all_gather: "all-gather",
-         Collective.reduce_scatter: "reduce-scatter", Collective.send_recv: "send/recv"}
+         Collective.reduce_scatter: "reduce-scatter", Collective.send_recv: "send/recv", Collective.all_to_all: "all-to-all"}
 
 
 def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: float) -> str:
@@ -59,6 +59,20 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
                 (Collective.reduce_scatter, one(states.grad_bytes)), (Collective.all_gather, one(states.weight_bytes))))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
+    cp = one(mesh.cp)
+    if cp > 1:
+        from advisor.parallel import context
+
+        kind = int(c.cp_comm[0])
+        kv = one(c.micro_batch.astype(float) * w.seq_len * context.kv_bytes_per_token(w, mesh.tp))  # the sequence's K, V
+        if kind == context.RING:
+            leaves = bool(np.asarray(mesh.cp_domains).reshape(-1)[0] > 1)
+            out["cp"] = (f"ring send/recv of {fmt_bytes(kv / cp)} K/V blocks, {int(cp) - 1} steps a layer, overlapped with "
+                         "attention: " + ("the network" if leaves else "NVLink (the ring stays in one NVLink domain)"))
+        elif kind == context.ALL_GATHER:
+            out["cp"] = describe(Collective.all_gather, cp, kv, hw, one(mesh.cp_per_node))
+        else:
+            out["cp"] = describe(Collective.all_to_all, cp, kv / cp / 2.0, hw, one(mesh.cp_per_node)) + " (x4 a layer)"
     if pp > 1:
         across = bool(np.asarray(mesh.stage_crosses_domains).reshape(-1)[0])
         out["pp_p2p"] = ("send/recv between stages: " + ("the network, each GPU on its own NIC share" if across

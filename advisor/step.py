@@ -113,7 +113,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     tp = tensor.time(w, c, mesh, tokens, layers)
     tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
-    cp = context.time(w, c, mesh, tokens, *compute.attention_core_time(w, tokens, mesh.tp))
+    cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, c.recompute)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,

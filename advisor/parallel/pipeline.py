@@ -100,9 +100,11 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
     head's seconds per micro-batch. Even split: ceil(L / pp) layers and the head. Uneven: a middle rank's u =
     (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
     even = layers_per_stage(model, mesh.pp)
+    edges = uneven(c)
+    if not np.any(edges):
+        return even, 1.0
     units = (model.n_layers + 2.0) / mesh.pp
     last_busier = (units - 1.0) * layer_s + head_s > units * layer_s
-    edges = uneven(c)
     head = np.where(edges & ~last_busier, 0.0, 1.0)
     return np.where(edges, units - head, even), head
 
