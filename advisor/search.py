@@ -197,16 +197,18 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
     multi = world > hardware.gpus_per_node
     # (tp, pp, cp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
     # counted, not built: a highly composite world size has thousands of layouts x 5,760 rows each.
-    pairs = [p for p in layouts(world, spec, seq_len, stack) if cp is None or p[2] == cp]
-    if not pairs:
+    pairs = layouts(world, spec, seq_len, stack)
+    if cp is not None:
+        pairs = pairs[pairs[:, 2] == cp]
+    if not len(pairs):
         raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
                         f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")
     pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack, seq_len, eager)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):
         pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
-    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi, stack)
-    kept_pairs = [p for p, r in zip(pairs, pair_reason) if r < 0]
+    pruned_counts = count_candidates(world, pairs[pair_reason >= 0], gb, multi, stack)
+    kept_pairs = pairs[pair_reason < 0]
     rows = int(count_candidates(world, kept_pairs, gb, multi, stack).sum())
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "

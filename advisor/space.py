@@ -57,28 +57,41 @@ def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
     return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
 
 
-def layouts(world: int, spec: ModelSpec, seq_len: int, stack=None) -> list[tuple[int, int, int, int, int]]:
-    """Every (tp, pp, cp, cp flavour code, pipeline split code) the search considers: the (tp, pp) pairs, cp a
-    power of two up to MAX_CP dividing what is left and splitting the sequence into 2 x cp chunks, in each flavour
-    the stack runs (all without a stack); the uneven split where the stack runs it and the layers do not divide."""
+def layouts(world: int, spec: ModelSpec, seq_len: int, stack=None) -> np.ndarray:
+    """Every (tp, pp, cp, cp flavour code, pipeline split code) the search considers, one row each: the (tp, pp)
+    pairs, cp a power of two up to MAX_CP dividing what is left, splitting the sequence into 2 x cp chunks and
+    leaving a rank MIN_TOKENS_PER_CP_RANK, in each flavour the stack runs (all without a stack); the uneven split
+    where the stack runs it and the layers do not divide."""
     eng = stack.engine if stack is not None else None
-    flavours = [k.code for k in ContextParallel if eng is None or k.value in eng.context_parallel]
+    flavours = np.array([k.code for k in ContextParallel if eng is None or k.value in eng.context_parallel], dtype=np.int64)
     uneven = eng is None or PipelineSplit.edges.value in eng.pipeline_splits
-    out = []
-    for tp, pp in tp_pp_pairs(world):
-        splits = [PipelineSplit.even.code] + ([PipelineSplit.edges.code] if uneven and pp > 1 and spec.n_layers % pp else [])
-        rest = world // (tp * pp)
-        cps = [1] + [cp for cp in (2 ** k for k in range(1, MAX_CP.bit_length()))
-                     if rest % cp == 0 and seq_len % (2 * cp) == 0 and seq_len // cp >= MIN_TOKENS_PER_CP_RANK]
-        for cp in cps:
-            for kind in (flavours if cp > 1 else [ContextParallel.ring.code]):
-                out.extend((tp, pp, cp, kind, split) for split in splits)
+    pairs = np.array(tp_pp_pairs(world), dtype=np.int64).reshape(-1, 2)
+    tp, pp = pairs[:, 0], pairs[:, 1]
+    rest = world // (tp * pp)
+    rows = [np.stack([tp, pp, np.ones_like(tp), np.full_like(tp, ContextParallel.ring.code), np.zeros_like(tp)], axis=1)]
+    for cp in (2 ** k for k in range(1, MAX_CP.bit_length())):
+        if seq_len % (2 * cp) or seq_len // cp < MIN_TOKENS_PER_CP_RANK:
+            continue
+        ok = rest % cp == 0
+        for kind in flavours:
+            n = int(ok.sum())
+            rows.append(np.stack([tp[ok], pp[ok], np.full(n, cp), np.full(n, kind), np.zeros(n, dtype=np.int64)], axis=1))
+    out = np.concatenate(rows)
+    if uneven:
+        edges = out[(out[:, 1] > 1) & (spec.n_layers % out[:, 1] != 0)].copy()
+        edges[:, 4] = PipelineSplit.edges.code
+        out = np.concatenate([out, edges])
     return out
 
 
 def _columns(pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tp, pp, cp, cp flavour, split) arrays of (tp, pp) pairs or (tp, pp, cp, flavour, split) layouts."""
-    a = np.array([tuple(p) + (1, 0, 0)[len(p) - 2:] for p in pairs], dtype=np.int64).reshape(-1, 5)
+    a = np.asarray(pairs, dtype=np.int64)
+    if a.size == 0:
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
+    a = a.reshape(len(a), -1)
+    if a.shape[1] == 2:
+        a = np.concatenate([a, np.tile([1, 0, 0], (len(a), 1))], axis=1)
     return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
 
 
@@ -119,7 +132,7 @@ def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int
                      stack=None) -> np.ndarray:
     """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
     through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
-    if not pairs:
+    if len(pairs) == 0:
         return np.zeros(0, dtype=np.int64)
     tp_a, pp_a, cp_a, _, _ = _columns(pairs)
     keys = np.stack([world // (tp_a * pp_a * cp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
