@@ -135,8 +135,10 @@ def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int
     if len(pairs) == 0:
         return np.zeros(0, dtype=np.int64)
     tp_a, pp_a, cp_a, _, _ = _columns(pairs)
-    keys = np.stack([world // (tp_a * pp_a * cp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    # one integer key per (dp, tp > 1, pp > 1): np.unique on rows sorts a structured view, ~10x slower
+    key = (world // (tp_a * pp_a * cp_a)) * 4 + (tp_a > 1) * 2 + (pp_a > 1)
+    ukey, inverse = np.unique(key, return_inverse=True)
+    uniq = np.stack([ukey // 4, 1 + (ukey // 2) % 2, 1 + ukey % 2], axis=1)
     counts = np.zeros(len(uniq), dtype=np.int64)
     for start in range(0, len(uniq), 128):  # bounded memory: 128 keys x 5,760 rows at a time
         u = uniq[start:start + 128]
