@@ -14,7 +14,8 @@ def render_estimate(e) -> str:
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
         f"recompute {e.setup.recompute.value}, {e.setup.optimizer.value}",
-        f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items() if k != "world_size"),
+        f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items()
+                                                 if k != "world_size" and not (k == "cp" and v == 1)),
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {e.tokens_per_s:,.0f} tokens/s   {e.samples_per_s:,.2f} samples/s",

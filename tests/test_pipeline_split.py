@@ -126,3 +126,18 @@ def test_even_divisible_pipelines_unchanged_by_the_split_machinery():
     assert e.breakdown["comm/cp"] == 0.0
     body = e.breakdown["pipeline_bubble"] / ((4 - 1) / 2)
     assert body > 0 and e.breakdown["pipeline_bubble"] == pytest.approx(1.5 * body, rel=1e-15)
+
+
+@pytest.mark.slow
+def test_llama3_405b_on_16384_gpus_ranks_tp8_pp16_uneven_interleaved_dp128():
+    """Issue 16's acceptance: the search on 16,384 H100s expresses and ranks TP 8 x PP 16 (126 layers uneven,
+    interleaved) x DP 128, Llama 3's layout (Dubey et al. 2024 Table 4), with CP among the options, and its row says
+    why it ranks where it does."""
+    from advisor import plan
+
+    res = plan(model="llama3-405b", hw=H100, gpus=16384, global_batch=2048, seq=8192, top=100_000)
+    rows = [p for p in res.plans if (p.plan.tp, p.plan.pp, p.plan.dp, p.plan.cp) == (8, 16, 128, 1)
+            and p.plan.pp_split == "edges" and p.plan.schedule == "interleaved"]
+    assert rows and any(p.plan.cp > 1 for p in res.plans)
+    reason = rows[0].reason
+    assert "126 layers on 16 stages as 7/8/7" in reason and "vs best" in reason and "bubble" in reason
