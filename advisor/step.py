@@ -109,9 +109,10 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
     layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
     mem_layers = pipeline.memory_layers(w.model, c, mesh)
-    head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
     tp = tensor.time(w, c, mesh, tokens, layers)
-    tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
+    if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
+        head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
+        tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, c.recompute)
@@ -122,7 +123,9 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
     states = data.model_states(w, c, mesh, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
-    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s + cp.layer_s) + tp.layers_s, layers * hosts.total_s) + p2p
+    per_layer = lt.fwd_s + lt.bwd_s + lt.recompute_s
+    per_layer = per_layer + cp.layer_s if np.ndim(cp.layer_s) else per_layer
+    body = np.maximum(layers * per_layer + tp.layers_s, layers * hosts.total_s) + p2p
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s) + optimizer.autocast_cast_time(w, states.params, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s), compute_recompute=ga * layers * lt.recompute_s,
@@ -132,7 +135,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                                              layers * lt.recompute_s),
         comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=optimizer.step_time(w, states.params, states.params / mesh.dp_shard, states.master),
-        comm_cp=ga * layers * cp.layer_s)
+        comm_cp=ga * layers * cp.layer_s if np.ndim(cp.layer_s) else np.zeros(len(c)))
     memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params)

@@ -97,10 +97,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, attn_fwd_s: Any, a
     """Per layer and micro-batch; ``tokens`` are the rank's (s / cp per sequence), ``attn_*_s`` the rank's
     attention core (advisor.compute)."""
     cp, tp, hw = mesh.cp, mesh.tp, w.hw
-    zero = np.zeros(np.broadcast_shapes(np.shape(cp), np.shape(tokens), np.shape(c.cp_comm)))
     on = cp > 1
-    if not np.any(on):
-        return ContextParallelTime(zero, zero, zero)
+    if not np.any(on):  # no plan splits its sequences: nothing to add (a scalar keeps the search's arrays few)
+        return ContextParallelTime(0.0, 0.0, 0.0)
+    zero = np.zeros(np.broadcast_shapes(np.shape(cp), np.shape(tokens), np.shape(c.cp_comm)))
     kind = np.asarray(c.cp_comm)
     kv = tokens * kv_bytes_per_token(w, tp)  # this rank's K and V block
     # ring: (cp - 1) steps, each max(attention of a block, send/recv of a block) (TE's AttnFuncWithCPAndKVP2P)
@@ -130,6 +130,8 @@ def transient_bytes(w: Workload, c: Candidates, mesh: Mesh, tokens: Any) -> Any:
     """Bytes alive during one layer's attention beyond what it saves: all-gather CP's gathered K and V of the
     whole sequence (``tokens`` x cp)."""
     ag = (mesh.cp > 1) & (np.asarray(c.cp_comm) == ALL_GATHER)
+    if not np.any(ag):
+        return 0.0
     return np.where(ag, tokens * mesh.cp * kv_bytes_per_token(w, mesh.tp), 0.0)
 
 

@@ -80,7 +80,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     p_layer = w.layer.rank_params(tp)  # split linears' share, replicated ones (MLA's down projections) whole
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
     # uneven split: ``layers`` is u - 1, and the busiest rank holds the first's embedding or a middle rank's u-th layer
-    outside = np.where(pipeline.uneven(c), np.maximum(outside, p_layer), outside)
+    edges = pipeline.uneven(c)
+    outside = np.where(edges, np.maximum(outside, p_layer), outside) if np.any(edges) else outside
     params = layers * p_layer + outside
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)

@@ -113,7 +113,9 @@ def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
     """Layers whose weights count on the busiest rank by memory: the even split's ceil(L / pp); the uneven
     split's u - 1 common to the first and the middle ranks (``outside_params_uneven`` adds the larger of the
     first's embedding and a middle rank's u-th layer)."""
-    return np.where(uneven(c), (model.n_layers + 2.0) / mesh.pp - 1.0, layers_per_stage(model, mesh.pp))
+    edges = uneven(c)
+    even = layers_per_stage(model, mesh.pp)
+    return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
 
 
 def stage_counts(n_layers: int, pp: int, split: str = "even") -> list[int]:
@@ -167,15 +169,21 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     zb = (sched == ZB_H1) | (sched == ZB_V) | (sched == DUALPIPE_V)
     if not np.any(zb & (mesh.pp > 1)):
         return classic
-    work = np.maximum(fwd_s + bwd_s + recompute_s, 1e-30)
-    scale = body_s / work  # the body's collectives and send/recv stretch F, B and W alike
-    f, b, w_ = fwd_s * scale, (recompute_s + 0.5 * bwd_s) * scale, 0.5 * bwd_s * scale
-    pp = mesh.pp
+    on = np.nonzero(np.broadcast_to(zb & (mesh.pp > 1), np.shape(classic)))[0]  # only the zero-bubble rows
+
+    def at(x: Any) -> Any:
+        return np.broadcast_to(x, np.shape(classic))[on]
+
+    work = np.maximum(at(fwd_s) + at(bwd_s) + at(recompute_s), 1e-30)
+    scale = at(body_s) / work  # the body's collectives and send/recv stretch F, B and W alike
+    f, b, w_ = at(fwd_s) * scale, (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
+    pp, s_on = at(mesh.pp), at(sched)
     h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
     zbv = (pp - 1.0) * np.maximum(f + b - 2.0 * w_, 0.0) / 2.0  # ZB-V: (p - 1)(F + B - 2W) of one of two chunks
     dual = (pp - 1.0) * np.maximum((f + b) + b - 3.0 * w_, 0.0) / 2.0  # DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2pp, chunks
-    out = np.where(sched == ZB_H1, h1, np.where(sched == ZB_V, zbv, np.where(sched == DUALPIPE_V, dual, classic)))
-    return np.where(mesh.pp > 1, out, 0.0)
+    out = np.array(classic, dtype=float, copy=True)
+    out[on] = np.where(s_on == ZB_H1, h1, np.where(s_on == ZB_V, zbv, dual))
+    return out
 
 
 def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any, split: Any = None) -> Any:
@@ -186,7 +194,7 @@ def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: 
     m = np.asarray(grad_accum, dtype=float)
     v = np.asarray(v, dtype=float)
     per_stage = n_layers / pp
-    if split is not None:
+    if split is not None and np.any(np.asarray(split) == EDGES):
         units = (n_layers + 2.0) / pp
         per_stage = np.where((np.asarray(split) == EDGES) & (pp > 1),
                              np.maximum(units - 1.0, units * (pp - 1.0) / pp), per_stage)
