@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.constraints import plan_errors
 from advisor.errors import AdvisorError, format_validation_error
 from advisor.hardware import Hardware, load_hardware
-from advisor.layout import FSDP_TO_ZERO, Plan, resolve_grad_accum
+from advisor.layout import FSDP_TO_ZERO, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
 from advisor.options import EstimateOptions
 from advisor.picks import collective_picks
@@ -32,13 +32,14 @@ from advisor.workload import Workload
 # Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
 # megatron-deepspeed, which they ran.
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
-AUTO_RULE = (f"--stack auto: plans with tensor or pipeline parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
+AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, else in {AUTO_LARGE}")
 
 
-def model_parallel(tp, pp):
-    """Whether a plan (or each of a table's plans) is of the kinds --stack auto costs in AUTO_MODEL_PARALLEL."""
-    return (tp > 1) | (pp > 1)
+def model_parallel(tp, pp, cp=1):
+    """Whether a plan (or each of a table's plans) is of the kinds --stack auto costs in AUTO_MODEL_PARALLEL: tensor,
+    pipeline or context parallelism."""
+    return (tp > 1) | (pp > 1) | (cp > 1)
 
 
 class PlanError(AdvisorError):
@@ -102,10 +103,10 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         return stack, fits_one_gpu(model, hw, stack, setup)
     small = load_stack(AUTO_SMALL)
     if fits_one_gpu(model, hw, small, setup):
-        if plan is not None and model_parallel(plan.tp, plan.pp):
+        if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp):
             return load_stack(AUTO_MODEL_PARALLEL), True
         return small, True
-    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp) else AUTO_LARGE)
+    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
     return large, fits_one_gpu(model, hw, large, setup)  # its kernels' peak differs: it may fit where small's does not
 
 
@@ -127,13 +128,13 @@ def build_inputs(model, hw, **given):
     precision = resolve_precision(hardware, o.precision)
     zero = FSDP_TO_ZERO[o.fsdp] if o.fsdp is not None else (o.zero or 0)
     # without --gpus or --nodes the plan's own degrees say how many GPUs: dp (default 1) x tp x pp
-    world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp)
+    world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp * o.cp)
     dp = o.dp
     if dp is None:
-        if world % (o.tp * o.pp):
-            raise PlanError(f"{world} GPUs are not divisible by tp x pp = {o.tp} x {o.pp}: give --dp or a GPU count "
-                            "that tp x pp divides")
-        dp = world // (o.tp * o.pp)
+        if world % (o.tp * o.pp * o.cp):
+            what = f"tp x pp x cp = {o.tp} x {o.pp} x {o.cp}" if o.cp > 1 else f"tp x pp = {o.tp} x {o.pp}"
+            raise PlanError(f"{world} GPUs are not divisible by {what}: give --dp or a GPU count that it divides")
+        dp = world // (o.tp * o.pp * o.cp)
     virtual_stages = o.virtual_stages or (2 if o.schedule == "interleaved" else 1)
     seq = default_seq_len(spec) if o.seq is None else o.seq
     try:
@@ -149,7 +150,15 @@ def build_inputs(model, hw, **given):
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
+    if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
+        plan = plan.model_copy(update={"cp": o.cp})
     resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup, plan)[0]
+    if o.cp > 1:  # the flavour asked for, or the first the stack runs
+        flavours = resolved.engine.context_parallel
+        kind = o.cp_comm or (flavours[0] if flavours else "ring")
+        plan = plan.model_copy(update={"cp": o.cp, "cp_comm": ContextParallel(kind)})
+    if o.pp_split != "even":
+        plan = plan.model_copy(update={"pp_split": PipelineSplit(o.pp_split)})
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
@@ -189,7 +198,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
              adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
-             **unknown) -> Estimate:
+             cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -197,7 +206,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     (default dp x tp x pp), ``dp`` (default gpus / (tp x pp)), ``tp``, ``pp``, ``zero`` (0-3) or ``fsdp``
     (full-shard, shard-grad-op, hybrid-shard, no-shard), ``sp`` (sequence parallel), ``schedule`` (gpipe, 1f1b,
     interleaved) and ``virtual_stages``, ``data_parallel`` (ddp or dp for nn.DataParallel),
-    ``overlap_grad_reduce``. The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
+    ``overlap_grad_reduce``, ``cp`` (context parallelism) and ``cp_comm`` (ring, all-gather, ulysses; default the
+    stack's first), ``pp_split`` (even, edges: the embedding and the loss counted as layers). The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full, block, every-k, offload;
     advisor/recompute.py) with ``recompute_layers`` (k), ``offload`` (none, optimizer-cpu, optimizer-nvme,

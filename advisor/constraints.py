@@ -12,9 +12,9 @@ import numpy as np
 
 from advisor.candidates import Candidates
 from advisor.hardware import Hardware
-from advisor.layout import DataParallelKind, Plan, Schedule, resolve_grad_accum
+from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
-from advisor.parallel import data, expert, offload, pipeline, tensor
+from advisor.parallel import context, data, expert, offload, pipeline, tensor
 from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
@@ -25,13 +25,14 @@ ADAPTERS = "LoRA/QLoRA are costed with data parallelism only (DDP, ZeRO, FSDP): 
 
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
-               stack: Optional[Stack] = None) -> dict[str, Any]:
+               stack: Optional[Stack] = None, seq_len: Optional[int] = None, eager: bool = False) -> dict[str, Any]:
     """Constraint name -> boolean array, True where the plan breaks it (short reasons users see); with a stack,
-    also the plan features it does not run."""
+    also the plan features it does not run; with the sequence length, context parallelism's chunking."""
     ones = np.ones(len(c), dtype=bool)
-    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **pipeline.violations(c, model),
-           **data.violations(c, hw), **offload.violations(c, hw, stack), **expert.violations(c, model),
-           **(stack_violations(c, stack) if stack is not None else {})}
+    # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
+    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager),
+           **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
+           **expert.violations(c, model), **(stack_violations(c, stack) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -60,7 +61,17 @@ def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
     for policy in Recompute:  # the checkpointing policies its profile lists (advisor/recompute.py)
         if policy.value not in stack.engine.checkpointing and policy is not Recompute.selective:
             out[f"{stack.name} does not run {policy.value} checkpointing"] = c.recompute == policy.code
-    return out
+    eng, cp_on = stack.engine, np.asarray(c.cp) > 1
+    for kind in ContextParallel:
+        if kind.value not in eng.context_parallel:
+            why = "no context parallelism" if not eng.context_parallel else f"no {kind.value} context parallelism"
+            out[f"{stack.name} runs {why}"] = out.get(f"{stack.name} runs {why}", False) | (cp_on & (c.cp_comm == kind.code))
+    for sched in (Schedule.zb_h1, Schedule.zb_v, Schedule.dualpipe_v):
+        if sched.value not in eng.zero_bubble:
+            out[f"{stack.name} does not run the {sched.value} schedule"] = c.schedule == sched.code
+    if PipelineSplit.edges.value not in eng.pipeline_splits:
+        out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
+    return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
@@ -74,13 +85,23 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean
         reasons.append("sequence parallel needs tp > 1 (it splits activations across the TP group): drop --sp or set --tp")
-    bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size, stack)
+    bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size, stack, setup.seq_len,
+                     setup.attention.value == "eager")
     for reason, flag in bad.items():
         if bool(flag[0]):
             if reason == WORLD:
-                reason = f"dp({plan.dp}) x tp({plan.tp}) x pp({plan.pp}) = {plan.world_size} != world size {world_size}"
+                cp = f" x cp({plan.cp})" if plan.cp > 1 else ""
+                reason = f"dp({plan.dp}){cp} x tp({plan.tp}) x pp({plan.pp}) = {plan.world_size} != world size {world_size}"
             elif "heads" in reason:
-                reason = f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={model.kv_heads}"
+                cp = f", cp={plan.cp}" if plan.cp > 1 else ""
+                reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"
+            elif reason.startswith("sequence not divisible"):
+                reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
+            elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
+                reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
+            elif reason.startswith("uneven split"):
+                reason = (f"{reason}: {model.n_layers} layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers "
+                          "divide evenly: drop --pp-split)")
             elif reason.startswith("tp spans"):
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):

@@ -117,3 +117,10 @@ class Engine(Spec):
     ep_alltoall_overlap: Literal["none", "shared_experts"] = Field(
         default="none", description="the expert-parallel dispatch and combine all-to-alls run exposed, or beside the "
                                     "shared experts' GEMMs (Megatron --moe-shared-expert-overlap)")
+    context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
+        default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
+    pipeline_splits: list[Literal["even", "edges"]] = Field(
+        default_factory=lambda: ["even"], description="how it may split layers over pipeline ranks: even (ceil), edges "
+                                                      "(the embedding and the loss counted as layers)")
+    zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
+        default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")

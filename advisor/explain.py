@@ -57,6 +57,8 @@ def decision_tree(m: ModelSpec, hw: Hardware, world: int, fits_one_gpu: bool, me
 def plan_kind(p: Plan) -> str:
     if p.data_parallel is DataParallelKind.dp and p.dp > 1:
         return "dp"
+    if p.cp > 1:
+        return "cp"
     if p.tp > 1 and p.pp > 1:
         return "3d"
     if p.pp > 1:
@@ -69,7 +71,7 @@ def plan_kind(p: Plan) -> str:
 
 
 KIND_NAMES = {"dp": "nn.DataParallel", "ddp": "DDP", "zero": "ZeRO/FSDP", "tp": "TP", "pp": "PP", "3d": "TP+PP",
-              "single": "single GPU"}
+              "single": "single GPU", "cp": "CP"}
 
 
 def kind_codes(c: Candidates) -> np.ndarray:
@@ -81,6 +83,7 @@ def kind_codes(c: Candidates) -> np.ndarray:
     kinds[(tp > 1) & (pp == 1)] = "tp"
     kinds[(pp > 1) & (tp == 1)] = "pp"
     kinds[(tp > 1) & (pp > 1)] = "3d"
+    kinds[np.asarray(c.cp) > 1] = "cp"
     kinds[(np.asarray(c.dp_kind) == DataParallelKind.dp.code) & (dp > 1)] = "dp"
     return kinds
 
@@ -92,11 +95,38 @@ PART_WORDS = {
     "optimizer": "optimizer step", "host_overhead": "host-side kernel launches",
     "offload": "offload (PCIe/NVMe copies and the CPU optimizer step)",
     "comm/ep_alltoall": "expert-parallel dispatch/combine all-to-all", "comm/ep_grad": "expert gradient reduction",
+    "comm/cp": "context-parallel K/V exchange",
 }
 OFFLOAD_WHY = {"optimizer-cpu": "optimizer states and step on the CPU (ZeRO-Offload)",
                "optimizer-nvme": "optimizer states on NVMe, the step on the CPU (ZeRO-Infinity)",
                "params-cpu": "parameters, optimizer states and step on the CPU", "params-nvme": "parameters and "
                "optimizer states on NVMe, the step on the CPU (ZeRO-Infinity)"}
+
+
+def why_layout(e: Estimate, tree: dict) -> list[str]:
+    """What context parallelism and an uneven or zero-bubble pipeline do in this plan, in the plan's numbers."""
+    from advisor.parallel.pipeline import stage_counts
+
+    p, words = e.plan, []
+    if p.cp > 1:
+        share = tree.get("attention_share")
+        attn = f"attention is {100 * share:.0f}% of the FLOPs; " if share is not None else ""
+        words.append(f"sequence {e.setup.seq_len}: {attn}CP={p.cp} ({p.cp_comm.value}) splits it and the activations "
+                     f"{p.cp} ways, {e.setup.seq_len // p.cp} tokens a rank")
+    if p.pp > 1 and tree.get("n_layers"):
+        n = tree["n_layers"]
+        counts = stage_counts(n, p.pp, p.pp_split.value)
+        busiest, mean = max(counts), n / p.pp
+        if p.pp_split.value == "edges":
+            words.append(f"{n} layers on {p.pp} stages as {counts[0]}/{counts[1]}/{counts[-1]} (first/middle/last: the "
+                         f"embedding and the loss count as a layer), busiest {busiest} vs {mean:.2f} mean")
+        elif n % p.pp:
+            words.append(f"{n} layers on {p.pp} stages: the busiest holds {busiest} vs {mean:.2f} mean")
+        bubble = e.breakdown.get("pipeline_bubble", 0.0)
+        if p.chunks > 1 or p.schedule.value.startswith(("zb", "dual")):
+            words.append(f"{p.schedule.value}{f' v={p.chunks}' if p.chunks > 1 else ''} keeps the bubble to "
+                         f"{100 * bubble / e.step_time_s:.0f}% of the step")
+    return words
 
 
 def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None) -> str:
@@ -118,6 +148,7 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         kept = sum(e.memory.parts[k] for k in ("weights", "gradients", "optimizer_states"))
         words.append(f"{OFFLOAD_WHY[e.plan.offload.value]}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
                      f"{e.host_memory_bytes / GiB:.0f} GiB of host memory per node")
+    words += why_layout(e, tree)
     if best_time > 0 and e.step_time_s > best_time * 1.0005:
         words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
     kind = plan_kind(e.plan)
@@ -128,6 +159,10 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         t = best_by_kind.get(k)
         return f" ({KIND_NAMES[k]}'s best {t:.3g} s, +{100 * (t / e.step_time_s - 1):.1f}%)" if t and t > e.step_time_s else ""
 
+    if kind == "cp":
+        best_other = min((t for k, t in best_by_kind.items() if k != "cp"), default=None)
+        if best_other and best_other > e.step_time_s:
+            words.append(f"the best plan without CP takes {best_other:.3g} s (+{100 * (best_other / e.step_time_s - 1):.1f}%)")
     if first == "ddp" and kind == "zero":
         why = "sharding the optimizer step saves more than the extra collectives cost on this link"
         words.append(f"overrules the rule of thumb (DDP first): {why}{versus('ddp')}")

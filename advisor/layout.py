@@ -5,18 +5,22 @@ or FSDP mode, tensor parallelism with or without sequence parallelism, a pipelin
 virtual stages, DDP or nn.DataParallel, whether the gradient reduction overlaps backward. ``Layout`` is the
 same plan as the named axes of its device mesh, one validated value (as torchtitan's ParallelDims):
 
-    world_size = dp_replicate x dp_shard x tp x pp
+    world_size = dp_replicate x dp_shard x cp x tp x pp
 
 dp_replicate copies the model states (DDP, nn.DataParallel, and HSDP across nodes), dp_shard shards them
 (the ZeRO stage says which: optimizer states, gradients, parameters). HYBRID_SHARD shards inside a node
 and replicates across nodes. Ranks are ordered as Megatron orders them: tp fastest, then dp, then pp
 (megatron/core/parallel_state.py), so a node holds whole TP groups and the first ranks of each DP group.
 
-Megatron's constraints (seed 002): world_size = tp x pp x dp; global batch divisible by micro_batch x dp.
+Context parallelism (cp, advisor.parallel.context) splits each sequence over cp ranks; they sit between tp and
+dp in the rank order (tp, cp, dp, pp: megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp"), and gradients
+are reduced over dp x cp. Pipelines may split layers unevenly (``pp_split``, advisor.parallel.pipeline).
 
 Mixture of experts: ``ep`` and ``etp`` are not factors of the world size. Megatron carves the experts' own mesh
-etp x ep x edp from the same dp x tp ranks of a pipeline stage (megatron-core parallel_state: edp = world / (etp x
+etp x ep x edp from the same dp x cp x tp ranks of a pipeline stage (megatron-core parallel_state: edp = world / (etp x
 ep x pp)); advisor.parallel.expert owns it.
+
+Megatron's constraints (seed 002): world_size = tp x cp x pp x dp; global batch divisible by micro_batch x dp.
 """
 
 from __future__ import annotations
@@ -34,6 +38,32 @@ class Schedule(Coded):
     gpipe = "gpipe"
     one_f_one_b = "1f1b"
     interleaved = "interleaved"
+    # zero-bubble schedules (advisor.parallel.pipeline: each bubble formula cited there); a stack runs those its
+    # profile lists (engine.offers)
+    zb_h1 = "zb-h1"  # Qi et al. 2023 (arXiv 2401.10241) s.3: backward split into B (input) and W (weights)
+    zb_v = "zb-v"  # ibid. s.6: two chunks per rank in a V; torch.distributed.pipelining ScheduleZBVZeroBubble
+    dualpipe_v = "dualpipev"  # DeepSeek-V3 report (arXiv 2412.19437) s.3.2.1, cut in half: ScheduleDualPipeV
+
+
+# schedules that give each rank two model chunks (v = 2) whatever --virtual-stages says
+TWO_CHUNK_SCHEDULES = ("zb-v", "dualpipev")
+
+
+class ContextParallel(Coded):
+    """How a context-parallel group computes attention over a sequence split cp ways (advisor.parallel.context)."""
+
+    ring = "ring"  # Megatron / Transformer Engine --cp-comm-type p2p: K, V passed around the ring, overlapped
+    all_gather = "all-gather"  # torchtitan / torch CP, Llama 3: all-gather K and V, reduce-scatter dK, dV
+    ulysses = "ulysses"  # DeepSpeed-Ulysses: all-to-all sequence <-> heads around the attention core
+
+
+class PipelineSplit(Coded):
+    """How layers are split over the pipeline ranks (advisor.parallel.pipeline)."""
+
+    even = "even"  # ceil(L / pp) layers on the busiest rank; the embedding and the LM head on top
+    edges = "edges"  # the embedding and the loss count as a layer each: (L + 2) / pp units per rank (Megatron
+    # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split; torchtitan's default
+    # input_weight = output_weight = 1; Llama 3 405B's one layer fewer on the first and the last stage)
 
 
 class DataParallelKind(Coded):
@@ -71,12 +101,14 @@ class Layout(Spec):
     ep: int = Field(default=1, ge=1, description="expert parallelism: carved from dp_shard x dp_replicate x tp "
                                                  "(advisor.parallel.expert), not a factor of the world size")
     etp: int = Field(default=1, ge=1, description="expert tensor parallelism: the routed experts' own TP degree")
+    cp: int = Field(default=1, ge=1, description="context-parallel ranks one sequence is split over")
 
     @model_validator(mode="after")
     def _product(self) -> "Layout":
-        product = self.dp_replicate * self.dp_shard * self.tp * self.pp
+        product = self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
         if product != self.world_size:
-            raise ValueError(f"dp_replicate({self.dp_replicate}) x dp_shard({self.dp_shard}) x tp({self.tp}) x "
+            cp = f" x cp({self.cp})" if self.cp > 1 else ""
+            raise ValueError(f"dp_replicate({self.dp_replicate}) x dp_shard({self.dp_shard}){cp} x tp({self.tp}) x "
                              f"pp({self.pp}) = {product} != world_size({self.world_size})")
         return self
 
@@ -111,16 +143,26 @@ class Plan(Spec):
                                                                "ranks of the data-parallel x tensor-parallel ranks")
     etp: Optional[int] = Field(default=None, ge=1, le=1_000_000,
                                description="expert tensor parallelism of the routed experts (None: tp, Megatron's default)")
+    cp: int = Field(default=1, ge=1, le=1_000_000, description="context parallelism: ranks one sequence is split over")
+    cp_comm: ContextParallel = Field(default=ContextParallel.ring, description="how the cp ranks exchange K and V")
+    pp_split: PipelineSplit = Field(default=PipelineSplit.even, description="how layers are split over pipeline ranks")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank: v under interleaving, 2 under ZB-V and DualPipeV, else 1."""
+        if self.schedule is Schedule.interleaved:
+            return self.virtual_stages
+        return 2 if self.schedule.value in TWO_CHUNK_SCHEDULES else 1
 
     def layout(self, gpus_per_node: int, world_size: Optional[int] = None) -> Layout:
         """The named axes (raises ValueError, one line, when they do not multiply to ``world_size``)."""
         shard = int(shard_degree(self.dp, self.zero, self.hybrid_shard, gpus_per_node))
         return Layout(dp_replicate=max(self.dp // shard, 1), dp_shard=shard, tp=self.tp, pp=self.pp,
-                      virtual_stages=self.virtual_stages if self.schedule is Schedule.interleaved else 1,
+                      virtual_stages=self.chunks, cp=self.cp,
                       world_size=self.world_size if world_size is None else world_size, ep=self.ep,
                       etp=self.tp if self.etp is None else self.etp)
 
@@ -132,9 +174,12 @@ class Plan(Spec):
             parts.append(f"{'HSDP' if self.hybrid_shard else ZERO_NAMES[self.zero]} dp={self.dp}")
         if self.tp > 1:
             parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
+        if self.cp > 1:
+            parts.append(f"CP={self.cp} {self.cp_comm.value}")
         if self.pp > 1:
             sched = self.schedule.value + (f"(v={self.virtual_stages})" if self.schedule is Schedule.interleaved else "")
-            parts.append(f"PP={self.pp} {sched}")
+            split = " uneven" if self.pp_split is PipelineSplit.edges else ""
+            parts.append(f"PP={self.pp}{split} {sched}")
         if self.offload is not Offload.none:
             parts.append(f"offload {self.offload.value}")
         if self.ep > 1 or self.etp not in (None, self.tp):

@@ -25,7 +25,7 @@ import numpy as np
 
 from advisor import adapters
 from advisor.candidates import Candidates, Mesh
-from advisor.parallel import expert, pipeline
+from advisor.parallel import context, expert, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
@@ -126,7 +126,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     outside = t.saved_outside_layers * tokens
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
     if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
         in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
@@ -142,6 +142,8 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
+    gathered_kv = context.transient_bytes(w, c, mesh, tokens)  # all-gather CP's gathered K and V
+    fixed = fixed + gathered_kv if np.ndim(gathered_kv) else fixed
     grads_fb = np.where(states.grads_persist, states.grads, 0.0)
     opt_phase = states.grads + states.step_temporaries + states.bucket_copy
     in_fb = fb + fixed + grads_fb >= opt_phase

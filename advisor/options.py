@@ -112,6 +112,9 @@ class EstimateOptions(Common):
     sp: bool = False
     schedule: str = "1f1b"
     virtual_stages: Optional[int] = Field(default=None, ge=1, le=1024)
+    cp: int = Field(default=1, ge=1, le=1_000_000)
+    cp_comm: Optional[Literal["ring", "all-gather", "ulysses"]] = None
+    pp_split: Literal["even", "edges"] = "even"
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
     grad_accum: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     recompute: str = "none"
@@ -129,6 +132,8 @@ class EstimateOptions(Common):
         if self.fsdp is not None and self.zero is not None and self.zero != FSDP_TO_ZERO[self.fsdp]:
             raise ValueError(f"--zero {self.zero} contradicts --fsdp {self.fsdp} (ZeRO-{FSDP_TO_ZERO[self.fsdp]}): "
                              "give one of them")
+        if self.cp_comm is not None and self.cp == 1:
+            raise ValueError(f"--cp-comm {self.cp_comm} needs --cp > 1 (one rank holds the whole sequence)")
         if self.virtual_stages not in (None, 1) and self.schedule != "interleaved":
             raise ValueError(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved "
                              f"(the {self.schedule} schedule has one model chunk per pipeline rank)")
@@ -145,6 +150,7 @@ class PlanOptions(Common):
     objective: Literal["time", "throughput", "memory", "cost"] = "time"
     top: int = Field(default=10, ge=1, le=10_000_000)
     tokens: Optional[float] = Field(default=None, gt=0, le=1e18, description="a token budget to train")
+    cp: Optional[int] = Field(default=None, ge=1, le=1_000_000, description="only plans of this context-parallel degree")
 
     @field_validator("gpus", mode="before")
     @classmethod

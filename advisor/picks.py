@@ -65,6 +65,20 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     if ep > 1:  # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
         size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp))
         out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
+    cp = one(mesh.cp)
+    if cp > 1:
+        from advisor.parallel import context
+
+        kind = int(c.cp_comm[0])
+        kv = one(c.micro_batch.astype(float) * w.seq_len * context.kv_bytes_per_token(w, mesh.tp))  # the sequence's K, V
+        if kind == context.RING:
+            leaves = bool(np.asarray(mesh.cp_domains).reshape(-1)[0] > 1)
+            out["cp"] = (f"ring send/recv of {fmt_bytes(kv / cp)} K/V blocks, {int(cp) - 1} steps a layer, overlapped with "
+                         "attention: " + ("the network" if leaves else "NVLink (the ring stays in one NVLink domain)"))
+        elif kind == context.ALL_GATHER:
+            out["cp"] = describe(Collective.all_gather, cp, kv, hw, one(mesh.cp_per_node))
+        else:
+            out["cp"] = describe(Collective.all_to_all, cp, kv / cp / 2.0, hw, one(mesh.cp_per_node)) + " (x4 a layer)"
     if pp > 1:
         across = bool(np.asarray(mesh.stage_crosses_domains).reshape(-1)[0])
         out["pp_p2p"] = ("send/recv between stages: " + ("the network, each GPU on its own NIC share" if across

@@ -28,7 +28,8 @@ def render_estimate(e) -> str:
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
         f"recompute {policy(e.setup)}, {e.setup.optimizer.value}",
-        f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items() if k != "world_size"),
+        f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items()
+                                                 if k != "world_size" and not (k == "cp" and v == 1)),
         *([f"       ({e.stack_rule})"] if getattr(e, "stack_rule", None) else []),
         *_method_lines(e),
         "",

@@ -28,8 +28,8 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
-from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, offloads_of,
-                           pair_violations, policies_of, tp_pp_pairs, with_experts)
+from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts,
+                           offloads_of, pair_violations, policies_of, with_experts)
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.layout import Schedule
@@ -44,7 +44,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
          adapter_offload: str = "none", lora_library: str = "peft",
-         moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, **unknown) -> PlanSearch:
+         moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
+         **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -56,6 +57,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     row naming its stack); ``any`` ranks the plans of every stack (``advisor stacks``), each row naming its own.
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
+    ``cp``: only plans of this context-parallel degree (default: every degree the space holds, advisor.space).
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
     an AdvisorError of one line. Fine-tuning: ``method`` (full, lora, qlora, or auto: advisor.methods picks the
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
@@ -90,6 +92,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
     tree = decision_tree(spec, hardware, max(worlds), fits_one, setup.finetune.method.value)
+    # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
+    per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
+    tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
     ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}
@@ -173,7 +178,7 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     """The plans of one GPU count in one stack: all of them, or (``model_parallel`` True / False) only those with /
     without TP or PP, which --stack auto costs in different stacks."""
     valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
-                                           model_parallel)
+                                           model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
     if setup.finetune.adapters:
         from advisor.constraints import ADAPTERS
 
@@ -239,32 +244,40 @@ def block_layers(spec: ModelSpec, c: Candidates) -> Any:
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
-                      stack: Stack, model_parallel: Optional[bool] = None) -> tuple[Candidates, int, dict[str, int]]:
+                      stack: Stack, model_parallel: Optional[bool] = None, seq_len: int = 1, eager: bool = False,
+                      cp: Optional[int] = None) -> tuple[Candidates, int, dict[str, int]]:
     """(the plans that break no constraint, how many were considered, rejections by reason); ``model_parallel``:
-    only the (tp, pp) layouts with (True) or without (False) TP or PP."""
+    only the layouts with (True) or without (False) TP or PP."""
     multi = world > hardware.gpus_per_node
-    # (tp, pp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
-    # counted, not built: a highly composite world size has thousands of layouts x 4,032 rows each.
-    pairs = [p for p in tp_pp_pairs(world) if model_parallel is None or bool(api.model_parallel(*p)) == model_parallel]
-    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack)
+    # (tp, pp, cp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
+    # counted, not built: a highly composite world size has thousands of layouts x 5,760 rows each.
+    pairs = layouts(world, spec, seq_len, stack)
+    if model_parallel is not None:
+        pairs = pairs[np.asarray(api.model_parallel(pairs[:, 0], pairs[:, 1], pairs[:, 2]), dtype=bool) == model_parallel]
+    if cp is not None:
+        pairs = pairs[pairs[:, 2] == cp]
+    if cp is not None and not len(pairs):
+        raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
+                        f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")
+    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack, seq_len, eager)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):
         pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
     policies, offloads = policies_of(stack), offloads_of(stack, hardware)
-    pruned_counts = count_candidates(world, [p for p, r in zip(pairs, pair_reason) if r >= 0], gb, multi, policies, offloads)
-    kept_pairs = [p for p, r in zip(pairs, pair_reason) if r < 0]
-    rows = int(count_candidates(world, kept_pairs, gb, multi, policies, offloads).sum())
+    pruned_counts = count_candidates(world, pairs[pair_reason >= 0], gb, multi, stack, policies, offloads)
+    kept_pairs = pairs[pair_reason < 0]
+    rows = int(count_candidates(world, kept_pairs, gb, multi, stack, policies, offloads).sum())
     if rows > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
                         f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs, policies, offloads), spec)
+    cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs, stack, policies, offloads), spec)
     if len(cols) > MAX_CANDIDATES:
         raise PlanError(f"{world:,} GPUs give {len(cols):,} candidate plans for {spec.name} with its expert-parallel "
                         f"degrees, more than the {MAX_CANDIDATES:,} one search evaluates; use a GPU count with fewer "
                         f"divisors (e.g. --gpus {_round_world(world, hardware)})")
     cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes,
                          "recompute_k": block_layers(spec, cols)})
-    bad = violations(cols, spec, hardware, world, stack)
+    bad = violations(cols, spec, hardware, world, stack, seq_len, eager)
     pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
     rejected: dict[str, int] = {}
     ok = np.ones(len(cols), dtype=bool)

@@ -1,8 +1,11 @@
 """The search space: every plan a world size admits, as a table of candidates (no estimates here).
 
-dp x tp x pp factorisations of the world size, ZeRO stage 0-3 (and FSDP HYBRID_SHARD across nodes,
-nn.DataParallel inside one node), sequence parallelism, pipeline schedule and virtual stages, micro-batch
-size, recomputation, and for a mixture-of-experts model the expert-parallel degree and expert tensor
+dp x tp x cp x pp factorisations of the world size (cp a power of two up to advisor.parallel.context.MAX_CP,
+in each context-parallel flavour the stack runs, where the sequence splits into 2 x cp chunks; pipelines split
+evenly, or unevenly where the stack can and the layers do not divide), ZeRO stage 0-3 (and FSDP HYBRID_SHARD
+across nodes, nn.DataParallel inside one node), sequence parallelism, pipeline schedule (the zero-bubble ones
+where the stack runs them) and virtual stages, micro-batch size, recomputation (the checkpointing policies the stack runs), offload (where the stack and the
+host side allow it), and for a mixture-of-experts model the expert-parallel degree and expert tensor
 parallelism (``with_experts``); structural duplicates are left out (SP without TP, schedules without a pipeline,
 ZeRO over one replica). advisor.search evaluates and ranks them; advisor.suggest re-runs a corner of
 the space when nothing fits.
@@ -18,16 +21,24 @@ import numpy as np
 from advisor.candidates import Candidates
 from advisor.constraints import violations
 from advisor.hardware import Hardware
-from advisor.layout import Offload, Schedule
-from advisor.recompute import SEARCH_K
-from advisor.training import Recompute
+from advisor.layout import ContextParallel, Offload, PipelineSplit, Schedule
 from advisor.model import ModelSpec
 from advisor.parallel import expert
+from advisor.parallel.context import MAX_CP
+from advisor.recompute import SEARCH_K
+from advisor.training import Recompute
+
+# The search's smallest share of a sequence per context-parallel rank (a bound of the space, as MAX_CP; estimate
+# takes any cp): below it tensor and sequence parallelism already split the activations as well, and a ring step's
+# attention block, (s / cp)^2 / 2 scores, is too short to hide its K/V transfer. Published runs keep far more:
+# Llama 3 405B at 131,072 tokens with CP 16 holds 8,192 per rank (Dubey et al. 2024 s.3.3.2).
+MIN_TOKENS_PER_CP_RANK = 2048
 
 
 MICRO_BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128])
 # (schedule, virtual stages)
-SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)]
+SCHEDULES = [(Schedule.one_f_one_b, 1), (Schedule.gpipe, 1)] + [(Schedule.interleaved, v) for v in (2, 3, 4, 6, 8)] + [
+    (Schedule.zb_h1, 1), (Schedule.zb_v, 2), (Schedule.dualpipe_v, 2)]
 # data-parallel variants: 0 DDP/ZeRO, 1 nn.DataParallel, 2 FSDP hybrid shard
 VARIANTS = (0, 1, 2)
 # checkpointing policies (Recompute codes) and offloads (Offload codes) searched where nothing else is said
@@ -76,24 +87,64 @@ def tp_pp_pairs(world: int) -> list[tuple[int, int]]:
     return [(tp, pp) for tp in divisors(world) for pp in divisors(world // tp)]
 
 
+def layouts(world: int, spec: ModelSpec, seq_len: int, stack=None) -> np.ndarray:
+    """Every (tp, pp, cp, cp flavour code, pipeline split code) the search considers, one row each: the (tp, pp)
+    pairs, cp a power of two up to MAX_CP dividing what is left, splitting the sequence into 2 x cp chunks and
+    leaving a rank MIN_TOKENS_PER_CP_RANK, in each flavour the stack runs (all without a stack); the uneven split
+    where the stack runs it and the layers do not divide."""
+    eng = stack.engine if stack is not None else None
+    flavours = np.array([k.code for k in ContextParallel if eng is None or k.value in eng.context_parallel], dtype=np.int64)
+    uneven = eng is None or PipelineSplit.edges.value in eng.pipeline_splits
+    pairs = np.array(tp_pp_pairs(world), dtype=np.int64).reshape(-1, 2)
+    tp, pp = pairs[:, 0], pairs[:, 1]
+    rest = world // (tp * pp)
+    rows = [np.stack([tp, pp, np.ones_like(tp), np.full_like(tp, ContextParallel.ring.code), np.zeros_like(tp)], axis=1)]
+    for cp in (2 ** k for k in range(1, MAX_CP.bit_length())):
+        if seq_len % (2 * cp) or seq_len // cp < MIN_TOKENS_PER_CP_RANK:
+            continue
+        ok = rest % cp == 0
+        for kind in flavours:
+            n = int(ok.sum())
+            rows.append(np.stack([tp[ok], pp[ok], np.full(n, cp), np.full(n, kind), np.zeros(n, dtype=np.int64)], axis=1))
+    out = np.concatenate(rows)
+    if uneven:
+        edges = out[(out[:, 1] > 1) & (spec.n_layers % out[:, 1] != 0)].copy()
+        edges[:, 4] = PipelineSplit.edges.code
+        out = np.concatenate([out, edges])
+    return out
+
+
+def _columns(pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tp, pp, cp, cp flavour, split) arrays of (tp, pp) pairs or (tp, pp, cp, flavour, split) layouts."""
+    a = np.asarray(pairs, dtype=np.int64)
+    if a.size == 0:
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
+    a = a.reshape(len(a), -1)
+    if a.shape[1] == 2:
+        a = np.concatenate([a, np.tile([1, 0, 0], (len(a), 1))], axis=1)
+    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+
+
+def schedules_run(stack=None) -> np.ndarray:
+    """Which SCHEDULES the stack runs (every one without a stack): the zero-bubble ones only where it lists them."""
+    zb = (Schedule.zb_h1, Schedule.zb_v, Schedule.dualpipe_v)
+    return np.array([s not in zb or stack is None or s.value in stack.engine.zero_bubble for s, _ in SCHEDULES])
+
+
 def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool,
-          policies=TODAY_POLICIES, offloads=NO_OFFLOAD):
-    """The full grid over pairs x (zero, sp, schedule, micro batch, recompute, variant, offload) and which rows are
-    kept; ``policies`` (Recompute codes) and ``offloads`` (Offload codes) are what the stack and hardware offer."""
-    grids = np.meshgrid(np.arange(len(tp_a)), np.arange(4), np.arange(2), np.arange(len(SCHEDULES)),
-                        np.arange(len(MICRO_BATCHES)), np.asarray(policies), np.array(VARIANTS), indexing="ij")
-    pi, zero, sp, si, mi, rc, var = (g.ravel() for g in grids)
-    off = np.zeros(len(pi), dtype=np.int64)
-    if len(offloads) > 1:  # offload rows exist only under ZeRO-2/3, one process per GPU, no pipeline: built for those
-        base = np.nonzero((zero >= 2) & (var == 0) & (pp_a[pi] == 1))[0]
-        extra = [base[(zero[base] == 3) | (not Offload.of_code(o).params)] for o in offloads if o != Offload.none.code]
-        codes = [np.full(len(e), o) for e, o in zip(extra, [o for o in offloads if o != Offload.none.code])]
-        rows = np.concatenate([np.arange(len(pi))] + extra)
-        pi, zero, sp, si, mi, rc, var = (x[rows] for x in (pi, zero, sp, si, mi, rc, var))
-        off = np.concatenate([off] + codes)
-    params_off = (off == Offload.params_cpu.code) | (off == Offload.params_nvme.code)
-    tp, pp, dp = tp_a[pi], pp_a[pi], dp_a[pi]
-    mb = MICRO_BATCHES[mi]
+          stack=None, policies=TODAY_POLICIES, offloads=NO_OFFLOAD):
+    """The kept rows of the grid over pairs x (zero, sp, schedule, micro batch, recompute, variant), as the index
+    of each axis (the recompute axis as Recompute codes, ``policies``), and each row's Offload code: the keep rule is
+    evaluated on broadcast axes, only kept rows are built, and offload rows (``offloads``, what the stack and the host
+    side allow) are added where they can exist: ZeRO-2/3, one process per GPU, no pipeline."""
+    shape = (len(tp_a), 4, 2, len(SCHEDULES), len(MICRO_BATCHES), len(policies), len(VARIANTS))
+
+    def axis(values, k):
+        return np.asarray(values).reshape([-1 if j == k else 1 for j in range(len(shape))])
+
+    tp, pp, dp = axis(tp_a, 0), axis(pp_a, 0), axis(dp_a, 0)
+    zero, sp, si = axis(np.arange(4), 1), axis(np.arange(2), 2), axis(np.arange(len(SCHEDULES)), 3)
+    mb, var = axis(MICRO_BATCHES, 4), axis(np.array(VARIANTS), 6)
     multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
     keep = (
         ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
@@ -101,69 +152,83 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
         & (global_batch % (mb * dp) == 0)  # Megatron: global batch divisible by micro_batch x dp
         & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
         & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
-        & ~((dp == 1) & (zero > 0) & (off == 0))  # ZeRO over one replica is no ZeRO (but ZeRO-Offload's engine)
-        # offload: the optimizer under ZeRO-2 or -3, parameters under ZeRO-3, one process per GPU, no pipeline
-        & ~((off > 0) & ((zero < 2) | (var != 0) | (pp > 1)))
-        & ~(params_off & (zero != 3))
-        & ~((dp == 1) & (off > 0) & ~params_off & (zero == 3))  # one GPU: ZeRO-3 without sharding is ZeRO-2's plan
+        & axis(schedules_run(stack), 3)  # zero-bubble schedules where the stack runs them
     )
-    return (pi, zero, sp, si, mi, rc, var, off), keep
+    keep = np.broadcast_to(keep, shape)
+    pi, zero, sp, si, mi, rc, vi = np.unravel_index(np.flatnonzero(keep), shape)
+    rc, var = np.asarray(policies, dtype=np.int64)[rc], np.asarray(VARIANTS)[vi]
+    one = dp_a[pi] == 1
+    plain = ~(one & (zero > 0))  # ZeRO over one replica is no ZeRO (but ZeRO-Offload's engine, below)
+    cols = [[x[plain]] for x in (pi, zero, sp, si, mi, rc, var)]
+    off = [np.zeros(int(plain.sum()), dtype=np.int64)]
+    base = (zero >= 2) & (var == 0) & (pp_a[pi] == 1)
+    for o in offloads:
+        if o == Offload.none.code:
+            continue
+        # parameters offload under ZeRO-3; the optimizer under ZeRO-2 or -3 (on one GPU, ZeRO-3 without sharding
+        # is ZeRO-2's plan)
+        sel = base & ((zero == 3) if Offload.of_code(o).params else ~(one & (zero == 3)))
+        for col, x in zip(cols, (pi, zero, sp, si, mi, rc, var)):
+            col.append(x[sel])
+        off.append(np.full(int(sel.sum()), o, dtype=np.int64))
+    return (*(np.concatenate(c) for c in cols), np.concatenate(off))
 
 
 def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int, multi_node: bool,
-                     policies=None, offloads=None) -> np.ndarray:
+                     stack=None, policies=None, offloads=None) -> np.ndarray:
     """Rows ``enumerate_candidates`` keeps per pair, without building them: the count depends on a pair only
     through (dp, tp > 1, pp > 1), so one representative per distinct key is enumerated."""
-    if not pairs:
+    if len(pairs) == 0:
         return np.zeros(0, dtype=np.int64)
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64)
-    keys = np.stack([world // (tp_a * pp_a), np.minimum(tp_a, 2), np.minimum(pp_a, 2)], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    tp_a, pp_a, cp_a, _, _ = _columns(pairs)
+    # one integer key per (dp, tp > 1, pp > 1): np.unique on rows sorts a structured view, ~10x slower
+    key = (world // (tp_a * pp_a * cp_a)) * 4 + (tp_a > 1) * 2 + (pp_a > 1)
+    ukey, inverse = np.unique(key, return_inverse=True)
+    uniq = np.stack([ukey // 4, 1 + (ukey // 2) % 2, 1 + ukey % 2], axis=1)
     counts = np.zeros(len(uniq), dtype=np.int64)
-    for start in range(0, len(uniq), 256):  # bounded memory: 256 keys x 4,032 rows at a time
-        u = uniq[start:start + 256]
-        (pi, *_), keep = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node,
-                               TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
-        counts[start:start + len(u)] = np.bincount(pi[keep], minlength=len(u))
+    for start in range(0, len(uniq), 128):  # bounded memory: 128 keys x 5,760 rows at a time
+        u = uniq[start:start + 128]
+        pi, *_ = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node, stack,
+                       TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
+        counts[start:start + len(u)] = np.bincount(pi, minlength=len(u))
     return counts[np.asarray(inverse).reshape(-1)]
 
 
 def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
-                         pairs: Optional[list[tuple[int, int]]] = None, policies=None, offloads=None) -> Candidates:
+                         pairs: Optional[list[tuple[int, int]]] = None, stack=None, policies=None, offloads=None) -> Candidates:
     """All combinations as a table (structural duplicates removed, constraints not applied).
 
-    ``pairs`` restricts the (tp, pp) layouts (default: all of them)."""
+    ``pairs`` restricts the layouts: (tp, pp) pairs (cp 1, even split) or ``layouts`` (default: every pair)."""
     pairs = tp_pp_pairs(world) if pairs is None else pairs
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
-    (pi, zero, sp, si, mi, rc, var, off), keep = _grid(
-        tp_a, pp_a, world // (tp_a * pp_a), global_batch, multi_node,
-        TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
-    tp, pp = tp_a[pi], pp_a[pi]
-    dp = world // (tp * pp)
+    tp_a, pp_a, cp_a, kind_a, split_a = _columns(pairs)
+    pi, zero, sp, si, mi, rc, var, off = _grid(tp_a, pp_a, world // (tp_a * pp_a * cp_a), global_batch, multi_node, stack,
+                                               TODAY_POLICIES if policies is None else policies,
+                                               NO_OFFLOAD if offloads is None else offloads)
+    tp, pp, cp = tp_a[pi], pp_a[pi], cp_a[pi]
+    dp = world // (tp * pp * cp)
     sched = np.array([s[0].code for s in SCHEDULES])[si]
     v = np.array([s[1] for s in SCHEDULES])[si]
     mb = MICRO_BATCHES[mi]
-    idx = np.nonzero(keep)[0]
-    ga = global_batch // (mb[idx] * dp[idx])
-    return Candidates(dp=dp[idx], tp=tp[idx], pp=pp[idx], zero=zero[idx], hybrid=var[idx] == 2, sp=sp[idx] == 1,
-                      schedule=sched[idx], virtual_stages=v[idx], dp_kind=(var[idx] == 1).astype(int),
-                      overlap=np.ones(len(idx), bool), micro_batch=mb[idx], grad_accum=ga, recompute=rc[idx],
-                      recompute_k=K_OF_POLICY[rc[idx]], offload=off[idx])
+    ga = global_batch // (mb * dp)
+    return Candidates(dp=dp, tp=tp, pp=pp, zero=zero, hybrid=var == 2, sp=sp == 1,
+                      schedule=sched, virtual_stages=v, dp_kind=(var == 1).astype(int),
+                      overlap=np.ones(len(pi), bool), micro_batch=mb, grad_accum=ga, recompute=rc,
+                      recompute_k=K_OF_POLICY[rc], offload=off, cp=cp, cp_comm=kind_a[pi], pp_split=split_a[pi])
 
 
 def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, hw: Hardware,
-                    allow_tp_across_nodes: bool, stack=None) -> dict[str, np.ndarray]:
-    """The constraints that a (tp, pp) layout breaks whatever the rest of the plan (checked once per pair)."""
-    tp_a = np.array([p[0] for p in pairs], dtype=np.int64).reshape(-1)
-    pp_a = np.array([p[1] for p in pairs], dtype=np.int64).reshape(-1)
+                    allow_tp_across_nodes: bool, stack=None, seq_len: Optional[int] = None,
+                    eager: bool = False) -> dict[str, np.ndarray]:
+    """The constraints that a layout ((tp, pp) pair or ``layouts`` entry) breaks whatever the rest of the plan
+    (checked once per layout). The uneven split's divisibility is checked here for one chunk per rank only."""
+    tp_a, pp_a, cp_a, kind_a, split_a = _columns(pairs)
     n = len(tp_a)
-    c = Candidates(dp=world // (tp_a * pp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
+    c = Candidates(dp=world // (tp_a * pp_a * cp_a), tp=tp_a, pp=pp_a, zero=np.zeros(n, int), hybrid=np.zeros(n, bool),
                    sp=np.zeros(n, bool), schedule=np.full(n, Schedule.one_f_one_b.code), virtual_stages=np.ones(n, int),
                    dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
-                   grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes)
-    return violations(c, spec, hw, world, stack)
+                   grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes,
+                   cp=cp_a, cp_comm=kind_a, pp_split=split_a)
+    return violations(c, spec, hw, world, stack, seq_len, eager)
 
 
 def with_experts(c: Candidates, model: ModelSpec) -> Candidates:

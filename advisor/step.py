@@ -5,7 +5,8 @@ Step time (one optimizer step on the busiest pipeline stage; m = grad_accum micr
     compute     m x (forward + backward + recomputation) of the stage's layers and the head (advisor.compute)
     comm/tp     m x the TP collectives of the layers and the head (advisor.parallel.tensor)
     host        m x what the host's issuing adds beyond the GPU's work (advisor.host)
-    pipeline    m x stage-to-stage send/recv, and the bubble (advisor.parallel.pipeline)
+    pipeline    m x stage-to-stage send/recv, and the bubble of the schedule (advisor.parallel.pipeline); the
+                busiest rank's layers (and whether it holds the head) follow the pipeline split
     dp comm     the gradient reduction, ZeRO's gathers and reduce-scatters, nn.DataParallel's copies, beyond
                 what overlaps with compute (advisor.parallel.data)
     optimizer   the memory-bound step on the local (sharded) parameters (advisor.optimizer)
@@ -36,7 +37,7 @@ from advisor import adapters, compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
-from advisor.parallel import data, expert, offload, pipeline, tensor
+from advisor.parallel import context, data, expert, offload, pipeline, tensor
 from advisor.recompute import Mix, rerun
 from advisor.workload import Workload
 
@@ -59,6 +60,7 @@ class TimeBreakdown:
     offload: Any = 0.0  # the offloads' exposed PCIe and NVMe traffic and the CPU step (advisor/parallel/offload.py)
     comm_ep: Any = 0.0  # the expert-parallel dispatch and combine all-to-alls (advisor.parallel.expert)
     comm_ep_grad: Any = 0.0  # the routed experts' gradient reduction over the expert data-parallel group
+    comm_cp: Any = 0.0  # the context-parallel K/V exchange beyond the attention it overlaps (advisor.parallel.context)
 
     def parts(self) -> dict[str, Any]:
         return {_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -72,7 +74,7 @@ _NAMES = {"compute_forward": "compute/forward", "compute_backward": "compute/bac
           "compute_recompute": "compute/recompute", "comm_tp": "comm/tp", "host_overhead": "host_overhead",
           "comm_pp_p2p": "comm/pp_p2p", "pipeline_bubble": "pipeline_bubble", "comm_dp_grad": "comm/dp_grad",
           "comm_zero_params": "comm/zero_params", "comm_dataparallel": "comm/dataparallel", "optimizer": "optimizer",
-          "offload": "offload", "comm_ep": "comm/ep_alltoall", "comm_ep_grad": "comm/ep_grad"}
+          "offload": "offload", "comm_ep": "comm/ep_alltoall", "comm_ep_grad": "comm/ep_grad", "comm_cp": "comm/cp"}
 TIME_PARTS = tuple(_NAMES.values())
 
 
@@ -112,16 +114,22 @@ def _merge(a: Any, b: Any, rows: Any) -> Any:
 def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
-    tokens = c.micro_batch.astype(float) * w.seq_len
-    layers = pipeline.layers_per_stage(w.model, mesh.pp)
-    pol = policy_mix(w, c, mesh, layers)
+    tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
+    mem_layers = pipeline.memory_layers(w.model, c, mesh)
+    pol = policy_mix(w, c, mesh, mem_layers)  # the checkpointing policy over the busiest stage's layers
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp), tokens, pol)
     head = compute.head_times(w, tokens, mesh.tp)
+    # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
+    layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
     tp = tensor.time(w, c, mesh, tokens, layers)
+    if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
+        head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
+        tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     ep, moe = _expert_time(w, c, mesh, tokens, layers)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
+    cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
-    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, ep, moe)
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
@@ -130,22 +138,24 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s)
-    on_gpu = data.model_states(w, c, mesh, layers)
-    states = offload.apply(w, c, on_gpu, layers)
+    on_gpu = data.model_states(w, c, mesh, mem_layers)
+    states = offload.apply(w, c, on_gpu, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
     kept, full = saved_per_token(w, c, mesh, pol)
-    off = offload.time(w, c, mesh, states, on_gpu, pol, full * tokens, layers, windows.fwd_s, windows.bwd_s)
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
+    off = offload.time(w, c, mesh, states, on_gpu, pol, full * tokens, mem_layers, windows.fwd_s, windows.bwd_s)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]
     ep_s = ep.layers_s if ep is not None else 0.0
-    body = np.maximum(layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + tp.layers_s + ep_s, layers * hosts.total_s) + p2p
+    per_layer = lt.fwd_s + lt.bwd_s + lt.recompute_s
+    per_layer = per_layer + cp.layer_s if np.ndim(cp.layer_s) else per_layer
+    body = np.maximum(layers * per_layer + tp.layers_s + ep_s, layers * hosts.total_s) + p2p
     ep_grad = (expert.grad_time(w, c, mesh, states, np.where(np.asarray(c.overlap, dtype=bool), windows.last_backward_s, 0.0))
                if ep is not None else np.zeros(np.shape(ga)))
     off_f, off_b = 0.0, 0.0
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
-        kept = kept * tokens * layers
-        off_f, off_b = adapters.activation_offload_exposed(w, kept, layers * lt.fwd_s, layers * (lt.bwd_s + lt.recompute_s))
+        off_f, off_b = adapters.activation_offload_exposed(w, kept * tokens * layers, layers * lt.fwd_s,
+                                                           layers * (lt.bwd_s + lt.recompute_s))
     cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
     # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
     stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params
@@ -153,12 +163,15 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * host.excess_per_micro_batch(w, mb),
-        comm_pp_p2p=ga * p2p, pipeline_bubble=pipeline.bubble_fraction(mesh) * body, comm_dp_grad=dpt.grad_s,
-        comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
+        comm_pp_p2p=ga * p2p,
+        pipeline_bubble=pipeline.bubble_time(w.model, c, mesh, layers, body, layers * lt.fwd_s, layers * lt.bwd_s,
+                                             layers * lt.recompute_s),
+        comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=(adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
                    np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master))),
-        offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad)
-    memory, overhead = breakdown(w, c, mesh, states, tokens, layers)
+        offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad,
+        comm_cp=ga * layers * cp.layer_s if np.ndim(cp.layer_s) else np.zeros(len(c)))
+    memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers)
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
@@ -174,8 +187,10 @@ def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: An
 
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
-                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, ep: Any = None, moe: Any = 0.0) -> host.MicroBatch:
-    """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it."""
+                tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, on_head: Any = 1.0, ep: Any = None,
+                moe: Any = 0.0) -> host.MicroBatch:
+    """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it (``on_head``:
+    1.0 where that stage issues the head's kernels; ``ep``: its MoE layers' all-to-alls)."""
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
     ep_fwd = 0.0
     if ep is not None:
@@ -183,9 +198,9 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
     return host.MicroBatch(
         gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s + ep_fwd,
         gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s + (ep.layers_s - ep_fwd if ep is not None else 0.0),
-        head_fwd_s=head.fwd_s,
-        head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
-        host_s=layers * hosts.total_s + host.head_host_time(w, mesh.tp), host_head_s=host.head_host_time(w, mesh.tp))
+        head_fwd_s=head.fwd_s, head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
+        host_s=layers * hosts.total_s + on_head * host.head_host_time(w, mesh.tp),
+        host_head_s=on_head * host.head_host_time(w, mesh.tp))
 
 
 def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[Any, Any]:

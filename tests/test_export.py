@@ -55,9 +55,20 @@ CASES = {
                          dict(micro_batch=1, grad_accum=2, recompute="every-k", recompute_layers=2)),
     "megatron-block": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, zero=1, sp=True),
                        dict(micro_batch=1, global_batch=256, seq_len=8192, recompute="block", recompute_layers=3)),
+    # issue 16: context parallelism and pipelines as they are built (Megatron only)
+    "cp-ring-zero1": ("llama3-8b", "dgx-h100", 8, dict(dp=2, cp=4, zero=1), dict(micro_batch=1, global_batch=8, seq_len=131072)),
+    "cp-ulysses-tp": ("llama3-8b", "dgx-h100", 16, dict(dp=2, tp=2, cp=4, sp=True, cp_comm="ulysses"),
+                      dict(micro_batch=1, global_batch=8, seq_len=32768, recompute="full")),
+    "405b-uneven-interleaved-cp": ("llama3-405b", "dgx-h100", 512,
+                                   dict(dp=2, tp=8, pp=16, cp=2, zero=1, sp=True, schedule="interleaved",
+                                        virtual_stages=4, pp_split="edges"),
+                                   dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="full")),
+    "uneven-first-last": ("llama3-405b", "dgx-h100", 128, dict(dp=1, tp=8, pp=16, sp=True),
+                          dict(micro_batch=1, global_batch=32, seq_len=8192, recompute="full")),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
+MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last"}
 
 
 def inputs(case: str):
@@ -69,7 +80,10 @@ def inputs(case: str):
 
 
 def exportable(kind: str, case: str) -> bool:
-    return not (kind in ("torchrun", "deepspeed") and case == "megatron-block") and not (kind == "accelerate" and case in MODEL_PARALLEL | {"megatron-block"}) and not (
+    if case in MEGATRON_ONLY:  # the torchrun line launches any script; DeepSpeed and accelerate refuse these
+        return kind in ("megatron", "torchrun")
+    return not (kind in ("torchrun", "deepspeed") and case == "megatron-block") and not (
+        kind == "accelerate" and case in MODEL_PARALLEL | {"megatron-block"}) and not (
         kind == "deepspeed" and case == "3d-interleaved") and not (
         kind == "megatron" and case in OFFLOAD) and not (
         kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme"))
@@ -111,7 +125,7 @@ def test_batch_identity(case):
     """train_batch_size = micro x grad_accum x dp in DeepSpeed, and Megatron's --global-batch-size the same."""
     model, hw, plan, setup, ga, world = inputs(case)
     expected = setup.global_batch or setup.micro_batch * ga * plan.dp
-    if case != "3d-interleaved":
+    if case != "3d-interleaved" and case not in MEGATRON_ONLY:
         ds, _ = deepspeed_dict(model, hw, plan, setup, ga, world)
         assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan.dp
         assert ds["train_batch_size"] == expected
@@ -321,7 +335,7 @@ def _megatron_flags(text: str) -> dict[str, object]:
 TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_position_embeddings", "swiglu",
                  "group_query_attention", "position_embedding_type", "untie_embeddings_and_output_weights",
                  "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "fp8_format", "normalization",
-                 "ckpt_format"}
+                 "ckpt_format", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}
 
 
 @pytest.mark.slow
@@ -346,12 +360,18 @@ def test_megatron_args_build_core_configs(case):
     vpp = f.get("num_layers_per_virtual_pipeline_stage")
     swiglu = bool(f.get("swiglu"))
     opt = lambda k: int(f[k]) if k in f else None  # noqa: E731
+    # TransformerConfig.__post_init__ checks the uneven split (megatron-core 0.16.1 transformer_config.py "Uneven PP")
+    uneven = dict(num_layers_in_first_pipeline_stage=opt("decoder_first_pipeline_num_layers"),
+                  num_layers_in_last_pipeline_stage=opt("decoder_last_pipeline_num_layers"),
+                  account_for_embedding_in_pipeline_split=bool(f.get("account_for_embedding_in_pipeline_split")),
+                  account_for_loss_in_pipeline_split=bool(f.get("account_for_loss_in_pipeline_split")))
     tc = TransformerConfig(
         num_layers=n_layers, hidden_size=int(f["hidden_size"]), num_attention_heads=int(f["num_attention_heads"]),
         num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
         ffn_hidden_size=int(f["ffn_hidden_size"]), kv_channels=opt("kv_channels"),
         tensor_model_parallel_size=int(f["tensor_model_parallel_size"]), pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else None,
+        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else opt("virtual_pipeline_model_parallel_size"),
+        context_parallel_size=opt("context_parallel_size") or 1, cp_comm_type=f.get("cp_comm_type"), **uneven,
         sequence_parallel=bool(f.get("sequence_parallel")), recompute_granularity=f.get("recompute_granularity"),
         recompute_method=f.get("recompute_method"), recompute_num_layers=opt("recompute_num_layers"),
         bf16=bool(f.get("bf16")), fp16=bool(f.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
@@ -361,7 +381,8 @@ def test_megatron_args_build_core_configs(case):
     )
     assert tc.kv_channels * tc.num_attention_heads == model.q_dim
     assert (tc.num_query_groups or tc.num_attention_heads) == model.kv_heads
-    assert tc.tensor_model_parallel_size * pp * plan.dp == world
+    assert tc.tensor_model_parallel_size * pp * tc.context_parallel_size * plan.dp == world
+    assert tc.context_parallel_size == plan.cp
     if plan.schedule == "interleaved":
         assert tc.virtual_pipeline_model_parallel_size == plan.virtual_stages
     ddp = DistributedDataParallelConfig(
@@ -413,6 +434,7 @@ def megatron_validate(f: dict[str, object], env: dict[str, str], world: int) -> 
     errors = []
     fsdp, conn = bool(f.get("use_megatron_fsdp")), env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     tp, pp = int(f["tensor_model_parallel_size"]), int(f["pipeline_model_parallel_size"])
+    cp = int(f.get("context_parallel_size", 1))
     # validate_args, Megatron-FSDP block: `assert args.ckpt_format == "fsdp_dtensor"` (ckpt_format defaults to
     # torch_dist); the same text is asserted by megatron-bridge 0.3.1 training/config.py:1474, and megatron-core
     # 0.16.1's DistributedOptimizer saves nothing else under Megatron-FSDP (optimizer/distrib_optimizer.py:1229).
@@ -424,20 +446,32 @@ def megatron_validate(f: dict[str, object], env: dict[str, str], world: int) -> 
     # validate_args: TP (or CP) > 1 without FSDP needs one hardware queue so that a communication kernel is
     # scheduled before the GEMM it overlaps (pre-Blackwell); megatron-bridge 0.3.1 recipes/run_plugins.py
     # (_set_num_cuda_device_max_connections) sets 1 for tp or cp > 1 on Hopper and earlier for that reason.
-    if tp > 1 and not fsdp and conn != "1":
+    if (tp > 1 or cp > 1) and not fsdp and conn != "1":
         errors.append("Using tensor model parallelism or context parallelism require setting the environment "
                       "variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
     # validate_args: --num-distributed-optimizer-instances > 1 only with the distributed optimizer.
     if int(f.get("num_distributed_optimizer_instances", 1)) > 1 and not f.get("use_distributed_optimizer"):
         errors.append("--num-distributed-optimizer-instances greater than 1 is only supported with distributed optimizer")
     # validate_args: layers split evenly over pipeline stages, and each stage over its virtual stages.
+    # Uneven splits as megatron-core 0.16.1 transformer_config.py checks them: first/last stage layers with the
+    # middle ones dividing evenly, or the embedding and the loss counted as layers ("Uneven PP").
     n_layers = int(f["num_layers"])
-    if n_layers % pp:
+    first, last = f.get("decoder_first_pipeline_num_layers"), f.get("decoder_last_pipeline_num_layers")
+    units = n_layers + bool(f.get("account_for_embedding_in_pipeline_split")) + bool(f.get("account_for_loss_in_pipeline_split"))
+    if first is not None or last is not None:
+        middle, stages = n_layers - int(first or 0) - int(last or 0), pp - (first is not None) - (last is not None)
+        if stages and middle % stages:
+            errors.append(f"number of layers at middle stage: {middle} must be divisible by the middle pipeline "
+                          f"model parallel size {stages}")
+    elif units % pp:
         errors.append("Number of layers should be divisible by the pipeline-model-parallel size")
     vpp = f.get("num_layers_per_virtual_pipeline_stage")
     if vpp is not None and (n_layers // pp) % int(vpp):
         errors.append("number of layers per pipeline stage must be divisible number of layers per virtual stage")
-    if world % (tp * pp):
+    vp_size = f.get("virtual_pipeline_model_parallel_size")
+    if vp_size is not None and (units // pp) % int(vp_size):
+        errors.append("number of layers on each pipeline rank must be divisible by virtual_pipeline_model_parallel_size")
+    if world % (tp * pp * cp):
         errors.append(f"world size ({world}) is not divisible by tensor parallel size ({tp}) times pipeline "
                       f"parallel size ({pp})")
     return errors
@@ -457,7 +491,8 @@ def test_megatron_script_meets_validate_args(case, shell_env, tmp_path):
     argv, env = _run_megatron_script(out.text, tmp_path, shell_env)
     f = _flags(argv)
     assert megatron_validate(f, env, world) == []
-    dp = world // (int(f["tensor_model_parallel_size"]) * int(f["pipeline_model_parallel_size"]))
+    dp = world // (int(f["tensor_model_parallel_size"]) * int(f["pipeline_model_parallel_size"])
+                   * int(f.get("context_parallel_size", 1)))
     calc = ConstantNumMicroBatchesCalculator(int(f["global_batch_size"]), int(f["micro_batch_size"]), dp, False, 0)
     assert calc.get() == ga
 

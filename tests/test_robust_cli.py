@@ -51,7 +51,7 @@ BAD_OPTIONS = [
     (["estimate", *E[1:], "--zero", "4"], ["--zero"]),
     (["estimate", *E[1:], "--zero", "-1"], ["--zero"]),
     (["estimate", *E[1:], "--precision", "fp64"], ["--precision", "fp64"]),
-    (["estimate", *E[1:], "--schedule", "zb-v"], ["--schedule"]),
+    (["estimate", *E[1:], "--schedule", "zb-h2"], ["--schedule"]),
     (["estimate", *E[1:], "--bogus"], ["No such option"]),
     (["plan", *P[1:], "--tp", "2"], ["No such option '--tp'"]),
     (["plan", *P[1:], "--memory-headroom", "nan"], ["--memory-headroom must be a finite number (got nan)"]),

@@ -278,16 +278,17 @@ def test_search_space_counts_match_full_enumeration():
     from advisor.candidates import Candidates
     from advisor.constraints import violations
     from advisor.search import block_layers
-    from advisor.space import enumerate_candidates, offloads_of, policies_of
+    from advisor.space import enumerate_candidates, layouts, offloads_of, policies_of
 
     spec, hw = load_model("llama3-8b"), load_hardware("dgx-a100")
     for world, gb in ((720, 720), (96, 48), (24, 24)):
         res = search(spec, hw, gpus=world, global_batch=gb)
-        cols = enumerate_candidates(world, gb, world > hw.gpus_per_node, None, policies_of(res.stack),
-                                    offloads_of(res.stack, hw))
+        seq, stack = res.setup.seq_len, res.stack  # every (tp, pp, cp, flavour, split) layout the stack runs
+        cols = enumerate_candidates(world, gb, world > hw.gpus_per_node, layouts(world, spec, seq, stack), stack,
+                                    policies_of(stack), offloads_of(stack, hw))
         cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": False, "recompute_k": block_layers(spec, cols)})
         assert res.candidates == len(cols)
         ok = np.ones(len(cols), bool)
-        for reason, mask in violations(cols, spec, hw, world, res.stack).items():
+        for reason, mask in violations(cols, spec, hw, world, stack, seq).items():
             assert res.rejected.get(reason, 0) == int((mask & ok).sum()), reason
             ok &= ~mask

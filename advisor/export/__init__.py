@@ -115,6 +115,9 @@ def resolve_launch(kind: Optional[str], stack: Union[str, Stack, None]) -> tuple
     return stack, kind
 
 
+ZERO_BUBBLE = ("zb-h1", "zb-v", "dualpipev")
+
+
 def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
            world_size: int, stack: Union[str, Stack, None] = None) -> Exported:
     """The launch config of one plan in format ``kind`` (one of KINDS; None: the stack's usual one), for the stack
@@ -125,6 +128,10 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
     if errors:
         raise ExportError(f"plan {plan.label()} is invalid under stack {stack_.name}: {errors[0]}")
     setup = setup.model_copy(update={"stack": stack_.name})  # the header names the stack
+    if kind in ("accelerate", "deepspeed") and (plan.cp > 1 or plan.pp_split.value != "even" or plan.schedule.value in ZERO_BUBBLE):
+        what = (f"context parallelism (cp={plan.cp})" if plan.cp > 1 else f"the {plan.schedule.value} schedule"
+                if plan.schedule.value in ZERO_BUBBLE else "an uneven pipeline split")
+        raise ExportError(f"the {kind} export does not write {what}: use --format megatron")
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export accelerate, deepspeed or torchrun (PEFT)")

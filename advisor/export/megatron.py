@@ -42,7 +42,12 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
-    if plan.pp > 1 and plan.schedule == "interleaved":
+    a += _context_parallel(plan) + _pipeline_split(model, plan)
+    if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
+        raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
+    if plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
+        a += ["--virtual-pipeline-model-parallel-size", plan.virtual_stages]
+    elif plan.pp > 1 and plan.schedule == "interleaved":
         a += ["--num-layers-per-virtual-pipeline-stage", model.n_layers // (plan.pp * plan.virtual_stages)]
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
@@ -60,6 +65,46 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     return [str(x) for x in a], notes
+
+
+# advisor's context-parallel flavours as Megatron's --cp-comm-type (megatron-core 0.16.1 transformer_config.py
+# cp_comm_type: "p2p" (TE's ring), "all_gather", "a2a" (DeepSpeed-Ulysses' exchange), "a2a+p2p")
+CP_COMM_TYPE = {"ring": "p2p", "all-gather": "all_gather", "ulysses": "a2a"}
+
+
+def _context_parallel(plan: Plan) -> list:
+    """--context-parallel-size and its --cp-comm-type (Megatron-LM arguments.py; CP needs TE's fused attention,
+    which Megatron's --transformer-impl transformer_engine default gives)."""
+    if plan.cp <= 1:
+        return []
+    return ["--context-parallel-size", plan.cp, "--cp-comm-type", CP_COMM_TYPE[plan.cp_comm.value]]
+
+
+def pipeline_edge_layers(n_layers: int, pp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers that realise an even split of layers that pp does not divide: ceil(L / pp) on every
+    middle stage and the rest on the first and the last, the last (with the LM head) no larger (megatron-core 0.16.1
+    transformer_config.py: the middle layers must divide evenly over the middle stages); None when pp divides L."""
+    if pp <= 1 or n_layers % pp == 0:
+        return None
+    per = -(-n_layers // pp)
+    rest = n_layers - per * (pp - 2)
+    first, last = rest - rest // 2, rest // 2
+    if pp == 2:
+        first, last = per, n_layers - per
+    return (first, last) if 1 <= last <= first <= per else None
+
+
+def _pipeline_split(model: ModelSpec, plan: Plan) -> list:
+    if plan.pp <= 1:
+        return []
+    if plan.pp_split.value == "edges":
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    edges = pipeline_edge_layers(model.n_layers, plan.pp)
+    if model.n_layers % plan.pp and edges is None:
+        raise ExportError(f"{model.n_layers} layers do not split over pp={plan.pp} stages as Megatron requires "
+                          "(first, last and equal middle stages): use --pp-split edges or another --pp")
+    return [] if edges is None else ["--decoder-first-pipeline-num-layers", edges[0],
+                                     "--decoder-last-pipeline-num-layers", edges[1]]
 
 
 def _unwritten(model: ModelSpec) -> list[str]:
@@ -202,11 +247,11 @@ def megatron_env(plan: Plan, notes: list[str]) -> dict[str, str | None]:
     value large than one"), so it is unset, leaving CUDA's default of 8, in case the user's shell exports 1.
     """
     if plan.zero >= 2:
-        if plan.tp > 1:
-            notes.append(f"Megatron-FSDP with tp={plan.tp}: TP overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1 but "
+        if plan.tp > 1 or plan.cp > 1:
+            notes.append(f"Megatron-FSDP with tp={plan.tp}, cp={plan.cp}: TP/CP overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1 but "
                          "Megatron-FSDP refuses 1, so it is unset; TP communication may overlap less with compute")
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if plan.tp > 1:
+    if plan.tp > 1 or plan.cp > 1:  # validate_args: "tensor model parallelism or context parallelism require ..."
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
 

@@ -93,6 +93,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
     p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
     outside = pipeline.params_outside_layers(m, mesh.pp) / tp
+    # uneven split: ``layers`` is u - 1, and the busiest rank holds the first's embedding or a middle rank's u-th layer
+    edges = pipeline.uneven(c)
+    outside = np.where(edges, np.maximum(outside, p_layer), outside) if np.any(edges) else outside
     params = layers * p_layer + outside
     # the routed experts' states sharded over the expert data-parallel group (edp ranks) by ZeRO, the rest over dp
     # (without EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)

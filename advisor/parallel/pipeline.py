@@ -1,13 +1,32 @@
 """Pipeline parallelism: the layers split into pp stages, micro-batches flowing through them.
 
-- Stages: each holds ceil(L / pp) layers; the busiest also holds the word embedding (the first stage) or the
-  LM head (the last), V x h parameters, and the learned positions.
+- Stages: the even split gives each rank ceil(L / pp) layers, and the busiest is costed as also holding the
+  word embedding (the first stage) or the LM head (the last), V x h parameters, and the learned positions. The
+  uneven split (``PipelineSplit.edges``) counts the embedding and the loss as one layer each (Megatron-Core
+  0.16.1 transformer_block.py get_num_layers_to_build: (L + 2) / pp units per rank, one layer fewer on the
+  first and on the last rank; torchtitan 0.3.0 pipeline_parallel.py generate_llm_fqn_per_model_part with
+  input_weight = output_weight = 1; Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024 s.3.3.2): the
+  busiest rank is then a middle one (u = (L + 2) / pp layers) or the last (u - 1 layers and the head),
+  whichever takes longer; for memory, the first (u - 1 layers and the embedding) or a middle one.
 - Schedules (Narayanan et al. 2021, arXiv 2104.04473, s.2.2): GPipe runs every forward, then every backward;
   1F1B alternates once the pipeline is full; interleaved 1F1B gives each rank v chunks of L / (pp v) layers.
-  The bubble is (pp - 1) / v times the time of one micro-batch on a stage. Fill and drain pass through the
-  other stages, which hold layers only: the last stage's logits and loss are paid once per micro-batch, not
+  The bubble is (pp - 1) / v times the time of one micro-batch on a stage; with uneven stages, fill and drain
+  pass through the other stages' layers: (L / layers_busiest - 1) / v times the busiest stage's layers (a
+  pipeline of stage times t_i and m micro-batches takes sum(t_i) + (m - 1) max(t_i): ``schedule_time``).
+  Fill and drain pass through the other stages, which hold layers only: the last stage's logits and loss are paid once per micro-batch, not
   (pp - 1) / v more times (a pipeline with stage times t_i takes sum(t_i) + (m - 1) max(t_i); the paper's
   (p - 1) / m bubble assumes equal t_i).
+- Zero-bubble schedules split each backward into B (input gradients) and W (weight gradients) and fill the
+  bubble with W; with F the forward, B = W = half the backward (the two GEMMs of a linear layer's backward
+  do equal work) plus the recomputation in B:
+  ZB-H1 (Qi et al. 2023, arXiv 2401.10241, s.3.1 and Table 2): bubble (p - 1)(F + B - W), peak memory as 1F1B.
+  ZB-V (ibid. s.6, ScheduleZBVZeroBubble): two chunks per rank in a V; the bubble of ZB-H2, (p - 1)(F + B - 2W),
+  at the chunk level (each of F, B, W halved), never below 0; peak memory as 1F1B.
+  DualPipeV (DeepSeek-V3 report, Liu et al. 2024, arXiv 2412.19437, Table 2; torch ScheduleDualPipeV, the
+  "cut-in-half" DualPipe on pp ranks with 2 chunks each, i.e. DualPipe with PP = 2 pp): bubble
+  (PP/2 - 1)(F&B + B - 3W) of chunk times, F&B = F + B for a dense model (no all-to-all to overlap);
+  activations of pp + 1 micro-batches of a rank (Table 2's PP + 1), parameters once (the V's halves).
+  Each needs at least 2 x pp micro-batches (torch's schedules: as many as stages).
 - Send/recv: each micro-batch sends its activation forward and its gradient back at every stage boundary, v
   times under interleaving. Megatron's scatter/gather optimisation (s.4.1; --scatter-gather-tensors-in-
   pipeline, on by default; the stack's ``pipeline_scatter_gather``): each TP rank sends 1/tp of the activation
@@ -29,20 +48,35 @@ import numpy as np
 from advisor import comm
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
-from advisor.layout import Schedule
+from advisor.layout import PipelineSplit, Schedule
 from advisor.model import ModelSpec
 from advisor.workload import Workload
 
 
+ZB_H1, ZB_V, DUALPIPE_V = Schedule.zb_h1.code, Schedule.zb_v.code, Schedule.dualpipe_v.code
+EDGES = PipelineSplit.edges.code
+
+
 def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
     interleaved = c.schedule == Schedule.interleaved.code
+    two = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
     layers = model.n_layers
+    edges = (c.pp_split == EDGES) & (c.pp > 1)
+    chunks = np.where(interleaved, c.virtual_stages, np.where(two, 2, 1))
+    units = layers + np.where(edges, 2, 0)  # the embedding and the loss count as layers in the uneven split
+    # layout-level reasons first: the search checks them once per layout and counts its rows under them
     return {
         "pp > number of layers": c.pp > layers,
+        "uneven split needs pp > 1, layers that pp does not divide, and layers + 2 divisible by pp": (
+            c.pp_split == EDGES) & ((c.pp == 1) | (((layers + 2) % c.pp) != 0) | ((layers % c.pp) == 0)),
         "ZeRO-2/3 with pipeline parallelism (only ZeRO-1 combines with PP)": (c.pp > 1) & (c.zero >= 2),
         "interleaved schedule needs pp > 1 and layers divisible by pp x virtual stages": interleaved & (
-            (c.pp == 1) | ((layers % np.maximum(c.pp * c.virtual_stages, 1)) != 0) | (c.virtual_stages < 2)),
+            (c.pp == 1) | ((units % np.maximum(c.pp * c.virtual_stages, 1)) != 0) | (c.virtual_stages < 2)),
         "interleaved schedule needs the micro-batch count divisible by pp": interleaved & (c.pp > 1) & ((c.grad_accum % c.pp) != 0),
+        "ZB-V and DualPipeV need pp > 1, layers divisible by 2 x pp and 2 x pp micro-batches": two & (
+            (c.pp == 1) | ((units % (2 * c.pp)) != 0) | (c.grad_accum < 2 * c.pp)),
+        "uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks": (c.pp_split == EDGES) & (c.pp > 1) & (
+            (units % np.maximum(c.pp * chunks, 1)) != 0),
     }
 
 
@@ -54,6 +88,53 @@ def params_outside_layers(model: ModelSpec, pp: Any) -> Any:
     """Parameters of the busiest stage outside its layers: all of them without a pipeline, else one V x h
     table (the first stage's embedding or the last's LM head) and the learned positions."""
     return np.where(pp > 1, model.vocab * model.d_model + model.position_params, model.embedding_params)
+
+
+def uneven(c: Candidates) -> Any:
+    """Where the layers are split unevenly (the embedding and the loss counted as layers)."""
+    return (np.asarray(c.pp_split) == EDGES) & (np.asarray(c.pp) > 1)
+
+
+def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any) -> tuple[Any, Any]:
+    """(layers of the busiest rank, 1.0 where its time also holds the head else 0.0), from one layer's and the
+    head's seconds per micro-batch. Even split: ceil(L / pp) layers and the head. Uneven: a middle rank's u =
+    (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
+    even = layers_per_stage(model, mesh.pp)
+    edges = uneven(c)
+    if not np.any(edges):
+        return even, 1.0
+    units = (model.n_layers + 2.0) / mesh.pp
+    last_busier = (units - 1.0) * layer_s + head_s > units * layer_s
+    head = np.where(edges & ~last_busier, 0.0, 1.0)
+    return np.where(edges, units - head, even), head
+
+
+def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
+    """Layers whose weights count on the busiest rank by memory: the even split's ceil(L / pp); the uneven
+    split's u - 1 common to the first and the middle ranks (``outside_params_uneven`` adds the larger of the
+    first's embedding and a middle rank's u-th layer)."""
+    edges = uneven(c)
+    even = layers_per_stage(model, mesh.pp)
+    return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
+
+
+def stage_counts(n_layers: int, pp: int, split: str = "even") -> list[int]:
+    """The layers of each pipeline rank, as Megatron builds them (a hand count for tests and the explanation)."""
+    if split == "edges":
+        u = (n_layers + 2) // pp
+        return [u - 1] + [u] * (pp - 2) + [u - 1] if pp > 1 else [n_layers]
+    per = -(-n_layers // pp)
+    return [min(per, max(n_layers - per * i, 0)) for i in range(pp)]
+
+
+def schedule_time(stage_s: list[float], m: int) -> tuple[float, float]:
+    """(step, bubble) of a 1F1B/GPipe pipeline of stage times ``stage_s`` (forward + backward of one micro-batch)
+    over m micro-batches: the first micro-batch passes every stage, the rest follow at the slowest stage's pace,
+    step = sum(t_i) + (m - 1) max(t_i); the bubble is the step beyond the work of the average stage, m x mean(t_i),
+    so it holds both the fill and drain and the stages' imbalance."""
+    total, slowest = float(sum(stage_s)), float(max(stage_s))
+    step = total + (m - 1) * slowest
+    return step, step - m * total / len(stage_s)
 
 
 def p2p_time(w: Workload, c: Candidates, mesh: Mesh, act_bytes: Any) -> Any:
@@ -76,14 +157,52 @@ def bubble_fraction(mesh: Mesh) -> Any:
     return np.where(mesh.pp > 1, (mesh.pp - 1.0) / mesh.v, 0.0)
 
 
-def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any) -> Any:
-    """Layer-micro-batches of activations the busiest (first) pipeline stage holds at its peak."""
+def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s: Any, fwd_s: Any, bwd_s: Any,
+                recompute_s: Any) -> Any:
+    """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their
+    collectives and send/recv); ``fwd_s``, ``bwd_s``, ``recompute_s``: its layers' compute, which the zero-bubble
+    formulas split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring)."""
+    # fill and drain pass through the other ranks' layers: pp - 1 stages even, L / layers - 1 uneven
+    others = np.where(uneven(c), model.n_layers / np.maximum(layers, 1.0) - 1.0, mesh.pp - 1.0)
+    classic = np.where(mesh.pp > 1, others / mesh.v, 0.0) * body_s
+    sched = np.asarray(c.schedule)
+    zb = (sched == ZB_H1) | (sched == ZB_V) | (sched == DUALPIPE_V)
+    if not np.any(zb & (mesh.pp > 1)):
+        return classic
+    on = np.nonzero(np.broadcast_to(zb & (mesh.pp > 1), np.shape(classic)))[0]  # only the zero-bubble rows
+
+    def at(x: Any) -> Any:
+        return np.broadcast_to(x, np.shape(classic))[on]
+
+    work = np.maximum(at(fwd_s) + at(bwd_s) + at(recompute_s), 1e-30)
+    scale = at(body_s) / work  # the body's collectives and send/recv stretch F, B and W alike
+    f, b, w_ = at(fwd_s) * scale, (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
+    pp, s_on = at(mesh.pp), at(sched)
+    h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
+    zbv = (pp - 1.0) * np.maximum(f + b - 2.0 * w_, 0.0) / 2.0  # ZB-V: (p - 1)(F + B - 2W) of one of two chunks
+    dual = (pp - 1.0) * np.maximum((f + b) + b - 3.0 * w_, 0.0) / 2.0  # DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2pp, chunks
+    out = np.array(classic, dtype=float, copy=True)
+    out[on] = np.where(s_on == ZB_H1, h1, np.where(s_on == ZB_V, zbv, dual))
+    return out
+
+
+def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any, split: Any = None) -> Any:
+    """Layer-micro-batches of activations the busiest (first) pipeline stage holds at its peak. Under the uneven
+    split the first rank holds u - 1 layers and the second u layers one micro-batch fewer: the larger of
+    u - 1 and u (pp - 1) / pp stands for a stage."""
     pp = np.asarray(pp, dtype=float)
     m = np.asarray(grad_accum, dtype=float)
     v = np.asarray(v, dtype=float)
     per_stage = n_layers / pp
+    if split is not None and np.any(np.asarray(split) == EDGES):
+        units = (n_layers + 2.0) / pp
+        per_stage = np.where((np.asarray(split) == EDGES) & (pp > 1),
+                             np.maximum(units - 1.0, units * (pp - 1.0) / pp), per_stage)
     gpipe = per_stage * m
     one_f = per_stage * np.minimum(pp, m)
     inter = per_stage * np.minimum(pp, m) * (1.0 + (pp - 1.0) / (pp * np.maximum(v, 1.0)))
+    # ZB-H1 and ZB-V keep 1F1B's peak (Qi et al. 2023 s.3.1, s.6); DualPipeV pp + 1 micro-batches (DeepSeek-V3 Table 2)
+    dual = per_stage * np.minimum(pp + 1.0, m)
     out = np.where(schedule == Schedule.gpipe.code, gpipe, np.where(schedule == Schedule.interleaved.code, inter, one_f))
+    out = np.where(schedule == DUALPIPE_V, dual, out)
     return np.where(pp <= 1, float(n_layers), out)

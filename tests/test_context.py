@@ -1,0 +1,166 @@
+"""Context parallelism (issue 16): the ring's bytes from first principles, the overlap rule, what is split by cp,
+the gradient group, placement, the constraints, the search and the CLI."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from advisor import compute, estimate, plan
+from advisor.api import build_inputs
+from advisor.candidates import Candidates, Mesh
+from advisor.cli import cli
+from advisor.comm import p2p_time
+from advisor.errors import AdvisorError
+from advisor.parallel import context
+from advisor.workload import Workload
+
+H100 = "dgx-h100"
+
+
+def _one(**kw):
+    """(workload, one-row candidates, mesh) of an estimate's inputs."""
+    spec, hw, stack, p, setup, world = build_inputs(kw.pop("model", "llama3-8b"), H100, **kw)
+    from advisor.layout import resolve_grad_accum
+
+    ga, _ = resolve_grad_accum(setup, p)
+    c = Candidates.of_plan(p, setup, ga)
+    return Workload.of(spec, hw, stack, setup), c, Mesh.of(c, hw.gpus_per_node, hw.domain_gpus)
+
+
+def test_ring_bytes_per_layer_from_first_principles():
+    """Transformer Engine's ring (AttnFuncWithCPAndKVP2P): cp - 1 steps, each sending this rank's K and V block of
+    s / cp tokens, so 2 (cp - 1) / cp x s x kv_dim x bytes per layer forward. Llama 3 8B: kv_dim = 8 KV heads x 128
+    = 1,024 (config.json num_key_value_heads 8, head_dim 128), bf16; s = 131,072, cp = 4:
+    2 x 3/4 x 131,072 x 1,024 x 2 = 402,653,184 bytes."""
+    w, c, mesh = _one(cp=4, gpus=4, seq=131072, stack="megatron-deepspeed")
+    s, cp = 131072, 4
+    assert context.ring_bytes_per_layer(w, s / cp, 1, cp) == 2 * (cp - 1) / cp * s * 1024 * 2 == 402_653_184
+    # under TP 8 each rank holds one of the 8 KV heads: 1/8 of it
+    assert context.ring_bytes_per_layer(w, s / cp, 8, cp) == pytest.approx(402_653_184 / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("seq,gpus", [(131072, 4), (8192, 16)])
+def test_ring_costs_max_of_attention_and_transfer_per_step(seq, gpus):
+    """TE overlaps each step's send/recv with the attention of the block received before: a step costs
+    max(attention of a block, transfer of a block), so the time beyond the attention is (cp - 1) x max(0,
+    t_p2p - t_attn / cp) forward, and the same with K, V, dK, dV (twice the bytes) backward."""
+    cp = 4
+    w, c, mesh = _one(cp=cp, tp=gpus // cp, gpus=gpus, seq=seq, stack="megatron-deepspeed")
+    tokens = seq / cp
+    fwd, bwd = compute.attention_core_time(w, tokens, mesh.tp)
+    t = context.time(w, c, mesh, tokens, fwd, bwd)
+    kv = tokens * 2 * w.layer.kv_dim / min(gpus // cp, 8) * 2
+    leaves = bool(mesh.cp_domains[0] > 1)
+    expect_f = (cp - 1) * max(float(p2p_time(kv, w.hw, leaves)) - float(fwd[0] if np.ndim(fwd) else fwd) / cp, 0.0)
+    assert float(t.fwd_s[0]) == pytest.approx(expect_f, rel=1e-12, abs=1e-15)
+    if seq == 131072:  # 32K tokens a rank: the attention hides every transfer on NVLink
+        assert float(t.layer_s[0]) == 0.0
+    else:  # tp 4 x cp 4 = 16 ranks span two nodes: the ring runs at the network's pace and shows
+        assert leaves and float(t.fwd_s[0]) > 0.0
+
+
+def test_activations_attention_and_logits_split_by_cp_flops_unchanged():
+    """A rank holds s / cp tokens: its activations and logits are 1/cp of cp = 1's (the same per-token bytes), while
+    the step's model FLOPs (the whole batch) do not change."""
+    kw = dict(model="llama3-8b", hw=H100, seq=131072, global_batch=4, stack="megatron-deepspeed")  # activations dominate
+    one, four = estimate(gpus=1, **kw), estimate(gpus=4, cp=4, **kw)
+    assert four.memory.parts["activations"] == pytest.approx(one.memory.parts["activations"] / 4, rel=1e-12)
+    assert four.memory.parts["logits_loss"] == pytest.approx(one.memory.parts["logits_loss"] / 4, rel=1e-12)
+    assert four.tokens_per_step == one.tokens_per_step
+    assert four.mfu * four.step_time_s * 4 == pytest.approx(one.mfu * one.step_time_s, rel=1e-9)
+
+
+def test_gradients_are_reduced_over_dp_times_cp():
+    """Megatron reduces gradients over the data-parallel group with context parallelism: dp 1 x cp 4 all-reduces."""
+    w, c, mesh = _one(cp=4, gpus=4, seq=32768, stack="megatron-deepspeed")
+    assert float(mesh.dp[0]) == 4.0 and int(c.dp[0]) == 1
+    e = estimate(model="llama3-8b", hw=H100, gpus=4, cp=4, seq=32768, stack="megatron-deepspeed",
+                 overlap_grad_reduce=False)
+    assert e.breakdown["comm/dp_grad"] > 0
+    assert e.layout.cp == 4 and e.layout.dp_replicate * e.layout.dp_shard * e.layout.cp == 4
+
+
+def test_cp_groups_fill_the_node_after_tp():
+    """Rank order tp, cp, dp, pp (parallel_state "tp-cp-ep-dp-pp"): with tp 2 on 8-GPU nodes a CP group has 4 ranks
+    in a node; cp 8 spans two nodes."""
+    w, c, mesh = _one(cp=8, tp=2, gpus=16, seq=32768, stack="megatron-deepspeed")
+    assert float(mesh.cp_per_node[0]) == 4.0 and float(mesh.cp_domains[0]) == 2.0
+    w, c, mesh = _one(cp=4, tp=2, gpus=8, seq=32768, stack="megatron-deepspeed")
+    assert float(mesh.cp_domains[0]) == 1.0
+
+
+@settings(max_examples=6, deadline=None)  # ~2 s; each example is 4 estimates
+@given(model=st.sampled_from(["llama3-8b", "llama2-7b", "mistral-7b"]), seq=st.sampled_from([8192, 32768, 131072]),
+       tp=st.sampled_from([1, 2]), flavour=st.sampled_from(["ring", "all-gather", "ulysses"]),
+       recompute=st.sampled_from(["none", "selective", "full"]), zero=st.sampled_from([0, 1]),
+       pp=st.sampled_from([1, 2]))
+def test_memory_per_gpu_never_grows_with_cp(model, seq, tp, flavour, recompute, zero, pp):
+    """Property (issue 16): the same plan with cp doubled never needs more memory per GPU (activations split, ZeRO
+    shards over dp x cp; all-gather CP's gathered K, V of one layer is far below what the split saves)."""
+    need = []
+    stack = "torchtitan" if flavour == "all-gather" else "megatron-deepspeed"
+    if stack == "torchtitan":  # FSDP2 (ZeRO-2/3) or DDP; with a pipeline, DDP
+        zero = 2 * zero if pp == 1 else 0
+    for cp in (1, 2, 4, 8):
+        e = estimate(model=model, hw=H100, dp=2, tp=tp, pp=pp, cp=cp, cp_comm=flavour if cp > 1 else None,
+                     zero=zero, seq=seq, micro_batch=1, grad_accum=pp * 2, recompute=recompute, stack=stack)
+        need.append(e.memory.peak_bytes + e.memory.overhead_bytes)
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(need, need[1:])), need
+
+
+def test_constraints_name_the_value_and_the_fix():
+    with pytest.raises(AdvisorError, match=r"--seq 8192 is not divisible into 2 x cp = 6 chunks"):
+        estimate(model="llama3-8b", hw=H100, gpus=3, cp=3, seq=8192)
+    # Ulysses: cp x tp must divide the 32 heads; llama2-7b has 32 KV heads too, and 48 does not divide them
+    with pytest.raises(AdvisorError, match="Ulysses needs cp x tp to divide the attention heads"):
+        estimate(model="llama2-7b", hw=H100, gpus=12, cp=3, tp=4, cp_comm="ulysses", seq=6144, stack="megatron-deepspeed")
+    with pytest.raises(AdvisorError, match="fused attention kernel"):
+        estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, attention="eager", stack="megatron-deepspeed")
+    with pytest.raises(AdvisorError, match="hf-trainer runs no context parallelism"):
+        estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, stack="hf-trainer")
+    with pytest.raises(AdvisorError, match="torchtitan runs no ring context parallelism"):
+        estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, cp_comm="ring", seq=8192, stack="torchtitan")
+    with pytest.raises(AdvisorError, match="--cp-comm ring needs --cp > 1"):
+        estimate(model="llama3-8b", hw=H100, cp_comm="ring")
+
+
+def test_stack_default_flavour():
+    assert estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, stack="torchtitan").plan.cp_comm == "all-gather"
+    assert estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, stack="megatron-deepspeed").plan.cp_comm == "ring"
+
+
+def test_llama3_8b_at_128k_on_one_node_proposes_context_parallelism():
+    """Issue 16's acceptance: `advisor plan --model llama3-8b --hw dgx-h100 --gpus 8 --seq 131072` proposes CP, and
+    its row says what CP does at this length."""
+    res = plan(model="llama3-8b", hw=H100, gpus=8, seq=131072, top=3)
+    best = res.plans[0]
+    assert best.estimate.plan.cp > 1
+    assert "sequence 131072: attention is 71% of the FLOPs" in best.reason and f"CP={best.estimate.plan.cp}" in best.reason
+    assert "cp" in res.best_by_kind
+
+
+def test_plan_cp_option_restricts_the_search():
+    res = plan(model="llama3-8b", hw=H100, gpus=8, seq=32768, cp=2, top=3)
+    assert all(p.estimate.plan.cp == 2 for p in res.plans)
+    with pytest.raises(AdvisorError, match="--cp 16"):
+        plan(model="llama3-8b", hw=H100, gpus=8, seq=32768, cp=16)
+
+
+def test_cli_cp_estimate_json_and_export():
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--hw", H100, "--gpus", "8", "--cp", "4",
+                                 "--seq", "32768", "--stack", "megatron-deepspeed", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    doc = json.loads(r.output)
+    assert doc["plan"]["cp"] == 4 and doc["plan"]["cp_comm"] == "ring" and doc["layout"]["cp"] == 4
+    assert "comm/cp" in doc["breakdown"] and "CP=4 ring" in doc["label"]
+    r = CliRunner().invoke(cli, ["export", "--format", "megatron", "--out", "-", "--model", "llama3-8b", "--hw", H100,
+                                 "--gpus", "8", "--cp", "4", "--cp-comm", "ulysses", "--seq", "32768",
+                                 "--stack", "megatron-deepspeed"])
+    assert r.exit_code == 0, r.output
+    assert "--context-parallel-size 4" in r.output and "--cp-comm-type a2a" in r.output
+    r = CliRunner().invoke(cli, ["export", "--format", "deepspeed", "--out", "-", "--model", "llama3-8b", "--hw", H100,
+                                 "--gpus", "8", "--cp", "4", "--seq", "32768"])
+    assert r.exit_code == 2 and "use --format megatron" in r.output

@@ -1,0 +1,143 @@
+"""Pipelines as they are built (issue 16): uneven splits (Megatron's embedding and loss counted as layers), their
+bubble against a hand count, interleaving with uneven virtual stages, zero-bubble schedules and where they run."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from advisor import estimate
+from advisor.candidates import Candidates, Mesh
+from advisor.errors import AdvisorError
+from advisor.layout import Schedule
+from advisor.parallel import pipeline
+
+H100 = "dgx-h100"
+LLAMA405 = dict(model="llama3-405b", hw=H100, gpus=128, tp=8, sp=True, pp=16, micro_batch=1, grad_accum=16, seq=8192,
+                recompute="full", stack="megatron-deepspeed")
+
+
+def test_llama3_405b_stages_as_megatron_builds_them():
+    """126 layers on 16 stages with --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split:
+    (126 + 2) / 16 = 8 units a rank, the first and last one layer fewer (megatron-core 0.16.1 transformer_block.py
+    get_num_layers_to_build), as Llama 3 trained it ("we reduce one Transformer layer each from the first and the
+    last stages", Dubey et al. 2024 s.3.3.2)."""
+    counts = pipeline.stage_counts(126, 16, "edges")
+    assert counts == [7] + [8] * 14 + [7] and sum(counts) == 126
+    assert pipeline.stage_counts(126, 16) == [8] * 15 + [6]  # ceil: what the even split's busiest rank holds
+
+
+def test_uneven_bubble_hand_count():
+    """Stages of 7, 8 x 14, 7 layer-times and m = 16 micro-batches: the first micro-batch passes every stage (126),
+    the other 15 follow at the slowest stage's pace (8 each): 126 + 15 x 8 = 246; the average stage's work is
+    16 x 126 / 16 = 126, so the bubble is 120 against the even pipeline's 15 x 7.875 = 118.125."""
+    step, bubble = pipeline.schedule_time([7] + [8] * 14 + [7], 16)
+    assert (step, bubble) == (246.0, 120.0)
+    step, bubble = pipeline.schedule_time([126 / 16] * 16, 16)
+    assert step == pytest.approx(126 + 15 * 7.875) and bubble == pytest.approx(15 * 7.875)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0.1, max_value=100.0), min_size=2, max_size=64), st.integers(1, 256))
+def test_an_uneven_split_never_has_less_bubble_than_the_even_one(stages, m):
+    """Property (issue 16): for the same work, stages of unequal time never idle less than equal ones."""
+    _, uneven = pipeline.schedule_time(stages, m)
+    _, even = pipeline.schedule_time([sum(stages) / len(stages)] * len(stages), m)
+    assert uneven >= even * (1 - 1e-12) - 1e-9
+
+
+def test_uneven_split_in_the_cost_model():
+    """Llama 3 405B, TP 8 x PP 16: the even split costs its busiest rank as ceil(126 / 16) = 8 layers and the head;
+    the uneven one as a middle rank's 8 layers (the head is lighter than a layer: 2.1B against 3.2B parameters), and
+    its fill and drain pass through the other 118 layers, 118 / 8 = 14.75 stages of the busiest's, not 15."""
+    even, edges = estimate(**LLAMA405), estimate(**LLAMA405, pp_split="edges")
+    assert edges.plan.pp_split == "edges" and "PP=16 uneven" in edges.label
+    assert edges.breakdown["pipeline_bubble"] / even.breakdown["pipeline_bubble"] == pytest.approx(14.75 / 15, rel=1e-9)
+    assert edges.step_time_s < even.step_time_s
+    # memory: the first rank (7 layers + the 128,256 x 16,384 embedding) or a middle one (8 layers), not 8 + embedding
+    vh = 128256 * 16384 / 8
+    assert even.memory.parts["weights"] - edges.memory.parts["weights"] == pytest.approx(vh * 2, rel=1e-9)
+
+
+def test_interleaved_with_uneven_virtual_stages():
+    """126 layers cannot interleave evenly on 16 ranks (126 % 32 != 0); counting the embedding and the loss,
+    128 units give each rank 8 = 4 chunks of 2 (the first chunk of rank 0 and the last of rank 15 one layer each)."""
+    with pytest.raises(AdvisorError, match="interleaved schedule needs"):
+        estimate(**LLAMA405, schedule="interleaved", virtual_stages=4)
+    one_f, inter = estimate(**LLAMA405, pp_split="edges"), estimate(**LLAMA405, pp_split="edges", schedule="interleaved",
+                                                                     virtual_stages=4)
+    # (L / layers - 1) / v x the busiest rank's micro-batch, whose send/recv interleaving makes v times as many
+    body = lambda e, v: e.breakdown["pipeline_bubble"] / (14.75 / v)  # noqa: E731
+    p2p = (inter.breakdown["comm/pp_p2p"] - one_f.breakdown["comm/pp_p2p"]) / 16
+    assert body(inter, 4) - body(one_f, 1) == pytest.approx(p2p, rel=1e-9)
+    with pytest.raises(AdvisorError, match="uneven split needs"):
+        estimate(**LLAMA405, pp_split="edges", schedule="interleaved", virtual_stages=3)
+
+
+def _bubble(schedule: str, fwd: float, bwd: float, rc: float = 0.0, pp: int = 8) -> float:
+    sched = Schedule(schedule)
+    c = Candidates(dp=1, tp=1, pp=pp, zero=0, hybrid=False, sp=False, schedule=sched.code,
+                   virtual_stages=2 if schedule in ("zb-v", "dualpipev") else 1, dp_kind=0, overlap=True, micro_batch=1,
+                   grad_accum=32, recompute=0)
+    mesh = Mesh.of(c, 8)
+    from advisor.model import load_model
+
+    m = load_model("llama3-8b")
+    body = fwd + bwd + rc
+    return float(pipeline.bubble_time(m, c, mesh, np.array([4.0]), np.array([body]), np.array([fwd]), np.array([bwd]),
+                                      np.array([rc]))[0])
+
+
+def test_zero_bubble_formulas():
+    """With F = B = W (backward = 2 forward, split evenly into input and weight gradients):
+    1F1B: (p - 1)(F + B + W) = 7 x 3 = 21 (Narayanan et al. 2021, one stage per rank);
+    ZB-H1: (p - 1)(F + B - W) = 7, a third of 1F1B's (Qi et al. 2023, arXiv 2401.10241, s.3.1);
+    ZB-V: (p - 1)(F + B - 2W) of a chunk = 0 (ibid. s.6: zero bubble when F = B = W);
+    DualPipeV: (PP/2 - 1)(F&B + B - 3W) of a chunk, PP = 2p, F&B = F + B = 0 (DeepSeek-V3 report Table 2).
+    Recomputation joins B: F = 1, B = 2, W = 1 gives ZB-H1 7 x 2 = 14 and ZB-V 7 x (1 + 2 - 2) / 2 = 3.5."""
+    assert _bubble("1f1b", 1.0, 2.0) == pytest.approx(21.0)
+    assert _bubble("zb-h1", 1.0, 2.0) == pytest.approx(7.0)
+    assert _bubble("zb-v", 1.0, 2.0) == pytest.approx(0.0)
+    assert _bubble("dualpipev", 1.0, 2.0) == pytest.approx(0.0)
+    assert _bubble("zb-h1", 1.0, 2.0, rc=1.0) == pytest.approx(14.0)
+    assert _bubble("zb-v", 1.0, 2.0, rc=1.0) == pytest.approx(3.5)
+    assert _bubble("dualpipev", 1.0, 2.0, rc=1.0) == pytest.approx(7 * (1 + 2 + 2 - 3) / 2)
+
+
+def test_zero_bubble_schedules_only_where_the_stack_runs_them():
+    kw = dict(model="llama3-8b", hw=H100, gpus=8, pp=4, dp=2, micro_batch=1, grad_accum=8, seq=8192)
+    with pytest.raises(AdvisorError, match="megatron-deepspeed does not run the zb-v schedule"):
+        estimate(**kw, schedule="zb-v", stack="megatron-deepspeed")
+    one_f = estimate(**kw, stack="torchtitan")
+    zbv = estimate(**kw, schedule="zb-v", stack="torchtitan")
+    dual = estimate(**kw, schedule="dualpipev", stack="torchtitan")
+    assert zbv.breakdown["pipeline_bubble"] < one_f.breakdown["pipeline_bubble"]
+    assert zbv.layout.virtual_stages == 2 and "zb-v" in zbv.label
+    # DualPipeV keeps pp + 1 micro-batches of a rank's layers in flight against 1F1B's pp (DeepSeek-V3 Table 2)
+    assert dual.memory.parts["activations"] > zbv.memory.parts["activations"] == pytest.approx(
+        one_f.memory.parts["activations"], rel=1e-12)
+    with pytest.raises(AdvisorError, match="2 x pp micro-batches"):
+        estimate(**{**kw, "grad_accum": 4}, schedule="zb-v", stack="torchtitan")
+
+
+def test_even_divisible_pipelines_unchanged_by_the_split_machinery():
+    """An evenly divisible pipeline costs exactly what (pp - 1) / v x the stage's body did before issue 16."""
+    e = estimate(model="llama3-70b", hw=H100, gpus=64, tp=8, pp=4, dp=2, sp=True, schedule="interleaved",
+                 virtual_stages=2, micro_batch=1, global_batch=64, seq=8192, recompute="full", stack="megatron-deepspeed")
+    assert e.breakdown["comm/cp"] == 0.0
+    body = e.breakdown["pipeline_bubble"] / ((4 - 1) / 2)
+    assert body > 0 and e.breakdown["pipeline_bubble"] == pytest.approx(1.5 * body, rel=1e-15)
+
+
+@pytest.mark.slow
+def test_llama3_405b_on_16384_gpus_ranks_tp8_pp16_uneven_interleaved_dp128():
+    """Issue 16's acceptance: the search on 16,384 H100s expresses and ranks TP 8 x PP 16 (126 layers uneven,
+    interleaved) x DP 128, Llama 3's layout (Dubey et al. 2024 Table 4), with CP among the options, and its row says
+    why it ranks where it does."""
+    from advisor import plan
+
+    res = plan(model="llama3-405b", hw=H100, gpus=16384, global_batch=2048, seq=8192, top=100_000)
+    rows = [p for p in res.plans if (p.plan.tp, p.plan.pp, p.plan.dp, p.plan.cp) == (8, 16, 128, 1)
+            and p.plan.pp_split == "edges" and p.plan.schedule == "interleaved"]
+    assert rows and any(p.plan.cp > 1 for p in res.plans)
+    reason = rows[0].reason
+    assert "126 layers on 16 stages as 7/8/7" in reason and "vs best" in reason and "bubble" in reason
