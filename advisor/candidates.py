@@ -94,7 +94,7 @@ class Candidates:
                     virtual_stages=int(self.virtual_stages[i]), data_parallel=DataParallelKind.of_code(self.dp_kind[i]),
                     overlap_grad_reduce=bool(self.overlap[i]), allow_tp_across_nodes=self.allow_tp_across_nodes,
                     offload=Offload.of_code(self._at(self.offload, i)),
-                    ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i],
+                    ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i]),
                     cp=int(self.cp[i]), cp_comm=ContextParallel.of_code(self.cp_comm[i]),
                     pp_split=PipelineSplit.of_code(self.pp_split[i]))
 
