@@ -80,8 +80,8 @@ def inputs(case: str):
 
 
 def exportable(kind: str, case: str) -> bool:
-    if case in MEGATRON_ONLY:  # the torchrun line launches any script; DeepSpeed and accelerate refuse these
-        return kind in ("megatron", "torchrun")
+    if case in MEGATRON_ONLY:  # DeepSpeed, accelerate and the torchrun line (hf-trainer's) refuse these
+        return kind == "megatron"
     return not (kind in ("torchrun", "deepspeed") and case == "megatron-block") and not (
         kind == "accelerate" and case in MODEL_PARALLEL | {"megatron-block"}) and not (
         kind == "deepspeed" and case == "3d-interleaved") and not (

@@ -169,7 +169,7 @@ def test_the_search_says_which_stack_it_costed():
     for res in (small, big):
         doc = res.to_json()
         assert doc["stack"] == "auto" and doc["stack_rule"] == AUTO_RULE
-        assert any(n.startswith("stack: --stack auto: plans with tensor or pipeline parallelism in megatron-core")
+        assert any(n.startswith("stack: --stack auto: plans with tensor, pipeline or context parallelism in megatron-core")
                    for n in res.notes())
         for row in doc["plans"]:
             mp = row["plan"]["tp"] > 1 or row["plan"]["pp"] > 1
