@@ -214,7 +214,8 @@ def test_every_plan_the_search_returns_is_valid_and_fits(s):
         e = estimate(m, hw, gpus=world, dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, sp=p.sp, schedule=p.schedule,
                      virtual_stages=p.virtual_stages, data_parallel=p.data_parallel, micro_batch=su.micro_batch,
                      global_batch=res.global_batch, seq=seq, recompute=su.recompute, stack=su.stack,
-                     fsdp="hybrid-shard" if p.hybrid_shard else None)
+                     fsdp="hybrid-shard" if p.hybrid_shard else None, recompute_layers=su.recompute_layers,
+                     offload=p.offload.value)
         assert e.step_time_s == pytest.approx(rp.estimate.step_time_s, rel=1e-9)
     else:
         tried("plans")

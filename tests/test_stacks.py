@@ -121,7 +121,8 @@ def test_modern_runs_all_fit_and_the_mpt_shapes_are_exact():
         if r["id"] in logged:
             assert modern.model_spec(r).n_params == logged[r["id"]], r["id"]
     rep = modern.validate_modern()
-    assert rep.compared == 84 and rep.extra["predicted_to_fit_pct"] == 100.0
+    # 86: torchtitan's two every-second-block rows are costed as every-k (k = 2) since issue 16
+    assert rep.compared == 86 and rep.extra["predicted_to_fit_pct"] == 100.0
     assert rep.extra["llm-foundry-2023_mape_pct"] < 10.0
 
 
