@@ -132,11 +132,12 @@ def schedules_run(stack=None) -> np.ndarray:
 
 
 def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: int, multi_node: bool,
-          stack=None, policies=TODAY_POLICIES, offloads=NO_OFFLOAD):
+          stack=None, policies=TODAY_POLICIES, offloads=NO_OFFLOAD, cp_a=None):
     """The kept rows of the grid over pairs x (zero, sp, schedule, micro batch, recompute, variant), as the index
     of each axis (the recompute axis as Recompute codes, ``policies``), and each row's Offload code: the keep rule is
     evaluated on broadcast axes, only kept rows are built, and offload rows (``offloads``, what the stack and the host
-    side allow) are added where they can exist: ZeRO-2/3, one process per GPU, no pipeline."""
+    side allow) are added where they can exist: ZeRO-2/3, one process per GPU, no pipeline. ``cp_a``: the layouts'
+    context-parallel degrees (ZeRO shards over dp x cp: Megatron's distributed optimizer, FSDP over the CP mesh)."""
     shape = (len(tp_a), 4, 2, len(SCHEDULES), len(MICRO_BATCHES), len(policies), len(VARIANTS))
 
     def axis(values, k):
@@ -157,7 +158,7 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
     keep = np.broadcast_to(keep, shape)
     pi, zero, sp, si, mi, rc, vi = np.unravel_index(np.flatnonzero(keep), shape)
     rc, var = np.asarray(policies, dtype=np.int64)[rc], np.asarray(VARIANTS)[vi]
-    one = dp_a[pi] == 1
+    one = dp_a[pi] * (1 if cp_a is None else cp_a[pi]) == 1  # the ZeRO group, dp x cp, is one rank
     plain = ~(one & (zero > 0))  # ZeRO over one replica is no ZeRO (but ZeRO-Offload's engine, below)
     cols = [[x[plain]] for x in (pi, zero, sp, si, mi, rc, var)]
     off = [np.zeros(int(plain.sum()), dtype=np.int64)]
@@ -181,15 +182,16 @@ def count_candidates(world: int, pairs: list[tuple[int, int]], global_batch: int
     if len(pairs) == 0:
         return np.zeros(0, dtype=np.int64)
     tp_a, pp_a, cp_a, _, _ = _columns(pairs)
-    # one integer key per (dp, tp > 1, pp > 1): np.unique on rows sorts a structured view, ~10x slower
-    key = (world // (tp_a * pp_a * cp_a)) * 4 + (tp_a > 1) * 2 + (pp_a > 1)
+    # one integer key per (dp, tp > 1, pp > 1, cp > 1): np.unique on rows sorts a structured view, ~10x slower
+    key = (world // (tp_a * pp_a * cp_a)) * 8 + (tp_a > 1) * 4 + (pp_a > 1) * 2 + (cp_a > 1)
     ukey, inverse = np.unique(key, return_inverse=True)
-    uniq = np.stack([ukey // 4, 1 + (ukey // 2) % 2, 1 + ukey % 2], axis=1)
+    uniq = np.stack([ukey // 8, 1 + (ukey // 4) % 2, 1 + (ukey // 2) % 2, 1 + ukey % 2], axis=1)
     counts = np.zeros(len(uniq), dtype=np.int64)
     for start in range(0, len(uniq), 128):  # bounded memory: 128 keys x 5,760 rows at a time
         u = uniq[start:start + 128]
         pi, *_ = _grid(u[:, 1], u[:, 2], u[:, 0], global_batch, multi_node, stack,
-                       TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads)
+                       TODAY_POLICIES if policies is None else policies, NO_OFFLOAD if offloads is None else offloads,
+                       u[:, 3])
         counts[start:start + len(u)] = np.bincount(pi, minlength=len(u))
     return counts[np.asarray(inverse).reshape(-1)]
 
@@ -203,7 +205,7 @@ def enumerate_candidates(world: int, global_batch: int, multi_node: bool,
     tp_a, pp_a, cp_a, kind_a, split_a = _columns(pairs)
     pi, zero, sp, si, mi, rc, var, off = _grid(tp_a, pp_a, world // (tp_a * pp_a * cp_a), global_batch, multi_node, stack,
                                                TODAY_POLICIES if policies is None else policies,
-                                               NO_OFFLOAD if offloads is None else offloads)
+                                               NO_OFFLOAD if offloads is None else offloads, cp_a)
     tp, pp, cp = tp_a[pi], pp_a[pi], cp_a[pi]
     dp = world // (tp * pp * cp)
     sched = np.array([s[0].code for s in SCHEDULES])[si]
