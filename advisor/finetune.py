@@ -135,6 +135,10 @@ def parse_targets(text: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+# the adapters' own options at their defaults (FineTune's fields): a full fine-tune takes none of them
+ADAPTER_DEFAULTS = {"lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "targets": "q,v"}
+
+
 class FineTune(Spec):
     """What is trained, and how the frozen base and the optimizer are held."""
 
@@ -169,6 +173,12 @@ class FineTune(Spec):
                              "--quant int8)")
         if self.method is Method.qlora and self.quant is Quant.none:
             raise ValueError("--method qlora quantises the base: give --quant nf4 or int8, or use --method lora")
+        if self.method is Method.full:  # adapter options given to a full fine-tune would be silently ignored
+            given = [f"--{'lora-targets' if k == 'targets' else k.replace('_', '-')}" for k, d in ADAPTER_DEFAULTS.items()
+                     if getattr(self, k) != d]
+            if given:
+                raise ValueError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} LoRA adapters, which "
+                                 "--method full does not train: use --method lora or qlora, or drop them")
         if self.method is Method.full and self.dora:
             raise ValueError("--dora is a LoRA variant: use --method lora or qlora")
         if self.method is Method.full and self.offload in (Offload.optimizer, Offload.both):

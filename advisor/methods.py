@@ -28,6 +28,8 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
     results, steps = {}, {}
     for name, extra in LADDER:
         kw = {**given, **extra, "method": name.split("+")[0]}
+        if name == "full":  # the adapters' options are the LoRA rungs'; a full fine-tune refuses them
+            kw = {k: v for k, v in kw.items() if not k.startswith("lora_") or k == "lora_library"}
         try:
             res = plan(model, hw, **kw)
         except AdvisorError as exc:  # e.g. a model the adapters cannot target: say why that rung was skipped

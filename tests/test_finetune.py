@@ -118,7 +118,7 @@ def test_issue_example_lora_and_qlora_fit_where_full_does_not():
 def test_memory_orders_full_lora_qlora(r, mb):
     """A frozen base needs no gradients or optimizer states, a quantised one less again; more rank never less."""
     peaks = [estimate("llama2-7b", "dgx-a100", gpus=1, seq=512, micro_batch=mb, precision="bf16", method=m,
-                      lora_rank=r).memory.peak_bytes for m in ("full", "lora", "qlora")]
+                      **({} if m == "full" else {"lora_rank": r})).memory.peak_bytes for m in ("full", "lora", "qlora")]
     assert peaks[0] > peaks[1] > peaks[2]
     more = estimate("llama2-7b", "dgx-a100", gpus=1, seq=512, micro_batch=mb, precision="bf16", method="lora",
                     lora_rank=2 * r).memory.peak_bytes
@@ -178,3 +178,14 @@ def test_qlora_shards_the_quantised_base_under_fsdp():
                        precision="bf16")
     assert sharded.memory.parts["weights"] == pytest.approx(one.memory.parts["weights"] / 4, rel=1e-9)
     assert sharded.memory.parts["gradients"] < 0.01 * sharded.memory.parts["weights"]
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(lora_rank=16), "--lora-rank"), (dict(lora_targets="all-linear"), "--lora-targets"),
+                                       (dict(lora_dropout=0.1, lora_alpha=32), "--lora-alpha, --lora-dropout")])
+def test_adapter_options_with_a_full_fine_tune_are_refused_not_ignored(kw, needle):
+    """A LoRA option given with --method full would change nothing: a one-line error names it (issue 22)."""
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError) as exc:
+        estimate("gpt2", "dgx-a100", **kw)
+    assert needle in str(exc.value) and "--method lora" in str(exc.value) and "\n" not in str(exc.value)
