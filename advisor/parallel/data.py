@@ -29,7 +29,7 @@ import numpy as np
 from advisor import comm, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
-from advisor.compute import LayerTimes
+from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import expert, pipeline, zero3
@@ -202,8 +202,29 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
         ag = np.where(zero == 1, np.maximum(ag - windows.fwd_s, ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB
                                                                                / np.maximum(states.params * states.weight_bytes, 1.0))), ag)
+    exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
+
+
+def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
+    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives, on the compute
+    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): after each all-gather,
+    ``foreach_all_gather_copy_out`` (called from ``FSDPParamGroup.wait_for_unshard`` on the current stream) copies the
+    gathered bytes out of the all-gather buffer into the parameters with ``split_with_sizes_copy`` (read + write of
+    every gathered weight byte); before each reduce-scatter ``foreach_reduce`` (the post-backward hook, current stream)
+    builds the reduce-scatter input with ``chunk_cat`` from the unsharded gradients, cast to the reduce dtype on the
+    way (read the gradient bytes, write the reduce bytes), and only then switches to the reduce-scatter stream.
+    ZeRO-3 gathers each unit twice per micro-batch (reshard_after_forward=True: forward, then again for backward;
+    torchtitan's fsdp_reshard_after_forward "default" without PP, distributed/fsdp.py), ZeRO-2 once. The all-gather
+    copy-in (the local shard cast to param_dtype and copied into the gather input) moves 1/dp_shard of that and runs on
+    its own stream: left out. A recomputed forward reuses the backward's gather (the unit is already unsharded)."""
+    if not w.stack.engine.unit_copies or w.stack.engine.zero_collectives != "per_unit":
+        return 0.0
+    gathers = np.where(zero >= 3, 2.0, 1.0)
+    gathered = states.params * states.weight_bytes * 2.0 * gathers
+    reduced = states.trained * (states.grad_bytes + states.reduce_bytes)
+    return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
 
 
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
