@@ -190,11 +190,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     can_overlap = np.asarray(c.overlap, dtype=bool) & (w.hw.intra_node.kind.value != "pcie")
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
-    rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
+    rs, ag, roots = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
     if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
         ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
         rs, ag = rs + ers, ag + eag
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
@@ -243,15 +243,17 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     return np.maximum(total - hide, np.where(can_overlap, last_t, total))
 
 
-def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any, on: Any) -> tuple[Any, Any]:
-    """(reduce-scatter of the gradients, all-gather of the weights) seconds for one pass over the stage."""
+def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any,
+                        on: Any) -> tuple[Any, Any, tuple[Any, Any]]:
+    """(reduce-scatter of the gradients, all-gather of the weights) seconds for one pass over the stage, and of those
+    the root unit's (reduce-scatter, all-gather): the parameters outside the layers, where the stack calls per unit."""
     hw, shard, per_node = w.hw, mesh.dp_shard, mesh.shard_per_node
     # An FSDP stack calls them per unit: each layer, then the root (embeddings and head). ZeRO-1 is DeepSpeed's
     # stage 1 there, with its 500M-element buckets: one call each, as in a stack that reduces in one call.
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
-    out = []
+    out, roots = [], []
     # gradients are reduced for the trained parameters (the adapters under LoRA), the routed experts apart (over their
     # expert data-parallel group); ZeRO-2/3 gather every weight as held (a frozen base too), ZeRO-1 the updated ones
     gather = np.where(zero >= 2, states.params - states.expert_params, states.dp_params)
@@ -260,21 +262,33 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
-        per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
-                    + comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw, per_node,
-                                           where=units_on))
+        root = np.where(units_on, comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw,
+                                                       per_node, where=units_on), 0.0)
+        per_unit = units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on) + root
         out.append(np.where(units_on, per_unit, whole))
-    return out[0], out[1]
+        roots.append(root)
+    return out[0], out[1], (roots[0], roots[1])
 
 
 def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,
-                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes) -> Any:
+                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes,
+                                 roots: tuple[Any, Any] = (0.0, 0.0)) -> Any:
     """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
-    the last layer's reduce-scatter are always exposed)."""
+    the last layer's reduce-scatter are always exposed).
+
+    Where the stack calls them per unit (FSDP), the root unit (the parameters outside the layers: the embedding, final
+    norm and output layer) is gathered in the root's pre-forward before anything computes, and the first layer's
+    gather is issued behind it on the same all-gather stream while the compute stream waits for both; the root's
+    gradients are reduce-scattered last, after the embedding's gradient (its post-backward: FSDP2's
+    ``_root_post_backward_final_callback``, torch 2.13 _fully_shard/_fsdp_state.py; FSDP1's flat parameter holds the
+    embedding, whose gradient backward produces last), behind the first layer's reduce-scatter. So the root's
+    collectives are exposed at their own size (Llama 3's 128K-entry embedding and output layer are 4.8x a layer of
+    the 8B), not at a layer's average."""
     units = np.maximum(layers, 1.0)
-    ag_unit, rs_unit = ag / units, rs / units
-    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit)
-    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit)
+    rs_root, ag_root = roots
+    ag_unit, rs_unit = (ag - ag_root) / units, (rs - rs_root) / units
+    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit + ag_root)
+    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit + rs_root)
     if not np.any(zero >= 3):
         return z2
     if w.stack.engine.zero3_overlap == "per_submodule":  # costed on the ZeRO-3 plans alone
@@ -293,7 +307,7 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
             z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls))
     else:
-        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
+        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit + rs_root)
     return np.where(zero >= 3, z3, z2)
 
 
