@@ -12,7 +12,7 @@ Communication per step (nccl-tests bytes; advisor.comm):
 - ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
   in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
   compute, except the first layer's (``zero3_overlap: prefetch``); DeepSpeed's coordinator gathers one
-  sub-module at a time (``per_submodule``, ``deepspeed_zero3_exposed``). An FSDP stack calls the collectives
+  sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
   per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
 - HSDP also all-reduces each shard across the replicas.
 - nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits) on GPU 0,
@@ -300,7 +300,7 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
         rerun = mix(c.recompute, c.recompute_k, layers, v, w.model.n_layers).full  # checkpointed layers' share
         z = w.stack.engine.zero3_calls
         if z is None:  # one call per pass, shared out over the sub-modules
-            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
+            z3[on] = np.add(*zero3.deepspeed_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
         else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
             calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
                                           pick(states.weight_bytes), pick(states.reduce_bytes),
@@ -309,44 +309,6 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
     else:
         z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit + rs_root)
     return np.where(zero >= 3, z3, z2)
-
-
-def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
-                            rs_layer: Any) -> tuple[Any, Any]:
-    """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
-    parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
-
-    DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
-    parameters are in flight it waits for them and synchronises the device (stage3.py in the 0.3 releases
-    Megatron-DeepSpeed ran in 2021: ``_synchronize_communication`` ends in ``torch.cuda.synchronize()``),
-    then prefetches only the next ``stage3_prefetch_bucket_size`` (5e7) elements: one linear layer of a
-    large model. So the gather of each sub-module hides only behind the compute of the one before it, not
-    behind the whole pass: a layer is four steps (the layer table's sub-modules: qkv with the attention core,
-    out, fc1, fc2), and each lasts the longer of its compute and the next step's gather (the gradient
-    reduce-scatter of the step just finished joins that gather in backward, on the same link). A checkpointed
-    layer's recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
-    makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
-    Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
-    """
-    params = np.array(list(w.layer.module_weights().values()), dtype=float)
-    share = params / params.sum()  # of the layer's weights, and of its GEMM FLOPs (proportional to them)
-    comp = [lt.gemm_fwd_s * share[0] + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[1],
-            lt.gemm_fwd_s * share[2] + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[3]]
-    total = sum(comp)
-    share_c = [np.where(total > 0, x / np.where(total > 0, total, 1.0), 0.25) for x in comp]
-    ag = [ag_layer * s for s in share]
-    rs = [rs_layer * s for s in share]
-
-    def exposed(window: Any, comm_during: list) -> Any:
-        """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
-        return sum(np.maximum(window * x, y) - window * x for x, y in zip(share_c, comm_during))
-
-    next_gather = [ag[(k + 1) % 4] for k in range(4)]
-    fwd = exposed(lt.fwd_s, next_gather)
-    # the checkpointed share ``rerun`` of the layers gathers again while it is recomputed, each over its forward
-    rcp = rerun * exposed(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), next_gather)
-    bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
-    return layers * fwd + ag[0], layers * (rcp + bwd)
 
 
 def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any) -> Any:
