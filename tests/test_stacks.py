@@ -160,3 +160,51 @@ def test_hf_trainer_fsdp_runs_its_layers_in_bf16_under_mixed_precision():
                and p.setup.global_batch == 128)
     assert row.estimate.step_time_s == pytest.approx(fsdp.step_time_s, rel=1e-12)
     assert row.estimate.memory.peak_bytes == pytest.approx(fsdp.memory.peak_bytes, rel=1e-12)
+
+
+def _titan_workload(stack: str, model: str = "llama3-8b"):
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    setup = TrainingSetup(seq_len=8192, precision="bf16-mixed", attention="sdpa")
+    return Workload.of(load_model(model), load_hardware("dgx-a100"), load_stack(stack), setup)
+
+
+def test_fsdp2_copies_gathered_weights_out_and_gradients_in_on_the_compute_stream():
+    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: foreach_all_gather_copy_out (split_with_sizes_copy, read +
+    # write of the bf16 weights: 4 bytes a parameter per gather, gathered twice under reshard_after_forward) and
+    # foreach_reduce_scatter_copy_in (chunk_cat of the bf16 gradients into the fp32 reduce-scatter input: 2 + 4 bytes):
+    # 14 bytes a parameter per micro-batch under ZeRO-3, 10 under ZeRO-2; FSDP1 (llm-foundry) works on flat buffers in place
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from advisor.compute import mem_time
+    from advisor.parallel.data import unit_copy_seconds
+
+    w = _titan_workload("torchtitan")
+    p = 8.03e9
+    states = SimpleNamespace(params=p, trained=p, weight_bytes=2.0, grad_bytes=2.0, reduce_bytes=4.0)
+    got = unit_copy_seconds(w, states, np.array([3, 2, 1]))
+    assert got == pytest.approx([float(mem_time(w.hw, p * 14)), float(mem_time(w.hw, p * 10)), 0.0], rel=1e-12)
+    assert got[0] == pytest.approx(0.0729, rel=2e-3)  # 112 GB at 0.757 x 2,039 GB/s (dgx-a100's HBM)
+    assert unit_copy_seconds(_titan_workload("llm-foundry", "gpt2"), states, np.array([3])) == 0.0
+
+
+def test_fsdp_root_unit_gather_and_reduce_scatter_are_exposed_at_the_roots_size():
+    # the root unit (Llama 3 8B's 128K-entry embedding and output layer, 1.05 B parameters: 4.8 layers' worth) is gathered
+    # before anything computes and reduce-scattered after the embedding's gradient, the last one backward produces
+    from advisor import comm
+    from advisor.comm import Collective
+    from advisor.hardware import load_hardware
+
+    hw = load_hardware("dgx-a100")
+    e = estimate("llama3-8b", "dgx-a100", gpus=64, fsdp="full-shard", micro_batch=1, seq=8192, recompute="selective",
+                 stack="torchtitan")
+    root = 2 * 128256 * 4096
+    floor = (comm.collective_time(Collective.all_gather, 64, root * 2.0, hw, 8)
+             + comm.collective_time(Collective.reduce_scatter, 64, root * 4.0, hw, 8))
+    assert e.breakdown["comm/zero_params"] > float(floor) > 0.03

@@ -12,7 +12,7 @@ Communication per step (nccl-tests bytes; advisor.comm):
 - ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
   in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
   compute, except the first layer's (``zero3_overlap: prefetch``); DeepSpeed's coordinator gathers one
-  sub-module at a time (``per_submodule``, ``deepspeed_zero3_exposed``). An FSDP stack calls the collectives
+  sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
   per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
 - HSDP also all-reduces each shard across the replicas.
 - nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits) on GPU 0,
@@ -29,7 +29,7 @@ import numpy as np
 from advisor import comm, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
-from advisor.compute import LayerTimes
+from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import expert, pipeline, zero3
@@ -190,11 +190,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     can_overlap = np.asarray(c.overlap, dtype=bool) & (w.hw.intra_node.kind.value != "pcie")
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
-    rs, ag = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
+    rs, ag, roots = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
     if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
         ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
         rs, ag = rs + ers, ag + eag
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
@@ -202,8 +202,29 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
         ag = np.where(zero == 1, np.maximum(ag - windows.fwd_s, ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB
                                                                                / np.maximum(states.params * states.weight_bytes, 1.0))), ag)
+    exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
+
+
+def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
+    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives, on the compute
+    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): after each all-gather,
+    ``foreach_all_gather_copy_out`` (called from ``FSDPParamGroup.wait_for_unshard`` on the current stream) copies the
+    gathered bytes out of the all-gather buffer into the parameters with ``split_with_sizes_copy`` (read + write of
+    every gathered weight byte); before each reduce-scatter ``foreach_reduce`` (the post-backward hook, current stream)
+    builds the reduce-scatter input with ``chunk_cat`` from the unsharded gradients, cast to the reduce dtype on the
+    way (read the gradient bytes, write the reduce bytes), and only then switches to the reduce-scatter stream.
+    ZeRO-3 gathers each unit twice per micro-batch (reshard_after_forward=True: forward, then again for backward;
+    torchtitan's fsdp_reshard_after_forward "default" without PP, distributed/fsdp.py), ZeRO-2 once. The all-gather
+    copy-in (the local shard cast to param_dtype and copied into the gather input) moves 1/dp_shard of that and runs on
+    its own stream: left out. A recomputed forward reuses the backward's gather (the unit is already unsharded)."""
+    if not w.stack.engine.unit_copies or w.stack.engine.zero_collectives != "per_unit":
+        return 0.0
+    gathers = np.where(zero >= 3, 2.0, 1.0)
+    gathered = states.params * states.weight_bytes * 2.0 * gathers
+    reduced = states.trained * (states.grad_bytes + states.reduce_bytes)
+    return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
 
 
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
@@ -222,15 +243,17 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     return np.maximum(total - hide, np.where(can_overlap, last_t, total))
 
 
-def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any, on: Any) -> tuple[Any, Any]:
-    """(reduce-scatter of the gradients, all-gather of the weights) seconds for one pass over the stage."""
+def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any,
+                        on: Any) -> tuple[Any, Any, tuple[Any, Any]]:
+    """(reduce-scatter of the gradients, all-gather of the weights) seconds for one pass over the stage, and of those
+    the root unit's (reduce-scatter, all-gather): the parameters outside the layers, where the stack calls per unit."""
     hw, shard, per_node = w.hw, mesh.dp_shard, mesh.shard_per_node
     # An FSDP stack calls them per unit: each layer, then the root (embeddings and head). ZeRO-1 is DeepSpeed's
     # stage 1 there, with its 500M-element buckets: one call each, as in a stack that reduces in one call.
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
-    out = []
+    out, roots = [], []
     # gradients are reduced for the trained parameters (the adapters under LoRA), the routed experts apart (over their
     # expert data-parallel group); ZeRO-2/3 gather every weight as held (a frozen base too), ZeRO-1 the updated ones
     gather = np.where(zero >= 2, states.params - states.expert_params, states.dp_params)
@@ -239,21 +262,33 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
-        per_unit = (units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on)
-                    + comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw, per_node,
-                                           where=units_on))
+        root = np.where(units_on, comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw,
+                                                       per_node, where=units_on), 0.0)
+        per_unit = units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on) + root
         out.append(np.where(units_on, per_unit, whole))
-    return out[0], out[1]
+        roots.append(root)
+    return out[0], out[1], (roots[0], roots[1])
 
 
 def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,
-                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes) -> Any:
+                                 ag: Any, layers: Any, windows: Windows, inline: LayerTimes,
+                                 roots: tuple[Any, Any] = (0.0, 0.0)) -> Any:
     """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
-    the last layer's reduce-scatter are always exposed)."""
+    the last layer's reduce-scatter are always exposed).
+
+    Where the stack calls them per unit (FSDP), the root unit (the parameters outside the layers: the embedding, final
+    norm and output layer) is gathered in the root's pre-forward before anything computes, and the first layer's
+    gather is issued behind it on the same all-gather stream while the compute stream waits for both; the root's
+    gradients are reduce-scattered last, after the embedding's gradient (its post-backward: FSDP2's
+    ``_root_post_backward_final_callback``, torch 2.13 _fully_shard/_fsdp_state.py; FSDP1's flat parameter holds the
+    embedding, whose gradient backward produces last), behind the first layer's reduce-scatter. So the root's
+    collectives are exposed at their own size (Llama 3's 128K-entry embedding and output layer are 4.8x a layer of
+    the 8B), not at a layer's average."""
     units = np.maximum(layers, 1.0)
-    ag_unit, rs_unit = ag / units, rs / units
-    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit)
-    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit)
+    rs_root, ag_root = roots
+    ag_unit, rs_unit = (ag - ag_root) / units, (rs - rs_root) / units
+    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit + ag_root)
+    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit + rs_root)
     if not np.any(zero >= 3):
         return z2
     if w.stack.engine.zero3_overlap == "per_submodule":  # costed on the ZeRO-3 plans alone
@@ -265,53 +300,15 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
         rerun = mix(c.recompute, c.recompute_k, layers, v, w.model.n_layers).full  # checkpointed layers' share
         z = w.stack.engine.zero3_calls
         if z is None:  # one call per pass, shared out over the sub-modules
-            z3[on] = np.add(*deepspeed_zero3_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
+            z3[on] = np.add(*zero3.deepspeed_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
         else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
             calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
                                           pick(states.weight_bytes), pick(states.reduce_bytes),
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
             z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls))
     else:
-        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit)
+        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit + rs_root)
     return np.where(zero >= 3, z3, z2)
-
-
-def deepspeed_zero3_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
-                            rs_layer: Any) -> tuple[Any, Any]:
-    """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
-    parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
-
-    DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
-    parameters are in flight it waits for them and synchronises the device (stage3.py in the 0.3 releases
-    Megatron-DeepSpeed ran in 2021: ``_synchronize_communication`` ends in ``torch.cuda.synchronize()``),
-    then prefetches only the next ``stage3_prefetch_bucket_size`` (5e7) elements: one linear layer of a
-    large model. So the gather of each sub-module hides only behind the compute of the one before it, not
-    behind the whole pass: a layer is four steps (the layer table's sub-modules: qkv with the attention core,
-    out, fc1, fc2), and each lasts the longer of its compute and the next step's gather (the gradient
-    reduce-scatter of the step just finished joins that gather in backward, on the same link). A checkpointed
-    layer's recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
-    makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
-    Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
-    """
-    params = np.array(list(w.layer.module_weights().values()), dtype=float)
-    share = params / params.sum()  # of the layer's weights, and of its GEMM FLOPs (proportional to them)
-    comp = [lt.gemm_fwd_s * share[0] + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[1],
-            lt.gemm_fwd_s * share[2] + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[3]]
-    total = sum(comp)
-    share_c = [np.where(total > 0, x / np.where(total > 0, total, 1.0), 0.25) for x in comp]
-    ag = [ag_layer * s for s in share]
-    rs = [rs_layer * s for s in share]
-
-    def exposed(window: Any, comm_during: list) -> Any:
-        """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
-        return sum(np.maximum(window * x, y) - window * x for x, y in zip(share_c, comm_during))
-
-    next_gather = [ag[(k + 1) % 4] for k in range(4)]
-    fwd = exposed(lt.fwd_s, next_gather)
-    # the checkpointed share ``rerun`` of the layers gathers again while it is recomputed, each over its forward
-    rcp = rerun * exposed(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), next_gather)
-    bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
-    return layers * fwd + ag[0], layers * (rcp + bwd)
 
 
 def dataparallel_time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any) -> Any:

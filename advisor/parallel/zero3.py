@@ -20,6 +20,9 @@ over 1,536 A100s: ~7 ms, advisor.comm.network), and on what the host does per ca
 A checkpointed layer's recomputation is a forward: its hooks gather again (three gather passes per micro-batch).
 Left out: parameters kept for reuse within ``stage3_max_reuse_distance`` (never within a layer of these models),
 the embedding's and head's gathers beyond one exposed call per pass.
+
+``deepspeed_exposed`` is the coarser form for a stack with no ``zero3_calls``: one call per pass, shared out over
+the layer's four sub-modules.
 """
 
 from __future__ import annotations
@@ -173,3 +176,41 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
     rcp = rerun * one_pass(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), fwd_order, False)
     bwd = layers * (rcp + one_pass(lt.bwd_s, bwd_order, True))
     return fwd, bwd + calls.root_gather_s + calls.root_reduce_s
+
+
+def deepspeed_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
+                            rs_layer: Any) -> tuple[Any, Any]:
+    """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
+    parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
+
+    DeepSpeed gathers per sub-module, and ``fetch_sub_module`` is blocking: when the next sub-module's
+    parameters are in flight it waits for them and synchronises the device (stage3.py in the 0.3 releases
+    Megatron-DeepSpeed ran in 2021: ``_synchronize_communication`` ends in ``torch.cuda.synchronize()``),
+    then prefetches only the next ``stage3_prefetch_bucket_size`` (5e7) elements: one linear layer of a
+    large model. So the gather of each sub-module hides only behind the compute of the one before it, not
+    behind the whole pass: a layer is four steps (the layer table's sub-modules: qkv with the attention core,
+    out, fc1, fc2), and each lasts the longer of its compute and the next step's gather (the gradient
+    reduce-scatter of the step just finished joins that gather in backward, on the same link). A checkpointed
+    layer's recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
+    makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
+    Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
+    """
+    params = np.array(list(w.layer.module_weights().values()), dtype=float)
+    share = params / params.sum()  # of the layer's weights, and of its GEMM FLOPs (proportional to them)
+    comp = [lt.gemm_fwd_s * share[0] + lt.attention_fwd_s + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[1],
+            lt.gemm_fwd_s * share[2] + lt.elementwise_fwd_s / 2.0, lt.gemm_fwd_s * share[3]]
+    total = sum(comp)
+    share_c = [np.where(total > 0, x / np.where(total > 0, total, 1.0), 0.25) for x in comp]
+    ag = [ag_layer * s for s in share]
+    rs = [rs_layer * s for s in share]
+
+    def exposed(window: Any, comm_during: list) -> Any:
+        """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
+        return sum(np.maximum(window * x, y) - window * x for x, y in zip(share_c, comm_during))
+
+    next_gather = [ag[(k + 1) % 4] for k in range(4)]
+    fwd = exposed(lt.fwd_s, next_gather)
+    # the checkpointed share ``rerun`` of the layers gathers again while it is recomputed, each over its forward
+    rcp = rerun * exposed(lt.recompute_s / np.where(rerun > 0, rerun, 1.0), next_gather)
+    bwd = exposed(lt.bwd_s, [ag[(k - 1) % 4] + rs[(k + 1) % 4] for k in range(4)])
+    return layers * fwd + ag[0], layers * (rcp + bwd)
