@@ -244,25 +244,55 @@ def validate_lowprec() -> DatasetReport:
                    "tokens/s per GPU", len(rows), points, rejected, extra=extra, notes=notes)
 
 
-def bridge_kwargs(row: dict) -> Optional[dict]:
+# Megatron-Bridge 0.3.1's Llama 3.1 405B recipes (megatron/bridge/recipes/llama/llama3.py,
+# llama31_405b_pretrain_config) set account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split:
+# the embedding and the loss each take a layer's place in the pipeline split (126 layers + 2 = 128), which is what
+# advisor's ``pp_split="edges"`` costs. The Llama 3 8B and 70B recipes leave both unset (False, the default).
+BRIDGE_PP_SPLIT = {"llama3-405b": "edges"}
+# Context parallelism: no Llama recipe of Megatron-Bridge 0.3.1 sets cp_comm_type (only the GPT-OSS and Gemma 3 VL
+# ones do, to "a2a"), and megatron-core 0.16.1 leaves it None, which TEDotProductAttention runs as "p2p"
+# (transformer/transformer_config.py cp_comm_type; extensions/transformer_engine.py): the ring exchange of K and V.
+BRIDGE_CP_COMM = "ring"
+
+
+def _cell(value: str) -> Optional[int]:
+    """An integer cell; None for a blank, "n/a" or a cell that says two things ("64 (0)": the 25.09 table's
+    two configurations in one row)."""
+    v = value.strip()
+    if v in ("", "n/a"):
+        return 0
+    return int(v) if v.isdigit() else None
+
+
+def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
+    """advisor.estimate's options for a Megatron-Bridge dense row as the run was configured, or (None, why not)."""
     model, hw, prec = BRIDGE_MODELS.get(row["Model"]), BRIDGE_HARDWARE.get(row["System"]), BRIDGE_PRECISION.get(row["Precision"])
-    if model is None or hw is None or prec is None or row["task"] != "pretrain":
-        return None
-    if row["CP"] not in ("", "1", "n/a") or not (row["FSDP"] in ("", "n/a") or row["FSDP"].isdigit()):
-        return None  # context parallelism is not costed; "64 (0)" cells say two things
-    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1); an FSDP degree means Megatron-FSDP (ZeRO-3)
-    fsdp = row["FSDP"].isdigit() and int(row["FSDP"]) > 0
-    gpus, tp, pp = int(row["#-GPUs"]), int(row["TP"] or 1), int(row["PP"] or 1)
-    vp = row["VP"] if row["VP"] not in ("", "n/a") else None
-    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), zero=3 if fsdp else 1,
+    if row["task"] != "pretrain":
+        return None, "a fine-tuning row (SFT or LoRA)"
+    if model is None or hw is None or prec is None:
+        return None, "a system without a profile or no precision named"
+    cells = {k: _cell(row[k]) for k in ("#-GPUs", "TP", "PP", "VP", "CP", "FSDP")}
+    if any(v is None for v in cells.values()):
+        return None, "a cell giving two configurations ('1 (2)')"
+    gpus, tp, pp, cp = cells["#-GPUs"], cells["TP"] or 1, cells["PP"] or 1, cells["CP"] or 1
+    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1, ddp.use_distributed_optimizer); an FSDP
+    # degree means Megatron-FSDP (ddp.use_megatron_fsdp, data_parallel_sharding_strategy
+    # "optim_grads_params" in Megatron-Bridge 0.3.1's recipes/common.py: ZeRO-3)
+    fsdp = cells["FSDP"] > 0
+    vp = cells["VP"]
+    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp * cp), zero=3 if fsdp else 1,
               micro_batch=int(row["MBS"]), global_batch=int(row["GBS"]), seq=int(row["Sequence Length"]),
               precision=prec, recompute="none", stack=BRIDGE_STACK)
     if tp > 1:
         kw["sp"] = True
-    if vp is not None and pp > 1 and int(vp) > 1:
+    if cp > 1:
+        kw["cp"], kw["cp_comm"] = cp, BRIDGE_CP_COMM
+    if pp > 1 and model in BRIDGE_PP_SPLIT:
+        kw["pp_split"] = BRIDGE_PP_SPLIT[model]
+    if pp > 1 and vp > 1:
         kw["schedule"] = "interleaved"
-        kw["virtual_stages"] = int(vp)
-    return kw
+        kw["virtual_stages"] = vp
+    return kw, ""
 
 
 def validate_bridge() -> DatasetReport:
@@ -270,9 +300,9 @@ def validate_bridge() -> DatasetReport:
     rejected, points, no_fit = Counter(), [], []
     dense = [r for r in rows if r["Model"] in BRIDGE_MODELS]
     for r in dense:
-        kw = bridge_kwargs(r)
+        kw, why = bridge_kwargs(r)
         if kw is None:
-            rejected["a system without a profile, context parallelism, FSDP or a fine-tuning row"] += 1
+            rejected[why] += 1
             continue
         est = _estimate(kw, rejected)
         if est is None:
