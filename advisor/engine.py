@@ -52,6 +52,17 @@ class Zero3Calls(Spec):
     source: Optional[str] = None
 
 
+class QuantisedInputs(Spec):
+    """How the stack's linears keep their inputs for the wgrad GEMM under every low-precision recipe: quantised (the
+    recipe's ``stored_bytes``) instead of in half precision, except the sub-modules in ``original`` (advisor.model.layer
+    module names: qkv, out, fc1, fc2), which keep the half-precision input another op saves anyway (0 bytes more),
+    or, under the recipes in ``original_not_under``, a quantised copy beside it."""
+
+    original: list[str] = Field(default_factory=list)
+    original_not_under: list[str] = Field(default_factory=list)
+    source: Optional[str] = None
+
+
 class Engine(Spec):
     """How the training engine holds, reduces and gathers model states, and when it synchronises."""
 
@@ -109,6 +120,10 @@ class Engine(Spec):
                                    "and gathered, in the recipe's format, the fp32 master copy in the optimizer "
                                    "(Megatron --fp8-param-gather, MLPerf FP8_PARAMS); False: half-precision weights "
                                    "quantised per use")
+    quantised_inputs: Optional[QuantisedInputs] = Field(
+        default=None, description="under every low-precision recipe the linears keep their inputs for backward "
+                                  "quantised (Transformer Engine); None: only where the recipe itself does (advisor."
+                                  "precision saves_quantised_inputs)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]

@@ -101,21 +101,35 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
 
 
 def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
-    """Bytes per token one layer saves less where the recipe keeps its linears' inputs quantised for the wgrad
-    GEMM instead of in BF16 (advisor.precision ``saves_quantised_inputs``: NVFP4), on one TP rank: each
+    """Bytes per token one layer saves less where its linears keep their inputs quantised for the wgrad GEMM
+    instead of in BF16, on one TP rank: where the recipe does (advisor.precision ``saves_quantised_inputs``: NVFP4)
+    or the stack's linears do under every recipe (its engine's ``quantised_inputs``: Transformer Engine). Each
     sub-module's input once (q/k/v and gate/up share theirs), a row-parallel input split over TP, a column-parallel
-    one split only under sequence parallelism. Spread over the layers as the BF16 edge layers are."""
+    one split only under sequence parallelism; a sub-module the stack keeps the half-precision input of saves nothing,
+    or keeps a quantised copy beside it. Spread over the layers as the BF16 edge layers are."""
     r = w.precision.recipe
-    if r is None or not r.saves_quantised_inputs:
+    qi = w.stack.engine.quantised_inputs
+    if r is None or not (r.saves_quantised_inputs or qi is not None):
         return 0.0
-    inputs: dict[str, Any] = {}
+    original = set(qi.original) if qi is not None else set()
+    extra_copy = qi is not None and r.name in qi.original_not_under
+    # the stack's rule reads dense sub-modules only: a routed MoE block's inputs are its permuted copies
+    # (advisor.parallel.expert routed_saved), what its grouped linears keep of them is not modelled
+    routed = {lin.module for lin in w.layer.linears if lin.copies > 1 or lin.split.value == "replicated"}
+    saving: Any = 0.0
+    seen: set[str] = set()
     for lin in w.layer.linears:
-        if lin.module in inputs:
+        if lin.module in seen or (qi is not None and lin.module in routed):
             continue
+        seen.add(lin.module)
         split = (lin.split.value == "row") | ((lin.split.value == "column") & np.asarray(sp, dtype=bool))
-        inputs[lin.module] = lin.n_in / np.where(split, tp, 1.0)
+        elements = lin.n_in / np.where(split, tp, 1.0)
+        if lin.module in original:
+            saving = saving - (r.stored_bytes * elements if extra_copy else 0.0)
+        else:
+            saving = saving + (w.act_bytes - r.stored_bytes) * elements
     share = 1.0 - min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
-    return share * (w.act_bytes - r.stored_bytes) * sum(inputs.values())
+    return share * saving
 
 
 def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any,

@@ -248,3 +248,62 @@ def test_nvfp4_memory_saving_on_torchtitans_gb200_run():
     measured = _te("tt-gb200-l8b-nvfp4-bf16tail")["measured"]["peak_memory_gib"] - _te("tt-gb200-l8b-bf16")["measured"]["peak_memory_gib"]
     assert measured == pytest.approx(-63.54)
     assert (fp4.memory.peak_bytes - bf16.memory.peak_bytes) / 2**30 == pytest.approx(measured, rel=0.15)
+
+
+def _workload(model: str, precision: str, stack: str = "megatron-core"):
+    from advisor.hardware import load_hardware as hw_of
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    return Workload.of(load_model(model), hw_of("dgx-h100"), load_stack(stack),
+                       TrainingSetup(precision=precision, seq_len=8192, stack=stack))
+
+
+@pytest.mark.parametrize("precision, bytes_", [("fp8-tensorwise", 1.0), ("mxfp8", 1.0 + 1.0 / 32)])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_te_keeps_fp8_inputs_quantised_for_wgrad(precision, bytes_, tp):
+    """megatron-core's TE linears keep their inputs quantised for the wgrad GEMM (TE 2.20.2 linear.py /
+    layernorm_linear.py): qkv's and fc1's normalised input (h each) and fc2's (f) at 1 byte (+ MX scales) instead of
+    2; linear_proj keeps the attention's BF16 output (megatron-core 0.16.1 attention.py:363-379). Llama 3 70B with
+    SP: (2 - bytes) x (8192 + 8192 + 28672) / tp bytes a token less per layer."""
+    from advisor.memory import quantised_inputs_saving
+
+    got = quantised_inputs_saving(_workload("llama3-70b", precision), tp, True)
+    assert got == pytest.approx((2.0 - bytes_) * (8192 + 8192 + 28672) / tp)
+
+
+def test_te_delayed_scaling_keeps_an_fp8_copy_of_the_attention_output():
+    """Under fp8_recipe delayed megatron-core does not set save_original_input on linear_proj (attention.py:369): it
+    saves an FP8 copy beside the BF16 attention output, q_dim / tp bytes a token more than tensorwise."""
+    from advisor.memory import quantised_inputs_saving
+
+    s = {p: quantised_inputs_saving(_workload("llama3-70b", p), 4, True) for p in ("fp8-tensorwise", "fp8-delayed")}
+    assert s["fp8-tensorwise"] - s["fp8-delayed"] == pytest.approx(8192 / 4)
+
+
+def test_torchtitan_fp8_keeps_bf16_inputs_still():
+    """torchao's Float8Linear keeps BF16 inputs (its measured runs hold the BF16 peak): the TE rule is megatron-core's;
+    NVFP4 keeps its 4-bit inputs there as the recipe says."""
+    from advisor.memory import quantised_inputs_saving
+
+    assert quantised_inputs_saving(_workload("llama3-8b", "fp8-tensorwise", "torchtitan"), 1, False) == 0.0
+    assert quantised_inputs_saving(_workload("llama3-8b", "nvfp4", "torchtitan"), 1, False) > 0.0
+
+
+def test_bridge_rows_are_asked_as_they_ran():
+    """Megatron-Bridge's table rows as configured: CP 2 costed as ring CP (megatron-core's p2p default), Llama 3.1 405B
+    with the embedding and loss in the pipeline split (its recipe), an FSDP degree as ZeRO-3, fine-tuning rows not
+    asked."""
+    from validation.lowprec import bridge_kwargs, load_bridge
+
+    rows = load_bridge()
+    cp = next(r for r in rows if r["Model"] == "LLAMA3.1_405B" and r["CP"] == "2" and r["System"] == "DGX-H100"
+              and r["Precision"] == "FP8")
+    kw, _ = bridge_kwargs(cp)
+    assert (kw["cp"], kw["cp_comm"], kw["pp_split"], kw["dp"], kw["virtual_stages"]) == (2, "ring", "edges", 8, 8)
+    fsdp = next(r for r in rows if r["Model"] == "LLAMA3_70B" and r["FSDP"] == "64" and r["Precision"] == "FP8")
+    assert bridge_kwargs(fsdp)[0]["zero"] == 3
+    sft = next(r for r in rows if r["task"] == "sft")
+    assert bridge_kwargs(sft) == (None, "a fine-tuning row (SFT or LoRA)")

@@ -14,8 +14,9 @@ How a row becomes an estimate:
   (none, selective, full) the model predicts to fit, as the run fitted (the tables do not give it; Bridge's recipes
   recompute modules advisor has no name for), balanced routing (the tables' footnote: "MoE
   runs force a balanced token distribution"), dropless;
-- precision: BF16 rows as bf16-mixed; FP8 (current scaling) and MXFP8 rows as fp8-mixed, advisor's one FP8 recipe
-  (its GEMMs at the fp8 peak; MXFP8's block scales are not costed): the error is reported per precision;
+- precision: BF16 rows as bf16-mixed; FP8 (current scaling, the tables' README) as fp8-tensorwise and MXFP8 as mxfp8,
+  the recipes the dense rows take (validation.lowprec BRIDGE_PRECISION; advisor.precision): the error is reported per
+  precision;
 - an interleaved schedule whose layers do not divide pp x vp (DeepSeek-V3's 61 layers: Bridge places the embedding
   and loss as pipeline layers of their own) runs as 1F1B, and is counted;
 - rows with no precision (25.09's token-drop tables) are not compared.
@@ -45,7 +46,7 @@ MOE_STACK = "megatron-core"
 
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
 EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
-PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-mixed", "MXFP8": "fp8-mixed"}
+PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8"}
 
 # The two models the catalogue lacks, as their config.json on the Hugging Face hub gives them (the keys that change
 # cost; advisor.model.families reads them as it reads any config).
@@ -160,7 +161,7 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
         extra[f"{prec}_mape_pct"], extra[f"{prec}_max_ape_pct"] = ape_stats(pts)
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
              f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
-             "(the tables force a balanced token distribution); FP8 and MXFP8 as fp8-mixed",
+             "(the tables force a balanced token distribution); FP8 as fp8-tensorwise, MXFP8 as mxfp8",
              f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
              "recomputation, which the tables do not give, the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]

@@ -244,39 +244,99 @@ def validate_lowprec() -> DatasetReport:
                    "tokens/s per GPU", len(rows), points, rejected, extra=extra, notes=notes)
 
 
-def bridge_kwargs(row: dict) -> Optional[dict]:
+# Megatron-Bridge 0.3.1's Llama 3.1 405B recipes (megatron/bridge/recipes/llama/llama3.py,
+# llama31_405b_pretrain_config) set account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split:
+# the embedding and the loss each take a layer's place in the pipeline split (126 layers + 2 = 128), which is what
+# advisor's ``pp_split="edges"`` costs. The Llama 3 8B and 70B recipes leave both unset (False, the default).
+BRIDGE_PP_SPLIT = {"llama3-405b": "edges"}
+# Context parallelism: no Llama recipe of Megatron-Bridge 0.3.1 sets cp_comm_type (only the GPT-OSS and Gemma 3 VL
+# ones do, to "a2a"), and megatron-core 0.16.1 leaves it None, which TEDotProductAttention runs as "p2p"
+# (transformer/transformer_config.py cp_comm_type; extensions/transformer_engine.py): the ring exchange of K and V.
+BRIDGE_CP_COMM = "ring"
+# Recomputation: the tables do not publish it, and the Llama recipes in Megatron-Bridge 0.3.1's package
+# (recompute_granularity None) are written for other parallelisms than the tables' rows (llama3_70b: TP4 PP4 VP5 CP2;
+# the rows' configurations live in its scripts/performance, which the package does not ship): each row takes the
+# least recomputation each row's model predicts to fit, as the run did: none, selective (Megatron's default
+# recompute_modules, the core attention), then --recompute-method block with k = 1, 2, ... layers of each stage chunk
+# checkpointed (megatron-core transformer_block.py: layer_number < recompute_num_layers), then full (uniform, 1)
+BRIDGE_MODEL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # the models' configs (n_layers)
+
+
+def bridge_least_recompute(kw: dict, rejected: Counter):
+    """The estimate under the least recomputation predicted to fit: none, selective, the smallest block k (by
+    bisection: a stage keeps less with every layer more checkpointed), full; the last tried where none fits."""
+    est = None
+    for policy in ({"recompute": "none"}, {"recompute": "selective"}):
+        est = _estimate({**kw, **policy}, rejected)
+        if est is None or est.fits:
+            return est
+    chunks = kw["pp"] * kw.get("virtual_stages", 1)
+    layers = BRIDGE_MODEL_LAYERS[kw["model"]] + (2 if kw.get("pp_split") == "edges" else 0)
+    lo, hi, best = 1, -(-layers // chunks) - 1, None
+    while lo <= hi:
+        k = (lo + hi) // 2
+        got = _estimate({**kw, "recompute": "block", "recompute_layers": k}, rejected)
+        if got is not None and got.fits:
+            best, hi = got, k - 1
+        else:
+            lo = k + 1
+    return best if best is not None else _estimate({**kw, "recompute": "full"}, rejected)
+
+
+def _cell(value: str) -> Optional[int]:
+    """An integer cell; None for a blank, "n/a" or a cell that says two things ("64 (0)": the 25.09 table's
+    two configurations in one row)."""
+    v = value.strip()
+    if v in ("", "n/a"):
+        return 0
+    return int(v) if v.isdigit() else None
+
+
+def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
+    """advisor.estimate's options for a Megatron-Bridge dense row as the run was configured, or (None, why not)."""
     model, hw, prec = BRIDGE_MODELS.get(row["Model"]), BRIDGE_HARDWARE.get(row["System"]), BRIDGE_PRECISION.get(row["Precision"])
-    if model is None or hw is None or prec is None or row["task"] != "pretrain":
-        return None
-    if row["CP"] not in ("", "1", "n/a") or not (row["FSDP"] in ("", "n/a") or row["FSDP"].isdigit()):
-        return None  # context parallelism is not costed; "64 (0)" cells say two things
-    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1); an FSDP degree means Megatron-FSDP (ZeRO-3)
-    fsdp = row["FSDP"].isdigit() and int(row["FSDP"]) > 0
-    gpus, tp, pp = int(row["#-GPUs"]), int(row["TP"] or 1), int(row["PP"] or 1)
-    vp = row["VP"] if row["VP"] not in ("", "n/a") else None
-    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), zero=3 if fsdp else 1,
+    if row["task"] != "pretrain":
+        return None, "a fine-tuning row (SFT or LoRA)"
+    if model is None or hw is None or prec is None:
+        return None, "a system without a profile or no precision named"
+    cells = {k: _cell(row[k]) for k in ("#-GPUs", "TP", "PP", "VP", "CP", "FSDP")}
+    if any(v is None for v in cells.values()):
+        return None, "a cell giving two configurations ('1 (2)')"
+    gpus, tp, pp, cp = cells["#-GPUs"], cells["TP"] or 1, cells["PP"] or 1, cells["CP"] or 1
+    # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1, ddp.use_distributed_optimizer); an FSDP
+    # degree means Megatron-FSDP (ddp.use_megatron_fsdp, data_parallel_sharding_strategy
+    # "optim_grads_params" in Megatron-Bridge 0.3.1's recipes/common.py: ZeRO-3)
+    fsdp = cells["FSDP"] > 0
+    vp = cells["VP"]
+    kw = dict(model=model, hw=hw, gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp * cp), zero=3 if fsdp else 1,
               micro_batch=int(row["MBS"]), global_batch=int(row["GBS"]), seq=int(row["Sequence Length"]),
               precision=prec, recompute="none", stack=BRIDGE_STACK)
     if tp > 1:
         kw["sp"] = True
-    if vp is not None and pp > 1 and int(vp) > 1:
+    if cp > 1:
+        kw["cp"], kw["cp_comm"] = cp, BRIDGE_CP_COMM
+    if pp > 1 and model in BRIDGE_PP_SPLIT:
+        kw["pp_split"] = BRIDGE_PP_SPLIT[model]
+    if pp > 1 and vp > 1:
         kw["schedule"] = "interleaved"
-        kw["virtual_stages"] = int(vp)
-    return kw
+        kw["virtual_stages"] = vp
+    return kw, ""
 
 
 def validate_bridge() -> DatasetReport:
     rows = load_bridge()
-    rejected, points, no_fit = Counter(), [], []
+    rejected, points, no_fit, recomputed = Counter(), [], [], Counter()
     dense = [r for r in rows if r["Model"] in BRIDGE_MODELS]
     for r in dense:
-        kw = bridge_kwargs(r)
+        kw, why = bridge_kwargs(r)
         if kw is None:
-            rejected["a system without a profile, context parallelism, FSDP or a fine-tuning row"] += 1
+            rejected[why] += 1
             continue
-        est = _estimate(kw, rejected)
+        est = bridge_least_recompute(kw, rejected)  # the least recomputation predicted to fit (not published)
         if est is None:
             continue
+        rc = est.setup.recompute.value
+        recomputed[f"{rc} {est.setup.recompute_layers}" if rc == "block" else rc] += 1
         label = f"{r['Model']} {r['System']} {r['Precision']} tp{r['TP']} pp{r['PP']} {r['release']}"
         if not est.fits:
             no_fit.append(label)
@@ -284,7 +344,11 @@ def validate_bridge() -> DatasetReport:
                             measured=float(r["Tokens / sec / GPU"]), breakdown=est.breakdown))
     extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1),
              "within_10_pct": 100.0 * np.mean([abs(p.error_pct) <= 10.0 for p in points]) if points else float("nan")}
-    notes = [f"stack {BRIDGE_STACK}; {len(points)} of {len(dense)} dense rows compared"]
+    notes = [f"stack {BRIDGE_STACK}; {len(points)} of {len(dense)} dense rows compared; CP as {BRIDGE_CP_COMM}, "
+             "Llama 3.1 405B with the embedding and loss in the pipeline split (its recipe), FSDP as ZeRO-3",
+             "recomputation, which the tables do not give (their runs' configs are Megatron-Bridge's "
+             "scripts/performance, not in its package; the package's Llama recipes set none at other parallelisms), "
+             "the least predicted to fit: " + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     if no_fit:
         notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6]))
     return _report("bridge", "Megatron-Bridge dense pre-training (Llama 3 8B/70B, 3.1 405B): BF16, FP8, MXFP8, NVFP4",
