@@ -45,9 +45,10 @@ FEATURE_WORDS = {"ddp": "DDP", "dataparallel": "nn.DataParallel", "zero1": "ZeRO
 def features(c: Candidates) -> dict[str, Any]:
     """Which plan features (advisor.stack.PLAN_FEATURES) each candidate uses."""
     hybrid, dp_single = np.asarray(c.hybrid, dtype=bool), c.dp_kind == DataParallelKind.dp.code
-    return {"ddp": (c.dp > 1) & (c.zero == 0) & ~dp_single, "dataparallel": dp_single & (c.dp > 1),
-            "zero1": (c.dp > 1) & (c.zero == 1), "zero2": (c.dp > 1) & (c.zero == 2),
-            "zero3": (c.dp > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
+    group = c.dp * np.asarray(c.cp)  # gradients are reduced, and ZeRO shards, over dp x cp
+    return {"ddp": (group > 1) & (c.zero == 0) & ~dp_single, "dataparallel": dp_single & (c.dp > 1),
+            "zero1": (group > 1) & (c.zero == 1), "zero2": (group > 1) & (c.zero == 2),
+            "zero3": (group > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
             "sp": np.asarray(c.sp, dtype=bool), "pp": c.pp > 1, "gpipe": (c.pp > 1) & (c.schedule == Schedule.gpipe.code),
             "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 

@@ -170,7 +170,7 @@ class Plan(Spec):
         parts = []
         if self.data_parallel is DataParallelKind.dp and self.dp > 1:
             parts.append(f"nn.DataParallel {self.dp}")
-        elif self.dp > 1 or (self.tp == 1 and self.pp == 1):
+        elif self.dp > 1 or (self.tp == 1 and self.pp == 1) or (self.cp > 1 and self.zero > 0):
             parts.append(f"{'HSDP' if self.hybrid_shard else ZERO_NAMES[self.zero]} dp={self.dp}")
         if self.tp > 1:
             parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
