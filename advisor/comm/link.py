@@ -124,6 +124,7 @@ def _size_ramp(x: Any, f) -> Any:
     """(x / (x + half_size)) ** exponent: the fraction of the large-message rate that x bytes reach."""
     if f.half_size_MiB <= 0:
         return 1.0
+    x = np.maximum(x, 0.0)  # an empty call (S <= 0, costed 0 by the caller) must not raise a power of a negative
     r = x + f.half_size_MiB * MiB
     np.divide(x, r, out=r)
     r += 1e-30
