@@ -81,6 +81,9 @@ class Adapter:
         skip = ({"q_dim"} if f.tied_q else set()) | ({"kv_dim"} if f.tied_kv else set())
         return tuple(t for t in ("d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant") if t not in skip)
 
+    def close(self) -> None:
+        """Undo what building the stack's code set up in this process (a process group, environment): nothing here."""
+
     def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
               emulate: bool = True) -> Case:
         raise NotImplementedError

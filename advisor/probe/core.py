@@ -179,9 +179,12 @@ def probe(adapter: Adapter, family: str | None = None) -> Probed:
     check_configs(adapter.configs(family), adapter.terms(family))
     source = adapter.source(family)
     probed = Probed(adapter.stack, source)
-    for attention in adapter.attentions:
-        _host(adapter, family, attention, source, probed)
-        for mode in adapter.modes:
-            _saved_entry(adapter, family, mode, attention, source, probed)
+    try:
+        for attention in adapter.attentions:
+            _host(adapter, family, attention, source, probed)
+            for mode in adapter.modes:
+                _saved_entry(adapter, family, mode, attention, source, probed)
+    finally:
+        adapter.close()
     probed.notes = sorted(set(probed.notes))
     return probed

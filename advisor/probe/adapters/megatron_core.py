@@ -39,6 +39,9 @@ class MegatronCore(Adapter):
     row_parallel = ("linear_proj", "linear_fc2")  # RowParallelLinear in the spec
     emulation = ", bf16 parameters (params_dtype), local spec (no Transformer Engine), CUDA RNG calls as no-ops"
 
+    def close(self) -> None:
+        close()
+
     def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
               emulate: bool = True) -> Case:
         import torch
@@ -55,13 +58,15 @@ class MegatronCore(Adapter):
         return Case(model, forward, dims.tokens)
 
 
-_PORT = [29571]
+_OWNED: dict = {}  # what _cpu_state set up in this process, which close() undoes
 
 
 def _cpu_state() -> None:
-    """One gloo rank for megatron's parallel state; its CUDA RNG calls as no-ops on CPU."""
+    """One gloo rank for megatron's parallel state; its CUDA RNG calls as no-ops on CPU. The rendezvous takes a free
+    port (a fixed one collided in a busy test session), and close() restores the environment."""
     import contextlib
     import os
+    import socket
 
     import torch
     import torch.distributed as dist
@@ -70,8 +75,11 @@ def _cpu_state() -> None:
 
     torch.cuda.current_device = lambda: "cpu"  # megatron's global memory buffer asks for the CUDA device
     if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PROBE_PORT", str(_PORT[0])), RANK="0",
-                          WORLD_SIZE="1")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        _OWNED["env"] = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(1, 1)
@@ -109,3 +117,16 @@ def _model(family: str, d: Dims, n_layers: int, policy: str):
                      position_embedding_type="rope" if llama else "learned_absolute",
                      share_embeddings_and_output_weights=not llama)
     return model.to(torch.bfloat16)
+
+
+def close() -> None:
+    """Restore the environment _cpu_state changed (MASTER_PORT and the rank variables), so that a later launcher in
+    this process does not inherit them. The gloo group and megatron's parallel state stay: megatron keeps module
+    state (its RNG tracker, global buffers) that a second initialisation does not rebuild the same way."""
+    import os
+
+    for k, v in _OWNED.pop("env", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
