@@ -200,7 +200,7 @@ def test_every_plan_the_search_returns_is_valid_and_fits(s):
     assert sum(res.rejected.values()) <= res.candidates
     for rp in res.plans:
         e = rp.estimate
-        assert rp.plan.dp * rp.plan.tp * rp.plan.pp == world
+        assert rp.plan.dp * rp.plan.tp * rp.plan.pp * rp.plan.cp == world
         assert plan_errors(rp.plan, rp.setup, m, hw, world) == []
         assert e.memory.peak_bytes + e.memory.overhead_bytes <= cap * (1 + 1e-12)
         assert math.isfinite(e.step_time_s) and e.step_time_s > 0
@@ -215,7 +215,8 @@ def test_every_plan_the_search_returns_is_valid_and_fits(s):
                      virtual_stages=p.virtual_stages, data_parallel=p.data_parallel, micro_batch=su.micro_batch,
                      global_batch=res.global_batch, seq=seq, recompute=su.recompute, stack=su.stack,
                      fsdp="hybrid-shard" if p.hybrid_shard else None, recompute_layers=su.recompute_layers,
-                     offload=p.offload.value)
+                     offload=p.offload.value, cp=p.cp, cp_comm=p.cp_comm.value if p.cp > 1 else None,
+                     pp_split=p.pp_split.value)
         assert e.step_time_s == pytest.approx(rp.estimate.step_time_s, rel=1e-9)
     else:
         tried("plans")
