@@ -43,6 +43,12 @@ def test_a_stack_round_trips_and_cites_its_sources(name):
     ("name: x\ndescription: d\nbase: torchtitan\nengine: {reduce_dtype: fp16}\n", "reduce_dtype"),
     ("name: x\ndescription: d\nbase: torchtitan\nengine: {offers: [tp, moe]}\n", "offers"),
     ("name: x\ndescription: d\nbase: nowhere\n", "unknown stack profile 'nowhere'"),
+    # the engine fields of the megatron-core and deepspeed profiles (issue 15)
+    ("name: x\ndescription: d\nbase: deepspeed\nengine: {zero3_calls: {gathers: per_layer}}\n", "gathers"),
+    ("name: x\ndescription: d\nbase: deepspeed\nengine: {zero3_calls: {persistence_elements: -1}}\n", "persistence_elements"),
+    ("name: x\ndescription: d\nbase: megatron-core\nengine: {main_grads: fp16}\n", "main_grads"),
+    ("name: x\ndescription: d\nbase: megatron-core\nengine: {module_dtype: fp8}\n", "module_dtype"),
+    ("name: x\ndescription: d\nbase: megatron-deepspeed\nengine: {zero3_calls: {max_live_elements: 0}}\n", "max_live_elements"),
 ])
 def test_bad_stack_files_are_one_line_errors(text, needle, tmp_path):
     tried("profiles")

@@ -1,7 +1,7 @@
 """CUDA's op choices on CPU, for probes whose stack trains on CUDA: autocast's op lists and fused dropout.
 
-A copy of validation/probes/cuda_like.py (advisor never imports validation/), which the shipped hf-trainer numbers
-were measured with: CPU autocast uses other op lists than CUDA autocast (on CUDA pow, layer_norm, rsqrt run in fp32
+The one implementation (validation/probes/cuda_like.py, which the shipped hf-trainer numbers were measured with,
+calls this one): CPU autocast uses other op lists than CUDA autocast (on CUDA pow, layer_norm, rsqrt run in fp32
 and softmax returns fp32), and CPU dropout saves a full-precision noise tensor where CUDA saves a bool mask.
 ``CudaLike(amp_dtype)`` is a TorchFunctionMode that reproduces CUDA's choices; SDPA's dropout is set to 0 because
 CUDA's flash kernels save only an RNG seed. torch is imported only when cuda_like() is called.
