@@ -99,10 +99,19 @@ def excess_per_micro_batch(w: Workload, mb: MicroBatch) -> Any:
     """Seconds a micro-batch lasts beyond its GPU work because of the host (module docstring). A stack that
     synchronises only once per step lets the host run ahead across micro-batches: only a host slower than the
     GPU over the whole micro-batch shows."""
+    forward, rest = idle_per_micro_batch(w, mb)
+    return forward + rest
+
+
+def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
+    """The host's excess split as (the GPU idling while a host-bound forward issues it, the rest: a host slower
+    than the whole flow shop, which idles the GPU through the backward too). Collectives hide in the idle time of
+    their own phase: the gradient reduction only in the second part (advisor.parallel.data.Windows)."""
     if w.stack.engine.device_syncs == "per_step":
-        return np.maximum(mb.host_s - mb.gpu_s, 0.0)
+        return 0.0, np.maximum(mb.host_s - mb.gpu_s, 0.0)
     host_fwd = mb.host_layers_fwd_s
     span = np.maximum(host_fwd + mb.head_fwd_s + mb.head_bwd_s, host_fwd + mb.host_head_s) + mb.gpu_after_fwd_s
+    first = np.maximum(span, mb.gpu_s)  # the host-bound forward, then the GPU's backward
     if w.stack.engine.device_syncs == "per_phase":
         t = w.tables
         host_fwd_all = host_fwd + mb.host_head_s * t.head_forward_ops / (t.head_forward_ops + t.head_backward_ops)
@@ -113,4 +122,4 @@ def excess_per_micro_batch(w: Workload, mb: MicroBatch) -> Any:
         tail = host_fwd + mb.head_fwd_s + mb.loss_comm_s
         fwd = np.maximum(np.maximum(host_fwd_all, mb.gpu_fwd_s), tail)
         span = np.maximum(span, fwd + np.maximum(mb.host_s - host_fwd_all, mb.gpu_s - mb.gpu_fwd_s))
-    return np.maximum(np.maximum(mb.host_s, span) - mb.gpu_s, 0.0)
+    return first - mb.gpu_s, np.maximum(np.maximum(mb.host_s, span), first) - first

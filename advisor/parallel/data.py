@@ -164,13 +164,30 @@ def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: boo
 
 @dataclass(frozen=True)
 class Windows:
-    """GPU work the data-parallel collectives hide behind, per micro-batch on the busiest stage: a host-bound
-    phase lasts longer and would hide more, but the host's excess is charged per micro-batch (advisor.host);
-    counting it here too would let a faster host make a step slower."""
+    """What the data-parallel collectives hide behind, per micro-batch on the busiest stage: the GPU's work per
+    phase, and the time the GPU sits idle waiting for a host-bound host (advisor.host's excess, charged once per
+    micro-batch). Collectives already issued run through that idle time too, so it hides communication, once: it
+    is pooled over the micro-batch's collectives (``hidden``), not added to each phase; a gradient reduction, which
+    starts with the backward, pools only the idle time that is not the forward's. The flow shop gives the
+    micro-batch's makespan, not each phase's share of the idle; adding the host's time per phase let a faster host
+    make a step slower, and leaving the idle out let a faster GPU do it (its shorter phases exposed more than the
+    host-bound micro-batch saved). Pooled, whatever a faster GPU or host exposes is at most what it shortened."""
 
     fwd_s: Any  # the layers' forward with their TP collectives in line
     bwd_s: Any  # the layers' backward and recomputation with their TP collectives
     last_backward_s: Any  # the last micro-batch's backward, which the gradient reduction can hide behind
+    idle_s: Any = 0.0  # the GPU's idle seconds per micro-batch behind a host-bound host
+    idle_backward_s: Any = 0.0  # of those, the ones that are not the forward's (advisor.host.idle_per_micro_batch)
+
+
+def hidden(floors: Any, needs: list[Any], idle: Any) -> list[Any]:
+    """Exposed seconds of collectives, each ``max(c - window, floor)`` written as ``floor + need``, once the GPU's
+    idle seconds have hidden what they can of the needs, first to last."""
+    out = []
+    for floor, need in zip(floors, needs):
+        out.append(floor + np.maximum(need - idle, 0.0))
+        idle = np.maximum(idle - need, 0.0)
+    return out
 
 
 @dataclass(frozen=True)
@@ -197,11 +214,18 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
-    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide), 0.0)
-    grad = grad + np.where(active & (zero == 1), np.maximum(rs - hide, 0.0), 0.0)
+    # the gradient reduction runs after the forward: only the idle time that is not the forward's hides it; staged
+    # through the host (no overlap), nothing hides it
+    idle = np.where(can_overlap, windows.idle_backward_s, 0.0)
+    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)
+    z1_ag = ag
     if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
-        ag = np.where(zero == 1, np.maximum(ag - windows.fwd_s, ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB
-                                                                               / np.maximum(states.params * states.weight_bytes, 1.0))), ag)
+        first = ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
+        z1_rs, z1_ag = hidden([0.0, first], [np.maximum(rs - hide, 0.0), np.maximum(ag - windows.fwd_s - first, 0.0)], idle)
+    else:
+        z1_rs = hidden([0.0], [np.maximum(rs - hide, 0.0)], idle)[0]
+    grad = grad + np.where(active & (zero == 1), z1_rs, 0.0)
+    ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
@@ -227,8 +251,10 @@ def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
     return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
 
 
-def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any) -> Any:
-    """DDP's gradient all-reduce beyond the backward it overlaps with; the last bucket is always exposed."""
+def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any,
+                idle: Any = 0.0) -> Any:
+    """DDP's gradient all-reduce beyond the backward it overlaps with and the GPU's idle time behind the host
+    (``Windows``); the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
     size = states.dp_params * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
@@ -240,7 +266,8 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes
     last = np.minimum(np.maximum(bucket, embedding), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
-    return np.maximum(total - hide, np.where(can_overlap, last_t, total))
+    floor = np.where(can_overlap, last_t, total)
+    return hidden([floor], [np.maximum(total - hide - floor, 0.0)], idle)[0]
 
 
 def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any,
@@ -287,8 +314,9 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
     units = np.maximum(layers, 1.0)
     rs_root, ag_root = roots
     ag_unit, rs_unit = (ag - ag_root) / units, (rs - rs_root) / units
-    z2_fwd = np.maximum(ag - windows.fwd_s, ag_unit + ag_root)
-    z2 = z2_fwd + np.maximum(rs - windows.bwd_s, rs_unit + rs_root)
+    floor_f, floor_b, floor_b3 = ag_unit + ag_root, rs_unit + rs_root, ag_unit + rs_unit + rs_root
+    need_f = np.maximum(ag - windows.fwd_s - floor_f, 0.0)
+    z2 = sum(hidden([floor_f, floor_b], [need_f, np.maximum(rs - windows.bwd_s - floor_b, 0.0)], windows.idle_s))
     if not np.any(zero >= 3):
         return z2
     if w.stack.engine.zero3_overlap == "per_submodule":  # costed on the ZeRO-3 plans alone
@@ -307,7 +335,7 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
             z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls))
     else:
-        z3 = z2_fwd + np.maximum(ag + rs - windows.bwd_s, ag_unit + rs_unit + rs_root)
+        z3 = sum(hidden([floor_f, floor_b3], [need_f, np.maximum(ag + rs - windows.bwd_s - floor_b3, 0.0)], windows.idle_s))
     return np.where(zero >= 3, z3, z2)
 
 
