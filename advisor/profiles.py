@@ -10,6 +10,7 @@ of one network) replace the base's value whole, never key by key. At most 8 leve
 
 from __future__ import annotations
 
+import copy
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from advisor.io import MAX_YAML_BYTES, YAMLTooLarge, is_file, load_yaml, not_a_f
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
 _CACHE: dict = {}  # (file, text, model) -> validated profile
 _CACHE_SIZE = 64
+# text -> its parsed YAML: the bounded loader is pure Python (~60 ms for a stack profile), and a file with a base:
+# is loaded again each time (its base may have changed), which re-reads its text and its base's, not re-parses them
+_PARSED: dict = {}
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ class ProfileKind:
     def _data(self, text: str, chain: list[tuple[str, Optional[Path]]], directory: Path) -> dict:
         """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
         try:
-            data = load_yaml(text)
+            data = _parsed(text)
         except YAMLTooLarge as exc:
             raise self._chain_error(chain, str(exc)) from None
         except yaml.YAMLError as exc:
@@ -164,3 +168,13 @@ def merge(base: dict, child: dict, whole: frozenset[str] = frozenset()) -> dict:
 def to_yaml(profile) -> str:
     """YAML that the profile's loader accepts back unchanged (round trip tested)."""
     return yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)
+
+
+def _parsed(text: str):
+    """``load_yaml(text)``, parsed once per text; each caller gets its own copy (``_data`` pops and merges keys)."""
+    if text not in _PARSED:
+        data = load_yaml(text)
+        if len(_PARSED) >= _CACHE_SIZE:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[text] = data
+    return copy.deepcopy(_PARSED[text])

@@ -1,6 +1,13 @@
-"""Session hooks: the robustness suites count the bad inputs they try; the count is printed at the end."""
+"""Session hooks: the robustness suites count the bad inputs they try; the count is printed at the end. One full
+validation run is shared by the suites that read it (test_validate, test_golden)."""
 
+import sys
+from pathlib import Path
+
+import pytest
 from _robust import TRIED
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SURFACES = ("cli", "profiles", "models", "plans", "calibrate")
 
@@ -10,3 +17,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     parts = ", ".join(f"{s} {TRIED.get(s, 0):,}" for s in SURFACES)
     terminalreporter.write_line(f"robustness: {sum(TRIED.values()):,} bad inputs tried ({parts})")
+
+
+@pytest.fixture(scope="session")
+def validation_report():
+    """``validation.validate.run()`` over every dataset, once per session (~30 s on 2 cores)."""
+    if str(ROOT) not in sys.path:  # `validation` is not an installed package; run from a checkout
+        sys.path.insert(0, str(ROOT))
+    from validation.validate import run
+
+    return run()

@@ -129,8 +129,8 @@ def test_every_row_of_a_search_is_what_estimate_says(name):
 
 
 @pytest.mark.slow
-def test_validate_predictions_equal_the_golden():
+def test_validate_predictions_equal_the_golden(validation_report):
     old = _load("validate")
-    new = record.validate_golden()
+    new = record.validate_golden(validation_report)
     problems = [p for name in old for p in diff(old[name], new.get(name), (name,))]
     assert not problems, f"{len(problems)} differences, first: " + "; ".join(problems[:5])

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.slow  # every test here shares one full validation run 
 
 
 @pytest.fixture(scope="module")
-def report():
-    return v.run()
+def report(validation_report):
+    return validation_report
 
 
 def test_every_dataset_is_reported_in_under_a_minute(report):

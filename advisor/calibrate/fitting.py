@@ -159,7 +159,7 @@ def slp_minimax(rel, x, lo, hi, iters: int = 40, mean_weight: float = MEAN_WEIGH
         b = np.r_[-f0, f0, -f0, f0]
         c = np.r_[np.zeros(len(x)), 1.0, np.full(m, mean_weight / m)]
         bounds = [(max(lo[i] - x[i], -tr * scale[i]), min(hi[i] - x[i], tr * scale[i])) for i in range(len(x))]
-        sol = linprog(c, A_ub=A, b_ub=b, bounds=bounds + [(0, None)] * (m + 1), method="highs")
+        sol = linprog(c, A_ub=A, b_ub=b, bounds=bounds + [(0, None)] * (m + 1), method="highs-ipm")
         if sol.status != 0:
             break
         xn = np.clip(x + sol.x[: len(x)], lo, hi)

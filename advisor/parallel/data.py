@@ -167,11 +167,10 @@ class Windows:
     """What the data-parallel collectives hide behind, per micro-batch on the busiest stage: the GPU's work per
     phase, and the time the GPU sits idle waiting for a host-bound host (advisor.host's excess, charged once per
     micro-batch). Collectives already issued run through that idle time too, so it hides communication, once: it
-    is pooled over the micro-batch's collectives (``hidden``), not added to each phase; a gradient reduction, which
-    starts with the backward, pools only the idle time that is not the forward's. The flow shop gives the
-    micro-batch's makespan, not each phase's share of the idle; adding the host's time per phase let a faster host
-    make a step slower, and leaving the idle out let a faster GPU do it (its shorter phases exposed more than the
-    host-bound micro-batch saved). Pooled, whatever a faster GPU or host exposes is at most what it shortened."""
+    is pooled over the micro-batch's collectives (``hidden``), not added to each phase (the gradient reduction,
+    after the forward, pools only the idle that is not the forward's). Per phase, a faster host made a step slower;
+    left out, a faster GPU did (its shorter phases exposed more than the host-bound micro-batch saved). Pooled,
+    whatever a faster GPU or host exposes is at most what it shortened."""
 
     fwd_s: Any  # the layers' forward with their TP collectives in line
     bwd_s: Any  # the layers' backward and recomputation with their TP collectives

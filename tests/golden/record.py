@@ -59,10 +59,11 @@ def plan_goldens() -> dict:
     return {name: run_cli(args) for name, args in SEARCHES.items()}
 
 
-def validate_golden() -> dict:
+def validate_golden(report=None) -> dict:
+    """Every prediction of a validation run (``report``: an existing ``validation.validate.run()``, else a new one)."""
     from validation.validate import run
 
-    report = run(None)
+    report = report if report is not None else run(None)
     out = {}
     for d in report.datasets:
         dump = d.model_dump(mode="json")
