@@ -96,7 +96,7 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     model, hw = kw.pop("model"), kw.pop("hw")
     recipes = None
     if kw.get("precision") == "auto":  # every precision the GPU has, ranked by their best plans (advisor.search)
-        from advisor.search import rank_precisions
+        from advisor.precision_search import rank_precisions
 
         kw.pop("precision")
         result, recipes = rank_precisions(model, hw, top=top, **kw)

@@ -5,7 +5,8 @@ HYBRID_SHARD across nodes, nn.DataParallel inside one node), sequence parallelis
 virtual stages, micro-batch size, recomputation; over one GPU count or a ladder of them (``--gpus A:B``: A,
 2A, 4A, ... up to B). Candidates are one table; constraints (advisor.constraints) and the cost model
 (advisor.step.evaluate) run once over all of them, with no Python loop per plan. Rejections are counted by
-reason. Every plan of a search is costed in one training stack, the one named, or under ``--stack auto`` the one a
+reason. Each plan is ranked once, with the checkpointing policy that ranks best among those that fit (issue 16:
+the search picks the policy). Every plan of a search is costed in one training stack, the one named, or under ``--stack auto`` the one a
 user of its kind most likely runs (advisor.api.AUTO_RULE and resolve_stack, the rule ``estimate`` follows too). Plans are ranked by the objective (advisor.ranking) and explained against the
 seeds' decision tree (advisor.explain); when nothing fits, advisor.suggest says what would.
 """
@@ -21,7 +22,7 @@ from advisor import api
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.candidates import Candidates
 from advisor.constraints import violations
-from advisor.errors import AdvisorError, format_validation_error
+from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
@@ -216,7 +217,8 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
                 best_by_kind[k] = min(best_by_kind.get(k, np.inf), float(step[kinds == k].min()))
     rows, key, step = np.concatenate(rows), np.concatenate(keys), np.concatenate(steps)
     # ties within float rounding (two plans with the same work) keep the order the space enumerates them in
-    order = np.lexsort((rows[:, 1], rows[:, 0], coarse(step), coarse(key)))[:o.top]
+    order = np.lexsort((rows[:, 1], rows[:, 0], coarse(step), coarse(key)))
+    order = order[_first_per_plan(found, rows[order])][:o.top]
     best = float(step[order[0]]) if len(order) else 0.0
     ranked = []
     for r in order:  # only the top K become typed objects
@@ -225,6 +227,29 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
                             int(f.plans.grad_accum[i]), f.out, i)
         ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind)))
     return ranked, best_by_kind
+
+
+# What a plan is, for its checkpointing policy to be chosen: every column but the policy (recompute, recompute_k)
+_PLAN_COLUMNS = ("dp", "tp", "pp", "zero", "hybrid", "sp", "schedule", "virtual_stages", "dp_kind", "overlap",
+                 "micro_batch", "grad_accum", "offload", "ep", "etp", "cp", "cp_comm", "pp_split")
+
+
+def _first_per_plan(found: list[_Found], rows: Any) -> Any:
+    """Of ranked (search, candidate) rows, the positions of the first row of each plan: the search keeps, per plan,
+    the checkpointing policy that ranks best among those that fit (the others differ from it only in the policy)."""
+    if not len(rows):
+        return np.zeros(0, dtype=int)
+    cols = np.empty((len(rows), len(_PLAN_COLUMNS) + 1), dtype=np.int64)
+    cols[:, 0] = rows[:, 0]  # one search: a GPU count in a stack
+    for j, f in enumerate(found):
+        at = rows[:, 0] == j
+        if not at.any():
+            continue
+        idx = rows[at, 1]
+        for c, name in enumerate(_PLAN_COLUMNS, start=1):
+            cols[at, c] = np.broadcast_to(getattr(f.plans, name), (len(f.plans),))[idx]
+    _, first = np.unique(cols, axis=0, return_index=True)
+    return np.sort(first)
 
 
 def _round_world(world: int, hw: Hardware) -> int:
@@ -287,64 +312,3 @@ def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, 
             rejected[reason] = newly
         ok &= ~mask
     return cols.take(np.nonzero(ok)[0]), len(cols) + int(pruned_counts.sum()), rejected
-
-
-def auto_precisions(hardware: Hardware) -> list[str]:
-    """What ``--precision auto`` compares on a GPU: its default half precision and every low-precision recipe it
-    runs (advisor.precision; the legacy fp8-mixed switch is left out: the recipes say what it meant)."""
-    from advisor.precision import RECIPES, check_gpu
-
-    gpu = hardware.gpu
-    out = [resolve_precision(hardware, None)]
-    return out + [name for name, r in RECIPES.items() if check_gpu(r, gpu.name, gpu.peak_tflops, gpu.block_scaling) is None]
-
-
-def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Optional[PlanSearch], str]]]:
-    """``advisor plan --precision auto``: the plan search run once per precision the GPU has (auto_precisions);
-    returns the search whose best plan is fastest, and every precision's (name, search or None, why) fastest first.
-    The why names what the recipe runs low, its cast kernels' share of the step, and its speed and memory against
-    the default precision's best plan."""
-    from advisor.precision import recipe
-
-    hardware = load_hardware(hw)
-    runs: list[tuple[str, Optional[PlanSearch], str]] = []
-    for name in auto_precisions(hardware):
-        try:
-            runs.append((name, plan(model, hardware, precision=name, **kw), ""))
-        except AdvisorError as exc:
-            runs.append((name, None, str(exc).splitlines()[0]))
-
-    def best(res: Optional[PlanSearch]):
-        return res.plans[0].estimate if res is not None and res.plans else None
-    base = best(runs[0][1])
-    ranked = []
-    for name, res, err in runs:
-        e = best(res)
-        if e is None:
-            ranked.append((name, res, err or "no plan fits"))
-            continue
-        r = recipe(name)
-        what = ("every GEMM in " + name) if r is None else (
-            f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
-            + (f", {r.bf16_edge_layers} layer at each end in BF16" if r.bf16_edge_layers else "")
-            + "; attention and the output layer in BF16")
-        if r is not None and res is not None:
-            what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"
-        vs = ""
-        if base is not None and name != runs[0][0]:
-            vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
-                  f"{e.memory.peak_bytes / base.memory.peak_bytes:.2f}x")
-        ranked.append((name, res, f"{e.tokens_per_s / e.world_size:,.0f} tokens/s per GPU ({e.label}): {what}{vs}"))
-    ranked.sort(key=lambda t: -(best(t[1]).tokens_per_s if best(t[1]) is not None else -1.0))
-    top = next((res for _, res, _ in ranked if best(res) is not None), runs[0][1])
-    return top, ranked
-
-
-def _cast_share(res: PlanSearch, e) -> float:
-    """The share of a plan's step its recipe's quantisation kernels take (every layer of every micro-batch, one TP
-    rank, recomputation aside), from advisor.compute.cast_seconds."""
-    from advisor.compute import cast_seconds
-
-    w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
-    per_layer = float(cast_seconds(w, e.setup.micro_batch * e.setup.seq_len, e.plan.tp))
-    return per_layer * res.model_spec.n_layers / e.plan.pp * e.grad_accum / e.step_time_s

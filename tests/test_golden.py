@@ -54,6 +54,19 @@ def canonical(doc: dict) -> dict:
     return {**doc, "plans": [{**p, "rank": i + 1} for i, p in enumerate(plans)]}
 
 
+def one_policy_per_plan(doc: dict) -> dict:
+    """The recorded search as the search ranks it since it keeps one checkpointing policy per plan (issue 16): a
+    row that differs from a better-ranked one only in its policy (recompute, recompute_layers) is dropped."""
+    seen, plans = set(), []
+    for p in sorted(doc.get("plans", []), key=lambda p: p["rank"]):
+        setup = {k: v for k, v in p["setup"].items() if k not in ("recompute", "recompute_layers")}
+        key = json.dumps([p["world_size"], p["stack"], p["plan"], setup], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            plans.append(p)
+    return {**doc, "plans": plans}
+
+
 def _load(name: str) -> dict:
     return json.loads(gzip.decompress((HERE / f"{name}.json.gz").read_bytes()))
 
@@ -102,8 +115,10 @@ def test_diff_finds_a_moved_number_and_a_lost_key():
 
 @pytest.mark.parametrize("name", sorted(record.SEARCHES))
 def test_plan_json_equals_the_golden(name):
-    old = canonical(migrate(_load("plan")[name]))
+    old = canonical(one_policy_per_plan(migrate(_load("plan")[name])))
     new = canonical(record.run_cli(record.SEARCHES[name]))
+    # the recorded top 20 less its other-policy rows: the new search's first rows, the ones after it unrecorded
+    new["plans"] = new["plans"][:len(old["plans"])]
     problems = diff(old, new)
     assert not problems, f"{len(problems)} differences, first: " + "; ".join(problems[:5])
 

@@ -197,3 +197,26 @@ def test_estimate_and_export_follow_the_auto_rule():
                      global_batch=res.global_batch, recompute=row.setup.recompute)
     assert again.stack == row.stack == "megatron-core"
     assert again.step_time_s == pytest.approx(row.step_time_s, rel=1e-9)
+
+
+def test_the_search_keeps_the_fastest_checkpointing_policy_that_fits_per_plan():
+    """Issue 16: "the search picks the cheapest policy that fits, per plan": no two rows differ only in their
+    policy, and for each row every policy that would be faster for the same plan does not fit (5% headroom)."""
+    from advisor.api import estimate_plan
+    from advisor.training import Recompute
+
+    res = plan(model="llama3-70b", hw="dgx-h100", gpus=64, seq=8192, top=8)
+    keys = [(p.estimate.label, p.estimate.setup.micro_batch, p.estimate.stack) for p in res.plans]
+    assert len(set(keys)) == len(keys), keys
+    cap = res.hardware.gpu.memory_bytes * 0.95
+    policies = {p.estimate.setup.recompute.value for p in res.plans}
+    assert policies - {"none"}, policies  # at seq 8192 the 70B needs checkpointing in some of the best plans
+    for row in res.plans:
+        e = row.estimate
+        for policy in ("none", "selective", "full"):
+            if policy == e.setup.recompute.value:
+                continue
+            other = estimate_plan(e.model, e.hw, e.plan, e.setup.model_copy(update={"recompute": Recompute(policy), "recompute_layers": 1}),
+                                  e.world_size)
+            if other.step_time_s < e.step_time_s:
+                assert other.memory.peak_bytes + other.memory.overhead_bytes > cap, (e.label, e.setup.recompute, policy)

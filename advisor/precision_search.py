@@ -1,0 +1,75 @@
+"""`advisor plan --precision auto`: the plan search run once per precision a GPU has, the recipes ranked by the
+fastest plan each finds, each with what it runs low and what its casts cost (advisor.precision)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from advisor.api import resolve_precision
+from advisor.errors import AdvisorError
+from advisor.hardware import Hardware, load_hardware
+from advisor.ranking import PlanSearch
+from advisor.search import plan
+from advisor.stack import load_stack
+from advisor.workload import Workload
+
+
+def auto_precisions(hardware: Hardware) -> list[str]:
+    """What ``--precision auto`` compares on a GPU: its default half precision and every low-precision recipe it
+    runs (advisor.precision; the legacy fp8-mixed switch is left out: the recipes say what it meant)."""
+    from advisor.precision import RECIPES, check_gpu
+
+    gpu = hardware.gpu
+    out = [resolve_precision(hardware, None)]
+    return out + [name for name, r in RECIPES.items() if check_gpu(r, gpu.name, gpu.peak_tflops, gpu.block_scaling) is None]
+
+
+def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Optional[PlanSearch], str]]]:
+    """``advisor plan --precision auto``: the plan search run once per precision the GPU has (auto_precisions);
+    returns the search whose best plan is fastest, and every precision's (name, search or None, why) fastest first.
+    The why names what the recipe runs low, its cast kernels' share of the step, and its speed and memory against
+    the default precision's best plan."""
+    from advisor.precision import recipe
+
+    hardware = load_hardware(hw)
+    runs: list[tuple[str, Optional[PlanSearch], str]] = []
+    for name in auto_precisions(hardware):
+        try:
+            runs.append((name, plan(model, hardware, precision=name, **kw), ""))
+        except AdvisorError as exc:
+            runs.append((name, None, str(exc).splitlines()[0]))
+
+    def best(res: Optional[PlanSearch]):
+        return res.plans[0].estimate if res is not None and res.plans else None
+    base = best(runs[0][1])
+    ranked = []
+    for name, res, err in runs:
+        e = best(res)
+        if e is None:
+            ranked.append((name, res, err or "no plan fits"))
+            continue
+        r = recipe(name)
+        what = ("every GEMM in " + name) if r is None else (
+            f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
+            + (f", {r.bf16_edge_layers} layer at each end in BF16" if r.bf16_edge_layers else "")
+            + "; attention and the output layer in BF16")
+        if r is not None and res is not None:
+            what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"
+        vs = ""
+        if base is not None and name != runs[0][0]:
+            vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
+                  f"{e.memory.peak_bytes / base.memory.peak_bytes:.2f}x")
+        ranked.append((name, res, f"{e.tokens_per_s / e.world_size:,.0f} tokens/s per GPU ({e.label}): {what}{vs}"))
+    ranked.sort(key=lambda t: -(best(t[1]).tokens_per_s if best(t[1]) is not None else -1.0))
+    top = next((res for _, res, _ in ranked if best(res) is not None), runs[0][1])
+    return top, ranked
+
+
+def _cast_share(res: PlanSearch, e) -> float:
+    """The share of a plan's step its recipe's quantisation kernels take (every layer of every micro-batch, one TP
+    rank, recomputation aside), from advisor.compute.cast_seconds."""
+    from advisor.compute import cast_seconds
+
+    w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
+    per_layer = float(cast_seconds(w, e.setup.micro_batch * e.setup.seq_len, e.plan.tp))
+    return per_layer * res.model_spec.n_layers / e.plan.pp * e.grad_accum / e.step_time_s
