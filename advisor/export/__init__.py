@@ -1,5 +1,5 @@
-"""Export a chosen plan as a launch configuration: accelerate YAML, DeepSpeed JSON, Megatron-LM arguments, torchrun,
-torchtitan's arguments, an llm-foundry train YAML.
+"""Export a chosen plan as a launch configuration: accelerate YAML, DeepSpeed JSON, Megatron-LM arguments, Megatron-Bridge
+ConfigContainer overrides (YAML), torchrun, torchtitan's arguments, an llm-foundry train YAML.
 
 Only the costed stack's own formats are written: a stack profile lists them (``launch:``, its usual one first), and
 ``export`` refuses any other in one line naming the ones it has (``resolve_launch``); without a format it writes
@@ -11,7 +11,7 @@ format cannot express is refused with one ``ExportError`` line rather than appro
 where the mapping is close but not exact, the difference is said in ``notes``, which every format that has
 notes also writes into the file (comments in the YAML and the script, "_advisor_notes" in the JSON).
 
-One module per format (accelerate.py, deepspeed.py, megatron.py, torchrun.py, torchtitan.py, foundry.py) and one
+One module per format (accelerate.py, deepspeed.py, megatron.py, bridge.py, torchrun.py, torchtitan.py, foundry.py) and one
 for what they share (common.py: checks, header, node layout, ``Run``, ``Exported``, ``ExportError``).
 
 Names follow the libraries as checked on CPU (tests/test_export.py loads every export with the
@@ -19,7 +19,8 @@ library's own parser): accelerate 1.15 (ClusterConfig, FSDP1 ``fsdp_reshard_afte
 DeepSpeed 0.19 (DeepSpeedConfig), megatron-core 0.16 (TransformerConfig, DistributedDataParallelConfig,
 OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling (its parse_args and
 validate_args, as shipped in megatron-core 0.19.2, pass every Megatron case: tests/test_export_stacks.py), torch 2.x
-``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names).
+``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names), megatron-bridge
+0.6.2 (ConfigContainer field names; its omegaconf_utils merge: tests/test_export_bridge.py).
 
 Deliberately left out: optimizer / learning-rate settings, data paths, checkpointing, CPU offload.
 """
@@ -30,6 +31,7 @@ import dataclasses
 from typing import Optional, Union
 
 from advisor.export.accelerate import ACCELERATE_PRECISION, accelerate_config, accelerate_dict
+from advisor.export.bridge import bridge_config
 from advisor.export.common import (
     GRADIENT_CLIP,
     RDZV_PORT,
@@ -51,14 +53,15 @@ from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
 from advisor.stack import Stack, list_stacks, load_stack
 
-__all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
+__all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
            "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config",
            "foundry_config", "foundry_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = ("accelerate", "deepspeed", "megatron", "torchrun", "torchtitan", "llm-foundry")
+KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
+             "megatron-bridge": bridge_config,
              "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config}
 
 
@@ -135,7 +138,7 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export accelerate, deepspeed or torchrun (PEFT)")
-    if kind != "megatron" and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+    if kind not in ("megatron", "megatron-bridge") and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
                           f"or --ep 1 for a {kind} config")

@@ -1,0 +1,233 @@
+"""Megatron-Bridge: a YAML file of ConfigContainer overrides, merged onto a recipe's config.
+
+The form is the one Megatron-Bridge itself parses: megatron-bridge 0.6.2,
+megatron/bridge/training/utils/omegaconf_utils.py ``process_config_with_overrides(config, config_filepath,
+cli_overrides)`` converts the recipe's ConfigContainer to OmegaConf (``create_omegaconf_dict_config``), merges the YAML
+file (``OmegaConf.load`` + ``OmegaConf.merge``), then any Hydra ``key=value`` overrides (``parse_hydra_overrides``),
+and writes the result back (``apply_overrides``). Its override parser takes a list of strings, not a file, so the
+plan is the YAML file (comments allowed) and the user's own ``key=value`` overrides stay free. ``apply_overrides`` only
+warns on a key the config lacks, so every key written here is one checked in 0.6.2's source (tests/test_export_bridge.py
+also runs each key through ``parse_hydra_overrides``, which refuses unknown keys): training/config.py ConfigContainer
+(``model``, ``train``, ``dataset``, ``ddp``, ``optimizer``, ``dist``, ``checkpoint``, ``mixed_precision``: a recipe
+name from training/mixed_precision.py), the model provider's megatron-core TransformerConfig fields, and
+recipes/common.py ``_pretrain_common`` (whose defaults, e.g. the distributed optimizer and both overlaps on, are
+overwritten explicitly).
+
+The recipe gives the model's family (tokenizer, vocab, norm and activation kernels); the file writes its shape, the
+parallel degrees, batch, recompute, precision recipe and data parallelism, as the Megatron-LM export does
+(megatron.py: the same refusals). Data, optimizer and checkpoint paths stay the user's.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
+from advisor.export.megatron import CP_COMM_TYPE, MEGATRON_RECIPES, _unwritten, megatron_env, pipeline_edge_layers
+from advisor.hardware import Hardware
+from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+
+# advisor's precision recipes as Megatron-Bridge's mixed-precision recipe names (training/mixed_precision.py
+# MIXED_PRECISION_RECIPES), and what each recipe sets beyond the advisor's costing (written as notes)
+BRIDGE_RECIPES = {
+    "fp8-tensorwise": ("bf16_with_fp8_current_scaling_mixed",
+                       "keeps the first and the last layer in BF16 (num_layers_at_start/end_in_bf16=1) and gathers FP8 "
+                       "parameters (fp8_param_gather); the estimate ran every layer in FP8 with BF16 parameters"),
+    "fp8-delayed": ("bf16_with_fp8_delayed_scaling_mixed",
+                    "gathers FP8 parameters (fp8_param_gather) with a 1024-step amax history; the estimate kept BF16 "
+                    "parameters"),
+    "fp8-blockwise": ("bf16_with_fp8_subchannel_scaling_mixed",
+                      "uses the hybrid FP8 format (E5M2 gradients) where the Megatron-LM export writes e4m3"),
+    "mxfp8": ("bf16_with_mxfp8_mixed",
+              "gathers MXFP8 parameters into the gradient buffer (fp8_param_gather, reuse_grad_buf_for_mxfp8_param_ag); "
+              "the estimate kept BF16 parameters"),
+}
+
+
+def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
+                     grad_accum: int) -> tuple[dict, list[str]]:
+    """The nested overrides ({section: {field: value}}) and the notes."""
+    _refuse(model, plan, setup)
+    notes: list[str] = []
+    m = {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
+         "virtual_pipeline_model_parallel_size": None, "context_parallel_size": plan.cp,
+         "sequence_parallel": bool(plan.sp and plan.tp > 1), "seq_length": setup.seq_len}
+    if plan.cp > 1:
+        m["cp_comm_type"] = CP_COMM_TYPE[plan.cp_comm.value]
+    m.update(_pipeline(model, plan))
+    if plan.pp > 1 and plan.schedule == "gpipe":
+        notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
+    m.update(_recompute(setup))
+    m.update(_model_shape(model))
+    m.update(_experts(model, plan, setup, notes))
+    if setup.attention.value == "eager":
+        notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
+    out = {"model": m,
+           "train": {"micro_batch_size": setup.micro_batch,
+                     "global_batch_size": global_batch(plan, setup, grad_accum)},
+           "dataset": {"seq_length": setup.seq_len}}
+    out.update(_data_parallel(hw, plan, notes))
+    out["mixed_precision"] = _precision(setup, notes)
+    return out, notes
+
+
+def _refuse(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> None:
+    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath)."""
+    if model.position is PositionKind.alibi:
+        raise ExportError(f"Megatron-Bridge has no ALiBi position embedding ({model.name}): use --format deepspeed")
+    if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
+        raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
+    unwritten = _unwritten(model)
+    if unwritten:
+        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the Megatron-Bridge overrides advisor writes "
+                          "do not describe: use --format accelerate or torchrun")
+    if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
+        raise ExportError(f"Megatron-Core has no {plan.schedule.value} schedule: use 1f1b or interleaved")
+    if plan.offload.value != "none":
+        raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
+                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
+    if setup.finetune.adapters:
+        raise ExportError(f"--method {setup.finetune.method}: the megatron-bridge export writes pretraining overrides, "
+                          "not Bridge's peft config; export accelerate, deepspeed or torchrun (PEFT)")
+
+
+def _pipeline(model: ModelSpec, plan: Plan) -> dict:
+    """The uneven split (account_for_*_in_pipeline_split or first/last stage layers) and interleaving, as
+    megatron.py writes them (TransformerConfig field names)."""
+    if plan.pp <= 1:
+        return {}
+    out: dict = {}
+    if plan.pp_split.value == "edges":
+        out = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    else:
+        edges = pipeline_edge_layers(model.n_layers, plan.pp)
+        if model.n_layers % plan.pp and edges is None:
+            raise ExportError(f"{model.n_layers} layers do not split over pp={plan.pp} stages as Megatron requires "
+                              "(first, last and equal middle stages): use --pp-split edges or another --pp")
+        if edges is not None:
+            out = {"num_layers_in_first_pipeline_stage": edges[0], "num_layers_in_last_pipeline_stage": edges[1]}
+    if plan.schedule == "interleaved":
+        # TransformerConfig has no layers-per-virtual-stage field: the virtual size is written (the same split
+        # --num-layers-per-virtual-pipeline-stage gives when the stages divide the layers)
+        if plan.pp_split.value != "edges" and model.n_layers % (plan.pp * plan.virtual_stages):
+            raise ExportError(f"{model.n_layers} layers do not split into pp={plan.pp} x {plan.virtual_stages} "
+                              "virtual stages evenly: use --pp-split edges or other --virtual-stages")
+        out["virtual_pipeline_model_parallel_size"] = plan.virtual_stages
+    return out
+
+
+def _recompute(setup: TrainingSetup) -> dict:
+    """recompute_granularity / recompute_method / recompute_num_layers (TransformerConfig), as megatron.py."""
+    r, k = setup.recompute.value, setup.recompute_layers
+    if r in ("full", "block"):
+        return {"recompute_granularity": "full", "recompute_method": "uniform" if r == "full" else "block",
+                "recompute_num_layers": k}
+    if r == "selective":
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
+                "recompute_modules": ["core_attn"]}
+    if r != "none":
+        raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
+                          "full, block or selective, or another --format")
+    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+
+
+def _model_shape(model: ModelSpec) -> dict:
+    """The model's shape as the provider's TransformerConfig fields (activation_func by its activation_map name)."""
+    m = {"num_layers": model.n_layers, "hidden_size": model.d_model, "ffn_hidden_size": model.d_ff,
+         "num_attention_heads": model.n_heads, "num_query_groups": model.kv_heads,
+         "gated_linear_unit": model.mlp is MLPKind.swiglu,
+         "activation_func": "silu" if model.mlp is MLPKind.swiglu else "gelu",
+         "normalization": "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
+         "position_embedding_type": "rope" if model.position is PositionKind.rotary else "learned_absolute",
+         "add_bias_linear": bool(model.linear_bias), "add_qkv_bias": bool(model.qkv_bias and not model.linear_bias),
+         "share_embeddings_and_output_weights": bool(model.tied_embeddings)}
+    if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
+        m["kv_channels"] = model.head_dim
+    return m
+
+
+def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict:
+    """Mixture of experts (TransformerConfig moe_* fields), as megatron.py's _experts."""
+    e = model.experts
+    if e is None:
+        return {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}
+    m = {"num_moe_experts": e.n_experts, "moe_ffn_hidden_size": e.d_ff_expert, "moe_router_topk": e.experts_per_token,
+         "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": plan.tp if plan.etp is None else plan.etp,
+         "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"}
+    if e.d_ff_shared:
+        m["moe_shared_expert_intermediate_size"] = e.d_ff_shared
+    runs = [(r.count, r.dense) for r in model.layer_runs] or [(model.n_layers, False)]
+    if any(dense for _, dense in runs):  # a list: 0 a dense layer, 1 an MoE layer (TransformerConfig moe_layer_freq)
+        m["moe_layer_freq"] = [int(not dense) for count, dense in runs for _ in range(count)]
+    if setup.moe_capacity_factor is not None:
+        m.update(moe_expert_capacity_factor=setup.moe_capacity_factor, moe_token_drop_policy="probs")
+    if setup.moe_imbalance != 1.0:
+        notes.append(f"the estimate assumed routing {setup.moe_imbalance:g}x imbalanced on the busiest expert rank; "
+                     "Megatron's router balances by its auxiliary loss (model.moe_aux_loss_coeff)")
+    return m
+
+
+def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> dict:
+    """ZeRO-1 = distributed optimizer, ZeRO-2/3 = Megatron-FSDP (ddp + dist use_megatron_fsdp, sharding strategy,
+    fsdp_dtensor checkpoints: training/config.py _validate_and_apply_megatron_fsdp_configs), HSDP = optimizer
+    instances. Both DDP and optimizer flags are written (config.py _validate_and_sync_distributed_optimizer_settings
+    turns both on if either is)."""
+    zero1, overlap = plan.zero >= 1, plan.dp > 1
+    ddp = {"use_distributed_optimizer": zero1, "overlap_grad_reduce": bool(plan.overlap_grad_reduce and overlap),
+           "overlap_param_gather": zero1 and overlap, "use_megatron_fsdp": plan.zero >= 2}
+    out = {"ddp": ddp, "optimizer": {"use_distributed_optimizer": zero1, "overlap_param_gather": zero1 and overlap},
+           "dist": {"use_megatron_fsdp": plan.zero >= 2}}
+    if plan.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+        ddp["data_parallel_sharding_strategy"] = strategy
+        out["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
+        notes.append(f"ZeRO-{plan.zero} maps to Megatron-FSDP ({strategy}); it saves checkpoints only as fsdp_dtensor")
+    if plan.hybrid_shard:
+        ddp["num_distributed_optimizer_instances"] = plan.dp // hw.gpus_per_node
+        notes.append("HSDP: Megatron-FSDP shards inside each distributed-optimizer instance (one per node) "
+                     "and replicates across instances")
+    return out
+
+
+def _precision(setup: TrainingSetup, notes: list[str]) -> str:
+    """The mixed_precision recipe name (training/mixed_precision.py); FP8 recipes' extra settings as notes."""
+    p = setup.precision
+    if p.recipe is not None:
+        if p.value not in BRIDGE_RECIPES:
+            known = "nvfp4 (bf16_with_nvfp4_mixed quantises the first and last layers the estimate kept in BF16)" \
+                if p.value in MEGATRON_RECIPES else "torchao's recipe"
+            raise ExportError(f"--precision {p.value}: Megatron-Bridge has no matching mixed-precision recipe, "
+                              f"{known}: pick one of {', '.join(BRIDGE_RECIPES)} or --format megatron")
+        name, what = BRIDGE_RECIPES[p.value]
+        notes.append(f"{name} {what}")
+        return name
+    if p is Precision.fp8_mixed:
+        notes.append("fp8 maps to bf16_with_fp8_delayed_scaling_mixed (Megatron-LM's default delayed scaling), which "
+                     "gathers FP8 parameters (fp8_param_gather)")
+        return "bf16_with_fp8_delayed_scaling_mixed"
+    if p is Precision.fp16_mixed:
+        return "fp16_mixed"
+    if p is Precision.bf16:
+        notes.append("pure bf16: bf16_mixed keeps fp32 main params; set optimizer.use_precision_aware_optimizer=true "
+                     "optimizer.main_params_dtype=bf16 ... to match the advisor's estimate")
+    if p in (Precision.bf16_mixed, Precision.bf16):
+        return "bf16_mixed"
+    raise ExportError(f"--precision {p.value}: Megatron-Bridge's recipes train in bf16 or fp16 mixed precision "
+                      "(mixed_precision: null leaves the recipe's model dtype): use --format megatron")
+
+
+def bridge_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+                  world_size: int) -> Exported:
+    check(model, hw, plan, setup, grad_accum, world_size)
+    overrides, notes = bridge_overrides(model, hw, plan, setup, grad_accum)
+    lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+             "# Megatron-Bridge ConfigContainer overrides (megatron-bridge 0.6.2): merge onto a pretrain recipe with",
+             "#   process_config_with_overrides(cfg, config_filepath=THIS_FILE, cli_overrides=[...])",
+             "#   (megatron/bridge/training/utils/omegaconf_utils.py): it merges this YAML, then Hydra key=value overrides.",
+             f"# The recipe sets the family: pick {model.name}'s (tokenizer, vocab {model.vocab}); data, optimizer and",
+             f"# checkpoint settings are yours. Launch {world_size} ranks, {hw.gpus_per_node} a node (torchrun).",
+             *(f"# environment: export {k}={v}" if v else f"# environment: unset {k} (Megatron-FSDP refuses 1)"
+               for k, v in megatron_env(plan, notes).items()),
+             *(f"# note: {n}" for n in notes)]
+    body = yaml.safe_dump(overrides, sort_keys=False, default_flow_style=False, width=120)
+    return Exported("bridge_overrides.yaml", "\n".join(lines) + "\n" + body, tuple(notes))

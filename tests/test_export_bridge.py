@@ -1,0 +1,240 @@
+"""advisor export --format megatron-bridge: a YAML of ConfigContainer overrides, read back onto a config and checked
+field by field against the plan.
+
+megatron-bridge 0.6.2 needs Python >= 3.12 (0.4.0 on) and imports Transformer Engine from its package __init__
+(megatron/bridge/__init__.py -> models -> peft/lora_layers.py ``import transformer_engine.pytorch``), so its
+ConfigContainer and recipes do not import on a CPU machine. Two tests, then:
+
+- always: the YAML (yaml.safe_load) is applied key by key, refusing any key the target lacks, onto megatron-core's own
+  TransformerConfig (the provider's base), DistributedDataParallelConfig and OptimizerConfig, and onto mirrors of
+  the Bridge-only fields checked in 0.6.2's source: models/gpt_provider.py:139-159 (share_embeddings_and_output_weights,
+  position_embedding_type, seq_length), training/config.py:222-231 (GPTDatasetConfig.seq_length), megatron-core
+  0.19.2 training/config/training_config.py:11-15 (micro/global_batch_size), :486 (CheckpointConfig.ckpt_format),
+  common_config.py:92 (DistributedInitConfig.use_megatron_fsdp), training/mixed_precision.py (recipe names);
+- where megatron-bridge's omegaconf_utils loads (ADVISOR_MEGATRON_BRIDGE=1 with megatron-bridge 0.6.2 installed
+  --no-deps --ignore-requires-python, megatron-core 0.19.2, omegaconf, hydra-core): Bridge's own
+  process_config_with_overrides(cfg, config_filepath=...) merges the file, and parse_hydra_overrides (struct mode:
+  an unknown key is an error) takes every key as a ``key=value`` override. The module is loaded without running
+  megatron/bridge/__init__.py (which needs Transformer Engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+import types
+import typing
+
+import pytest
+import yaml
+
+from advisor.export import ExportError, export
+from advisor.hardware import load_hardware
+from advisor.layout import Plan, resolve_grad_accum
+from advisor.model import load_model
+from advisor.training import TrainingSetup
+
+tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig  # noqa: E402
+
+CASES = {
+    "tp-sp-ddp": ("llama2-7b", "dgx-h100", 8, dict(dp=2, tp=4, sp=True), dict(micro_batch=1, global_batch=16)),
+    "3d-interleaved-zero1-full": ("llama3-70b", "dgx-h100", 64,
+                                  dict(dp=2, tp=8, pp=4, zero=1, sp=True, schedule="interleaved", virtual_stages=2),
+                                  dict(micro_batch=1, global_batch=256, seq_len=8192, recompute="full")),
+    "uneven-first-last-block": ("llama3-405b", "dgx-h100", 128, dict(dp=1, tp=8, pp=16, sp=True),
+                                dict(micro_batch=1, global_batch=32, seq_len=8192, recompute="block", recompute_layers=2)),
+    "edges-interleaved-cp": ("llama3-405b", "dgx-h100", 512,
+                             dict(dp=2, tp=8, pp=16, cp=2, zero=1, sp=True, schedule="interleaved", virtual_stages=4,
+                                  pp_split="edges"), dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="full")),
+    "cp-ulysses-selective-fp16": ("llama3-8b", "dgx-h100", 16, dict(dp=2, tp=2, cp=4, sp=True, cp_comm="ulysses"),
+                                  dict(micro_batch=1, global_batch=8, seq_len=32768, recompute="selective",
+                                       precision="fp16-mixed")),
+    "zero1-fp8-tensorwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
+                             dict(micro_batch=1, grad_accum=2, precision="fp8-tensorwise")),
+    "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
+    "moe-ep": ("mixtral-8x7b", "dgx-h100", 32, dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1),
+               dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="full")),
+}
+
+
+def inputs(case: str):
+    model, hw, world, plan_kw, setup_kw = CASES[case]
+    plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
+    grad_accum, err = resolve_grad_accum(setup, plan)
+    assert err is None
+    return load_model(model), load_hardware(hw), plan, setup, grad_accum, world
+
+
+# -- the target: megatron-core's own classes, and mirrors of the Bridge-only fields (module docstring) -----------
+@dataclasses.dataclass
+class Provider(tc.TransformerConfig):  # megatron/bridge/models/gpt_provider.py GPTModelProvider's own fields
+    share_embeddings_and_output_weights: bool = True
+    position_embedding_type: str = "learned_absolute"
+    seq_length: int = 1024
+
+
+@dataclasses.dataclass
+class Train:
+    micro_batch_size: typing.Optional[int] = 2  # recipes/common.py _pretrain_common
+    global_batch_size: typing.Optional[int] = 32
+
+
+@dataclasses.dataclass
+class Dataset:
+    seq_length: int = 4096
+
+
+@dataclasses.dataclass
+class Dist:
+    use_megatron_fsdp: bool = False
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    ckpt_format: str = "torch_dist"
+
+
+@dataclasses.dataclass
+class Container:  # training/config.py ConfigContainer: the sections the export writes
+    model: Provider
+    train: Train
+    dataset: Dataset
+    ddp: DistributedDataParallelConfig
+    optimizer: OptimizerConfig
+    dist: Dist
+    checkpoint: Checkpoint
+    mixed_precision: typing.Optional[str] = "bf16_mixed"
+
+
+# training/mixed_precision.py MIXED_PRECISION_RECIPES (the registered function names)
+BRIDGE_PRECISION = {"bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed",
+                    "bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_subchannel_scaling_mixed",
+                    "bf16_with_nvfp4_mixed"}
+
+
+def container() -> Container:
+    """_pretrain_common's defaults where the export overwrites them (DDP: distributed optimizer and overlaps on)."""
+    ddp = DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True,
+                                        use_distributed_optimizer=True)
+    return Container(Provider(num_layers=2, hidden_size=64, num_attention_heads=4), Train(), Dataset(), ddp,
+                     OptimizerConfig(), Dist(), Checkpoint())
+
+
+def strict_apply(obj, overrides: dict, path: str = "") -> None:
+    for key, value in overrides.items():
+        assert hasattr(obj, key), f"{path}{key} is not a field of {type(obj).__name__}"
+        if dataclasses.is_dataclass(getattr(obj, key)) and isinstance(value, dict):
+            strict_apply(getattr(obj, key), value, f"{path}{key}.")
+        else:
+            setattr(obj, key, value)
+
+
+def assert_matches(cfg: Container, case: str) -> None:
+    model, hw, plan, setup, ga, world = inputs(case)
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size) == (plan.tp, plan.pp, plan.cp)
+    assert m.sequence_parallel == (plan.sp and plan.tp > 1)
+    assert m.virtual_pipeline_model_parallel_size == (plan.virtual_stages if plan.schedule == "interleaved" else None)
+    assert m.seq_length == cfg.dataset.seq_length == setup.seq_len
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (model.n_layers, model.d_model, model.n_heads)
+    assert cfg.train.micro_batch_size == setup.micro_batch
+    assert cfg.train.global_batch_size == setup.micro_batch * ga * plan.dp
+    assert cfg.ddp.use_distributed_optimizer == cfg.optimizer.use_distributed_optimizer == (plan.zero >= 1)
+    assert cfg.ddp.use_megatron_fsdp == cfg.dist.use_megatron_fsdp == (plan.zero >= 2)
+    if plan.zero == 3:
+        assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params" and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
+    assert cfg.ddp.overlap_grad_reduce == (plan.overlap_grad_reduce and plan.dp > 1)
+    r = setup.recompute.value
+    assert m.recompute_granularity == {"none": None, "full": "full", "block": "full", "selective": "selective"}[r]
+    assert m.recompute_method == {"full": "uniform", "block": "block"}.get(r)
+    assert m.recompute_num_layers == (setup.recompute_layers if r in ("full", "block") else None)
+    if plan.cp > 1:
+        assert m.cp_comm_type == {"ring": "p2p", "all-gather": "all_gather", "ulysses": "a2a"}[plan.cp_comm.value]
+    if plan.pp > 1 and plan.pp_split.value == "edges":
+        assert m.account_for_embedding_in_pipeline_split and m.account_for_loss_in_pipeline_split
+    elif plan.pp > 1 and model.n_layers % plan.pp:
+        first, last = m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage
+        assert first + last + (model.n_layers // plan.pp + 1) * (plan.pp - 2) == model.n_layers
+    if model.experts is not None:
+        assert (m.num_moe_experts, m.expert_model_parallel_size, m.moe_router_topk) == (
+            model.experts.n_experts, plan.ep, model.experts.experts_per_token)
+        assert m.expert_tensor_parallel_size == (plan.tp if plan.etp is None else plan.etp)
+    assert cfg.mixed_precision in BRIDGE_PRECISION
+    want = {"bf16-mixed": "bf16_mixed", "fp16-mixed": "fp16_mixed", "fp8-tensorwise": "bf16_with_fp8_current_scaling_mixed"}
+    assert cfg.mixed_precision == want[setup.precision.value]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_export_loads_onto_the_config_fields(case):
+    out = export("megatron-bridge", *inputs(case), stack="megatron-core")
+    assert out.filename.endswith(".yaml") and all(f"# note: {n}" in out.text for n in out.notes)
+    cfg = container()
+    strict_apply(cfg, yaml.safe_load(out.text))
+    assert_matches(cfg, case)
+
+
+def _bridge_omegaconf_utils():
+    """megatron/bridge/training/utils/omegaconf_utils.py, loaded without megatron/bridge/__init__.py."""
+    if not os.environ.get("ADVISOR_MEGATRON_BRIDGE"):
+        pytest.skip("set ADVISOR_MEGATRON_BRIDGE=1 with megatron-bridge 0.6.2 installed (module docstring)")
+    import typing_extensions
+
+    typing.override = getattr(typing, "override", typing_extensions.override)  # megatron-core 0.19.2 wants 3.12
+    root = os.path.join(os.path.dirname(os.path.dirname(importlib.util.find_spec("megatron.core").origin)), "bridge")
+    for sub in ("", ".training", ".training.utils", ".utils"):
+        if "megatron.bridge" + sub not in sys.modules:
+            pkg = types.ModuleType("megatron.bridge" + sub)
+            pkg.__path__ = [os.path.join(root, *sub.split(".")[1:])]
+            sys.modules[pkg.__name__] = pkg
+    from megatron.bridge.training.utils import omegaconf_utils
+
+    return omegaconf_utils
+
+
+def _dotlist(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += _dotlist(value, f"{prefix}{key}.")
+        else:
+            text = "null" if value is None else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            out.append(f"{prefix}{key}={text}")
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bridge_merges_the_export(case, tmp_path, caplog):
+    ou = _bridge_omegaconf_utils()
+    text = export("megatron-bridge", *inputs(case), stack="megatron-core").text
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text(text)
+    cfg = ou.process_config_with_overrides(container(), config_filepath=str(path))
+    assert "not found in config object" not in caplog.text
+    assert_matches(cfg, case)
+    base, excluded = ou.create_omegaconf_dict_config(container())
+    merged = ou.parse_hydra_overrides(base, _dotlist(yaml.safe_load(text)))  # struct mode: unknown keys fail
+    cfg = container()
+    ou.apply_overrides(cfg, ou.OmegaConf.to_container(merged, resolve=True), excluded)
+    assert_matches(cfg, case)
+
+
+@pytest.mark.parametrize("case,plan_kw,setup_kw,message", [
+    ("zero1-fp8-tensorwise", {}, dict(precision="nvfp4"), "no matching mixed-precision recipe"),
+    ("tp-sp-ddp", {}, dict(recompute="every-k", recompute_layers=2), "every-k checkpointing"),
+    ("zero1-fp8-tensorwise", dict(offload="optimizer-cpu"), {}, "offload"),
+    ("zero1-fp8-tensorwise", {}, dict(precision="fp32"), "bf16 or fp16 mixed precision"),
+    ("tp-sp-ddp", dict(pp=3, tp=1, dp=2, sp=False, schedule="interleaved", virtual_stages=2), {}, "layers divisible by pp x virtual stages"),
+])
+def test_refuses_in_one_line(case, plan_kw, setup_kw, message):
+    model, hw, world, p, s = CASES[case]
+    plan, setup = Plan(**{**p, **plan_kw}), TrainingSetup(**{**s, **setup_kw})
+    grad_accum, err = resolve_grad_accum(setup, plan)
+    assert err is None
+    with pytest.raises(ExportError) as info:
+        export("megatron-bridge", load_model(model), load_hardware(hw), plan, setup, grad_accum,
+               plan.dp * plan.tp * plan.pp * plan.cp, stack="megatron-core")
+    assert message in str(info.value) and "\n" not in str(info.value)
