@@ -12,6 +12,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SURFACES = ("cli", "profiles", "models", "plans", "calibrate")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Under pytest-xdist each worker counts its own tries: it hands them to the controller with its output."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["robust_tried"] = dict(TRIED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(controller, pytest-xdist) a worker's count of bad inputs tried, added to the session's."""
+    TRIED.update(getattr(node, "workeroutput", {}).get("robust_tried", {}))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not TRIED:
         return

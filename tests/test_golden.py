@@ -144,6 +144,7 @@ def test_every_row_of_a_search_is_what_estimate_says(name):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("validation")  # the validation run test_validate reads too, on one worker
 def test_validate_predictions_equal_the_golden(validation_report):
     old = _load("validate")
     new = record.validate_golden(validation_report)

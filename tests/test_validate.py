@@ -26,7 +26,8 @@ from validation import datasets as ds  # noqa: E402
 from validation import validate as v  # noqa: E402
 
 
-pytestmark = pytest.mark.slow  # every test here shares one full validation run (~10 s)
+# every test here shares one full validation run (~30 s), with test_golden: on one xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("validation")]
 
 
 @pytest.fixture(scope="module")
