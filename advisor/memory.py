@@ -19,7 +19,7 @@ advisor/recompute.py) leave the GPU. Mixture of experts: the routed experts' sha
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -132,15 +132,18 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
     return share * saving
 
 
-def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any,
-              layers: Any) -> tuple[MemoryBreakdown, Overhead]:
+def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any, layers: Any,
+              m: Optional[Mix] = None, in_flight: Any = None) -> tuple[MemoryBreakdown, Overhead]:
+    """The memory parts of each plan (``m``, ``in_flight``: its policy_mix and pipeline.in_flight_layers, where the
+    caller has them already)."""
     t, pp = w.tables, mesh.pp
-    m = policy_mix(w, c, mesh, layers)
+    m = policy_mix(w, c, mesh, layers) if m is None else m
     kept, full = saved_per_token(w, c, mesh, m)
     outside = t.saved_outside_layers * tokens
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
+    if in_flight is None:
+        in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
     if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
         in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
