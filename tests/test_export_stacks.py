@@ -99,7 +99,7 @@ def test_cli_refuses_a_format_of_another_stack_exit_2():
     result = CliRunner().invoke(export_command, BASE + ["--stack", "torchtitan", "--format", "megatron"])
     assert result.exit_code == 2
     assert result.output == ("error: stack torchtitan does not launch megatron: it launches torchtitan (--format "
-                             "torchtitan); megatron is launched by --stack megatron-core or megatron-deepspeed\n")
+                             "torchtitan); megatron is launched by --stack megatron-core or megatron-deepspeed or megatron-bridge-perf\n")
 
 
 def test_cli_format_without_stack_costs_in_the_stack_that_launches_it():

@@ -42,6 +42,9 @@ from validation.validate import DatasetReport, Point, _estimate, _hardware, _rep
 # Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
 RECOMPUTE_LADDER = ("none", "selective", "full")
 # The stack every row is costed in: switch to "megatron-core" when its profile is on main.
+# megatron-core, not megatron-bridge-perf (the dense tables' stack): the MoE performance recipes differ per model in
+# what that profile changes (megatron-bridge 0.6.2 perf_recipes: qwen3_moe keeps _benchmark_common's bf16 gradient
+# reduction, Kimi K2 and GLM-5 set grad_reduce_in_fp32 back to True), so one profile cannot say it for every row
 MOE_STACK = "megatron-core"
 
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}

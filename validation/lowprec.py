@@ -30,8 +30,10 @@ from advisor.units import GiB
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
 
-# The stack the Megatron-Bridge rows are costed on: megatron-core where main has that profile, else the closest.
-BRIDGE_STACK = "megatron-core"
+# The stack the Megatron-Bridge rows are costed on: the one its performance tables ran, megatron-core as Bridge's
+# performance recipes set it (every Llama recipe calls _benchmark_common: bf16 gradient reduction; FP8/FP4 weights):
+# stack_profiles/megatron-bridge-perf.yaml
+BRIDGE_STACK = "megatron-bridge-perf"
 
 E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "dgx-h100", "H200": "dgx-h200",
                 "B200 (power limited)": "aws-p6-b200", "B200": "aws-p6-b200", "GB200": "gb200-nvl72"}
