@@ -335,7 +335,8 @@ def _megatron_flags(text: str) -> dict[str, object]:
 TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_position_embeddings", "swiglu",
                  "group_query_attention", "position_embedding_type", "untie_embeddings_and_output_weights",
                  "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "fp8_format", "normalization",
-                 "ckpt_format", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}
+                 "ckpt_format", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                 "num_virtual_stages_per_pipeline_rank"}
 
 
 @pytest.mark.slow
@@ -370,7 +371,7 @@ def test_megatron_args_build_core_configs(case):
         num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
         ffn_hidden_size=int(f["ffn_hidden_size"]), kv_channels=opt("kv_channels"),
         tensor_model_parallel_size=int(f["tensor_model_parallel_size"]), pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else opt("virtual_pipeline_model_parallel_size"),
+        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else opt("num_virtual_stages_per_pipeline_rank"),
         context_parallel_size=opt("context_parallel_size") or 1, cp_comm_type=f.get("cp_comm_type"), **uneven,
         sequence_parallel=bool(f.get("sequence_parallel")), recompute_granularity=f.get("recompute_granularity"),
         recompute_method=f.get("recompute_method"), recompute_num_layers=opt("recompute_num_layers"),
@@ -468,7 +469,7 @@ def megatron_validate(f: dict[str, object], env: dict[str, str], world: int) -> 
     vpp = f.get("num_layers_per_virtual_pipeline_stage")
     if vpp is not None and (n_layers // pp) % int(vpp):
         errors.append("number of layers per pipeline stage must be divisible number of layers per virtual stage")
-    vp_size = f.get("virtual_pipeline_model_parallel_size")
+    vp_size = f.get("num_virtual_stages_per_pipeline_rank")
     if vp_size is not None and (units // pp) % int(vp_size):
         errors.append("number of layers on each pipeline rank must be divisible by virtual_pipeline_model_parallel_size")
     if world % (tp * pp * cp):

@@ -46,7 +46,9 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     if plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
-        a += ["--virtual-pipeline-model-parallel-size", plan.virtual_stages]
+        # Megatron-LM's flag for a virtual-stage count (arguments.py: --num-virtual-stages-per-pipeline-rank; its
+        # --num-layers-per-virtual-pipeline-stage cannot go with the uneven first/last stage counts)
+        a += ["--num-virtual-stages-per-pipeline-rank", plan.virtual_stages]
     elif plan.pp > 1 and plan.schedule == "interleaved":
         a += ["--num-layers-per-virtual-pipeline-stage", model.n_layers // (plan.pp * plan.virtual_stages)]
     if plan.pp > 1 and plan.schedule == "gpipe":
