@@ -49,7 +49,7 @@ def main() -> None:
     print(f"  advisor plan: {t_plan:.3f} s wall; {res.candidates:,} candidates considered, {evaluated:,} of them "
           "costed (the others break a constraint, most counted without being built)")
     print(f"  evaluate() alone on every candidate (constraints not applied): {n:,} in {best * 1e3:.1f} ms "
-          f"(best of {a.repeat}) = {n / best:,.0f} candidates/s  <- the search speed the README quotes")
+          f"(best of {a.repeat}) = {n / best:,.0f} candidates/s  <- the cost model's speed the README quotes (its second figure)")
 
 
 if __name__ == "__main__":
