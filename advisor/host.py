@@ -95,18 +95,13 @@ class MicroBatch:
     host_head_s: Any
 
 
-def excess_per_micro_batch(w: Workload, mb: MicroBatch) -> Any:
-    """Seconds a micro-batch lasts beyond its GPU work because of the host (module docstring). A stack that
-    synchronises only once per step lets the host run ahead across micro-batches: only a host slower than the
-    GPU over the whole micro-batch shows."""
-    forward, rest = idle_per_micro_batch(w, mb)
-    return forward + rest
-
-
 def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
-    """The host's excess split as (the GPU idling while a host-bound forward issues it, the rest: a host slower
-    than the whole flow shop, which idles the GPU through the backward too). Collectives hide in the idle time of
-    their own phase: the gradient reduction only in the second part (advisor.parallel.data.Windows)."""
+    """Seconds a micro-batch lasts beyond its GPU work because of the host (module docstring), split as (the GPU
+    idling while a host-bound forward issues it, the rest: a host slower than the whole flow shop, which idles the
+    GPU through the backward too); their sum is the step's host_overhead per micro-batch. Collectives hide in the
+    idle time of their own phase: the gradient reduction only in the second part (advisor.parallel.data.Windows).
+    A stack that synchronises only once per step lets the host run ahead across micro-batches: only a host slower
+    than the GPU over the whole micro-batch shows."""
     if w.stack.engine.device_syncs == "per_step":
         return 0.0, np.maximum(mb.host_s - mb.gpu_s, 0.0)
     host_fwd = mb.host_layers_fwd_s

@@ -137,10 +137,9 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     idle_fwd, idle_rest = host.idle_per_micro_batch(w, mb)
-    idle = idle_fwd + idle_rest
     windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s,
-                           idle_s=idle, idle_backward_s=idle_rest)
+                           idle_forward_s=idle_fwd, idle_backward_s=idle_rest)
     on_gpu = data.model_states(w, c, mesh, mem_layers)
     states = offload.apply(w, c, on_gpu, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
@@ -165,7 +164,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     time = TimeBreakdown(
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
-        comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * idle,
+        comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * windows.idle_s,
         comm_pp_p2p=ga * p2p,
         pipeline_bubble=pipeline.bubble_time(w.model, c, mesh, layers, body, layers * lt.fwd_s, layers * lt.bwd_s,
                                              layers * lt.recompute_s),

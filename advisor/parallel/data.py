@@ -165,18 +165,20 @@ def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: boo
 @dataclass(frozen=True)
 class Windows:
     """What the data-parallel collectives hide behind, per micro-batch on the busiest stage: the GPU's work per
-    phase, and the time the GPU sits idle waiting for a host-bound host (advisor.host's excess, charged once per
-    micro-batch). Collectives already issued run through that idle time too, so it hides communication, once: it
-    is pooled over the micro-batch's collectives (``hidden``), not added to each phase (the gradient reduction,
-    after the forward, pools only the idle that is not the forward's). Per phase, a faster host made a step slower;
-    left out, a faster GPU did (its shorter phases exposed more than the host-bound micro-batch saved). Pooled,
-    whatever a faster GPU or host exposes is at most what it shortened."""
+    phase, and its idle time behind a host-bound host (advisor.host, charged once per micro-batch), which hides the
+    collectives already issued once, pooled over them (``hidden``; the gradient reduction, after the forward, pools
+    only the idle that is not the forward's). Per phase, a faster host made a step slower; left out, a faster GPU
+    did. Pooled, whatever a faster GPU or host exposes is at most what it shortened."""
 
     fwd_s: Any  # the layers' forward with their TP collectives in line
     bwd_s: Any  # the layers' backward and recomputation with their TP collectives
     last_backward_s: Any  # the last micro-batch's backward, which the gradient reduction can hide behind
-    idle_s: Any = 0.0  # the GPU's idle seconds per micro-batch behind a host-bound host
-    idle_backward_s: Any = 0.0  # of those, the ones that are not the forward's (advisor.host.idle_per_micro_batch)
+    idle_forward_s: Any = 0.0  # the GPU's idle seconds per micro-batch behind a host-bound forward
+    idle_backward_s: Any = 0.0  # and the rest of them (advisor.host.idle_per_micro_batch)
+
+    @property
+    def idle_s(self) -> Any:
+        return self.idle_forward_s + self.idle_backward_s
 
 
 def hidden(floors: Any, needs: list[Any], idle: Any) -> list[Any]:
@@ -213,16 +215,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
-    # the gradient reduction runs after the forward: only the idle time that is not the forward's hides it; staged
-    # through the host (no overlap), nothing hides it
+    # after the forward: only the idle time that is not the forward's hides it; staged through the host, none does
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)
-    z1_ag = ag
-    if w.stack.engine.param_gather_overlap:  # beside the next forward, bucket by bucket: the first one waits
-        first = ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
-        z1_rs, z1_ag = hidden([0.0, first], [np.maximum(rs - hide, 0.0), np.maximum(ag - windows.fwd_s - first, 0.0)], idle)
-    else:
-        z1_rs = hidden([0.0], [np.maximum(rs - hide, 0.0)], idle)[0]
+    # ZeRO-1's gather: beside the next forward bucket by bucket, the first one waiting (else all of it is exposed)
+    first = (ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
+             if w.stack.engine.param_gather_overlap else ag)
+    z1_rs, z1_ag = hidden([0.0, first], [np.maximum(rs - hide, 0.0), np.maximum(ag - windows.fwd_s - first, 0.0)], idle)
     grad = grad + np.where(active & (zero == 1), z1_rs, 0.0)
     ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + unit_copy_seconds(w, states, zero)
