@@ -71,8 +71,10 @@ MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last"}
 
 
-def inputs(case: str):
-    model, hw, world, plan_kw, setup_kw = CASES[case]
+def inputs(case: str, cases: dict = CASES):
+    """(model, hardware, plan, setup, grad_accum, world) of a case of ``cases`` (this module's, or another export
+    test's table of the same shape)."""
+    model, hw, world, plan_kw, setup_kw = cases[case]
     plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
     grad_accum, err = resolve_grad_accum(setup, plan)
     assert err is None

@@ -39,6 +39,7 @@ from advisor.training import TrainingSetup
 tc = pytest.importorskip("megatron.core.transformer.transformer_config")
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
+from test_export import inputs as export_case_inputs  # noqa: E402
 
 CASES = {
     "tp-sp-ddp": ("llama2-7b", "dgx-h100", 8, dict(dp=2, tp=4, sp=True), dict(micro_batch=1, global_batch=16)),
@@ -62,11 +63,7 @@ CASES = {
 
 
 def inputs(case: str):
-    model, hw, world, plan_kw, setup_kw = CASES[case]
-    plan, setup = Plan(**plan_kw), TrainingSetup(**setup_kw)
-    grad_accum, err = resolve_grad_accum(setup, plan)
-    assert err is None
-    return load_model(model), load_hardware(hw), plan, setup, grad_accum, world
+    return export_case_inputs(case, CASES)
 
 
 # -- the target: megatron-core's own classes, and mirrors of the Bridge-only fields (module docstring) -----------

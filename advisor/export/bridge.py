@@ -23,7 +23,7 @@ from __future__ import annotations
 import yaml
 
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
-from advisor.export.megatron import CP_COMM_TYPE, MEGATRON_RECIPES, _unwritten, megatron_env, pipeline_edge_layers
+from advisor.export.megatron import CP_COMM_TYPE, MEGATRON_RECIPES, megatron_env, pipeline_edge_layers, refuse_unwritable
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 
@@ -72,20 +72,8 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
 
 
 def _refuse(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> None:
-    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath)."""
-    if model.position is PositionKind.alibi:
-        raise ExportError(f"Megatron-Bridge has no ALiBi position embedding ({model.name}): use --format deepspeed")
-    if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
-        raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
-    unwritten = _unwritten(model)
-    if unwritten:
-        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the Megatron-Bridge overrides advisor writes "
-                          "do not describe: use --format accelerate or torchrun")
-    if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
-        raise ExportError(f"Megatron-Core has no {plan.schedule.value} schedule: use 1f1b or interleaved")
-    if plan.offload.value != "none":
-        raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
-                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
+    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath), and adapters."""
+    refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides")
     if setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: the megatron-bridge export writes pretraining overrides, "
                           "not Bridge's peft config; export accelerate, deepspeed or torchrun (PEFT)")

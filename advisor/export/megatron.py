@@ -26,25 +26,36 @@ from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 
 
-def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
-                  grad_accum: int) -> tuple[list[str], list[str]]:
-    """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes."""
+def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, product: str, writes: str) -> None:
+    """What a Megatron export (``product``'s ``writes``: Megatron-LM's flags, Megatron-Bridge's overrides, the same
+    megatron-core underneath) cannot write, as one ExportError line."""
     if model.position is PositionKind.alibi:
-        raise ExportError(f"Megatron-LM has no ALiBi position embedding ({model.name}); "
+        raise ExportError(f"{product} has no ALiBi position embedding ({model.name}); "
                           "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
     if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
     unwritten = _unwritten(model)
     if unwritten:
-        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the Megatron-LM flags advisor writes do not "
+        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the {product} {writes} advisor writes do not "
                           "describe: use --format accelerate or torchrun")
+    if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
+        raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
+    if plan.offload.value != "none":
+        # Megatron's --optimizer-cpu-offload runs under its distributed optimizer (ZeRO-1) with the precision-aware
+        # optimizer (megatron/training/arguments.py), not under the ZeRO-2/3 engines the advisor costs offload in
+        raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
+                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
+
+
+def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
+                  grad_accum: int) -> tuple[list[str], list[str]]:
+    """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes."""
+    refuse_unwritable(model, plan, setup, "Megatron-LM", "flags")
     notes: list[str] = []
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
     a += _context_parallel(plan) + _pipeline_split(model, plan)
-    if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
-        raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     if plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
         # Megatron-LM's flag for a virtual-stage count (arguments.py: --num-virtual-stages-per-pipeline-rank; its
         # --num-layers-per-virtual-pipeline-stage cannot go with the uneven first/last stage counts)
@@ -54,11 +65,6 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
     a += _recompute(model, plan, setup)
-    if plan.offload.value != "none":
-        # Megatron's --optimizer-cpu-offload runs under its distributed optimizer (ZeRO-1) with the precision-aware
-        # optimizer (megatron/training/arguments.py), not under the ZeRO-2/3 engines the advisor costs offload in
-        raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
-                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
     a += _model_shape(model) + _experts(model, plan, setup, notes)
