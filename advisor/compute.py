@@ -58,12 +58,13 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
 
 
 def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Optional[tuple] = None,
-                      weights: Any = 1.0) -> tuple[Any, Any, Any]:
+                      weights: Any = 1.0, weight_casts: Any = 1.0) -> tuple[Any, Any, Any]:
     """(forward, backward, quantisation in forward) GPU seconds of one linear for ``tokens`` tokens on one TP rank.
     Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts. A frozen base (LoRA,
     QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients. ``shape``: (FLOPs, n, k,
     kernels) where another module shapes the GEMM (routed experts: advisor.parallel.expert.gemm_shape), with
-    ``weights`` weight matrices of n x k to cast."""
+    ``weights`` weight matrices of n x k to cast; ``weight_casts``: the share of micro-batches that cast them
+    (weight_cast_share)."""
     hw, r = w.hw, w.precision.recipe
     wg = finetune.weight_grad_share(w)
     if shape is None:
@@ -76,13 +77,13 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Opt
     bf16 = gemm_time(hw, "bf16", flops, n, k, kernels)
     low = recipe_gemm_time(hw, r, flops, n, k, kernels)
     rows = flops / (2.0 * n * k)  # the GEMM's M: the tokens it multiplies (routed copies for experts)
-    # the layers the stack keeps in BF16 at each end (NVFP4: Megatron's first_last_layers_bf16) are spread over all
-    # layers: the per-layer time is the mean of the model's layers
-    bf16_share = min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
+    # the layers the stack keeps in BF16 at each end (Megatron's first_last_layers_bf16; advisor.workload) are spread
+    # over all layers: the per-layer time is the mean of the model's layers
+    bf16_share = w.bf16_share
     fprop, dgrad, wgrad = (bf16_share * bf16 + (1.0 - bf16_share) * (low if r.runs_low(g) else bf16) for g in PASSES)
     # casts: the input (tokens x k) and the weight (k x n) in forward, the output gradient (tokens x n) in backward;
     # a recipe that keeps wgrad in BF16 still casts all three for fprop and dgrad
-    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (rows * k + weights * k * n))
+    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (rows * k + weight_casts * weights * k * n))
     q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * rows * n)
     return fprop + q_fwd, dgrad + wg * wgrad + q_bwd, q_fwd
 
@@ -180,13 +181,26 @@ class LayerTimes:
     recompute_s: Any
 
 
+def weight_cast_share(w: Workload, zero: Any, grad_accum: Any) -> Any:
+    """The share of a step's micro-batches that quantise the weights (advisor.engine ``weight_casts``): all of them,
+    or one in ``grad_accum`` where the stack casts once a step. Transformer Engine keeps the quantised copy from the
+    first micro-batch (megatron-core extensions/transformer_engine.py passes is_first_microbatch, which
+    pipeline_parallel/schedules.py resets once a step), except under ZeRO-3, which frees the gathered weight after
+    use, unless the weights are held quantised (low_precision_params: the optimizer step makes the copy)."""
+    eng = w.stack.engine
+    if w.precision.recipe is None or eng.weight_casts == "per_micro_batch":
+        return 1.0
+    once = (np.asarray(zero) < 3) | eng.low_precision_params
+    return np.where(once, 1.0 / np.asarray(grad_accum, dtype=float), 1.0)
+
+
 def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0,
-                 etp: Any = 1.0) -> dict[str, tuple[Any, Any, Any]]:
+                 etp: Any = 1.0, weight_casts: Any = 1.0) -> dict[str, tuple[Any, Any, Any]]:
     """(forward, backward, forward casts) GPU seconds of each linear of ``layer`` on one GPU (linear_pass_times);
     routed experts at the shape advisor.parallel.expert gives them, their ``copies / ep`` local weights cast."""
     return {lin.name: (linear_pass_times(w, lin, tokens, tp, expert.gemm_shape(w, lin, tokens, tp, ep, etp),
-                                         np.asarray(lin.copies, dtype=float) / ep) if lin.copies > 1 else
-                       linear_pass_times(w, lin, tokens, tp))
+                                         np.asarray(lin.copies, dtype=float) / ep, weight_casts) if lin.copies > 1 else
+                       linear_pass_times(w, lin, tokens, tp, weight_casts=weight_casts))
             for lin in layer.linears}
 
 
@@ -195,14 +209,17 @@ def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any 
     return {name: p[0] for name, p in layer_passes(w, layer, tokens, tp, ep, etp).items()}
 
 
-def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: Any = 1.0, etp: Any = 1.0) -> LayerTimes:
+def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: Any = 1.0, etp: Any = 1.0,
+                weight_casts: Any = 1.0) -> LayerTimes:
+    """One layer's GPU seconds for one micro-batch of ``tokens`` tokens on one GPU, a step's mean where the weights
+    are quantised once a step (``weight_casts``: weight_cast_share)."""
     hw = w.hw
-    passes = layer_passes(w, w.layer, tokens, tp, ep, etp)
+    passes = layer_passes(w, w.layer, tokens, tp, ep, etp, weight_casts)
     gemms = {name: p[0] for name, p in passes.items()}
     gemm_fwd = sum(gemms.values())
     gemm_bwd = sum(p[1] for p in passes.values())
     if len(w.model.layers) > 1:  # dense first layers beside routed ones (DeepSeek): the model's mean layer
-        other = {id(k): layer_passes(w, k, tokens, tp, ep, etp) for k in w.model.layers if k is not w.layer}
+        other = {id(k): layer_passes(w, k, tokens, tp, ep, etp, weight_casts) for k in w.model.layers if k is not w.layer}
         gemm_fwd, gemm_bwd = (sum(k.count * sum(p[j] for p in (passes if k is w.layer else other[id(k)]).values())
                                   for k in w.model.layers) / w.model.n_layers for j in (0, 1))
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)

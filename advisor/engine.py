@@ -120,6 +120,16 @@ class Engine(Spec):
                                    "and gathered, in the recipe's format, the fp32 master copy in the optimizer "
                                    "(Megatron --fp8-param-gather, MLPerf FP8_PARAMS); False: half-precision weights "
                                    "quantised per use")
+    weight_casts: Literal["per_micro_batch", "per_step"] = Field(
+        default="per_micro_batch", description="under a low-precision recipe, each weight is quantised at every "
+        "micro-batch's forward (torchao's Float8Linear), or once a step, its quantised copy kept for the step's other "
+        "micro-batches (Transformer Engine's is_first_microbatch weight caching) or made by the optimizer step where the "
+        "weights are held quantised (low_precision_params); ZeRO-3 without them gathers and casts per use")
+    bf16_edge_layers: Optional[int] = Field(
+        default=None, ge=0, le=1000, description="under a low-precision recipe, the decoder layers at each end the "
+                                                 "stack runs in BF16 (Megatron's first_last_layers_bf16 with "
+                                                 "num_layers_at_start_in_bf16 / _at_end_); None: the recipe's own "
+                                                 "(advisor.precision)")
     quantised_inputs: Optional[QuantisedInputs] = Field(
         default=None, description="under every low-precision recipe the linears keep their inputs for backward "
                                   "quantised (Transformer Engine); None: only where the recipe itself does (advisor."

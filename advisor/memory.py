@@ -128,7 +128,7 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
             saving = saving - (r.stored_bytes * elements if extra_copy else 0.0)
         else:
             saving = saving + (w.act_bytes - r.stored_bytes) * elements
-    share = 1.0 - min(1.0, 2.0 * r.bf16_edge_layers / w.model.n_layers)
+    share = 1.0 - w.bf16_share
     return share * saving
 
 

@@ -49,9 +49,11 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
             ranked.append((name, res, err or "no plan fits"))
             continue
         r = recipe(name)
+        own = load_stack(e.stack).engine.bf16_edge_layers  # the stack's first/last BF16 layers, where it says
+        edges = (r.bf16_edge_layers if own is None else own) if r is not None else 0
         what = ("every GEMM in " + name) if r is None else (
             f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
-            + (f", {r.bf16_edge_layers} layer at each end in BF16" if r.bf16_edge_layers else "")
+            + (f", {edges} layer at each end in BF16" if edges else "")
             + "; attention and the output layer in BF16")
         if r is not None and res is not None:
             what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"

@@ -72,6 +72,21 @@ class Workload:
         return tuple(sel.recomputes) if sel is not None else ()
 
     @property
+    def bf16_edge_layers(self) -> int:
+        """Decoder layers at each end run in BF16 under the run's low-precision recipe: the stack's choice where its
+        profile states one, else the recipe's (0 without a recipe)."""
+        r = self.precision.recipe
+        if r is None:
+            return 0
+        own = self.stack.engine.bf16_edge_layers
+        return r.bf16_edge_layers if own is None else own
+
+    @property
+    def bf16_share(self) -> float:
+        """The share of the decoder layers run in BF16 under the recipe, spread over all layers (a per-layer mean)."""
+        return min(1.0, 2.0 * self.bf16_edge_layers / self.model.n_layers)
+
+    @property
     def math(self) -> str:
         return self.precision.math
 

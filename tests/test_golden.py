@@ -22,9 +22,9 @@ REL = 1e-9  # float sums taken in another order differ in the last bits, never m
 
 # path patterns (keys joined by "/", "*" for any one key or index) whose recorded value may differ, and why
 CHANGED: dict[str, str] = {
-    # 2026-11-28: the Megatron-Bridge performance tables are costed in the stack their recipes set,
-    # stack_profiles/megatron-bridge-perf.yaml (bf16 gradient reduction, FP8/FP4 weights), not plain megatron-core
-    "bridge": "costed in megatron-bridge-perf (validation/lowprec.py BRIDGE_STACK)",
+    # validate.json.gz re-recorded 2026-11-28 (git log tests/golden): the Megatron-Bridge tables costed in
+    # megatron-bridge-perf, Blackwell Ultra's GEMM rates measured on a B300, Transformer Engine's weight casts once a
+    # step, the perf recipes' NVFP4 without BF16 edge layers
 }
 
 # The kernel style ("framework" in a plan's setup, "kernels" for a whole search) became the training stack the

@@ -92,6 +92,8 @@ GOALS = {
     "lowprec tokens/s within 15 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["tokens_within_15_pct"]),
     "lowprec GEMM rows within 15 %": Goal("lowprec", 100.0, "min", lambda d: d.extra["gemm_within_15_pct"]),
     "bridge tokens/s within 10 %": Goal("bridge", 100.0, "min", lambda d: d.extra["within_10_pct"]),
+    # issue 15: the same rows within 10% MAPE (the issue 21 goal above asks it of every row)
+    "bridge tokens/s MAPE %": Goal("bridge", 10.0, "max", lambda d: d.mape_pct),
     "bridge runs predicted to fit %": Goal("bridge", 100.0, "min", lambda d: d.extra["predicted_to_fit_pct"]),
     # issue 17: Megatron-Bridge's MoE rows (the plan as published) within 15% MAPE of tokens/s per GPU
     "bridge-moe tokens/s MAPE %": Goal("bridge-moe", 15.0, "max", lambda d: d.mape_pct),
