@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from advisor.cli_export import export_command
-from advisor.export import KINDS, NOTES_KEY, ExportError, deepspeed_dict, export, export_config, megatron_args
+from advisor.export import NOTES_KEY, ExportError, deepspeed_dict, export, export_config, megatron_args
 from advisor.hardware import load_hardware
 from advisor.model import load_model
 from advisor.layout import Plan, resolve_grad_accum
