@@ -220,7 +220,9 @@ def test_bridge_merges_the_export(case, tmp_path, caplog):
 
 
 @pytest.mark.parametrize("case,plan_kw,setup_kw,message", [
-    ("zero1-fp8-tensorwise", {}, dict(precision="nvfp4"), "no matching mixed-precision recipe"),
+    ("zero1-fp8-tensorwise", {}, dict(precision="fp8-rowwise"), "no matching mixed-precision recipe"),
+    # megatron-core's NVFP4 keeps a BF16 layer at each end (advisor.precision); bf16_with_nvfp4_mixed keeps none
+    ("zero1-fp8-tensorwise", {}, dict(precision="nvfp4"), "runs every layer in NVFP4"),
     ("tp-sp-ddp", {}, dict(recompute="every-k", recompute_layers=2), "every-k checkpointing"),
     ("zero1-fp8-tensorwise", dict(offload="optimizer-cpu"), {}, "offload"),
     ("zero1-fp8-tensorwise", {}, dict(precision="fp32"), "bf16 or fp16 mixed precision"),
@@ -235,3 +237,28 @@ def test_refuses_in_one_line(case, plan_kw, setup_kw, message):
         export("megatron-bridge", load_model(model), load_hardware(hw), plan, setup, grad_accum,
                plan.dp * plan.tp * plan.pp * plan.cp, stack="megatron-core")
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("stack, precision, hw, says, silent", [
+    # megatron-core: fp32 gradients as every Bridge recipe, BF16 weights where the recipe gathers FP8 ones
+    ("megatron-core", "fp8-tensorwise", "dgx-h100",
+     ["keeps the first and the last layer in BF16", "estimate (megatron-core) runs every layer in FP8",
+      "weights in FP8 (fp8_param_gather); the estimate (megatron-core) in BF16"], ["grad_reduce_in_fp32"]),
+    # megatron-bridge-perf (the perf recipes): FP8 weights as the recipe, but bf16 gradient reduction
+    ("megatron-bridge-perf", "fp8-tensorwise", "dgx-h100",
+     ["keeps the first and the last layer in BF16", "grad_reduce_in_fp32"], ["fp8_param_gather"]),
+    ("megatron-bridge-perf", "nvfp4", "gb200-nvl72", ["grad_reduce_in_fp32"], ["first_last_layers_bf16", "param_gather"]),
+    ("megatron-core", "bf16-mixed", "dgx-h100", [], ["grad_reduce_in_fp32"]),
+])
+def test_notes_say_where_the_recipe_runs_otherwise_than_the_stack_costed(stack, precision, hw, says, silent):
+    """Megatron-Bridge 0.6.2's mixed-precision recipes (training/mixed_precision.py): current scaling keeps one BF16
+    layer at each end, every FP8/FP4 recipe gathers quantised weights, every recipe reduces gradients in fp32; the
+    YAML cannot override them (the precision setup writes its fields over the model's and DDP's), so the file says
+    where the run will differ from the stack the plan was costed in, and nothing else."""
+    plan, setup = Plan(dp=8, zero=1), TrainingSetup(micro_batch=1, grad_accum=2, precision=precision)
+    out = export("megatron-bridge", load_model("llama3-8b"), load_hardware(hw), plan, setup, 2, 8, stack=stack)
+    for text in says:
+        assert any(text in n for n in out.notes), (text, out.notes)
+    for text in silent:
+        assert not any(text in n for n in out.notes), (text, out.notes)
+    assert all(f"# note: {n}" in out.text for n in out.notes)

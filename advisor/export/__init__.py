@@ -142,7 +142,10 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
                           f"or --ep 1 for a {kind} config")
-    out = EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size)
+    # the Megatron-Bridge overrides compare the recipe they name with the stack's engine (a profile file has no name
+    # to load it back by)
+    out = (bridge_config(model, hw, plan, setup, grad_accum, world_size, stack_) if kind == "megatron-bridge"
+           else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
 
 

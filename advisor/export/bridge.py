@@ -20,32 +20,34 @@ parallel degrees, batch, recompute, precision recipe and data parallelism, as th
 
 from __future__ import annotations
 
+from typing import Optional
+
 import yaml
 
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
-from advisor.export.megatron import CP_COMM_TYPE, MEGATRON_RECIPES, megatron_env, pipeline_edge_layers, refuse_unwritable
+from advisor.export.megatron import CP_COMM_TYPE, megatron_env, pipeline_edge_layers, refuse_unwritable
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.stack import Stack, load_stack
 
 # advisor's precision recipes as Megatron-Bridge's mixed-precision recipe names (training/mixed_precision.py
-# MIXED_PRECISION_RECIPES), and what each recipe sets beyond the advisor's costing (written as notes)
+# MIXED_PRECISION_RECIPES): (name, BF16 layers it keeps at each end, whether it gathers quantised parameters, what else
+# it sets beyond the advisor's costing, written as a note). megatron-bridge 0.6.2: bf16_with_fp8_current_scaling_mixed
+# sets first_last_layers_bf16 with num_layers_at_start/end_in_bf16 = 1, the others leave MixedPrecisionConfig's False;
+# each sets fp8_param_gather / fp4_param_gather True except the subchannel (blockwise) one (False)
 BRIDGE_RECIPES = {
-    "fp8-tensorwise": ("bf16_with_fp8_current_scaling_mixed",
-                       "keeps the first and the last layer in BF16 (num_layers_at_start/end_in_bf16=1) and gathers FP8 "
-                       "parameters (fp8_param_gather); the estimate ran every layer in FP8 with BF16 parameters"),
-    "fp8-delayed": ("bf16_with_fp8_delayed_scaling_mixed",
-                    "gathers FP8 parameters (fp8_param_gather) with a 1024-step amax history; the estimate kept BF16 "
-                    "parameters"),
-    "fp8-blockwise": ("bf16_with_fp8_subchannel_scaling_mixed",
+    "fp8-tensorwise": ("bf16_with_fp8_current_scaling_mixed", 1, True, ""),
+    "fp8-delayed": ("bf16_with_fp8_delayed_scaling_mixed", 0, True, "with a 1024-step amax history"),
+    "fp8-blockwise": ("bf16_with_fp8_subchannel_scaling_mixed", 0, False,
                       "uses the hybrid FP8 format (E5M2 gradients) where the Megatron-LM export writes e4m3"),
-    "mxfp8": ("bf16_with_mxfp8_mixed",
-              "gathers MXFP8 parameters into the gradient buffer (fp8_param_gather, reuse_grad_buf_for_mxfp8_param_ag); "
-              "the estimate kept BF16 parameters"),
+    "mxfp8": ("bf16_with_mxfp8_mixed", 0, True, "reuses the gradient buffer for the MXFP8 parameter all-gather "
+                                                "(reuse_grad_buf_for_mxfp8_param_ag)"),
+    "nvfp4": ("bf16_with_nvfp4_mixed", 0, True, ""),
 }
 
 
 def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
-                     grad_accum: int) -> tuple[dict, list[str]]:
+                     grad_accum: int, stack: Optional[Stack] = None) -> tuple[dict, list[str]]:
     """The nested overrides ({section: {field: value}}) and the notes."""
     _refuse(model, plan, setup)
     notes: list[str] = []
@@ -67,7 +69,7 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
                      "global_batch_size": global_batch(plan, setup, grad_accum)},
            "dataset": {"seq_length": setup.seq_len}}
     out.update(_data_parallel(hw, plan, notes))
-    out["mixed_precision"] = _precision(setup, notes)
+    out["mixed_precision"] = _precision(setup, notes, stack if stack is not None else load_stack(setup.stack))
     return out, notes
 
 
@@ -177,17 +179,33 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> dict:
     return out
 
 
-def _precision(setup: TrainingSetup, notes: list[str]) -> str:
-    """The mixed_precision recipe name (training/mixed_precision.py); FP8 recipes' extra settings as notes."""
-    p = setup.precision
+def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
+    """The mixed_precision recipe name (training/mixed_precision.py); where the recipe runs otherwise than the stack
+    the plan was costed in (BF16 edge layers, quantised parameters, fp32 gradient reduction), a note. The YAML cannot
+    override the recipe's fields: ConfigContainer's mixed-precision setup writes them over the model's and DDP's."""
+    p, eng = setup.precision, stack.engine
     if p.recipe is not None:
         if p.value not in BRIDGE_RECIPES:
-            known = "nvfp4 (bf16_with_nvfp4_mixed quantises the first and last layers the estimate kept in BF16)" \
-                if p.value in MEGATRON_RECIPES else "torchao's recipe"
-            raise ExportError(f"--precision {p.value}: Megatron-Bridge has no matching mixed-precision recipe, "
-                              f"{known}: pick one of {', '.join(BRIDGE_RECIPES)} or --format megatron")
-        name, what = BRIDGE_RECIPES[p.value]
-        notes.append(f"{name} {what}")
+            raise ExportError(f"--precision {p.value}: Megatron-Bridge has no matching mixed-precision recipe "
+                              f"(torchao's): pick one of {', '.join(BRIDGE_RECIPES)} or --format megatron")
+        name, edges, quantised, extra = BRIDGE_RECIPES[p.value]
+        costed = p.recipe.bf16_edge_layers if eng.bf16_edge_layers is None else eng.bf16_edge_layers
+        if edges != costed:
+            if p.value == "nvfp4":  # the model's layers would differ from the estimate's, not only a note's worth
+                raise ExportError(f"--precision nvfp4: {name} runs every layer in NVFP4, the estimate ({stack.name}) "
+                                  f"kept {costed} at each end in BF16: export it from --stack megatron-bridge-perf, or "
+                                  "--format megatron (--first-last-layers-bf16)")
+            notes.append(f"{name} {_edges(edges, p.recipe.format)} (first_last_layers_bf16); the estimate "
+                         f"({stack.name}) {_edges(costed, p.recipe.format)}")
+        if quantised != eng.low_precision_params:
+            flag = f"{p.recipe.format}_param_gather"
+            notes.append(f"{name} keeps and gathers the layers' weights in {p.recipe.format.upper()} ({flag}); the "
+                         f"estimate ({stack.name}) in BF16" if quantised else
+                         f"{name} keeps the layers' weights in BF16; the estimate ({stack.name}) in "
+                         f"{p.recipe.format.upper()}")
+        if extra:
+            notes.append(f"{name} {extra}")
+        _reduce_note(name, eng, stack.name, notes)
         return name
     if p is Precision.fp8_mixed:
         notes.append("fp8 maps to bf16_with_fp8_delayed_scaling_mixed (Megatron-LM's default delayed scaling), which "
@@ -199,15 +217,30 @@ def _precision(setup: TrainingSetup, notes: list[str]) -> str:
         notes.append("pure bf16: bf16_mixed keeps fp32 main params; set optimizer.use_precision_aware_optimizer=true "
                      "optimizer.main_params_dtype=bf16 ... to match the advisor's estimate")
     if p in (Precision.bf16_mixed, Precision.bf16):
+        _reduce_note("bf16_mixed", eng, stack.name, notes)
         return "bf16_mixed"
     raise ExportError(f"--precision {p.value}: Megatron-Bridge's recipes train in bf16 or fp16 mixed precision "
                       "(mixed_precision: null leaves the recipe's model dtype): use --format megatron")
 
 
+def _edges(n: int, fmt: str) -> str:
+    return (f"runs every layer in {fmt.upper()}" if n == 0 else "keeps the first and the last layer in BF16" if n == 1
+            else f"keeps {n} layers at each end in BF16")
+
+
+def _reduce_note(name: str, eng, stack: str, notes: list[str]) -> None:
+    """Every Bridge recipe reduces gradients in fp32 (MixedPrecisionConfig.grad_reduce_in_fp32 True), except where
+    the perf recipes turn it off (perf_recipes/_common.py)."""
+    if eng.reduce_dtype != "fp32" or eng.main_grads != "fp32":
+        notes.append(f"{name} accumulates and reduces gradients in fp32 (grad_reduce_in_fp32); the estimate ({stack}) "
+                     "in bf16, as Megatron-Bridge's perf recipes set it")
+
+
 def bridge_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                  world_size: int) -> Exported:
+                  world_size: int, stack: Optional[Stack] = None) -> Exported:
+    """The overrides file of one plan; ``stack``: the stack it was costed in (None: ``setup.stack``, a shipped name)."""
     check(model, hw, plan, setup, grad_accum, world_size)
-    overrides, notes = bridge_overrides(model, hw, plan, setup, grad_accum)
+    overrides, notes = bridge_overrides(model, hw, plan, setup, grad_accum, stack)
     lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
              "# Megatron-Bridge ConfigContainer overrides (megatron-bridge 0.6.2): merge onto a pretrain recipe with",
              "#   process_config_with_overrides(cfg, config_filepath=THIS_FILE, cli_overrides=[...])",
