@@ -81,6 +81,26 @@ def _key(t) -> tuple[int, int]:
     return st.data_ptr(), st.nbytes()
 
 
+class _LiveKeys:
+    """Storage keys (_key) of tensors still alive. A key alone outlives its tensor: the allocator hands a freed
+    address to the next tensor of the same size, which would then count as the freed one (a weight's cast taken for
+    an activation made the probe's counts depend on where the allocator put things)."""
+
+    def __init__(self, tensors=()):
+        self._refs: dict = {}
+        for t in tensors:
+            self.add(t)
+
+    def add(self, t) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self._refs[_key(t)] = StorageWeakRef(t.untyped_storage())
+
+    def __contains__(self, k) -> bool:
+        ref = self._refs.get(k)
+        return ref is not None and not ref.expired()
+
+
 def _innermost(tracker) -> str:
     """The deepest module running (ModTracker's parents hold every enclosing module's name)."""
     names = [p for p in tracker.parents if p != "Global"]
@@ -93,7 +113,7 @@ def _weight_grad_cast(node) -> bool:
     return bool(nexts) and all(f.name().endswith("AccumulateGrad") for f in nexts)
 
 
-def _watcher(step: Step, tracker, from_weights: set, made: list, producer: dict, nodes: dict):
+def _watcher(step: Step, tracker, from_weights: "_LiveKeys", made: list, producer: dict, nodes: dict):
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -111,7 +131,8 @@ def _watcher(step: Step, tracker, from_weights: set, made: list, producer: dict,
                 module = nodes.get(node._sequence_nr(), module)  # forward module is the precise attribution
             weight_only = bool(ins) and all(_key(t) in from_weights for t in ins)
             if weight_only and not bw:
-                from_weights.update(_key(t) for t in outs)
+                for t in outs:
+                    from_weights.add(t)
             counted = name not in VIEWS and name not in GEMMS and not weight_only and not _weight_grad_cast(node)
             moved = ins if name.endswith("_") else ins + outs
             step.ops.append(Op(name, module, bw, [Tensor(t.numel() / step.tokens, t.element_size(), module, name)
@@ -133,12 +154,13 @@ def run_step(model, forward: Callable[[], Any], tokens: int, backward_context: C
     """Run ``forward()`` (the model's forward and its loss, in the stack's precision) and the loss's backward on
     ``model``, watching both (module docstring)."""
     import contextlib
+    import gc
 
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
 
     step = Step(tokens)
-    from_weights = {_key(p) for p in model.parameters()} | {_key(b) for b in model.buffers()}
+    from_weights = _LiveKeys(list(model.parameters()) + list(model.buffers()))
     made: list = []
     producer: dict = {}
     saved: dict = {}
@@ -152,8 +174,19 @@ def run_step(model, forward: Callable[[], Any], tokens: int, backward_context: C
 
     with ModTracker() as tracker:
         watch = _watcher(step, tracker, from_weights, made, producer, {})
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
-            loss = forward()
+        # A tensor only a reference cycle holds is freed whenever the collector next runs, which depends on what the
+        # process allocated before (megatron-core's checkpointed layers counted 1 or 2 tensors by test order): no
+        # collection during the forward, then one of the youngest generation, which holds every object it made, so
+        # that what is alive at its end is what the model holds
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
+                loss = forward()
+            gc.collect(0)
+        finally:
+            if enabled:
+                gc.enable()
         step.saved = list(saved.values())
         alive = {ref.cdata: Tensor(nbytes / tokens, 1, module, op, module)
                  for ref, nbytes, module, op in reversed(made) if not ref.expired()}
