@@ -159,7 +159,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
-    gathered_kv = context.transient_bytes(w, c, mesh, tokens)  # all-gather CP's gathered K and V
+    gathered_kv = context.transient_bytes(w, c, mesh, tokens)  # CP: gathered K and V, or the ring's partial outputs
     fixed = fixed + gathered_kv if np.ndim(gathered_kv) else fixed
     grads_fb = np.where(states.grads_persist, states.grads, 0.0)
     opt_phase = states.grads + states.step_temporaries + states.bucket_copy

@@ -44,7 +44,8 @@ def test_ring_bytes_per_layer_from_first_principles():
 def test_ring_costs_max_of_attention_and_transfer_per_step(seq, gpus):
     """TE overlaps each step's send/recv with the attention of the block received before: a step costs
     max(attention of a block, transfer of a block), so the time beyond the attention is (cp - 1) x max(0,
-    t_p2p - t_attn / cp) forward, and the same with K, V, dK, dV (twice the bytes) backward."""
+    t_p2p - t_attn / cp) forward, and the same with K, V, dK, dV (twice the bytes) backward. The steps' partial
+    outputs are merged on the compute stream besides (ring_merge_bytes)."""
     cp = 4
     w, c, mesh = _one(cp=cp, tp=gpus // cp, gpus=gpus, seq=seq, stack="megatron-deepspeed")
     tokens = seq / cp
@@ -52,12 +53,29 @@ def test_ring_costs_max_of_attention_and_transfer_per_step(seq, gpus):
     t = context.time(w, c, mesh, tokens, fwd, bwd)
     kv = tokens * 2 * w.layer.kv_dim / min(gpus // cp, 8) * 2
     leaves = bool(mesh.cp_domains[0] > 1)
-    expect_f = (cp - 1) * max(float(p2p_time(kv, w.hw, leaves)) - float(fwd[0] if np.ndim(fwd) else fwd) / cp, 0.0)
-    assert float(t.fwd_s[0]) == pytest.approx(expect_f, rel=1e-12, abs=1e-15)
-    if seq == 131072:  # 32K tokens a rank: the attention hides every transfer on NVLink
-        assert float(t.layer_s[0]) == 0.0
+    merge_f, merge_b = (float(np.ravel(x)[0]) for x in context.ring_merge_bytes(w, tokens, mesh.tp, cp))
+    exposed_f = (cp - 1) * max(float(p2p_time(kv, w.hw, leaves)) - float(fwd[0] if np.ndim(fwd) else fwd) / cp, 0.0)
+    assert float(t.fwd_s[0]) == pytest.approx(exposed_f + float(compute.mem_time(w.hw, merge_f)), rel=1e-12, abs=1e-15)
+    if seq == 131072:  # 32K tokens a rank: the attention hides every transfer on NVLink; the merges remain
+        assert exposed_f == 0.0
+        assert float(t.layer_s[0]) == pytest.approx(float(compute.mem_time(w.hw, merge_f + merge_b)), rel=1e-12)
     else:  # tp 4 x cp 4 = 16 ranks span two nodes: the ring runs at the network's pace and shows
-        assert leaves and float(t.fwd_s[0]) > 0.0
+        assert leaves and exposed_f > 0.0
+
+
+def test_ring_merge_bytes_as_transformer_engine_merges():
+    """Transformer Engine 2.10 context_parallel.py, AttnFuncWithCPAndKVP2P on the last rank of the ring (every step
+    covers its whole output): forward, out = out_per_step[0] x exp(...) (read + write bf16: 4 bytes an element), then
+    out.add_(out_per_step[i] x exp(...)) for cp - 1 steps (read both, write: 6); backward, dq the same, and dK, dV
+    added into the received block for cp - 1 steps (6 bytes an element). Llama 3 8B (q_dim 4096, kv_dim 1024),
+    4,096 tokens a rank, tp 1, cp 4."""
+    w, c, mesh = _one(cp=4, tp=1, gpus=4, seq=16384, stack="megatron-deepspeed")
+    f, b = context.ring_merge_bytes(w, 4096.0, 1, 4)
+    out, kv = 4096 * 4096, 4096 * 2 * 1024
+    assert f == 4 * out + 6 * 3 * out == 369_098_752
+    assert b == f + 6 * 3 * kv
+    # the steps' partial outputs, alive until the merge: cp x this rank's output in bf16
+    assert float(context.transient_bytes(w, c, mesh, 4096.0)[0]) == 4 * out * 2
 
 
 def test_activations_attention_and_logits_split_by_cp_flops_unchanged():

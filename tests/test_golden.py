@@ -22,9 +22,10 @@ REL = 1e-9  # float sums taken in another order differ in the last bits, never m
 
 # path patterns (keys joined by "/", "*" for any one key or index) whose recorded value may differ, and why
 CHANGED: dict[str, str] = {
-    # validate.json.gz re-recorded 2026-11-28 (git log tests/golden): the Megatron-Bridge tables costed in
+    # both goldens re-recorded 2026-11-28 (git log tests/golden): the Megatron-Bridge tables costed in
     # megatron-bridge-perf, Blackwell Ultra's GEMM rates measured on a B300, Transformer Engine's weight casts once a
-    # step, the perf recipes' NVFP4 without BF16 edge layers
+    # step, the perf recipes' NVFP4 without BF16 edge layers; ring context parallelism's merge kernels (a CP=2 plan
+    # no longer ties a data-parallel one and wins it on its label)
 }
 
 # The kernel style ("framework" in a plan's setup, "kernels" for a whole search) became the training stack the

@@ -13,7 +13,12 @@ against the keys of the whole sequence.
     of the block received before runs; a step costs max(attention of a block, send/recv of a block), so the
     time beyond the attention is (cp - 1) x max(0, t_p2p - t_attn / cp). Backward passes K, V and dK, dV
     (twice the bytes) the same way. Bytes a rank sends per layer forward: (cp - 1) x 2 x (s / cp) x kv_dim x
-    bytes = 2 (cp - 1) / cp x s x kv_dim x bytes (K and V: 2 x kv_dim per token).
+    bytes = 2 (cp - 1) / cp x s x kv_dim x bytes (K and V: 2 x kv_dim per token). Each step's partial output is
+    kept and merged after the ring on the compute stream (Transformer Engine 2.10 context_parallel.py:
+    flash_attn_fwd_out_correction_init, then out.add_(out_per_step[i] x exp(lse_i - lse)) for every later step,
+    the second half only where the step's keys lie past the rank's first chunk; the last rank merges all of
+    them, and is the one the step waits for); backward accumulates dq (dq.add_(dq_)) and dK, dV into the
+    received buffer step by step (``ring_merge_bytes``). The partial outputs of one layer are a transient.
   * all-gather (torchtitan 0.3.0 with torch's CP, _RotateMethod.ALL_GATHER, torch/distributed/tensor/
     experimental/_context_parallel/_attention.py; Llama 3, Dubey et al. 2024 s.3.3.2): all-gather K and V in
     forward, all-gather them again and reduce-scatter dK, dV in backward; not overlapped (Llama 3 accepts the
@@ -27,7 +32,8 @@ against the keys of the whole sequence.
   (or NVLink domain) before leaving it; a ring that leaves the domain runs every step at the network's pace.
 
 Left out: the lower efficiency of the attention kernel on s / cp key blocks, the a2a+p2p hierarchical flavour
-(--cp-comm-type a2a+p2p), the saved softmax statistics' growth with cp.
+(--cp-comm-type a2a+p2p), the saved softmax statistics' growth with cp, the softmax statistics' own merges (4 bytes
+a head per token, beside the output's q_dim elements).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import numpy as np
 from advisor import comm
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
+from advisor.compute import mem_time
 from advisor.layout import ContextParallel
 from advisor.model import ModelSpec
 from advisor.training import Recompute
@@ -80,9 +87,22 @@ def ring_bytes_per_layer(w: Workload, tokens: Any, tp: Any, cp: Any) -> Any:
     return (cp - 1.0) * tokens * kv_bytes_per_token(w, tp)
 
 
+def ring_merge_bytes(w: Workload, tokens: Any, tp: Any, cp: Any) -> tuple[Any, Any]:
+    """(forward, backward) bytes the ring's merge kernels move per layer on the busiest (last) rank, whose every
+    step covers its whole output (module docstring): forward, the first step's output scaled (read, write: 4 bytes
+    an element in bf16) and cp - 1 more added in (read the step's, read and write the sum: 6); backward, dq the
+    same, and cp - 1 additions of this rank's dK, dV into the block received (6 bytes an element)."""
+    out = tokens * w.layer.q_dim / tp  # elements of this rank's attention output
+    kv = tokens * kv_bytes_per_token(w, tp) / w.act_bytes
+    per = w.act_bytes / 2.0  # the bytes above are bf16's
+    merge = (4.0 * out + 6.0 * (cp - 1.0) * out) * per
+    return merge, merge + 6.0 * (cp - 1.0) * kv * per
+
+
 @dataclass(frozen=True)
 class ContextParallelTime:
-    """Seconds the CP collectives add to one layer of one micro-batch beyond the attention they overlap with."""
+    """Seconds context parallelism adds to one layer of one micro-batch: its exchanges beyond the attention they
+    overlap with, and the ring's merge kernels."""
 
     fwd_s: Any
     bwd_s: Any
@@ -108,8 +128,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, attn_fwd_s: Any, a
     leaves = mesh.cp_domains > 1
     step_f = comm.p2p_time(kv, hw, leaves)
     step_b = comm.p2p_time(2.0 * kv, hw, leaves)  # K, V and dK, dV
-    ring_f = np.where(ring, (cp - 1.0) * np.maximum(step_f - attn_fwd_s / cp, 0.0), 0.0)
-    ring_b = np.where(ring, (cp - 1.0) * np.maximum(step_b - attn_bwd_s / cp, 0.0), 0.0)
+    merge_f, merge_b = ring_merge_bytes(w, tokens, tp, cp)
+    ring_f = np.where(ring, (cp - 1.0) * np.maximum(step_f - attn_fwd_s / cp, 0.0) + mem_time(hw, merge_f), 0.0)
+    ring_b = np.where(ring, (cp - 1.0) * np.maximum(step_b - attn_bwd_s / cp, 0.0) + mem_time(hw, merge_b), 0.0)
     # all-gather: the whole sequence's K and V gathered forward; gathered again, dK and dV reduce-scattered backward
     ag = on & (kind == ALL_GATHER)
     gather = comm.collective_time(Collective.all_gather, cp, kv * cp, hw, mesh.cp_per_node, where=ag)
@@ -128,11 +149,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, attn_fwd_s: Any, a
 
 def transient_bytes(w: Workload, c: Candidates, mesh: Mesh, tokens: Any) -> Any:
     """Bytes alive during one layer's attention beyond what it saves: all-gather CP's gathered K and V of the
-    whole sequence (``tokens`` x cp)."""
-    ag = (mesh.cp > 1) & (np.asarray(c.cp_comm) == ALL_GATHER)
-    if not np.any(ag):
+    whole sequence (``tokens`` x cp); the ring's partial outputs, one per step, until they are merged."""
+    kind = np.asarray(c.cp_comm)
+    ag, ring = (mesh.cp > 1) & (kind == ALL_GATHER), (mesh.cp > 1) & (kind == RING)
+    if not np.any(ag | ring):
         return 0.0
-    return np.where(ag, tokens * mesh.cp * kv_bytes_per_token(w, mesh.tp), 0.0)
+    outputs = mesh.cp * tokens * w.layer.q_dim / mesh.tp * w.act_bytes
+    return np.where(ag, tokens * mesh.cp * kv_bytes_per_token(w, mesh.tp), np.where(ring, outputs, 0.0))
 
 
 def attention_share(w: Workload) -> float:
