@@ -41,8 +41,7 @@ from validation.validate import DatasetReport, Point, _estimate, _hardware, _rep
 
 # Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
 RECOMPUTE_LADDER = ("none", "selective", "full")
-# The stack every row is costed in: switch to "megatron-core" when its profile is on main.
-# megatron-core, not megatron-bridge-perf (the dense tables' stack): the MoE performance recipes differ per model in
+# The stack every row is costed in: megatron-core, not megatron-bridge-perf (the dense tables' stack): the MoE performance recipes differ per model in
 # what that profile changes (megatron-bridge 0.6.2 perf_recipes: qwen3_moe keeps _benchmark_common's bf16 gradient
 # reduction, Kimi K2 and GLM-5 set grad_reduce_in_fp32 back to True), so one profile cannot say it for every row
 MOE_STACK = "megatron-core"

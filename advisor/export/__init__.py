@@ -83,10 +83,10 @@ def stacks_launching(kind: str) -> list[str]:
     return [n for _, n in sorted((launch.index(kind), n) for launch, n in found if kind in launch)]
 
 
-def launching(kind: str, auto_choice: Stack) -> str:
+def launching(kind: str, auto_choice: Optional[Stack] = None) -> str:
     """The stack an export in ``kind`` is costed in when none was given: the auto rule's choice if it launches
-    ``kind``, else the shipped stack whose usual format ``kind`` is."""
-    if kind in auto_choice.launch:
+    ``kind``, else (or without one) the shipped stack whose usual format ``kind`` is."""
+    if auto_choice is not None and kind in auto_choice.launch:
         return auto_choice.name
     names = stacks_launching(kind)
     if not names:
@@ -102,10 +102,7 @@ def resolve_launch(kind: Optional[str], stack: Union[str, Stack, None]) -> tuple
     if stack is None or (isinstance(stack, str) and stack in ("auto", "any")):
         if kind is None:
             raise ExportError("no stack to take the launch format from: give --stack or --format")
-        names = stacks_launching(kind)
-        if not names:
-            raise ExportError(f"no stack profile launches {kind}: add it to a profile's launch: list")
-        return load_stack(names[0]), kind
+        return load_stack(launching(kind)), kind
     stack = load_stack(stack)
     formats = launch_formats(stack)
     if kind is None:
