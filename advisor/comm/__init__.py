@@ -44,11 +44,46 @@ def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardwar
     return out
 
 
+# From this many entries on, a collective is costed once per distinct (n, size, per_node) and the result scattered
+# back: a search's plans share a few hundred distinct collectives, and costing every entry (the size ramps' powers,
+# the network's algorithms) takes several times longer than finding the distinct ones.
+DISTINCT_FROM = 20000
+
+
 def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):
     """(seconds, path) where path is a key of PATH_NAMES: the link or the algorithm across nodes that ran it."""
     c = Collective(coll)
     n, S, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(size_bytes, dtype=float),
                                          np.asarray(per_node, dtype=float))
+    if n.size < DISTINCT_FROM:
+        return _costed(c, n, S, hw, per_node)
+    shape = n.shape
+    n, S, per_node = n.ravel(), S.ravel(), per_node.ravel()
+    rows, inverse = _distinct(n, S, per_node)
+    t, path = _costed(c, n[rows], S[rows], hw, per_node[rows])
+    return t[inverse].reshape(shape), path[inverse].reshape(shape)
+
+
+def _distinct(*cols: Any) -> tuple[Any, Any]:
+    """(rows, inverse): the index of one entry per distinct tuple of the 1-d ``cols``, and for every entry which of
+    those it equals. Neighbours are compared first (a search's enumeration repeats a collective over its innermost
+    choices), so that np.unique's sorts run on the heads of those runs only."""
+    new = np.zeros(len(cols[0]), dtype=bool)
+    new[0] = True
+    for x in cols:
+        new[1:] |= x[1:] != x[:-1]
+    heads = np.flatnonzero(new)
+    run = np.cumsum(new) - 1  # the run each entry belongs to
+    key = np.zeros(len(heads), dtype=np.int64)
+    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values
+        values, code = np.unique(x[heads], return_inverse=True)
+        key = key * len(values) + code
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return heads[first], inverse[run]
+
+
+def _costed(c: Collective, n: Any, S: Any, hw: Hardware, per_node: Any):
+    """collective_time_and_path on broadcast float arrays, entry by entry."""
     g, g_dom, k = network.domain_groups(n, per_node, hw)
     nodes = np.ceil(n / g)
     path = np.where(nodes > 1, network.IN_DOMAIN, network.IN_NODE)
