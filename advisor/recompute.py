@@ -57,13 +57,19 @@ def mix(recompute: Any, k: Any, layers: Any, v: Any, n_layers: int) -> Mix:
     """The policy of each plan as fractions of its stage's ``layers`` (``v`` virtual stages per rank)."""
     rc, k = np.asarray(recompute), np.maximum(np.asarray(k, dtype=float), 1.0)
     layers = np.maximum(np.asarray(layers, dtype=float), 1.0)
-    chunk = np.maximum(layers / np.asarray(v, dtype=float), 1.0)
-    block_k = np.minimum(k, chunk)
-    every = np.floor(n_layers / k) / n_layers
-    full = np.where(rc == Recompute.full.code, 1.0,
-                    np.where(rc == Recompute.block.code, block_k / chunk,
-                             np.where(rc == Recompute.every_k.code, every, 0.0)))
-    group = np.where(rc == Recompute.full.code, np.minimum(k, layers), 1.0)
+    shape = np.broadcast_shapes(rc.shape, k.shape, layers.shape, np.shape(v))
+    is_full = rc == Recompute.full.code
+    full = np.array(np.broadcast_to(np.where(is_full, 1.0, 0.0), shape))
+    # the block and every-k shares are computed only where some plan takes them: a search costs a million plans a
+    # second, and most of them run neither
+    block = np.broadcast_to(rc == Recompute.block.code, shape)
+    if block.any():
+        chunk = np.maximum(layers / np.asarray(v, dtype=float), 1.0)
+        full[block] = np.broadcast_to(np.minimum(k, chunk) / chunk, shape)[block]
+    every = np.broadcast_to(rc == Recompute.every_k.code, shape)
+    if every.any():
+        full[every] = np.broadcast_to(np.floor(n_layers / k) / n_layers, shape)[every]
+    group = np.where(is_full, np.minimum(k, layers), 1.0) if np.any(k > 1.0) else np.ones(shape)
     return Mix(full=full, group=group, selective=rc == Recompute.selective.code, offload=rc == Recompute.offload.code)
 
 

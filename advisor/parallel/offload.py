@@ -147,6 +147,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     if hw.host is None:
         return OffloadTime(zeros, zeros, zeros, zeros)
     opt, params, nvme = codes(c)
+    if not (opt.any() or params.any() or np.any(pol.offload)):  # nothing offloaded: every term below is 0
+        return OffloadTime(zeros, zeros, zeros, zeros)
     ga = np.asarray(c.grad_accum, dtype=float)
     host, ranks = hw.host, ranks_per_node(hw, mesh)
     shard = states.params / mesh.dp_shard
