@@ -76,10 +76,37 @@ def _distinct(*cols: Any) -> tuple[Any, Any]:
     run = np.cumsum(new) - 1  # the run each entry belongs to
     key = np.zeros(len(heads), dtype=np.int64)
     for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values
-        values, code = np.unique(x[heads], return_inverse=True)
-        key = key * len(values) + code
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        n_values, code = _codes(x[heads])
+        key = key * n_values + code
+    first, inverse = _first_of_each(key)
     return heads[first], inverse[run]
+
+
+# whole numbers below this are told apart by a look-up table rather than np.unique's sort (rank counts, the keys)
+TABLE_BELOW = 1 << 20
+
+
+def _codes(x: Any) -> tuple[int, Any]:
+    """(how many distinct values ``x`` holds, each entry's index among them in ascending order)."""
+    top = x.max(initial=0)
+    if x.min(initial=0) >= 0 and top < TABLE_BELOW and np.all(x == np.floor(x)):
+        present = np.zeros(int(top) + 1, dtype=bool)
+        at = x.astype(np.intp)
+        present[at] = True
+        return int(present.sum()), (np.cumsum(present) - 1)[at]
+    values, code = np.unique(x, return_inverse=True)
+    return len(values), code
+
+
+def _first_of_each(key: Any) -> tuple[Any, Any]:
+    """(the index of the first entry of each distinct integer ``key``, each entry's index among those)."""
+    if key.max(initial=0) < TABLE_BELOW:
+        first = np.full(int(key.max(initial=0)) + 1, len(key))
+        np.minimum.at(first, key, np.arange(len(key)))
+        present = first < len(key)
+        return first[present], (np.cumsum(present) - 1)[key]
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse
 
 
 def _costed(c: Collective, n: Any, S: Any, hw: Hardware, per_node: Any):
