@@ -133,12 +133,13 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
 
 
 def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any, layers: Any,
-              m: Optional[Mix] = None, in_flight: Any = None) -> tuple[MemoryBreakdown, Overhead]:
-    """The memory parts of each plan (``m``, ``in_flight``: its policy_mix and pipeline.in_flight_layers, where the
-    caller has them already)."""
+              m: Optional[Mix] = None, in_flight: Any = None,
+              saved: Optional[tuple[Any, Any]] = None) -> tuple[MemoryBreakdown, Overhead]:
+    """The memory parts of each plan (``m``, ``in_flight``, ``saved``: its policy_mix, pipeline.in_flight_layers and
+    saved_per_token under ``m``, where the caller has them already)."""
     t, pp = w.tables, mesh.pp
     m = policy_mix(w, c, mesh, layers) if m is None else m
-    kept, full = saved_per_token(w, c, mesh, m)
+    kept, full = saved_per_token(w, c, mesh, m) if saved is None else saved
     outside = t.saved_outside_layers * tokens
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2

@@ -174,7 +174,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                    np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master))),
         offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad,
         comm_cp=ga * layers * cp.layer_s if np.ndim(cp.layer_s) else np.zeros(len(c)))
-    memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers, pol, in_flight)
+    memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers, pol, in_flight, (kept, full))
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
