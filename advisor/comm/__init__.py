@@ -137,9 +137,18 @@ def algorithm_name(path: int, hw: Hardware) -> str:
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
     """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across the network every
     GPU of a stage sends at once, each on its own share of its node's NICs)."""
-    intra = link_time(Collective.send_recv, 2, size_bytes, hw.intra_node)
-    inter = link_time(Collective.send_recv, 2, size_bytes, hw.inter_node, 1.0 / hw.gpus_per_node)
-    return np.where(np.asarray(across_nodes, dtype=bool), inter, intra)
+    size, across = np.broadcast_arrays(np.asarray(size_bytes, dtype=float), np.asarray(across_nodes, dtype=float))
+    if size.size >= DISTINCT_FROM:  # as collective_time_and_path: each distinct message costed once
+        shape, size, across = size.shape, size.ravel(), across.ravel()
+        rows, inverse = _distinct(size, across)
+        return _p2p(size[rows], hw, across[rows])[inverse].reshape(shape)
+    return _p2p(size, hw, across)
+
+
+def _p2p(size: Any, hw: Hardware, across: Any) -> Any:
+    intra = link_time(Collective.send_recv, 2, size, hw.intra_node)
+    inter = link_time(Collective.send_recv, 2, size, hw.inter_node, 1.0 / hw.gpus_per_node)
+    return np.where(across.astype(bool), inter, intra)
 
 
 __all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
