@@ -60,12 +60,12 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
         return _costed(c, n, S, hw, per_node)
     shape = n.shape
     n, S, per_node = n.ravel(), S.ravel(), per_node.ravel()
-    rows, inverse = _distinct(n, S, per_node)
+    rows, inverse = distinct(n, S, per_node)
     t, path = _costed(c, n[rows], S[rows], hw, per_node[rows])
     return t[inverse].reshape(shape), path[inverse].reshape(shape)
 
 
-def _distinct(*cols: Any) -> tuple[Any, Any]:
+def distinct(*cols: Any) -> tuple[Any, Any]:
     """(rows, inverse): the index of one entry per distinct tuple of the 1-d ``cols``, and for every entry which of
     those it equals. Neighbours are compared first (a search's enumeration repeats a collective over its innermost
     choices), so that np.unique's sorts run on the heads of those runs only."""
@@ -76,9 +76,9 @@ def _distinct(*cols: Any) -> tuple[Any, Any]:
     heads = np.flatnonzero(new)
     run = np.cumsum(new) - 1  # the run each entry belongs to
     key = np.zeros(len(heads), dtype=np.int64)
-    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values
-        n_values, code = _codes(x[heads])
-        key = key * n_values + code
+    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values, renumbered
+        n_values, code = _codes(x[heads])  # column by column so that it never outgrows the number of runs
+        key = _codes(key * n_values + code)[1]
     first, inverse = _first_of_each(key)
     return heads[first], inverse[run]
 
@@ -90,7 +90,7 @@ TABLE_BELOW = 1 << 20
 def _codes(x: Any) -> tuple[int, Any]:
     """(how many distinct values ``x`` holds, each entry's index among them in ascending order)."""
     top = x.max(initial=0)
-    if x.min(initial=0) >= 0 and top < TABLE_BELOW and np.all(x == np.floor(x)):
+    if x.min(initial=0) >= 0 and top < TABLE_BELOW and (x.dtype.kind in "iu" or np.all(x == np.floor(x))):
         present = np.zeros(int(top) + 1, dtype=bool)
         at = x.astype(np.intp)
         present[at] = True
@@ -140,7 +140,7 @@ def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
     size, across = np.broadcast_arrays(np.asarray(size_bytes, dtype=float), np.asarray(across_nodes, dtype=float))
     if size.size >= DISTINCT_FROM:  # as collective_time_and_path: each distinct message costed once
         shape, size, across = size.shape, size.ravel(), across.ravel()
-        rows, inverse = _distinct(size, across)
+        rows, inverse = distinct(size, across)
         return _p2p(size[rows], hw, across[rows])[inverse].reshape(shape)
     return _p2p(size, hw, across)
 
@@ -152,4 +152,4 @@ def _p2p(size: Any, hw: Hardware, across: Any) -> Any:
 
 
 __all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
-           "link_time", "p2p_time", "startup"]
+           "distinct", "link_time", "p2p_time", "startup"]

@@ -97,12 +97,7 @@ def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: A
     spread back, since a search's ZeRO-3 plans share a handful of them (the search's speed)."""
     cols = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (tp, shard, per_node, weight_bytes, reduce_bytes,
                                                                       root_params)))
-    code = np.zeros(cols[0].size, dtype=np.int64)  # one integer per distinct row (1-D uniques sort fast)
-    for c in cols:
-        values, idx = np.unique(c.ravel(), return_inverse=True)
-        code = code * len(values) + idx.ravel()
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
+    first, inverse = comm.distinct(*(c.ravel() for c in cols))
     u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
     back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))
     return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
