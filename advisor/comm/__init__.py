@@ -74,13 +74,14 @@ def distinct(*cols: Any) -> tuple[Any, Any]:
     for x in cols:
         new[1:] |= x[1:] != x[:-1]
     heads = np.flatnonzero(new)
-    run = np.cumsum(new) - 1  # the run each entry belongs to
-    key = np.zeros(len(heads), dtype=np.int64)
-    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values, renumbered
-        n_values, code = _codes(x[heads])  # column by column so that it never outgrows the number of runs
-        key = _codes(key * n_values + code)[1]
+    key, n_keys = np.zeros(len(heads), dtype=np.int64), 1
+    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values
+        n_values, code = _codes(x[heads])
+        key, n_keys = key * n_values + code, n_keys * n_values
+        if n_keys >= TABLE_BELOW:  # renumbered, so that it never outgrows the number of runs
+            n_keys, key = _codes(key)
     first, inverse = _first_of_each(key)
-    return heads[first], inverse[run]
+    return heads[first], np.repeat(inverse, np.diff(heads, append=len(new)))  # each run's entries
 
 
 # whole numbers below this are told apart by a look-up table rather than np.unique's sort (rank counts, the keys)
