@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from advisor import finetune
+from advisor.distinct import on_distinct
 from advisor.hardware import Hardware
 from advisor.model.layer import DecoderLayer, Linear, keys_per_query
 from advisor.parallel import expert
@@ -251,6 +252,11 @@ class HeadTimes:
 
 def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
     """The logits GEMM is vocab-parallel under TP (Megatron); the loss moves the stack's bytes per logit."""
+    # costed once per distinct (tokens, tp): a search's plans share a few hundred
+    return HeadTimes(*on_distinct(lambda x, n: _head_times(w, x, n), tokens, tp))
+
+
+def _head_times(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     hw, h, vocab = w.hw, w.model.d_model, w.model.vocab
     t = w.tables
     # a recipe leaves the output layer in BF16 (advisor.precision); the legacy fp8-mixed ran it at its math
@@ -274,4 +280,4 @@ def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
     fwd = fwd + head_lora
     bwd = ((1.0 if frozen else 2.0) * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes)
            + (0.0 if frozen else emb_bwd) + 2.0 * head_lora)
-    return HeadTimes(fwd, bwd)
+    return fwd, bwd

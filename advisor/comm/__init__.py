@@ -17,6 +17,7 @@ import numpy as np
 
 from advisor.comm import network
 from advisor.comm.link import Collective, bus_factor, link_time, startup
+from advisor.distinct import DISTINCT_FROM, distinct
 from advisor.hardware import Hardware
 
 PATH_NAMES = {network.IN_NODE: "NVLink in one node", network.IN_DOMAIN: "NVLink domain across nodes",
@@ -45,10 +46,9 @@ def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardwar
     return out
 
 
-# From this many entries on, a collective is costed once per distinct (n, size, per_node) and the result scattered
-# back: a search's plans share a few hundred distinct collectives, and costing every entry (the size ramps' powers,
-# the network's algorithms) takes several times longer than finding the distinct ones.
-DISTINCT_FROM = 20000
+# From DISTINCT_FROM entries on, a collective is costed once per distinct (n, size, per_node) and the result
+# scattered back: a search's plans share a few hundred distinct collectives, and costing every entry (the size
+# ramps' powers, the network's algorithms) takes several times longer than finding the distinct ones.
 
 
 def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any):
@@ -63,52 +63,6 @@ def collective_time_and_path(coll: Collective | str, n: Any, size_bytes: Any, hw
     rows, inverse = distinct(n, S, per_node)
     t, path = _costed(c, n[rows], S[rows], hw, per_node[rows])
     return t[inverse].reshape(shape), path[inverse].reshape(shape)
-
-
-def distinct(*cols: Any) -> tuple[Any, Any]:
-    """(rows, inverse): the index of one entry per distinct tuple of the 1-d ``cols``, and for every entry which of
-    those it equals. Neighbours are compared first (a search's enumeration repeats a collective over its innermost
-    choices), so that np.unique's sorts run on the heads of those runs only."""
-    new = np.zeros(len(cols[0]), dtype=bool)
-    new[0] = True
-    for x in cols:
-        new[1:] |= x[1:] != x[:-1]
-    heads = np.flatnonzero(new)
-    key, n_keys = np.zeros(len(heads), dtype=np.int64), 1
-    for x in cols:  # the runs' tuples as one integer: mixed radix over each column's distinct values
-        n_values, code = _codes(x[heads])
-        key, n_keys = key * n_values + code, n_keys * n_values
-        if n_keys >= TABLE_BELOW:  # renumbered, so that it never outgrows the number of runs
-            n_keys, key = _codes(key)
-    first, inverse = _first_of_each(key)
-    return heads[first], np.repeat(inverse, np.diff(heads, append=len(new)))  # each run's entries
-
-
-# whole numbers below this are told apart by a look-up table rather than np.unique's sort (rank counts, the keys)
-TABLE_BELOW = 1 << 20
-
-
-def _codes(x: Any) -> tuple[int, Any]:
-    """(how many distinct values ``x`` holds, each entry's index among them in ascending order)."""
-    top = x.max(initial=0)
-    if x.min(initial=0) >= 0 and top < TABLE_BELOW and (x.dtype.kind in "iu" or np.all(x == np.floor(x))):
-        present = np.zeros(int(top) + 1, dtype=bool)
-        at = x.astype(np.intp)
-        present[at] = True
-        return int(present.sum()), (np.cumsum(present) - 1)[at]
-    values, code = np.unique(x, return_inverse=True)
-    return len(values), code
-
-
-def _first_of_each(key: Any) -> tuple[Any, Any]:
-    """(the index of the first entry of each distinct integer ``key``, each entry's index among those)."""
-    if key.max(initial=0) < TABLE_BELOW:
-        first = np.full(int(key.max(initial=0)) + 1, len(key))
-        np.minimum.at(first, key, np.arange(len(key)))
-        present = first < len(key)
-        return first[present], (np.cumsum(present) - 1)[key]
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return first, inverse
 
 
 def _costed(c: Collective, n: Any, S: Any, hw: Hardware, per_node: Any):
@@ -153,4 +107,4 @@ def _p2p(size: Any, hw: Hardware, across: Any) -> Any:
 
 
 __all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
-           "distinct", "link_time", "p2p_time", "startup"]
+           "link_time", "p2p_time", "startup"]

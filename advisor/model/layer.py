@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
+import numpy as np
+
+from advisor.distinct import on_distinct
+
 
 class MLPKind(str, Enum):
     gelu = "gelu"  # fc -> activation -> proj: two linears (GPT-2, BLOOM, Falcon, GPT-NeoX, MPT; any activation)
@@ -217,6 +221,11 @@ class DecoderLayer:
         for lin in self.linears:
             out[lin.module] = out.get(lin.module, 0) + lin.rank_weights(tp)
         return out
+
+    def largest_module_weights(self, tp: Any) -> Any:
+        """The weight elements of the largest sub-module on one TP rank (costed once per distinct tp: a search passes
+        a few over many plans)."""
+        return on_distinct(lambda t: np.maximum.reduce(list(self.rank_module_weights(t).values())), tp)
 
     def rank_params(self, tp: Any) -> Any:
         """Parameters one TP rank holds: split linears' share and replicated linears whole; biases and norms

@@ -117,7 +117,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
     # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
     # weights this GPU does not already hold
-    unit = p_layer if eng.zero3_gathered == "layer" else np.maximum.reduce(list(w.layer.rank_module_weights(tp).values()))
+    unit = p_layer if eng.zero3_gathered == "layer" else w.layer.largest_module_weights(tp)
     gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter

@@ -35,6 +35,7 @@ import numpy as np
 from advisor import comm
 from advisor.comm import Collective
 from advisor.compute import LayerTimes
+from advisor.distinct import distinct
 from advisor.model.layer import Split
 from advisor.stack import Zero3Calls
 from advisor.units import us
@@ -97,7 +98,7 @@ def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: A
     spread back, since a search's ZeRO-3 plans share a handful of them (the search's speed)."""
     cols = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (tp, shard, per_node, weight_bytes, reduce_bytes,
                                                                       root_params)))
-    first, inverse = comm.distinct(*(c.ravel() for c in cols))
+    first, inverse = distinct(*(c.ravel() for c in cols))
     u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
     back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))
     return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
