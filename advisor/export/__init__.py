@@ -45,6 +45,7 @@ from advisor.export.common import (
 )
 from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, deepspeed_dict
 from advisor.export.foundry import foundry_config, foundry_dict
+from advisor.export.litgpt import litgpt_config, litgpt_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import torchtitan_args, torchtitan_config
@@ -57,12 +58,13 @@ __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
            "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config",
-           "foundry_config", "foundry_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
+           "foundry_config", "foundry_dict", "litgpt_config", "litgpt_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry")
+KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry", "litgpt")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
              "megatron-bridge": bridge_config,
-             "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config}
+             "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config,
+             "litgpt": litgpt_config}
 
 
 def launch_formats(stack: Stack) -> tuple[str, ...]:

@@ -102,13 +102,15 @@ class Run:
 
 
 def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-           world_size: int) -> str:
-    """One line saying what was exported: model, plan, GPUs and the batch, as every format's first comment."""
+           world_size: int, peft: bool = True) -> str:
+    """One line saying what was exported: model, plan, GPUs and the batch, as every format's first comment; with
+    ``peft``, what a LoRA/QLoRA script must build (a format that writes its own adapters says method= only)."""
+    method = (finetune_note(setup) if peft else f"method={setup.finetune.method}") if setup.finetune.adapters else ""
     return (f"advisor export: {model.name}, {plan.label()} on {world_size} GPUs ({hw.name}); "
             f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
             f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
             f"precision={setup.precision.value} recompute={setup.recompute}"
-            + (f"; {finetune_note(setup)}" if setup.finetune.adapters else "")
+            + (f"; {method}" if method else "")
             + (f"; stack {setup.stack}" if setup.stack not in ("auto", "any") else ""))
 
 
