@@ -12,6 +12,7 @@ import sys
 import click
 
 from advisor.cli_options import common_plan_options, single_plan_options
+from advisor.export import KINDS as EXPORT_KINDS  # `plan --export` offers what `export --format` does
 
 EXIT_USAGE = 2
 
@@ -82,7 +83,7 @@ def estimate(as_json: bool, **kw) -> None:
 @click.option("--objective", type=click.Choice(["time", "throughput", "memory", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="also show rejected plans counted by reason")
-@click.option("--export", "export_kind", type=click.Choice(["accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry"]),
+@click.option("--export", "export_kind", type=click.Choice(EXPORT_KINDS),
               default=None, help="write the launch config of the top plan, in a format its stack launches")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="write the ranking (or with --export the launch config) to this file instead of stdout; - is stdout")

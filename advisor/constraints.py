@@ -25,14 +25,17 @@ ADAPTERS = "LoRA/QLoRA are costed with data parallelism only (DDP, ZeRO, FSDP): 
 
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
-               stack: Optional[Stack] = None, seq_len: Optional[int] = None, eager: bool = False) -> dict[str, Any]:
+               stack: Optional[Stack] = None, seq_len: Optional[int] = None, eager: bool = False,
+               layout_only: bool = False) -> dict[str, Any]:
     """Constraint name -> boolean array, True where the plan breaks it (short reasons users see); with a stack,
-    also the plan features it does not run; with the sequence length, context parallelism's chunking."""
+    also the plan features it does not run; with the sequence length, context parallelism's chunking.
+    ``layout_only``: ``c`` holds layouts with placeholders for the rest (advisor.space.pair_violations): the reasons
+    that depend on the rest are kept, all False, so that the keys are those of a full check, in its order."""
     ones = np.ones(len(c), dtype=bool)
     # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
-           **expert.violations(c, model), **(stack_violations(c, stack) if stack is not None else {})}
+           **expert.violations(c, model), **(stack_violations(c, stack, layout_only) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -53,8 +56,9 @@ def features(c: Candidates) -> dict[str, Any]:
             "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 
 
-def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
-    """The plan features the stack does not run, and selective recomputation where it offers none."""
+def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> dict[str, Any]:
+    """The plan features the stack does not run, and selective recomputation where it offers none; a stack that runs
+    several devices only sharded and checkpointed (engine.distributed), the rest (not where ``layout_only``)."""
     used = features(c)
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
     if stack.engine.selective is None:
@@ -72,6 +76,11 @@ def stack_violations(c: Candidates, stack: Stack) -> dict[str, Any]:
             out[f"{stack.name} does not run the {sched.value} schedule"] = c.schedule == sched.code
     if PipelineSplit.edges.value not in eng.pipeline_splits:
         out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
+    if eng.distributed == "fsdp_checkpointed":
+        many = (np.asarray(c.dp) > 1) & (not layout_only)
+        out[f"{stack.name} runs several devices only sharded (ZeRO-3 / FSDP)"] = many & (np.asarray(c.zero) < 3)
+        out[f"{stack.name} checkpoints every layer on several devices and none on one"] = (not layout_only) & np.where(
+            many, c.recompute != Recompute.full.code, c.recompute != Recompute.none.code)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 

@@ -134,6 +134,10 @@ class Engine(Spec):
         default=None, description="under every low-precision recipe the linears keep their inputs for backward "
                                   "quantised (Transformer Engine); None: only where the recipe itself does (advisor."
                                   "precision saves_quantised_inputs)")
+    distributed: Literal["any", "fsdp_checkpointed"] = Field(
+        default="any", description="the plans it runs on several devices: any it offers, or only sharding every unit "
+        "(ZeRO-3 / FSDP) with every layer checkpointed, and on one device none checkpointed (litgpt's fine-tuning "
+        "scripts)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]

@@ -230,7 +230,7 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
                    dp_kind=np.zeros(n, int), overlap=np.ones(n, bool), micro_batch=np.ones(n, int),
                    grad_accum=np.ones(n, int), recompute=np.zeros(n, int), allow_tp_across_nodes=allow_tp_across_nodes,
                    cp=cp_a, cp_comm=kind_a, pp_split=split_a)
-    return violations(c, spec, hw, world, stack, seq_len, eager)
+    return violations(c, spec, hw, world, stack, seq_len, eager, layout_only=True)
 
 
 def with_experts(c: Candidates, model: ModelSpec) -> Candidates:

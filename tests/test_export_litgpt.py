@@ -63,11 +63,13 @@ def test_the_config_says_the_plan(case):
 
 
 @pytest.mark.parametrize("case,plan_kw,setup_kw,message", [
-    ("qlora-1gpu", dict(dp=2), dict(), "quantises only on one device"),
+    # the stack's own rules (stack_profiles/litgpt.yaml engine: distributed, offers), checked before the format's
+    ("qlora-1gpu", dict(dp=2), dict(), "litgpt runs several devices only sharded"),
+    ("qlora-1gpu", dict(dp=2, zero=3), dict(recompute="full"), "quantises only on one device"),
     ("qlora-1gpu", {}, dict(precision="bf16-mixed"), "only under a -true precision"),
-    ("qlora-1gpu", {}, dict(recompute="full"), "only on several devices"),
-    ("lora-4gpu-fsdp", {}, dict(recompute="none"), "use --recompute full"),
-    ("lora-4gpu-fsdp", dict(zero=1), {}, "--zero 3, not ZeRO-1"),
+    ("qlora-1gpu", {}, dict(recompute="full"), "checkpoints every layer on several devices and none on one"),
+    ("lora-4gpu-fsdp", {}, dict(recompute="none"), "checkpoints every layer on several devices and none on one"),
+    ("lora-4gpu-fsdp", dict(zero=1), {}, "litgpt does not run ZeRO-1"),
     ("lora-4gpu-fsdp", dict(dp=2, tp=2), {}, "data parallelism only"),
     ("lora-4gpu-fsdp", {}, dict(targets="q_proj,v_proj,up_proj"), "lora_mlp adapts every MLP linear"),
     ("lora-4gpu-fsdp", {}, dict(lora_alpha=12.5), "lora_alpha is an integer"),
@@ -108,3 +110,22 @@ def test_litgpts_own_parser_reads_the_config(case, tmp_path):
     for key, value in written.items():
         if key != "train":
             assert (str(cfg[key]) if key in ("checkpoint_dir", "out_dir") else cfg[key]) == value, key
+
+
+@pytest.mark.parametrize("gpus, method", [(1, "qlora"), (4, "lora")])
+def test_the_search_under_litgpt_proposes_only_what_litgpt_runs_and_its_top_plan_exports(gpus, method):
+    """stack_profiles/litgpt.yaml: engine.distributed fsdp_checkpointed, offers ddp and zero3 only: on one GPU
+    no checkpointing, on several ZeRO-3 with every layer checkpointed; the search's first plan exports as is."""
+    from advisor import plan as search
+
+    res = search("llama2-7b", A100, gpus=gpus, stack="litgpt", seq=1304, global_batch=16, precision="bf16",
+                 method=method, lora_library="litgpt", top=50)
+    assert res.plans
+    for row in res.plans:
+        e = row.estimate
+        assert (e.plan.zero, e.setup.recompute.value) == ((0, "none") if gpus == 1 else (3, "full"))
+        assert e.plan.tp == e.plan.pp == e.plan.cp == 1
+    top = res.plans[0].estimate
+    grad_accum, _ = resolve_grad_accum(top.setup, top.plan)
+    out = export("litgpt", load_model("llama2-7b"), load_hardware(A100), top.plan, top.setup, grad_accum, gpus)
+    assert yaml.safe_load(out.text)["devices"] == gpus
