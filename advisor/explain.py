@@ -163,11 +163,14 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         best_other = min((t for k, t in best_by_kind.items() if k != "cp"), default=None)
         if best_other and best_other > e.step_time_s:
             words.append(f"the best plan without CP takes {best_other:.3g} s (+{100 * (best_other / e.step_time_s - 1):.1f}%)")
-    if first == "ddp" and kind == "zero":
+    rule = {"ddp": "DDP first", "pp": "PP first without NVLink", "3d": "DP+PP+TP+ZeRO-1 on a slow network"}
+    overruled = ((first == "ddp" and kind == "zero") or (first == "pp" and kind in ("tp", "zero"))
+                 or (first == "3d" and kind in ("zero", "ddp")))
+    if overruled and first not in best_by_kind:  # the rule's kind has no plan the stack runs that fits: nothing overruled
+        words.append(f"the rule of thumb ({rule[first]}) has no {KIND_NAMES[first]} plan that runs and fits here")
+    elif overruled and first == "ddp":
         why = "sharding the optimizer step saves more than the extra collectives cost on this link"
         words.append(f"overrules the rule of thumb (DDP first): {why}{versus('ddp')}")
-    elif first == "pp" and kind in ("tp", "zero"):
-        words.append(f"overrules the rule of thumb (PP first without NVLink){versus('pp')}")
-    elif first == "3d" and kind in ("zero", "ddp"):
-        words.append(f"overrules the rule of thumb (DP+PP+TP+ZeRO-1 on a slow network){versus('3d')}")
+    elif overruled:
+        words.append(f"overrules the rule of thumb ({rule[first]}){versus(first)}")
     return "; ".join(words)

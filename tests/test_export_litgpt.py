@@ -126,6 +126,8 @@ def test_the_search_under_litgpt_proposes_only_what_litgpt_runs_and_its_top_plan
         assert (e.plan.zero, e.setup.recompute.value) == ((0, "none") if gpus == 1 else (3, "full"))
         assert e.plan.tp == e.plan.pp == e.plan.cp == 1
     top = res.plans[0].estimate
+    if gpus > 1:  # the rule of thumb's DDP is not a plan litgpt runs: the reason does not claim to overrule it
+        assert "has no DDP plan that runs and fits here" in res.plans[0].reason and "overrules" not in res.plans[0].reason
     grad_accum, _ = resolve_grad_accum(top.setup, top.plan)
     out = export("litgpt", load_model("llama2-7b"), load_hardware(A100), top.plan, top.setup, grad_accum, gpus)
     assert yaml.safe_load(out.text)["devices"] == gpus

@@ -25,7 +25,8 @@ CHANGED: dict[str, str] = {
     # both goldens re-recorded 2026-11-28 (git log tests/golden): the Megatron-Bridge tables costed in
     # megatron-bridge-perf, Blackwell Ultra's GEMM rates measured on a B300, Transformer Engine's weight casts once a
     # step, the perf recipes' NVFP4 without BF16 edge layers; ring context parallelism's merge kernels (a CP=2 plan
-    # no longer ties a data-parallel one and wins it on its label)
+    # no longer ties a data-parallel one and wins it on its label); a plan's reason no longer says it overrules a rule
+    # of thumb whose kind has no plan that runs and fits
 }
 
 # The kernel style ("framework" in a plan's setup, "kernels" for a whole search) became the training stack the
