@@ -247,8 +247,10 @@ _register_commands()
 
 def main(argv=None) -> None:
     """Entry point: one-line errors with exit code 2 for bad input; --debug shows tracebacks."""
+    from advisor import allocator
     from advisor.errors import AdvisorError
 
+    allocator.tune()  # the search's temporaries reused, not page-faulted in anew (advisor/allocator.py)
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:

@@ -11,6 +11,7 @@ import time
 
 
 def main() -> None:
+    from advisor import allocator
     from advisor.hardware import load_hardware
     from advisor.model import load_model
     from advisor.search import plan
@@ -27,7 +28,10 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--stack", default="megatron-deepspeed", help="a stack, or any (every stack describing the model)")
+    ap.add_argument("--untuned", action="store_true", help="leave glibc's allocator as it is (the CLI tunes it: "
+                    "advisor/allocator.py)")
     a = ap.parse_args()
+    tuned = False if a.untuned else allocator.tune()  # as `advisor` does at start
     m, hw = load_model(a.model), load_hardware(a.hw)
     t0 = time.perf_counter()
     res = plan(m, hw, gpus=a.gpus, global_batch=a.global_batch, seq=a.seq, stack=a.stack)
@@ -45,7 +49,8 @@ def main() -> None:
         best = min(best, time.perf_counter() - t0)
     fit_rejected = res.rejected.get("does not fit in memory", 0)
     evaluated = res.candidates - sum(res.rejected.values()) + fit_rejected
-    print(f"{a.model} on {a.gpus}x {a.hw}, stacks {', '.join(s.name for s in res.stacks)}:")
+    print(f"{a.model} on {a.gpus}x {a.hw}, stacks {', '.join(s.name for s in res.stacks)} "
+          f"(allocator {'tuned as the CLI tunes it' if tuned else 'as the system set it'}):")
     print(f"  advisor plan: {t_plan:.3f} s wall; {res.candidates:,} candidates considered, {evaluated:,} of them "
           "costed (the others break a constraint, most counted without being built)")
     print(f"  evaluate() alone on every candidate (constraints not applied): {n:,} in {best * 1e3:.1f} ms "

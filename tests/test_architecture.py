@@ -170,3 +170,16 @@ def test_every_package_ships():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "advisor").rglob("__init__.py")}
     assert found - listed == set()
+
+
+def test_the_cli_tunes_glibcs_allocator_once():
+    """advisor/allocator.py: on glibc, mallopt takes the three settings (1 = success) and a second call does nothing
+    more; elsewhere the allocator is left as it is."""
+    import platform
+    import sys
+
+    from advisor import allocator
+
+    first = allocator.tune()
+    assert allocator.tune() is first and len(allocator._done) == 1
+    assert first == (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc")
