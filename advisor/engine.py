@@ -130,6 +130,10 @@ class Engine(Spec):
                                                  "stack runs in BF16 (Megatron's first_last_layers_bf16 with "
                                                  "num_layers_at_start_in_bf16 / _at_end_); None: the recipe's own "
                                                  "(advisor.precision)")
+    tp_gathers_quantised: bool = Field(
+        default=False, description="under a low-precision recipe with sequence parallelism the layers' all-gathers "
+                                   "(a column-parallel input, a row-parallel output gradient) carry the recipe's "
+                                   "quantised bytes (Transformer Engine), not the activations' dtype")
     quantised_inputs: Optional[QuantisedInputs] = Field(
         default=None, description="under every low-precision recipe the linears keep their inputs for backward "
                                   "quantised (Transformer Engine); None: only where the recipe itself does (advisor."

@@ -26,7 +26,8 @@ CHANGED: dict[str, str] = {
     # megatron-bridge-perf, Blackwell Ultra's GEMM rates measured on a B300, Transformer Engine's weight casts once a
     # step, the perf recipes' NVFP4 without BF16 edge layers; ring context parallelism's merge kernels (a CP=2 plan
     # no longer ties a data-parallel one and wins it on its label); a plan's reason no longer says it overrules a rule
-    # of thumb whose kind has no plan that runs and fits
+    # of thumb whose kind has no plan that runs and fits; Transformer Engine's sequence-parallel all-gathers in the
+    # recipe's format (validate only)
 }
 
 # The kernel style ("framework" in a plan's setup, "kernels" for a whole search) became the training stack the

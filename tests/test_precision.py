@@ -384,3 +384,41 @@ def test_megatron_bridge_perf_runs_every_layer_in_the_recipe():
     faster = [estimate("llama3-70b", "gb200-nvl72", gpus=64, tp=2, pp=4, dp=8, micro_batch=1, global_batch=256,
                        precision="nvfp4", stack=s).step_time_s for s in ("megatron-core", _engine("megatron-core", bf16_edge_layers=0))]
     assert faster[1] < faster[0]
+
+
+def test_transformer_engine_gathers_sequence_parallel_inputs_in_the_recipes_format():
+    """TE 2.10 (module/linear.py, base.py grad_output_preprocess): under sequence parallelism a column-parallel input
+    and a row-parallel output gradient are quantised, then all-gathered; the reduce-scatters stay in bf16. FP8
+    current scaling stores 1 byte an element (0.5 of bf16), NVFP4 0.5 + 1/16 (0.28125), megatron-core's NVFP4 keeping
+    one BF16 layer at each end of Llama 3 70B's 80; torchtitan (torchao) gathers bf16 (engine.tp_gathers_quantised)."""
+    import numpy as np
+
+    from advisor import comm
+    from advisor.candidates import Candidates, Mesh
+    from advisor.comm import Collective
+    from advisor.layout import Plan
+    from advisor.model import load_model
+    from advisor.parallel import tensor
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    model, hw = load_model("llama3-70b"), load_hardware("gb200-nvl72")
+    def wl(stack, precision):
+        return Workload.of(model, hw, _engine(stack), TrainingSetup(precision=precision, seq_len=8192))
+    assert tensor.gathered_bytes_ratio(wl("megatron-core", "fp8-tensorwise")) == (0.5, 0.5)
+    share = 2 / 80
+    assert tensor.gathered_bytes_ratio(wl("megatron-core", "nvfp4")) == pytest.approx(
+        (share + (1 - share) * 0.28125,) * 2, rel=1e-12)
+    assert tensor.gathered_bytes_ratio(wl("megatron-bridge-perf", "nvfp4")) == (0.28125, 0.28125)
+    assert tensor.gathered_bytes_ratio(wl("torchtitan", "fp8-tensorwise")) == (1.0, 1.0)
+    assert tensor.gathered_bytes_ratio(wl("megatron-core", "bf16-mixed")) == (1.0, 1.0)
+    # one layer's collective under TP 4 + SP, 8,192 tokens: a reduce-scatter in bf16 and an all-gather of half the bytes
+    w = wl("megatron-core", "fp8-tensorwise")
+    plan, setup = Plan(tp=4, sp=True, dp=1), TrainingSetup(precision="fp8-tensorwise", seq_len=8192)
+    c = Candidates.of_plan(plan, setup, 1)
+    mesh = Mesh.of(c, hw.gpus_per_node, hw.domain_gpus)
+    t = tensor.time(w, c, mesh, 8192.0, 20.0)
+    act = 8192 * 8192 * 2.0
+    expect = (comm.collective_time(Collective.reduce_scatter, 4, act, hw, mesh.tp_per_node)
+              + comm.collective_time(Collective.all_gather, 4, act / 2, hw, mesh.tp_per_node))
+    assert float(np.ravel(t.per_layer_collective_s)[0]) == pytest.approx(float(np.ravel(expect)[0]), rel=1e-12)

@@ -14,6 +14,12 @@ token (max, target logit, sum of exp).
 
 TP groups stay inside an NVLink domain (the search's constraint: a node, or an NVL72 rack of 18 trays): the
 collectives run on the NVLink link (advisor.comm).
+
+Under a low-precision recipe with sequence parallelism, Transformer Engine quantises before it gathers: a
+column-parallel linear's input and a row-parallel linear's output gradient are all-gathered in the recipe's format
+(TE 2.10 module/linear.py: input_quantizer(inputmat) then gather_along_first_dim(..., quantizer=...);
+module/base.py grad_output_preprocess: gather_along_first_dim(grad_output, quantizer=...)), the reduce-scatters
+stay in the activations' dtype. Which stacks do so is their profile's ``engine.tp_gathers_quantised``.
 """
 
 from __future__ import annotations
@@ -81,18 +87,35 @@ def activation_bytes(w: Workload, tokens: Any) -> Any:
     return tokens * w.model.d_model * w.act_bytes
 
 
+def gathered_bytes_ratio(w: Workload) -> tuple[float, float]:
+    """(forward, backward) bytes of a layer's sequence-parallel all-gathers over their activation-dtype bytes: the
+    recipe's stored bytes where the stack quantises before gathering and the pass runs low (module docstring), the
+    BF16 edge layers at 1, as a mean over the layers."""
+    r = w.precision.recipe
+    if r is None or not w.stack.engine.tp_gathers_quantised:
+        return 1.0, 1.0
+    low = r.stored_bytes / w.act_bytes
+    share = w.bf16_share
+    return tuple(share + (1.0 - share) * (low if r.runs_low(p) else 1.0) for p in ("fprop", "dgrad"))
+
+
 def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> TensorParallelTime:
     hw, tp, sp = w.hw, mesh.tp, np.asarray(c.sp, dtype=bool)
     on = tp > 1
     act = activation_bytes(w, tokens)
     ar = comm.collective_time(Collective.all_reduce, tp, act, hw, mesh.tp_per_node, where=on & ~sp)
-    ag_rs = (comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp)
-             + comm.collective_time(Collective.reduce_scatter, tp, act, hw, mesh.tp_per_node, where=on & sp))
-    per = np.where(sp, ag_rs, ar)
+    rs = comm.collective_time(Collective.reduce_scatter, tp, act, hw, mesh.tp_per_node, where=on & sp)
+    ag_rs = comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp) + rs
+    # the layers' gathers, quantised where the stack gathers in the recipe's format: a forward and a backward one each
+    # per sub-block, taken as their mean
+    f, b = gathered_bytes_ratio(w)
+    layer_ag_rs = ag_rs if f == b == 1.0 else rs + 0.5 * sum(
+        comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp) for x in (f, b))
+    per = np.where(sp, layer_ag_rs, ar)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES
     loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
                               layers_s=np.where(on, layers * n * per, 0.0),
                               embedding_s=np.where(on, np.where(sp, 0.5 * ag_rs, ar), 0.0),
-                              lm_head_s=np.where(on, per, 0.0), loss_s=np.where(on, loss, 0.0))
+                              lm_head_s=np.where(on, np.where(sp, ag_rs, ar), 0.0), loss_s=np.where(on, loss, 0.0))
