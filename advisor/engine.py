@@ -165,3 +165,10 @@ class Engine(Spec):
                                                       "(the embedding and the loss counted as layers)")
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
         default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")
+
+    def edge_layers_in_bf16(self, recipe) -> int:
+        """Decoder layers at each end run in BF16 under ``recipe`` (an advisor.precision Recipe; None: 0): this
+        profile's ``bf16_edge_layers`` where it states one, else the recipe's own."""
+        if recipe is None:
+            return 0
+        return recipe.bf16_edge_layers if self.bf16_edge_layers is None else self.bf16_edge_layers

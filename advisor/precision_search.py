@@ -49,14 +49,13 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
             ranked.append((name, res, err or "no plan fits"))
             continue
         r = recipe(name)
-        own = load_stack(e.stack).engine.bf16_edge_layers  # the stack's first/last BF16 layers, where it says
-        edges = (r.bf16_edge_layers if own is None else own) if r is not None else 0
-        what = ("every GEMM in " + name) if r is None else (
-            f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
-            + (f", {edges} layer at each end in BF16" if edges else "")
-            + "; attention and the output layer in BF16")
-        if r is not None and res is not None:
-            what += f"; casts {100 * _cast_share(res, e):.1f}% of the step"
+        what = "every GEMM in " + name
+        if r is not None:  # the best plan's workload: its stack's BF16 edge layers and its casts' share
+            w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
+            edges = w.bf16_edge_layers
+            what = (f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
+                    + (f", {edges} layer at each end in BF16" if edges else "")
+                    + f"; attention and the output layer in BF16; casts {100 * _cast_share(w, res, e):.1f}% of the step")
         vs = ""
         if base is not None and name != runs[0][0]:
             vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
@@ -67,11 +66,10 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
     return top, ranked
 
 
-def _cast_share(res: PlanSearch, e) -> float:
+def _cast_share(w: Workload, res: PlanSearch, e) -> float:
     """The share of a plan's step its recipe's quantisation kernels take (every layer of every micro-batch, one TP
-    rank, recomputation aside), from advisor.compute.cast_seconds."""
+    rank, recomputation aside), from advisor.compute.cast_seconds; ``w``: the plan's workload."""
     from advisor.compute import cast_seconds
 
-    w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
     per_layer = float(cast_seconds(w, e.setup.micro_batch * e.setup.seq_len, e.plan.tp))
     return per_layer * res.model_spec.n_layers / e.plan.pp * e.grad_accum / e.step_time_s

@@ -75,11 +75,7 @@ class Workload:
     def bf16_edge_layers(self) -> int:
         """Decoder layers at each end run in BF16 under the run's low-precision recipe: the stack's choice where its
         profile states one, else the recipe's (0 without a recipe)."""
-        r = self.precision.recipe
-        if r is None:
-            return 0
-        own = self.stack.engine.bf16_edge_layers
-        return r.bf16_edge_layers if own is None else own
+        return self.stack.engine.edge_layers_in_bf16(self.precision.recipe)
 
     @property
     def bf16_share(self) -> float:

@@ -189,7 +189,7 @@ def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
             raise ExportError(f"--precision {p.value}: Megatron-Bridge has no matching mixed-precision recipe "
                               f"(torchao's): pick one of {', '.join(BRIDGE_RECIPES)} or --format megatron")
         name, edges, quantised, extra = BRIDGE_RECIPES[p.value]
-        costed = p.recipe.bf16_edge_layers if eng.bf16_edge_layers is None else eng.bf16_edge_layers
+        costed = eng.edge_layers_in_bf16(p.recipe)
         if edges != costed:
             if p.value == "nvfp4":  # the model's layers would differ from the estimate's, not only a note's worth
                 raise ExportError(f"--precision nvfp4: {name} runs every layer in NVFP4, the estimate ({stack.name}) "
