@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from advisor.export.common import (
     GRADIENT_CLIP,
     RDZV_PORT,
@@ -21,6 +19,7 @@ from advisor.export.common import (
     Precision,
     TrainingSetup,
     check,
+    commented_yaml,
     header,
     node_layout,
 )
@@ -128,6 +127,4 @@ def accelerate_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Trainin
         head.append("# machine_rank and main_process_ip are placeholders: the command-line flags above override them")
     head.append(f"# the script's dataloader batch size per process = micro_batch = {setup.micro_batch}; "
                 f"Accelerator(gradient_accumulation_steps={grad_accum})")
-    body = yaml.safe_dump(cfg, sort_keys=False, width=100)
-    tail = "".join(f"# note: {n}\n" for n in notes)  # what the file alone cannot do: said in it, not only on stderr
-    return Exported("accelerate_config.yaml", "\n".join(head) + "\n" + body + tail, tuple(notes))
+    return commented_yaml("accelerate_config.yaml", head, cfg, notes)

@@ -19,7 +19,7 @@ from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
 
 __all__ = ["GRADIENT_CLIP", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "Run", "TrainingSetup",
-           "check", "global_batch", "header", "node_layout"]
+           "check", "commented_yaml", "global_batch", "header", "node_layout"]
 
 RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port
 GRADIENT_CLIP = 1.0  # Megatron-LM's --clip-grad default; written into DeepSpeed too so both clip alike
@@ -71,6 +71,16 @@ def check(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad
     if (setup.grad_accum is not None or setup.global_batch is not None) and resolved != grad_accum:
         raise ExportError(f"grad_accum={grad_accum} disagrees with the setup's batch ({resolved})")
     node_layout(hw, world_size)
+
+
+def commented_yaml(filename: str, head: list[str], mapping: dict, notes: list[str]) -> Exported:
+    """A YAML launch config: the comment lines ``head`` (each with its "# "), the mapping in key order, then every
+    note as a comment (what the file alone cannot do: said in it, not only on stderr)."""
+    import yaml
+
+    body = yaml.safe_dump(mapping, sort_keys=False, width=100)
+    tail = "".join(f"# note: {n}\n" for n in notes)
+    return Exported(filename, "\n".join(head) + "\n" + body + tail, tuple(notes))
 
 
 def global_batch(plan: Plan, setup: TrainingSetup, grad_accum: int) -> int:

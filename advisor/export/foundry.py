@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import yaml
-
-from advisor.export.common import Exported, ExportError, Precision, Run, check, header, node_layout
+from advisor.export.common import Exported, ExportError, Precision, Run, check, commented_yaml, header, node_layout
 from advisor.model import MLPKind, NormKind, PositionKind
 
 PRECISION = {Precision.fp32: "fp32", Precision.bf16_mixed: "amp_bf16", Precision.fp16_mixed: "amp_fp16",
@@ -120,6 +118,4 @@ def foundry_config(model, hw, plan, setup, grad_accum: int, world_size: int) -> 
             f"# launch (llm-foundry scripts/train): {launch}",
             "# tokenizer, train_loader, optimizer, scheduler and max_duration are placeholders "
             "(llm-foundry's yamls/pretrain/mpt-125m.yaml): yours"]
-    body = yaml.safe_dump(cfg, sort_keys=False, width=100)
-    tail = "".join(f"# note: {n}\n" for n in notes)
-    return Exported("train.yaml", "\n".join(head) + "\n" + body + tail, tuple(notes))
+    return commented_yaml("train.yaml", head, cfg, notes)

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from advisor.export.common import Exported, ExportError, Precision, Run, check, header, node_layout
+from advisor.export.common import Exported, ExportError, Precision, Run, check, commented_yaml, header, node_layout
 from advisor.finetune import Library, Method, Quant
 
 # Lightning Fabric's precision names (lightning/fabric/connector.py _PRECISION_INPUT) for advisor's precisions
@@ -132,6 +130,4 @@ def litgpt_config(model, hw, plan, setup, grad_accum: int, world_size: int) -> E
             f"# launch: litgpt {command} --config {name}.yaml (litgpt 0.5.13; on several nodes, on each)",
             "# checkpoint_dir is a placeholder (`litgpt download <repo id>` writes checkpoints/<repo id>); data is "
             "litgpt's default (Alpaca): --data to change it"]
-    body = yaml.safe_dump(cfg, sort_keys=False, width=100)
-    tail = "".join(f"# note: {n}\n" for n in notes)
-    return Exported(f"{name}.yaml", "\n".join(head) + "\n" + body + tail, tuple(notes))
+    return commented_yaml(f"{name}.yaml", head, cfg, notes)
