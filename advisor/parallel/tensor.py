@@ -109,8 +109,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> Te
     # the layers' gathers, quantised where the stack gathers in the recipe's format: a forward and a backward one each
     # per sub-block, taken as their mean
     f, b = gathered_bytes_ratio(w)
-    layer_ag_rs = ag_rs if f == b == 1.0 else rs + 0.5 * sum(
-        comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp) for x in (f, b))
+    ratios = (f,) if f == b else (f, b)  # one all-gather to cost where both passes gather alike
+    layer_ag_rs = ag_rs if ratios == (1.0,) else rs + sum(
+        comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
+        for x in ratios) / len(ratios)
     per = np.where(sp, layer_ag_rs, ar)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES
