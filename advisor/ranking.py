@@ -75,6 +75,7 @@ class PlanSearch:
     seq_defaulted: bool = False
     tokens: Optional[float] = None  # a token budget to train
     stack_rule: Optional[str] = None  # --stack auto: the rule that chose each row's stack (advisor.api.AUTO_RULE)
+    stack_note: Optional[str] = None  # --stack auto over two stacks: the model-parallel stack's own best (advisor.search)
     method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
 
     @property
@@ -119,6 +120,8 @@ class PlanSearch:
         if self.stack_rule is not None:
             out.append(f"stack: {self.stack_rule} (each row names its stack in --json; `advisor stacks show NAME` says "
                        "what each does; --stack NAME costs every plan in one, --stack any ranks every stack's)")
+            if self.stack_note:
+                out.append(f"stack: {self.stack_note}")
         elif len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
@@ -150,7 +153,7 @@ class PlanSearch:
             "objective": self.objective, "tokens": self.tokens, "candidates": self.candidates,
             "rejected": dict(self.rejected), "stack": ("auto" if self.stack_rule is not None else
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
-            "stack_rule": self.stack_rule, "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
+            "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
             **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }

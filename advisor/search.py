@@ -92,6 +92,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
+    stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
     tree = decision_tree(spec, hardware, max(worlds), fits_one, setup.finetune.method.value)
     # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
     per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
@@ -106,7 +107,41 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
                       seq_defaulted=o.seq is None, tokens=o.tokens,
-                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None)
+                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note)
+
+
+PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
+
+
+def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: Hardware,
+                              setups: dict[str, TrainingSetup], o: PlanOptions) -> Optional[str]:
+    """--stack auto over two stacks (the model fits one GPU): AUTO_MODEL_PARALLEL's TP/PP/CP plans are ranked where they
+    beat that stack's own best data-parallel plan on the same GPUs, else left out (rejected), lest one rank for its
+    stack's kernels, not its parallelism (GPT-2 XL on a DGX A100: megatron-core's ZeRO-1 dp=4 x PP=2, 4.34 s, above
+    hf-trainer's ZeRO-2, 5.18 s, where megatron-core's ZeRO-1 dp=8 takes 3.99 s). Returns the line that says so."""
+    name = api.AUTO_MODEL_PARALLEL
+    lines, many = [], sum(f.stack.name == name for f in found) > 1
+    for f in found:
+        if f.stack.name != name:
+            continue
+        ref = _search_world(spec, hardware, f.stack, setups[name], f.world, o, model_parallel=False)
+        idx = np.nonzero(ref.fits)[0]
+        if not len(idx):
+            continue
+        ref_key = objective_key(o.objective, ref.out.time.total[idx], (ref.out.memory.peak + ref.out.overhead.total)[idx],
+                                ref.out.tokens[idx], f.world)
+        key = objective_key(o.objective, f.out.time.total, f.out.memory.peak + f.out.overhead.total, f.out.tokens, f.world)
+        slower = f.fits & (np.broadcast_to(key, f.fits.shape) >= ref_key.min())
+        if slower.any():
+            f.rejected[PAYS_NOT.format(stack=name)] = int(slower.sum())
+        f.fits = f.fits & ~slower
+        i, kept = int(idx[np.argmin(ref_key)]), int(f.fits.sum())
+        value = (f"{float(ref.out.memory.peak[i] + ref.out.overhead.total[i]) / 2**30:.3g} GiB" if o.objective == "memory"
+                 else f"{float(ref.out.time.total[i]):.3g} s")
+        lines.append(f"{name}'s own best data-parallel plan{f' on {f.world:,} GPUs' if many else ''} is "
+                     f"{ref.plans.plan(i).label()} at {value}; " + (f"{kept:,} of its TP/PP/CP plans beat it and are ranked"
+                     if kept else "none of its TP/PP/CP plans beats it, so none is ranked") + f" (--stack {name} ranks them all)")
+    return "; ".join(lines) or None
 
 
 def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:

@@ -4,6 +4,7 @@ import pytest
 
 from advisor import comm, estimate, plan
 from advisor.comm import Collective
+from advisor.search import PAYS_NOT
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_search_and_estimate_agree():
                          zero=e.plan.zero, sp=e.plan.sp, schedule=e.plan.schedule,
                          virtual_stages=e.plan.virtual_stages, micro_batch=e.setup.micro_batch,
                          global_batch=res.global_batch, seq=e.setup.seq_len, recompute=e.setup.recompute,
-                         stack=e.setup.stack)
+                         offload=e.plan.offload.value, stack=e.setup.stack)
         assert again.step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
         assert again.memory.peak_bytes == pytest.approx(e.memory.peak_bytes, rel=1e-9)
 
@@ -175,10 +176,31 @@ def test_the_search_says_which_stack_it_costed():
             mp = row["plan"]["tp"] > 1 or row["plan"]["pp"] > 1
             assert row["stack"] == ("megatron-core" if mp or res is big else "hf-trainer"), row["label"]
     assert small.to_json()["stacks"] == ["hf-trainer", "megatron-core"] and big.to_json()["stacks"] == ["megatron-core"]
-    # both kinds were costed: the fastest DDP and ZeRO plans (hf-trainer's) and TP and PP plans (megatron-core's)
-    assert {"ddp", "zero", "tp", "pp"} <= set(small.best_by_kind)
+    # both kinds were costed: hf-trainer's DDP and ZeRO plans ranked, megatron-core's TP and PP plans left out, as
+    # none beats megatron-core's own data-parallel best (the next test)
+    assert {"ddp", "zero"} <= set(small.best_by_kind) and small.rejected[PAYS_NOT.format(stack="megatron-core")] > 0
+    assert big.stack_note is None and PAYS_NOT.format(stack="megatron-core") not in big.rejected
     assert forced.to_json()["stack"] == "megatron-deepspeed" and forced.to_json()["stack_rule"] is None
     assert any("Megatron's fused kernels" in n for n in forced.notes())
+
+
+def test_auto_ranks_a_model_parallel_plan_only_where_it_beats_its_own_stacks_data_parallel_plans():
+    """GPT-2 XL on one DGX A100 (the README's first command): megatron-core's ZeRO-1 dp=4 x PP=2 (interleaved) once
+    ranked first under --stack auto, above hf-trainer's ZeRO-2, for megatron-core's kernels rather than for its
+    pipeline: megatron-core's own ZeRO-1 dp=8 is faster than every TP/PP plan of it. So the auto ranking holds
+    hf-trainer's data-parallel plans (the decision tree's DDP/ZeRO branch for a model that fits one GPU) and says
+    what megatron-core's best is."""
+    auto = plan(model="gpt2-xl", hw="dgx-a100", top=20)
+    mc = plan(model="gpt2-xl", hw="dgx-a100", top=2000, stack="megatron-core")
+    mc_dp = [p.estimate for p in mc.plans if p.estimate.plan.tp == 1 and p.estimate.plan.pp == 1]
+    mc_mp = [p.estimate for p in mc.plans if p.estimate.plan.tp > 1 or p.estimate.plan.pp > 1]
+    assert mc_dp[0].step_time_s < mc_mp[0].step_time_s  # within megatron-core the pipeline does not pay
+    assert all(p.estimate.stack == "hf-trainer" for p in auto.plans)
+    assert auto.stack_note == (f"megatron-core's own best data-parallel plan is {mc_dp[0].plan.label()} at "
+                               f"{mc_dp[0].step_time_s:.3g} s; none of its TP/PP/CP plans beats it, so none is ranked "
+                               "(--stack megatron-core ranks them all)")
+    assert f"stack: {auto.stack_note}" in auto.notes() and auto.to_json()["stack_note"] == auto.stack_note
+    assert auto.rejected[PAYS_NOT.format(stack="megatron-core")] >= len(mc_mp)
 
 
 def test_estimate_and_export_follow_the_auto_rule():
@@ -189,7 +211,7 @@ def test_estimate_and_export_follow_the_auto_rule():
     tp = estimate(model="gpt2", hw="dgx-a100", gpus=8, tp=2)
     assert (ddp.stack, tp.stack) == ("hf-trainer", "megatron-core")
     assert tp.stack_rule == AUTO_RULE and estimate(model="gpt2", hw="dgx-a100", gpus=8, stack="hf-trainer").stack_rule is None
-    res = plan(model="gpt2", hw="dgx-a100", top=50)
+    res = plan(model="gpt2", hw="dgx-a100", top=50, stack="megatron-core")
     row = next(p.estimate for p in res.plans if p.estimate.plan.tp > 1 or p.estimate.plan.pp > 1)
     again = estimate(model="gpt2", hw="dgx-a100", gpus=8, dp=row.plan.dp, tp=row.plan.tp, pp=row.plan.pp,
                      zero=row.plan.zero, sp=row.plan.sp, schedule=row.plan.schedule,
