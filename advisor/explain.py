@@ -17,6 +17,8 @@ from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
 from advisor.results import Estimate
 from advisor.units import GiB
+from advisor.stack import load_stack
+from advisor.training import Mode
 
 # Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
 # (8x 200 Gb/s HDR in a DGX A100 is 200 Gb/s per GPU; a 400 Gb/s EFA node shares 50 Gb/s per GPU).
@@ -129,7 +131,25 @@ def why_layout(e: Estimate, tree: dict) -> list[str]:
     return words
 
 
-def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None) -> str:
+def why_faster(e: Estimate, other: tuple[dict, int], name: str) -> str:
+    """What a plan saves against another kind's best plan (its parts and micro batch), the two parts that account for
+    most of the gap: the reason a ranking overrules a rule of thumb, in the plans' own numbers, with the cause of a
+    compute gap where the stack's profile or the micro batch gives it."""
+    parts, micro_batch = other
+    gap = {k: parts.get(k, 0.0) - v for k, v in e.breakdown.items()}
+    compute = sum(gap.pop(k, 0.0) for k in ("compute/forward", "compute/backward", "compute/recompute"))
+    saved = sorted([(compute, "compute")] + [(v, PART_WORDS.get(k, k)) for k, v in gap.items()], reverse=True)[:2]
+    said = [(f"{v:.3g} s less {what}", what) for v, what in saved if v > 0.05 * max(saved[0][0], 1e-30)]
+    engine = load_stack(e.stack).engine
+    if e.plan.zero >= 2 and engine.fsdp_param_dtype == "half" and e.setup.precision.mode is Mode.mixed:
+        cause = f"{e.stack} runs ZeRO-2/3 on half-precision weights, {name} under autocast on fp32 ones"
+    else:
+        cause = f"micro batch {e.setup.micro_batch} vs {micro_batch}" if micro_batch != e.setup.micro_batch else ""
+    return ", ".join(f"{s} ({cause})" if what == "compute" and cause else s for s, what in said) + f" than {name}'s best"
+
+
+def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None,
+            kind_best: Optional[dict] = None, left_out: bool = False) -> str:
     parts = e.breakdown
     compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
     overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
@@ -167,10 +187,13 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
     overruled = ((first == "ddp" and kind == "zero") or (first == "pp" and kind in ("tp", "zero"))
                  or (first == "3d" and kind in ("zero", "ddp")))
     if overruled and first not in best_by_kind:  # the rule's kind has no plan the stack runs that fits: nothing overruled
-        words.append(f"the rule of thumb ({rule[first]}) has no {KIND_NAMES[first]} plan that runs and fits here")
-    elif overruled and first == "ddp":
-        why = "sharding the optimizer step saves more than the extra collectives cost on this link"
-        words.append(f"overrules the rule of thumb (DDP first): {why}{versus('ddp')}")
+        words.append(f"the rule of thumb ({rule[first]}) has no {KIND_NAMES[first]} plan that runs and fits here" +
+                     (" faster than its stack's data-parallel best" if left_out and first in ("pp", "3d") else ""))
+    elif overruled and best_by_kind[first] <= e.step_time_s * 1.0005:  # slower than the rule's own best: it overrules nothing
+        pass
+    elif overruled and (kind_best or {}).get(first):
+        words.append(f"overrules the rule of thumb ({rule[first]}): {why_faster(e, kind_best[first], KIND_NAMES[first])}"
+                     f"{versus(first)}")
     elif overruled:
         words.append(f"overrules the rule of thumb ({rule[first]}){versus(first)}")
     return "; ".join(words)

@@ -163,3 +163,26 @@ def coarse(x: np.ndarray) -> np.ndarray:
     """``x`` to 40 bits of mantissa (~1e-12 relative): sums taken in another order rank alike."""
     m, e = np.frexp(x)
     return np.ldexp(np.round(m * 2.0**40) / 2.0**40, e)
+
+
+# What a plan is, for its checkpointing policy to be chosen: every column but the policy (recompute, recompute_k)
+PLAN_COLUMNS = ("dp", "tp", "pp", "zero", "hybrid", "sp", "schedule", "virtual_stages", "dp_kind", "overlap",
+                 "micro_batch", "grad_accum", "offload", "ep", "etp", "cp", "cp_comm", "pp_split")
+
+
+def first_per_plan(found: list, rows: Any) -> Any:
+    """Of ranked (search, candidate) rows, the positions of the first row of each plan: the search keeps, per plan,
+    the checkpointing policy that ranks best among those that fit (the others differ from it only in the policy)."""
+    if not len(rows):
+        return np.zeros(0, dtype=int)
+    cols = np.empty((len(rows), len(PLAN_COLUMNS) + 1), dtype=np.int64)
+    cols[:, 0] = rows[:, 0]  # one search: a GPU count in a stack
+    for j, f in enumerate(found):
+        at = rows[:, 0] == j
+        if not at.any():
+            continue
+        idx = rows[at, 1]
+        for c, name in enumerate(PLAN_COLUMNS, start=1):
+            cols[at, c] = np.broadcast_to(getattr(f.plans, name), (len(f.plans),))[idx]
+    _, first = np.unique(cols, axis=0, return_index=True)
+    return np.sort(first)

@@ -27,7 +27,7 @@ from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
-from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, objective_key  # noqa: F401
+from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts,
                            offloads_of, pair_violations, policies_of, with_experts)
@@ -97,7 +97,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
     per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
     tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
-    ranked, best_by_kind = _rank(found, spec, hardware, o, tree)
+    ranked, best_by_kind = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}
     for f in found:
@@ -233,12 +233,14 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     return _Found(world, stack, setup, valid, out, fits, n, rejected)
 
 
-def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptions,
-          tree: dict) -> tuple[list[RankedPlan], dict[str, float]]:
-    """The ``o.top`` best fitting plans over every stack and GPU count, and the fastest step of each plan kind."""
+def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptions, tree: dict,
+          left_out: bool = False) -> tuple[list[RankedPlan], dict[str, float]]:
+    """The ``o.top`` best fitting plans over every stack and GPU count, and the fastest step of each plan kind
+    (``left_out``: the search left out model-parallel plans slower than their stack's data-parallel best)."""
     rows = []  # (GPU-count index, candidate index) of every fitting plan, with its keys
     keys, steps = [], []
     best_by_kind: dict[str, float] = {}
+    at_best: dict[str, tuple[int, int]] = {}  # kind -> (search, candidate) of its fastest plan
     for j, f in enumerate(found):
         idx = np.nonzero(f.fits)[0]
         step = f.out.time.total[idx]
@@ -248,43 +250,25 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
         rows.append(np.stack([np.full(len(idx), j), idx], axis=1))
         kinds = kind_codes(f.plans.take(idx)) if len(idx) else np.array([], dtype=object)
         for k in KIND_NAMES:
-            if (kinds == k).any():
-                best_by_kind[k] = min(best_by_kind.get(k, np.inf), float(step[kinds == k].min()))
+            if (kinds == k).any() and float(step[kinds == k].min()) < best_by_kind.get(k, np.inf):
+                best_by_kind[k] = float(step[kinds == k].min())
+                at_best[k] = (j, int(idx[kinds == k][np.argmin(step[kinds == k])]))
+    # what each kind's fastest plan spends, part by part, and its micro batch: an overruled rule of thumb is explained
+    # by the parts that differ (advisor.explain)
+    kind_best = {k: ({n: float(np.broadcast_to(v, found[j].fits.shape)[i]) for n, v in found[j].out.time.parts().items()},
+                     int(np.broadcast_to(found[j].plans.micro_batch, found[j].fits.shape)[i])) for k, (j, i) in at_best.items()}
     rows, key, step = np.concatenate(rows), np.concatenate(keys), np.concatenate(steps)
     # ties within float rounding (two plans with the same work) keep the order the space enumerates them in
     order = np.lexsort((rows[:, 1], rows[:, 0], coarse(step), coarse(key)))
-    order = order[_first_per_plan(found, rows[order])][:o.top]
+    order = order[first_per_plan(found, rows[order])][:o.top]
     best = float(step[order[0]]) if len(order) else 0.0
     ranked = []
     for r in order:  # only the top K become typed objects
         f, i = found[rows[r, 0]], int(rows[r, 1])
         est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
-        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind)))
+        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out)))
     return ranked, best_by_kind
-
-
-# What a plan is, for its checkpointing policy to be chosen: every column but the policy (recompute, recompute_k)
-_PLAN_COLUMNS = ("dp", "tp", "pp", "zero", "hybrid", "sp", "schedule", "virtual_stages", "dp_kind", "overlap",
-                 "micro_batch", "grad_accum", "offload", "ep", "etp", "cp", "cp_comm", "pp_split")
-
-
-def _first_per_plan(found: list[_Found], rows: Any) -> Any:
-    """Of ranked (search, candidate) rows, the positions of the first row of each plan: the search keeps, per plan,
-    the checkpointing policy that ranks best among those that fit (the others differ from it only in the policy)."""
-    if not len(rows):
-        return np.zeros(0, dtype=int)
-    cols = np.empty((len(rows), len(_PLAN_COLUMNS) + 1), dtype=np.int64)
-    cols[:, 0] = rows[:, 0]  # one search: a GPU count in a stack
-    for j, f in enumerate(found):
-        at = rows[:, 0] == j
-        if not at.any():
-            continue
-        idx = rows[at, 1]
-        for c, name in enumerate(_PLAN_COLUMNS, start=1):
-            cols[at, c] = np.broadcast_to(getattr(f.plans, name), (len(f.plans),))[idx]
-    _, first = np.unique(cols, axis=0, return_index=True)
-    return np.sort(first)
 
 
 def _round_world(world: int, hw: Hardware) -> int:
