@@ -33,7 +33,8 @@ from advisor.workload import Workload
 # megatron-deepspeed, which they ran.
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
-             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, else in {AUTO_LARGE}")
+             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it or {AUTO_LARGE} does not run the "
+             f"fine-tuning method, else in {AUTO_LARGE}")
 
 
 def model_parallel(tp, pp, cp=1):
@@ -85,29 +86,32 @@ def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
     return precision
 
 
-def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> bool:
-    """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded."""
+def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup, headroom: float = 0.0) -> bool:
+    """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded, with the
+    fraction ``headroom`` of its memory kept free (a search's --memory-headroom: the answer its plans agree with)."""
     lean = setup.model_copy(update={"micro_batch": 1, "grad_accum": 1, "global_batch": None, "recompute": Recompute.full})
     out = evaluate(Workload.of(model, hw, stack, lean), Candidates.of_plan(Plan(), lean, 1))
-    return bool(out.memory.peak[0] + out.overhead.total[0] <= hw.gpu.memory_bytes)
+    return bool(out.memory.peak[0] + out.overhead.total[0] <= hw.gpu.memory_bytes * (1.0 - headroom))
 
 
 def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
-                  plan: Optional[Plan] = None) -> tuple[Stack, bool]:
+                  plan: Optional[Plan] = None, headroom: float = 0.0) -> tuple[Stack, bool]:
     """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
     user of this plan's kind most likely runs (AUTO_RULE): AUTO_MODEL_PARALLEL for a plan with TP or PP, else
     AUTO_SMALL where the model fits on one GPU in it, else AUTO_LARGE. Without a plan (a search), the stack of its
     data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL."""
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
-        return stack, fits_one_gpu(model, hw, stack, setup)
+        return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
-    if fits_one_gpu(model, hw, small, setup):
+    if fits_one_gpu(model, hw, small, setup, headroom):
         if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp):
             return load_stack(AUTO_MODEL_PARALLEL), True
         return small, True
     large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
-    return large, fits_one_gpu(model, hw, large, setup)  # its kernels' peak differs: it may fit where small's does not
+    if setup.finetune.kind not in large.engine.methods:  # QLoRA: only the data-parallel stack runs it, sharded or not
+        return small, False
+    return large, fits_one_gpu(model, hw, large, setup, headroom)  # its kernels' peak differs: it may fit where small's does not
 
 
 def finetune_of(o, method: Optional[str] = None):

@@ -16,6 +16,7 @@ DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
 RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
+METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base
 
 
 class Selective(Spec):
@@ -142,6 +143,10 @@ class Engine(Spec):
         default="any", description="the plans it runs on several devices: any it offers, or only sharding every unit "
         "(ZeRO-3 / FSDP) with every layer checkpointed, and on one device none checkpointed (litgpt's fine-tuning "
         "scripts)")
+    methods: list[Literal[METHODS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
+        "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
+        "runs full fine-tuning only, and the others are refused in one line")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]

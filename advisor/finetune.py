@@ -195,6 +195,12 @@ class FineTune(Spec):
         return self.method is not Method.full
 
     @property
+    def kind(self) -> str:
+        """What a stack must run for it (engine.methods): full, lora (a half-precision base) or qlora (a quantised one:
+        bitsandbytes or torchao, int8 LoRA included)."""
+        return "full" if not self.adapters else "lora" if self.base_quant is Quant.none else "qlora"
+
+    @property
     def base_quant(self) -> Quant:
         if self.quant is not None:
             return self.quant

@@ -109,8 +109,13 @@ class PlanSearch:
         gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
         seq = f"seq {self.seq_len}" + (" (default: the model's context length, at most 8192)" if self.seq_defaulted else "")
         budget = f", budget {self.tokens:.3g} tokens" if self.tokens is not None else ""
+        ft = self.setup.finetune
+        method = "" if not ft.adapters else (
+            f", {ft.method} r={ft.lora_rank} on {ft.targets}{' (DoRA)' if ft.dora else ''}, frozen base in "
+            f"{ {'none': self.setup.precision.value, 'nf4': 'NF4', 'int8': 'int8'}[ft.base_quant.value]}"
+            + (f", {ft.offload} on the CPU" if ft.offload.value != "none" else ""))
         return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {gpus}x {self.hardware.name}: "
-                f"{gb}, {seq}, {self.setup.precision.value}{budget}; {self.candidates:,} plans evaluated, "
+                f"{gb}, {seq}, {self.setup.precision.value}{method}{budget}; {self.candidates:,} plans evaluated, "
                 f"{sum(self.rejected.values()):,} rejected, ranked by {RANKED_BY[self.objective]}")
 
     def notes(self) -> list[str]:

@@ -77,14 +77,15 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
     worlds = _worlds(o, hardware)
     setup = _setup(o, spec, hardware, max(worlds))
-    chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup)
+    chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup,
+                                         headroom=o.memory_headroom)
     # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans;
     # "auto" costs each plan kind in its own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and
     # PP plans in api.AUTO_MODEL_PARALLEL
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
-    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL:
+    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters:  # adapters: DP only
         stacks = [chosen, load_stack(api.AUTO_MODEL_PARALLEL)]
         parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
     else:
@@ -93,7 +94,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
               for st in stacks}
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
     stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
-    tree = decision_tree(spec, hardware, max(worlds), fits_one, setup.finetune.method.value)
+    ft = setup.finetune
+    tree = decision_tree(spec, hardware, max(worlds), fits_one, ft.method.value + (
+        f" with the {ft.offload} on the CPU" if ft.offload.value != "none" else ""))
     # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
     per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
     tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
@@ -122,7 +125,7 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
     name = api.AUTO_MODEL_PARALLEL
     lines, many = [], sum(f.stack.name == name for f in found) > 1
     for f in found:
-        if f.stack.name != name:
+        if f.stack.name != name or not f.fits.any():  # no TP/PP/CP plan fits (or none exists on these GPUs): nothing to say
             continue
         ref = _search_world(spec, hardware, f.stack, setups[name], f.world, o, model_parallel=False)
         idx = np.nonzero(ref.fits)[0]

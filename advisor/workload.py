@@ -14,7 +14,7 @@ from advisor.finetune import FULL, FineTune, Library, half_base, trainable_param
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec
 from advisor.parallel import expert
-from advisor.stack import RECOMPUTED, Stack, StackError, StackTables
+from advisor.stack import RECOMPUTED, Stack, StackError, StackTables, list_stacks, load_stack
 from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup
 
 
@@ -48,6 +48,9 @@ class Workload:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
         ft = setup.finetune
+        if ft.kind not in stack.engine.methods:
+            raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "
+                             f"{', '.join(stack.engine.methods)}): use --stack {' or '.join(runs_method(ft.kind))}")
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
@@ -131,3 +134,8 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
     if ft.library not in CHUNKED_LOSS:
         return t
     return replace(t, logits_held=act_bytes, logits_peak=act_bytes + CHUNKED_LOSS[ft.library])
+
+
+def runs_method(kind: str) -> list[str]:
+    """The shipped stacks that run fine-tuning method ``kind`` (engine.methods)."""
+    return [n for n in list_stacks() if kind in load_stack(n).engine.methods]

@@ -146,7 +146,7 @@ def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):
     from advisor.hardware import load_hardware
 
     calls, real = [], api.fits_one_gpu
-    monkeypatch.setattr(api, "fits_one_gpu", lambda m, hw, st, su: calls.append(st.name) or real(m, hw, st, su))
+    monkeypatch.setattr(api, "fits_one_gpu", lambda m, hw, st, su, h=0.0: calls.append(st.name) or real(m, hw, st, su, h))
     res = search.plan("gpt2-xl", "dgx-a100", top=1)
     assert calls == ["hf-trainer"] and res.tree["fits_one_gpu"]
     calls.clear()
