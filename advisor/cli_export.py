@@ -1,5 +1,6 @@
 """`advisor export`: write the launch configuration of one plan in a format its stack launches (accelerate,
-DeepSpeed, Megatron-LM, torchrun, torchtitan, llm-foundry; the stack profile's ``launch:``, its first by default).
+DeepSpeed, Megatron-LM, Megatron-Bridge, torchrun, torchtitan, llm-foundry, litgpt, nanotron; the stack profile's
+``launch:``, its first by default).
 
 Thin: the plan options are ``advisor estimate``'s (advisor/cli_options.py) and go through the same
 ``advisor.api.build_inputs``, so both commands take the same plans with the same defaults and refuse the

@@ -1,5 +1,6 @@
 """Export a chosen plan as a launch configuration: accelerate YAML, DeepSpeed JSON, Megatron-LM arguments, Megatron-Bridge
-ConfigContainer overrides (YAML), torchrun, torchtitan's arguments, an llm-foundry train YAML.
+ConfigContainer overrides (YAML), torchrun, torchtitan's arguments, an llm-foundry train YAML, a litgpt config YAML,
+a nanotron config YAML.
 
 Only the costed stack's own formats are written: a stack profile lists them (``launch:``, its usual one first), and
 ``export`` refuses any other in one line naming the ones it has (``resolve_launch``); without a format it writes
@@ -11,8 +12,9 @@ format cannot express is refused with one ``ExportError`` line rather than appro
 where the mapping is close but not exact, the difference is said in ``notes``, which every format that has
 notes also writes into the file (comments in the YAML and the script, "_advisor_notes" in the JSON).
 
-One module per format (accelerate.py, deepspeed.py, megatron.py, bridge.py, torchrun.py, torchtitan.py, foundry.py) and one
-for what they share (common.py: checks, header, node layout, ``Run``, ``Exported``, ``ExportError``).
+One module per format (accelerate.py, deepspeed.py, megatron.py, bridge.py, torchrun.py, torchtitan.py, foundry.py,
+litgpt.py, nanotron.py) and one for what they share (common.py: checks, header, node layout, ``Run``, ``Exported``,
+``ExportError``).
 
 Names follow the libraries as checked on CPU (tests/test_export.py loads every export with the
 library's own parser): accelerate 1.15 (ClusterConfig, FSDP1 ``fsdp_reshard_after_forward``),
@@ -20,9 +22,11 @@ DeepSpeed 0.19 (DeepSpeedConfig), megatron-core 0.16 (TransformerConfig, Distrib
 OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling (its parse_args and
 validate_args, as shipped in megatron-core 0.19.2, pass every Megatron case: tests/test_export_stacks.py), torch 2.x
 ``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names), megatron-bridge
-0.6.2 (ConfigContainer field names; its omegaconf_utils merge: tests/test_export_bridge.py).
+0.6.2 (ConfigContainer field names; its omegaconf_utils merge: tests/test_export_bridge.py), litgpt 0.5.13 (its CLI's
+jsonargparse: tests/test_export_litgpt.py), nanotron 0.4 (get_config_from_file: tests/test_export_nanotron.py).
 
-Deliberately left out: optimizer / learning-rate settings, data paths, checkpointing, CPU offload.
+Deliberately left out: optimizer / learning-rate settings, data paths, checkpointing, CPU offload (where a format's
+parser requires them, as llm-foundry's and nanotron's do, the file carries placeholders marked as such).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, 
 from advisor.export.foundry import foundry_config, foundry_dict
 from advisor.export.litgpt import litgpt_config, litgpt_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
+from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import torchtitan_args, torchtitan_config
 from advisor.hardware import Hardware
@@ -58,13 +63,14 @@ __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
            "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config",
-           "foundry_config", "foundry_dict", "litgpt_config", "litgpt_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
+           "foundry_config", "foundry_dict", "litgpt_config", "litgpt_dict", "nanotron_config", "nanotron_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry", "litgpt")
+KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry", "litgpt",
+         "nanotron")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
              "megatron-bridge": bridge_config,
              "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config,
-             "litgpt": litgpt_config}
+             "litgpt": litgpt_config, "nanotron": nanotron_config}
 
 
 def launch_formats(stack: Stack) -> tuple[str, ...]:
