@@ -139,7 +139,12 @@ def test_a_worker_that_dies_is_named_and_measurements_are_kept(tmp_path, monkeyp
     from advisor.errors import AdvisorError
 
     tried("calibrate")
-    monkeypatch.setattr(launch, "_WORKER", WRITE_THEN + "(r == 1) and sys.exit(3); time.sleep(30)")
+    # rank 1 dies once rank 0's row is on disk (within 10 s): under a loaded CI machine rank 0 could otherwise still be
+    # starting when rank 1 exits, and the launcher ends it before it writes
+    monkeypatch.setattr(launch, "_WORKER", WRITE_THEN + "t0 = time.time()\n"
+                        "while r == 1 and time.time() - t0 < 10 and not (os.path.exists(cfg['out']) and "
+                        "os.path.getsize(cfg['out'])): time.sleep(0.01)\n"
+                        "(r == 1) and sys.exit(3); time.sleep(30)")
     t = time.perf_counter()
     with pytest.raises(AdvisorError) as exc:
         launch.launch_local(_cfg(tmp_path), 2, progress=lambda *a: None)
