@@ -88,6 +88,12 @@ def saved_delta_per_token(w: Workload) -> float:
     if ft.lora_dropout > 0.0:
         delta += sum(n_in * (a + DROPOUT_MASK_BYTES) for n_in in dropouts.values())
     delta += sum(r * a for _ in shapes)
+    qkv_slices = [n_out for t, _, n_out in shapes if t in ("q", "k", "v")]
+    if ft.library is Library.litgpt and 0 < len(qkv_slices) < 3:
+        # litgpt's LoRAQKVLinear.zero_pad scatters the enabled slices' B output into the fused width with index_copy,
+        # whose backward keeps its source (litgpt 0.5.13 lora.py:326, lit_gpt 0.1.0.dev1 lora.py:339-341; torch 2.1
+        # derivatives.yaml:836-841); with q, k and v all adapted zero_pad returns early (lora.py:309): nothing kept
+        delta += sum(qkv_slices) * a
     if ft.dora:  # DoRA rescales the output: (base + lora) x magnitude / norm keeps an out-wide product per target
         delta += sum(n_out * a for _, _, n_out in shapes)
     return delta

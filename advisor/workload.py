@@ -122,18 +122,23 @@ def softcapped(t: StackTables, model: ModelSpec, act_bytes: float) -> StackTable
 
 
 # Chunked cross-entropy: litgpt computes the logits in chunks of 128 tokens (lm_head_chunk_size=128) and the loss chunk
-# by chunk (litgpt/utils.py chunked_cross_entropy, chunk_size=128): the chunks' half-precision logits are kept for
-# backward, and a chunk's fp32 copy is negligible beside them. torchtune's CEWithChunkedOutputLoss
-# (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32 copy and its log-softmax (8 bytes) of 1/8 of the
-# logits beside the half-precision logits.
-CHUNKED_LOSS = {Library.litgpt: 0.0, Library.torchtune: 8.0 / 8}
+# by chunk (litgpt/utils.py chunked_cross_entropy, chunk_size=128). Lightning Fabric's half-precision plugins cast the
+# model's output to the default dtype (fabric/wrappers.py _FabricModule.forward -> convert_output; plugins/precision
+# half.py, bitsandbytes.py, fsdp.py: torch.get_default_dtype(), fp32), so the chunks are fp32 and each keeps its fp32
+# log-softmax for backward, the list of logits alive through it (finetune/lora.py fit): 8 bytes a logit (probed on CPU:
+# 8.04 a logit per token at backward's start; two chunks' fp32 gradients beside them at the peak, 8 x 128 / seq more,
+# left out). torchtune's CEWithChunkedOutputLoss (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32
+# copy and its log-softmax (8 bytes) of 1/8 of the logits beside the half-precision logits.
+CHUNKED_LOSS = {Library.litgpt: (8.0, 0.0), Library.torchtune: (None, 8.0 / 8)}  # (held, peak beyond held); None: act bytes
 
 
 def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
     """The logits' bytes per element where the fine-tuning library chunks the loss (CHUNKED_LOSS)."""
     if ft.library not in CHUNKED_LOSS:
         return t
-    return replace(t, logits_held=act_bytes, logits_peak=act_bytes + CHUNKED_LOSS[ft.library])
+    held, extra = CHUNKED_LOSS[ft.library]
+    held = act_bytes if held is None else held
+    return replace(t, logits_held=held, logits_peak=held + extra)
 
 
 def runs_method(kind: str) -> list[str]:
