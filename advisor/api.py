@@ -98,7 +98,8 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
                   plan: Optional[Plan] = None, headroom: float = 0.0) -> tuple[Stack, bool]:
     """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
     user of this plan's kind most likely runs (AUTO_RULE): AUTO_MODEL_PARALLEL for a plan with TP or PP, else
-    AUTO_SMALL where the model fits on one GPU in it, else AUTO_LARGE. Without a plan (a search), the stack of its
+    AUTO_SMALL where the model fits on one GPU in it (``headroom`` of its memory kept free) or AUTO_LARGE does not run
+    the fine-tuning method (engine.methods), else AUTO_LARGE. Without a plan (a search), the stack of its
     data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL."""
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
