@@ -123,7 +123,7 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
     stack's kernels, not its parallelism (GPT-2 XL on a DGX A100: megatron-core's ZeRO-1 dp=4 x PP=2, 4.34 s, above
     hf-trainer's ZeRO-2, 5.18 s, where megatron-core's ZeRO-1 dp=8 takes 3.99 s). Returns the line that says so."""
     name = api.AUTO_MODEL_PARALLEL
-    lines, many = [], sum(f.stack.name == name for f in found) > 1
+    bests, kept = [], 0
     for f in found:
         if f.stack.name != name or not f.fits.any():  # no TP/PP/CP plan fits (or none exists on these GPUs): nothing to say
             continue
@@ -138,13 +138,18 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
         if slower.any():
             f.rejected[PAYS_NOT.format(stack=name)] = int(slower.sum())
         f.fits = f.fits & ~slower
-        i, kept = int(idx[np.argmin(ref_key)]), int(f.fits.sum())
+        i, kept = int(idx[np.argmin(ref_key)]), kept + int(f.fits.sum())
         value = (f"{float(ref.out.memory.peak[i] + ref.out.overhead.total[i]) / 2**30:.3g} GiB" if o.objective == "memory"
                  else f"{float(ref.out.time.total[i]):.3g} s")
-        lines.append(f"{name}'s own best data-parallel plan{f' on {f.world:,} GPUs' if many else ''} is "
-                     f"{ref.plans.plan(i).label()} at {value}; " + (f"{kept:,} of its TP/PP/CP plans beat it and are ranked"
-                     if kept else "none of its TP/PP/CP plans beats it, so none is ranked") + f" (--stack {name} ranks them all)")
-    return "; ".join(lines) or None
+        bests.append(f"{ref.plans.plan(i).label()} at {value}")
+    if not bests:
+        return None
+    one = len(bests) == 1
+    best = f"{name}'s own best data-parallel plan is " if one else f"{name}'s own best data-parallel plans are "
+    it = "it" if one else "the one of their GPU count"
+    kept_words = (f"{kept:,} of its TP/PP/CP candidates beat {it} and are ranked" if kept else
+                  f"none of its TP/PP/CP plans beats {it}, so none is ranked")
+    return f"{best}{', '.join(bests)}; {kept_words} (--stack {name} ranks them all)"
 
 
 def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:

@@ -264,3 +264,29 @@ def test_an_overruled_rule_of_thumb_is_explained_by_the_parts_that_differ():
         if e.plan.zero >= 1 and e.plan.tp == e.plan.pp == 1 and e.step_time_s > (res if p in res.plans else mdp).best_by_kind["ddp"]:
             assert "overrules" not in p.reason, p.reason
     assert any("s less optimizer step than DDP's best" in p.reason for p in mdp.plans)  # ZeRO-1 there: its sharded step
+
+
+@pytest.mark.parametrize("kw, ranked", [
+    (dict(model="gpt2-medium", hw="dgx-h100", precision="fp32", attention="eager", objective="memory"), True),
+    (dict(model="gpt2-large", hw="titan-rtx-pcie", gpus=2), False),
+    (dict(model="gpt2", hw="aws-p4d", gpus="8:32", objective="throughput"), False),
+], ids=["memory", "pcie", "range-throughput"])
+def test_auto_ranks_no_model_parallel_plan_its_own_data_parallel_plans_beat(kw, ranked):
+    """The invariant behind the auto rule's note, on other objectives and a GPU range: every megatron-core TP/PP/CP row
+    of an auto ranking beats megatron-core's own best data-parallel plan on its GPU count, by the objective (by memory,
+    TP and PP do beat it: 32 of them are ranked)."""
+    from advisor.ranking import objective_key
+
+    auto = plan(top=200, **kw)
+    assert any(p.estimate.stack == "megatron-core" for p in auto.plans) is ranked
+    assert auto.stack_note.endswith("(--stack megatron-core ranks them all)")
+    mc = plan(top=100_000, stack="megatron-core", **kw)
+    for p in auto.plans:
+        e = p.estimate
+        if e.stack != "megatron-core" or (e.plan.tp == 1 and e.plan.pp == 1 and e.plan.cp == 1):
+            continue
+        key = lambda x: float(objective_key(auto.objective, x.step_time_s, x.memory.peak_bytes + x.memory.overhead_bytes,  # noqa: E731
+                                            x.tokens_per_s * x.step_time_s, x.world_size))
+        dp = [q.estimate for q in mc.plans if q.estimate.world_size == e.world_size
+              and q.estimate.plan.tp == q.estimate.plan.pp == q.estimate.plan.cp == 1]
+        assert dp and key(e) < min(key(q) for q in dp), e.label
