@@ -47,6 +47,15 @@ def dequant_buffer(w: Workload) -> float:
     return out
 
 
+def peft_fp32_adapters(w: Workload) -> bool:
+    """PEFT keeps a half-precision model's adapters in fp32 (get_peft_model's autocast_adapter_dtype=True, peft 0.21
+    mapping_func.py) and casts each adapter's input to their dtype (tuners/lora/layer.py Linear.forward
+    ``_cast_input_dtype``): costed in the pure half mode (--precision bf16/fp16), where a probe of PEFT's LoRA on
+    transformers' Llama agrees to the byte (tests/test_stack_methods.py); under autocast the adapters' GEMMs run on
+    autocast's own half-precision casts of that input, not costed apart."""
+    return w.finetune.library is Library.peft and not w.precision.autocast and w.act_bytes < 4.0
+
+
 def _module_inputs(w: Workload) -> dict[str, tuple[int, int]]:
     """Per layer-table module (qkv, out, fc1, fc2): (input width, copies autograd would save for the weight
     gradients). Under autocast each linear casts its input on its own (the stack profile: q/k/v and gate/up each
@@ -71,12 +80,15 @@ def saved_delta_per_token(w: Workload) -> float:
     if not ft.adapters:
         return 0.0
     a, r = w.act_bytes, ft.lora_rank
+    fp32 = peft_fp32_adapters(w)
+    ab = 4.0 if fp32 else a  # the adapters' activations: their own input copy (fp32 under PEFT's cast) and A's output
     shapes = target_shapes(w.layer, ft.target_set)
     adapted = {TARGET_MODULE[t] for t, _, _ in shapes}
     keeps_input = quant_saves_input(ft)
-    delta = 0.0
+    # the norms' weights are frozen: what a layer keeps only for their gradients is not kept (the stack's tables)
+    delta = -w.tables.saved_norm_weight_inputs
     for module, (width, copies) in _module_inputs(w).items():
-        if keeps_input or (module in adapted and ft.lora_dropout == 0.0):
+        if keeps_input or (module in adapted and ft.lora_dropout == 0.0 and not fp32):
             continue  # the quantised matmul, or the adapter's A, keeps the input itself
         if module == "out" and not w.eager:
             # a fused kernel's output, which it keeps for its backward, is the out projection's input: torch's SDPA
@@ -86,8 +98,10 @@ def saved_delta_per_token(w: Workload) -> float:
         delta -= copies * width * a
     dropouts = {TARGET_MODULE[t] if (ft.library is Library.litgpt and t in "qkv") else t: n_in for t, n_in, _ in shapes}
     if ft.lora_dropout > 0.0:
-        delta += sum(n_in * (a + DROPOUT_MASK_BYTES) for n_in in dropouts.values())
-    delta += sum(r * a for _ in shapes)
+        delta += sum(n_in * (ab + DROPOUT_MASK_BYTES) for n_in in dropouts.values())
+    elif fp32:  # no dropout: A keeps the fp32 cast of its input, one per adapter (each casts its own)
+        delta += sum(n_in * ab for _, n_in, _ in shapes)
+    delta += sum(r * ab for _ in shapes)
     qkv_slices = [n_out for t, _, n_out in shapes if t in ("q", "k", "v")]
     if ft.library is Library.litgpt and 0 < len(qkv_slices) < 3:
         # litgpt's LoRAQKVLinear.zero_pad scatters the enabled slices' B output into the fused width with index_copy,
@@ -144,6 +158,8 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
         # state dict under _get_full_state_dict_context(rank0_only=False) (lightning/fabric/strategies/fsdp.py
         # _load_raw_module_state), so every rank holds every weight unsharded beside its own shard once, at start
         gathered = np.where((zero >= 3) & (shard > 1), np.maximum(gathered, base), gathered)
+    if peft_fp32_adapters(w):  # PEFT's fp32 adapters on a half-precision base: fp32 weights and gradients
+        wb, gb = 4.0, 4.0
     grads = trainable * gb / np.where(zero >= 2, shard, 1.0)
     ddp = np.asarray(full.bucket_copy) > 0
     return replace(

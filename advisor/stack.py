@@ -100,6 +100,9 @@ class Saved(Entry):
     selective: Optional[PerLayerBytes] = None
     outside_layers: Form = Field(default_factory=dict)
     attention_mask: float = Field(default=0.0, ge=0, le=64)
+    # of ``layer``, what is kept only for the norms' weight gradients (a norm computing weight * x_normed keeps
+    # x_normed for the weight's gradient alone): not kept where the norms are frozen, as under LoRA (advisor.adapters)
+    norm_weight_inputs: Form = Field(default_factory=dict)
 
 
 class Logits(Entry):
@@ -166,7 +169,7 @@ class Stack(Spec):
             LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
             loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
-            k.attention_efficiency)
+            k.attention_efficiency, form_value(saved.norm_weight_inputs, layer))
 
 
 def form_value(form: Form, layer: DecoderLayer) -> float:
@@ -224,6 +227,7 @@ class StackTables:
     logits_peak: float
     vocab_padding: int
     attention_efficiency: float
+    saved_norm_weight_inputs: float = 0.0  # per token and layer: kept only for trainable norm weights
 
 
 def stack_dirs() -> list[Path]:

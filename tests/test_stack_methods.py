@@ -59,3 +59,25 @@ def test_the_plan_header_says_the_method():
     res = plan(model="llama3-8b", hw="rtx-4090", gpus=1, method="qlora", seq=2048, top=1)
     assert "qlora r=8 on q,v, frozen base in NF4;" in res.header()
     assert "frozen base" not in plan(model="gpt2", hw="dgx-a100", gpus=1, top=1).header()
+
+
+@pytest.mark.parametrize("precision, method, probed", [
+    ("bf16", "full", 11_800), ("bf16", "lora", 10_456), ("fp32", "full", 21_528), ("fp32", "lora", 15_704)])
+def test_hf_llama_layer_saves_what_peft_lora_keeps(precision, method, probed):
+    """Bytes one layer keeps per token (2-layer minus 1-layer transformers 5.23 LlamaForCausalLM: 256 wide, 704 FFN,
+    4 heads, seq 64, SDPA; PEFT 0.21 LoRA r=8 on q_proj, v_proj, no dropout; saved tensors by grad_fn, deduplicated
+    by storage, 2026-11-29). Under LoRA the frozen norms keep no normalised hidden for their weights' gradients
+    (norm_weight_inputs), and in bf16 PEFT's fp32 adapters keep an fp32 cast of their input each; in fp32 the
+    adapters share the frozen linears' input. The fp32 LoRA probe's 15,704.25 includes 0.25 of rotary constants."""
+    from advisor.adapters import saved_delta_per_token
+    from advisor.finetune import FineTune
+    from advisor.hardware import load_hardware
+    from advisor.model import llama_like
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    ft = FineTune(method="lora", targets="q,v", lora_dropout=0.0) if method == "lora" else FineTune()
+    setup = TrainingSetup(seq_len=64, micro_batch=1, precision=precision, finetune=ft)
+    w = Workload.of(llama_like("tiny", 2, 256, 4, 4, 704, 128, 64), load_hardware("dgx-a100"), load_stack("hf-trainer"),
+                    setup)
+    assert float(w.tables.saved_layer.per_gpu(1, False, 0.0)) + saved_delta_per_token(w) == pytest.approx(probed, abs=1)
