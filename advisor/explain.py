@@ -17,7 +17,7 @@ from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
 from advisor.results import Estimate
 from advisor.units import GiB
-from advisor.stack import load_stack
+from advisor.stack import Stack, load_stack
 from advisor.training import Mode
 
 # Inter-node bandwidth per GPU above which the decision tree calls a network "fast": 100 Gb/s per GPU
@@ -131,7 +131,7 @@ def why_layout(e: Estimate, tree: dict) -> list[str]:
     return words
 
 
-def why_faster(e: Estimate, other: tuple[dict, int], name: str) -> str:
+def why_faster(e: Estimate, stack: Stack, other: tuple[dict, int], name: str) -> str:
     """What a plan saves against another kind's best plan (its parts and micro batch), the two parts that account for
     most of the gap: the reason a ranking overrules a rule of thumb, in the plans' own numbers, with the cause of a
     compute gap where the stack's profile or the micro batch gives it."""
@@ -140,7 +140,7 @@ def why_faster(e: Estimate, other: tuple[dict, int], name: str) -> str:
     compute = sum(gap.pop(k, 0.0) for k in ("compute/forward", "compute/backward", "compute/recompute"))
     saved = sorted([(compute, "compute")] + [(v, PART_WORDS.get(k, k)) for k, v in gap.items()], reverse=True)[:2]
     said = [(f"{v:.3g} s less {what}", what) for v, what in saved if v > 0.05 * max(saved[0][0], 1e-30)]
-    engine = load_stack(e.stack).engine
+    engine = stack.engine
     if e.plan.zero >= 2 and engine.fsdp_param_dtype == "half" and e.setup.precision.mode is Mode.mixed:
         cause = f"{e.stack} runs ZeRO-2/3 on half-precision weights, {name} under autocast on fp32 ones"
     else:
@@ -149,7 +149,8 @@ def why_faster(e: Estimate, other: tuple[dict, int], name: str) -> str:
 
 
 def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None,
-            kind_best: Optional[dict] = None, left_out: bool = False) -> str:
+            kind_best: Optional[dict] = None, left_out: bool = False, stack: Optional[Stack] = None) -> str:
+    """Why a ranked plan ranks where it does; ``stack`` is the profile it was costed in (the search's, loaded once)."""
     parts = e.breakdown
     compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
     overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
@@ -192,7 +193,7 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
     elif overruled and best_by_kind[first] <= e.step_time_s * 1.0005:  # slower than the rule's own best: it overrules nothing
         pass
     elif overruled and (kind_best or {}).get(first):
-        words.append(f"overrules the rule of thumb ({rule[first]}): {why_faster(e, kind_best[first], KIND_NAMES[first])}"
+        words.append(f"overrules the rule of thumb ({rule[first]}): {why_faster(e, stack or load_stack(e.stack), kind_best[first], KIND_NAMES[first])}"
                      f"{versus(first)}")
     elif overruled:
         words.append(f"overrules the rule of thumb ({rule[first]}){versus(first)}")

@@ -131,15 +131,13 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
         idx = np.nonzero(ref.fits)[0]
         if not len(idx):
             continue
-        ref_key = objective_key(o.objective, ref.out.time.total[idx], (ref.out.memory.peak + ref.out.overhead.total)[idx],
-                                ref.out.tokens[idx], f.world)
-        key = objective_key(o.objective, f.out.time.total, f.out.memory.peak + f.out.overhead.total, f.out.tokens, f.world)
-        slower = f.fits & (np.broadcast_to(key, f.fits.shape) >= ref_key.min())
+        ref_key = np.broadcast_to(ref.keys(o.objective), ref.fits.shape)[idx]
+        slower = f.fits & (np.broadcast_to(f.keys(o.objective), f.fits.shape) >= ref_key.min())
         if slower.any():
             f.rejected[PAYS_NOT.format(stack=name)] = int(slower.sum())
         f.fits = f.fits & ~slower
         i, kept = int(idx[np.argmin(ref_key)]), kept + int(f.fits.sum())
-        value = (f"{float(ref.out.memory.peak[i] + ref.out.overhead.total[i]) / 2**30:.3g} GiB" if o.objective == "memory"
+        value = (f"{float(ref.need[i]) / 2**30:.3g} GiB" if o.objective == "memory"
                  else f"{float(ref.out.time.total[i]):.3g} s")
         bests.append(f"{ref.plans.plan(i).label()} at {value}")
     if not bests:
@@ -216,6 +214,15 @@ class _Found:
     considered: int
     rejected: dict[str, int]
 
+    @property
+    def need(self) -> Any:
+        """Bytes each plan needs on its busiest GPU: the peak and the overheads beside it."""
+        return self.out.memory.peak + self.out.overhead.total
+
+    def keys(self, objective: str) -> Any:
+        """Each plan's sort key under ``objective`` (advisor.ranking.objective_key)."""
+        return objective_key(objective, self.out.time.total, self.need, self.out.tokens, self.world)
+
 
 def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: TrainingSetup, world: int,
                   o: PlanOptions, model_parallel: Optional[bool] = None) -> _Found:
@@ -252,8 +259,7 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
     for j, f in enumerate(found):
         idx = np.nonzero(f.fits)[0]
         step = f.out.time.total[idx]
-        need = (f.out.memory.peak + f.out.overhead.total)[idx]
-        keys.append(objective_key(o.objective, step, need, f.out.tokens[idx], f.world))
+        keys.append(np.broadcast_to(f.keys(o.objective), f.fits.shape)[idx])
         steps.append(step)
         rows.append(np.stack([np.full(len(idx), j), idx], axis=1))
         kinds = kind_codes(f.plans.take(idx)) if len(idx) else np.array([], dtype=object)
@@ -275,7 +281,7 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
         f, i = found[rows[r, 0]], int(rows[r, 1])
         est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
-        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out)))
+        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack)))
     return ranked, best_by_kind
 
 
