@@ -61,6 +61,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> 
     several devices only sharded and checkpointed (engine.distributed), the rest (not where ``layout_only``)."""
     used = features(c)
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
+    if stack.engine.sequence_parallel == "with_tp":
+        out[f"{stack.name}'s tensor parallelism always shards the sequence: add --sp"] = (
+            (c.tp > 1) & ~np.asarray(c.sp, bool) & (not layout_only))  # sp is a placeholder in layouts
     if stack.engine.selective is None:
         out[f"{stack.name} has no selective recomputation"] = c.recompute == Recompute.selective.code
     for policy in Recompute:  # the checkpointing policies its profile lists (advisor/recompute.py)

@@ -149,6 +149,14 @@ class Engine(Spec):
         "runs full fine-tuning only, and the others are refused in one line")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
+    allocator: Literal["caching", "expandable_segments"] = Field(
+        default="caching", description="PyTorch's CUDA caching allocator as the stack launches it: its default segments, "
+                                       "or expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF), which unmaps free pages "
+                                       "before it fails an allocation: the fit verdict's fragmentation margin "
+                                       "(advisor.memory.FRAGMENTATION)")
+    sequence_parallel: Literal["optional", "with_tp"] = Field(
+        default="optional", description="sequence parallelism under TP: the plan's choice, or always on with TP (the "
+                                        "stack's TP plan shards the norms' sequence and has no switch to replicate it)")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
         default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")

@@ -34,9 +34,13 @@ from advisor.workload import Workload
 # NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
 # per process with several communicators (nvidia-smi minus torch's allocations in NCCL jobs).
 NCCL_BUFFER_BYTES = 0.25 * GiB
-# Allocator fragmentation: reserved exceeds allocated by 2.5-8% in reference/h100/train_examples.jsonl
-# (peak_reserved / peak_mem); 5% is kept as headroom in the `fits` verdict.
-FRAGMENTATION = 0.05
+# Allocator fragmentation, by the allocator the stack launches (engine.allocator). Default segments: reserved exceeds
+# allocated by 2.5-8% in reference/h100/train_examples.jsonl (peak_reserved / peak_mem); 5% is kept as headroom in the
+# `fits` verdict. expandable_segments:True: before failing an allocation the caching allocator releases its cached
+# blocks, and an expandable segment unmaps their free pages one by one (c10/cuda/CUDACachingAllocator.cpp
+# release_cached_blocks -> unmap of ExpandableSegment), so what a run cannot use near its limit is the page rounding of
+# live blocks (2 MiB pages; a training step keeps a few hundred large blocks alive: under 1 GiB): 1% of the peak
+FRAGMENTATION = {"caching": 0.05, "expandable_segments": 0.01}
 # Full recomputation: the recomputed layer's MLP holds ~3 d_ff-sized temporaries beside its saved tensors
 RECOMPUTE_TEMPORARIES_D_FF = 3.0
 # torchtune's OffloadActivations (torchtune/training/_activation_offloading.py) copies each saved tensor to pinned CPU
@@ -150,7 +154,8 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
     last = kept * tokens * layers + outside  # the last holds the logits
     logits = tokens * w.model.vocab / mesh.tp
-    held, at_peak = logits * t.logits_held, logits * t.logits_peak
+    held = logits * t.logits_held + tokens * t.logits_held_per_token
+    at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
     # while a checkpoint is rerun its group's layers hold their full activations; under activation offload the
@@ -175,5 +180,5 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     shape = np.shape(peak)
     over = Overhead(cuda_context=np.full(shape, w.hw.efficiency.framework_overhead_GiB * GiB),
                     comm_buffers=np.where((mesh.dp > 1) | (mesh.tp > 1) | piped, NCCL_BUFFER_BYTES, 0.0) * np.ones(shape),
-                    fragmentation=FRAGMENTATION * peak)
+                    fragmentation=FRAGMENTATION[w.stack.engine.allocator] * peak)
     return mem, over

@@ -106,10 +106,14 @@ class Saved(Entry):
 
 
 class Logits(Entry):
-    """Bytes per logit of the logits and the loss's buffers: alive at the end of forward, and at the peak."""
+    """Bytes per logit of the logits and the loss's buffers: alive at the end of forward, and at the peak; and
+    what the loss holds per token besides, as a linear form (a chunked loss's copies of the hidden states and its
+    gradient accumulator: neither divided by tensor parallelism)."""
 
     held: float = Field(ge=0, le=1e3)
     peak: float = Field(ge=0, le=1e3)
+    held_per_token: Form = Field(default_factory=dict)
+    peak_per_token: Form = Field(default_factory=dict)
 
 
 class Kernels(Spec):
@@ -169,7 +173,8 @@ class Stack(Spec):
             LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
             loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
-            k.attention_efficiency, form_value(saved.norm_weight_inputs, layer))
+            k.attention_efficiency, form_value(saved.norm_weight_inputs, layer), form_value(lg.held_per_token, layer),
+            form_value(lg.peak_per_token, layer))
 
 
 def form_value(form: Form, layer: DecoderLayer) -> float:
@@ -228,6 +233,8 @@ class StackTables:
     vocab_padding: int
     attention_efficiency: float
     saved_norm_weight_inputs: float = 0.0  # per token and layer: kept only for trainable norm weights
+    logits_held_per_token: float = 0.0  # the loss's bytes per token besides the logits (not split by TP)
+    logits_peak_per_token: float = 0.0
 
 
 def stack_dirs() -> list[Path]:

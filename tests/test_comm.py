@@ -252,15 +252,15 @@ def test_dgx_h200_caps_nvlink_sharp_at_the_link_rate():
 PROFILES = list_profiles()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(profile=st.sampled_from(PROFILES), nodes=st.integers(2, 256), per_node=st.sampled_from([1, 2, 4, 8]),
        size=st.floats(256 * 2**20, 16 * 2**30))
 def test_reduce_scatter_plus_all_gather_is_an_all_reduce_on_the_ring(profile, nodes, per_node, size):
     """An all-reduce on a ring is a reduce-scatter followed by an all-gather: the same traffic, the same NICs and the
     same network steps. On any profile, for any group across nodes (per_node of its GPUs in each), the pair costs
-    within 10% of the ring all-reduce from 256 MiB; below, the pair's second call pays its constant start-up again
-    (aws-p6-b200's fit: 209 us per call, torch.distributed's per-call time included: 12% of a 64 MiB all-reduce on
-    2 GPUs)."""
+    within 10% of the ring all-reduce and the second call's constant start-up, which it pays again (aws-p6-b200's
+    fit: 209 us per call, torch.distributed's per-call time included: 12% of a 256 MiB all-reduce on 2 nodes of 8,
+    the example a random draw once found)."""
     hw = load_hardware(profile)
     ring = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(update={
         "fit": hw.inter_node.fit.model_copy(update={"algorithm": "ring", "collnet": False})})})
@@ -268,7 +268,9 @@ def test_reduce_scatter_plus_all_gather_is_an_all_reduce_on_the_ring(profile, no
     n = g * nodes
     ar = float(collective_time("all_reduce", n, size, ring, g))
     pair = float(collective_time("reduce_scatter", n, size, ring, g) + collective_time("all_gather", n, size, ring, g))
-    assert pair == pytest.approx(ar, rel=0.10)
+    again = ring.inter_node.fit.latency_us * 1e-6
+    assert abs(pair - ar - again) <= 0.10 * ar
+    assert pair - ar <= 0.10 * ar or profile == "aws-p6-b200"  # only that fit's start-up passes 10% from 256 MiB
 
 
 @settings(max_examples=200, deadline=None)

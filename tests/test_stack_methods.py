@@ -13,12 +13,12 @@ from advisor.stack import list_stacks, load_stack
 
 # from each library's source (the profiles cite the files): PEFT + bitsandbytes under the Trainer or the DeepSpeed
 # engine, litgpt's finetune_lora --quantize; LoRA without a quantised base in Megatron-Bridge's peft/, torchtitan
-# 0.3.0's components/lora.py and llm-foundry 0.22's peft_config; none in Megatron-DeepSpeed, nanotron 0.4 or
-# llm-foundry 0.1.0 (the 2023 sweep's era)
+# 0.3.0's components/lora.py and llm-foundry 0.22's peft_config; none in Megatron-DeepSpeed, nanotron 0.4,
+# llm-foundry 0.1.0 (the 2023 sweep's era) or torchtitan 0.1.0-0.2.2
 METHODS = {"hf-trainer": ["full", "lora", "qlora"], "deepspeed": ["full", "lora", "qlora"],
            "litgpt": ["full", "lora", "qlora"], "megatron-core": ["full", "lora"],
            "megatron-bridge-perf": ["full", "lora"], "torchtitan": ["full", "lora"], "llm-foundry": ["full", "lora"],
-           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"]}
+           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"]}
 
 
 def test_every_shipped_stack_says_which_methods_it_runs():

@@ -22,8 +22,9 @@ from advisor.model import ModelSpec, gpt2_like, llama_like
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
 
-# the stack each source's runs ran on; llm-foundry's tables were swept with v0.0.4 (FlashAttention 1)
-STACKS = {"Composer": "llm-foundry-2023", "torchtitan": "torchtitan"}
+# the stack each source's runs ran on; llm-foundry's tables were swept with v0.0.4 (FlashAttention 1), torchtitan's
+# performance.md rows with its mid-2024 code (the whole-sequence loss)
+STACKS = {"Composer": "llm-foundry-2023", "torchtitan": "torchtitan-0.2"}
 HARDWARE = {"NVIDIA A100 40GB": "mosaicml-a100-40gb", "NVIDIA A100 80GB": "dgx-a100"}
 RECOMPUTE = {"none": "none", "full": "full", "full (activation checkpointing)": "full", "selective op": "selective",
              "selective layer": "every-k"}

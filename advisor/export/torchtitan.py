@@ -35,6 +35,8 @@ COMPILE = False
 # 0.3.0 captures forward + backward in a CUDA graph unless training.disable_cuda_graphs (trainer.py:613), and
 # refuses the capture under pipeline parallelism (trainer.py:180-186)
 CUDA_GRAPHS = False
+# run_train.sh exports it (stack_profiles/torchtitan.yaml engine.allocator); torchrun alone would not
+ALLOC_CONF = "expandable_segments:True"
 
 
 def _pp(r: Run, value: Any) -> Any:
@@ -143,7 +145,8 @@ def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int) 
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
              "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
              "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",
-             "TORCHTITAN_ARGS=("]
+             "# the allocator torchtitan's own launcher (run_train.sh) sets, which the memory estimate assumes",
+             f"export PYTORCH_ALLOC_CONF={ALLOC_CONF}", "TORCHTITAN_ARGS=("]
     i = 0
     while i < len(args):  # one option per line, with its value when it has one
         take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
