@@ -61,6 +61,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> 
     several devices only sharded and checkpointed (engine.distributed), the rest (not where ``layout_only``)."""
     used = features(c)
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
+    if stack.engine.zero1 == "fsdp_under_pipeline":
+        out[f"{stack.name} shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp"] = (
+            used["zero1"] & (c.pp == 1))
     if stack.engine.sequence_parallel == "with_tp":
         out[f"{stack.name}'s tensor parallelism always shards the sequence: add --sp"] = (
             (c.tp > 1) & ~np.asarray(c.sp, bool) & (not layout_only))  # sp is a placeholder in layouts

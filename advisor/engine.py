@@ -154,6 +154,11 @@ class Engine(Spec):
                                        "or expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF), which unmaps free pages "
                                        "before it fails an allocation: the fit verdict's fragmentation margin "
                                        "(advisor.memory.FRAGMENTATION)")
+    zero1: Literal["optimizer_sharding", "fsdp_under_pipeline"] = Field(
+        default="optimizer_sharding", description="how the stack runs ZeRO-1 (among its offers): an optimizer-sharding "
+        "engine (DeepSpeed, Megatron's distributed optimizer), or only as FSDP under a pipeline schedule, which keeps "
+        "the unit's parameters and gradients unsharded from the first micro-batch to the last (torch.distributed."
+        "pipelining with FSDP2)")
     sequence_parallel: Literal["optional", "with_tp"] = Field(
         default="optional", description="sequence parallelism under TP: the plan's choice, or always on with TP (the "
                                         "stack's TP plan shards the norms' sequence and has no switch to replicate it)")

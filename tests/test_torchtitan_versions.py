@@ -78,3 +78,41 @@ def test_the_torchtitan_export_sets_the_allocator_its_launcher_sets():
     out = launch_config("llama3-8b", "dgx-h100", format="torchtitan", gpus=8, dp=8, fsdp="full-shard", micro_batch=1,
                         seq=8192, stack="torchtitan")
     assert "\nexport PYTORCH_ALLOC_CONF=expandable_segments:True\n" in out.text
+
+
+PIPE = dict(gpus=32, dp=8, pp=4, micro_batch=1, seq=8192, global_batch=64, recompute="full", precision="bf16-mixed")
+
+
+def test_fsdp_under_torchtitans_pipeline_is_zero1_with_fp32_gradients():
+    # torchtitan keeps FSDP's units gathered under PP (fsdp.py: reshard_after_forward False with pp), and
+    # torch.distributed.pipelining's stage turns off resharding and gradient sync until the last micro-batch
+    # (stage.py perform_reduce_grad); FSDP2 accumulates the unsharded gradients in reduce_dtype (fp32:
+    # _fsdp_param.py to_accumulated_grad_if_needed)
+    est = estimate("llama3-8b", "dgx-h100", stack="torchtitan", zero=1, **PIPE)
+    parts = est.memory.parts
+    stage_params = parts["weights"] / 2  # bf16, unsharded
+    assert parts["gradients"] == pytest.approx(4 * stage_params, rel=1e-9)
+    assert parts["optimizer_states"] == pytest.approx(12 * stage_params / 8, rel=1e-9)  # fp32 master + Adam over dp
+    assert "reduce-scatter of 8.46 GiB" in est.collectives["zero"]  # the fp32 gradients, once a step
+    # megatron-core's ZeRO-1 (distributed optimizer, main_grads fp32) holds the same states
+    mc = estimate("llama3-8b", "dgx-h100", stack="megatron-core", zero=1, **PIPE).memory.parts
+    assert (mc["weights"], mc["gradients"]) == pytest.approx((parts["weights"], parts["gradients"]), rel=1e-9)
+
+
+def test_torchtitan_runs_zero1_only_under_a_pipeline():
+    with pytest.raises(AdvisorError) as exc:
+        estimate("llama3-8b", "dgx-h100", stack="torchtitan", zero=1, gpus=8, dp=8, micro_batch=1, seq=8192)
+    assert "torchtitan shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp" \
+        in str(exc.value)
+    res = plan("llama3-70b", "dgx-h100", gpus=64, stack="torchtitan", seq=4096, global_batch=64, top=100_000)
+    zero1 = [r.plan for r in res.plans if r.plan.zero == 1]
+    assert zero1 and all(p.pp > 1 for p in zero1)
+
+
+def test_the_torchtitan_export_writes_zero1_under_a_pipeline_as_fsdp():
+    from advisor.api import launch_config
+
+    out = launch_config("llama3-8b", "dgx-h100", format="torchtitan", stack="torchtitan", zero=1, **PIPE)
+    assert "--parallelism.data-parallel-shard-degree 8\n" in out.text
+    assert "--parallelism.pipeline-parallel-degree 4\n" in out.text
+    assert any(n.startswith("ZeRO-1 is FSDP2 under the pipeline schedule") for n in out.notes)

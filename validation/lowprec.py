@@ -171,7 +171,7 @@ def _recompute(ac: Any, stack: str) -> Optional[str]:
 
 def e2e_kwargs(row: dict) -> Optional[dict]:
     """advisor.estimate's options for an end-to-end row, or None where advisor cannot ask it (MoE, no GPU named,
-    a parallelism column advisor does not read)."""
+    a parallelism column advisor does not read, a pipeline whose micro-batches the source does not state)."""
     hw, m, p, b = row["hardware"], row["model"], row["parallelism"], row["batch"]
     model, gpu = E2E_MODELS.get(m["name"]), E2E_HARDWARE.get(str(hw.get("gpu")))
     stack = E2E_STACK_BY_SOURCE.get(row["source"]["url"].rstrip("/").split("/")[-1], E2E_STACK)
@@ -182,6 +182,8 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
     if not isinstance(tp, int) or not isinstance(pp, int):
         tp = int(str(tp).split()[0])
         pp = int(str(pp).split()[0])
+    if pp > 1:  # the 405B 3D row: its micro-batch count, virtual stages and split (126 layers) are not published
+        return None
     kw = dict(model=model, hw=gpu, gpus=hw["num_gpus"], dp=p["dp"], tp=tp, pp=pp, fsdp="full-shard",
               micro_batch=b["micro_batch_per_gpu"], seq=m["seq_len"], recompute=recompute, stack=stack, sp=tp > 1,
               precision="bf16-mixed" if row["precision"]["recipe"] == "bf16" else row["precision"]["recipe"])
@@ -223,7 +225,8 @@ def validate_lowprec() -> DatasetReport:
             continue
         kw = e2e_kwargs(r)
         if kw is None:
-            rejected["end-to-end row advisor cannot ask (MoE, no GPU named, or a column it does not read)"] += 1
+            rejected["end-to-end row advisor cannot ask (MoE, no GPU named, a column it does not read, or a pipeline "
+                     "with no micro-batch count)"] += 1
             continue
         est = _estimate(kw, rejected)
         if est is None:

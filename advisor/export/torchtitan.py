@@ -9,7 +9,8 @@ override per line, in a script; tests/test_export_stacks.py parses it with Confi
 Every key comes from one row of KEYS (the format's key, a function of the run giving its value or None: not
 written); a plan or setup field added later is one row. Refused: models torchtitan has no config function for,
 fp16 (TrainingConfig's dtypes are bfloat16 and float32) and fp8 (a model converter of the registry, not an
-override), ZeRO-1 (FSDP2 has no optimizer-only sharding), nn.DataParallel.
+override), ZeRO-1 without a pipeline (FSDP2 has no optimizer-only sharding; under a pipeline schedule FSDP runs as
+ZeRO-1), nn.DataParallel.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def _refuse(r: Run) -> None:
     if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
         raise ExportError(f"torchtitan has no {r.setup.precision.value} override (its dtypes are bfloat16 and "
                           "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
-    if r.plan.zero == 1:
-        raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding: use --zero 2 or 3")
+    if r.plan.zero == 1 and r.plan.pp == 1:
+        raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
     if r.setup.optimizer.value not in OPTIMIZER:
         raise ExportError(f"torchtitan's config functions train AdamW, not {r.setup.optimizer.value}: use --optimizer "
                           "adamw or adamw-fused")
@@ -132,6 +133,9 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
                      "on the first and last stage beside them")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
                  "without pipeline parallelism dropping that line may run faster than estimated")
+    if r.plan.zero == 1:
+        notes.append("ZeRO-1 is FSDP2 under the pipeline schedule: parameters and gradients stay unsharded from the "
+                     "first micro-batch to the last, reduce-scattered once a step")
     if r.plan.zero == 2:
         notes.append("ZeRO-2 is FSDP2 with fsdp_reshard_after_forward=never: parameters stay gathered from "
                      "forward to backward")

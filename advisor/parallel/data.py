@@ -104,8 +104,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
-    if eng.main_grads == "fp32":  # Megatron's fp32 main_grad buffer beside half-precision weights
-        gb = np.maximum(gb, 4.0)
+    # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
+    fp32 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) | (eng.main_grads == "fp32")
+    gb = np.where(fp32, np.maximum(gb, 4.0), gb)
     r = w.precision.recipe
     if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
         wb = np.where(master, (layers * p_layer * r.stored_bytes + outside * wb) / params, wb)
