@@ -308,8 +308,9 @@ def test_torchtitan_fp8_keeps_bf16_inputs_still():
 
 def test_bridge_rows_are_asked_as_they_ran():
     """Megatron-Bridge's table rows as configured: CP 2 costed as ring CP (megatron-core's p2p default), Llama 3.1 405B
-    with the embedding and loss in the pipeline split (its recipe), an FSDP degree as ZeRO-3, fine-tuning rows not
-    asked."""
+    with the embedding and loss in the pipeline split (its recipe), an FSDP degree as ZeRO-3, SFT rows as full
+    fine-tuning of their plan (Llama 3 70B on 32 GB300: PP 2 x VP 20, its perf recipe llama3_70b_sft_32gpu_gb300_*),
+    LoRA rows (TP and PP plans) not asked."""
     from validation.lowprec import bridge_kwargs, load_bridge
 
     rows = load_bridge()
@@ -319,8 +320,11 @@ def test_bridge_rows_are_asked_as_they_ran():
     assert (kw["cp"], kw["cp_comm"], kw["pp_split"], kw["dp"], kw["virtual_stages"]) == (2, "ring", "edges", 8, 8)
     fsdp = next(r for r in rows if r["Model"] == "LLAMA3_70B" and r["FSDP"] == "64" and r["Precision"] == "FP8")
     assert bridge_kwargs(fsdp)[0]["zero"] == 3
-    sft = next(r for r in rows if r["task"] == "sft")
-    assert bridge_kwargs(sft) == (None, "a fine-tuning row (SFT or LoRA)")
+    sft = next(r for r in rows if r["task"] == "sft" and r["System"] == "DGX-GB300")
+    kw, _ = bridge_kwargs(sft)
+    assert (kw["gpus"], kw["tp"], kw["pp"], kw["virtual_stages"], kw["seq"], kw["global_batch"]) == (32, 1, 2, 20, 4096, 32)
+    lora = next(r for r in rows if r["task"] == "lora")
+    assert bridge_kwargs(lora) == (None, "a LoRA row (its TP/PP plan: advisor's adapters run data-parallel only)")
 
 
 def _engine(stack: str, **update):
