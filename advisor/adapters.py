@@ -72,13 +72,21 @@ TARGET_MODULE = {"q": "qkv", "k": "qkv", "v": "qkv", "qkv": "qkv", "o": "out", "
 DROPOUT_MASK_BYTES = 1.0  # torch.native_dropout's mask is bool, one byte per element
 
 
-def saved_delta_per_token(w: Workload) -> float:
-    """Bytes one layer saves per token beyond (+) or below (-) the stack's full-fine-tune table (module docstring):
-    a frozen linear's input is not kept (unless the quantised matmul keeps it, or an adapter without dropout keeps
-    the same tensor), each adapter keeps its dropout's output and mask and its A output (r wide)."""
+ROW_PARALLEL = ("out", "fc2")  # their inputs split over the TP ranks; qkv's and fc1's (the norms') only under SP
+
+
+def saved_delta_per_token(w: Workload, tp: Any = 1, sp: Any = False) -> Any:
+    """Bytes one layer saves per token on one TP rank beyond (+) or below (-) the stack's full-fine-tune table (module
+    docstring): a frozen linear's input is not kept (unless the quantised matmul keeps it, or an adapter without
+    dropout keeps the same tensor), each adapter keeps its dropout's output and mask and its A output (r wide, whole
+    on every rank: Megatron-Bridge gathers it). A module's input is split as the layer table splits it."""
     ft = w.finetune
     if not ft.adapters:
         return 0.0
+    seq = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+
+    def split(module: str) -> Any:
+        return tp if module in ROW_PARALLEL else seq
     a, r = w.act_bytes, ft.lora_rank
     fp32 = peft_fp32_adapters(w)
     ab = 4.0 if fp32 else a  # the adapters' activations: their own input copy (fp32 under PEFT's cast) and A's output
@@ -86,7 +94,7 @@ def saved_delta_per_token(w: Workload) -> float:
     adapted = {TARGET_MODULE[t] for t, _, _ in shapes}
     keeps_input = quant_saves_input(ft)
     # the norms' weights are frozen: what a layer keeps only for their gradients is not kept (the stack's tables)
-    delta = -w.tables.saved_norm_weight_inputs
+    delta = -w.tables.saved_norm_weight_inputs / seq
     for module, (width, copies) in _module_inputs(w).items():
         if keeps_input or (module in adapted and ft.lora_dropout == 0.0 and not fp32):
             continue  # the quantised matmul, or the adapter's A, keeps the input itself
@@ -95,22 +103,37 @@ def saved_delta_per_token(w: Workload) -> float:
             # returns (b, heads, s, d) laid out as (b, s, heads, d), so transformers' transpose(1, 2).contiguous() and
             # litgpt's transpose(1, 2).contiguous().view() copy nothing (torch.contiguous returns self)
             continue
-        delta -= copies * width * a
+        delta = delta - copies * width * a / split(module)
     dropouts = {TARGET_MODULE[t] if (ft.library is Library.litgpt and t in "qkv") else t: n_in for t, n_in, _ in shapes}
     if ft.lora_dropout > 0.0:
-        delta += sum(n_in * (ab + DROPOUT_MASK_BYTES) for n_in in dropouts.values())
+        delta = delta + sum(n_in * (ab + DROPOUT_MASK_BYTES) / split(TARGET_MODULE[t]) for t, n_in in dropouts.items())
     elif fp32:  # no dropout: A keeps the fp32 cast of its input, one per adapter (each casts its own)
-        delta += sum(n_in * ab for _, n_in, _ in shapes)
-    delta += sum(r * ab for _ in shapes)
+        delta = delta + sum(n_in * ab / split(TARGET_MODULE[t]) for t, n_in, _ in shapes)
+    delta = delta + sum(r * ab for _ in shapes)
     qkv_slices = [n_out for t, _, n_out in shapes if t in ("q", "k", "v")]
     if ft.library is Library.litgpt and 0 < len(qkv_slices) < 3:
         # litgpt's LoRAQKVLinear.zero_pad scatters the enabled slices' B output into the fused width with index_copy,
         # whose backward keeps its source (litgpt 0.5.13 lora.py:326, lit_gpt 0.1.0.dev1 lora.py:339-341; torch 2.1
         # derivatives.yaml:836-841); with q, k and v all adapted zero_pad returns early (lora.py:309): nothing kept
-        delta += sum(qkv_slices) * a
+        delta = delta + sum(qkv_slices) * a
     if ft.dora:  # DoRA rescales the output: (base + lora) x magnitude / norm keeps an out-wide product per target
-        delta += sum(n_out * a for _, _, n_out in shapes)
+        delta = delta + sum(n_out * a for _, _, n_out in shapes)
     return delta
+
+
+def tp_collectives(w: Workload, sp: Any) -> Any:
+    """Tensor-parallel collectives the adapters add per layer and micro-batch, in the units advisor.parallel.tensor
+    counts a layer's in (an all-reduce, or under SP an all-gather and a reduce-scatter of the layer's activations).
+    Megatron-Bridge's ParallelLinearAdapter.forward (peft/utils.py): under SP a column-parallel target's adapter gathers
+    the norm output's sequence itself (gather_from_sequence_parallel_region: all-gather forward, reduce-scatter
+    backward) and a row-parallel target's gathers its B output (gather_output) and scatters it back to the sequence
+    (all-gather backward): one unit per adapted module; without SP only the row-parallel one's forward all-gather,
+    half a unit. A's r-wide gathers and all-reduces are left out (r / d_model of these: 16 / 8,192 for Llama 3 70B)."""
+    if not w.finetune.adapters:
+        return 0.0
+    modules = {TARGET_MODULE[t] for t, _, _ in target_shapes(w.layer, w.finetune.target_set)}
+    row = sum(m in ROW_PARALLEL for m in modules)
+    return np.where(np.asarray(sp, dtype=bool), float(len(modules)), 0.5 * row)
 
 
 # Activation offload moves each saved tensor to pinned host memory during forward and back during backward over the
@@ -136,12 +159,20 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     zero, shard = np.asarray(c.zero), mesh.dp_shard
     wb, gb = full.weight_bytes, full.grad_bytes
     half = half_base(ft, w.precision)
-    base_wb = 2.0 if half else wb  # the frozen base's bytes per weight; the adapters keep wb (fp32 under autocast)
-    n_params = full.params  # tp = pp = 1 (adapters refuse both): every parameter of the model
+    # the frozen base's bytes per weight: half precision, or the recipe's format where the stack holds weights in it
+    # (Megatron's fp8 parameters: full.weight_bytes); the adapters keep wb (fp32 under autocast)
+    low = w.precision.recipe is not None and bool(w.stack.engine.low_precision_params)
+    base_wb = wb if low else (2.0 if half else wb)
+    if low:  # the adapters themselves stay in the parameters' own dtype
+        wb = optimizer.weight_grad_bytes(w.precision, full.master)[0]
+    n_params = full.params  # this rank's: its stage's layers, split over the TP ranks
+    # a quantised base runs with data parallelism only (every stack that runs QLoRA: engine.adapters_parallel data)
     quant = float(quantised_weights(m, ft, head_quantised(ft)))
     qb = quant_bytes_per_weight(ft, m.d_model)
     per_layer = float(adapter_params_per_layer(m.layer, ft))
-    trainable = m.n_layers * per_layer + head_adapter_params(m, ft)
+    # under TP each adapter's A and B are split like its linear (Megatron-Bridge ParallelLinearAdapter); the head's
+    # adapter counted on every stage (a few vocab x r weights)
+    trainable = (layers * per_layer + head_adapter_params(m, ft)) / mesh.tp
     base = (n_params - quant) * base_wb + quant * qb
     stored = base / n_params  # bytes per base parameter as held (and as ZeRO-3 gathers it)
     z3 = np.where(zero >= 3, shard, 1.0)
@@ -151,7 +182,7 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
         states = trainable * (2.0 * STATE_8BIT_BYTES + np.where(full.master, 4.0, 0.0)) / shard
     else:
         states = trainable * optimizer.state_bytes(w, full.master) / shard
-    p_layer = float(m.layer.n_params)
+    p_layer = float(m.layer.n_params) / mesh.tp
     gathered = np.where(zero >= 3, np.minimum(2.0 * p_layer * stored, base * (1.0 - 1.0 / shard)), 0.0)
     if ft.library is Library.litgpt:
         # litgpt's finetune scripts load the checkpoint after fabric.setup_module: Fabric's FSDP load_raw loads a full
@@ -165,27 +196,29 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     return replace(
         full, grad_params=trainable, weight_bytes=stored, weights=(base + trainable * wb) / z3, grads=grads,
         optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
-        grad_buffer=np.where(zero >= 2, per_layer * gb, 0.0),
+        grad_buffer=np.where(zero >= 2, per_layer / mesh.tp * gb, 0.0),
         bucket_copy=np.where(ddp, trainable * gb, 0.0),
         autocast_copy=0.0 if half else optimizer.autocast_weights(w, full.master) * (n_params - quant) * 2.0,
         step_temporaries=0.0 if ft.offloads_optimizer else optimizer.step_temporaries(w, trainable / shard),
         head_grads=np.minimum(head_adapter_params(m, ft) * gb, grads))
 
 
-def layer_extra_times(w: Workload, tokens: Any) -> tuple[Any, Any]:
-    """(forward, backward) GPU seconds one layer's adapters and dequantisation add for ``tokens`` tokens: each
-    adapter's two thin GEMMs (backward: input and weight gradients, 2x), its dropout (read x, write the output and
-    the mask; backward the same), the scaled add of its output; every quantised weight read packed and written
-    in half precision once per forward and once per backward; DoRA's weight norm (forward: W + s B A, its norm)."""
+def layer_extra_times(w: Workload, tokens: Any, tp: Any = 1) -> tuple[Any, Any]:
+    """(forward, backward) GPU seconds one layer's adapters and dequantisation add for ``tokens`` tokens on one TP
+    rank: each adapter's two thin GEMMs (backward: input and weight gradients, 2x), its dropout (read x, write the
+    output and the mask; backward the same), the scaled add of its output, each split over the TP ranks; every
+    quantised weight read packed and written in half precision once per forward and once per backward; DoRA's weight
+    norm (forward: W + s B A, its norm)."""
     ft, hw, a, r = w.finetune, w.hw, w.act_bytes, w.finetune.lora_rank
     if not ft.adapters:
         return 0.0, 0.0
     fwd = 0.0
     for _, n_in, n_out in target_shapes(w.layer, ft.target_set):
-        fwd = fwd + gemm_time(hw, w.math, 2.0 * tokens * n_in * r, r, n_in) + gemm_time(hw, w.math, 2.0 * tokens * r * n_out, n_out, r)
-        fwd = fwd + mem_time(hw, tokens * n_out * 3.0 * a)  # out += s * (B A x): read, read, write
+        fwd = fwd + (gemm_time(hw, w.math, 2.0 * tokens * n_in * r / tp, r, n_in)
+                     + gemm_time(hw, w.math, 2.0 * tokens * r * n_out / tp, n_out, r))
+        fwd = fwd + mem_time(hw, tokens * n_out * 3.0 * a / tp)  # out += s * (B A x): read, read, write
         if ft.lora_dropout > 0.0:
-            fwd = fwd + mem_time(hw, tokens * n_in * (2.0 * a + DROPOUT_MASK_BYTES))
+            fwd = fwd + mem_time(hw, tokens * n_in * (2.0 * a + DROPOUT_MASK_BYTES) / tp)
         if ft.dora:
             fwd = fwd + gemm_time(hw, w.math, 2.0 * n_out * r * n_in, n_out, r) + mem_time(hw, 3.0 * a * n_in * n_out)
     bwd = 2.0 * fwd
@@ -196,11 +229,11 @@ def layer_extra_times(w: Workload, tokens: Any) -> tuple[Any, Any]:
     return fwd, bwd
 
 
-def with_adapters(w: Workload, lt: LayerTimes, tokens: Any, pol: Any) -> LayerTimes:
+def with_adapters(w: Workload, lt: LayerTimes, tokens: Any, pol: Any, tp: Any = 1) -> LayerTimes:
     """A layer's times with its adapters' and dequantisation's added (a full recomputation reruns them)."""
     if not w.finetune.adapters:
         return lt
-    fwd, bwd = layer_extra_times(w, tokens)
+    fwd, bwd = layer_extra_times(w, tokens, tp)
     rc = pol.full * fwd  # the checkpointed share of the layers reruns the adapters too (advisor.recompute.Mix)
     return replace(lt, fwd_s=lt.fwd_s + fwd, bwd_s=lt.bwd_s + bwd, recompute_s=lt.recompute_s + rc)
 

@@ -20,8 +20,13 @@ from advisor.training import Recompute, TrainingSetup
 
 WORLD = "dp x tp x pp != world size"
 # the fine-tuning recipes of PEFT (with accelerate/DeepSpeed), torchtune and litgpt shard adapters with data
-# parallelism (DDP, FSDP, ZeRO); adapters under tensor or pipeline parallelism are not costed
-ADAPTERS = "LoRA/QLoRA are costed with data parallelism only (DDP, ZeRO, FSDP): use --tp 1 --pp 1"
+# parallelism (DDP, FSDP, ZeRO); Megatron's run under TP and PP too (the stack's engine.adapters_parallel)
+ADAPTERS = "LoRA/QLoRA run with data parallelism only in this stack (DDP, ZeRO, FSDP): use --tp 1 --pp 1"
+
+
+def adapters_refuse_model_parallel(setup: TrainingSetup, stack: Optional[Stack]) -> bool:
+    """Adapters under TP or PP are refused: the stack runs them with data parallelism only."""
+    return setup.finetune.adapters and (stack is None or stack.engine.adapters_parallel == "data")
 
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
@@ -95,7 +100,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     """One-line reasons a single plan is invalid (empty when valid)."""
     grad_accum, batch_err = resolve_grad_accum(setup, plan)
     reasons = [batch_err] if batch_err else []
-    if setup.finetune.adapters and (plan.tp > 1 or plan.pp > 1):
+    if adapters_refuse_model_parallel(setup, stack) and (plan.tp > 1 or plan.pp > 1):
         reasons.append(ADAPTERS)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing

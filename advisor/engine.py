@@ -147,6 +147,10 @@ class Engine(Spec):
         default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
         "runs full fine-tuning only, and the others are refused in one line")
+    adapters_parallel: Literal["data", "model"] = Field(
+        default="data", description="where LoRA adapters run: data parallelism only (PEFT under accelerate/DeepSpeed, "
+        "torchtune, litgpt: DDP, FSDP, ZeRO), or also under tensor and pipeline parallelism (Megatron-Bridge's "
+        "ParallelLinearAdapter: each adapter split over the TP ranks like its linear, on its layer's stage)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     allocator: Literal["caching", "expandable_segments"] = Field(

@@ -95,7 +95,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     scores = w.layer.n_heads * w.seq_len if w.eager else 0.0
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
-    delta = adapters.saved_delta_per_token(w)  # a frozen base's inputs not kept, the adapters' tensors kept
+    delta = adapters.saved_delta_per_token(w, mesh.tp, sp)  # a frozen base's inputs not kept, the adapters' kept
     full = full - less + delta
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         full = full + expert.routed_saved(w, mesh, sp)

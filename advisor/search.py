@@ -21,7 +21,7 @@ import numpy as np
 from advisor import api
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.candidates import Candidates
-from advisor.constraints import violations
+from advisor.constraints import adapters_refuse_model_parallel, violations
 from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.hardware import Hardware, load_hardware
@@ -230,7 +230,7 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     without TP or PP, which --stack auto costs in different stacks."""
     valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
                                            model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
-    if setup.finetune.adapters:
+    if adapters_refuse_model_parallel(setup, stack):
         from advisor.constraints import ADAPTERS
 
         split = (valid.tp > 1) | (valid.pp > 1)

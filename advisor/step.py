@@ -118,7 +118,8 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     mem_layers = pipeline.memory_layers(w.model, c, mesh)
     pol = policy_mix(w, c, mesh, mem_layers)  # the checkpointing policy over the busiest stage's layers
     casts = compute.weight_cast_share(w, c.zero, ga)
-    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol)
+    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
+                                mesh.tp)
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
     layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)

@@ -150,9 +150,11 @@ def test_plan_auto_picks_the_first_method_that_fits():
     assert "fastest that fits" in "\n".join(res.notes())
 
 
-def test_adapters_refuse_tensor_parallelism():
-    with pytest.raises(AdvisorError, match="data parallelism only"):
-        estimate("llama2-7b", "dgx-a100", gpus=2, tp=2, method="lora")
+def test_adapters_refuse_tensor_parallelism_where_the_stack_runs_them_data_parallel():
+    # PEFT under accelerate / DeepSpeed shards adapters with DDP, FSDP or ZeRO only (megatron-core's run under TP and
+    # PP: tests/test_adapters_model_parallel.py)
+    with pytest.raises(AdvisorError, match="data parallelism only in this stack"):
+        estimate("llama2-7b", "dgx-a100", gpus=2, tp=2, method="lora", stack="hf-trainer")
 
 
 @settings(max_examples=20, deadline=None)

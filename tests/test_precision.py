@@ -310,7 +310,7 @@ def test_bridge_rows_are_asked_as_they_ran():
     """Megatron-Bridge's table rows as configured: CP 2 costed as ring CP (megatron-core's p2p default), Llama 3.1 405B
     with the embedding and loss in the pipeline split (its recipe), an FSDP degree as ZeRO-3, SFT rows as full
     fine-tuning of their plan (Llama 3 70B on 32 GB300: PP 2 x VP 20, its perf recipe llama3_70b_sft_32gpu_gb300_*),
-    LoRA rows (TP and PP plans) not asked."""
+    LoRA rows with the recipes' adapters."""
     from validation.lowprec import bridge_kwargs, load_bridge
 
     rows = load_bridge()
@@ -323,8 +323,10 @@ def test_bridge_rows_are_asked_as_they_ran():
     sft = next(r for r in rows if r["task"] == "sft" and r["System"] == "DGX-GB300")
     kw, _ = bridge_kwargs(sft)
     assert (kw["gpus"], kw["tp"], kw["pp"], kw["virtual_stages"], kw["seq"], kw["global_batch"]) == (32, 1, 2, 20, 4096, 32)
-    lora = next(r for r in rows if r["task"] == "lora")
-    assert bridge_kwargs(lora) == (None, "a LoRA row (its TP/PP plan: advisor's adapters run data-parallel only)")
+    lora = next(r for r in rows if r["task"] == "lora" and r["System"] == "DGX-H100")
+    kw, _ = bridge_kwargs(lora)  # llama3_70b_peft_8gpu_h100_fp8cs_config: TP 2 PP 4 VP 20, SP, LoRA r 16 on linear_qkv
+    assert (kw["tp"], kw["pp"], kw["virtual_stages"], kw["sp"], kw["method"], kw["lora_rank"], kw["lora_targets"]) == (
+        2, 4, 20, True, "lora", 16, "qkv")
 
 
 def _engine(stack: str, **update):

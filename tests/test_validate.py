@@ -172,9 +172,9 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # TE's own GEMMs), megatron-core's weights quantised once a step (TE's is_first_microbatch cache), the perf
     # recipes' NVFP4 without BF16 edge layers, TE's sequence-parallel all-gathers in the recipe's format and ring CP's
     # merge kernels: MAPE 14% -> 6.7% (the issue 15 goal, met), 36% -> 70% of rows within 10%
-    # 2026-11-29: the recipes' expandable_segments allocator (1% fragmentation margin) and the five SFT rows (full
-    # fine-tuning, within -6..+11%): 71% of 66
-    "bridge tokens/s within 10 %": "71% of 66 rows compared (MAPE 6.5%, max 32%; FP8 6%, MXFP8 4%, NVFP4 11%, biased "
+    # 2026-11-29: the recipes' expandable_segments allocator (1% fragmentation margin), the five SFT rows (full
+    # fine-tuning, -6..+11%) and the five LoRA rows (adapters under TP and PP, -11..+1%): 70% of 71
+    "bridge tokens/s within 10 %": "70% of 71 rows compared (MAPE 6.5%, max 32%; FP8 6%, MXFP8 4%, NVFP4 11%, biased "
                                    "slow: the TP collectives Bridge overlaps with its GEMMs (tp_comm_overlap, "
                                    "userbuffers) are costed exposed; recomputation is the least that fits)",
     # 2026-11-25, issue 22: with litgpt's blocks counted from its source (stack_profiles/litgpt.yaml) every row is under:

@@ -7,7 +7,7 @@ row's tokens/s per GPU and its speedup over the same table's BF16 row; and the G
 per-GEMM profiling on B300 and H200 NVL, torchao's tables) through advisor.compute's recipe GEMM time plus, for the
 "autocast" rows, the per-GEMM quantisation of both operands (advisor.precision ``gemm_quantise_bytes``).
 
-``bridge``: Megatron-Bridge's dense pre-training and SFT rows (Llama 3 8B / 70B, Llama 3.1 405B) on the systems advisor
+``bridge``: Megatron-Bridge's dense pre-training, SFT and LoRA rows (Llama 3 8B / 70B, Llama 3.1 405B) on the systems advisor
 has a profile for, estimated on ``BRIDGE_STACK`` with their TP/PP/VP, micro and global batch; tokens/s per GPU, and
 every row must fit.
 
@@ -286,7 +286,10 @@ BRIDGE_CP_COMM = "ring"
 # recompute_modules, the core attention), then --recompute-method block with k = 1, 2, ... layers of each stage chunk
 # checkpointed (megatron-core transformer_block.py: layer_number < recompute_num_layers), then full (uniform, 1)
 BRIDGE_MODEL_LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # the models' configs (n_layers)
-BRIDGE_TASKS = ("pretrain", "sft")
+BRIDGE_TASKS = ("pretrain", "sft", "lora")
+# The LoRA rows' adapters: megatron-bridge 0.6.2's llama3_70b_peft_config (recipes/llama/h100/llama3.py: dim 16,
+# alpha 32; LoRA's dropout 0.0, peft/lora.py) with the perf recipes' cfg.peft.target_modules = ["linear_qkv"]
+BRIDGE_LORA = dict(method="lora", lora_rank=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets="qkv")
 
 
 def bridge_least_recompute(kw: dict, rejected: Counter):
@@ -324,10 +327,10 @@ def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
     model, hw, prec = BRIDGE_MODELS.get(row["Model"]), BRIDGE_HARDWARE.get(row["System"]), BRIDGE_PRECISION.get(row["Precision"])
     # SFT is full fine-tuning: the pre-training step on SQuAD packed into full-length rows (the perf recipes'
     # pad_to_max_length), costed with causal attention over the whole row (per document in the run: Llama 3 70B at
-    # 4,096 spends ~4% of its FLOPs there, so the estimate errs that much slow at most). LoRA: advisor's adapters run
-    # data-parallel only, and the table's LoRA plans use TP and PP
+    # 4,096 spends ~4% of its FLOPs there, so the estimate errs that much slow at most); LoRA the same rows through
+    # the recipes' adapters (BRIDGE_LORA)
     if row["task"] not in BRIDGE_TASKS:
-        return None, "a LoRA row (its TP/PP plan: advisor's adapters run data-parallel only)"
+        return None, f"a {row['task']} row"
     if model is None or hw is None or prec is None:
         return None, "a system without a profile or no precision named"
     cells = {k: _cell(row[k]) for k in ("#-GPUs", "TP", "PP", "VP", "CP", "FSDP")}
@@ -344,6 +347,8 @@ def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
               precision=prec, recompute="none", stack=BRIDGE_STACK)
     if tp > 1:
         kw["sp"] = True
+    if row["task"] == "lora":
+        kw.update(BRIDGE_LORA)
     if cp > 1:
         kw["cp"], kw["cp_comm"] = cp, BRIDGE_CP_COMM
     if pp > 1 and model in BRIDGE_PP_SPLIT:
@@ -378,13 +383,14 @@ def validate_bridge() -> DatasetReport:
              "within_10_pct": 100.0 * np.mean([abs(p.error_pct) <= 10.0 for p in points]) if points else float("nan")}
     notes = [f"stack {BRIDGE_STACK}; {len(points)} of {len(dense)} dense rows compared; CP as {BRIDGE_CP_COMM}, "
              "Llama 3.1 405B with the embedding and loss in the pipeline split (its recipe), FSDP as ZeRO-3; SFT rows as "
-             "full fine-tuning with causal attention over each packed row",
+             "full fine-tuning with causal attention over each packed row, LoRA rows with the recipes' adapters (r 16 on "
+             "linear_qkv)",
              "recomputation, which the tables do not give (their runs' configs are Megatron-Bridge's "
              "scripts/performance, not in its package; the package's Llama recipes set none at other parallelisms), "
              "the least predicted to fit: " + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     if no_fit:
         notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit[:6]))
-    return _report("bridge", "Megatron-Bridge dense pre-training and SFT (Llama 3 8B/70B, 3.1 405B): BF16, FP8, MXFP8, NVFP4",
+    return _report("bridge", "Megatron-Bridge dense pre-training, SFT and LoRA (Llama 3 8B/70B, 3.1 405B): BF16, FP8, MXFP8, NVFP4",
                    "tokens/s per GPU", len(dense), points, rejected, extra=extra, notes=notes)
 
 

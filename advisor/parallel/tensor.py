@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor import comm
+from advisor import adapters, comm
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
@@ -115,7 +115,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> Te
         for x in ratios) / len(ratios)
     per = np.where(sp, layer_ag_rs, ar)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
-    n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES
+    # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
+    n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES + adapters.tp_collectives(w, sp) * (1.0 + 0.5 * rerun)
     loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
                               layers_s=np.where(on, layers * n * per, 0.0),

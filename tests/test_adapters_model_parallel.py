@@ -1,0 +1,53 @@
+"""LoRA under tensor and pipeline parallelism (issue 22), as Megatron-Bridge runs it: megatron-bridge 0.6.2's
+ParallelLinearAdapter (peft/utils.py) splits each adapter's A and B over the TP ranks like the linear it adapts, on
+that linear's pipeline stage; under SP a column-parallel target's adapter gathers the norm output's sequence itself
+(an all-gather forward, a reduce-scatter backward). Its LoRA performance recipes run Llama 3 70B on 8 GPUs with TP 1-2
+and PP 2-4 (llama3_70b_peft_8gpu_*: r 16, alpha 32, linear_qkv), and the Megatron-Bridge table measured them
+(validation/data/megatron_bridge_performance.csv, task lora)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor import estimate, plan
+from advisor.errors import AdvisorError
+
+# llama3_70b_peft_8gpu_h100_fp8cs_config
+H100_LORA = dict(gpus=8, tp=2, pp=4, sp=True, dp=1, schedule="interleaved", virtual_stages=20, micro_batch=1,
+                 global_batch=32, seq=4096, precision="fp8-tensorwise", recompute="none", stack="megatron-bridge-perf")
+ADAPTER = dict(method="lora", lora_rank=16, lora_alpha=32.0, lora_targets="qkv")
+QKV_OUT = 8192 + 2 * 1024  # Llama 3 70B's fused qkv: 64 query heads and 8 kv heads of 128
+
+
+def test_the_recipe_is_costed_and_fits():
+    est = estimate("llama3-70b", "dgx-h100", **H100_LORA, **ADAPTER)
+    assert est.fits
+    # PEFT's count: r x (d_model + qkv width) per layer, 80 layers; model-wide, whatever the plan
+    assert est.trainable_params == 80 * 16 * (8192 + QKV_OUT) == 23_592_960
+    # the table: 2,643 tokens/s per GPU (26.06 NeMo container); within 10%
+    assert est.tokens_per_s / est.world_size == pytest.approx(2643, rel=0.10)
+
+
+def test_the_adapters_states_are_this_ranks_share():
+    lora = estimate("llama3-70b", "dgx-h100", **H100_LORA, **ADAPTER).memory.parts
+    full = estimate("llama3-70b", "dgx-h100", **H100_LORA).memory.parts
+    # the frozen base held as the full fine-tune holds it; the adapters' share: a stage's 20 layers over 2 TP ranks
+    trainable = 20 * 16 * (8192 + QKV_OUT) / 2
+    assert lora["weights"] - full["weights"] == pytest.approx(trainable * 2.0, rel=0.02)  # bf16 adapter weights
+    assert lora["optimizer_states"] == pytest.approx(trainable * 12.0, rel=1e-6)  # fp32 main params + Adam, dp = 1
+    assert lora["gradients"] < 0.01 * full["gradients"]
+
+
+def test_the_adapters_add_their_sequence_parallel_collectives():
+    lora = estimate("llama3-70b", "dgx-h100", **H100_LORA, **ADAPTER).breakdown["comm/tp"]
+    full = estimate("llama3-70b", "dgx-h100", **H100_LORA).breakdown["comm/tp"]
+    # one adapted module (qkv) adds one all-gather + reduce-scatter to the layer's four (no recomputation): 5 / 4 of the
+    # layers' TP time, the embedding's and the head's unchanged
+    assert 1.15 < lora / full < 1.25
+
+
+def test_the_search_offers_lora_with_tp_and_pp_in_megatron_only():
+    res = plan("llama3-70b", "dgx-h100", gpus=8, seq=4096, global_batch=32, stack="megatron-core", top=100_000, **ADAPTER)
+    assert any(r.plan.tp > 1 for r in res.plans) and any(r.plan.pp > 1 for r in res.plans)
+    with pytest.raises(AdvisorError, match="data parallelism only in this stack"):
+        estimate("llama3-70b", "dgx-h100", gpus=8, tp=8, micro_batch=1, seq=4096, stack="hf-trainer", **ADAPTER)
