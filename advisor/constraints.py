@@ -76,7 +76,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> 
         out[f"{stack.name} has no selective recomputation"] = c.recompute == Recompute.selective.code
     for policy in Recompute:  # the checkpointing policies its profile lists (advisor/recompute.py)
         if policy.value not in stack.engine.checkpointing and policy is not Recompute.selective:
-            out[f"{stack.name} does not run {policy.value} checkpointing"] = c.recompute == policy.code
+            runs = " or ".join(stack.engine.checkpointing)
+            out[f"{stack.name} does not run {policy.value} checkpointing: use --recompute {runs}"] = (
+                c.recompute == policy.code)
     eng, cp_on = stack.engine, np.asarray(c.cp) > 1
     for kind in ContextParallel:
         if kind.value not in eng.context_parallel:

@@ -120,8 +120,9 @@ def test_stage_layers_follow_nanotrons_cost_balance():
      "nanotron does not run an interleaved"),
     ("llama3-8b-tp4-sp-zero1", dict(dp=1, cp=2), {}, None, "nanotron runs no context parallelism"),
     ("llama3-8b-tp4-sp-zero1", {}, dict(recompute="selective"), None, "nanotron has no selective recomputation"),
+    ("llama3-8b-tp4-sp-zero1", {}, dict(recompute="full"), None,
+     "nanotron does not run full checkpointing: use --recompute none"),  # 0.4 checkpoints nothing
     # nanotron 0.4's own limits
-    ("llama3-8b-tp4-sp-zero1", {}, dict(recompute="full"), None, "--recompute full: nanotron 0.4 recomputes nothing"),
     ("llama3-8b-tp4-sp-zero1", {}, dict(precision="fp16-mixed"), None, "use --precision bf16-mixed"),
     ("llama3-8b-tp4-sp-zero1", {}, dict(precision="bf16"), None, "--precision bf16: nanotron trains bf16 weights"),
     ("llama3-8b-tp4-sp-zero1", {}, dict(optimizer="sgd"), None, "builds torch.optim.AdamW only"),
@@ -173,7 +174,7 @@ def test_cli_exports_nanotron_by_stack_or_by_format():
     assert by_stack.stdout == by_format.stdout and "; stack nanotron" in by_stack.stdout.splitlines()[0]
     assert yaml.safe_load(by_stack.stdout)["parallelism"]["tp_mode"] == "REDUCE_SCATTER"
     refused = CliRunner().invoke(export_command, base + ["--stack", "nanotron", "--recompute", "full"])
-    assert refused.exit_code == 2 and refused.output.startswith("error: --recompute full")
+    assert refused.exit_code == 2 and "nanotron does not run full checkpointing: use --recompute none" in refused.output
     assert refused.output.count("\n") == 1
 
 

@@ -154,7 +154,8 @@ def test_a_zero3_call_never_costs_less_with_more_host_ops_or_ranks(shard, elems)
 def test_nanotron_numbers_are_its_sources():
     """nanotron 0.4 read from its source (flash_attn does not build on CPU, so nothing is probed): DDP bucket 25 MB
     (config/config.py:182), fp32 gradient accumulation and master weights, DDP / ZeRO-1, TP (+SP), AFAB (GPipe) and
-    1F1B pipelines, full-layer recomputation only; a Llama layer saves 8f of its GLU MLP (gate_up output, SiLU
+    1F1B pipelines, no recomputation (0.4's LlamaDecoderLayer checkpoints nothing; git main's recompute_layer came
+    after it, and the exporter writes 0.4's keys); a Llama layer saves 8f of its GLU MLP (gate_up output, SiLU
     output, product), as torchtitan's probed SwiGLU block does."""
     nt = load_stack("nanotron")
     e = nt.engine
@@ -164,6 +165,9 @@ def test_nanotron_numbers_are_its_sources():
     assert saved.layer.split["d_ff"] == 8 == load_stack("torchtitan").memory.saved[0].layer.split["d_ff"]
     with pytest.raises(AdvisorError, match="nanotron has no selective recomputation"):
         estimate("llama3-8b", "dgx-h100", gpus=8, recompute="selective", stack="nanotron")
+    assert e.checkpointing == ["none"]
+    with pytest.raises(AdvisorError, match="nanotron does not run full checkpointing"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, recompute="full", stack="nanotron")
     with pytest.raises(AdvisorError, match="nanotron does not run ZeRO-2"):
         estimate("llama3-8b", "dgx-h100", gpus=8, zero=2, stack="nanotron")
     # GPT-2 (GELU, LayerNorm) is not nanotron's model: the profile says so in one line
