@@ -35,7 +35,7 @@ from advisor.hardware import Hardware
 from advisor.model.layer import DecoderLayer, Linear, keys_per_query
 from advisor.parallel import expert
 from advisor.precision import PASSES, Recipe
-from advisor.recompute import as_mix, rerun
+from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
 from advisor.workload import Workload
 
@@ -237,7 +237,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
-    selective = sum(parts[op] for op in w.selective_recomputes) if w.selective_recomputes else 0.0
+    selective = selected(parts, w.selective_recomputes, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
 

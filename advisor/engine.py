@@ -13,7 +13,9 @@ PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp",
 # what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
 # (Hugging Face's Trainer has none; advisor.parallel.expert)
 DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
-RECOMPUTED = ("attention/core", "elementwise")  # besides the layer table's linear layers, by name
+# besides the layer table's linear layers, by name; "attention/k" is the key projection's share of attention/qkv, for
+# a stack whose blocks run wq, wk and wv apart (advisor.recompute.share_of)
+RECOMPUTED = ("attention/core", "elementwise", "attention/k")
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
 METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor.recompute import as_mix, rerun
+from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
 from advisor.workload import Workload
 
@@ -63,7 +63,7 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     # linear layer one GEMM call, the pointwise ops every forward op that is not a GEMM or attention call
     issued = {"attention/core": 8 * launch + extra, "elementwise": max(t.host_forward_ops - g_fwd, 0) * launch,
               **{lin.name: launch + extra for lin in w.layer.linears}}
-    selective = sum(issued[op] for op in w.selective_recomputes)
+    selective = selected(issued, w.selective_recomputes, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)
     ones = np.ones(np.shape(rc))
     return LayerHostTimes(fwd * ones, bwd * ones, rc)

@@ -36,6 +36,19 @@ import numpy as np
 from advisor.training import Recompute
 
 POLICIES = tuple(r.value for r in Recompute)
+
+
+def selected(parts: dict[str, Any], ops: tuple[str, ...], layer: Any) -> Any:
+    """The sum of ``parts`` (per op name: time, FLOPs or host time of the layer's linears by name, the attention core,
+    the element-wise ops) over the ops a selective policy reruns; "attention/k" is the key projection's share of the
+    fused attention/qkv linear (kv_dim of q_dim + 2 kv_dim), where the stack's blocks run wq, wk and wv apart."""
+    total = 0.0
+    for op in ops:
+        if op == "attention/k":
+            total = total + parts.get("attention/qkv", 0.0) * layer.kv_dim / (layer.q_dim + 2.0 * layer.kv_dim)
+        else:
+            total = total + parts[op]
+    return total
 # the k the search proposes for the policies that take one: full one layer per checkpoint, Megatron's block method
 # with half of each chunk's layers checkpointed (advisor.search sets it per plan), torchtitan's "2" (every second
 # block, the option its mid-2024 docs benchmark as "selective layer")

@@ -38,7 +38,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
 from advisor.parallel import context, data, expert, offload, pipeline, tensor
-from advisor.recompute import Mix, rerun
+from advisor.recompute import Mix, rerun, selected
 from advisor.workload import Workload
 
 
@@ -227,6 +227,6 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
     executed = {"attention/core": executed_core, "elementwise": 0.0, **{lin.name: lin.flops_per_token for lin in layer.linears}}
-    selective = sum(executed[op] for op in w.selective_recomputes)
+    selective = selected(executed, w.selective_recomputes, layer)
     rc = rerun(pol, executed_layer, selective)
     return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step

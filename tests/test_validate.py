@@ -208,17 +208,6 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
                                             "the rows ran their recipes",
     "vtrain top-1 regret max %": "18% (mean 3.9%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
                                  "TP=2 micro-batch 2 are measured 8-18% apart in the direction the model ranks the other way",
-    # 2026-11-25: at one NIC share per GPU the FSDP2 collectives of 8 nodes made these steps 20% slow (bias -20%);
-    # with issue 19's rings over every NIC they come out 15% fast (bias +15%, max 26%); with FSDP2's copy-out/copy-in
-    # kernels on the compute stream (14 bytes a parameter per micro-batch) and the root unit's (embedding + output)
-    # gather and reduce-scatter exposed at its own size: 10.1%, bias +10%, max 18% (Llama 2 70B selective op)
-    # 2026-11-29, tried and not adopted: an unfused RMSNorm (torch's rms_norm is CompositeImplicitAutograd, with no
-    # _fused_rms_norm CUDA kernel, in the 2.4-2.8 wheels' ATen/ops headers; 2.9 adds it) would add ~0.13-0.9 s a step,
-    # about half the gap, but its fp32 saves (~8 d_model bytes a layer-token) put the Llama 2 13B no-checkpointing row
-    # (micro-batch 2) at ~81 GiB of the 80 GiB it ran in: the memory says the mid-2024 rows ran a fused norm. The measured
-    # selective-op rows run no faster than every-second-layer full recomputation (13B: 1,904 vs 1,914 tokens/s; 70B op at
-    # micro-batch 1 as full at 2), which the op-level policy as read (every other matmul) does not explain either
-    "modern torchtitan tokens/s MAPE %": "10.1% (bias +10%, max 18%: Llama 2 70B selective op +18%, 13B selective +13%)",
     # 2026-11-25, issue 19 made the SC21 ZeRO-3 rows compute-bound (+154%, max 299%); issue 15 costs DeepSpeed 0.3.13's
     # calls one by one from its source (per-tensor gathers and reduce-scatters, a device sync per fetch, prefetch only
     # under 1e9 live elements, host ops per rank of torch's list-form collectives): ZeRO-3 rows MAPE 14%, bias -2%;
