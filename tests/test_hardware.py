@@ -35,6 +35,15 @@ def test_datasheet_figures():
     assert load_hardware("aws-p4d").inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)
 
 
+def test_dgx_b200_is_the_hgx_b200_board_on_infiniband():
+    # NVIDIA DGX B200 datasheet: 8x B200 (1,440 GB), 8x single-port ConnectX-7 at up to 400 Gb/s; the board's GPUs and
+    # NVSwitch fit are p6-b200's, its network not (EFA's 209 us fitted start-up per call)
+    dgx, p6 = load_hardware("dgx-b200"), load_hardware("aws-p6-b200")
+    assert (dgx.gpu, dgx.intra_node, dgx.efficiency) == (p6.gpu, p6.intra_node, p6.efficiency)
+    assert dgx.inter_node.kind == "infiniband" and dgx.inter_node_bytes_per_s_per_gpu == pytest.approx(50e9)
+    assert dgx.inter_node.fit.latency_us == 8.4 < p6.inter_node.fit.latency_us
+
+
 def test_h200_datasheet_figures():
     # NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s; the H100 SXM's compute (989 TFLOP/s bf16 dense, 1979
     # fp8); NVLink4 900 GB/s bidirectional. aiconfigurator's systems/h200_sxm.yaml: mem_capacity 151397597184 bytes.

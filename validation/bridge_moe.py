@@ -21,7 +21,7 @@ How a row becomes an estimate:
   and loss as pipeline layers of their own) runs as 1F1B, and is counted;
 - rows with no precision (25.09's token-drop tables) are not compared.
 
-Systems: DGX-H100 -> dgx-h100, DGX-B200 -> aws-p6-b200 (8x B200 on NVSwitch), DGX-GB200 -> gb200-nvl72, DGX-GB300 ->
+Systems: DGX-H100 -> dgx-h100, DGX-B200 -> dgx-b200 (8x B200 on NVSwitch, InfiniBand), DGX-GB200 -> gb200-nvl72, DGX-GB300 ->
 gb300-nvl72; DGX-B300 has a profile (dgx-b300) but is not in the issue's list: its rows are scored apart.
 """
 
@@ -46,7 +46,7 @@ RECOMPUTE_LADDER = ("none", "selective", "full")
 # reduction, Kimi K2 and GLM-5 set grad_reduce_in_fp32 back to True), so one profile cannot say it for every row
 MOE_STACK = "megatron-core"
 
-SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
+SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
 EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
 PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8"}
 

@@ -50,7 +50,7 @@ E2E_STACK = "torchtitan-0.2"
 # per-op policy, which the mxfp8 and nvfp4 variants inherit
 E2E_DEFAULT_AC = {"torchtitan": "selective"}
 E2E_MODELS = {"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3-405b", "Qwen3-8B": "qwen3-8b"}
-BRIDGE_HARDWARE = {"DGX-H100": "dgx-h100", "DGX-B200": "aws-p6-b200", "DGX-B300": "dgx-b300", "DGX-GB200": "gb200-nvl72",
+BRIDGE_HARDWARE = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-B300": "dgx-b300", "DGX-GB200": "gb200-nvl72",
                    "DGX-GB300": "gb300-nvl72"}
 BRIDGE_MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
 # Megatron-Bridge's precision column: FP8 is current scaling on these tables (the README: "FP8 current scaling")
