@@ -148,7 +148,7 @@ def build_inputs(model, hw, **given):
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
                               stack=_stack_name(o.stack), finetune=finetune_of(o),
                               moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
-        plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=o.sp,
+        plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
                     allow_tp_across_nodes=o.allow_tp_across_nodes, offload=o.offload, ep=o.ep, etp=o.etp)
@@ -158,6 +158,8 @@ def build_inputs(model, hw, **given):
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
     resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup, plan)[0]
+    if o.sp is None and o.tp > 1 and resolved.engine.sequence_parallel != "opt_in":  # the stack's own default
+        plan = plan.model_copy(update={"sp": True})
     if o.cp > 1:  # the flavour asked for, or the first the stack runs
         flavours = resolved.engine.context_parallel
         kind = o.cp_comm or (flavours[0] if flavours else "ring")
@@ -192,7 +194,7 @@ def _stack_name(stack) -> str:
 
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
              nodes: Optional[int] = None, dp: Optional[int] = None, tp: int = 1, pp: int = 1,
-             zero: Optional[int] = None, fsdp: Optional[str] = None, sp: bool = False, schedule: str = "1f1b",
+             zero: Optional[int] = None, fsdp: Optional[str] = None, sp: Optional[bool] = None, schedule: str = "1f1b",
              virtual_stages: Optional[int] = None, micro_batch: int = 1, global_batch: Optional[int] = None,
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",

@@ -101,7 +101,7 @@ def single_plan_options(f):
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage [default: 0, or --fsdp's]"),
         click.option("--fsdp", type=click.Choice(["full-shard", "shard-grad-op", "hybrid-shard", "no-shard"]), default=None,
                      help="FSDP mode (alias for the ZeRO stage)"),
-        click.option("--sp/--no-sp", default=False, help="Megatron sequence parallelism"),
+        click.option("--sp/--no-sp", default=None, help="sequence parallelism under TP [default: the stack's: off in Megatron, on in torchtitan]"),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"]),
                      default="1f1b", show_default=True, help="pipeline schedule (zero-bubble ones where the stack runs them)"),
         click.option("--virtual-stages", type=int, default=None, help="interleaved schedule: model chunks per GPU"),

@@ -69,8 +69,8 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> 
     if stack.engine.zero1 == "fsdp_under_pipeline":
         out[f"{stack.name} shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp"] = (
             used["zero1"] & (c.pp == 1))
-    if stack.engine.sequence_parallel == "with_tp":
-        out[f"{stack.name}'s tensor parallelism always shards the sequence: add --sp"] = (
+    if stack.engine.sequence_parallel == "always":
+        out[f"{stack.name}'s tensor parallelism always shards the sequence: drop --no-sp"] = (
             (c.tp > 1) & ~np.asarray(c.sp, bool) & (not layout_only))  # sp is a placeholder in layouts
     if stack.engine.selective is None:
         out[f"{stack.name} has no selective recomputation"] = c.recompute == Recompute.selective.code

@@ -165,9 +165,10 @@ class Engine(Spec):
         "engine (DeepSpeed, Megatron's distributed optimizer), or only as FSDP under a pipeline schedule, which keeps "
         "the unit's parameters and gradients unsharded from the first micro-batch to the last (torch.distributed."
         "pipelining with FSDP2)")
-    sequence_parallel: Literal["optional", "with_tp"] = Field(
-        default="optional", description="sequence parallelism under TP: the plan's choice, or always on with TP (the "
-                                        "stack's TP plan shards the norms' sequence and has no switch to replicate it)")
+    sequence_parallel: Literal["opt_in", "opt_out", "always"] = Field(
+        default="opt_in", description="sequence parallelism under TP: off unless asked (Megatron's --sequence-parallel), "
+        "on unless turned off (torchtitan 0.3.0's enable_sequence_parallel: True), or always on (the stack's TP plan "
+        "shards the norms' sequence and has no switch); advisor estimate without --sp/--no-sp takes this default")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
         default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")

@@ -109,7 +109,7 @@ class EstimateOptions(Common):
     pp: int = Field(default=1, ge=1, le=1_000_000)
     zero: Optional[int] = Field(default=None, ge=0, le=3)
     fsdp: Optional[Literal["full-shard", "shard-grad-op", "hybrid-shard", "no-shard"]] = None
-    sp: bool = False
+    sp: Optional[bool] = None  # None: the stack's default (engine.sequence_parallel)
     schedule: str = "1f1b"
     virtual_stages: Optional[int] = Field(default=None, ge=1, le=1024)
     cp: int = Field(default=1, ge=1, le=1_000_000)

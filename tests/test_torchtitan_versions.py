@@ -43,15 +43,19 @@ def test_torchtitans_gb200_row_fits_within_three_percent_of_its_measured_peak():
     assert est.memory.peak_bytes / GiB == pytest.approx(174.49, rel=0.03)
 
 
-def test_torchtitan_02_shards_the_sequence_whenever_it_runs_tensor_parallelism():
+def test_torchtitan_shards_the_sequence_with_tensor_parallelism_unless_told_not_to():
     kw = dict(gpus=256, dp=32, tp=8, fsdp="full-shard", micro_batch=16, seq=8192, recompute="full",
               precision="bf16-mixed", global_batch=512)
+    # 0.2: always (apply_tp's SequenceParallel, no switch); 0.3.0: parallelism.enable_sequence_parallel defaults to
+    # True (config/configs.py); megatron-core: only with --sequence-parallel. Without --sp/--no-sp, the stack's default
+    assert estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", **kw).plan.sp
+    assert estimate("llama3-70b", "dgx-h100", stack="torchtitan", **kw).plan.sp
+    assert not estimate("llama3-70b", "dgx-h100", stack="megatron-core", **kw).plan.sp
     with pytest.raises(AdvisorError) as exc:
-        estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", **kw)
-    assert "torchtitan-0.2's tensor parallelism always shards the sequence: add --sp" in str(exc.value)
-    # 0.3.0 has parallelism.enable_sequence_parallel (configs.py): both run
-    replicated = estimate("llama3-70b", "dgx-h100", stack="torchtitan", **kw)
-    sharded = estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", sp=True, **kw)
+        estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", sp=False, **kw)
+    assert "torchtitan-0.2's tensor parallelism always shards the sequence: drop --no-sp" in str(exc.value)
+    replicated = estimate("llama3-70b", "dgx-h100", stack="torchtitan", sp=False, **kw)
+    sharded = estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", **kw)
     # the December 2024 benchmark's 2D row ran in 71.9 GiB reserved on 96 GB H100s: with the sequence sharded the
     # layer inputs full checkpointing keeps are an eighth (2 h a token, 80 layers: 160 GiB replicated)
     assert replicated.memory.parts["activations"] - sharded.memory.parts["activations"] > 130 * GiB
