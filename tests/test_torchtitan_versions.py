@@ -51,6 +51,8 @@ def test_torchtitan_shards_the_sequence_with_tensor_parallelism_unless_told_not_
     assert estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", **kw).plan.sp
     assert estimate("llama3-70b", "dgx-h100", stack="torchtitan", **kw).plan.sp
     assert not estimate("llama3-70b", "dgx-h100", stack="megatron-core", **kw).plan.sp
+    # Megatron-Bridge's perf recipes set sequence_parallel = True wherever TP > 1 (64 of 64 in 0.6.2's perf_recipes)
+    assert estimate("llama3-70b", "dgx-h100", stack="megatron-bridge-perf", **{**kw, "fsdp": None, "zero": 1}).plan.sp
     with pytest.raises(AdvisorError) as exc:
         estimate("llama3-70b", "dgx-h100", stack="torchtitan-0.2", sp=False, **kw)
     assert "torchtitan-0.2's tensor parallelism always shards the sequence: drop --no-sp" in str(exc.value)
