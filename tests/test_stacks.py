@@ -49,6 +49,13 @@ def test_a_stack_round_trips_and_cites_its_sources(name):
     ("name: x\ndescription: d\nbase: megatron-core\nengine: {main_grads: fp16}\n", "main_grads"),
     ("name: x\ndescription: d\nbase: megatron-core\nengine: {module_dtype: fp8}\n", "module_dtype"),
     ("name: x\ndescription: d\nbase: megatron-deepspeed\nengine: {zero3_calls: {max_live_elements: 0}}\n", "max_live_elements"),
+    # the engine fields of the torchtitan versions, Megatron's adapters and the allocator (2026-11-29)
+    ("name: x\ndescription: d\nbase: torchtitan\nengine: {sequence_parallel: sometimes}\n", "sequence_parallel"),
+    ("name: x\ndescription: d\nbase: torchtitan\nengine: {allocator: jemalloc}\n", "allocator"),
+    ("name: x\ndescription: d\nbase: torchtitan\nengine: {zero1: fsdp}\n", "zero1"),
+    ("name: x\ndescription: d\nbase: megatron-core\nengine: {adapters_parallel: tensor}\n", "adapters_parallel"),
+    ("name: x\ndescription: d\nbase: torchtitan\nmemory: {logits: [{held: 0, peak: 1, peak_per_token: {width: 2}}]}\n",
+     "peak_per_token"),
 ])
 def test_bad_stack_files_are_one_line_errors(text, needle, tmp_path):
     tried("profiles")
