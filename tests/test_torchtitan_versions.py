@@ -139,3 +139,12 @@ def test_torchtitan_02s_op_level_checkpointing_also_reruns_wk():
     # and it keeps wv's output, not wk's: a kv-wide bf16 tensor a token and layer less
     less = new.memory.parts["activations"] - old.memory.parts["activations"]
     assert less == pytest.approx(tokens_per_gpu * 32 * 2 * 1024, rel=0.01)
+
+
+def test_a_torchtitan_02_export_says_the_command_runs_0_3s_chunked_loss():
+    from advisor.api import launch_config
+
+    kw = dict(format="torchtitan", gpus=8, dp=8, fsdp="full-shard", micro_batch=1, seq=8192)
+    old = launch_config("llama3-8b", "dgx-h100", stack="torchtitan-0.2", **kw)
+    assert "# note: costed as stack torchtitan-0.2, whose loss differs from torchtitan 0.3.0's" in old.text
+    assert not any("costed as stack" in n for n in launch_config("llama3-8b", "dgx-h100", stack="torchtitan", **kw).notes)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from advisor.export.common import Exported, ExportError, Precision, Run, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import Schedule
+from advisor.stack import load_stack
 
 # advisor model -> (torchtitan module, config function): the dense and MoE configs of torchtitan 0.3.0's registries
 # (torchtitan/models/{llama3,qwen3,gpt_oss,deepseek_v3}/config_registry.py) whose shapes are the catalogue's
@@ -36,6 +37,8 @@ COMPILE = False
 # 0.3.0 captures forward + backward in a CUDA graph unless training.disable_cuda_graphs (trainer.py:613), and
 # refuses the capture under pipeline parallelism (trainer.py:180-186)
 CUDA_GRAPHS = False
+# the stack profile of the torchtitan this format runs (0.3.0)
+STACK = "torchtitan"
 # run_train.sh exports it (stack_profiles/torchtitan.yaml engine.allocator); torchrun alone would not
 ALLOC_CONF = "expandable_segments:True"
 
@@ -131,6 +134,10 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     if r.plan.pp > 1:
         notes.append("pipeline stages hold n_layers / stages layers each; the embedding and the output head sit "
                      "on the first and last stage beside them")
+    written = load_stack(STACK)
+    if r.setup.stack not in ("auto", "any", STACK) and load_stack(r.setup.stack).memory.logits != written.memory.logits:
+        notes.append(f"costed as stack {r.setup.stack}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
+                     "chunks), which this command runs: its peak memory will be lower than estimated")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
                  "without pipeline parallelism dropping that line may run faster than estimated")
     if r.plan.zero == 1:
