@@ -33,6 +33,16 @@ def quant_saves_input(ft: FineTune) -> bool:
     return ft.base_quant is not Quant.none and ft.library is not Library.torchtune
 
 
+def dequant_cast(w: Workload) -> bool:
+    """bitsandbytes 0.41 dequantises into fp16 and casts that to a bf16 compute dtype (the stack's engine.nf4_dequant_dtype:
+    bitsandbytes 0.41.1 nn/modules.py Params4bit.cuda quantises ``self.data.contiguous().half()``, functional.py
+    dequantize_4bit allocates its output in the quant state's dtype, autograd/_functions.py MatMul4Bit casts it with
+    ``.to(A.dtype)`` in forward and ``.to(grad_output.dtype)`` in backward): one more read and write of 2 bytes a weight
+    each time, and the fp16 copy beside the cast one while it runs."""
+    fp16_compute = w.precision.value.startswith("fp16")
+    return w.finetune.base_quant is not Quant.none and w.stack.engine.nf4_dequant_dtype == "fp16" and not fp16_compute
+
+
 def dequant_buffer(w: Workload) -> float:
     """Bytes of the half-precision weight a quantised linear dequantises into while its GEMM runs (bitsandbytes
     ``F.dequantize_4bit(B, state).to(A.dtype)`` in MatMul4Bit forward and backward; torchao ``weight.to(dtype)``),
@@ -41,7 +51,7 @@ def dequant_buffer(w: Workload) -> float:
     biggest = max(lin.weights for lin in w.layer.linears)
     if head_quantised(ft):
         biggest = max(biggest, w.model.vocab * w.model.d_model)
-    out = biggest * 2.0 if ft.base_quant is not Quant.none else 0.0
+    out = biggest * (4.0 if dequant_cast(w) else 2.0) if ft.base_quant is not Quant.none else 0.0
     if ft.dora:
         out += max(n_in * n_out for _, n_in, n_out in target_shapes(w.layer, ft.target_set)) * 2.0
     return out
@@ -224,7 +234,8 @@ def layer_extra_times(w: Workload, tokens: Any, tp: Any = 1) -> tuple[Any, Any]:
     bwd = 2.0 * fwd
     if ft.base_quant is not Quant.none:
         packed = sum(lin.weights for lin in w.layer.linears)
-        deq = mem_time(hw, packed * (quant_bytes_per_weight(ft, w.model.d_model) + 2.0))
+        cast = 4.0 if dequant_cast(w) else 0.0  # the fp16 output read back and written in bf16 (dequant_cast)
+        deq = mem_time(hw, packed * (quant_bytes_per_weight(ft, w.model.d_model) + 2.0 + cast))
         fwd, bwd = fwd + deq, bwd + deq
     return fwd, bwd
 

@@ -149,6 +149,10 @@ class Engine(Spec):
         default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
         "runs full fine-tuning only, and the others are refused in one line")
+    nf4_dequant_dtype: Literal["compute", "fp16"] = Field(
+        default="compute", description="the dtype bitsandbytes dequantises an NF4 weight into: the compute dtype "
+        "(bitsandbytes >= 0.42 keeps the weight's own dtype in its quant state), or fp16 then cast to the compute dtype "
+        "(0.41 quantised from a .half() copy: Params4bit.cuda; MatMul4Bit's dequantize_4bit(...).to(A.dtype))")
     adapters_parallel: Literal["data", "model"] = Field(
         default="data", description="where LoRA adapters run: data parallelism only (PEFT under accelerate/DeepSpeed, "
         "torchtune, litgpt: DDP, FSDP, ZeRO), or also under tensor and pipeline parallelism (Megatron-Bridge's "

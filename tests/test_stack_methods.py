@@ -18,7 +18,8 @@ from advisor.stack import list_stacks, load_stack
 METHODS = {"hf-trainer": ["full", "lora", "qlora"], "deepspeed": ["full", "lora", "qlora"],
            "litgpt": ["full", "lora", "qlora"], "megatron-core": ["full", "lora"],
            "megatron-bridge-perf": ["full", "lora"], "torchtitan": ["full", "lora"], "llm-foundry": ["full", "lora"],
-           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"]}
+           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"],
+           "litgpt-2023": ["full", "lora", "qlora"]}
 
 
 def test_every_shipped_stack_says_which_methods_it_runs():
@@ -26,9 +27,9 @@ def test_every_shipped_stack_says_which_methods_it_runs():
 
 
 @pytest.mark.parametrize("stack, zero, method, fix", [
-    ("megatron-core", 3, "qlora", "use --stack deepspeed or hf-trainer or litgpt"),
-    ("nanotron", 1, "lora", "use --stack deepspeed or hf-trainer or litgpt or llm-foundry or megatron-bridge-perf or "
-                            "megatron-core or torchtitan"),
+    ("megatron-core", 3, "qlora", "use --stack deepspeed or hf-trainer or litgpt or litgpt-2023"),
+    ("nanotron", 1, "lora", "use --stack deepspeed or hf-trainer or litgpt or litgpt-2023 or llm-foundry or "
+                            "megatron-bridge-perf or megatron-core or torchtitan"),
 ])
 def test_a_method_the_stack_does_not_run_is_refused_in_one_line(stack, zero, method, fix):
     with pytest.raises(AdvisorError) as err:

@@ -188,10 +188,13 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # output, Fabric casts the logits to fp32 (8 bytes a logit with the log-softmax). Single-GPU rows -5.7..+0.1%, every
     # verdict right (the goal met); the FSDP rows, whose peak sums Fabric's full-state-dict load with the training
     # peak, -8..+17% (phi-1.5 on 2 GPUs at micro-batch 4: the measured peak grows 0.2-0.4 GB a sample, the sum 0.65)
-    "finetune peak-memory max APE %": "17% (MAPE 3.5%)",
+    "finetune peak-memory max APE %": "17% (MAPE 3.1%)",
     # the dequantisation kernels of bitsandbytes 0.41.1 run at 27-58% of the speed the model gives them (HBM-bound: read
     # the packed weight and constants, write bf16, in forward and in backward): 7B adds 80-88 ms an iteration, 28 modelled
-    "finetune QLoRA-over-LoRA time max error %": "73% (predicted 0.27-0.58x of what QLoRA adds)",
+    # 2026-11-29: bitsandbytes 0.41.1, the tables' version, dequantises into fp16 and casts to bf16 in each pass (stack
+    # litgpt-2023: advisor/adapters.py dequant_cast): 0.27-0.58x -> 0.70-1.50x; phi-1.5's nf4 row (+9 ms measured, its
+    # double-quant row +15 ms) is the 1.5, Llama 2 13B's 0.70-0.74
+    "finetune QLoRA-over-LoRA time max error %": "50% (predicted 0.70-1.50x of what QLoRA adds)",
     # 2026-11-25, issue 17: 18 rows (newest release per model, system, precision) in megatron-deepspeed's kernels with
     # Megatron-Core's grouped GEMMs; FP8 (H100) 17%, MXFP8 28% (GB300 21% and GB200 25% slow: their all-to-alls and
     # pipeline sends are costed exposed; B200 42%), BF16 GPT-OSS 41% fast: the router's kernels, an MoE layer's host

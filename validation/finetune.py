@@ -46,6 +46,8 @@ CONFIGS: dict[str, Any] = {
 }
 HARDWARE = {"NVIDIA A100-SXM4-40GB": "mosaicml-a100-40gb", "NVIDIA A100 80GB": "dgx-a100"}
 LITGPT_DROPOUT = 0.05  # lit-gpt finetune/lora.py @8641822: lora_dropout = 0.05
+# the resource tables' lit-gpt (8641822) with bitsandbytes 0.41.1: its NF4 dequantisation into fp16 (stack_profiles/)
+LITGPT_STACK = "litgpt-2023"
 PEFT_SEQ = 64  # the rows' note: the clm example's max_length 64 (bloomz)
 
 
@@ -84,7 +86,7 @@ def estimate_kwargs(run: dict) -> tuple[dict | None, str]:
     n = hw["num_gpus"]
     kw: dict[str, Any] = dict(model=spec, hw=HARDWARE[hw["gpu"]], gpus=n, micro_batch=t["micro_batch_per_gpu"],
                               seq=seq, precision=precision, recompute="full" if t["activation_checkpointing"] else "none",
-                              stack="litgpt" if litgpt else "hf-trainer", grad_accum=1)
+                              stack=LITGPT_STACK if litgpt else "hf-trainer", grad_accum=1)
     if n > 1:
         kw["fsdp"] = "full-shard"
     if method["kind"] != "full":
