@@ -25,8 +25,9 @@ ADAPTERS = "LoRA/QLoRA run with data parallelism only in this stack (DDP, ZeRO, 
 
 
 def adapters_refuse_model_parallel(setup: TrainingSetup, stack: Optional[Stack]) -> bool:
-    """Adapters under TP or PP are refused: the stack runs them with data parallelism only."""
-    return setup.finetune.adapters and (stack is None or stack.engine.adapters_parallel == "data")
+    """Adapters under TP or PP are refused: the stack runs them with data parallelism only (without a stack, as an
+    export format's own check after the stack's, nothing stack-specific is refused)."""
+    return setup.finetune.adapters and stack is not None and stack.engine.adapters_parallel == "data"
 
 
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,

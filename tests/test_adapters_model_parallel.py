@@ -51,3 +51,16 @@ def test_the_search_offers_lora_with_tp_and_pp_in_megatron_only():
     assert any(r.plan.tp > 1 for r in res.plans) and any(r.plan.pp > 1 for r in res.plans)
     with pytest.raises(AdvisorError, match="data parallelism only in this stack"):
         estimate("llama3-70b", "dgx-h100", gpus=8, tp=8, micro_batch=1, seq=4096, stack="hf-trainer", **ADAPTER)
+
+
+def test_an_export_of_a_megatron_lora_plan_is_refused_for_what_the_format_lacks_not_for_tp():
+    # the formats' own check runs without a stack after the stack's: it must not refuse adapters under TP (the stack
+    # runs them); the Bridge overrides have no peft section, and say what to start from instead
+    from advisor.api import launch_config
+    from advisor.export import ExportError
+
+    kw = dict(gpus=8, tp=2, pp=4, sp=True, micro_batch=1, global_batch=32, seq=4096, stack="megatron-core", **ADAPTER)
+    with pytest.raises(ExportError) as exc:
+        launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **kw)
+    msg = str(exc.value)
+    assert "data parallelism only" not in msg and "start from one of its peft recipes" in msg and "peft.dim 16" in msg

@@ -142,7 +142,8 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
         raise ExportError(f"the {kind} export does not write {what}: use --format megatron")
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
-                          "export accelerate, deepspeed or torchrun (PEFT)")
+                          "run Megatron-Bridge's peft recipes (advisor does not write their peft config), or export "
+                          "accelerate, deepspeed or torchrun with --stack hf-trainer (PEFT)")
     if kind not in ("megatron", "megatron-bridge") and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "

@@ -77,8 +77,10 @@ def _refuse(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> None:
     """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath), and adapters."""
     refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides")
     if setup.finetune.adapters:
-        raise ExportError(f"--method {setup.finetune.method}: the megatron-bridge export writes pretraining overrides, "
-                          "not Bridge's peft config; export accelerate, deepspeed or torchrun (PEFT)")
+        ft = setup.finetune
+        raise ExportError(f"--method {ft.method}: the megatron-bridge export writes pretraining overrides, not Bridge's "
+                          f"peft config: start from one of its peft recipes (recipes/llama: *_peft_config) with "
+                          f"peft.dim {ft.lora_rank}, peft.alpha {ft.lora_alpha:g} and this plan's parallelism")
 
 
 def _pipeline(model: ModelSpec, plan: Plan) -> dict:
