@@ -23,6 +23,7 @@ from advisor.finetune import (
     quantised_weights,
     target_shapes,
 )
+from advisor.model.layer import Split
 from advisor.training import Optimizer
 from advisor.workload import Workload
 
@@ -82,7 +83,10 @@ TARGET_MODULE = {"q": "qkv", "k": "qkv", "v": "qkv", "qkv": "qkv", "o": "out", "
 DROPOUT_MASK_BYTES = 1.0  # torch.native_dropout's mask is bool, one byte per element
 
 
-ROW_PARALLEL = ("out", "fc2")  # their inputs split over the TP ranks; qkv's and fc1's (the norms') only under SP
+def _row_parallel(w: Workload) -> set[str]:
+    """The layer table's modules whose linears split their input over the TP ranks (out, fc2); the others' input, the
+    norms' output, is split only under SP."""
+    return {lin.module for lin in w.layer.linears if lin.split is Split.row}
 
 
 def saved_delta_per_token(w: Workload, tp: Any = 1, sp: Any = False) -> Any:
@@ -93,10 +97,10 @@ def saved_delta_per_token(w: Workload, tp: Any = 1, sp: Any = False) -> Any:
     ft = w.finetune
     if not ft.adapters:
         return 0.0
-    seq = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+    seq, row = np.where(np.asarray(sp, dtype=bool), tp, 1.0), _row_parallel(w)
 
     def split(module: str) -> Any:
-        return tp if module in ROW_PARALLEL else seq
+        return tp if module in row else seq
     a, r = w.act_bytes, ft.lora_rank
     fp32 = peft_fp32_adapters(w)
     ab = 4.0 if fp32 else a  # the adapters' activations: their own input copy (fp32 under PEFT's cast) and A's output
@@ -142,7 +146,7 @@ def tp_collectives(w: Workload, sp: Any) -> Any:
     if not w.finetune.adapters:
         return 0.0
     modules = {TARGET_MODULE[t] for t, _, _ in target_shapes(w.layer, w.finetune.target_set)}
-    row = sum(m in ROW_PARALLEL for m in modules)
+    row = len(modules & _row_parallel(w))
     return np.where(np.asarray(sp, dtype=bool), float(len(modules)), 0.5 * row)
 
 

@@ -14,7 +14,7 @@ PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp",
 # (Hugging Face's Trainer has none; advisor.parallel.expert)
 DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
 # besides the layer table's linear layers, by name; "attention/k" is the key projection's share of attention/qkv, for
-# a stack whose blocks run wq, wk and wv apart (advisor.recompute.share_of)
+# a stack whose blocks run wq, wk and wv apart (advisor.recompute.selected)
 RECOMPUTED = ("attention/core", "elementwise", "attention/k")
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values

@@ -37,6 +37,11 @@ from advisor.training import Recompute
 
 POLICIES = tuple(r.value for r in Recompute)
 
+# the k the search proposes for the policies that take one: full one layer per checkpoint, Megatron's block method
+# with half of each chunk's layers checkpointed (advisor.search sets it per plan), torchtitan's "2" (every second
+# block, the option its mid-2024 docs benchmark as "selective layer")
+SEARCH_K = {Recompute.full: 1, Recompute.block: 1, Recompute.every_k: 2}
+
 
 def selected(parts: dict[str, Any], ops: tuple[str, ...], layer: Any) -> Any:
     """The sum of ``parts`` (per op name: time, FLOPs or host time of the layer's linears by name, the attention core,
@@ -49,10 +54,6 @@ def selected(parts: dict[str, Any], ops: tuple[str, ...], layer: Any) -> Any:
         else:
             total = total + parts[op]
     return total
-# the k the search proposes for the policies that take one: full one layer per checkpoint, Megatron's block method
-# with half of each chunk's layers checkpointed (advisor.search sets it per plan), torchtitan's "2" (every second
-# block, the option its mid-2024 docs benchmark as "selective layer")
-SEARCH_K = {Recompute.full: 1, Recompute.block: 1, Recompute.every_k: 2}
 
 
 @dataclass(frozen=True)

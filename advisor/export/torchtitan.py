@@ -134,8 +134,7 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     if r.plan.pp > 1:
         notes.append("pipeline stages hold n_layers / stages layers each; the embedding and the output head sit "
                      "on the first and last stage beside them")
-    written = load_stack(STACK)
-    if r.setup.stack not in ("auto", "any", STACK) and load_stack(r.setup.stack).memory.logits != written.memory.logits:
+    if r.setup.stack not in ("auto", "any", STACK) and load_stack(r.setup.stack).memory.logits != load_stack(STACK).memory.logits:
         notes.append(f"costed as stack {r.setup.stack}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
