@@ -147,7 +147,7 @@ def build_inputs(model, hw, **given):
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
                               stack=_stack_name(o.stack), finetune=finetune_of(o),
-                              moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
+                              **moe_setup(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
                     overlap_grad_reduce=True if o.overlap_grad_reduce is None else o.overlap_grad_reduce,
@@ -192,6 +192,13 @@ def _stack_name(stack) -> str:
     return stack if isinstance(stack, str) else getattr(stack, "name", str(stack))
 
 
+def moe_setup(o) -> dict:
+    """The routing and all-to-all options of a TrainingSetup, from estimate's or plan's options."""
+    overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
+    return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance,
+                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap)
+
+
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
              nodes: Optional[int] = None, dp: Optional[int] = None, tp: int = 1, pp: int = 1,
              zero: Optional[int] = None, fsdp: Optional[str] = None, sp: Optional[bool] = None, schedule: str = "1f1b",
@@ -205,6 +212,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
              adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
+             moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None,
              cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
@@ -226,7 +234,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     a fine-tune's CPU offload as torchtune and DeepSpeed run it), ``lora_library`` (peft, litgpt, torchtune:
     whose adapter code runs). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
-    (default 1: balanced). Every bad value is an AdvisorError
+    (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
+    both default the stack's: advisor.parallel.expert). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

@@ -59,6 +59,12 @@ def common_plan_options(f):
         click.option("--moe-imbalance", type=float, default=1.0, show_default=True,
                      help="mixture of experts: the busiest expert-parallel rank's tokens over the balanced share "
                           "(1: balanced, as the published benchmarks force)"),
+        click.option("--moe-dispatcher", type=click.Choice(["alltoall", "flex"]), default=None,
+                     help="mixture of experts: NCCL's all-to-all of every routed copy, or flex (DeepEP / HybridEP: once "
+                          "a GPU, once a node across nodes) [default: the stack's first]"),
+        click.option("--moe-overlap", type=click.Choice(["none", "shared-experts", "batch"]), default=None,
+                     help="mixture of experts: what the all-to-alls run beside: nothing, the shared experts, or another "
+                          "micro-batch's compute (--overlap-moe-expert-parallel-comm) [default: the stack's]"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
         *finetune_options(),
     ])

@@ -184,9 +184,21 @@ class Engine(Spec):
     moe_grouped_gemm: bool = Field(
         default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
                                    "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
-    ep_alltoall_overlap: Literal["none", "shared_experts"] = Field(
-        default="none", description="the expert-parallel dispatch and combine all-to-alls run exposed, or beside the "
-                                    "shared experts' GEMMs (Megatron --moe-shared-expert-overlap)")
+    ep_alltoall_overlap: Literal["none", "shared_experts", "batch"] = Field(
+        default="none", description="by default, the expert-parallel dispatch and combine all-to-alls run exposed, "
+                                    "beside the shared experts' GEMMs (Megatron --moe-shared-expert-overlap), or beside "
+                                    "another micro-batch's compute (--overlap-moe-expert-parallel-comm)")
+    ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
+        default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default "
+                                          "and none")
+    moe_dispatchers: list[Literal["alltoall", "flex"]] = Field(
+        default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
+        "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
+        "domains once to each domain, then forwarded on NVLink)")
+
+    def ep_overlaps(self) -> list[str]:
+        """Every all-to-all overlap it runs: none, its default and the ones it lists."""
+        return list(dict.fromkeys(["none", self.ep_alltoall_overlap, *self.ep_alltoall_overlaps]))
     context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
         default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
     pipeline_splits: list[Literal["even", "edges"]] = Field(

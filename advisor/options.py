@@ -99,6 +99,8 @@ class Common(_Options):
         return FineTune(**given)
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=1000)
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
+    moe_dispatcher: Optional[Literal["alltoall", "flex"]] = None
+    moe_overlap: Optional[Literal["none", "shared-experts", "shared_experts", "batch"]] = None
 
 
 class EstimateOptions(Common):

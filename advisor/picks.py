@@ -65,6 +65,12 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     if ep > 1:  # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
         size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp))
         out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
+        if w.moe_dispatcher == "flex":
+            out["ep"] += (f"; flex dispatcher: {one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep)):.1f}"
+                          f" of {expert.top_k(w.layer):g} routed copies a token sent (once a GPU, once a domain across)")
+        if w.moe_overlap != "none":
+            out["ep"] += "; beside " + ("the shared experts' GEMMs" if w.moe_overlap == "shared_experts" else
+                                        "another micro-batch's compute (combined forward and backward steps)")
     cp = one(mesh.cp)
     if cp > 1:
         from advisor.parallel import context

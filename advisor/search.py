@@ -46,7 +46,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
          adapter_offload: str = "none", lora_library: str = "peft",
          moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
-         **unknown) -> PlanSearch:
+         moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -62,9 +62,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
     an AdvisorError of one line. Fine-tuning: ``method`` (full, lora, qlora, or auto: advisor.methods picks the
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
-    an AdvisorError of one line. A mixture-of-experts model's plans also choose the expert-parallel degree (and
-    expert tensor parallelism); ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1:
-    balanced routing) say how its tokens are routed.
+    A mixture-of-experts model's plans also choose the expert-parallel degree (and expert tensor parallelism);
+    ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1: balanced routing) say how its tokens
+    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel (as ``estimate``'s).
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
     o = PlanOptions.of(given, unknown, "plan")
@@ -196,7 +196,7 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
                              optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack),
                              finetune=api.finetune_of(o),
-                             moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance)
+                             **api.moe_setup(o))
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 

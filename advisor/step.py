@@ -127,7 +127,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
         head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
         tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
-    ep, moe = _expert_time(w, c, mesh, tokens, layers)
+    ep, moe = _expert_time(w, c, mesh, tokens, layers, lt)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
@@ -180,14 +180,19 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
 
-def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> tuple[Any, Any]:
+def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any,
+                 lt: compute.LayerTimes) -> tuple[Any, Any]:
     """(the all-to-alls of the stage's MoE layers, how many of its layers route), or (None, 0) for a dense model."""
     if not w.layer.routed:
         return None, 0.0
     moe = layers * w.layer.count / w.model.n_layers  # dense first layers spread over the stages as their share
     gemms = compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
     shared = sum(t for name, t in gemms.items() if name.startswith("mlp/shared"))
-    return expert.time(w, c, mesh, tokens, moe, shared), moe
+    # what a combined step runs beside the all-to-alls (the batch overlap): the MLP's GEMMs (their backward, input and
+    # weight gradients: twice) and the rest of the layer, the attention side
+    mlp_f = sum(t for name, t in gemms.items() if name.startswith("mlp/"))
+    partners = (np.maximum(lt.fwd_s - mlp_f, 0.0), mlp_f, 2.0 * mlp_f, np.maximum(lt.bwd_s - 2.0 * mlp_f, 0.0))
+    return expert.time(w, c, mesh, tokens, moe, shared, partners), moe
 
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,

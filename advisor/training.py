@@ -8,7 +8,7 @@ Closed sets are enums. ``Coded`` enums also number their members, so that a tabl
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -136,6 +136,10 @@ class TrainingSetup(Spec):
     moe_imbalance: float = Field(
         default=1.0, ge=1.0, le=1000, description="mixture of experts: the busiest expert-parallel rank's routed tokens "
                                                   "over the balanced share (1: balanced, as the published benchmarks force)")
+    moe_dispatcher: Optional[Literal["alltoall", "flex"]] = Field(
+        default=None, description="mixture of experts: the token dispatcher (advisor.parallel.expert); None: the stack's")
+    moe_overlap: Optional[Literal["none", "shared_experts", "batch"]] = Field(
+        default=None, description="mixture of experts: what the all-to-alls run beside; None: the stack's default")
 
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":

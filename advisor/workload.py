@@ -32,6 +32,8 @@ class Workload:
     finetune: FineTune = FULL
     moe_capacity_factor: Optional[float] = None  # mixture of experts (advisor.parallel.expert.load)
     moe_imbalance: float = 1.0
+    moe_dispatcher: str = "alltoall"  # the stack's default or the one asked (advisor.parallel.expert)
+    moe_overlap: str = "none"
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -58,7 +60,7 @@ class Workload:
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
-                   setup.moe_imbalance)
+                   setup.moe_imbalance, *moe_choices(stack, setup))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -144,3 +146,18 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
 def runs_method(kind: str) -> list[str]:
     """The shipped stacks that run fine-tuning method ``kind`` (engine.methods)."""
     return [n for n in list_stacks() if kind in load_stack(n).engine.methods]
+
+
+def moe_choices(stack, setup) -> tuple[str, str]:
+    """(dispatcher, overlap) of a workload: the ones asked, else the stack's defaults; one a stack does not run is a
+    one-line error naming the ones it does."""
+    eng = stack.engine
+    dispatcher = setup.moe_dispatcher or eng.moe_dispatchers[0]
+    overlap = setup.moe_overlap or eng.ep_alltoall_overlap
+    if dispatcher not in eng.moe_dispatchers:
+        raise StackError(f"stack {stack.name} has no {dispatcher} token dispatcher: use --moe-dispatcher "
+                         f"{' or '.join(eng.moe_dispatchers)}")
+    if overlap not in eng.ep_overlaps():
+        raise StackError(f"stack {stack.name} does not overlap the expert all-to-alls with {overlap.replace('_', '-')}: "
+                         f"use --moe-overlap {' or '.join(o.replace('_', '-') for o in eng.ep_overlaps())}")
+    return dispatcher, overlap

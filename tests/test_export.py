@@ -65,10 +65,15 @@ CASES = {
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="full")),
     "uneven-first-last": ("llama3-405b", "dgx-h100", 128, dict(dp=1, tp=8, pp=16, sp=True),
                           dict(micro_batch=1, global_batch=32, seq_len=8192, recompute="full")),
+    # issue 17: HybridEP's flex dispatcher and the batch-level all-to-all overlap (--overlap-moe-expert-parallel-comm)
+    "moe-flex-batch-overlap": ("mixtral-8x7b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
+                               dict(micro_batch=1, global_batch=64, seq_len=4096, moe_dispatcher="flex",
+                                    moe_overlap="batch")),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
-MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last"}
+MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
+                 "moe-flex-batch-overlap"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -338,7 +343,8 @@ TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_pos
                  "group_query_attention", "position_embedding_type", "untie_embeddings_and_output_weights",
                  "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "fp8_format", "normalization",
                  "ckpt_format", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                 "num_virtual_stages_per_pipeline_rank"}
+                 "num_virtual_stages_per_pipeline_rank",
+                 "num_experts"}  # arguments.py _add_moe_args; argument_utils maps it to TransformerConfig.num_moe_experts
 
 
 @pytest.mark.slow

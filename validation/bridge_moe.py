@@ -46,6 +46,57 @@ RECOMPUTE_LADDER = ("none", "selective", "full")
 # reduction, Kimi K2 and GLM-5 set grad_reduce_in_fp32 back to True), so one profile cannot say it for every row
 MOE_STACK = "megatron-core"
 
+# How each row's tokens travel, as megatron-bridge 0.6.2's performance recipe for its (model, system, precision) sets it
+# (perf_recipes/<model>/<system>/*.py: moe_token_dispatcher_type / moe_flex_dispatcher_backend, and
+# overlap_moe_expert_parallel_comm, set directly or by _enable_hybridep_full_iteration_mxfp8 (qwen/common.py),
+# _enable_deepseek_full_iteration_mxfp8 (deepseek/common.py), _apply_gpt_oss_120b_full_iter_fp8mx_configs
+# (gpt_oss/common.py)), with the layout it sets (tp, pp, vp, ep, micro-batch). 0.6.2 post-dates 0.5.0 (released
+# 06/22/2026, its README): its recipes are the 26.08 container's, RECIPE_RELEASE. A row of an older release, or whose
+# layout is not its recipe's, ran a recipe 0.6.2 does not hold: it takes the model providers' defaults (alltoall, and
+# the shared experts' overlap where the provider sets it: deepseek_v3_bridge.py, kimi_bridge.py), DEFAULT_TRAVEL.
+RECIPE_RELEASE = "26.08"
+RECIPES = {  # (model, system, precision) -> (recipe, (tp, pp, vp, ep, mbs), dispatcher, overlap)
+    ("DeepSeekV3", "DGX-GB300", "MXFP8"): ("deepseek_v3_pretrain_256gpu_gb300_fp8mx_config", (1, 2, 8, 32, 1), "flex", "batch"),
+    ("DeepSeekV3", "DGX-GB200", "MXFP8"): ("deepseek_v3_pretrain_256gpu_gb200_fp8mx_config", (1, 4, 4, 64, 1), "flex", "batch"),
+    ("DeepSeekV3", "DGX-B200", "MXFP8"): ("deepseek_v3_pretrain_256gpu_b200_fp8mx_config", (1, 8, 2, 8, 1), "alltoall",
+                                          "shared_experts"),
+    ("Kimi_K2", "DGX-GB300", "MXFP8"): ("kimi_k2_pretrain_256gpu_gb300_fp8mx_config", (1, 4, 4, 64, 2), "flex", "none"),
+    ("GPT OSS 120B", "DGX-GB300", "MXFP8"): ("gpt_oss_120b_pretrain_64gpu_gb300_fp8mx_config", (1, 1, None, 16, 4), "flex",
+                                            "batch"),
+    ("GPT OSS 120B", "DGX-GB200", "MXFP8"): ("gpt_oss_120b_pretrain_64gpu_gb200_fp8mx_config", (1, 1, None, 64, 4), "flex",
+                                            "batch"),
+    ("GPT OSS 120B", "DGX-GB300", "BF16"): ("gpt_oss_120b_pretrain_64gpu_gb300_bf16_config", (1, 1, None, 64, 4), "alltoall",
+                                           "none"),
+    ("GPT OSS 120B", "DGX-GB200", "BF16"): ("gpt_oss_120b_pretrain_64gpu_gb200_bf16_config", (1, 1, None, 64, 4), "alltoall",
+                                           "batch"),
+    ("GPT OSS 120B", "DGX-B200", "BF16"): ("gpt_oss_120b_pretrain_64gpu_b200_bf16_config", (1, 1, None, 8, 4), "alltoall",
+                                          "none"),
+    ("GPT OSS 120B", "DGX-H100", "BF16"): ("gpt_oss_120b_pretrain_64gpu_h100_bf16_config", (1, 4, None, 8, 1), "alltoall",
+                                          "none"),
+    ("Qwen3_30B_a3B", "DGX-GB300", "MXFP8"): ("qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config", (1, 1, None, 8, 8), "flex",
+                                             "batch"),
+    ("Qwen3_30B_a3B", "DGX-GB200", "MXFP8"): ("qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config", (1, 1, None, 8, 4), "flex",
+                                             "batch"),
+    ("Qwen3_30B_a3B", "DGX-B200", "MXFP8"): ("qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config", (1, 1, None, 8, 4), "flex",
+                                            "batch"),
+    ("Qwen3_30B_a3B", "DGX-H100", "FP8"): ("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config", (1, 1, None, 16, 1), "flex",
+                                          "none"),
+    ("Qwen3_235B_a22B", "DGX-GB300", "MXFP8"): ("qwen3_235b_a22b_pretrain_256gpu_gb300_fp8mx_config", (1, 4, 12, 32, 2),
+                                               "flex", "batch"),
+    ("Qwen3_235B_a22B", "DGX-GB200", "MXFP8"): ("qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config", (1, 8, 3, 32, 1),
+                                               "flex", "batch"),
+    ("Qwen3_235B_a22B", "DGX-B200", "MXFP8"): ("qwen3_235b_a22b_pretrain_256gpu_b200_fp8mx_config", (1, 8, 3, 8, 1), "flex",
+                                              "batch"),
+    ("Qwen3_235B_a22B", "DGX-H100", "FP8"): ("qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config", (2, 8, 4, 32, 1),
+                                            "alltoall", "batch"),
+}
+DEFAULT_TRAVEL = ("alltoall", "shared_experts")
+# Models whose recipes count the embedding and the loss as pipeline layers (--account-for-embedding/loss-in-pipeline-
+# split): Qwen3-235B-A22B's perf recipes start from qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config (recipes/qwen/
+# h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks. DeepSeek-V3 and Kimi-K2 set an
+# explicit pipeline_model_parallel_layout (set_deepseek_v3_pipeline_model_parallel_layout) advisor does not express.
+EDGES_SPLIT = {"Qwen3_235B_a22B"}
+
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
 EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
 PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8"}
@@ -122,13 +173,26 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     spec = model_spec(row["model"])
     tp, pp, vp = row["tp"], row["pp"], row["vp"]
     interleaved = pp > 1 and vp is not None and vp > 1
-    fallback = interleaved and spec.n_layers % (pp * vp) != 0
+    edges = row["model"] in EDGES_SPLIT and pp > 1
+    fallback = interleaved and (spec.n_layers + 2 * edges) % (pp * vp) != 0
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
-              attention="sdpa", recompute="none", stack=moe_stack())
+              attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=travel(row)[0],
+              moe_overlap=travel(row)[1])
     if interleaved and not fallback:
         kw.update(schedule="interleaved", virtual_stages=vp)
+    if edges:
+        kw.update(pp_split="edges")
     return kw, fallback
+
+
+def travel(row: dict[str, Any]) -> tuple[str, str, Optional[str]]:
+    """(dispatcher, overlap, the recipe they come from or None) of a row (RECIPES)."""
+    recipe = RECIPES.get((row["model"], row["system"], row["precision"]))
+    if (recipe is None or recipe[1] != tuple(row[k] for k in ("tp", "pp", "vp", "ep", "mbs"))
+            or row["release"].split()[0] != RECIPE_RELEASE):
+        return (*DEFAULT_TRAVEL, None)
+    return recipe[2], recipe[3], recipe[0]
 
 
 def _kind(row: dict[str, Any]) -> str:
@@ -137,12 +201,16 @@ def _kind(row: dict[str, Any]) -> str:
 
 def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-moe") -> DatasetReport:
     rows, rejected, points, no_fit, fallbacks, recomputed = load_rows(systems), Counter(), [], [], 0, Counter()
+    travels: Counter = Counter()
     by_precision: dict[str, list[Point]] = defaultdict(list)
     for r in rows:
         kw, fallback = estimate_kwargs(r)
         fallbacks += fallback
+        travels[f"{kw['moe_dispatcher']}+{kw['moe_overlap']}"] += 1
         est = None
-        for rc in RECOMPUTE_LADDER:  # the least recomputation predicted to fit (the tables do not publish it)
+        # the least recomputation predicted to fit (the tables do not publish it); not full under the batch overlap
+        ladder = RECOMPUTE_LADDER[:-1] if kw["moe_overlap"] == "batch" else RECOMPUTE_LADDER
+        for rc in ladder:
             est = _estimate({**kw, "recompute": rc}, rejected)
             if est is None or est.fits:
                 break
@@ -164,6 +232,8 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
              f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
              "(the tables force a balanced token distribution); FP8 as fp8-tensorwise, MXFP8 as mxfp8",
+             "dispatcher and all-to-all overlap as megatron-bridge 0.6.2's recipe sets them (26.08 rows of its layout), "
+             "else the providers' defaults: " + ", ".join(f"{k} {n}" for k, n in sorted(travels.items())),
              f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
              "recomputation, which the tables do not give, the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
@@ -194,7 +264,8 @@ def published_plan_ranks(rows: Optional[list[dict[str, Any]]] = None, top: int =
         kw, _ = estimate_kwargs(r)
         try:
             found = plan(kw["model"], _hardware(r["hw"]), gpus=r["gpus"], seq=r["seq"], global_batch=r["gbs"],
-                         precision=kw["precision"], stack=moe_stack(), top=top)
+                         precision=kw["precision"], stack=moe_stack(), top=top, moe_dispatcher=kw["moe_dispatcher"],
+                         moe_overlap=kw["moe_overlap"])
         except AdvisorError as exc:
             out.append((f"{' '.join(map(str, key))}: {str(exc)[:80]}", None))
             continue

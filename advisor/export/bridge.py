@@ -25,7 +25,7 @@ from typing import Optional
 import yaml
 
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
-from advisor.export.megatron import CP_COMM_TYPE, megatron_env, pipeline_edge_layers, refuse_unwritable
+from advisor.export.megatron import CP_COMM_TYPE, megatron_env, moe_travel, pipeline_edge_layers, refuse_unwritable
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack, load_stack
@@ -146,8 +146,15 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     m = {"num_moe_experts": e.n_experts, "moe_ffn_hidden_size": e.d_ff_expert, "moe_router_topk": e.experts_per_token,
          "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": plan.tp if plan.etp is None else plan.etp,
          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"}
+    dispatcher, overlap = moe_travel(setup)
+    if dispatcher == "flex":
+        m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")
     if e.d_ff_shared:
         m["moe_shared_expert_intermediate_size"] = e.d_ff_shared
+    m["moe_shared_expert_overlap"] = bool(overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1)
+    if overlap == "batch" and plan.ep > 1:  # comm_overlap's field (training/comm_overlap.py CommOverlapConfig)
+        notes.append("the all-to-alls were costed beside another micro-batch's compute: set "
+                     "comm_overlap.overlap_moe_expert_parallel_comm=true")
     runs = [(r.count, r.dense) for r in model.layer_runs] or [(model.n_layers, False)]
     if any(dense for _, dense in runs):  # a list: 0 a dense layer, 1 an MoE layer (TransformerConfig moe_layer_freq)
         m["moe_layer_freq"] = [int(not dense) for count, dense in runs for _ in range(count)]

@@ -183,6 +183,15 @@ MEGATRON_RECIPES = {
 }
 
 
+def moe_travel(setup: TrainingSetup) -> tuple[str, str]:
+    """(dispatcher, overlap) the plan was costed with: the setup's, else megatron-core's profile defaults (flex runs
+    as HybridEP, the backend Megatron-Bridge's recipes take on Hopper and Blackwell)."""
+    from advisor.stack import load_stack
+
+    eng = load_stack("megatron-core").engine
+    return setup.moe_dispatcher or eng.moe_dispatchers[0], setup.moe_overlap or eng.ep_alltoall_overlap
+
+
 def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str]) -> list:
     """Mixture of experts (megatron/training/arguments.py _add_moe_args): the experts, their width, top-k, the
     dense first layers as --moe-layer-freq's list, the expert-parallel and expert tensor-parallel degrees, grouped
@@ -193,9 +202,16 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     etp = plan.tp if plan.etp is None else plan.etp
     a: list = ["--num-experts", e.n_experts, "--moe-ffn-hidden-size", e.d_ff_expert, "--moe-router-topk",
                e.experts_per_token, "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", etp,
-               "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+               "--moe-grouped-gemm"]
+    dispatcher, overlap = moe_travel(setup)
+    a += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"] if dispatcher == "flex"
+          else ["--moe-token-dispatcher-type", "alltoall"])
     if e.d_ff_shared:
         a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared]
+    if overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1:
+        a.append("--moe-shared-expert-overlap")
+    if overlap == "batch" and plan.ep > 1:
+        a.append("--overlap-moe-expert-parallel-comm")
     runs = [(r.count, r.dense) for r in model.layer_runs] or [(model.n_layers, False)]
     if any(dense for _, dense in runs):
         # a Python list expression, as Megatron-LM's moe_freq_type parses it: 0 a dense layer, 1 an MoE layer

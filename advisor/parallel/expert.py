@@ -27,7 +27,14 @@ moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): dispatch and combine forwar
 more in a recomputed forward; each GPU sends its tokens x k hidden states (its sequence-parallel share of the
 tokens), in the activation dtype, over the ep ranks (advisor.comm all_to_all: NVLink inside a domain, the
 network across). With etp > 1 the received tokens are also all-gathered and the outputs reduce-scattered over
-the etp ranks. The stack may run the all-to-alls beside the shared experts' GEMMs (``ep_alltoall_overlap``).
+the etp ranks. The flex dispatcher (--moe-token-dispatcher-type flex, DeepEP / HybridEP backends: moe/fused_a2a.py)
+sends a token once to each GPU that holds one of its experts (``reached``: at uniform routing 5.3 GPUs of 8 for
+Qwen3-30B-A3B's top-8 of 128 on EP 8) and, across NVLink domains, once to each domain on the GPU's own NIC, forwarded
+there on NVLink (``dispatch_time``; the two pipelined). What the all-to-alls run beside (``moe_overlap``, the stack's
+``ep_alltoall_overlap`` unless asked): nothing, the shared experts' GEMMs (--moe-shared-expert-overlap), or another
+micro-batch's compute (--overlap-moe-expert-parallel-comm: combined forward-and-backward steps, each all-to-all beside
+its partner op of the other micro-batch, on the share of passes ``batch_overlap_share`` gives; where Megatron refuses
+it, a 1F1B pipeline or full recomputation, exposed).
 
 Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their optimizer states (ZeRO-1,
 the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
@@ -38,9 +45,9 @@ passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), and the permute
 write (the grouped GEMM's input, k x h, and the expert outputs the combine keeps to weigh by the router's
 probabilities, k x h), plus the router's logits and routing map (E per token) are added (``routed_saved``).
 
-Not modelled: HSDP with EP (refused), context parallelism, the DeepEP / flex
-dispatcher, FP8 dispatch, batch-level all-to-all overlap (--overlap-moe-expert-parallel-comm), the aux-loss
-kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's
+Not modelled: HSDP with EP (refused), context parallelism, the flex dispatchers' SM budget (HybridEP's copies run on
+moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), group-limited routing
+(DeepSeek-V3's top-4 groups: uniform over all experts), FP8 dispatch, the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's
 weights as routed layers).
 """
 
@@ -54,6 +61,7 @@ import numpy as np
 from advisor import comm
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
+from advisor.comm.network import across, domain_groups
 from advisor.layout import DataParallelKind
 from advisor.model import DecoderLayer, ModelSpec
 from advisor.model.layer import Linear, Split
@@ -209,6 +217,33 @@ class ExpertTime:
     layers_s: Any  # every MoE layer of the stage: forward, backward and a recomputed forward
 
 
+def reached(n_experts: int, k: float, groups: Any) -> Any:
+    """Expected distinct groups a token's top-k experts fall in, the experts split evenly over ``groups`` groups and
+    the k drawn uniformly without replacement (the published benchmarks' forced balance: megatron-core's
+    moe_router_force_load_balancing routes on random logits): groups x (1 - C(E - E/groups, k) / C(E, k))."""
+    g = np.asarray(groups, dtype=float)
+    others = n_experts - n_experts / g
+    missed = np.ones(np.shape(g))
+    for i in range(int(round(k))):
+        missed = missed * np.clip((others - i) / (n_experts - i), 0.0, 1.0)
+    return g * (1.0 - missed)
+
+
+def batch_overlap_share(c: Candidates, mesh: Mesh) -> Any:
+    """The share of a stage's micro-batch passes that run in a combined forward-and-backward step under
+    --overlap-moe-expert-parallel-comm (megatron-core 0.19 pipeline_parallel/combined_1f1b.py): without a pipeline
+    every micro-batch's forward beside the previous one's backward but the first forward and the last backward; an
+    interleaved pipeline after its warm-up forwards, ``2 (pp - 1) + (v - 1) pp + 1`` on the first rank (schedules.py:
+    one extra forward "to ensure the forward and backward computations are independent"). Megatron asserts the rest
+    away (transformer_config.py: a pipeline without virtual stages, full recomputation): 0 there."""
+    ga = np.asarray(c.grad_accum, dtype=float)
+    total = ga * mesh.v
+    warm = np.where(mesh.pp > 1, 2.0 * (mesh.pp - 1.0) + (mesh.v - 1.0) * mesh.pp + 1.0, 1.0)
+    share = np.clip(1.0 - warm / total, 0.0, 1.0)
+    allowed = ((mesh.pp == 1) | (mesh.v > 1)) & (c.recompute != Recompute.full.code) & (mesh.ep > 1)
+    return np.where(allowed, share, 0.0)
+
+
 def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any) -> Any:
     """Bytes one GPU sends in one dispatch (or combine): its tokens (its sequence-parallel share under TP) x top-k
     hidden states in the activation dtype, at the busiest rank's load."""
@@ -217,12 +252,34 @@ def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any) -> Any:
     return tokens / share * k * w.model.d_model * w.act_bytes * load(w)
 
 
-def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_s: Any) -> ExpertTime:
+def dispatch_time(w, mesh: Mesh, size: Any, on: Any) -> Any:
+    """Seconds of one dispatch (or combine) over the ep ranks, ``size``: one GPU's tokens x top-k hidden states.
+    alltoall: NCCL's pairwise all-to-all of every routed copy. flex (DeepEP / HybridEP): a token goes once to each
+    GPU holding one of its experts, reached(E, k, ep) copies of k; across NVLink domains once to each domain on the
+    GPU's own NIC (the same-rail GPU there), then on NVLink to the GPUs of that domain, the two pipelined in chunks."""
+    hw = w.hw
+    if w.moe_dispatcher != "flex":
+        return comm.collective_time(Collective.all_to_all, mesh.ep, size, hw, mesh.ep_per_node, where=on)
+    e, k = n_experts(w.layer), top_k(w.layer)
+    per_copy = size / k
+    g, g_dom, domains = domain_groups(mesh.ep, mesh.ep_per_node, hw)
+    nvlink = comm.collective_time(Collective.all_to_all, g_dom, per_copy * reached(e, k, mesh.ep), hw,
+                                  np.minimum(g_dom, hw.gpus_per_node), where=on)
+    many = on & (domains > 1)
+    rail, _ = across(Collective.all_to_all, domains, per_copy * reached(e, k, domains), np.ones(np.shape(domains)),
+                     domains, domains * np.maximum(g_dom / hw.gpus_per_node, 1.0), hw)
+    return np.where(many, np.maximum(nvlink, rail), nvlink)
+
+
+def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_s: Any,
+         partners: Any = None) -> ExpertTime:
     """The dispatch and combine all-to-alls per micro-batch over the stage's ``moe_layers`` MoE layers;
-    ``shared_fwd_s``: one layer's shared-expert GEMMs forward, which they run beside where the stack overlaps them."""
+    ``shared_fwd_s``: one layer's shared-expert GEMMs forward, which they run beside where the stack overlaps them;
+    ``partners``: one layer's (attention forward, MLP forward, MLP backward, attention backward) seconds, what a
+    combined step runs them beside under the batch overlap."""
     on = mesh.ep > 1
     size = alltoall_bytes(w, tokens, mesh.tp, c.sp)
-    one = comm.collective_time(Collective.all_to_all, mesh.ep, size, w.hw, mesh.ep_per_node, where=on)
+    one = dispatch_time(w, mesh, size, on)
     etp_on = mesh.etp > 1  # the received tokens gathered over the etp ranks, the outputs reduce-scattered
     etp_per_node = np.minimum(mesh.etp, w.hw.gpus_per_node)
     gathered = size * mesh.etp
@@ -230,9 +287,17 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
                  + comm.collective_time(Collective.reduce_scatter, mesh.etp, gathered, w.hw, etp_per_node,
                                         where=etp_on)) / 2.0
     pair = FORWARD_ALLTOALLS * one  # dispatch and combine (backward: their gradients, as many)
-    hide = shared_fwd_s if w.stack.engine.ep_alltoall_overlap == "shared_experts" else 0.0
+    hide = shared_fwd_s if w.moe_overlap == "shared_experts" else 0.0
     fwd = np.maximum(pair - hide, 0.0)
     bwd = np.maximum(pair - 2.0 * np.asarray(hide), 0.0)  # the shared experts' backward: twice their forward
+    if w.moe_overlap == "batch" and partners is not None:
+        # megatron-core 0.19 models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run: one layer of
+        # a combined step runs combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd on the communication stream
+        # beside pre_dispatch_fwd | mlp_bwd, mlp_fwd | pre_dispatch_bwd on the compute stream, each waiting on the
+        # slower of its pair
+        hidden = sum(np.maximum(one - p, 0.0) for p in partners) / 2.0  # a forward's and a backward's, split evenly
+        share = batch_overlap_share(c, mesh)
+        fwd, bwd = share * hidden + (1.0 - share) * fwd, share * hidden + (1.0 - share) * bwd
     rc = np.where(c.recompute == Recompute.full.code, RECOMPUTE_ALLTOALLS / FORWARD_ALLTOALLS * fwd, 0.0)
     return ExpertTime(fwd, bwd, moe_layers * (fwd + bwd + rc))
 

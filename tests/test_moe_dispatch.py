@@ -1,0 +1,108 @@
+"""Issue 17: how routed tokens travel. The flex dispatcher (DeepEP / HybridEP) sends a token once to each GPU (and
+across NVLink domains once to each domain); --overlap-moe-expert-parallel-comm runs one micro-batch's all-to-alls
+beside another's compute (megatron-core 0.19 pipeline_parallel/combined_1f1b.py). Sources in advisor/parallel/expert.py."""
+
+from __future__ import annotations
+
+import itertools
+from math import comb
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from advisor import api
+from advisor.candidates import Candidates, Mesh
+from advisor.cli import cli
+from advisor.errors import AdvisorError
+from advisor.layout import Plan
+from advisor.parallel import expert
+from advisor.training import TrainingSetup
+
+
+@pytest.mark.parametrize("n_experts, k, groups", [(8, 2, 4), (8, 3, 2), (12, 4, 3), (6, 2, 6)])
+def test_reached_is_the_mean_over_every_routing(n_experts, k, groups):
+    """The expected distinct groups a token's k experts fall in, counted over every choice of k experts (uniform
+    routing, as megatron-core's moe_router_force_load_balancing draws it)."""
+    size = n_experts // groups
+    counts = [len({e // size for e in choice}) for choice in itertools.combinations(range(n_experts), k)]
+    assert float(expert.reached(n_experts, k, groups)) == pytest.approx(np.mean(counts), rel=1e-12)
+
+
+def test_reached_qwen3_30b_on_eight_gpus():
+    """Qwen3-30B-A3B (128 experts, top-8) on EP 8: 16 experts a GPU, a token reaches 8 (1 - C(112, 8) / C(128, 8)) =
+    5.34 GPUs, where the alltoall dispatcher sends all 8 copies; one expert a group: every copy; one group: one."""
+    assert float(expert.reached(128, 8, 8)) == pytest.approx(8 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+    assert float(expert.reached(128, 8, 8)) == pytest.approx(5.34, abs=0.01)
+    assert float(expert.reached(128, 8, 128)) == pytest.approx(8.0)
+    assert float(expert.reached(128, 8, 1)) == pytest.approx(1.0)
+
+
+def _share(pp, v, ga, recompute="none", ep=8):
+    schedule = "interleaved" if v > 1 else "1f1b"
+    plan = Plan(dp=8, pp=pp, ep=ep, etp=1, zero=1, schedule=schedule, virtual_stages=v)
+    setup = TrainingSetup(seq_len=4096, micro_batch=1, grad_accum=ga, recompute=recompute)
+    c = Candidates.of_plan(plan, setup, ga)
+    return float(np.asarray(expert.batch_overlap_share(c, Mesh.of(c, 8, 8))).reshape(-1)[0])
+
+
+def test_batch_overlap_share_follows_megatrons_schedules():
+    """Without a pipeline every forward but the first runs beside a backward (combined_1f1b_schedule_for_no_pipelining);
+    interleaved, the first rank's warm-up is 2 (pp - 1) + (v - 1) pp forwards plus one (schedules.py), of ga x v;
+    Megatron asserts the overlap away under a 1F1B pipeline, full recomputation or no EP (transformer_config.py)."""
+    assert _share(1, 1, 8) == pytest.approx(7 / 8)
+    assert _share(4, 4, 32) == pytest.approx(1 - (2 * 3 + 3 * 4 + 1) / 128)
+    assert _share(4, 1, 32) == 0.0
+    assert _share(1, 1, 8, recompute="full") == 0.0
+    assert _share(1, 1, 8, ep=1) == 0.0
+
+
+BASE = dict(model="qwen3-30b-a3b", micro_batch=4, global_batch=512, seq=4096, precision="mxfp8", zero=1, etp=1,
+            stack="megatron-core", recompute="selective")
+
+
+@pytest.mark.parametrize("hw, gpus, ep, precision", [
+    ("gb200-nvl72", 8, 8, "mxfp8"), ("dgx-h100", 16, 16, "fp8-tensorwise"), ("dgx-b200", 32, 32, "mxfp8"),
+    ("gb300-nvl72", 64, 64, "mxfp8"), ("aws-p5", 16, 8, "bf16-mixed")])
+def test_flex_and_overlap_never_cost_more(hw, gpus, ep, precision):
+    """Sending a token once a GPU never moves more than sending every routed copy, and running the all-to-alls beside
+    other work never exposes more of them: on NVLink, across nodes, and on an NVL72 rack."""
+    kw = dict(BASE, precision=precision)
+    t = {(d, o): api.estimate(hw=hw, gpus=gpus, ep=ep, moe_dispatcher=d, moe_overlap=o, **kw).breakdown["comm/ep_alltoall"]
+         for d in ("alltoall", "flex") for o in ("none", "batch")}
+    assert t["flex", "none"] < t["alltoall", "none"]
+    assert t["alltoall", "batch"] < t["alltoall", "none"]
+    assert t["flex", "batch"] <= t["flex", "none"]
+
+
+def test_flex_across_nodes_sends_a_token_once_a_node():
+    """Qwen3-30B-A3B on EP 16 over two DGX H100s: pairwise, 4 of a token's 8 copies cross the network on average;
+    HybridEP sends it once to the other node when an expert there is chosen (1 - C(64, 8) / C(128, 8) = 0.9965): the
+    network part carries a quarter of the bytes, so the dispatch takes well under half the time."""
+    kw = dict(BASE, hw="dgx-h100", gpus=16, ep=16, micro_batch=1, global_batch=1024, precision="fp8-tensorwise",
+              recompute="none", moe_overlap="none")
+    pairwise = api.estimate(moe_dispatcher="alltoall", **kw).breakdown["comm/ep_alltoall"]
+    flex = api.estimate(moe_dispatcher="flex", **kw).breakdown["comm/ep_alltoall"]
+    assert 0.2 < flex / pairwise < 0.45
+
+
+def test_a_dispatcher_or_overlap_the_stack_lacks_is_one_line():
+    with pytest.raises(AdvisorError, match=r"stack megatron-deepspeed has no flex token dispatcher: use --moe-dispatcher alltoall"):
+        api.estimate(**{**BASE, "stack": "megatron-deepspeed", "precision": "bf16-mixed"}, hw="dgx-h100", gpus=8, ep=8,
+                     moe_dispatcher="flex")
+    with pytest.raises(AdvisorError, match=r"does not overlap the expert all-to-alls with batch: use --moe-overlap none"):
+        api.estimate(**{**BASE, "stack": "megatron-deepspeed", "precision": "bf16-mixed"}, hw="dgx-h100", gpus=8, ep=8,
+                     moe_overlap="batch")
+    r = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--hw", "dgx-h100", "--gpus", "8", "--ep", "8",
+                                  "--zero", "1", "--stack", "megatron-core", "--moe-dispatcher", "deepep"])
+    assert r.exit_code == 2 and "deepep" in r.output and "Traceback" not in r.output
+
+
+def test_estimate_says_how_tokens_travel():
+    r = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--hw", "gb200-nvl72", "--gpus", "8", "--ep", "8",
+                                  "--zero", "1", "--micro-batch", "4", "--global-batch", "512", "--seq", "4096",
+                                  "--stack", "megatron-core", "--recompute", "selective", "--moe-dispatcher", "flex",
+                                  "--moe-overlap", "batch"])
+    assert r.exit_code == 0, r.output
+    assert "flex dispatcher: 5.3 of 8 routed copies" in r.output
+    assert "beside another micro-batch's compute" in r.output
