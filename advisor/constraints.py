@@ -41,7 +41,8 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
-           **expert.violations(c, model), **(stack_violations(c, stack, layout_only) if stack is not None else {})}
+           **expert.violations(c, model),
+           **(stack_violations(c, stack, layout_only, model.n_layers) if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -62,7 +63,8 @@ def features(c: Candidates) -> dict[str, Any]:
             "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 
 
-def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> dict[str, Any]:
+def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
+                     n_layers: Optional[int] = None) -> dict[str, Any]:
     """The plan features the stack does not run, and selective recomputation where it offers none; a stack that runs
     several devices only sharded and checkpointed (engine.distributed), the rest (not where ``layout_only``)."""
     used = features(c)
@@ -88,6 +90,10 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False) -> 
     for sched in (Schedule.zb_h1, Schedule.zb_v, Schedule.dualpipe_v):
         if sched.value not in eng.zero_bubble:
             out[f"{stack.name} does not run the {sched.value} schedule"] = c.schedule == sched.code
+    if "layout" not in eng.pipeline_splits and n_layers is not None:
+        out[f"{stack.name} interleaves only layers that divide pp x virtual stages (no pipeline layout)"] = (
+            (c.schedule == Schedule.interleaved.code) & (c.pp_split != PipelineSplit.edges.code)
+            & ((n_layers % np.maximum(np.asarray(c.pp) * c.virtual_stages, 1)) != 0))
     if PipelineSplit.edges.value not in eng.pipeline_splits:
         out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
     if eng.distributed == "fsdp_checkpointed":

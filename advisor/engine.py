@@ -201,9 +201,10 @@ class Engine(Spec):
         return list(dict.fromkeys(["none", self.ep_alltoall_overlap, *self.ep_alltoall_overlaps]))
     context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
         default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
-    pipeline_splits: list[Literal["even", "edges"]] = Field(
+    pipeline_splits: list[Literal["even", "edges", "layout"]] = Field(
         default_factory=lambda: ["even"], description="how it may split layers over pipeline ranks: even (ceil), edges "
-                                                      "(the embedding and the loss counted as layers)")
+        "(the embedding and the loss counted as layers), layout (interleaved chunks of ceil(L / (pp v)) layers, the "
+        "rest in the last, where pp x v does not divide L: Megatron's --pipeline-model-parallel-layout)")
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
         default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")
 

@@ -65,6 +65,9 @@ CASES = {
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="full")),
     "uneven-first-last": ("llama3-405b", "dgx-h100", 128, dict(dp=1, tp=8, pp=16, sp=True),
                           dict(micro_batch=1, global_batch=32, seq_len=8192, recompute="full")),
+    # interleaved chunks pp x v does not divide: Megatron's --pipeline-model-parallel-layout, as Bridge's DeepSeek recipes
+    "interleaved-layout": ("llama2-7b", "dgx-h100", 24, dict(dp=4, tp=2, pp=3, sp=True, zero=1, schedule="interleaved",
+                                                            virtual_stages=2), dict(micro_batch=1, global_batch=24)),
     # issue 17: HybridEP's flex dispatcher and the batch-level all-to-all overlap (--overlap-moe-expert-parallel-comm)
     "moe-flex-batch-overlap": ("mixtral-8x7b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
                                dict(micro_batch=1, global_batch=64, seq_len=4096, moe_dispatcher="flex",
@@ -73,7 +76,7 @@ CASES = {
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
-                 "moe-flex-batch-overlap"}
+                 "moe-flex-batch-overlap", "interleaved-layout"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -102,13 +105,19 @@ LEGACY = ("accelerate", "deepspeed", "megatron", "torchrun")
 # (the deepspeed and megatron-core stacks have their own cases: tests/test_export_stacks.py)
 LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun": "hf-trainer",
                 "megatron": "megatron-deepspeed"}
+# cases only megatron-core runs (an interleaved layout: megatron-deepspeed has no --pipeline-model-parallel-layout)
+CORE_ONLY = {"interleaved-layout"}
+
+
+def stack_of(kind: str, case: str) -> str:
+    return "megatron-core" if case in CORE_ONLY else LEGACY_STACK[kind]
 ALL = [(k, c) for k in LEGACY for c in CASES if exportable(k, c)]
 
 
 # -- library-free checks ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind,case", ALL)
 def test_export_config_returns_name_and_text(kind, case):
-    name, text = export_config(kind, *inputs(case), LEGACY_STACK[kind])
+    name, text = export_config(kind, *inputs(case), stack_of(kind, case))
     assert name and text.endswith("\n")
     if kind == "accelerate":
         assert isinstance(yaml.safe_load(text), dict)
@@ -119,7 +128,7 @@ def test_export_config_returns_name_and_text(kind, case):
 @pytest.mark.parametrize("kind,case", ALL)
 def test_notes_are_written_into_the_file(kind, case):
     """A note changes what the run does or must do: it is in the file, not only on stderr."""
-    out = export(kind, *inputs(case), LEGACY_STACK[kind])
+    out = export(kind, *inputs(case), stack_of(kind, case))
     if kind == "deepspeed":
         assert json.loads(out.text)[NOTES_KEY] == list(out.notes) and out.notes  # at least the launch line
     else:
@@ -149,7 +158,7 @@ def test_batch_identity(case):
 ])
 def test_refuses_what_the_launcher_cannot_express(kind, case, message):
     with pytest.raises(ExportError, match=message):
-        export(kind, *inputs(case), LEGACY_STACK[kind])
+        export(kind, *inputs(case), stack_of(kind, case))
 
 
 def test_refusals_are_one_line():
@@ -358,7 +367,7 @@ def test_megatron_args_build_core_configs(case):
     from megatron.core.transformer import TransformerConfig
 
     model, hw, plan, setup, ga, world = inputs(case)
-    f = _megatron_flags(export("megatron", model, hw, plan, setup, ga, world, LEGACY_STACK["megatron"]).text)
+    f = _megatron_flags(export("megatron", model, hw, plan, setup, ga, world, stack_of("megatron", case)).text)
     names = set().union(*({x.name for x in dataclasses.fields(c)}
                           for c in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)))
     assert set(f) - names <= TRAINING_ONLY, set(f) - names - TRAINING_ONLY
@@ -374,12 +383,19 @@ def test_megatron_args_build_core_configs(case):
                   num_layers_in_last_pipeline_stage=opt("decoder_last_pipeline_num_layers"),
                   account_for_embedding_in_pipeline_split=bool(f.get("account_for_embedding_in_pipeline_split")),
                   account_for_loss_in_pipeline_split=bool(f.get("account_for_loss_in_pipeline_split")))
+    layout = f.get("pipeline_model_parallel_layout")
+    if layout is not None:  # arguments.py: the virtual size is the layout's chunks over pp
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        uneven["pipeline_model_parallel_layout"] = layout.strip("'")
+        vpp_chunks = PipelineParallelLayerLayout.get_num_stages_from_str(layout.strip("'")) // pp
     tc = TransformerConfig(
         num_layers=n_layers, hidden_size=int(f["hidden_size"]), num_attention_heads=int(f["num_attention_heads"]),
         num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
         ffn_hidden_size=int(f["ffn_hidden_size"]), kv_channels=opt("kv_channels"),
         tensor_model_parallel_size=int(f["tensor_model_parallel_size"]), pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=n_layers // pp // int(vpp) if vpp else opt("num_virtual_stages_per_pipeline_rank"),
+        virtual_pipeline_model_parallel_size=(n_layers // pp // int(vpp) if vpp else vpp_chunks if layout is not None
+                                              else opt("num_virtual_stages_per_pipeline_rank")),
         context_parallel_size=opt("context_parallel_size") or 1, cp_comm_type=f.get("cp_comm_type"), **uneven,
         sequence_parallel=bool(f.get("sequence_parallel")), recompute_granularity=f.get("recompute_granularity"),
         recompute_method=f.get("recompute_method"), recompute_num_layers=opt("recompute_num_layers"),
@@ -472,7 +488,7 @@ def megatron_validate(f: dict[str, object], env: dict[str, str], world: int) -> 
         if stages and middle % stages:
             errors.append(f"number of layers at middle stage: {middle} must be divisible by the middle pipeline "
                           f"model parallel size {stages}")
-    elif units % pp:
+    elif units % pp and "pipeline_model_parallel_layout" not in f:  # a layout places every layer itself
         errors.append("Number of layers should be divisible by the pipeline-model-parallel size")
     vpp = f.get("num_layers_per_virtual_pipeline_stage")
     if vpp is not None and (n_layers // pp) % int(vpp):
@@ -496,7 +512,7 @@ def test_megatron_script_meets_validate_args(case, shell_env, tmp_path):
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
 
     model, hw, plan, setup, ga, world = inputs(case)
-    out = export("megatron", model, hw, plan, setup, ga, world, LEGACY_STACK["megatron"])
+    out = export("megatron", model, hw, plan, setup, ga, world, stack_of("megatron", case))
     argv, env = _run_megatron_script(out.text, tmp_path, shell_env)
     f = _flags(argv)
     assert megatron_validate(f, env, world) == []

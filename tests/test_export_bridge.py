@@ -59,6 +59,12 @@ CASES = {
     "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
     "moe-ep": ("mixtral-8x7b", "dgx-h100", 32, dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1),
                dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="full")),
+    # 32 layers on 3 x 2 interleaved chunks: pipeline_model_parallel_layout (as Bridge's DeepSeek-V3 recipes write it)
+    "interleaved-layout-flex-batch": ("mixtral-8x7b", "dgx-h100", 48,
+                                      dict(dp=8, tp=2, pp=3, ep=8, sp=True, zero=1, schedule="interleaved",
+                                           virtual_stages=2),
+                                      dict(micro_batch=1, global_batch=48, seq_len=4096, moe_dispatcher="flex",
+                                           moe_overlap="batch")),
 }
 
 
@@ -151,8 +157,14 @@ def assert_matches(cfg: Container, case: str) -> None:
     assert m.recompute_num_layers == (setup.recompute_layers if r in ("full", "block") else None)
     if plan.cp > 1:
         assert m.cp_comm_type == {"ring": "p2p", "all-gather": "all_gather", "ulysses": "a2a"}[plan.cp_comm.value]
+    chunks = plan.pp * plan.virtual_stages
     if plan.pp > 1 and plan.pp_split.value == "edges":
         assert m.account_for_embedding_in_pipeline_split and m.account_for_loss_in_pipeline_split
+    elif plan.schedule == "interleaved" and model.n_layers % chunks:  # a layout: ceil(L / chunks) each, the rest last
+        layout, per = m.pipeline_model_parallel_layout, -(-model.n_layers // chunks)
+        assert len(layout) == chunks and layout[0][0] == "embedding" and layout[-1][-1] == "loss"
+        assert [c.count("decoder") for c in layout] == [per] * (chunks - 1) + [model.n_layers - per * (chunks - 1)]
+        assert m.virtual_pipeline_model_parallel_size == plan.virtual_stages
     elif plan.pp > 1 and model.n_layers % plan.pp:
         first, last = m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage
         assert first + last + (model.n_layers // plan.pp + 1) * (plan.pp - 2) == model.n_layers
@@ -226,7 +238,8 @@ def test_bridge_merges_the_export(case, tmp_path, caplog):
     ("tp-sp-ddp", {}, dict(recompute="every-k", recompute_layers=2), "every-k checkpointing"),
     ("zero1-fp8-tensorwise", dict(offload="optimizer-cpu"), {}, "offload"),
     ("zero1-fp8-tensorwise", {}, dict(precision="fp32"), "bf16 or fp16 mixed precision"),
-    ("tp-sp-ddp", dict(pp=3, tp=1, dp=2, sp=False, schedule="interleaved", virtual_stages=2), {}, "layers divisible by pp x virtual stages"),
+    # 32 layers on 3 x 8 chunks of ceil(32 / 24) = 2: the last chunks would hold none
+    ("tp-sp-ddp", dict(pp=3, tp=1, dp=2, sp=False, schedule="interleaved", virtual_stages=8), {}, "a layer in every chunk"),
 ])
 def test_refuses_in_one_line(case, plan_kw, setup_kw, message):
     model, hw, world, p, s = CASES[case]

@@ -7,8 +7,7 @@ How a row becomes an estimate:
 - the newest container release's row of each (model, system, precision): the tables repeat a configuration
   release after release as the software improves (Qwen3-30B-A3B on GB200: 26,032 tokens/s/GPU in 26.04, 39,936 in
   26.08), and advisor costs one stack;
-- the stack: MOE_STACK, one constant: megatron-core (its grouped GEMMs and shared-expert overlap, the stack
-  Megatron-Bridge runs);
+- the stack: MOE_STACK, one constant: megatron-bridge-perf (megatron-core as Bridge's performance recipes set it);
 - Megatron's distributed optimizer (ZeRO-1; Bridge's recipes use it), sequence parallelism where TP > 1, the
   experts unsplit by TP (ETP 1, as Bridge's MoE recipes set expert_tensor_parallel_size), the least recomputation
   (none, selective, full) the model predicts to fit, as the run fitted (the tables do not give it; Bridge's recipes
@@ -17,8 +16,9 @@ How a row becomes an estimate:
 - precision: BF16 rows as bf16-mixed; FP8 (current scaling, the tables' README) as fp8-tensorwise and MXFP8 as mxfp8,
   the recipes the dense rows take (validation.lowprec BRIDGE_PRECISION; advisor.precision): the error is reported per
   precision;
-- an interleaved schedule whose layers do not divide pp x vp (DeepSeek-V3's 61 layers: Bridge places the embedding
-  and loss as pipeline layers of their own) runs as 1F1B, and is counted;
+- the pipeline split as the recipes write it: Qwen3-235B-A22B's embedding and loss counted as layers (EDGES_SPLIT),
+  DeepSeek-V3's and Kimi-K2's layouts of ceil(61 / (pp vp)) layers a chunk (megatron-core's layout split); an
+  interleaved schedule no layout fills would run as 1F1B, and be counted;
 - rows with no precision (25.09's token-drop tables) are not compared.
 
 Systems: DGX-H100 -> dgx-h100, DGX-B200 -> dgx-b200 (8x B200 on NVSwitch, InfiniBand), DGX-GB200 -> gb200-nvl72, DGX-GB300 ->
@@ -36,15 +36,17 @@ from typing import Any, Optional
 
 from advisor.model import ModelSpec, load_model
 from advisor.model.hf import model_from_hf_dict
+from advisor.parallel.pipeline import layout_fills
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
 
 # Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
 RECOMPUTE_LADDER = ("none", "selective", "full")
-# The stack every row is costed in: megatron-core, not megatron-bridge-perf (the dense tables' stack): the MoE performance recipes differ per model in
-# what that profile changes (megatron-bridge 0.6.2 perf_recipes: qwen3_moe keeps _benchmark_common's bf16 gradient
-# reduction, Kimi K2 and GLM-5 set grad_reduce_in_fp32 back to True), so one profile cannot say it for every row
-MOE_STACK = "megatron-core"
+# The stack every row is costed in: megatron-bridge-perf, the profile of Bridge's performance recipes (bf16 gradient
+# reduction, weights held in FP8 under its low-precision recipes). Every MoE perf recipe of megatron-bridge 0.6.2 calls
+# _benchmark_common last (perf_recipes/*/<system>/*.py), which sets grad_reduce_in_fp32 False: Kimi-K2's base recipe
+# sets it True for Muon (recipes/kimi/h100/kimi_k2.py _apply_kimi_k2_optimizer), and the perf recipe sets it back
+MOE_STACK = "megatron-bridge-perf"
 
 # How each row's tokens travel, as megatron-bridge 0.6.2's performance recipe for its (model, system, precision) sets it
 # (perf_recipes/<model>/<system>/*.py: moe_token_dispatcher_type / moe_flex_dispatcher_backend, and
@@ -93,8 +95,7 @@ RECIPES = {  # (model, system, precision) -> (recipe, (tp, pp, vp, ep, mbs), dis
 DEFAULT_TRAVEL = ("alltoall", "shared_experts")
 # Models whose recipes count the embedding and the loss as pipeline layers (--account-for-embedding/loss-in-pipeline-
 # split): Qwen3-235B-A22B's perf recipes start from qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config (recipes/qwen/
-# h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks. DeepSeek-V3 and Kimi-K2 set an
-# explicit pipeline_model_parallel_layout (set_deepseek_v3_pipeline_model_parallel_layout) advisor does not express.
+# h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks.
 EDGES_SPLIT = {"Qwen3_235B_a22B"}
 
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
@@ -174,7 +175,10 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     tp, pp, vp = row["tp"], row["pp"], row["vp"]
     interleaved = pp > 1 and vp is not None and vp > 1
     edges = row["model"] in EDGES_SPLIT and pp > 1
-    fallback = interleaved and (spec.n_layers + 2 * edges) % (pp * vp) != 0
+    # DeepSeek-V3's and Kimi-K2's explicit layouts are chunks of ceil(61 / (pp vp)) layers, the rest in the last
+    # (set_deepseek_v3_pipeline_model_parallel_layout, _get_kimi_k2_pipeline_layout): megatron-core's layout split
+    fallback = interleaved and ((spec.n_layers + 2) % (pp * vp) != 0 if edges
+                                else not bool(layout_fills(spec.n_layers, pp * vp)))
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
               attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=travel(row)[0],
@@ -202,6 +206,7 @@ def _kind(row: dict[str, Any]) -> str:
 def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-moe") -> DatasetReport:
     rows, rejected, points, no_fit, fallbacks, recomputed = load_rows(systems), Counter(), [], [], 0, Counter()
     travels: Counter = Counter()
+    current: list[Point] = []
     by_precision: dict[str, list[Point]] = defaultdict(list)
     for r in rows:
         kw, fallback = estimate_kwargs(r)
@@ -224,17 +229,21 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
                   breakdown=est.breakdown)
         points.append(p)
         by_precision[r["precision"]].append(p)
+        if r["release"].split()[0] == RECIPE_RELEASE:
+            current.append(p)
     ranks = published_plan_ranks(rows)
     extra = {"predicted_to_fit_pct": 100.0 * (len(points) - len(no_fit)) / max(len(points), 1),
              "published_plan_in_top5_pct": 100.0 * sum(r is not None for _, r in ranks) / max(len(ranks), 1)}
     for prec, pts in sorted(by_precision.items()):
         extra[f"{prec}_mape_pct"], extra[f"{prec}_max_ape_pct"] = ape_stats(pts)
+    # the rows of the release whose recipes megatron-bridge 0.6.2 holds (RECIPES): what they ran is known
+    extra["recipe_release_mape_pct"], extra["recipe_release_max_ape_pct"] = ape_stats(current)
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
              f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
              "(the tables force a balanced token distribution); FP8 as fp8-tensorwise, MXFP8 as mxfp8",
              "dispatcher and all-to-all overlap as megatron-bridge 0.6.2's recipe sets them (26.08 rows of its layout), "
              "else the providers' defaults: " + ", ".join(f"{k} {n}" for k, n in sorted(travels.items())),
-             f"{fallbacks} interleaved schedules whose layers do not divide pp x vp run as 1F1B",
+             f"{fallbacks} interleaved schedules whose chunks no layout fills run as 1F1B",
              "recomputation, which the tables do not give, the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     notes.append("the published plan's rank in advisor plan's top 5 (dp, tp, pp, ep matched; '-': not in it): "

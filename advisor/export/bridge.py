@@ -25,7 +25,8 @@ from typing import Optional
 import yaml
 
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
-from advisor.export.megatron import CP_COMM_TYPE, megatron_env, moe_travel, pipeline_edge_layers, refuse_unwritable
+from advisor.export.megatron import (CP_COMM_TYPE, layout_chunks, megatron_env, moe_travel, pipeline_edge_layers,
+                                     refuse_unwritable)
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack, load_stack
@@ -89,6 +90,11 @@ def _pipeline(model: ModelSpec, plan: Plan) -> dict:
     if plan.pp <= 1:
         return {}
     out: dict = {}
+    chunks = layout_chunks(model.n_layers, plan)
+    if chunks is not None:  # TransformerConfig.pipeline_model_parallel_layout as a list of chunks (as Bridge's recipes)
+        return {"pipeline_model_parallel_layout": [["embedding"] * (i == 0) + ["decoder"] * n + ["loss"] * (i == len(chunks) - 1)
+                                                   for i, n in enumerate(chunks)],
+                "virtual_pipeline_model_parallel_size": plan.virtual_stages}
     if plan.pp_split.value == "edges":
         out = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
     else:

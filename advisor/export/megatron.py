@@ -55,12 +55,17 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
-    a += _context_parallel(plan) + _pipeline_split(model, plan)
-    if plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
+    a += _context_parallel(plan)
+    layout = interleaved_layout(model.n_layers, plan)
+    if layout is not None:  # interleaved chunks pp x v does not divide: the layout Megatron-Bridge's recipes write
+        a += ["--pipeline-model-parallel-layout", layout]
+    else:
+        a += _pipeline_split(model, plan)
+    if layout is None and plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
         # Megatron-LM's flag for a virtual-stage count (arguments.py: --num-virtual-stages-per-pipeline-rank; its
         # --num-layers-per-virtual-pipeline-stage cannot go with the uneven first/last stage counts)
         a += ["--num-virtual-stages-per-pipeline-rank", plan.virtual_stages]
-    elif plan.pp > 1 and plan.schedule == "interleaved":
+    elif layout is None and plan.pp > 1 and plan.schedule == "interleaved":
         a += ["--num-layers-per-virtual-pipeline-stage", model.n_layers // (plan.pp * plan.virtual_stages)]
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
@@ -86,6 +91,27 @@ def _context_parallel(plan: Plan) -> list:
     if plan.cp <= 1:
         return []
     return ["--context-parallel-size", plan.cp, "--cp-comm-type", CP_COMM_TYPE[plan.cp_comm.value]]
+
+
+def layout_chunks(n_layers: int, plan: Plan) -> list[int] | None:
+    """Layers of each of the pp x v interleaved chunks where pp x v does not divide them (advisor.parallel.pipeline
+    layout_fills): ceil(L / (pp v)) each, the rest in the last; None where the plan needs no layout."""
+    chunks = plan.pp * plan.virtual_stages
+    if plan.pp <= 1 or plan.schedule != "interleaved" or plan.pp_split.value != "even" or n_layers % chunks == 0:
+        return None
+    per = -(-n_layers // chunks)
+    return [per] * (chunks - 1) + [n_layers - per * (chunks - 1)]
+
+
+def interleaved_layout(n_layers: int, plan: Plan) -> str | None:
+    """--pipeline-model-parallel-layout for layout_chunks (megatron-core transformer/pipeline_parallel_layer_layout.py
+    syntax: E the embedding, t a decoder layer, L the loss, | between chunks in order, (x)*n repeats), e.g. DeepSeek-V3's
+    61 layers on 16 chunks "Et*4|(t*4|)*14t*1L", as set_deepseek_v3_pipeline_model_parallel_layout builds it."""
+    chunks = layout_chunks(n_layers, plan)
+    if chunks is None:
+        return None
+    per, middle = chunks[0], len(chunks) - 2
+    return f"Et*{per}|" + (f"(t*{per}|)*{middle}" if middle else "") + f"t*{chunks[-1]}L"
 
 
 def pipeline_edge_layers(n_layers: int, pp: int) -> tuple[int, int] | None:

@@ -9,7 +9,10 @@
   busiest rank is then a middle one (u = (L + 2) / pp layers) or the last (u - 1 layers and the head),
   whichever takes longer; for memory, the first (u - 1 layers and the embedding) or a middle one.
 - Schedules (Narayanan et al. 2021, arXiv 2104.04473, s.2.2): GPipe runs every forward, then every backward;
-  1F1B alternates once the pipeline is full; interleaved 1F1B gives each rank v chunks of L / (pp v) layers.
+  1F1B alternates once the pipeline is full; interleaved 1F1B gives each rank v chunks of L / (pp v) layers, or,
+  where pp x v does not divide L and the stack places layers by a layout (engine.pipeline_splits ``layout``:
+  Megatron's --pipeline-model-parallel-layout), chunks of ceil(L / (pp v)) with the rest in the last, as
+  Megatron-Bridge's DeepSeek-V3 and Kimi-K2 recipes write it (``layout_fills``: no chunk left empty).
   The bubble is (pp - 1) / v times the time of one micro-batch on a stage; with uneven stages, fill and drain
   pass through the other stages' layers: (L / layers_busiest - 1) / v times the busiest stage's layers (a
   pipeline of stage times t_i and m micro-batches takes sum(t_i) + (m - 1) max(t_i): ``schedule_time``).
@@ -70,8 +73,8 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
         "uneven split needs pp > 1, layers that pp does not divide, and layers + 2 divisible by pp": (
             c.pp_split == EDGES) & ((c.pp == 1) | (((layers + 2) % c.pp) != 0) | ((layers % c.pp) == 0)),
         "ZeRO-2/3 with pipeline parallelism (only ZeRO-1 combines with PP)": (c.pp > 1) & (c.zero >= 2),
-        "interleaved schedule needs pp > 1 and layers divisible by pp x virtual stages": interleaved & (
-            (c.pp == 1) | ((units % np.maximum(c.pp * c.virtual_stages, 1)) != 0) | (c.virtual_stages < 2)),
+        "interleaved schedule needs pp > 1, 2 or more virtual stages and a layer in every chunk": interleaved & (
+            (c.pp == 1) | (c.virtual_stages < 2) | (~edges & ~layout_fills(layers, c.pp * c.virtual_stages))),
         "interleaved schedule needs the micro-batch count divisible by pp": interleaved & (c.pp > 1) & ((c.grad_accum % c.pp) != 0),
         "ZB-V and DualPipeV need pp > 1, layers divisible by 2 x pp and 2 x pp micro-batches": two & (
             (c.pp == 1) | ((units % (2 * c.pp)) != 0) | (c.grad_accum < 2 * c.pp)),
@@ -80,8 +83,16 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
     }
 
 
-def layers_per_stage(model: ModelSpec, pp: Any) -> Any:
-    return np.ceil(model.n_layers / pp)
+def layout_fills(n_layers: int, chunks: Any) -> Any:
+    """Whether chunks of ceil(L / chunks) layers, the rest in the last, leave no chunk empty (the layout Megatron-Bridge
+    writes where pp x v does not divide L; every chunk of an even division)."""
+    chunks = np.maximum(np.asarray(chunks, dtype=float), 1.0)
+    return (chunks - 1.0) * np.ceil(n_layers / chunks) < n_layers
+
+
+def layers_per_stage(model: ModelSpec, pp: Any, v: Any = 1.0) -> Any:
+    """Layers of the busiest rank under the even split: v chunks of ceil(L / (pp v)) (v = 1: ceil(L / pp))."""
+    return np.ceil(model.n_layers / (pp * v)) * v
 
 
 def params_outside_layers(model: ModelSpec, pp: Any) -> Any:
@@ -99,7 +110,7 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
     """(layers of the busiest rank, 1.0 where its time also holds the head else 0.0), from one layer's and the
     head's seconds per micro-batch. Even split: ceil(L / pp) layers and the head. Uneven: a middle rank's u =
     (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
-    even = layers_per_stage(model, mesh.pp)
+    even = layers_per_stage(model, mesh.pp, mesh.v)
     edges = uneven(c)
     if not np.any(edges):
         return even, 1.0
@@ -114,7 +125,7 @@ def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
     split's u - 1 common to the first and the middle ranks (``outside_params_uneven`` adds the larger of the
     first's embedding and a middle rank's u-th layer)."""
     edges = uneven(c)
-    even = layers_per_stage(model, mesh.pp)
+    even = layers_per_stage(model, mesh.pp, mesh.v)
     return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
 
 
@@ -193,7 +204,9 @@ def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: 
     pp = np.asarray(pp, dtype=float)
     m = np.asarray(grad_accum, dtype=float)
     v = np.asarray(v, dtype=float)
-    per_stage = n_layers / pp
+    # the first rank's layers: L / pp, or v chunks of ceil(L / (pp v)) where an interleaved layout rounds them up
+    per_stage = np.where(schedule == Schedule.interleaved.code, np.ceil(n_layers / (pp * np.maximum(v, 1.0))) * v,
+                         n_layers / pp)
     if split is not None and np.any(np.asarray(split) == EDGES):
         units = (n_layers + 2.0) / pp
         per_stage = np.where((np.asarray(split) == EDGES) & (pp > 1),

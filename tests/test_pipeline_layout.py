@@ -1,0 +1,55 @@
+"""Interleaved pipelines whose chunks do not divide the layers: Megatron's --pipeline-model-parallel-layout, as
+Megatron-Bridge's DeepSeek-V3 and Kimi-K2 recipes write it (megatron-bridge 0.6.2 recipes/deepseek/h100/deepseek_v3.py
+set_deepseek_v3_pipeline_model_parallel_layout: 61 layers on 16 chunks as [E + 4 t], [4 t] x 14, [t + mtp + L])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from advisor import api
+from advisor.errors import AdvisorError
+from advisor.export.megatron import interleaved_layout, layout_chunks
+from advisor.layout import Plan
+from advisor.model import load_model
+from advisor.parallel import pipeline
+
+
+def test_layout_fills_only_where_no_chunk_is_empty():
+    assert bool(pipeline.layout_fills(61, 16))  # 15 x 4 + 1
+    assert bool(pipeline.layout_fills(32, 6))  # 5 x 6 + 2
+    assert not bool(pipeline.layout_fills(32, 24))  # 23 x 2 = 46 >= 32: chunks left empty
+    assert bool(pipeline.layout_fills(64, 16))  # an even division
+
+
+def test_busiest_rank_holds_v_chunks_of_the_rounded_up_size():
+    """DeepSeek-V3 on pp 4 x v 4: the first rank's chunks 0, 4, 8, 12 hold 4 layers each (the recipe's layout);
+    pp 2 x v 8: 8 chunks of 4, 32 layers (ceil(61 / 2) = 31 would undercount)."""
+    spec = load_model("deepseek-v3")
+    assert float(pipeline.layers_per_stage(spec, np.array(4.0), np.array(4.0))) == 16
+    assert float(pipeline.layers_per_stage(spec, np.array(2.0), np.array(8.0))) == 32
+    assert float(pipeline.layers_per_stage(spec, np.array(4.0))) == 16  # 1F1B: ceil(61 / 4)
+
+
+def test_deepseek_layout_string_is_the_recipes():
+    """The flag parses, with megatron-core's own parser, to the chunks the recipe lists (less its MTP layer, which
+    advisor's DeepSeek-V3 has not)."""
+    layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    plan = Plan(dp=16, pp=4, ep=64, etp=1, zero=1, schedule="interleaved", virtual_stages=4)
+    text = interleaved_layout(61, plan)
+    assert text == "Et*4|(t*4|)*14t*1L"
+    assert layout_chunks(61, plan) == [4] * 15 + [1]
+    parsed = layout_mod.PipelineParallelLayerLayout.parse_str_to_list(text)
+    recipe = [["embedding"] + ["decoder"] * 4] + [["decoder"] * 4] * 14 + [["decoder", "loss"]]
+    assert [[str(t.name) for t in chunk] for chunk in parsed] == recipe
+
+
+def test_a_stack_without_layouts_refuses_them_in_one_line():
+    kw = dict(model="deepseek-v3", hw="gb200-nvl72", gpus=256, pp=4, schedule="interleaved", virtual_stages=4, ep=64,
+              etp=1, zero=1, micro_batch=1, global_batch=4096, seq=4096, precision="mxfp8", recompute="selective")
+    est = api.estimate(stack="megatron-core", **kw)
+    assert est.step_time_s > 0
+    with pytest.raises(AdvisorError, match="interleaves only layers that divide pp x virtual stages"):
+        api.estimate(stack="megatron-deepspeed", **{**kw, "precision": "bf16-mixed"})
+    with pytest.raises(AdvisorError, match="a layer in every chunk"):
+        api.estimate(stack="megatron-core", **{**kw, "pp": 8, "virtual_stages": 8, "gpus": 512})
