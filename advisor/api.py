@@ -193,10 +193,10 @@ def _stack_name(stack) -> str:
 
 
 def moe_setup(o) -> dict:
-    """The routing and all-to-all options of a TrainingSetup, from estimate's or plan's options."""
+    """The routing, all-to-all and TP-overlap options of a TrainingSetup, from estimate's or plan's options."""
     overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
     return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance,
-                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap)
+                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap)
 
 
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
@@ -212,7 +212,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
              adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
-             moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None,
+             moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
              cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
@@ -235,7 +235,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     whose adapter code runs). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
     (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
-    both default the stack's: advisor.parallel.expert). Every bad value is an AdvisorError
+    both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers: the sequence-parallel
+    collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

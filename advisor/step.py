@@ -123,7 +123,9 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
     layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
-    tp = tensor.time(w, c, mesh, tokens, layers)
+    overlapped = w.tp_overlap != "none"  # the TP collectives pipelined with the GEMMs they feed (advisor.parallel.tensor)
+    tp = tensor.time(w, c, mesh, tokens, layers,
+                     compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp) if overlapped else None)
     if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
         head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
         tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)

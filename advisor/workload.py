@@ -34,6 +34,7 @@ class Workload:
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"  # the stack's default or the one asked (advisor.parallel.expert)
     moe_overlap: str = "none"
+    tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -60,7 +61,7 @@ class Workload:
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
-                   setup.moe_imbalance, *moe_choices(stack, setup))
+                   setup.moe_imbalance, *moe_choices(stack, setup), tp_overlap_choice(stack, setup))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -161,3 +162,14 @@ def moe_choices(stack, setup) -> tuple[str, str]:
         raise StackError(f"stack {stack.name} does not overlap the expert all-to-alls with {overlap.replace('_', '-')}: "
                          f"use --moe-overlap {' or '.join(o.replace('_', '-') for o in eng.ep_overlaps())}")
     return dispatcher, overlap
+
+
+def tp_overlap_choice(stack, setup) -> str:
+    """The TP overlap of a workload: the one asked, else the stack's; one the stack does not run, a one-line error."""
+    eng = stack.engine
+    overlap = setup.tp_overlap or eng.tp_comm_overlap
+    runs = list(dict.fromkeys(["none", eng.tp_comm_overlap, *eng.tp_comm_overlaps]))
+    if overlap not in runs:
+        raise StackError(f"stack {stack.name} does not overlap its TP collectives with {overlap}: use --tp-overlap "
+                         f"{' or '.join(runs)}")
+    return overlap

@@ -72,11 +72,14 @@ CASES = {
     "moe-flex-batch-overlap": ("mixtral-8x7b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
                                dict(micro_batch=1, global_batch=64, seq_len=4096, moe_dispatcher="flex",
                                     moe_overlap="batch")),
+    # Transformer Engine's userbuffers under SP (--tp-comm-overlap)
+    "tp-comm-overlap": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=4, pp=8, sp=True, zero=1),
+                        dict(micro_batch=1, global_batch=128, seq_len=8192, tp_overlap="userbuffers")),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
-                 "moe-flex-batch-overlap", "interleaved-layout"}
+                 "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -106,7 +109,7 @@ LEGACY = ("accelerate", "deepspeed", "megatron", "torchrun")
 LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun": "hf-trainer",
                 "megatron": "megatron-deepspeed"}
 # cases only megatron-core runs (an interleaved layout: megatron-deepspeed has no --pipeline-model-parallel-layout)
-CORE_ONLY = {"interleaved-layout"}
+CORE_ONLY = {"interleaved-layout", "tp-comm-overlap"}
 
 
 def stack_of(kind: str, case: str) -> str:

@@ -106,3 +106,43 @@ def test_estimate_says_how_tokens_travel():
     assert r.exit_code == 0, r.output
     assert "flex dispatcher: 5.3 of 8 routed copies" in r.output
     assert "beside another micro-batch's compute" in r.output
+
+
+# -- Transformer Engine's userbuffers: the sequence-parallel collectives pipelined with their GEMMs ----------------
+TP = dict(model="llama3-70b", hw="dgx-h100", gpus=64, tp=4, pp=8, sp=True, zero=1, micro_batch=1, global_batch=128,
+          seq=8192, precision="fp8-tensorwise", stack="megatron-core", recompute="selective")
+
+
+def test_userbuffers_hide_what_the_gemms_cover():
+    """A pair of comm C and GEMM G in tp chunks takes max(C, G) + min(C, G) / tp: with C = G on tp 4 a quarter of C
+    stays; with no GEMM beside it (G = 0) all of it."""
+    from types import SimpleNamespace
+
+    from advisor.model.layer import Split
+    from advisor.parallel import tensor
+
+    lins = [SimpleNamespace(name="attention/qkv", copies=1, split=Split.column),
+            SimpleNamespace(name="attention/proj", copies=1, split=Split.row)]
+    w = SimpleNamespace(layer=SimpleNamespace(linears=lins))
+    share = tensor.overlap_share(w, {"attention/qkv": 1.0, "attention/proj": 1.0}, np.array(1.0), np.array(1.0), 4.0)
+    assert float(share) == pytest.approx(0.25)
+    share = tensor.overlap_share(w, {"attention/qkv": 0.0, "attention/proj": 0.0}, np.array(1.0), np.array(1.0), 4.0)
+    assert float(share) == pytest.approx(1.0)
+    share = tensor.overlap_share(w, {"attention/qkv": 0.5, "attention/proj": 2.0}, np.array(1.0), np.array(1.0), 2.0)
+    assert float(share) == pytest.approx((1.0 - 0.5 * 0.5 + 1.0 - 1.0 * 0.5) / 2.0)
+
+
+def test_userbuffers_shrink_the_tp_part_and_nothing_else():
+    off = api.estimate(tp_overlap="none", **TP)
+    on = api.estimate(tp_overlap="userbuffers", **TP)
+    assert on.breakdown["comm/tp"] < 0.5 * off.breakdown["comm/tp"]
+    assert on.breakdown["compute/forward"] == pytest.approx(off.breakdown["compute/forward"])
+    no_sp = {**TP, "sp": False}  # Megatron's --tp-comm-overlap needs sequence parallelism: all-reduces stay exposed
+    assert api.estimate(tp_overlap="userbuffers", **no_sp).breakdown["comm/tp"] == pytest.approx(
+        api.estimate(tp_overlap="none", **no_sp).breakdown["comm/tp"])
+
+
+def test_a_tp_overlap_the_stack_lacks_is_one_line():
+    with pytest.raises(AdvisorError, match="stack megatron-deepspeed does not overlap its TP collectives with userbuffers: "
+                                           "use --tp-overlap none"):
+        api.estimate(**{**TP, "stack": "megatron-deepspeed", "precision": "bf16-mixed"}, tp_overlap="userbuffers")

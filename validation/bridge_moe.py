@@ -182,7 +182,9 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
               attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=travel(row)[0],
-              moe_overlap=travel(row)[1])
+              moe_overlap=travel(row)[1], tp_overlap="none")
+    # no userbuffers TP overlap: the one MoE recipe with TP > 1, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, sets
+    # CommOverlapConfig(tp_comm_overlap=False); the others run TP 1
     if interleaved and not fallback:
         kw.update(schedule="interleaved", virtual_stages=vp)
     if edges:
@@ -274,7 +276,7 @@ def published_plan_ranks(rows: Optional[list[dict[str, Any]]] = None, top: int =
         try:
             found = plan(kw["model"], _hardware(r["hw"]), gpus=r["gpus"], seq=r["seq"], global_batch=r["gbs"],
                          precision=kw["precision"], stack=moe_stack(), top=top, moe_dispatcher=kw["moe_dispatcher"],
-                         moe_overlap=kw["moe_overlap"])
+                         moe_overlap=kw["moe_overlap"], tp_overlap=kw["tp_overlap"])
         except AdvisorError as exc:
             out.append((f"{' '.join(map(str, key))}: {str(exc)[:80]}", None))
             continue

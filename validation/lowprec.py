@@ -347,6 +347,8 @@ def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
               precision=prec, recompute="none", stack=BRIDGE_STACK)
     if tp > 1:
         kw["sp"] = True
+    if prec == "nvfp4":  # the NVFP4 recipes turn the userbuffers TP overlap off (perf_recipes/llama/<system>/*_nvfp4_config:
+        kw["tp_overlap"] = "none"  # comm_overlap.tp_comm_overlap = False); the others keep the stack's (on)
     if row["task"] == "lora":
         kw.update(BRIDGE_LORA)
     if cp > 1:

@@ -63,6 +63,10 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     m.update(_recompute(setup))
     m.update(_model_shape(model))
     m.update(_experts(model, plan, setup, notes))
+    eng = (stack if stack is not None else load_stack(setup.stack)).engine
+    if plan.sp and plan.tp > 1 and (setup.tp_overlap or eng.tp_comm_overlap) == "userbuffers":
+        notes.append("the TP collectives were costed pipelined with their GEMMs: set comm_overlap.tp_comm_overlap=true "
+                     "with a userbuffers config for this shape (comm_overlap.tp_comm_overlap_cfg)")
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     out = {"model": m,

@@ -55,6 +55,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
+        if tp_overlap(setup) == "userbuffers":  # Transformer Engine's userbuffers (advisor.parallel.tensor)
+            a.append("--tp-comm-overlap")
     a += _context_parallel(plan)
     layout = interleaved_layout(model.n_layers, plan)
     if layout is not None:  # interleaved chunks pp x v does not divide: the layout Megatron-Bridge's recipes write
@@ -207,6 +209,13 @@ MEGATRON_RECIPES = {
     "mxfp8": ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
     "nvfp4": ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4", "--first-last-layers-bf16"],
 }
+
+
+def tp_overlap(setup: TrainingSetup) -> str:
+    """The TP overlap the plan was costed with: the setup's, else megatron-core's profile default."""
+    from advisor.stack import load_stack
+
+    return setup.tp_overlap or load_stack("megatron-core").engine.tp_comm_overlap
 
 
 def moe_travel(setup: TrainingSetup) -> tuple[str, str]:

@@ -34,6 +34,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
+from advisor.model.layer import Split
 from advisor.recompute import mix
 from advisor.workload import Workload
 
@@ -99,7 +100,29 @@ def gathered_bytes_ratio(w: Workload) -> tuple[float, float]:
     return tuple(share + (1.0 - share) * (low if r.runs_low(p) else 1.0) for p in ("fprop", "dgrad"))
 
 
-def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> TensorParallelTime:
+def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
+    """The share of a layer's sequence-parallel collectives left exposed when Transformer Engine's userbuffers pipeline
+    them with their GEMMs (Megatron --tp-comm-overlap; TE module/base.py initialize_ub: ring-exchange all-gathers
+    beside the column-parallel GEMM, reduce-scatters beside the row-parallel one, and in backward the output
+    gradient's gather beside the row-parallel dgrad, the input gradient's reduce-scatter beside the column-parallel
+    wgrad, GEMMs of the forward's size). Split into tp chunks, a pair of comm C and GEMM G takes
+    max(C, G) + min(C, G) / tp, so C - G or G / tp of C stays exposed. Per sub-block (attention, MLP) of the layer
+    table; a sub-block without a column- or row-parallel GEMM (routed experts) keeps its collective exposed."""
+    blocks: dict[str, list] = {}  # sub-block -> [column-parallel, row-parallel] forward GEMM seconds
+    for lin in w.layer.linears:
+        if lin.copies == 1 and lin.split in (Split.column, Split.row):
+            block = blocks.setdefault(lin.name.split("/")[0], [0.0, 0.0])
+            block[0 if lin.split is Split.column else 1] = block[0 if lin.split is Split.column else 1] + gemms[lin.name]
+    exposed = 0.0
+    for g_col, g_row in blocks.values():
+        for comm_s, gemm_s in ((ag, g_col), (rs, g_row)):
+            hidden = np.minimum(comm_s, gemm_s) * (1.0 - 1.0 / tp)  # the pipelined chunks but the first
+            exposed = exposed + comm_s - hidden
+    n = max(len(blocks), 1)
+    return np.where(ag + rs > 0, exposed / np.maximum(n * (ag + rs), 1e-30), 1.0)
+
+
+def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms: Any = None) -> TensorParallelTime:
     hw, tp, sp = w.hw, mesh.tp, np.asarray(c.sp, dtype=bool)
     on = tp > 1
     act = activation_bytes(w, tokens)
@@ -114,6 +137,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any) -> Te
         comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
         for x in ratios) / len(ratios)
     per = np.where(sp, layer_ag_rs, ar)
+    if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
+        ag = layer_ag_rs - rs
+        per = np.where(sp, per * overlap_share(w, gemms, ag, rs, tp), per)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
     n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES + adapters.tp_collectives(w, sp) * (1.0 + 0.5 * rerun)
