@@ -47,8 +47,8 @@ probabilities, k x h), plus the router's logits and routing map (E per token) ar
 
 Not modelled: HSDP with EP (refused), context parallelism, the flex dispatchers' SM budget (HybridEP's copies run on
 moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), group-limited routing
-(DeepSeek-V3's top-4 groups: uniform over all experts), FP8 dispatch, the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's
-weights as routed layers).
+(DeepSeek-V3's top-4 groups: uniform over all experts), FP8 dispatch, the aux-loss kernels, the busiest stage's dense
+first layers' own weights (they are costed in time and FLOPs, the stage's weights as routed layers).
 """
 
 from __future__ import annotations
@@ -295,9 +295,9 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
         # a combined step runs combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd on the communication stream
         # beside pre_dispatch_fwd | mlp_bwd, mlp_fwd | pre_dispatch_bwd on the compute stream, each waiting on the
         # slower of its pair
-        hidden = sum(np.maximum(one - p, 0.0) for p in partners) / 2.0  # a forward's and a backward's, split evenly
+        exposed = sum(np.maximum(one - p, 0.0) for p in partners) / 2.0  # a forward's and a backward's, split evenly
         share = batch_overlap_share(c, mesh)
-        fwd, bwd = share * hidden + (1.0 - share) * fwd, share * hidden + (1.0 - share) * bwd
+        fwd, bwd = share * exposed + (1.0 - share) * fwd, share * exposed + (1.0 - share) * bwd
     rc = np.where(c.recompute == Recompute.full.code, RECOMPUTE_ALLTOALLS / FORWARD_ALLTOALLS * fwd, 0.0)
     return ExpertTime(fwd, bwd, moe_layers * (fwd + bwd + rc))
 

@@ -20,6 +20,12 @@ column-parallel linear's input and a row-parallel linear's output gradient are a
 (TE 2.10 module/linear.py: input_quantizer(inputmat) then gather_along_first_dim(..., quantizer=...);
 module/base.py grad_output_preprocess: gather_along_first_dim(grad_output, quantizer=...)), the reduce-scatters
 stay in the activations' dtype. Which stacks do so is their profile's ``engine.tp_gathers_quantised``.
+
+Under sequence parallelism a stack may pipeline the collectives with the GEMMs they feed (``tp_overlap``
+userbuffers: Megatron --tp-comm-overlap, Transformer Engine's ring-exchange and bulk overlaps): ``overlap_share``
+costs each collective beside its GEMM in tp chunks. Not modelled: the SMs the overlap kernels take from the GEMMs
+(Megatron-Bridge's userbuffers configs give them 1-32 SMs), the chunked GEMMs' own efficiency; on Megatron-Bridge's
+Llama 3.1 405B rows this ideal pipelining hides more than the runs did (advisor validate --dataset bridge).
 """
 
 from __future__ import annotations
