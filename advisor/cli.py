@@ -132,6 +132,11 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         _emit(out, json.dumps(result.to_json(), indent=2) + "\n", "the ranking (JSON)")
     elif result.plans or explain:
         text = render_plan(result, explain=explain, suggestion=suggestion) + "\n"
+        from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens
+
+        travel = faster_travel(result, kw.get("moe_dispatcher"), kw.get("moe_overlap"))
+        if travel:
+            text += f"note: {travel}\n"
         if recipes is not None:
             text += "\nprecisions ranked (--precision auto; the best plan of each):\n" + "".join(
                 f"  {i}. {name:18s} {why}\n" for i, (name, _, why) in enumerate(recipes, 1))

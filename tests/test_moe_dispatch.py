@@ -146,3 +146,26 @@ def test_a_tp_overlap_the_stack_lacks_is_one_line():
     with pytest.raises(AdvisorError, match="stack megatron-deepspeed does not overlap its TP collectives with userbuffers: "
                                            "use --tp-overlap none"):
         api.estimate(**{**TP, "stack": "megatron-deepspeed", "precision": "bf16-mixed"}, tp_overlap="userbuffers")
+
+
+def test_plan_names_a_faster_way_to_move_the_tokens():
+    """DeepSeek-V3 on 256 GB200s in megatron-core: the best plan splits the experts; the same plan with HybridEP's
+    flex dispatcher beside another micro-batch is re-estimated and named with its flags (advisor.travel)."""
+    args = ["plan", "--model", "deepseek-v3", "--hw", "gb200-nvl72", "--gpus", "256", "--stack", "megatron-core",
+            "--precision", "mxfp8", "--seq", "4096", "--global-batch", "4096", "--top", "1"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    note = next(line for line in r.output.splitlines() if line.startswith("note: megatron-core also runs"))
+    assert "--moe-dispatcher flex --moe-overlap batch" in note
+    step = float(note.split("would take ")[1].split(" s")[0])
+    r2 = CliRunner().invoke(cli, args + ["--moe-dispatcher", "flex", "--moe-overlap", "batch"])
+    assert r2.exit_code == 0 and "also runs" not in r2.output
+    best = float(next(line for line in r2.output.splitlines() if line.startswith("1 ")).split(" s ")[0].split()[-1])
+    assert best <= step + 1e-3  # the search with those flags finds that plan or a faster one
+
+
+def test_no_travel_note_for_a_dense_model():
+    from advisor.search import plan
+    from advisor.travel import faster_travel
+
+    assert faster_travel(plan("llama3-8b", "dgx-h100", gpus=8, stack="megatron-core", top=1)) is None
