@@ -53,14 +53,22 @@ def test_the_search_offers_lora_with_tp_and_pp_in_megatron_only():
         estimate("llama3-70b", "dgx-h100", gpus=8, tp=8, micro_batch=1, seq=4096, stack="hf-trainer", **ADAPTER)
 
 
-def test_an_export_of_a_megatron_lora_plan_is_refused_for_what_the_format_lacks_not_for_tp():
+def test_a_megatron_lora_plan_under_tp_exports_bridges_peft_section():
     # the formats' own check runs without a stack after the stack's: it must not refuse adapters under TP (the stack
-    # runs them); the Bridge overrides have no peft section, and say what to start from instead
+    # runs them); the Bridge overrides carry the adapters as Bridge's LoRA (peft/lora.py), instantiated from _target_
+    import yaml
+
     from advisor.api import launch_config
     from advisor.export import ExportError
 
     kw = dict(gpus=8, tp=2, pp=4, sp=True, micro_batch=1, global_batch=32, seq=4096, stack="megatron-core", **ADAPTER)
-    with pytest.raises(ExportError) as exc:
-        launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **kw)
-    msg = str(exc.value)
-    assert "data parallelism only" not in msg and "start from one of its peft recipes" in msg and "peft.dim 16" in msg
+    out = launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **kw)
+    peft = yaml.safe_load(out.text)["peft"]
+    assert peft == {"_target_": "megatron.bridge.peft.lora.LoRA", "target_modules": ["linear_qkv"], "dim": 16,
+                    "alpha": 32, "dropout": 0.0}
+    assert any("pretrained_checkpoint" in n for n in out.notes)
+    # q and v apart: megatron-core has no separate q, k, v linears to adapt
+    with pytest.raises(ExportError, match="use --lora-targets qkv"):
+        launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **{**kw, "lora_targets": "q_proj,v_proj"})
+    with pytest.raises(ExportError, match="gate and up projections fused"):
+        launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **{**kw, "lora_targets": "qkv,up_proj"})

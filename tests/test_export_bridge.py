@@ -60,6 +60,10 @@ CASES = {
     "moe-ep": ("mixtral-8x7b", "dgx-h100", 32, dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1),
                dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="full")),
     # 32 layers on 3 x 2 interleaved chunks: pipeline_model_parallel_layout (as Bridge's DeepSeek-V3 recipes write it)
+    # LoRA r 16 alpha 32 on the fused qkv under TP and PP (Megatron-Bridge's Llama 3 70B LoRA recipes' adapters)
+    "lora-tp-pp": ("llama3-70b", "dgx-h100", 8, dict(dp=1, tp=2, pp=4, sp=True, zero=1),
+                   dict(micro_batch=1, global_batch=32, seq_len=4096,
+                        finetune=dict(method="lora", lora_rank=16, lora_alpha=32.0, targets="qkv"))),
     "interleaved-layout-flex-batch": ("mixtral-8x7b", "dgx-h100", 48,
                                       dict(dp=8, tp=2, pp=3, ep=8, sp=True, zero=1, schedule="interleaved",
                                            virtual_stages=2),
@@ -111,6 +115,18 @@ class Container:  # training/config.py ConfigContainer: the sections the export 
     dist: Dist
     checkpoint: Checkpoint
     mixed_precision: typing.Optional[str] = "bf16_mixed"
+    peft: typing.Optional[dict] = None  # Optional[PEFT], instantiated from the overrides' _target_ (omegaconf_utils.py)
+
+
+@dataclasses.dataclass
+class LoRA:  # megatron-bridge 0.6.2 peft/lora.py:101-108 LoRA's fields (DoRA's, peft/dora.py:59-66, are a subset)
+    target_modules: list = dataclasses.field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1",
+                                                                      "linear_fc2"])
+    dim: int = 32
+    alpha: int = 32
+    dropout: float = 0.0
+    dropout_position: str = "pre"
+    sequence_parallel_input_regather: bool = False
 
 
 # training/mixed_precision.py MIXED_PRECISION_RECIPES (the registered function names)
@@ -168,6 +184,14 @@ def assert_matches(cfg: Container, case: str) -> None:
     elif plan.pp > 1 and model.n_layers % plan.pp:
         first, last = m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage
         assert first + last + (model.n_layers // plan.pp + 1) * (plan.pp - 2) == model.n_layers
+    if setup.finetune.adapters:  # Bridge's LoRA, built from _target_ with fields LoRA has
+        peft = dict(cfg.peft)
+        assert peft.pop("_target_") == "megatron.bridge.peft.lora.LoRA"
+        lora = LoRA(**peft)
+        assert (lora.dim, lora.alpha) == (setup.finetune.lora_rank, setup.finetune.lora_alpha)
+        assert lora.target_modules == ["linear_qkv"]
+    else:
+        assert cfg.peft is None
     if model.experts is not None:
         assert (m.num_moe_experts, m.expert_model_parallel_size, m.moe_router_topk) == (
             model.experts.n_experts, plan.ep, model.experts.experts_per_token)

@@ -74,18 +74,45 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
                      "global_batch_size": global_batch(plan, setup, grad_accum)},
            "dataset": {"seq_length": setup.seq_len}}
     out.update(_data_parallel(hw, plan, notes))
+    if setup.finetune.adapters:
+        out["peft"] = _peft(model, setup, notes)
     out["mixed_precision"] = _precision(setup, notes, stack if stack is not None else load_stack(setup.stack))
     return out, notes
 
 
 def _refuse(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> None:
-    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath), and adapters."""
+    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath)."""
     refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides")
-    if setup.finetune.adapters:
-        ft = setup.finetune
-        raise ExportError(f"--method {ft.method}: the megatron-bridge export writes pretraining overrides, not Bridge's "
-                          f"peft config: start from one of its peft recipes (recipes/llama: *_peft_config) with "
-                          f"peft.dim {ft.lora_rank}, peft.alpha {ft.lora_alpha:g} and this plan's parallelism")
+
+
+# advisor's canonical LoRA targets -> megatron-core's module names (megatron-bridge 0.6.2 peft/lora.py LoRA.target_modules:
+# linear_qkv, linear_proj, linear_fc1, linear_fc2): one linear_qkv holds q, k and v, and a gated MLP's linear_fc1 its
+# gate and up projections
+BRIDGE_LORA_MODULES = (("qkv", "linear_qkv"), ("o", "linear_proj"), ("up", "linear_fc1"), ("down", "linear_fc2"))
+
+
+def _peft(model: ModelSpec, setup: TrainingSetup, notes: list[str]) -> dict:
+    """ConfigContainer.peft for LoRA / DoRA adapters (training/config.py peft: Optional[PEFT]), as a _target_ the
+    overrides instantiate (training/utils/omegaconf_utils.py apply_overrides): LoRA's or DoRA's target_modules, dim,
+    alpha, dropout (peft/lora.py:101-106, peft/dora.py:59-65)."""
+    ft = setup.finetune
+    targets = set(ft.target_set)
+    if targets & {"q", "k", "v"}:
+        raise ExportError(f"--lora-targets {ft.targets}: megatron-core projects q, k and v as one linear_qkv, which "
+                          "Bridge's LoRA adapts whole: use --lora-targets qkv (with o, gate,up, down as wanted)")
+    if "head" in targets:
+        raise ExportError("Bridge's LoRA adapts the decoder layers' linears, not the output layer: drop the head from "
+                          "--lora-targets")
+    if model.mlp.gated and ("gate" in targets) != ("up" in targets):
+        raise ExportError("megatron-core's linear_fc1 holds the gate and up projections fused: target both "
+                          "(gate_proj,up_proj) or neither")
+    if ft.lora_alpha != int(ft.lora_alpha):
+        raise ExportError(f"--lora-alpha {ft.lora_alpha:g}: Bridge's LoRA takes a whole alpha (peft/lora.py alpha: int)")
+    notes.append("fine-tuning: set checkpoint.pretrained_checkpoint to the base model's Megatron checkpoint, as Bridge's "
+                 "peft recipes do")
+    return {"_target_": f"megatron.bridge.peft.{'dora.DoRA' if ft.dora else 'lora.LoRA'}",
+            "target_modules": [name for canon, name in BRIDGE_LORA_MODULES if canon in targets],
+            "dim": ft.lora_rank, "alpha": int(ft.lora_alpha), "dropout": ft.lora_dropout}
 
 
 def _pipeline(model: ModelSpec, plan: Plan) -> dict:
