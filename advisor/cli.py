@@ -128,13 +128,13 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         for note in out_cfg.notes:
             click.echo(f"note: {note}", err=True)
         return
+    from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens
+
+    travel = faster_travel(result, kw.get("moe_dispatcher"), kw.get("moe_overlap")) if (as_json or result.plans) else None
     if as_json:
-        _emit(out, json.dumps(result.to_json(), indent=2) + "\n", "the ranking (JSON)")
+        _emit(out, json.dumps({**result.to_json(), "moe_travel_note": travel}, indent=2) + "\n", "the ranking (JSON)")
     elif result.plans or explain:
         text = render_plan(result, explain=explain, suggestion=suggestion) + "\n"
-        from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens
-
-        travel = faster_travel(result, kw.get("moe_dispatcher"), kw.get("moe_overlap"))
         if travel:
             text += f"note: {travel}\n"
         if recipes is not None:

@@ -169,3 +169,15 @@ def test_no_travel_note_for_a_dense_model():
     from advisor.travel import faster_travel
 
     assert faster_travel(plan("llama3-8b", "dgx-h100", gpus=8, stack="megatron-core", top=1)) is None
+
+
+def test_plan_json_carries_the_travel_note():
+    import json
+
+    r = CliRunner().invoke(cli, ["plan", "--model", "deepseek-v3", "--hw", "gb200-nvl72", "--gpus", "256", "--stack",
+                                 "megatron-core", "--precision", "mxfp8", "--seq", "4096", "--global-batch", "4096",
+                                 "--top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "--moe-dispatcher flex --moe-overlap batch" in json.loads(r.output)["moe_travel_note"]
+    r = CliRunner().invoke(cli, ["plan", "--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--top", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["moe_travel_note"] is None
