@@ -23,7 +23,7 @@ from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, load_stack
 from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
-from advisor.workload import Workload
+from advisor.workload import Workload, stack_runs
 
 # ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
 # export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
@@ -105,12 +105,16 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         stack = load_stack(name)
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
+    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
+    # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
+    # or a TP overlap (megatron-core)
+    if not stack_runs(small, setup) and stack_runs(large, setup):
+        return large, fits_one_gpu(model, hw, large, setup, headroom)
     if fits_one_gpu(model, hw, small, setup, headroom):
         if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp):
             return load_stack(AUTO_MODEL_PARALLEL), True
         return small, True
-    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
-    if setup.finetune.kind not in large.engine.methods:  # QLoRA: only the data-parallel stack runs it, sharded or not
+    if not stack_runs(large, setup):
         return small, False
     return large, fits_one_gpu(model, hw, large, setup, headroom)  # its kernels' peak differs: it may fit where small's does not
 

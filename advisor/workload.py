@@ -173,3 +173,15 @@ def tp_overlap_choice(stack, setup) -> str:
         raise StackError(f"stack {stack.name} does not overlap its TP collectives with {overlap}: use --tp-overlap "
                          f"{' or '.join(runs)}")
     return overlap
+
+
+def stack_runs(stack, setup) -> bool:
+    """Whether the stack runs the setup's explicit choices: its fine-tuning method, token dispatcher, all-to-all
+    overlap and TP overlap (--stack auto picks a stack that does)."""
+    if setup.finetune.kind not in stack.engine.methods:
+        return False
+    try:
+        moe_choices(stack, setup), tp_overlap_choice(stack, setup)
+    except StackError:
+        return False
+    return True

@@ -181,3 +181,15 @@ def test_plan_json_carries_the_travel_note():
     assert "--moe-dispatcher flex --moe-overlap batch" in json.loads(r.output)["moe_travel_note"]
     r = CliRunner().invoke(cli, ["plan", "--model", "gpt2", "--hw", "dgx-a100", "--gpus", "8", "--top", "1", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["moe_travel_note"] is None
+
+
+@pytest.mark.parametrize("stack", ["auto", "any"])
+def test_a_choice_only_megatron_core_runs_steers_auto_and_any(stack):
+    """--moe-dispatcher flex under --stack auto costs in the stack that runs it (hf-trainer has none), and --stack any
+    ranks only the stacks that do: no error for the stacks that lack it."""
+    from advisor.search import plan
+
+    res = plan("qwen3-30b-a3b", "dgx-h100", gpus=8, stack=stack, moe_dispatcher="flex", top=3)
+    assert res.plans and all(p.estimate.stack in ("megatron-core", "megatron-bridge-perf") for p in res.plans)
+    est = api.estimate("qwen3-30b-a3b", "dgx-h100", gpus=8, ep=8, zero=1, tp_overlap="none", moe_dispatcher="flex")
+    assert est.stack == "megatron-core"
