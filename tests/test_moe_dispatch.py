@@ -142,6 +142,14 @@ def test_userbuffers_shrink_the_tp_part_and_nothing_else():
         api.estimate(tp_overlap="none", **no_sp).breakdown["comm/tp"])
 
 
+def test_estimate_says_the_tp_collectives_are_pipelined():
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-70b", "--hw", "dgx-h100", "--gpus", "64", "--tp", "4",
+                                 "--pp", "8", "--sp", "--zero", "1", "--global-batch", "128", "--seq", "8192",
+                                 "--stack", "megatron-core", "--tp-overlap", "userbuffers"])
+    assert r.exit_code == 0, r.output
+    assert "pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)" in r.output
+
+
 def test_a_tp_overlap_the_stack_lacks_is_one_line():
     with pytest.raises(AdvisorError, match="stack megatron-deepspeed does not overlap its TP collectives with userbuffers: "
                                            "use --tp-overlap none"):
