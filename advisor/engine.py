@@ -200,10 +200,6 @@ class Engine(Spec):
         default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
         "domains once to each domain, then forwarded on NVLink)")
-
-    def ep_overlaps(self) -> list[str]:
-        """Every all-to-all overlap it runs: none, its default and the ones it lists."""
-        return list(dict.fromkeys(["none", self.ep_alltoall_overlap, *self.ep_alltoall_overlaps]))
     context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
         default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
     pipeline_splits: list[Literal["even", "edges", "layout"]] = Field(
@@ -212,6 +208,14 @@ class Engine(Spec):
         "rest in the last, where pp x v does not divide L: Megatron's --pipeline-model-parallel-layout)")
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
         default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")
+
+    def ep_overlaps(self) -> list[str]:
+        """Every all-to-all overlap it runs: none, its default and the ones it lists."""
+        return list(dict.fromkeys(["none", self.ep_alltoall_overlap, *self.ep_alltoall_overlaps]))
+
+    def tp_overlaps(self) -> list[str]:
+        """Every TP overlap it runs: none, its default and the ones it lists."""
+        return list(dict.fromkeys(["none", self.tp_comm_overlap, *self.tp_comm_overlaps]))
 
     def edge_layers_in_bf16(self, recipe) -> int:
         """Decoder layers at each end run in BF16 under ``recipe`` (an advisor.precision Recipe; None: 0): this

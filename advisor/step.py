@@ -123,13 +123,15 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
     layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
-    overlapped = w.tp_overlap != "none"  # the TP collectives pipelined with the GEMMs they feed (advisor.parallel.tensor)
-    tp = tensor.time(w, c, mesh, tokens, layers,
-                     compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp) if overlapped else None)
+    # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
+    # collectives with them
+    gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
+             if w.tp_overlap != "none" or w.layer.routed else None)
+    tp = tensor.time(w, c, mesh, tokens, layers, gemms)
     if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
         head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
         tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
-    ep, moe = _expert_time(w, c, mesh, tokens, layers, lt)
+    ep, moe = _expert_time(w, c, mesh, tokens, layers, lt, gemms)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
@@ -182,13 +184,13 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 
 
-def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any,
-                 lt: compute.LayerTimes) -> tuple[Any, Any]:
-    """(the all-to-alls of the stage's MoE layers, how many of its layers route), or (None, 0) for a dense model."""
+def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, lt: compute.LayerTimes,
+                 gemms: Any) -> tuple[Any, Any]:
+    """(the all-to-alls of the stage's MoE layers, how many of its layers route), or (None, 0) for a dense model;
+    ``gemms``: the routed layer's forward GEMM seconds by linear (compute.layer_gemms)."""
     if not w.layer.routed:
         return None, 0.0
     moe = layers * w.layer.count / w.model.n_layers  # dense first layers spread over the stages as their share
-    gemms = compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
     shared = sum(t for name, t in gemms.items() if name.startswith("mlp/shared"))
     # what a combined step runs beside the all-to-alls (the batch overlap): the MLP's GEMMs (their backward, input and
     # weight gradients: twice) and the rest of the layer, the attention side

@@ -168,10 +168,9 @@ def tp_overlap_choice(stack, setup) -> str:
     """The TP overlap of a workload: the one asked, else the stack's; one the stack does not run, a one-line error."""
     eng = stack.engine
     overlap = setup.tp_overlap or eng.tp_comm_overlap
-    runs = list(dict.fromkeys(["none", eng.tp_comm_overlap, *eng.tp_comm_overlaps]))
-    if overlap not in runs:
+    if overlap not in eng.tp_overlaps():
         raise StackError(f"stack {stack.name} does not overlap its TP collectives with {overlap}: use --tp-overlap "
-                         f"{' or '.join(runs)}")
+                         f"{' or '.join(eng.tp_overlaps())}")
     return overlap
 
 

@@ -179,10 +179,11 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     # (set_deepseek_v3_pipeline_model_parallel_layout, _get_kimi_k2_pipeline_layout): megatron-core's layout split
     fallback = interleaved and ((spec.n_layers + 2) % (pp * vp) != 0 if edges
                                 else not bool(layout_fills(spec.n_layers, pp * vp)))
+    dispatcher, overlap, _ = travel(row)
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
-              attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=travel(row)[0],
-              moe_overlap=travel(row)[1], tp_overlap="none")
+              attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=dispatcher, moe_overlap=overlap,
+              tp_overlap="none")
     # no userbuffers TP overlap: the one MoE recipe with TP > 1, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, sets
     # CommOverlapConfig(tp_comm_overlap=False); the others run TP 1
     if interleaved and not fallback:

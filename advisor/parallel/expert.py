@@ -266,6 +266,8 @@ def dispatch_time(w, mesh: Mesh, size: Any, on: Any) -> Any:
     nvlink = comm.collective_time(Collective.all_to_all, g_dom, per_copy * reached(e, k, mesh.ep), hw,
                                   np.minimum(g_dom, hw.gpus_per_node), where=on)
     many = on & (domains > 1)
+    if not np.any(many):  # every group inside one NVLink domain: no network part to cost
+        return nvlink
     rail, _ = across(Collective.all_to_all, domains, per_copy * reached(e, k, domains), np.ones(np.shape(domains)),
                      domains, domains * np.maximum(g_dom / hw.gpus_per_node, 1.0), hw)
     return np.where(many, np.maximum(nvlink, rail), nvlink)

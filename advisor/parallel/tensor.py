@@ -117,8 +117,8 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     blocks: dict[str, list] = {}  # sub-block -> [column-parallel, row-parallel] forward GEMM seconds
     for lin in w.layer.linears:
         if lin.copies == 1 and lin.split in (Split.column, Split.row):
-            block = blocks.setdefault(lin.name.split("/")[0], [0.0, 0.0])
-            block[0 if lin.split is Split.column else 1] = block[0 if lin.split is Split.column else 1] + gemms[lin.name]
+            block, side = blocks.setdefault(lin.name.split("/")[0], [0.0, 0.0]), 0 if lin.split is Split.column else 1
+            block[side] = block[side] + gemms[lin.name]
     exposed = 0.0
     for g_col, g_row in blocks.values():
         for comm_s, gemm_s in ((ag, g_col), (rs, g_row)):
