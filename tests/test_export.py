@@ -108,8 +108,9 @@ LEGACY = ("accelerate", "deepspeed", "megatron", "torchrun")
 # (the deepspeed and megatron-core stacks have their own cases: tests/test_export_stacks.py)
 LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun": "hf-trainer",
                 "megatron": "megatron-deepspeed"}
-# cases only megatron-core runs (an interleaved layout: megatron-deepspeed has no --pipeline-model-parallel-layout)
-CORE_ONLY = {"interleaved-layout", "tp-comm-overlap"}
+# cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
+# or batch all-to-all overlap)
+CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap"}
 
 
 def stack_of(kind: str, case: str) -> str:

@@ -25,11 +25,12 @@ from typing import Optional
 import yaml
 
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
-from advisor.export.megatron import (CP_COMM_TYPE, layout_chunks, megatron_env, moe_travel, pipeline_edge_layers,
+from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
-from advisor.stack import Stack, load_stack
+from advisor.stack import Stack
+from advisor.workload import moe_choices, tp_overlap_choice
 
 # advisor's precision recipes as Megatron-Bridge's mixed-precision recipe names (training/mixed_precision.py
 # MIXED_PRECISION_RECIPES): (name, BF16 layers it keeps at each end, whether it gathers quantised parameters, what else
@@ -62,9 +63,9 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
     m.update(_recompute(setup))
     m.update(_model_shape(model))
-    m.update(_experts(model, plan, setup, notes))
-    eng = (stack if stack is not None else load_stack(setup.stack)).engine
-    if plan.sp and plan.tp > 1 and (setup.tp_overlap or eng.tp_comm_overlap) == "userbuffers":
+    stack = costed_stack(setup, stack)
+    m.update(_experts(model, plan, setup, notes, stack))
+    if plan.sp and plan.tp > 1 and tp_overlap_choice(stack, setup) == "userbuffers":
         notes.append("the TP collectives were costed pipelined with their GEMMs: set comm_overlap.tp_comm_overlap=true "
                      "with a userbuffers config for this shape (comm_overlap.tp_comm_overlap_cfg)")
     if setup.attention.value == "eager":
@@ -76,7 +77,7 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     out.update(_data_parallel(hw, plan, notes))
     if setup.finetune.adapters:
         out["peft"] = _peft(model, setup, notes)
-    out["mixed_precision"] = _precision(setup, notes, stack if stack is not None else load_stack(setup.stack))
+    out["mixed_precision"] = _precision(setup, notes, stack)
     return out, notes
 
 
@@ -175,7 +176,7 @@ def _model_shape(model: ModelSpec) -> dict:
     return m
 
 
-def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict:
+def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str], stack: Stack) -> dict:
     """Mixture of experts (TransformerConfig moe_* fields), as megatron.py's _experts."""
     e = model.experts
     if e is None:
@@ -183,7 +184,7 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     m = {"num_moe_experts": e.n_experts, "moe_ffn_hidden_size": e.d_ff_expert, "moe_router_topk": e.experts_per_token,
          "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": plan.tp if plan.etp is None else plan.etp,
          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"}
-    dispatcher, overlap = moe_travel(setup)
+    dispatcher, overlap = moe_choices(stack, setup)  # as the plan was costed
     if dispatcher == "flex":
         m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")
     if e.d_ff_shared:

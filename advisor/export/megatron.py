@@ -9,6 +9,7 @@ optimizer and checkpoint paths stay the user's. The environment Megatron-LM's va
 from __future__ import annotations
 
 import shlex
+from typing import Optional
 
 from advisor.export.common import (
     GRADIENT_CLIP,
@@ -24,6 +25,8 @@ from advisor.export.common import (
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.stack import Stack, load_stack
+from advisor.workload import moe_choices, tp_overlap_choice
 
 
 def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, product: str, writes: str) -> None:
@@ -48,14 +51,16 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
 
 
 def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
-                  grad_accum: int) -> tuple[list[str], list[str]]:
-    """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes."""
+                  grad_accum: int, stack: Optional[Stack] = None) -> tuple[list[str], list[str]]:
+    """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes; ``stack``: the one the
+    plan was costed in (costed_stack), whose defaults the overlaps and dispatcher not asked for take."""
     refuse_unwritable(model, plan, setup, "Megatron-LM", "flags")
+    stack = costed_stack(setup, stack)
     notes: list[str] = []
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
-        if tp_overlap(setup) == "userbuffers":  # Transformer Engine's userbuffers (advisor.parallel.tensor)
+        if tp_overlap_choice(stack, setup) == "userbuffers":  # Transformer Engine's userbuffers (advisor.parallel.tensor)
             a.append("--tp-comm-overlap")
     a += _context_parallel(plan)
     layout = interleaved_layout(model.n_layers, plan)
@@ -74,7 +79,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a += _recompute(model, plan, setup)
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
-    a += _model_shape(model) + _experts(model, plan, setup, notes)
+    a += _model_shape(model) + _experts(model, plan, setup, notes, stack)
     a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
     a += ["--clip-grad", GRADIENT_CLIP]
     if setup.attention.value == "eager":
@@ -211,23 +216,15 @@ MEGATRON_RECIPES = {
 }
 
 
-def tp_overlap(setup: TrainingSetup) -> str:
-    """The TP overlap the plan was costed with: the setup's, else megatron-core's profile default."""
-    from advisor.stack import load_stack
-
-    return setup.tp_overlap or load_stack("megatron-core").engine.tp_comm_overlap
-
-
-def moe_travel(setup: TrainingSetup) -> tuple[str, str]:
-    """(dispatcher, overlap) the plan was costed with: the setup's, else megatron-core's profile defaults (flex runs
-    as HybridEP, the backend Megatron-Bridge's recipes take on Hopper and Blackwell)."""
-    from advisor.stack import load_stack
-
-    eng = load_stack("megatron-core").engine
-    return setup.moe_dispatcher or eng.moe_dispatchers[0], setup.moe_overlap or eng.ep_alltoall_overlap
+def costed_stack(setup: TrainingSetup, stack: Optional[Stack] = None) -> Stack:
+    """The stack the plan was costed in: the one given (advisor.export passes it), else the setup's, else megatron-core
+    (the stack whose flags these are)."""
+    if stack is not None:
+        return stack
+    return load_stack(setup.stack if setup.stack not in ("auto", "any") else "megatron-core")
 
 
-def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str]) -> list:
+def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str], stack: Stack) -> list:
     """Mixture of experts (megatron/training/arguments.py _add_moe_args): the experts, their width, top-k, the
     dense first layers as --moe-layer-freq's list, the expert-parallel and expert tensor-parallel degrees, grouped
     GEMMs and the all-to-all dispatcher (what advisor.parallel.expert costs), dropless or a capacity factor."""
@@ -238,7 +235,8 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     a: list = ["--num-experts", e.n_experts, "--moe-ffn-hidden-size", e.d_ff_expert, "--moe-router-topk",
                e.experts_per_token, "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", etp,
                "--moe-grouped-gemm"]
-    dispatcher, overlap = moe_travel(setup)
+    dispatcher, overlap = moe_choices(stack, setup)  # as the plan was costed (flex runs as HybridEP, the backend
+    # Megatron-Bridge's recipes take on Hopper and Blackwell)
     a += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"] if dispatcher == "flex"
           else ["--moe-token-dispatcher-type", "alltoall"])
     if e.d_ff_shared:
@@ -325,9 +323,9 @@ def _env_lines(env: dict[str, str | None]) -> list[str]:
 
 
 def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                    world_size: int) -> Exported:
+                    world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
-    args, notes = megatron_args(model, hw, plan, setup, grad_accum)
+    args, notes = megatron_args(model, hw, plan, setup, grad_accum, stack)
     env = megatron_env(plan, notes)
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
              "# Megatron-LM arguments (megatron/training/arguments.py); data, optimizer and checkpoint flags are yours.",
