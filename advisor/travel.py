@@ -16,6 +16,10 @@ from advisor.errors import AdvisorError
 from advisor.stack import load_stack
 
 
+# what the all-to-alls run beside under each overlap, in the note's words
+BESIDE = {"none": "nothing", "shared_experts": "the shared experts", "batch": "another micro-batch"}
+
+
 def faster_travel(result, asked_dispatcher: Optional[str] = None, asked_overlap: Optional[str] = None) -> Optional[str]:
     """A one-line note: the best plan's step under the stack's fastest other dispatcher and overlap, where one beats
     it by more than 1%; None for a dense model, a plan without EP, a stack with one way, or both chosen by the user."""
@@ -46,9 +50,8 @@ def faster_travel(result, asked_dispatcher: Optional[str] = None, asked_overlap:
     step, d, o = min(found)
     if step >= 0.99 * best.step_time_s:
         return None
-    flags = " ".join(f for f, given in ((f"--moe-dispatcher {d}", asked_dispatcher), (f"--moe-overlap {o.replace('_', '-')}",
-                                                                                        asked_overlap)) if not given)
-    return (f"{best.stack} also runs {d} token dispatch with the all-to-alls beside "
-            f"{ {'none': 'nothing', 'shared_experts': 'the shared experts', 'batch': 'another micro-batch'}[o] }: the best plan "
+    flags = ([] if asked_dispatcher else [f"--moe-dispatcher {d}"]) + ([] if asked_overlap else
+                                                                       [f"--moe-overlap {o.replace('_', '-')}"])
+    return (f"{best.stack} also runs {d} token dispatch with the all-to-alls beside {BESIDE[o]}: the best plan "
             f"would take {step:.3f} s a step instead of {best.step_time_s:.3f} s ({100 * (step / best.step_time_s - 1):+.0f}%); "
-            f"search with {flags}")
+            f"search with {' '.join(flags)}")
