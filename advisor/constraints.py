@@ -72,6 +72,10 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
     if stack.engine.zero1 == "fsdp_under_pipeline":
         out[f"{stack.name} shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp"] = (
             used["zero1"] & (c.pp == 1))
+    if stack.engine.expert_tp == "without_ep":  # torchtitan: EP takes the TP ranks' experts whole (moe_sharding.py)
+        ep, etp = np.asarray(c.ep), np.asarray(c.etp)
+        out[f"{stack.name} splits experts over the TP ranks without EP only: --etp 1 with --ep, none without"] = (
+            ((ep > 1) & (etp != 1)) | ((ep == 1) & (etp != c.tp)))
     if stack.engine.sequence_parallel == "always":
         out[f"{stack.name}'s tensor parallelism always shards the sequence: drop --no-sp"] = (
             (c.tp > 1) & ~np.asarray(c.sp, bool) & (not layout_only))  # sp is a placeholder in layouts

@@ -27,7 +27,27 @@ class Selective(Spec):
     attention core, and "elementwise" (every pointwise op of the layer's forward)."""
 
     recomputes: list[str] = Field(min_length=1)
+    # torchtitan's per-op SAC (distributed/activation_checkpoint.py SelectiveAC): the linear layers are not listed but
+    # counted in forward order, and every second one rerun; the grouped GEMMs of routed experts (torch._grouped_mm,
+    # not in its save list) always rerun, uncounted; so do the linears named in ``force_recompute`` (its
+    # force_recompute_mm_shapes_by_fqns), uncounted
+    every_second_linear: bool = False
+    force_recompute: list[str] = Field(default_factory=list)
     source: Optional[str] = None
+
+    def ops(self, linears: tuple) -> tuple[str, ...]:
+        """What it reruns in a layer of these linears (advisor.model.layer.Linear, in forward order)."""
+        if not self.every_second_linear:
+            return tuple(self.recomputes)
+        out, count = list(self.recomputes), 0
+        for lin in linears:
+            if lin.copies > 1 or lin.name in self.force_recompute:
+                out.append(lin.name)
+                continue
+            count += 1
+            if count % 2 == 0:
+                out.append(lin.name)
+        return tuple(dict.fromkeys(out))
 
 
 class Zero3Calls(Spec):
@@ -196,6 +216,9 @@ class Engine(Spec):
     ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
         default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default "
                                           "and none")
+    expert_tp: Literal["free", "without_ep"] = Field(
+        default="free", description="how it may split routed experts over TP ranks: free (Megatron's "
+        "--expert-tensor-parallel-size, 1 or tp), or as attention without EP and whole with it (torchtitan)")
     moe_dispatchers: list[Literal["alltoall", "flex"]] = Field(
         default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "

@@ -46,7 +46,7 @@ class Workload:
         sel = stack.engine.selective
         if sel is not None:
             known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
-            unknown = [op for op in sel.recomputes if op not in known]
+            unknown = [op for op in sel.ops(layer.linears) if op not in known]
             if unknown:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
@@ -75,7 +75,7 @@ class Workload:
     def selective_recomputes(self) -> tuple[str, ...]:
         """What the stack's selective recomputation reruns (empty: it offers none)."""
         sel = self.stack.engine.selective
-        return tuple(sel.recomputes) if sel is not None else ()
+        return sel.ops(self.layer.linears) if sel is not None else ()
 
     @property
     def bf16_edge_layers(self) -> int:

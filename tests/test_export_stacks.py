@@ -124,6 +124,11 @@ TITAN = {
                        dict(micro_batch=1, global_batch=256, recompute="full")),
     "pp-1f1b-fp32": ("llama3-8b", "dgx-a100", 16, dict(dp=8, pp=2), dict(micro_batch=1, global_batch=64, precision="fp32",
                                                                           seq_len=2048)),
+    # expert parallelism borrowed from FSDP and TP (efsdp = dp_shard x tp / ep = 4), experts whole under EP
+    "moe-ep-tp-sac": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=8, tp=2, sp=True, zero=3, ep=4, etp=1),
+                      dict(micro_batch=1, seq_len=4096, recompute="selective")),
+    # no EP: written as 1 over deepseek_v3_671b's own expert_parallel_degree=2
+    "moe-no-ep": ("deepseek-v3", "gb200-nvl72", 256, dict(dp=256, zero=3), dict(micro_batch=1, recompute="full")),
 }
 
 
@@ -185,6 +190,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     assert t.disable_cuda_graphs and not cfg.compile.enable
     assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
     assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
+    if model.routed:
+        assert p.expert_parallel_degree == plan.ep
     shape = cfg.model_spec.model
     assert (shape.dim, len(shape.layers)) == (model.d_model, model.n_layers)
 

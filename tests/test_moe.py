@@ -258,3 +258,43 @@ def test_other_exports_refuse_expert_parallelism(kind):
     with pytest.raises(ExportError, match="expert parallelism"):
         export(kind, load_model("mixtral-8x7b"), load_hardware("dgx-h100"), Plan(dp=8, ep=8, zero=1),
                TrainingSetup(seq_len=4096), 1, 8)
+
+
+# -- torchtitan 0.3.0's expert parallelism and per-op SAC in MoE blocks ---------------------------------------------
+def test_torchtitan_splits_experts_over_tp_only_without_ep():
+    """torchtitan 0.3.0 models/common/moe_sharding.py: under EP the routed experts are whole on each EP rank
+    (expert_param_placement_sparse: Shard(0) over ep only); without EP they split over TP as the dense linears do."""
+    kw = dict(gpus=16, dp=8, tp=2, sp=True, zero=3, micro_batch=1, seq=4096, stack="torchtitan")
+    with pytest.raises(AdvisorError, match="torchtitan splits experts over the TP ranks without EP only: --etp 1"):
+        estimate("qwen3-30b-a3b", "dgx-h100", ep=4, **kw)  # etp defaults to tp (Megatron's default)
+    with pytest.raises(AdvisorError, match="without EP only"):
+        estimate("qwen3-30b-a3b", "dgx-h100", ep=1, etp=1, **kw)
+    est = estimate("qwen3-30b-a3b", "dgx-h100", ep=4, etp=1, **kw)
+    assert est.plan.ep == 4 and est.breakdown["comm/ep_alltoall"] > 0
+    best = plan("qwen3-30b-a3b", "dgx-h100", gpus=16, seq=4096, global_batch=64, stack="torchtitan", top=50)
+    rows = [r.plan for r in best.plans]
+    assert any(p.ep > 1 for p in rows)
+    etp = [p.tp if p.etp is None else p.etp for p in rows]
+    assert all(e == 1 if p.ep > 1 else e == p.tp for p, e in zip(rows, etp)) and any(p.tp > 1 for p in rows)
+
+
+def test_torchtitan_sac_in_moe_blocks_follows_its_mm_count():
+    """SelectiveAC (distributed/activation_checkpoint.py): every second mm of a block recomputed, the router's gate
+    forced (force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]), torch._grouped_mm not in the save list.
+    Qwen3-MoE's block: wqkv (1, kept), wo (2, rerun), router, grouped w1 w3 w2 (rerun); DeepSeek-V3's MLA:
+    wq_a 1, wq_b 2, wkv_a 3, wkv_b 4, wo 5, then the shared expert's w1 6, w3 7, w2 8."""
+    from advisor.stack import load_stack
+
+    sel = load_stack("torchtitan").engine.selective
+    qwen, ds = load_model("qwen3-30b-a3b").layer.linears, load_model("deepseek-v3").layer.linears
+    assert set(sel.ops(qwen)) == {"elementwise", "attention/out", "mlp/router", "mlp/experts/gate", "mlp/experts/up",
+                                  "mlp/experts/down"}
+    assert set(sel.ops(ds)) == {"elementwise", "attention/q_b", "attention/kv_b", "mlp/router", "mlp/experts/gate",
+                                "mlp/experts/up", "mlp/experts/down", "mlp/shared/gate", "mlp/shared/down"}
+    assert set(sel.ops(load_model("llama3-8b").layer.linears)) == {"elementwise", "attention/out", "mlp/up"}
+    kw = dict(gpus=8, dp=8, zero=3, ep=8, etp=1, micro_batch=1, seq=4096)
+    titan = estimate("qwen3-30b-a3b", "dgx-h100", recompute="selective", stack="torchtitan", **kw)
+    core = estimate("qwen3-30b-a3b", "dgx-h100", recompute="selective", stack="megatron-core", **kw)
+    full = estimate("qwen3-30b-a3b", "dgx-h100", recompute="full", stack="torchtitan", **kw)
+    # torchtitan reruns every expert GEMM (most of an MoE block's FLOPs), Megatron only the attention core
+    assert 3 * core.breakdown["compute/recompute"] < titan.breakdown["compute/recompute"] < full.breakdown["compute/recompute"]

@@ -144,10 +144,10 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export --format megatron-bridge (Bridge's LoRA), or accelerate, deepspeed or torchrun with "
                           "--stack hf-trainer (PEFT)")
-    if kind not in ("megatron", "megatron-bridge") and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+    if kind not in ("megatron", "megatron-bridge", "torchtitan") and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
-        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's flags: use --format megatron, "
-                          f"or --ep 1 for a {kind} config")
+        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: use "
+                          f"--format megatron or torchtitan, or --ep 1 for a {kind} config")
     # the Megatron formats take the stack's engine: the Bridge overrides compare the recipe they name with it, and both
     # write the dispatcher and overlaps the plan was costed with (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_) if kind in ("megatron", "megatron-bridge")

@@ -71,6 +71,8 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("parallelism.tensor_parallel_degree", lambda r: r.plan.tp),
     ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
     ("parallelism.context_parallel_degree", lambda r: r.field("cp", 1) if r.field("cp", 1) > 1 else None),
+    # written for every MoE model: the config functions set their own (deepseek_v3_671b: 2; ParallelismConfig: 1)
+    ("parallelism.expert_parallel_degree", lambda r: r.plan.ep if r.model.routed else None),
     ("parallelism.pipeline_parallel_degree", lambda r: r.plan.pp),
     ("parallelism.pipeline_parallel_schedule", lambda r: _pp(r, SCHEDULES[r.plan.schedule])),
     ("parallelism.pipeline_parallel_microbatch_size", lambda r: _pp(r, r.setup.micro_batch)),
@@ -142,6 +144,9 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     if r.plan.zero == 1:
         notes.append("ZeRO-1 is FSDP2 under the pipeline schedule: parameters and gradients stay unsharded from the "
                      "first micro-batch to the last, reduce-scattered once a step")
+    if r.plan.ep > 1:
+        notes.append(f"expert parallelism {r.plan.ep} borrows its ranks from FSDP and TP (efsdp = dp_shard x cp x tp / "
+                     "ep); tokens travel by the standard all-to-all dispatcher, as costed")
     if r.plan.zero == 2:
         notes.append("ZeRO-2 is FSDP2 with fsdp_reshard_after_forward=never: parameters stay gathered from "
                      "forward to backward")
