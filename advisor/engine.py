@@ -33,6 +33,10 @@ class Selective(Spec):
     # force_recompute_mm_shapes_by_fqns), uncounted
     every_second_linear: bool = False
     force_recompute: list[str] = Field(default_factory=list)
+    # what an MoE layer keeps of its routed path (advisor.parallel.expert routed_saved): everything, where the policy
+    # reruns none of it (Megatron's core attention), or only what the all-to-alls delivered, where it reruns the rest
+    # and saves communication outputs (torchtitan's SelectiveAC)
+    routed: Literal["kept", "exchanged"] = "kept"
     source: Optional[str] = None
 
     def ops(self, linears: tuple) -> tuple[str, ...]:
@@ -216,6 +220,10 @@ class Engine(Spec):
     ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
         default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default "
                                           "and none")
+    moe_output_bytes: Optional[float] = Field(
+        default=None, ge=0, description="bytes per element of the expert outputs an MoE layer keeps to weigh them by "
+        "the router's probabilities after the experts (None: the activation dtype's; 0 where the probabilities are "
+        "applied inside the experts)")
     expert_tp: Literal["free", "without_ep"] = Field(
         default="free", description="how it may split routed experts over TP ranks: free (Megatron's "
         "--expert-tensor-parallel-size, 1 or tp), or as attention without EP and whole with it (torchtitan)")

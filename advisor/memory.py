@@ -97,10 +97,15 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
     delta = adapters.saved_delta_per_token(w, mesh.tp, sp)  # a frozen base's inputs not kept, the adapters' kept
     full = full - less + delta
+    selective = t.saved_selective.per_gpu(mesh.tp, sp) - less + delta
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         full = full + expert.routed_saved(w, mesh, sp)
-    kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp),
-                          t.saved_selective.per_gpu(mesh.tp, sp) - less + delta)
+        sel = w.stack.engine.selective
+        if sel is not None and sel.routed == "kept":  # a policy that reruns none of the routed path keeps them all
+            selective = selective + expert.routed_saved(w, mesh, sp)
+        elif sel is not None:  # only what the all-to-alls delivered
+            selective = selective + np.where(mesh.ep > 1, expert.routed_saved(w, mesh, sp, exchanged=True), 0.0)
+    kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), selective)
     return kept, full
 
 

@@ -298,3 +298,35 @@ def test_torchtitan_sac_in_moe_blocks_follows_its_mm_count():
     full = estimate("qwen3-30b-a3b", "dgx-h100", recompute="full", stack="torchtitan", **kw)
     # torchtitan reruns every expert GEMM (most of an MoE block's FLOPs), Megatron only the attention core
     assert 3 * core.breakdown["compute/recompute"] < titan.breakdown["compute/recompute"] < full.breakdown["compute/recompute"]
+
+
+def test_routed_activations_as_each_stack_keeps_them():
+    """What an MoE layer keeps besides its table at the routed width, per token (first principles, k = 8, h = 2048,
+    E = 128 for Qwen3-30B-A3B). megatron-core 0.19 applies the router's probabilities inside the experts (experts.py
+    weighted SwiGLU; token_dispatcher.py unpermutes without probs): no expert output kept; under MXFP8 Transformer
+    Engine keeps the first grouped GEMM's input quantised (1 byte + an E8M0 scale per 32). torchtitan weighs the outputs
+    cast to fp32 after the experts (token_dispatcher.py combine): 4 bytes each. A selective policy keeps them all where
+    it reruns none of the routed path (Megatron's core attention), only the all-to-alls' outputs (bf16, both ways)
+    where it reruns the rest (torchtitan's SelectiveAC)."""
+    from types import SimpleNamespace
+
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    model, hw, k, h, e = load_model("qwen3-30b-a3b"), load_hardware("gb200-nvl72"), 8, 2048, 128
+    router = e * 3.0
+
+    def saved(stack, precision, **kw):
+        w = Workload.of(model, hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision))
+        return float(expert.routed_saved(w, SimpleNamespace(tp=1), False, **kw))  # no TP: the mesh's tp alone
+
+    assert saved("megatron-core", "mxfp8") == pytest.approx(k * h * (1 + 1 / 32) + router)
+    assert saved("megatron-core", "bf16-mixed") == pytest.approx(k * h * 2 + router)
+    assert saved("torchtitan", "bf16-mixed") == pytest.approx(k * h * (2 + 4) + router)
+    assert saved("torchtitan", "bf16-mixed", exchanged=True) == pytest.approx(2 * k * h * 2)
+    kw = dict(gpus=8, dp=8, zero=1, ep=8, etp=1, micro_batch=1, seq=4096, stack="megatron-core")
+    none, sel = (estimate("qwen3-30b-a3b", "dgx-h100", recompute=r, **kw).memory.parts["activations"]
+                 for r in ("none", "selective"))
+    # flash attention saves no scores: rerunning the core attention keeps all but its output and log-sum-exp
+    assert 0.97 * none <= sel <= none

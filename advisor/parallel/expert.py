@@ -40,10 +40,9 @@ Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of
 the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
 group (edp ranks), as megatron-core's DistributedOptimizer and Megatron-FSDP build a separate buffer for expert
 parameters over ``expert_data_parallel_group``; their reduce-scatters and gathers run over that group beside the
-dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables are evaluated at the MLP width a token
-passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), and the permuted copies the experts read and
-write (the grouped GEMM's input, k x h, and the expert outputs the combine keeps to weigh by the router's
-probabilities, k x h), plus the router's logits and routing map (E per token) are added (``routed_saved``).
+dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables at
+the MLP width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the
+experts read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
 Not modelled: HSDP with EP (refused), context parallelism, the flex dispatchers' SM budget (HybridEP's copies run on
 moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), group-limited routing
@@ -333,14 +332,18 @@ def sharded_collectives(w, mesh: Mesh, states, zero_on: Any) -> tuple[Any, Any]:
 
 
 # --- memory ----------------------------------------------------------------------------------------------------
-def routed_saved(w, mesh: Mesh, sp: Any) -> Any:
-    """Bytes per token one MoE layer keeps for backward beyond the stack's table at the routed width, on one GPU:
-    the permuted tokens the experts read (k x h) and the expert outputs the combine weighs (k x h), in the
-    activation dtype, at the busiest rank's load; the router's logits (E, activation dtype) and routing map (E
-    bytes). Split over the TP ranks as the sequence is (sequence parallelism, which EP with TP needs)."""
-    layer = w.layer
-    if not layer.routed:
-        return 0.0
-    k, h, e = top_k(layer), w.model.d_model, n_experts(layer)
+def routed_saved(w, mesh: Mesh, sp: Any, exchanged: bool = False) -> Any:
+    """Bytes per token one MoE (routed) layer keeps for backward beyond the stack's table at the routed width, on one GPU, at
+    the busiest rank's load: the permuted tokens the experts read (k x h, in the recipe's format where the stack's
+    linears keep their inputs quantised, ``engine.quantised_inputs``), the expert outputs the combine weighs by the
+    router's probabilities (k x h at ``engine.moe_output_bytes``: none where the experts apply them), the router's
+    logits and routing map (E x (activation bytes + 1)). ``exchanged``: only what the all-to-alls deliver, k x h each
+    way in the activation dtype (torchtitan's SelectiveAC saves all_to_all_single outputs). Split over TP as the
+    sequence is (sequence parallelism, which EP with TP needs)."""
+    eng, r, act = w.stack.engine, w.precision.recipe, w.act_bytes
     share = np.where(np.asarray(sp, dtype=bool), mesh.tp, 1.0)
-    return (2.0 * k * h * w.act_bytes * load(w) + e * (w.act_bytes + 1.0)) / share
+    if exchanged:
+        return 2.0 * top_k(w.layer) * w.model.d_model * act * load(w) / share
+    inputs = r.stored_bytes if (r is not None and eng.quantised_inputs is not None) else act
+    outputs = act if eng.moe_output_bytes is None else eng.moe_output_bytes
+    return (top_k(w.layer) * w.model.d_model * load(w) * (inputs + outputs) + n_experts(w.layer) * (act + 1.0)) / share
