@@ -2,11 +2,16 @@
 principles, the all-to-all bytes and time by hand, FLOPs as torchtitan and Megatron count them, the search and the
 Megatron export, and the invariants (memory never grows with ep; a dense model is untouched by EP).
 
-Megatron-Core 0.16.1 ships no theoretical memory report (megatron/training/theoretical_memory_usage.py is
-Megatron-LM's, not in the megatron-core wheel), so the memory check is the first-principles count below.
+Model states are also checked against Megatron-LM's own theoretical memory report
+(megatron/training/theoretical_memory_usage.py compute_weight_and_optimizer_memory, shipped in megatron-core 0.19.2's
+wheel: the README's test install unpacks it to .megatron-lm), on the arguments its own parse_args and validate_args
+read from advisor's Megatron export. Its activation formula is the dense Table 2 of Korthikanti et al. (no experts),
+so activations are checked by the first-principles count below.
 """
 
 from __future__ import annotations
+
+import textwrap
 
 import numpy as np
 import pytest
@@ -330,3 +335,67 @@ def test_routed_activations_as_each_stack_keeps_them():
                  for r in ("none", "selective"))
     # flash attention saves no scores: rerunning the core attention keeps all but its output and log-sum-exp
     assert 0.97 * none <= sel <= none
+
+
+# Megatron-LM's report, run in a subprocess on the megatron-core 0.19.2 tree (tests/test_export_stacks.py explains why)
+_THEORETICAL = textwrap.dedent('''
+    import json, os, sys, typing
+    typing.override = getattr(typing, "override", lambda f: f)  # 3.12's no-op decorator, for Python 3.11
+    import megatron.training.arguments as A
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+    from megatron.training.theoretical_memory_usage import compute_weight_and_optimizer_memory
+    out = []
+    for case in json.load(sys.stdin):
+        A.get_device_arch_version = lambda: 9  # Hopper (CPU here)
+        A.torch.cuda.get_device_capability = lambda *_: (9, 0)
+        os.environ.update(case["env"])
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        args = A.parse_args()
+        A.validate_args(args)
+        args.padded_vocab_size = vocab_size_with_padding(case["vocab"], args, logging_enabled=False)  # as training does
+        out.append(compute_weight_and_optimizer_memory(args))
+    print(json.dumps(out))
+''')
+THEORETICAL = {  # bf16 training, as the report assumes: bf16 weights, fp32 main gradients, master weights and Adam
+    "ddp-ep8": ("mixtral-8x7b", 8, dict(dp=8, ep=8, etp=1)),
+    "distopt-ep8": ("mixtral-8x7b", 16, dict(dp=16, zero=1, ep=8, etp=1)),
+    "distopt-pp2-ep8": ("mixtral-8x7b", 32, dict(dp=16, pp=2, zero=1, ep=8, etp=1)),
+    "distopt-tp2-pp4-ep4-etp2": ("mixtral-8x7b", 64, dict(dp=8, tp=2, pp=4, sp=True, zero=1, ep=4, etp=2)),
+}
+
+
+@pytest.mark.slow  # ~10 s: imports Megatron-LM's training package in a subprocess
+def test_model_states_equal_megatron_lms_theoretical_memory_report(tmp_path):
+    """Weights, gradients and optimizer states of the busiest GPU equal Megatron-LM's compute_weight_and_optimizer_memory
+    (the most loaded shard: experts over ep x etp, their optimizer over the expert data-parallel group) to 1e-4."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_export import _run_megatron_script
+
+    from advisor.export import export
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    root = os.environ.get("ADVISOR_MEGATRON_LM") or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                                 ".megatron-lm")
+    if not os.path.isfile(os.path.join(root, "megatron", "training", "theoretical_memory_usage.py")):
+        pytest.skip("set ADVISOR_MEGATRON_LM to megatron-core 0.19.2's tree (tests/test_export_stacks.py docstring)")
+    hw, cases, ours = load_hardware("dgx-h100"), [], []
+    for name, (model_name, world, plan_kw) in THEORETICAL.items():
+        model, setup = load_model(model_name), TrainingSetup(micro_batch=1, global_batch=64, seq_len=4096)
+        text = export("megatron", model, hw, Plan(**plan_kw), setup, 64 // (plan_kw["dp"]), world, "megatron-core").text
+        argv, env = _run_megatron_script(text, tmp_path, {})
+        argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab - 1), "--mock-data"]
+        cases.append({"argv": argv, "env": {**env, "WORLD_SIZE": str(world), "RANK": "0"}, "vocab": model.vocab})
+        parts = estimate(model, hw, gpus=world, micro_batch=1, global_batch=64, seq=4096, stack="megatron-core",
+                         **plan_kw).memory.parts
+        ours.append(parts["weights"] + parts["gradients"] + parts["optimizer_states"])
+    run = subprocess.run([sys.executable, "-c", _THEORETICAL], input=json.dumps(cases), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert dict(zip(THEORETICAL, ours)) == pytest.approx(dict(zip(THEORETICAL, theirs)), rel=1e-4)
