@@ -151,7 +151,9 @@ def _pipeline_split(model: ModelSpec, plan: Plan) -> list:
 def _unwritten(model: ModelSpec) -> list[str]:
     """The shape features of a config.json family that _model_shape has no flag for (a script without them
     would train another model)."""
-    found = {"parallel attention + MLP blocks": model.parallel_block, "q/k norms": model.qk_norm.value != "none",
+    # --qk-layernorm norms each head's query and key (megatron-core 0.19 attention.py: q_layernorm built with
+    # hidden_size_per_attention_head), as Qwen3's q_norm / k_norm do; OLMo 2's norms over the whole width have no flag
+    found = {"parallel attention + MLP blocks": model.parallel_block, "full-width q/k norms": model.qk_norm.value == "full",
              f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
              "multi-head latent attention": model.latent is not None,
              "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
@@ -190,6 +192,8 @@ def _model_shape(model: ModelSpec) -> list:
         a += ["--group-query-attention", "--num-query-groups", model.kv_heads]
     if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
         a += ["--kv-channels", model.head_dim]
+    if model.qk_norm.value == "head":
+        a.append("--qk-layernorm")
     if model.mlp is MLPKind.swiglu:
         a.append("--swiglu")
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
