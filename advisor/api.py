@@ -150,6 +150,7 @@ def build_inputs(model, hw, **given):
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
+                              recompute_modules=modules_of(o.recompute_modules),
                               stack=_stack_name(o.stack), finetune=finetune_of(o),
                               **moe_setup(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
@@ -203,6 +204,11 @@ def moe_setup(o) -> dict:
                 moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap)
 
 
+def modules_of(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    """--recompute-modules' comma-separated names (validated by TrainingSetup)."""
+    return None if text is None else tuple(m.strip() for m in text.split(","))
+
+
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
              nodes: Optional[int] = None, dp: Optional[int] = None, tp: int = 1, pp: int = 1,
              zero: Optional[int] = None, fsdp: Optional[str] = None, sp: Optional[bool] = None, schedule: str = "1f1b",
@@ -210,8 +216,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
              attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
-             allow_tp_across_nodes: bool = False, recompute_layers: int = 1, offload: str = "none",
-             method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
+             allow_tp_across_nodes: bool = False, recompute_layers: int = 1, recompute_modules: Optional[str] = None,
+             offload: str = "none", method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
              lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
              adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
@@ -229,7 +235,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     stack's first), ``pp_split`` (even, edges: the embedding and the loss counted as layers). The setup: ``micro_batch``, ``global_batch`` or ``grad_accum``, ``seq`` (default the
     model's context length, at most 8192), ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed; default
     the GPU's best), ``attention`` (sdpa, eager), ``recompute`` (none, selective, full, block, every-k, offload;
-    advisor/recompute.py) with ``recompute_layers`` (k), ``offload`` (none, optimizer-cpu, optimizer-nvme,
+    advisor/recompute.py) with ``recompute_layers`` (k) and ``recompute_modules`` (selective: the sub-modules rerun,
+    comma-separated, Megatron's --recompute-modules: core_attn, layernorm, moe_act, mla_up_proj), ``offload`` (none, optimizer-cpu, optimizer-nvme,
     params-cpu, params-nvme: advisor/parallel/offload.py), ``optimizer`` (adamw, adamw-fused, sgd), ``stack``
     (``advisor stacks``, a YAML path, or auto: AUTO_RULE). Fine-tuning (advisor.finetune):
     ``method`` (full, lora, qlora), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (PEFT's,

@@ -127,6 +127,8 @@ def single_plan_options(f):
                      default="none", show_default=True, help="activation checkpointing policy (advisor/recompute.py)"),
         click.option("--recompute-layers", type=int, default=1, show_default=True,
                      help="full: layers per checkpoint (Megatron uniform); block: layers per stage chunk; every-k: k"),
+        click.option("--recompute-modules", default=None, help="selective: the sub-modules rerun, comma-separated "
+                     "(Megatron's --recompute-modules: core_attn, layernorm, moe_act, mla_up_proj) [default: the stack's]"),
         click.option("--offload", type=click.Choice(["none", "optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme"]),
                      default="none", show_default=True, help="model states in host memory or on NVMe (ZeRO-Offload/Infinity, FSDP)"),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,

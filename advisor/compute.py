@@ -236,10 +236,23 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
-    parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
+    parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd,
+             **{op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp).items()}}
     selective = selected(parts, w.selective_recomputes, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
+
+
+def pointwise_bytes(w: Workload, tp: Any, sp: Any) -> dict[str, Any]:
+    """Bytes per token one GPU moves rerunning the ops a sub-module recomputation names apart (engine.selective
+    modules): "norms", the layer's d_model-wide norms (read and write h each, split under sequence parallelism);
+    "mlp/act", the MLP activation (a gated one reads 2 f and writes f; f the layer's width, a routed layer's k x the
+    experts'; split over TP), in the activation dtype."""
+    layer, e = w.layer, w.act_bytes
+    norms = 2.0 * e * w.model.d_model * sum(1 for _, width in layer.norms if width == w.model.d_model)
+    f = layer.d_ff * (expert.top_k(layer) * expert.load(w) if layer.routed else 1.0)
+    return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
+            "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp}
 
 
 @dataclass(frozen=True)

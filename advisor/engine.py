@@ -15,10 +15,23 @@ PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp",
 DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
 # besides the layer table's linear layers, by name; "attention/k" is the key projection's share of attention/qkv, for
 # a stack whose blocks run wq, wk and wv apart (advisor.recompute.selected)
-RECOMPUTED = ("attention/core", "elementwise", "attention/k")
+RECOMPUTED = ("attention/core", "elementwise", "attention/k", "norms", "mlp/act")
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
 METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base
+
+
+class RecomputeModule(Spec):
+    """One sub-module a selective policy may rerun (Megatron's --recompute-modules): the ops rerun (names as
+    ``Selective.recomputes``; "norms" is the layer's norms, "mlp/act" its MLP activation, each costed by the bytes it
+    moves) and the activations it stops keeping, in elements per token by width: d_model (split under sequence
+    parallelism), q_dim and kv_dim (split over TP), d_ff (a dense MLP layer's width) and routed_d_ff (k x the routed
+    experts' width), kept at the activation dtype."""
+
+    recomputes: list[str] = Field(default_factory=list)
+    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff"], float] = Field(default_factory=dict)
+    needs: Optional[Literal["routed", "latent", "dense"]] = None  # the layer it applies to (else refused)
+    source: Optional[str] = None
 
 
 class Selective(Spec):
@@ -37,6 +50,9 @@ class Selective(Spec):
     # reruns none of it (Megatron's core attention), or only what the all-to-alls delivered, where it reruns the rest
     # and saves communication outputs (torchtitan's SelectiveAC)
     routed: Literal["kept", "exchanged"] = "kept"
+    # --recompute-modules: the sub-modules it may rerun instead of its default policy (``recomputes``, keeping what the
+    # profile's selective table says)
+    modules: dict[str, RecomputeModule] = Field(default_factory=dict)
     source: Optional[str] = None
 
     def ops(self, linears: tuple) -> tuple[str, ...]:

@@ -62,7 +62,8 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     # selective recomputation reruns what the stack names: the attention core is ~8 ops and one attention call, a
     # linear layer one GEMM call, the pointwise ops every forward op that is not a GEMM or attention call
     issued = {"attention/core": 8 * launch + extra, "elementwise": max(t.host_forward_ops - g_fwd, 0) * launch,
-              **{lin.name: launch + extra for lin in w.layer.linears}}
+              **{lin.name: launch + extra for lin in w.layer.linears},
+              "norms": len(w.layer.norms) * launch, "mlp/act": launch}  # a sub-module's pointwise ops, one call each
     selective = selected(issued, w.selective_recomputes, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)
     ones = np.ones(np.shape(rc))

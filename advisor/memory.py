@@ -97,7 +97,10 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
     delta = adapters.saved_delta_per_token(w, mesh.tp, sp)  # a frozen base's inputs not kept, the adapters' kept
     full = full - less + delta
-    selective = t.saved_selective.per_gpu(mesh.tp, sp) - less + delta
+    modules = w.recompute_modules
+    base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
+    selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
+                 - module_frees(w, mesh.tp, sp))
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         full = full + expert.routed_saved(w, mesh, sp)
         sel = w.stack.engine.selective
@@ -107,6 +110,21 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
             selective = selective + np.where(mesh.ep > 1, expert.routed_saved(w, mesh, sp, exchanged=True), 0.0)
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), selective)
     return kept, full
+
+
+def module_frees(w: Workload, tp: Any, sp: Any) -> Any:
+    """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
+    (engine.selective.modules) at the layer's widths, in the activation dtype; d_model split under sequence
+    parallelism, the rest over TP."""
+    if w.recompute_modules is None:
+        return 0.0
+    layer, sel = w.layer, w.stack.engine.selective
+    routed = layer.d_ff * expert.top_k(layer) * expert.load(w) if layer.routed else 0.0
+    width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
+             "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
+    split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}
+    return w.act_bytes * sum(n * width[k] / split.get(k, tp) for m in w.recompute_modules
+                             for k, n in sel.modules[m].frees.items())
 
 
 def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:

@@ -122,6 +122,7 @@ class EstimateOptions(Common):
     grad_accum: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     recompute: str = "none"
     recompute_layers: int = Field(default=1, ge=1, le=100_000)
+    recompute_modules: Optional[str] = Field(default=None, min_length=1, max_length=200)
     offload: str = "none"
     overlap_grad_reduce: Optional[bool] = None
     data_parallel: str = "ddp"

@@ -70,6 +70,8 @@ def render_estimate(e) -> str:
 def policy(setup) -> str:
     """The checkpointing policy with its k where it takes one (advisor/recompute.py)."""
     r, k = setup.recompute.value, setup.recompute_layers
+    if setup.recompute_modules is not None:
+        return f"{r}({','.join(setup.recompute_modules)})"
     return f"{r}({k})" if r in ("block", "every-k") or (r == "full" and k > 1) else r
 
 

@@ -115,6 +115,11 @@ class Recompute(Coded):
     offload = "offload"  # every saved tensor copied to host memory and back (torch.autograd.graph.save_on_cpu)
 
 
+# megatron-core 0.19 transformer_config.py recompute_modules (--recompute-modules): the sub-modules a selective policy
+# may rerun; a stack lists those it costs (engine.selective.modules)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
 class TrainingSetup(Spec):
     seq_len: int = Field(default=1024, ge=1, le=10_000_000)
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
@@ -144,8 +149,17 @@ class TrainingSetup(Spec):
         default=None, description="tensor parallelism: the sequence-parallel collectives exposed or pipelined with "
                                   "their GEMMs (advisor.parallel.tensor); None: the stack's default")
 
+    recompute_modules: Optional[tuple[Literal[RECOMPUTE_MODULES], ...]] = Field(  # type: ignore[valid-type]
+        default=None, max_length=len(RECOMPUTE_MODULES), description="selective recomputation: the sub-modules "
+        "rerun (Megatron's --recompute-modules); None: the stack's selective policy")
+
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":
         if self.global_batch is not None and self.grad_accum is not None:
             raise ValueError("give --global-batch or --grad-accum, not both")
+        if self.recompute_modules is not None and self.recompute is not Recompute.selective:
+            raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} chooses what selective "
+                             f"recomputation reruns: add --recompute selective (not {self.recompute.value})")
+        if self.recompute_modules is not None and len(set(self.recompute_modules)) != len(self.recompute_modules):
+            raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} names a module twice")
         return self

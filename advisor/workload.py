@@ -32,6 +32,7 @@ class Workload:
     finetune: FineTune = FULL
     moe_capacity_factor: Optional[float] = None  # mixture of experts (advisor.parallel.expert.load)
     moe_imbalance: float = 1.0
+    recompute_modules: Optional[tuple[str, ...]] = None  # --recompute-modules (advisor.recompute module_frees)
     moe_dispatcher: str = "alltoall"  # the stack's default or the one asked (advisor.parallel.expert)
     moe_overlap: str = "none"
     tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
@@ -47,9 +48,11 @@ class Workload:
         if sel is not None:
             known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
             unknown = [op for op in sel.ops(layer.linears) if op not in known]
-            if unknown:
+            if unknown and setup.recompute_modules is None:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
+        if setup.recompute_modules is not None:
+            check_modules(model, layer, stack, setup.recompute_modules)
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "
@@ -61,7 +64,8 @@ class Workload:
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
-                   setup.moe_imbalance, *moe_choices(stack, setup), tp_overlap_choice(stack, setup))
+                   setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup),
+                   tp_overlap_choice(stack, setup))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -75,6 +79,10 @@ class Workload:
     def selective_recomputes(self) -> tuple[str, ...]:
         """What the stack's selective recomputation reruns (empty: it offers none)."""
         sel = self.stack.engine.selective
+        if sel is not None and self.recompute_modules is not None:  # the ops of each module this layer has
+            has = {lin.name for lin in self.layer.linears} | set(RECOMPUTED)
+            return tuple(dict.fromkeys(op for m in self.recompute_modules for op in sel.modules[m].recomputes
+                                       if op in has))
         return sel.ops(self.layer.linears) if sel is not None else ()
 
     @property
@@ -144,6 +152,23 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
     return replace(t, logits_held=held, logits_peak=held + extra)
 
 
+def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: tuple[str, ...]) -> None:
+    """--recompute-modules: each a sub-module the stack costs, on a layer that has it (one line otherwise)."""
+    sel = stack.engine.selective
+    if sel is None or not sel.modules:
+        raise StackError(f"stack {stack.name} has no --recompute-modules (its selective recomputation is fixed): drop it")
+    unknown = [m for m in modules if m not in sel.modules]
+    if unknown:
+        raise StackError(f"--recompute-modules {','.join(unknown)}: stack {stack.name} costs {', '.join(sel.modules)}")
+    has = {"routed": layer.routed, "latent": model.latent is not None, "dense": not layer.routed}
+    for m in modules:
+        need = sel.modules[m].needs
+        if need is not None and not has[need]:
+            what = {"routed": "routed experts", "latent": "multi-head latent attention",
+                    "dense": "dense MLP layers (its MoE layers are costed as routed)"}[need]
+            raise StackError(f"--recompute-modules {m} needs {what}, which {model.name} does not have")
+
+
 def runs_method(kind: str) -> list[str]:
     """The shipped stacks that run fine-tuning method ``kind`` (engine.methods)."""
     return [n for n in list_stacks() if kind in load_stack(n).engine.methods]
@@ -176,8 +201,11 @@ def tp_overlap_choice(stack, setup) -> str:
 
 def stack_runs(stack, setup) -> bool:
     """Whether the stack runs the setup's explicit choices: its fine-tuning method, token dispatcher, all-to-all
-    overlap and TP overlap (--stack auto picks a stack that does)."""
+    overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
     if setup.finetune.kind not in stack.engine.methods:
+        return False
+    sel = stack.engine.selective
+    if setup.recompute_modules is not None and (sel is None or not set(setup.recompute_modules) <= set(sel.modules)):
         return False
     try:
         moe_choices(stack, setup), tp_overlap_choice(stack, setup)

@@ -75,6 +75,10 @@ CASES = {
     # Qwen3-MoE: per-head q/k norms (--qk-layernorm), 128 experts top-8 over EP 8
     "moe-qwen3-qk-norm": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
                           dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # Megatron's --recompute-modules: the experts' activation and the norms rerun beside the core attention
+    "recompute-modules": ("mixtral-8x7b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
+                          dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="selective",
+                               recompute_modules=("core_attn", "moe_act", "layernorm"))),
     # Transformer Engine's userbuffers under SP (--tp-comm-overlap)
     "tp-comm-overlap": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=4, pp=8, sp=True, zero=1),
                         dict(micro_batch=1, global_batch=128, seq_len=8192, tp_overlap="userbuffers")),
@@ -82,7 +86,8 @@ CASES = {
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
-                 "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm"}
+                 "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
+                 "recompute-modules"}
 
 
 def inputs(case: str, cases: dict = CASES):

@@ -399,3 +399,54 @@ def test_model_states_equal_megatron_lms_theoretical_memory_report(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     assert dict(zip(THEORETICAL, ours)) == pytest.approx(dict(zip(THEORETICAL, theirs)), rel=1e-4)
+
+
+# -- Megatron's --recompute-modules -----------------------------------------------------------------------------------
+def test_recompute_modules_free_what_megatron_discards():
+    """megatron-core 0.19 (transformer_config.py recompute_modules; CheckpointWithoutOutput for layernorm, moe_act and
+    mla_up_proj): moe_act stops keeping the routed experts' activation output, fc2's input (k x F per token),
+    layernorm both norms' outputs (2 h); core_attn is the default selective policy. Mixtral-8x7B, bf16, 4,096 tokens,
+    every layer on the GPU (no pipeline): the differences by hand."""
+    kw = dict(gpus=8, ep=8, etp=1, zero=1, seq=4096, stack="megatron-core", recompute="selective")
+    act = {m: estimate("mixtral-8x7b", "dgx-h100", recompute_modules=m, **kw).memory.parts["activations"]
+           for m in (None, "core_attn", "core_attn,moe_act", "core_attn,layernorm")}
+    assert act[None] == act["core_attn"]
+    assert act["core_attn"] - act["core_attn,moe_act"] == pytest.approx(K * F * 2 * 4096 * L, rel=1e-9)
+    assert act["core_attn"] - act["core_attn,layernorm"] == pytest.approx(2 * H * 2 * 4096 * L, rel=1e-9)
+    more = estimate("mixtral-8x7b", "dgx-h100", recompute_modules="core_attn,moe_act,layernorm", **kw)
+    less = estimate("mixtral-8x7b", "dgx-h100", **kw)
+    assert more.memory.peak_bytes < less.memory.peak_bytes
+    assert more.breakdown["compute/recompute"] > less.breakdown["compute/recompute"]
+
+
+@pytest.mark.parametrize("model,kw,message", [
+    ("llama3-8b", dict(recompute_modules="moe_act"), "moe_act needs routed experts, which llama3-8b does not have"),
+    ("mixtral-8x7b", dict(recompute_modules="mla_up_proj", ep=8, etp=1), "mla_up_proj needs multi-head latent attention"),
+    ("mixtral-8x7b", dict(recompute_modules="moe", ep=8, etp=1), "stack megatron-core costs core_attn, layernorm"),
+    ("mixtral-8x7b", dict(recompute_modules="attn", ep=8, etp=1), "recompute_modules"),
+    ("llama3-8b", dict(recompute_modules="core_attn", recompute="full"), "add --recompute selective"),
+    ("llama3-8b", dict(recompute_modules="core_attn", stack="torchtitan"), "torchtitan has no --recompute-modules"),
+])
+def test_recompute_modules_refusals_are_one_line(model, kw, message):
+    kw = {"gpus": 8, "zero": 1, "seq": 4096, "stack": "megatron-core", "recompute": "selective", **kw}
+    if kw["stack"] == "torchtitan":
+        kw["zero"] = 3
+    with pytest.raises(AdvisorError, match=message) as exc:
+        estimate(model, "dgx-h100", **kw)
+    assert "\n" not in str(exc.value)
+
+
+def test_recompute_modules_in_the_megatron_exports():
+    from advisor.export import export
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    setup = TrainingSetup(seq_len=4096, recompute="selective", recompute_modules=("core_attn", "moe_act"),
+                          stack="megatron-core")
+    args = (load_model("mixtral-8x7b"), load_hardware("dgx-h100"), Plan(dp=8, zero=1, ep=8, etp=1), setup, 1, 8)
+    text = export("megatron", *args).text
+    assert "--recompute-granularity selective" in text and "--recompute-modules core_attn\n    moe_act" in text
+    import yaml
+
+    bridge = yaml.safe_load(export("megatron-bridge", *args).text)["model"]
+    assert bridge["recompute_granularity"] == "selective" and bridge["recompute_modules"] == ["core_attn", "moe_act"]

@@ -93,6 +93,12 @@ RECIPES = {  # (model, system, precision) -> (recipe, (tp, pp, vp, ep, mbs), dis
                                             "alltoall", "batch"),
 }
 DEFAULT_TRAVEL = ("alltoall", "shared_experts")
+# The recomputation the 0.6.2 recipes of those rows set (recompute_granularity "selective" with recompute_modules):
+# deepseek/common.py _deepseek_v3_common (selective) and the GB200 MXFP8 recipe's ["mla_up_proj"], its GB300 one's [];
+# the GPT-OSS MXFP8 recipes end in recompute_modules = [] (gpt_oss/gb200/gpt_oss.py, gb300 alike); the Qwen3 perf
+# recipes set recompute_granularity None. An empty list reruns nothing: none. Rows without a recipe take the least
+# recomputation predicted to fit (RECOMPUTE_LADDER)
+RECIPE_RECOMPUTE = {"deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": ("mla_up_proj",)}
 # Models whose recipes count the embedding and the loss as pipeline layers (--account-for-embedding/loss-in-pipeline-
 # split): Qwen3-235B-A22B's perf recipes start from qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config (recipes/qwen/
 # h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks.
@@ -215,11 +221,15 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
         kw, fallback = estimate_kwargs(r)
         fallbacks += fallback
         travels[f"{kw['moe_dispatcher']}+{kw['moe_overlap']}"] += 1
-        est = None
+        est, recipe = None, travel(r)[2]
         # the least recomputation predicted to fit (the tables do not publish it); not full under the batch overlap
         ladder = RECOMPUTE_LADDER[:-1] if kw["moe_overlap"] == "batch" else RECOMPUTE_LADDER
+        if recipe is not None:  # what the recipe sets: its modules, or nothing
+            modules = RECIPE_RECOMPUTE.get(recipe)
+            ladder = (("selective", ",".join(modules)),) if modules else ("none",)
         for rc in ladder:
-            est = _estimate({**kw, "recompute": rc}, rejected)
+            policy = dict(recompute=rc[0], recompute_modules=rc[1]) if isinstance(rc, tuple) else dict(recompute=rc)
+            est = _estimate({**kw, **policy}, rejected)
             if est is None or est.fits:
                 break
         if est is None:
@@ -247,7 +257,8 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
              "dispatcher and all-to-all overlap as megatron-bridge 0.6.2's recipe sets them (26.08 rows of its layout), "
              "else the providers' defaults: " + ", ".join(f"{k} {n}" for k, n in sorted(travels.items())),
              f"{fallbacks} interleaved schedules whose chunks no layout fills run as 1F1B",
-             "recomputation, which the tables do not give, the least predicted to fit: "
+             "recomputation, which the tables do not give: the recipe's (RECIPE_RECOMPUTE) where 0.6.2 holds it, "
+             "else the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     notes.append("the published plan's rank in advisor plan's top 5 (dp, tp, pp, ep matched; '-': not in it): "
                  + ", ".join(f"{k} {r or '-'}" for k, r in ranks))

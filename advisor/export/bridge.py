@@ -154,7 +154,7 @@ def _recompute(setup: TrainingSetup) -> dict:
                 "recompute_num_layers": k}
     if r == "selective":
         return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
-                "recompute_modules": ["core_attn"]}
+                "recompute_modules": list(setup.recompute_modules or ("core_attn",))}
     if r != "none":
         raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
                           "full, block or selective, or another --format")

@@ -120,6 +120,7 @@ def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, gra
             f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
             f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
             f"precision={setup.precision.value} recompute={setup.recompute}"
+            + (f"({','.join(setup.recompute_modules)})" if setup.recompute_modules else "")
             + (f"; {method}" if method else "")
             + (f"; stack {setup.stack}" if setup.stack not in ("auto", "any") else ""))
 

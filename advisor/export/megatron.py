@@ -176,8 +176,9 @@ def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", k]
     if r == "block":
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", k]
-    if r == "selective":
-        return ["--recompute-granularity", "selective"]
+    if r == "selective":  # --recompute-modules: a list (transformer_config.py recompute_modules; default core_attn)
+        return ["--recompute-granularity", "selective", *(["--recompute-modules", *setup.recompute_modules]
+                                                           if setup.recompute_modules else [])]
     if r != "none":
         raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
                           "full, block or selective, or another --format")
