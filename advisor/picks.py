@@ -68,7 +68,9 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp))
         out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
         if w.moe_dispatcher == "flex":
-            out["ep"] += (f"; flex dispatcher: {one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep)):.1f}"
+            x = w.model.experts
+            reach = one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep, x.groups, x.group_topk))
+            out["ep"] += (f"; flex dispatcher: {reach:.1f}"
                           f" of {expert.top_k(w.layer):g} routed copies a token sent (once a GPU, once a domain across)")
         if w.moe_overlap != "none":
             out["ep"] += "; beside " + ("the shared experts' GEMMs" if w.moe_overlap == "shared_experts" else

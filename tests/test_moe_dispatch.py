@@ -29,6 +29,32 @@ def test_reached_is_the_mean_over_every_routing(n_experts, k, groups):
     assert float(expert.reached(n_experts, k, groups)) == pytest.approx(np.mean(counts), rel=1e-12)
 
 
+@pytest.mark.parametrize("n_experts,k,units,groups,group_topk", [
+    (16, 2, 8, 4, 2), (16, 3, 2, 4, 2), (16, 2, 4, 4, 1), (24, 3, 2, 6, 3), (16, 4, 16, 8, 4)])
+def test_group_limited_reach_is_the_mean_over_every_routing(n_experts, k, units, groups, group_topk):
+    """Every choice of group_topk groups, then every k-subset of their experts, equally likely: the mean distinct
+    units by enumeration equals reached() (units within a group, and units of several groups)."""
+    per_group, per_unit, counts = n_experts // groups, n_experts // units, []
+    for chosen in itertools.combinations(range(groups), group_topk):
+        pool = [e for g in chosen for e in range(g * per_group, (g + 1) * per_group)]
+        counts += [len({e // per_unit for e in pick}) for pick in itertools.combinations(pool, k)]
+    assert float(expert.reached(n_experts, k, units, groups, group_topk)) == pytest.approx(np.mean(counts), rel=1e-12)
+
+
+def test_deepseek_v3_routes_within_four_of_eight_groups():
+    """DeepSeek-V3's config.json: n_group 8, topk_group 4 under topk_method noaux_tc (V2-Lite's greedy: none). On
+    four 8-GPU nodes (EP 32) a token reaches ~2.9 of the 4 nodes (3.6 unlimited); DeepSeek's own selection on random
+    logits (groups by their top-2 sums) spreads wider, within 10% (Monte Carlo: 3.13 nodes, 6.84 of 32 GPUs)."""
+    from advisor.model import load_model
+
+    x = load_model("deepseek-v3").experts
+    assert (x.groups, x.group_topk) == (8, 4) and load_model("deepseek-v2-lite").experts.groups == 1
+    assert float(expert.reached(256, 8, 4, 8, 4)) == pytest.approx(2.93, abs=0.01)
+    assert float(expert.reached(256, 8, 4)) == pytest.approx(3.61, abs=0.01)
+    assert float(expert.reached(256, 8, 4, 8, 4)) == pytest.approx(3.13, rel=0.10)
+    assert float(expert.reached(256, 8, 32, 8, 4)) == pytest.approx(6.84, rel=0.10)
+
+
 def test_reached_qwen3_30b_on_eight_gpus():
     """Qwen3-30B-A3B (128 experts, top-8) on EP 8: 16 experts a GPU, a token reaches 8 (1 - C(112, 8) / C(128, 8)) =
     5.34 GPUs, where the alltoall dispatcher sends all 8 copies; one expert a group: every copy; one group: one."""
@@ -201,3 +227,23 @@ def test_a_choice_only_megatron_core_runs_steers_auto_and_any(stack):
     assert res.plans and all(p.estimate.stack in ("megatron-core", "megatron-bridge-perf") for p in res.plans)
     est = api.estimate("qwen3-30b-a3b", "dgx-h100", gpus=8, ep=8, zero=1, tp_overlap="none", moe_dispatcher="flex")
     assert est.stack == "megatron-core"
+
+
+def test_group_limited_routing_in_the_megatron_exports():
+    """megatron-core 0.19 TransformerConfig moe_router_num_groups / moe_router_group_topk (--moe-router-num-groups,
+    --moe-router-group-topk): written where a model limits its routing to top groups."""
+    import yaml
+
+    from advisor.export import export
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+
+    base = load_model("mixtral-8x7b")
+    grouped = base.model_copy(update={"experts": base.experts.model_copy(update={"groups": 4, "group_topk": 2})})
+    args = (load_hardware("dgx-h100"), Plan(dp=8, zero=1, ep=8, etp=1), TrainingSetup(seq_len=4096, stack="megatron-core"),
+            1, 8)
+    text = export("megatron", grouped, *args).text
+    assert "--moe-router-num-groups 4" in text and "--moe-router-group-topk 2" in text
+    assert "--moe-router-num-groups" not in export("megatron", base, *args).text
+    bridge = yaml.safe_load(export("megatron-bridge", grouped, *args).text)["model"]
+    assert (bridge["moe_router_num_groups"], bridge["moe_router_group_topk"]) == (4, 2)

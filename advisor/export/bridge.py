@@ -189,6 +189,8 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
         m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")
     if e.d_ff_shared:
         m["moe_shared_expert_intermediate_size"] = e.d_ff_shared
+    if e.groups > 1:  # group-limited routing (TransformerConfig moe_router_num_groups / moe_router_group_topk)
+        m.update(moe_router_num_groups=e.groups, moe_router_group_topk=e.group_topk)
     m["moe_shared_expert_overlap"] = bool(overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1)
     if overlap == "batch" and plan.ep > 1:  # comm_overlap's field (training/comm_overlap.py CommOverlapConfig)
         notes.append("the all-to-alls were costed beside another micro-batch's compute: set "

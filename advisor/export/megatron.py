@@ -244,8 +244,8 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     # Megatron-Bridge's recipes take on Hopper and Blackwell)
     a += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"] if dispatcher == "flex"
           else ["--moe-token-dispatcher-type", "alltoall"])
-    if e.d_ff_shared:
-        a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared]
+    a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared] if e.d_ff_shared else []
+    a += ["--moe-router-num-groups", e.groups, "--moe-router-group-topk", e.group_topk] if e.groups > 1 else []
     if overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1:
         a.append("--moe-shared-expert-overlap")
     if overlap == "batch" and plan.ep > 1:

@@ -69,11 +69,22 @@ class Experts(Spec):
     shared_gate: bool = False  # Qwen2-MoE: a sigmoid gate, h -> 1, on the shared expert's output
     router_bias: bool = False  # GPT-OSS
     expert_bias: bool = False  # GPT-OSS: biases on the experts' linears
+    # group-limited routing (DeepSeek-V3's n_group / topk_group under topk_method noaux_tc; Megatron's
+    # --moe-router-num-groups / --moe-router-group-topk): a token's experts come from its top group_topk of groups
+    # equal groups of consecutive experts; 1 of 1: unlimited
+    groups: int = Field(default=1, ge=1, le=1_000_000)
+    group_topk: int = Field(default=1, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _top_k(self) -> "Experts":
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}")
+        if self.n_experts % self.groups or self.group_topk > self.groups:
+            raise ValueError(f"routing groups: {self.n_experts} experts in {self.groups} groups, top {self.group_topk} "
+                             "of them: the groups must divide the experts and hold the top groups")
+        if self.groups > 1 and self.group_topk * self.n_experts // self.groups < self.experts_per_token:
+            raise ValueError(f"top {self.group_topk} of {self.groups} groups hold fewer than experts_per_token="
+                             f"{self.experts_per_token} experts")
         return self
 
 

@@ -45,9 +45,10 @@ the MLP width a token passes through (k x d_ff_expert + d_ff_shared: ``table_lay
 experts read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
 Not modelled: HSDP with EP (refused), context parallelism, the flex dispatchers' SM budget (HybridEP's copies run on
-moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), group-limited routing
-(DeepSeek-V3's top-4 groups: uniform over all experts), FP8 dispatch, the aux-loss kernels, the busiest stage's dense
-first layers' own weights (they are costed in time and FLOPs, the stage's weights as routed layers).
+moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), FP8 dispatch, the aux-loss
+kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as
+routed layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach
+(advisor.parallel.routing).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from advisor.comm.network import across, domain_groups
 from advisor.layout import DataParallelKind
 from advisor.model import DecoderLayer, ModelSpec
 from advisor.model.layer import Linear, Split
+from advisor.parallel.routing import reached
 from advisor.training import Recompute
 
 # Passes of the dispatch + combine pair per MoE layer and micro-batch: forward, backward, a recomputed forward
@@ -216,18 +218,6 @@ class ExpertTime:
     layers_s: Any  # every MoE layer of the stage: forward, backward and a recomputed forward
 
 
-def reached(n_experts: int, k: float, groups: Any) -> Any:
-    """Expected distinct groups a token's top-k experts fall in, the experts split evenly over ``groups`` groups and
-    the k drawn uniformly without replacement (the published benchmarks' forced balance: megatron-core's
-    moe_router_force_load_balancing routes on random logits): groups x (1 - C(E - E/groups, k) / C(E, k))."""
-    g = np.asarray(groups, dtype=float)
-    others = n_experts - n_experts / g
-    missed = np.ones(np.shape(g))
-    for i in range(int(round(k))):
-        missed = missed * np.clip((others - i) / (n_experts - i), 0.0, 1.0)
-    return g * (1.0 - missed)
-
-
 def batch_overlap_share(c: Candidates, mesh: Mesh) -> Any:
     """The share of a stage's micro-batch passes that run in a combined forward-and-backward step under
     --overlap-moe-expert-parallel-comm (megatron-core 0.19 pipeline_parallel/combined_1f1b.py): without a pipeline
@@ -260,14 +250,15 @@ def dispatch_time(w, mesh: Mesh, size: Any, on: Any) -> Any:
     if w.moe_dispatcher != "flex":
         return comm.collective_time(Collective.all_to_all, mesh.ep, size, hw, mesh.ep_per_node, where=on)
     e, k = n_experts(w.layer), top_k(w.layer)
+    grouped = (w.model.experts.groups, w.model.experts.group_topk)  # group-limited routing (reached)
     per_copy = size / k
     g, g_dom, domains = domain_groups(mesh.ep, mesh.ep_per_node, hw)
-    nvlink = comm.collective_time(Collective.all_to_all, g_dom, per_copy * reached(e, k, mesh.ep), hw,
+    nvlink = comm.collective_time(Collective.all_to_all, g_dom, per_copy * reached(e, k, mesh.ep, *grouped), hw,
                                   np.minimum(g_dom, hw.gpus_per_node), where=on)
     many = on & (domains > 1)
     if not np.any(many):  # every group inside one NVLink domain: no network part to cost
         return nvlink
-    rail, _ = across(Collective.all_to_all, domains, per_copy * reached(e, k, domains), np.ones(np.shape(domains)),
+    rail, _ = across(Collective.all_to_all, domains, per_copy * reached(e, k, domains, *grouped), np.ones(np.shape(domains)),
                      domains, domains * np.maximum(g_dom / hw.gpus_per_node, 1.0), hw)
     return np.where(many, np.maximum(nvlink, rail), nvlink)
 

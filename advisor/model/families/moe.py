@@ -74,6 +74,13 @@ def _deepseek(c: Config, v3: bool) -> dict:
     first = c.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
     top_k = c.int("num_experts_per_tok", default=8) if v3 else c.int("num_experts_per_tok")
     moe_ff = c.int("moe_intermediate_size", default=2048 if v3 else 1407)
+    # group-limited routing: V3's noaux_tc and V2's group_limited_greedy pick the top topk_group of n_group groups
+    # first; V2's greedy ignores the groups (modeling_deepseek_v3.py / _v2.py get_topk_indices, MoEGate)
+    method = c.str("topk_method", default="noaux_tc" if v3 else "greedy",
+                   allowed=("greedy", "group_limited_greedy", "noaux_tc"))
+    limited = method in ("noaux_tc", "group_limited_greedy")
+    groups = c.int("n_group", default=8 if v3 else 1) if limited else 1
+    group_topk = c.int("topk_group", default=4 if v3 else 1) if limited else 1
     d = dict(n_layers=n, d_model=c.int("hidden_size"), n_heads=c.int("num_attention_heads"),
              d_ff=c.int("intermediate_size"), vocab=c.int("vocab_size"),
              max_positions=c.int("max_position_embeddings", default=4096 if v3 else 2048),
@@ -85,7 +92,8 @@ def _deepseek(c: Config, v3: bool) -> dict:
                          qk_rope_head_dim=c.int("qk_rope_head_dim", default=64, minimum=0),
                          v_head_dim=c.int("v_head_dim", default=128)),
              experts=dict(n_experts=c.int("n_routed_experts", default=256 if v3 else 64), experts_per_token=top_k,
-                          d_ff_expert=moe_ff, d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0)))
+                          d_ff_expert=moe_ff, d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
+                          groups=groups, group_topk=group_topk))
     c.int("num_key_value_heads", default=None)  # MLA expands keys and values for every head: no parameters
     c.int("head_dim", default=None)
     return _with_runs(d, [None] * n, [i < first for i in range(n)])
