@@ -39,3 +39,21 @@ def validation_report():
     from validation.validate import run
 
     return run()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _temporary_files_in_the_sessions_folder(tmp_path_factory):
+    """Temporary folders the code under test makes (advisor calibrate's run folder, which a failed run keeps so that
+    its error can name the logs) go under pytest's own base folder, which pytest prunes, not into /tmp for good."""
+    import os
+    import tempfile
+
+    base = tmp_path_factory.mktemp("tmp")
+    saved, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(base), str(base)
+    yield
+    tempfile.tempdir = saved
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
