@@ -108,8 +108,15 @@ def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
     host_fwd = mb.host_layers_fwd_s
     span = np.maximum(host_fwd + mb.head_fwd_s + mb.head_bwd_s, host_fwd + mb.host_head_s) + mb.gpu_after_fwd_s
     first = np.maximum(span, mb.gpu_s)  # the host-bound forward, then the GPU's backward
+    # where the host issues the head slower than the GPU runs it, the GPU idles in the head's backward for as long as
+    # the host takes to issue its backward ops beyond the GPU's head backward: beside the gradient reduction, so the
+    # second part's (a faster head backward then moves its time from the reduction's window into the same window);
+    # at most the whole head's stretch and the first part
+    t = w.tables
+    host_head_bwd = mb.host_head_s * t.head_backward_ops / max(t.head_forward_ops + t.head_backward_ops, 1)
+    moved = np.minimum(np.minimum(np.maximum(host_head_bwd - mb.head_bwd_s, 0.0),
+                                  np.maximum(mb.host_head_s - mb.head_fwd_s - mb.head_bwd_s, 0.0)), first - mb.gpu_s)
     if w.stack.engine.device_syncs == "per_phase":
-        t = w.tables
         host_fwd_all = host_fwd + mb.host_head_s * t.head_forward_ops / (t.head_forward_ops + t.head_backward_ops)
         # The forward ends with the LM head and the loss (GPU-heavy, few ops): the GPU can start them only once the
         # host has issued every layer before them, so a host-bound forward lasts at least the layers' host time
@@ -118,4 +125,4 @@ def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
         tail = host_fwd + mb.head_fwd_s + mb.loss_comm_s
         fwd = np.maximum(np.maximum(host_fwd_all, mb.gpu_fwd_s), tail)
         span = np.maximum(span, fwd + np.maximum(mb.host_s - host_fwd_all, mb.gpu_s - mb.gpu_fwd_s))
-    return first - mb.gpu_s, np.maximum(np.maximum(mb.host_s, span), first) - first
+    return first - mb.gpu_s - moved, np.maximum(np.maximum(mb.host_s, span), first) - first + moved
