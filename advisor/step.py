@@ -126,7 +126,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
-             if w.tp_overlap != "none" or w.layer.routed or w.stack.engine.tp_backward_overlap else None)
+             if w.tp_overlap != "none" or w.layer.routed else None)
     tp = tensor.time(w, c, mesh, tokens, layers, gemms)
     if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
         head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
