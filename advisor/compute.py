@@ -236,11 +236,16 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
-    parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd,
-             **{op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp).items()}}
-    selective = selected(parts, w.selective_recomputes, w.layer)
+    ops = w.selective_recomputes
+    parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
+    if any(op in POINTWISE for op in ops):  # the pointwise ops a sub-module recomputation names apart
+        parts.update({op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp).items()})
+    selective = selected(parts, ops, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
+
+
+POINTWISE = ("norms", "mlp/act")  # pointwise_bytes' ops
 
 
 def pointwise_bytes(w: Workload, tp: Any, sp: Any) -> dict[str, Any]:
@@ -250,7 +255,7 @@ def pointwise_bytes(w: Workload, tp: Any, sp: Any) -> dict[str, Any]:
     experts'; split over TP), in the activation dtype."""
     layer, e = w.layer, w.act_bytes
     norms = 2.0 * e * w.model.d_model * sum(1 for _, width in layer.norms if width == w.model.d_model)
-    f = layer.d_ff * (expert.top_k(layer) * expert.load(w) if layer.routed else 1.0)
+    f = layer.d_ff * (expert.routed_copies(w) if layer.routed else 1.0)
     return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
             "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp}
 

@@ -21,6 +21,11 @@ OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # a
 METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base
 
 
+def recomputable(linears: tuple) -> set[str]:
+    """The op names a selective policy can rerun in a layer of these linears: theirs and RECOMPUTED."""
+    return {lin.name for lin in linears} | set(RECOMPUTED)
+
+
 class RecomputeModule(Spec):
     """One sub-module a selective policy may rerun (Megatron's --recompute-modules): the ops rerun (names as
     ``Selective.recomputes``; "norms" is the layer's norms, "mlp/act" its MLP activation, each costed by the bytes it
@@ -55,8 +60,12 @@ class Selective(Spec):
     modules: dict[str, RecomputeModule] = Field(default_factory=dict)
     source: Optional[str] = None
 
-    def ops(self, linears: tuple) -> tuple[str, ...]:
-        """What it reruns in a layer of these linears (advisor.model.layer.Linear, in forward order)."""
+    def ops(self, linears: tuple, modules: Optional[tuple[str, ...]] = None) -> tuple[str, ...]:
+        """What it reruns in a layer of these linears (advisor.model.layer.Linear, in forward order): with
+        ``modules`` (--recompute-modules) the ops of each that the layer has, else its own policy."""
+        if modules is not None:
+            has = recomputable(linears)
+            return tuple(dict.fromkeys(op for m in modules for op in self.modules[m].recomputes if op in has))
         if not self.every_second_linear:
             return tuple(self.recomputes)
         out, count = list(self.recomputes), 0

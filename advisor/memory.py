@@ -102,10 +102,11 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  - module_frees(w, mesh.tp, sp))
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
-        full = full + expert.routed_saved(w, mesh, sp)
+        routed = expert.routed_saved(w, mesh, sp)
+        full = full + routed
         sel = w.stack.engine.selective
         if sel is not None and sel.routed == "kept":  # a policy that reruns none of the routed path keeps them all
-            selective = selective + expert.routed_saved(w, mesh, sp)
+            selective = selective + routed
         elif sel is not None:  # only what the all-to-alls delivered
             selective = selective + np.where(mesh.ep > 1, expert.routed_saved(w, mesh, sp, exchanged=True), 0.0)
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), selective)
@@ -119,7 +120,7 @@ def module_frees(w: Workload, tp: Any, sp: Any) -> Any:
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective
-    routed = layer.d_ff * expert.top_k(layer) * expert.load(w) if layer.routed else 0.0
+    routed = layer.d_ff * expert.routed_copies(w) if layer.routed else 0.0
     width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
     split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}

@@ -14,7 +14,8 @@ from advisor.finetune import FULL, FineTune, Library, half_base, trainable_param
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec
 from advisor.parallel import expert
-from advisor.stack import RECOMPUTED, Stack, StackError, StackTables, list_stacks, load_stack
+from advisor.engine import recomputable
+from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
 from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup
 
 
@@ -46,7 +47,7 @@ class Workload:
         tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer))
         sel = stack.engine.selective
         if sel is not None:
-            known = {lin.name for lin in layer.linears} | set(RECOMPUTED)
+            known = recomputable(layer.linears)
             unknown = [op for op in sel.ops(layer.linears) if op not in known]
             if unknown and setup.recompute_modules is None:
                 raise StackError(f"stack {stack.name}: its selective recomputation reruns {', '.join(unknown)}, which "
@@ -79,11 +80,7 @@ class Workload:
     def selective_recomputes(self) -> tuple[str, ...]:
         """What the stack's selective recomputation reruns (empty: it offers none)."""
         sel = self.stack.engine.selective
-        if sel is not None and self.recompute_modules is not None:  # the ops of each module this layer has
-            has = {lin.name for lin in self.layer.linears} | set(RECOMPUTED)
-            return tuple(dict.fromkeys(op for m in self.recompute_modules for op in sel.modules[m].recomputes
-                                       if op in has))
-        return sel.ops(self.layer.linears) if sel is not None else ()
+        return sel.ops(self.layer.linears, self.recompute_modules) if sel is not None else ()
 
     @property
     def bf16_edge_layers(self) -> int:
@@ -152,14 +149,21 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
     return replace(t, logits_held=held, logits_peak=held + extra)
 
 
-def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: tuple[str, ...]) -> None:
-    """--recompute-modules: each a sub-module the stack costs, on a layer that has it (one line otherwise)."""
+def stack_modules(stack: Stack, modules: tuple[str, ...]):
+    """The stack's selective policy where it costs every one of --recompute-modules' ``modules``; a one-line
+    StackError otherwise."""
     sel = stack.engine.selective
     if sel is None or not sel.modules:
         raise StackError(f"stack {stack.name} has no --recompute-modules (its selective recomputation is fixed): drop it")
     unknown = [m for m in modules if m not in sel.modules]
     if unknown:
         raise StackError(f"--recompute-modules {','.join(unknown)}: stack {stack.name} costs {', '.join(sel.modules)}")
+    return sel
+
+
+def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: tuple[str, ...]) -> None:
+    """--recompute-modules: each a sub-module the stack costs, on a layer that has it (one line otherwise)."""
+    sel = stack_modules(stack, modules)
     has = {"routed": layer.routed, "latent": model.latent is not None, "dense": not layer.routed}
     for m in modules:
         need = sel.modules[m].needs
@@ -204,11 +208,10 @@ def stack_runs(stack, setup) -> bool:
     overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
     if setup.finetune.kind not in stack.engine.methods:
         return False
-    sel = stack.engine.selective
-    if setup.recompute_modules is not None and (sel is None or not set(setup.recompute_modules) <= set(sel.modules)):
-        return False
     try:
         moe_choices(stack, setup), tp_overlap_choice(stack, setup)
+        if setup.recompute_modules is not None:
+            stack_modules(stack, setup.recompute_modules)
     except StackError:
         return False
     return True

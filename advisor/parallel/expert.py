@@ -233,12 +233,16 @@ def batch_overlap_share(c: Candidates, mesh: Mesh) -> Any:
     return np.where(allowed, share, 0.0)
 
 
+def routed_copies(w) -> float:
+    """A token's routed copies as the busiest expert-parallel rank sees them: top-k x its load (``load``)."""
+    return top_k(w.layer) * load(w)
+
+
 def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any) -> Any:
     """Bytes one GPU sends in one dispatch (or combine): its tokens (its sequence-parallel share under TP) x top-k
     hidden states in the activation dtype, at the busiest rank's load."""
-    k = top_k(w.layer)
     share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
-    return tokens / share * k * w.model.d_model * w.act_bytes * load(w)
+    return tokens / share * routed_copies(w) * w.model.d_model * w.act_bytes
 
 
 def dispatch_time(w, mesh: Mesh, size: Any, on: Any) -> Any:
@@ -333,8 +337,9 @@ def routed_saved(w, mesh: Mesh, sp: Any, exchanged: bool = False) -> Any:
     sequence is (sequence parallelism, which EP with TP needs)."""
     eng, r, act = w.stack.engine, w.precision.recipe, w.act_bytes
     share = np.where(np.asarray(sp, dtype=bool), mesh.tp, 1.0)
+    copies = routed_copies(w) * w.model.d_model
     if exchanged:
-        return 2.0 * top_k(w.layer) * w.model.d_model * act * load(w) / share
+        return 2.0 * copies * act / share
     inputs = r.stored_bytes if (r is not None and eng.quantised_inputs is not None) else act
     outputs = act if eng.moe_output_bytes is None else eng.moe_output_bytes
-    return (top_k(w.layer) * w.model.d_model * load(w) * (inputs + outputs) + n_experts(w.layer) * (act + 1.0)) / share
+    return (copies * (inputs + outputs) + n_experts(w.layer) * (act + 1.0)) / share
