@@ -106,18 +106,22 @@ def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
     if w.stack.engine.device_syncs == "per_step":
         return 0.0, np.maximum(mb.host_s - mb.gpu_s, 0.0)
     host_fwd = mb.host_layers_fwd_s
-    span = np.maximum(host_fwd + mb.head_fwd_s + mb.head_bwd_s, host_fwd + mb.host_head_s) + mb.gpu_after_fwd_s
-    first = np.maximum(span, mb.gpu_s)  # the host-bound forward, then the GPU's backward
-    # where the host issues the head slower than the GPU runs it, the GPU idles in the head's backward for as long as
-    # the host takes to issue its backward ops beyond the GPU's head backward: beside the gradient reduction, so the
-    # second part's (a faster head backward then moves its time from the reduction's window into the same window);
-    # at most the whole head's stretch and the first part
+    # The head (LM head and loss, forward then backward) as a flow shop of its own once the host has issued the layers:
+    # the host issues its forward ops (hf_host) then its backward ones (hb_host), the GPU runs each after it is issued,
+    # so it lasts the longest of host prefix + GPU suffix at the split points: the GPU throughout, the host's forward
+    # then the GPU's backward, the host throughout.
     t = w.tables
-    host_head_bwd = mb.host_head_s * t.head_backward_ops / max(t.head_forward_ops + t.head_backward_ops, 1)
-    moved = np.minimum(np.minimum(np.maximum(host_head_bwd - mb.head_bwd_s, 0.0),
-                                  np.maximum(mb.host_head_s - mb.head_fwd_s - mb.head_bwd_s, 0.0)), first - mb.gpu_s)
+    hb_host = mb.host_head_s * t.head_backward_ops / max(t.head_forward_ops + t.head_backward_ops, 1)
+    hf_host = mb.host_head_s - hb_host
+    head = np.maximum(np.maximum(mb.head_fwd_s + mb.head_bwd_s, hf_host + mb.head_bwd_s), mb.host_head_s)
+    span = host_fwd + head + mb.gpu_after_fwd_s
+    first = np.maximum(span, mb.gpu_s)  # the host-bound forward, then the GPU's backward
+    # The forward ends when the GPU has run the head's forward, max(its GPU time, the host's issuing of it); the head's
+    # idle after that lies in the backward, beside the gradient reduction: the second part's. So the forward's idle
+    # depends on the forward alone and a faster GPU never moves backward idle into it (at most the first part).
+    moved = np.minimum(head - np.maximum(mb.head_fwd_s, hf_host) - mb.head_bwd_s, first - mb.gpu_s)
     if w.stack.engine.device_syncs == "per_phase":
-        host_fwd_all = host_fwd + mb.host_head_s * t.head_forward_ops / (t.head_forward_ops + t.head_backward_ops)
+        host_fwd_all = host_fwd + hf_host
         # The forward ends with the LM head and the loss (GPU-heavy, few ops): the GPU can start them only once the
         # host has issued every layer before them, so a host-bound forward lasts at least the layers' host time
         # plus the head's GPU time (the flow shop split just before the head; the embedding lookup at the start,
