@@ -187,6 +187,10 @@ class Engine(Spec):
         "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap)")
     tp_comm_overlaps: list[Literal["none", "userbuffers"]] = Field(
         default_factory=list, description="the TP overlaps it also runs when asked (--tp-overlap), beyond its default")
+    tp_backward_overlap: bool = Field(
+        default=False, description="tensor parallelism: in backward the column-parallel linear's input all-gather (SP) "
+        "runs beside its dgrad GEMM and its input gradient's reduce-scatter or all-reduce beside its wgrad GEMM (Megatron's "
+        "and Transformer Engine's async_op collectives), else every backward collective is exposed")
     tp_gathers_quantised: bool = Field(
         default=False, description="under a low-precision recipe with sequence parallelism the layers' all-gathers "
                                    "(a column-parallel input, a row-parallel output gradient) carry the recipe's "

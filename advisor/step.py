@@ -126,7 +126,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
-             if w.tp_overlap != "none" or w.layer.routed else None)
+             if w.tp_overlap != "none" or w.layer.routed or w.stack.engine.tp_backward_overlap else None)
     tp = tensor.time(w, c, mesh, tokens, layers, gemms)
     if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
         head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
@@ -136,7 +136,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe)
-    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + 2.0 * tp.per_layer_collective_s,
+    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
         frac = moe / layers

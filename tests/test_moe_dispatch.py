@@ -158,6 +158,37 @@ def test_userbuffers_hide_what_the_gemms_cover():
     assert float(share) == pytest.approx((1.0 - 0.5 * 0.5 + 1.0 - 1.0 * 0.5) / 2.0)
 
 
+def test_async_backward_collectives_hide_behind_dgrad_and_wgrad():
+    """Without userbuffers TE 2.13's linear backward gathers the column-parallel input (SP) beside the dgrad GEMM and
+    reduce-scatters (or all-reduces) the input gradient beside the wgrad GEMM, asynchronously; the row-parallel output
+    gradient's gather comes first, exposed. Per sub-block: AG_go + (AG_in - G)+ + (RS - G)+ under SP, (AR - G)+ without;
+    no column-parallel GEMM (G = 0): every collective exposed."""
+    from types import SimpleNamespace
+
+    from advisor.model.layer import Split
+    from advisor.parallel import tensor
+
+    lins = [SimpleNamespace(name="attention/qkv", copies=1, split=Split.column),
+            SimpleNamespace(name="attention/proj", copies=1, split=Split.row)]
+    w = SimpleNamespace(layer=SimpleNamespace(linears=lins))
+    one, sp = np.array(1.0), np.array(True)
+    gemms = {"attention/qkv": 0.75, "attention/proj": 2.0}
+    assert float(tensor.backward_exposed(w, gemms, one, one, one, one, sp)) == pytest.approx(1.0 + 0.25 + 0.25)
+    assert float(tensor.backward_exposed(w, gemms, one, one, one, one, ~sp)) == pytest.approx(0.25)
+    none = {"attention/qkv": 0.0, "attention/proj": 0.0}
+    assert float(tensor.backward_exposed(w, none, one, one, one, one, sp)) == pytest.approx(2.0)
+    # megatron-core runs it (megatron-deepspeed's profile, vTrain's and SC21's Megatron, does not): the same stack with
+    # it off exposes its backward collectives whole; forward and compute unchanged
+    from advisor.stack import load_stack
+
+    core = load_stack("megatron-core")
+    assert core.engine.tp_backward_overlap and not load_stack("megatron-deepspeed").engine.tp_backward_overlap
+    off = core.model_copy(update={"engine": core.engine.model_copy(update={"tp_backward_overlap": False})})
+    on_est, off_est = (api.estimate(tp_overlap="none", **{**TP, "stack": st}) for st in (core, off))
+    assert on_est.breakdown["comm/tp"] < off_est.breakdown["comm/tp"]
+    assert on_est.breakdown["compute/backward"] == pytest.approx(off_est.breakdown["compute/backward"])
+
+
 def test_userbuffers_shrink_the_tp_part_and_nothing_else():
     off = api.estimate(tp_overlap="none", **TP)
     on = api.estimate(tp_overlap="userbuffers", **TP)

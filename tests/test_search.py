@@ -240,7 +240,7 @@ def test_the_search_keeps_the_fastest_checkpointing_policy_that_fits_per_plan():
                 continue
             other = estimate_plan(e.model, e.hw, e.plan, e.setup.model_copy(update={"recompute": Recompute(policy), "recompute_layers": 1}),
                                   e.world_size)
-            if other.step_time_s < e.step_time_s:
+            if other.step_time_s < e.step_time_s * (1.0 - 1e-9):  # a tie (recomputation hidden behind gathers) is none
                 assert other.memory.peak_bytes + other.memory.overhead_bytes > cap, (e.label, e.setup.recompute, policy)
 
 

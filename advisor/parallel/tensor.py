@@ -23,7 +23,10 @@ stay in the activations' dtype. Which stacks do so is their profile's ``engine.t
 
 Under sequence parallelism a stack may pipeline the collectives with the GEMMs they feed (``tp_overlap``
 userbuffers: Megatron --tp-comm-overlap, Transformer Engine's ring-exchange and bulk overlaps): ``overlap_share``
-costs each collective beside its GEMM in tp chunks. Not modelled: the SMs the overlap kernels take from the GEMMs
+costs each collective beside its GEMM in tp chunks. Without it, a stack whose linears run their backward collectives
+asynchronously (``tp_backward_overlap``: Megatron, Transformer Engine) hides the column-parallel linear's input
+re-gather behind its dgrad GEMM and its input gradient's reduce-scatter (or all-reduce) behind its wgrad GEMM
+(``backward_exposed``). Not modelled: the SMs the overlap kernels take from the GEMMs
 (Megatron-Bridge's userbuffers configs give them 1-32 SMs), the chunked GEMMs' own efficiency; on Megatron-Bridge's
 Llama 3.1 405B rows this ideal pipelining hides more than the runs did (advisor validate --dataset bridge).
 """
@@ -73,6 +76,12 @@ class TensorParallelTime:
     embedding_s: Any
     lm_head_s: Any
     loss_s: Any
+    backward_share: Any = 1.0  # the layer's backward collectives' exposed share (tp_backward_overlap), else 1
+
+    @property
+    def backward_layer_s(self) -> Any:
+        """One layer's backward collectives in line with its backward GEMMs: what they leave exposed."""
+        return 2.0 * self.backward_share * self.per_layer_collective_s
 
     @property
     def head_s(self) -> Any:
@@ -106,6 +115,32 @@ def gathered_bytes_ratio(w: Workload) -> tuple[float, float]:
     return tuple(share + (1.0 - share) * (low if r.runs_low(p) else 1.0) for p in ("fprop", "dgrad"))
 
 
+def block_gemms(w: Workload, gemms: dict) -> list[list]:
+    """[column-parallel, row-parallel] forward GEMM seconds of each sub-block (attention, MLP) of the layer table."""
+    blocks: dict[str, list] = {}
+    for lin in w.layer.linears:
+        if lin.copies == 1 and lin.split in (Split.column, Split.row):
+            block, side = blocks.setdefault(lin.name.split("/")[0], [0.0, 0.0]), 0 if lin.split is Split.column else 1
+            block[side] = block[side] + gemms[lin.name]
+    return list(blocks.values())
+
+
+def backward_exposed(w: Workload, gemms: dict, ag_in: Any, ag_go: Any, rs: Any, ar: Any, sp: Any) -> Any:
+    """Seconds of a layer's backward TP collectives left exposed per sub-block (a mean over them) where the stack
+    overlaps them as Megatron and Transformer Engine do without userbuffers (``tp_backward_overlap``: TE 2.13
+    module/linear.py backward, megatron-core tensor_parallel/layers.py): under SP the row-parallel linear's output
+    gradient is all-gathered before its dgrad (exposed), the column-parallel linear's input is re-gathered beside its
+    dgrad GEMM and its input gradient reduce-scattered beside its wgrad GEMM (each GEMM the forward's size); without
+    SP only the column-parallel input gradient's all-reduce, beside the wgrad. A sub-block without a column-parallel
+    GEMM (routed experts) keeps its all-gather and reduce-scatter exposed."""
+    out, blocks = 0.0, block_gemms(w, gemms)
+    for g_col, _ in blocks:
+        overlapped = np.where(sp, ag_go + np.maximum(ag_in - g_col, 0.0) + np.maximum(rs - g_col, 0.0),
+                              np.maximum(ar - g_col, 0.0))
+        out = out + np.where(g_col > 0, overlapped, np.where(sp, ag_go + rs, ar))
+    return out / max(len(blocks), 1)
+
+
 def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     """The share of a layer's sequence-parallel collectives left exposed when Transformer Engine's userbuffers pipeline
     them with their GEMMs (Megatron --tp-comm-overlap; TE module/base.py initialize_ub: ring-exchange all-gathers
@@ -114,13 +149,9 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     wgrad, GEMMs of the forward's size). Split into tp chunks, a pair of comm C and GEMM G takes
     max(C, G) + min(C, G) / tp, so C - G or G / tp of C stays exposed. Per sub-block (attention, MLP) of the layer
     table; a sub-block without a column- or row-parallel GEMM (routed experts) keeps its collective exposed."""
-    blocks: dict[str, list] = {}  # sub-block -> [column-parallel, row-parallel] forward GEMM seconds
-    for lin in w.layer.linears:
-        if lin.copies == 1 and lin.split in (Split.column, Split.row):
-            block, side = blocks.setdefault(lin.name.split("/")[0], [0.0, 0.0]), 0 if lin.split is Split.column else 1
-            block[side] = block[side] + gemms[lin.name]
+    blocks = block_gemms(w, gemms)
     exposed = 0.0
-    for g_col, g_row in blocks.values():
+    for g_col, g_row in blocks:
         for comm_s, gemm_s in ((ag, g_col), (rs, g_row)):
             hidden = np.minimum(comm_s, gemm_s) * (1.0 - 1.0 / tp)  # the pipelined chunks but the first
             exposed = exposed + comm_s - hidden
@@ -143,14 +174,21 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
         comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
         for x in ratios) / len(ratios)
     per = np.where(sp, layer_ag_rs, ar)
+    backward = 1.0  # the backward collectives' exposed share of LAYER_COLLECTIVES / 2 collectives
     if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
         ag = layer_ag_rs - rs
         per = np.where(sp, per * overlap_share(w, gemms, ag, rs, tp), per)
+    elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
+        ag_f, ag_b = (comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
+                      for x in (f, b))
+        backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
-    n = LAYER_COLLECTIVES + rerun * RECOMPUTE_COLLECTIVES + adapters.tp_collectives(w, sp) * (1.0 + 0.5 * rerun)
+    n = (LAYER_COLLECTIVES / 2.0 * (1.0 + backward) + rerun * RECOMPUTE_COLLECTIVES
+         + adapters.tp_collectives(w, sp) * (1.0 + 0.5 * rerun))
     loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
                               layers_s=np.where(on, layers * n * per, 0.0),
                               embedding_s=np.where(on, np.where(sp, 0.5 * ag_rs, ar), 0.0),
-                              lm_head_s=np.where(on, np.where(sp, ag_rs, ar), 0.0), loss_s=np.where(on, loss, 0.0))
+                              lm_head_s=np.where(on, np.where(sp, ag_rs, ar), 0.0), loss_s=np.where(on, loss, 0.0),
+                              backward_share=backward)
