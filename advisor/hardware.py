@@ -50,6 +50,8 @@ class GPU(Spec):
     peak_tflops: dict[str, float] = Field(
         description="dense peak per math precision: fp32, tf32, bf16, fp16, fp8, fp6, fp4 (where the GPU has it)"
     )
+    sm_count: Optional[int] = Field(default=None, ge=1, le=100_000, description="streaming multiprocessors (datasheet): "
+                                    "what overlapped collectives take from a GEMM (advisor.parallel.tensor); None: not costed")
     block_scaling: bool = Field(
         default=False, description="tensor cores that apply per-block scales inside the GEMM (Blackwell, sm_100+): "
                                    "MXFP8's blocks of 32 and NVFP4's blocks of 16 (advisor.precision)")

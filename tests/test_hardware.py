@@ -247,3 +247,13 @@ def test_builtin_base_resolves_from_the_packaged_profiles(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path / "..")
     assert hardware.list_profiles() == ["dgx-h100", "gcp-a3-mega"]
     assert load_hardware("gcp-a3-mega") == expected
+
+
+def test_sm_counts_are_the_datasheets():
+    """SMs (advisor.parallel.tensor: what userbuffers' overlap kernels take from a GEMM): A100 108 and H100 SXM5 132
+    (their architecture whitepapers), H200 the H100's die, B200 148, Blackwell Ultra 160 (NVIDIA's 'Inside Blackwell
+    Ultra' blog); the Ada and GA10x cards their datasheets' CUDA cores / 128; AWS publishes none for the A10G."""
+    want = {"dgx-a100": 108, "dgx-h100": 132, "dgx-h200": 132, "aws-p5": 132, "dgx-b200": 148, "gb200-nvl72": 148,
+            "dgx-b300": 160, "gb300-nvl72": 160, "l40s": 142, "l4": 58, "rtx-4090": 128, "rtx-3090-nvlink": 82,
+            "rtx-a6000-nvlink": 84, "a10g": None}
+    assert {name: load_hardware(name).gpu.sm_count for name in want} == want

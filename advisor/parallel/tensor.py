@@ -23,12 +23,12 @@ stay in the activations' dtype. Which stacks do so is their profile's ``engine.t
 
 Under sequence parallelism a stack may pipeline the collectives with the GEMMs they feed (``tp_overlap``
 userbuffers: Megatron --tp-comm-overlap, Transformer Engine's ring-exchange and bulk overlaps): ``overlap_share``
-costs each collective beside its GEMM in tp chunks. Without it, a stack whose linears run their backward collectives
+costs each collective beside its GEMM as TE's methods run it (ring exchange, pipeline, bulk), with the SMs they take
+from the GEMMs. Without it, a stack whose linears run their backward collectives
 asynchronously (``tp_backward_overlap``: Megatron, Transformer Engine) hides the column-parallel linear's input
 re-gather behind its dgrad GEMM and its input gradient's reduce-scatter (or all-reduce) behind its wgrad GEMM
-(``backward_exposed``). Not modelled: the SMs the overlap kernels take from the GEMMs
-(Megatron-Bridge's userbuffers configs give them 1-32 SMs), the chunked GEMMs' own efficiency; on Megatron-Bridge's
-Llama 3.1 405B rows this ideal pipelining hides more than the runs did (advisor validate --dataset bridge).
+(``backward_exposed``). The SMs are TE's defaults (``engine.userbuffers``): Megatron-Bridge's recipes tune them per
+model and GPU (training/comm_overlap.py: 1-32 SMs), which the profile does not follow recipe by recipe.
 """
 
 from __future__ import annotations
@@ -142,21 +142,44 @@ def backward_exposed(w: Workload, gemms: dict, ag_in: Any, ag_go: Any, rs: Any, 
 
 
 def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
-    """The share of a layer's sequence-parallel collectives left exposed when Transformer Engine's userbuffers pipeline
-    them with their GEMMs (Megatron --tp-comm-overlap; TE module/base.py initialize_ub: ring-exchange all-gathers
-    beside the column-parallel GEMM, reduce-scatters beside the row-parallel one, and in backward the output
-    gradient's gather beside the row-parallel dgrad, the input gradient's reduce-scatter beside the column-parallel
-    wgrad, GEMMs of the forward's size). Split into tp chunks, a pair of comm C and GEMM G takes
-    max(C, G) + min(C, G) / tp, so C - G or G / tp of C stays exposed. Per sub-block (attention, MLP) of the layer
-    table; a sub-block without a column- or row-parallel GEMM (routed experts) keeps its collective exposed."""
+    """The share of a layer's sequence-parallel collectives left exposed (beyond the GEMMs they run beside) when
+    Transformer Engine's userbuffers pipeline them with their GEMMs (Megatron --tp-comm-overlap; TE 2.13 module/base.py
+    initialize_ub), per sub-block (attention, MLP) of the layer table, every backward GEMM the forward's size:
+
+    - ring exchange (the column-parallel input's all-gather beside its fprop GEMM, the output gradient's beside the
+      row-parallel dgrad): tp peer-to-peer steps, each beside a GEMM chunk: max(C, G) + min(C, G) / tp;
+    - pipeline (the row-parallel output's reduce-scatter beside its fprop GEMM): the GEMM launched on the SMs the
+      collective leaves (set_sm_margin), G' = G x SMs / (SMs - n), in ``pipeline_splits`` chunks: max(C, G') +
+      min(C, G') / splits;
+    - bulk (the column-parallel input re-gathered beside its dgrad GEMM, its input gradient reduce-scattered beside
+      its wgrad GEMM): the collective's kernel holds n SMs while it runs, the GEMM slowed by n / SMs for that time:
+      max(C, G + C n / SMs).
+
+    Each pair costs its time less G; the backward's three pairs and the forward's two, over the four collectives the
+    layer table counts (so a share may pass 1: SMs taken cost more than a short collective saves). Without the GPU's SM
+    count no SMs are costed. Not modelled: the ring exchange's GEMM chunks of M / tp rows (advisor.compute's GEMM fit
+    has a standalone kernel's fixed cost, 24 us on H100, which chunks issued back to back inside one call do not pay
+    each) and a sub-block without a column- or row-parallel GEMM (routed experts) keeps its collectives exposed."""
+    ub, sms = w.stack.engine.userbuffers, w.hw.gpu.sm_count
+    slow = sms / (sms - ub.pipeline_sms) if sms and ub.pipeline_sms < sms else 1.0
+    held = ub.bulk_sms / sms if sms else 0.0
+
+    def ring(c: Any, g: Any) -> Any:
+        return np.maximum(c, g) + np.minimum(c, g) / tp - g
+
+    def pipeline(c: Any, g: Any) -> Any:
+        return np.maximum(c, g * slow) + np.minimum(c, g * slow) / ub.pipeline_splits - g
+
+    def bulk(c: Any, g: Any) -> Any:
+        return np.maximum(c, g + c * held) - g
+
     blocks = block_gemms(w, gemms)
     exposed = 0.0
     for g_col, g_row in blocks:
-        for comm_s, gemm_s in ((ag, g_col), (rs, g_row)):
-            hidden = np.minimum(comm_s, gemm_s) * (1.0 - 1.0 / tp)  # the pipelined chunks but the first
-            exposed = exposed + comm_s - hidden
+        exposed = exposed + ring(ag, g_col) + pipeline(rs, g_row)  # forward
+        exposed = exposed + ring(ag, g_row) + bulk(ag, g_col) + bulk(rs, g_col)  # backward
     n = max(len(blocks), 1)
-    return np.where(ag + rs > 0, exposed / np.maximum(n * (ag + rs), 1e-30), 1.0)
+    return np.where(ag + rs > 0, exposed / np.maximum(2.0 * n * (ag + rs), 1e-30), 1.0)
 
 
 def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms: Any = None) -> TensorParallelTime:
