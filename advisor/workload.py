@@ -66,7 +66,7 @@ class Workload:
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup),
-                   tp_overlap_choice(stack, setup))
+                   tp_overlap_choice(stack, setup, hw))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -193,13 +193,18 @@ def moe_choices(stack, setup) -> tuple[str, str]:
     return dispatcher, overlap
 
 
-def tp_overlap_choice(stack, setup) -> str:
-    """The TP overlap of a workload: the one asked, else the stack's; one the stack does not run, a one-line error."""
+def tp_overlap_choice(stack, setup, hw=None) -> str:
+    """The TP overlap of a workload: the one asked, else the stack's; one the stack does not run, or userbuffers
+    taking every SM of the GPU from a GEMM, a one-line error."""
     eng = stack.engine
     overlap = setup.tp_overlap or eng.tp_comm_overlap
     if overlap not in eng.tp_overlaps():
         raise StackError(f"stack {stack.name} does not overlap its TP collectives with {overlap}: use --tp-overlap "
                          f"{' or '.join(eng.tp_overlaps())}")
+    sms = hw.gpu.sm_count if hw is not None else None
+    if overlap == "userbuffers" and sms and max(eng.userbuffers.pipeline_sms, eng.userbuffers.bulk_sms) >= sms:
+        raise StackError(f"stack {stack.name}'s userbuffers take {max(eng.userbuffers.pipeline_sms, eng.userbuffers.bulk_sms)} "
+                         f"SMs from a GEMM and the {hw.gpu.name} has {sms}: lower engine.userbuffers' SMs below {sms}")
     return overlap
 
 

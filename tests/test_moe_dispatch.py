@@ -231,6 +231,16 @@ def test_a_tp_overlap_the_stack_lacks_is_one_line():
         api.estimate(**{**TP, "stack": "megatron-deepspeed", "precision": "bf16-mixed"}, tp_overlap="userbuffers")
 
 
+def test_userbuffers_taking_every_sm_is_one_line():
+    from advisor.stack import stack_from_yaml
+
+    greedy = stack_from_yaml("base: megatron-core\nname: ub-greedy\ndescription: greedy userbuffers\n"
+                             "engine:\n  userbuffers: {pipeline_sms: 200}\n")
+    with pytest.raises(AdvisorError, match="stack ub-greedy's userbuffers take 200 SMs from a GEMM and the "
+                                           "H100-SXM5-80GB has 132: lower engine.userbuffers' SMs below 132"):
+        api.estimate(**{**TP, "stack": greedy}, tp_overlap="userbuffers")
+
+
 def test_plan_names_a_faster_way_to_move_the_tokens():
     """DeepSeek-V3 on 256 GB200s in megatron-core: the best plan splits the experts; the same plan with HybridEP's
     flex dispatcher beside another micro-batch is re-estimated and named with its flags (advisor.travel)."""

@@ -161,7 +161,7 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     has a standalone kernel's fixed cost, 24 us on H100, which chunks issued back to back inside one call do not pay
     each) and a sub-block without a column- or row-parallel GEMM (routed experts) keeps its collectives exposed."""
     ub, sms = w.stack.engine.userbuffers, w.hw.gpu.sm_count
-    slow = sms / (sms - ub.pipeline_sms) if sms and ub.pipeline_sms < sms else 1.0
+    slow = sms / (sms - ub.pipeline_sms) if sms else 1.0  # fewer SMs than the GPU has (workload.tp_overlap_choice)
     held = ub.bulk_sms / sms if sms else 0.0
 
     def ring(c: Any, g: Any) -> Any:
