@@ -86,6 +86,12 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
             runs = " or ".join(stack.engine.checkpointing)
             out[f"{stack.name} does not run {policy.value} checkpointing: use --recompute {runs}"] = (
                 c.recompute == policy.code)
+    if stack.engine.activation_offload == "first_k":  # megatron-core 0.19 transformer_config.py __post_init__
+        off = c.recompute == Recompute.offload.code
+        out[f"{stack.name}'s CPU offloading runs without pipeline parallelism: --pp 1"] = off & (np.asarray(c.pp) > 1)
+        if n_layers is not None:
+            out[f"{stack.name} offloads fewer layers than the model's {n_layers}: --recompute-layers below {n_layers}"] = (
+                off & (np.asarray(c.recompute_k) >= n_layers))
     eng, cp_on = stack.engine, np.asarray(c.cp) > 1
     for kind in ContextParallel:
         if kind.value not in eng.context_parallel:

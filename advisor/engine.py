@@ -249,6 +249,11 @@ class Engine(Spec):
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
         default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")
+    activation_offload: Literal["every_layer", "first_k"] = Field(
+        default="every_layer", description="what the offload checkpointing policy moves to host memory: every layer's "
+        "saved tensors on the compute stream (torch.autograd.graph.save_on_cpu), or the first k layers' on a side stream, "
+        "each due before a later layer's forward ends and brought back ahead of its backward (Transformer Engine's "
+        "CPU offload under Megatron's --cpu-offloading-num-layers k)")
     offloads: list[Literal[OFFLOADS]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="where the stack can keep model states off the GPU (advisor/parallel/offload.py)")
     offload_optimizer: Literal["cpu_adam", "torch"] = Field(

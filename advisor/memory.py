@@ -86,7 +86,7 @@ class Overhead:
 
 def policy_mix(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> Mix:
     """Each plan's checkpointing policy over its stage's layers (advisor.recompute)."""
-    return mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers)
+    return mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers, w.stack.engine.activation_offload == "first_k")
 
 
 def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any, Any]:
@@ -182,10 +182,11 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
-    # while a checkpoint is rerun its group's layers hold their full activations; under activation offload the
-    # layer being brought back does
+    # while a checkpoint is rerun its group's layers hold their full activations; under every layer's activation
+    # offload the layer being brought back does (the first k layers' come back within the other layers' room)
+    back = np.where(m.offload & (m.offloaded >= 1.0), full * tokens, 0.0)
     rc_extra = np.where(m.full > 0, m.group * full * tokens + RECOMPUTE_TEMPORARIES_D_FF * w.model.d_ff / mesh.tp
-                        * w.act_bytes * tokens + states.head_grads, np.where(m.offload, full * tokens, 0.0))
+                        * w.act_bytes * tokens + states.head_grads, back)
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy

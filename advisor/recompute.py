@@ -23,7 +23,11 @@ layer table (advisor.compute, advisor.step.flops). Which policies a stack offers
   (torch.autograd.graph.save_on_cpu(pin_memory=True), Hugging Face's ``offload``): nothing is rerun, the GPU keeps
   the layer being computed; the copies are issued on the compute stream (``tensor.to(device, non_blocking=True)``
   in pack/unpack), so they serialise with the layer's kernels: their PCIe time is charged in full
-  (advisor/parallel/offload.py). Its host bytes count against host memory.
+  (advisor/parallel/offload.py). Its host bytes count against host memory. Where the stack offloads the first k
+  layers on a side stream (``engine.activation_offload: first_k``, Transformer Engine 2.13 pytorch/cpu_offload.py
+  under Megatron's ``--cpu-offloading-num-layers k``), k = recompute_layers of the L layers, at most L - 1: layer i's
+  copy must end before layer L - k + i's forward does and its reload starts after layer L - 1 - k + i's backward, so
+  the GPU keeps (L - k) layers' activations and a copy hides behind the layers between.
 """
 
 from __future__ import annotations
@@ -65,10 +69,12 @@ class Mix:
     group: Any  # layers per checkpoint (full uniform k; 1 otherwise)
     selective: Any  # bool
     offload: Any  # bool
+    offloaded: Any = 0.0  # under offload, the fraction of the stage's layers whose activations go to host memory
 
 
-def mix(recompute: Any, k: Any, layers: Any, v: Any, n_layers: int) -> Mix:
-    """The policy of each plan as fractions of its stage's ``layers`` (``v`` virtual stages per rank)."""
+def mix(recompute: Any, k: Any, layers: Any, v: Any, n_layers: int, first_k: bool = False) -> Mix:
+    """The policy of each plan as fractions of its stage's ``layers`` (``v`` virtual stages per rank); ``first_k``: the
+    stack offloads the first k layers (module docstring), else every layer."""
     rc, k = np.asarray(recompute), np.maximum(np.asarray(k, dtype=float), 1.0)
     layers = np.maximum(np.asarray(layers, dtype=float), 1.0)
     shape = np.broadcast_shapes(rc.shape, k.shape, layers.shape, np.shape(v))
@@ -84,15 +90,17 @@ def mix(recompute: Any, k: Any, layers: Any, v: Any, n_layers: int) -> Mix:
     if every.any():
         full[every] = np.broadcast_to(np.floor(n_layers / k) / n_layers, shape)[every]
     group = np.where(is_full, np.minimum(k, layers), 1.0) if np.any(k > 1.0) else np.ones(shape)
-    return Mix(full=full, group=group, selective=rc == Recompute.selective.code, offload=rc == Recompute.offload.code)
+    offload = rc == Recompute.offload.code
+    offloaded = np.where(offload, np.minimum(k, np.maximum(layers - 1.0, 0.0)) / layers if first_k else 1.0, 0.0)
+    return Mix(full=full, group=group, selective=rc == Recompute.selective.code, offload=offload, offloaded=offloaded)
 
 
 def kept_per_token(m: Mix, full: Any, checkpointed: Any, selective: Any) -> Any:
     """Bytes one layer keeps per token on average over the stage: ``full`` without checkpointing, ``checkpointed``
     (its input) for a checkpointed layer, shared by the ``group`` layers of a checkpoint, ``selective`` under the
-    stack's selective policy, nothing on the GPU under activation offload."""
+    stack's selective policy, under activation offload what the layers not offloaded keep."""
     ckpt = m.full * checkpointed / m.group + (1.0 - m.full) * full
-    return np.where(m.offload, 0.0, np.where(m.selective, selective, ckpt))
+    return np.where(m.offload, (1.0 - m.offloaded) * full, np.where(m.selective, selective, ckpt))
 
 
 def rerun(m: Mix, layer_forward: Any, selective: Any) -> Any:

@@ -294,12 +294,14 @@ def _round_world(world: int, hw: Hardware) -> int:
 
 def block_layers(spec: ModelSpec, c: Candidates) -> Any:
     """The candidates' k, with Megatron's block method searched at half of each stage chunk's layers checkpointed
-    (the rest of its chunk keeps everything: the middle of the memory/recompute trade)."""
-    if not (c.recompute == Recompute.block.code).any():
+    (the rest of its chunk keeps everything: the middle of the memory/recompute trade), and activation offload at half
+    the layers offloaded (where the stack offloads the first k: without pipeline parallelism, of the model's)."""
+    block, off = c.recompute == Recompute.block.code, c.recompute == Recompute.offload.code
+    if not (block.any() or off.any()):
         return c.recompute_k
     v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
     chunk = np.maximum(np.ceil(spec.n_layers / (c.pp * v)), 1)
-    return np.where(c.recompute == Recompute.block.code, np.ceil(chunk / 2.0).astype(int), c.recompute_k)
+    return np.where(off, max(spec.n_layers // 2, 1), np.where(block, np.ceil(chunk / 2.0).astype(int), c.recompute_k))
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,

@@ -147,6 +147,9 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
     zero, sp, si = axis(np.arange(4), 1), axis(np.arange(2), 2), axis(np.arange(len(SCHEDULES)), 3)
     mb, var = axis(MICRO_BATCHES, 4), axis(np.array(VARIANTS), 6)
     multi_node = np.bool_(multi_node)  # ~ of a Python bool is an int (-1/-2), not a negation
+    # a stack offloading the first k layers (Megatron's CPU offload) does so without a pipeline only (advisor.constraints)
+    first_k = stack is not None and stack.engine.activation_offload == "first_k"
+    offload_piped = (axis(np.asarray(policies), 5) == Recompute.offload.code) & (pp > 1) & first_k
     keep = (
         ~((sp == 1) & (tp == 1))  # SP without TP is the same plan
         & ~((pp == 1) & (si != 0))  # schedules only differ with a pipeline
@@ -154,6 +157,7 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
         & ~((var == 1) & ((dp == 1) | (zero > 0) | (tp > 1) | (pp > 1) | multi_node))  # nn.DataParallel: plain DP only
         & ~((var == 2) & ((zero != 3) | ~multi_node))  # hybrid shard: FSDP full-shard across nodes only
         & axis(schedules_run(stack), 3)  # zero-bubble schedules where the stack runs them
+        & ~offload_piped
     )
     keep = np.broadcast_to(keep, shape)
     pi, zero, sp, si, mi, rc, vi = np.unravel_index(np.flatnonzero(keep), shape)

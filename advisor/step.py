@@ -143,14 +143,18 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     idle_fwd, idle_rest = host.idle_per_micro_batch(w, mb)
-    windows = data.Windows(fwd_s=layers * inline.fwd_s, bwd_s=layers * (inline.bwd_s + inline.recompute_s),
-                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s,
+    kept, full = saved_per_token(w, c, mesh, pol)
+    # activation offload's copies beyond what they overlap (the pass as it lasts, the host's idle included) lengthen
+    # their passes (advisor.parallel.offload)
+    stall_f, stall_b = offload.activation_stalls(w, pol, full * tokens, mem_layers, layers * inline.fwd_s + idle_fwd,
+                                                 layers * (inline.bwd_s + inline.recompute_s) + idle_rest)
+    windows = data.Windows(fwd_s=layers * inline.fwd_s + stall_f, bwd_s=layers * (inline.bwd_s + inline.recompute_s) + stall_b,
+                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s + stall_b,
                            idle_forward_s=idle_fwd, idle_backward_s=idle_rest)
     on_gpu = data.model_states(w, c, mesh, mem_layers)
     states = offload.apply(w, c, on_gpu, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
-    kept, full = saved_per_token(w, c, mesh, pol)
-    off = offload.time(w, c, mesh, states, on_gpu, pol, full * tokens, mem_layers, windows.fwd_s, windows.bwd_s)
+    off = offload.time(w, c, mesh, states, on_gpu, pol, stall_f + stall_b, mem_layers, windows.fwd_s, windows.bwd_s)
     in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]

@@ -82,12 +82,15 @@ CASES = {
     # Transformer Engine's userbuffers under SP (--tp-comm-overlap)
     "tp-comm-overlap": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=4, pp=8, sp=True, zero=1),
                         dict(micro_batch=1, global_batch=128, seq_len=8192, tp_overlap="userbuffers")),
+    # Transformer Engine's CPU offload of the first k layers' activations (--cpu-offloading-num-layers)
+    "megatron-cpu-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
+                             dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="offload", recompute_layers=16)),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
-                 "recompute-modules"}
+                 "recompute-modules", "megatron-cpu-offload"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -118,7 +121,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
                 "megatron": "megatron-deepspeed"}
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
-CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap"}
+CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload"}
 
 
 def stack_of(kind: str, case: str) -> str:
@@ -411,6 +414,7 @@ def test_megatron_args_build_core_configs(case):
         context_parallel_size=opt("context_parallel_size") or 1, cp_comm_type=f.get("cp_comm_type"), **uneven,
         sequence_parallel=bool(f.get("sequence_parallel")), recompute_granularity=f.get("recompute_granularity"),
         recompute_method=f.get("recompute_method"), recompute_num_layers=opt("recompute_num_layers"),
+        cpu_offloading="cpu_offloading_num_layers" in f, cpu_offloading_num_layers=opt("cpu_offloading_num_layers") or 0,
         bf16=bool(f.get("bf16")), fp16=bool(f.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
         fp8=f.get("fp8_format"), normalization=f["normalization"], add_bias_linear=not f.get("disable_bias_linear"),
         add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu,

@@ -57,6 +57,8 @@ CASES = {
     "zero1-fp8-tensorwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, grad_accum=2, precision="fp8-tensorwise")),
     "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
+    "cpu-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
+                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="offload", recompute_layers=16)),
     "moe-ep": ("mixtral-8x7b", "dgx-h100", 32, dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1),
                dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="full")),
     # 32 layers on 3 x 2 interleaved chunks: pipeline_model_parallel_layout (as Bridge's DeepSeek-V3 recipes write it)
@@ -168,7 +170,10 @@ def assert_matches(cfg: Container, case: str) -> None:
         assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params" and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     assert cfg.ddp.overlap_grad_reduce == (plan.overlap_grad_reduce and plan.dp > 1)
     r = setup.recompute.value
-    assert m.recompute_granularity == {"none": None, "full": "full", "block": "full", "selective": "selective"}[r]
+    assert m.recompute_granularity == {"none": None, "full": "full", "block": "full", "selective": "selective",
+                                       "offload": None}[r]
+    # Transformer Engine's CPU offload of the first k layers (the GB200/GB300 Llama 3 70B perf recipes set it)
+    assert (m.cpu_offloading, m.cpu_offloading_num_layers) == ((True, setup.recompute_layers) if r == "offload" else (False, 0))
     assert m.recompute_method == {"full": "uniform", "block": "block"}.get(r)
     assert m.recompute_num_layers == (setup.recompute_layers if r in ("full", "block") else None)
     if plan.cp > 1:

@@ -182,6 +182,47 @@ def test_activation_offload_costs_the_copies_and_no_recompute():
     assert off.breakdown["offload"] > 0 and off.memory.parts["activations"] < none.memory.parts["activations"]
 
 
+def test_megatron_offloads_the_first_k_layers_behind_the_others():
+    """Transformer Engine 2.13's CPU offload (pytorch/cpu_offload.py, DefaultOffloadSynchronizer) under Megatron's
+    --cpu-offloading-num-layers k: layers 0..k-1 copied on a side stream, layer i's due by the end of layer L - k + i,
+    so the GPU keeps L - k layers' activations, and a pass lasts at least f + k x copy (f a layer's compute)."""
+    from types import SimpleNamespace
+
+    from advisor.recompute import kept_per_token, mix
+
+    m = mix(np.array([Recompute.offload.code]), np.array([12]), np.array([32.0]), 1, 32, first_k=True)
+    assert float(m.offloaded[0]) == pytest.approx(12 / 32)
+    assert float(kept_per_token(m, 100.0, 5.0, 40.0)[0]) == pytest.approx(100.0 * 20 / 32)
+    # every layer where the stack offloads them all (save_on_cpu): nothing kept on the GPU
+    every = mix(np.array([Recompute.offload.code]), np.array([12]), np.array([32.0]), 1, 32)
+    assert float(kept_per_token(every, 100.0, 5.0, 40.0)[0]) == 0.0
+    w = SimpleNamespace(stack=SimpleNamespace(engine=SimpleNamespace(activation_offload="first_k")))
+    # 32 layers of 1 s forward and 2 s backward, copies of 3 s: forward 1 + 12 x 3 - 32 = 5 s exposed, backward none
+    def copies(policy, copy_s):
+        return [float(x[0]) for x in offload.activation_copies(w, policy, np.array([copy_s]), np.array([32.0]),
+                                                                np.array([32.0]), np.array([64.0]))]
+
+    assert copies(m, 3.0) == pytest.approx([5.0, 0.0])
+    assert copies(m, 2.0) == [0.0, 0.0]  # copies shorter than the layers between: hidden
+    w.stack.engine.activation_offload = "every_layer"  # on the compute stream: every copy both ways, in full
+    assert copies(every, 3.0) == pytest.approx([3.0 * 32, 3.0 * 32])
+
+
+def test_megatron_cpu_offloading_is_refused_where_megatron_refuses_it():
+    # megatron-core 0.19 transformer_config.py: no pipeline parallelism, fewer layers than the model's
+    kw = dict(model="llama3-8b", hw="dgx-h100", stack="megatron-core", micro_batch=1, global_batch=64, seq=8192,
+              recompute="offload")
+    with pytest.raises(PlanError, match="CPU offloading runs without pipeline parallelism: --pp 1"):
+        estimate(gpus=8, pp=2, recompute_layers=8, **kw)
+    with pytest.raises(PlanError, match="offloads fewer layers than the model's 32: --recompute-layers below 32"):
+        estimate(gpus=8, recompute_layers=32, **kw)
+    half = estimate(gpus=8, zero=1, recompute_layers=16, **kw)
+    none = estimate(gpus=8, zero=1, **{**kw, "recompute": "none"})
+    # the GPU keeps half the layers' activations, the host the rest; nothing reruns
+    assert half.memory.parts["activations"] == pytest.approx(none.memory.parts["activations"] / 2, rel=0.05)
+    assert half.breakdown.get("compute/recompute", 0.0) == 0.0 and half.host_memory_bytes > 0
+
+
 def test_a_stack_runs_only_the_policies_its_profile_lists():
     with pytest.raises(PlanError, match="does not run every-k checkpointing"):
         _e(recompute="every-k", recompute_layers=2)  # megatron-deepspeed: none, selective, full, block

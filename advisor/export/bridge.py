@@ -155,10 +155,13 @@ def _recompute(setup: TrainingSetup) -> dict:
     if r == "selective":
         return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
                 "recompute_modules": list(setup.recompute_modules or ("core_attn",))}
+    none = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+    if r == "offload":  # Transformer Engine's CPU offload of the first k layers (as the GB200/GB300 Llama recipes set it)
+        return {**none, "cpu_offloading": True, "cpu_offloading_num_layers": k}
     if r != "none":
-        raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
-                          "full, block or selective, or another --format")
-    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+        raise ExportError(f"Megatron has no {r} checkpointing: use --recompute full, block, selective or offload, or "
+                          "another --format")
+    return none
 
 
 def _model_shape(model: ModelSpec) -> dict:

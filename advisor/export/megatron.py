@@ -168,9 +168,8 @@ def _unwritten(model: ModelSpec) -> list[str]:
 
 
 def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
-    """--recompute-granularity/--recompute-method/--recompute-num-layers for the plan's checkpointing policy
-    (megatron/core/transformer/transformer_block.py: uniform checkpoints groups of k layers, block the first k of
-    each stage chunk)."""
+    """The plan's checkpointing policy (megatron/core/transformer/transformer_block.py: uniform checkpoints groups of k
+    layers, block the first k of each stage chunk; offload Transformer Engine's CPU offload of the first k layers)."""
     r, k = setup.recompute.value, setup.recompute_layers
     if r == "full":
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", k]
@@ -179,9 +178,10 @@ def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
     if r == "selective":  # --recompute-modules: a list (transformer_config.py recompute_modules; default core_attn)
         return ["--recompute-granularity", "selective", *(["--recompute-modules", *setup.recompute_modules]
                                                            if setup.recompute_modules else [])]
+    if r == "offload":  # model_parallel_config.py cpu_offloading_num_layers (arguments.py turns cpu_offloading on)
+        return ["--cpu-offloading-num-layers", k]
     if r != "none":
-        raise ExportError(f"Megatron has no {r} checkpointing (every k-th layer, activation offload): use --recompute "
-                          "full, block or selective, or another --format")
+        raise ExportError(f"Megatron has no {r} checkpointing: use --recompute full, block, selective or offload, or another --format")
     return []
 
 

@@ -18,7 +18,8 @@
   the same movement; its optimizer step is torch's CPU optimizer, at the per-core rate `advisor calibrate
   --host` measures (``engine.offload_optimizer: torch``).
 - **Activation offload** (the ``offload`` checkpointing policy, advisor/recompute.py): each layer's saved tensors
-  down in forward and up in backward, on the compute stream.
+  down in forward and up in backward, on the compute stream, or the first k layers' on a side stream behind the other
+  layers' compute (Megatron's --cpu-offloading-num-layers, ``activation_copies``).
 
 The node's CPU, host memory and NVMe are shared by the ranks on it. Left out: pinned-buffer staging copies, the
 CPU's own gradient clipping and overflow checks, NVMe capacity beyond the states, delayed parameter update.
@@ -105,7 +106,7 @@ def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from
     per_param = np.where(nvme, FP32_GRAD, from_states.optimizer_states / np.maximum(shard, 1.0) + FP32_GRAD)
     per_param = per_param + np.where(params & ~nvme, states.weight_bytes, 0.0)
     model = np.where(opt, shard * per_param, 0.0)
-    acts = np.where(pol.offload, kept_full * tokens * in_flight_layers, 0.0)
+    acts = np.where(pol.offload, pol.offloaded * kept_full * tokens * in_flight_layers, 0.0)
     return (model + acts) * ranks_per_node(w.hw, mesh)
 
 
@@ -139,9 +140,9 @@ def cpu_step_time(w: Workload, shard_params: Any, ranks: Any) -> Any:
 
 
 def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: ModelStates, pol: Mix,
-         act_bytes_per_layer: Any, layers: Any, fwd_window: Any, bwd_window: Any) -> OffloadTime:
-    """Per step: the exposed PCIe copies, the CPU step, NVMe traffic, activation offload's copies (``on_gpu``: the
-    states before offload, whose optimizer bytes the NVMe swaps)."""
+         stalls: Any, layers: Any, fwd_window: Any, bwd_window: Any) -> OffloadTime:
+    """Per step: the exposed PCIe copies, the CPU step, NVMe traffic, activation offload's copies (``stalls``: a
+    micro-batch's, activation_stalls) (``on_gpu``: the states before offload, whose optimizer bytes the NVMe swaps)."""
     hw = w.hw
     zeros = np.zeros(np.shape(states.params))
     if hw.host is None:
@@ -172,5 +173,28 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)
-    acts = np.where(pol.offload, ga * 2.0 * act_bytes_per_layer * layers / pcie, 0.0)
+    acts = np.where(pol.offload, ga * stalls, 0.0)
     return OffloadTime(down, up, step, exposed_grads + exposed_fetch + step + upload + acts)
+
+
+def activation_stalls(w: Workload, pol: Mix, act_bytes_per_layer: Any, layers: Any, fwd_window: Any,
+                      bwd_window: Any) -> tuple[Any, Any]:
+    """(forward, backward) seconds per micro-batch activation offload adds to its pass (0 without it or a host side).
+    The pass lasts them longer, so they are the data-parallel collectives' window too (advisor.step)."""
+    if w.hw.host is None or not np.any(pol.offload):
+        return 0.0, 0.0
+    return tuple(np.where(pol.offload, x, 0.0) for x in activation_copies(
+        w, pol, act_bytes_per_layer / w.hw.host.pcie_bytes_per_s, layers, fwd_window, bwd_window))
+
+
+def activation_copies(w: Workload, pol: Mix, copy_s: Any, layers: Any, fwd_window: Any, bwd_window: Any) -> tuple[Any, Any]:
+    """(forward, backward) seconds activation offload adds to a micro-batch's passes, ``copy_s`` one layer's copy each
+    way: on the compute stream (save_on_cpu) every copy in full; on a side stream (``first_k``: Transformer Engine's CPU
+    offload, advisor.recompute) the k copies run one after another, layer i's from the end of its forward and due by
+    the end of layer L - k + i's, so with f a layer's forward the pass lasts at least f + k x copy and no more is
+    exposed than f + k x copy - L f (the backward's reloads alike)."""
+    n = np.asarray(layers, dtype=float)
+    if w.stack.engine.activation_offload != "first_k":
+        return copy_s * n, copy_s * n
+    k = pol.offloaded * n
+    return tuple(np.maximum(window / n + k * copy_s - window, 0.0) for window in (fwd_window, bwd_window))
