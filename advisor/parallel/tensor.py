@@ -188,22 +188,20 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     act = activation_bytes(w, tokens)
     ar = comm.collective_time(Collective.all_reduce, tp, act, hw, mesh.tp_per_node, where=on & ~sp)
     rs = comm.collective_time(Collective.reduce_scatter, tp, act, hw, mesh.tp_per_node, where=on & sp)
-    ag_rs = comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp) + rs
+    ag = comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node, where=on & sp)
+    ag_rs = ag + rs
     # the layers' gathers, quantised where the stack gathers in the recipe's format: a forward and a backward one each
-    # per sub-block, taken as their mean
+    # per sub-block (each costed once: a pass that gathers in the activations' dtype is the gather above)
     f, b = gathered_bytes_ratio(w)
-    ratios = (f,) if f == b else (f, b)  # one all-gather to cost where both passes gather alike
-    layer_ag_rs = ag_rs if ratios == (1.0,) else rs + sum(
-        comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
-        for x in ratios) / len(ratios)
-    per = np.where(sp, layer_ag_rs, ar)
+    gathers = {x: ag if x == 1.0 else comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node,
+                                                           where=on & sp) for x in {f, b}}
+    ag_f, ag_b = gathers[f], gathers[b]
+    layer_ag = (ag_f + ag_b) / 2.0  # their mean
+    per = np.where(sp, rs + layer_ag, ar)
     backward = 1.0  # the backward collectives' exposed share of LAYER_COLLECTIVES / 2 collectives
     if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
-        ag = layer_ag_rs - rs
-        per = np.where(sp, per * overlap_share(w, gemms, ag, rs, tp), per)
+        per = np.where(sp, per * overlap_share(w, gemms, layer_ag, rs, tp), per)
     elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
-        ag_f, ag_b = (comm.collective_time(Collective.all_gather, tp, act * x, hw, mesh.tp_per_node, where=on & sp)
-                      for x in (f, b))
         backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
