@@ -173,7 +173,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)
-    acts = np.where(pol.offload, ga * stalls, 0.0)
+    acts = ga * stalls  # zero where nothing is offloaded (activation_stalls)
     return OffloadTime(down, up, step, exposed_grads + exposed_fetch + step + upload + acts)
 
 
