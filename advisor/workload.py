@@ -133,11 +133,13 @@ def softcapped(t: StackTables, model: ModelSpec, act_bytes: float) -> StackTable
 # by chunk (litgpt/utils.py chunked_cross_entropy, chunk_size=128). Lightning Fabric's half-precision plugins cast the
 # model's output to the default dtype (fabric/wrappers.py _FabricModule.forward -> convert_output; plugins/precision
 # half.py, bitsandbytes.py, fsdp.py: torch.get_default_dtype(), fp32), so the chunks are fp32 and each keeps its fp32
-# log-softmax for backward, the list of logits alive through it (finetune/lora.py fit): 8 bytes a logit (probed on CPU:
-# 8.04 a logit per token at backward's start; two chunks' fp32 gradients beside them at the peak, 8 x 128 / seq more,
-# left out). torchtune's CEWithChunkedOutputLoss (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32
+# log-softmax for backward, the list of logits alive through it (finetune/lora.py fit): 8 bytes a logit at the loss
+# (probed on CPU: 8.04 a logit per token at backward's start; two chunks' fp32 gradients beside them at the peak, 8 x 128
+# / seq more, left out). The loss's backward runs before any layer's (its nodes are the newest) and frees each
+# log-softmax as it goes: while checkpointed layers recompute only the fp32 list is held, 4 bytes a logit (probed on CPU
+# with saved-tensor hooks, 2026-11-29: the saved bytes at the last layer's backward are the checkpoints alone). torchtune's CEWithChunkedOutputLoss (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32
 # copy and its log-softmax (8 bytes) of 1/8 of the logits beside the half-precision logits.
-CHUNKED_LOSS = {Library.litgpt: (8.0, 0.0), Library.torchtune: (None, 8.0 / 8)}  # (held, peak beyond held); None: act bytes
+CHUNKED_LOSS = {Library.litgpt: (4.0, 4.0), Library.torchtune: (None, 8.0 / 8)}  # (held, peak beyond held); None: act bytes
 
 
 def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
