@@ -280,6 +280,9 @@ class Engine(Spec):
         default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
         "domains once to each domain, then forwarded on NVLink)")
+    flex_dispatcher_sms: Optional[int] = Field(
+        default=None, ge=1, le=100_000, description="SMs the flex dispatcher's kernels (DeepEP / HybridEP) hold while they "
+        "run: the compute they overlap runs on the others meanwhile (None: not costed)")
     context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
         default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
     pipeline_splits: list[Literal["even", "edges", "layout"]] = Field(

@@ -65,7 +65,7 @@ class Workload:
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
-                   setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup),
+                   setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
                    tp_overlap_choice(stack, setup, hw))
 
     def fsdp_variant(self) -> Optional["Workload"]:
@@ -180,9 +180,9 @@ def runs_method(kind: str) -> list[str]:
     return [n for n in list_stacks() if kind in load_stack(n).engine.methods]
 
 
-def moe_choices(stack, setup) -> tuple[str, str]:
-    """(dispatcher, overlap) of a workload: the ones asked, else the stack's defaults; one a stack does not run is a
-    one-line error naming the ones it does."""
+def moe_choices(stack, setup, hw=None) -> tuple[str, str]:
+    """(dispatcher, overlap) of a workload: the ones asked, else the stack's defaults; one a stack does not run, or a
+    flex dispatcher taking every SM of the GPU (a custom stack profile), a one-line error."""
     eng = stack.engine
     dispatcher = setup.moe_dispatcher or eng.moe_dispatchers[0]
     overlap = setup.moe_overlap or eng.ep_alltoall_overlap
@@ -192,6 +192,10 @@ def moe_choices(stack, setup) -> tuple[str, str]:
     if overlap not in eng.ep_overlaps():
         raise StackError(f"stack {stack.name} does not overlap the expert all-to-alls with {overlap.replace('_', '-')}: "
                          f"use --moe-overlap {' or '.join(o.replace('_', '-') for o in eng.ep_overlaps())}")
+    sms, n = (hw.gpu.sm_count if hw is not None else None), eng.flex_dispatcher_sms
+    if dispatcher == "flex" and sms and n and n >= sms:
+        raise StackError(f"stack {stack.name}'s flex dispatcher takes {n} SMs and the {hw.gpu.name} has {sms}: lower "
+                         f"engine.flex_dispatcher_sms below {sms}")
     return dispatcher, overlap
 
 

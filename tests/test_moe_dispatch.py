@@ -134,6 +134,53 @@ def test_estimate_says_how_tokens_travel():
     assert "beside another micro-batch's compute" in r.output
 
 
+def test_a_collective_holding_sms_slows_the_compute_beside_it():
+    """The pair ends at max(comm, compute + comm x held): 10 ms of GEMMs beside a 5 ms all-to-all on 32 of 160 SMs run
+    1 ms longer; a 20 ms all-to-all beside them is left exposed for the 10 ms the GEMMs do not cover."""
+    from advisor import comm
+
+    assert float(comm.beside(5e-3, 10e-3, 32 / 160)) == pytest.approx(1e-3, rel=1e-12)
+    assert float(comm.beside(20e-3, 10e-3, 32 / 160)) == pytest.approx(10e-3, rel=1e-12)
+    assert float(comm.beside(5e-3, 10e-3, 0.0)) == 0.0 and float(comm.beside(5e-3, 0.0, 0.2)) == pytest.approx(5e-3)
+
+
+def test_flex_dispatcher_sms_cost_under_an_overlap_only():
+    """HybridEP's kernels hold 32 SMs (Megatron-Bridge 0.6.2 perf_recipes/_common.py): beside another micro-batch's
+    compute they cost more than free SMs would and less than running exposed; exposed, the SMs change nothing."""
+    from advisor.stack import stack_from_yaml
+
+    free = stack_from_yaml("base: megatron-core\nname: free-sms\ndescription: x\nengine:\n  flex_dispatcher_sms: null\n")
+    kw = dict(BASE, hw="gb200-nvl72", gpus=8, ep=8, moe_dispatcher="flex")
+    t = {(getattr(s, "name", s), o): api.estimate(moe_overlap=o, **{**kw, "stack": s}).breakdown["comm/ep_alltoall"]
+         for s in ("megatron-core", free) for o in ("none", "batch")}
+    assert t["megatron-core", "none"] == pytest.approx(t["free-sms", "none"], rel=1e-12)
+    assert t["free-sms", "batch"] < t["megatron-core", "batch"] < t["megatron-core", "none"]
+
+
+def test_flex_hands_tokens_over_grouped_by_expert():
+    """megatron-core's alltoall dispatcher sorts the received chunks by local expert and back (sort_chunks_by_idxs:
+    read and write k h each way); HybridEP / DeepEP hand them over grouped: 4 k h bytes a token fewer, forward."""
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.workload import Workload
+
+    def fwd(dispatcher):
+        setup = TrainingSetup(seq_len=4096, micro_batch=1, precision="bf16", moe_dispatcher=dispatcher)
+        w = Workload.of(load_model("qwen3-30b-a3b"), load_hardware("dgx-h100"), load_stack("megatron-core"), setup)
+        return expert.permute_bytes(w, 4096.0, 1, False, 8)[0]
+    assert fwd("alltoall") - fwd("flex") == pytest.approx(4096 * 2048 * 2 * 4 * 8, rel=1e-12)
+
+
+def test_a_flex_dispatcher_taking_every_sm_is_one_line():
+    from advisor.stack import stack_from_yaml
+
+    greedy = stack_from_yaml("base: megatron-core\nname: ep-greedy\ndescription: x\nengine:\n  flex_dispatcher_sms: 148\n")
+    with pytest.raises(AdvisorError, match="stack ep-greedy's flex dispatcher takes 148 SMs and the B200-180GB has 148: "
+                                           "lower engine.flex_dispatcher_sms below 148"):
+        api.estimate(**{**BASE, "stack": greedy}, hw="dgx-b200", gpus=8, ep=8, moe_dispatcher="flex")
+
+
 # -- Transformer Engine's userbuffers: the sequence-parallel collectives pipelined with their GEMMs ----------------
 TP = dict(model="llama3-70b", hw="dgx-h100", gpus=64, tp=4, pp=8, sp=True, zero=1, micro_batch=1, global_batch=128,
           seq=8192, precision="fp8-tensorwise", stack="megatron-core", recompute="selective")

@@ -226,15 +226,21 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # and the first grouped GEMM's input in the recipe's format. --recompute-modules is costed (the 26.08 DeepSeek-V3
     # GB200 row runs its recipe's mla_up_proj), but the 26.04.01 rows' recipes, which 0.6.2 does not hold, are not known:
     # DeepSeek-V3 on B200 and GPT-OSS BF16 on B200 fit there only under full recomputation (-72%, +26%)
-    "bridge-moe tokens/s MAPE %": "22.5% (max 72%; 26.08 rows 8.9%, MXFP8 17%, FP8 21%, BF16 41%) in megatron-bridge-perf",
+    # 2026-11-29 (6): the flex dispatcher hands tokens over grouped by expert (no sort_chunks_by_idxs: 26.08 rows 8.9% ->
+    # 12.0%, the GB200/GB300 flex rows faster) and its HybridEP kernels hold 32 SMs beside the compute they overlap
+    # (-> 9.2%; Qwen3-30B-A3B on GB300 +0.9%, GB200 +5.3%)
+    "bridge-moe tokens/s MAPE %": "22.7% (max 72%; 26.08 rows 9.2%, MXFP8 17%, FP8 20%, BF16 41%) in megatron-bridge-perf",
     # 2026-11-25, issue 17: 4 of 18 published plans in the top 5 (GPT-OSS on GB200 and GB300, MXFP8 and BF16). The
     # model ranks ZeRO-2/3 (Megatron-FSDP) with EP and no pipeline ahead of the published pipelines with the
     # distributed optimizer (DeepSeek-V3 on GB200: 12.8 s vs 16.7 s a step), and Qwen3-30B-A3B on 8 GPUs ZeRO-3 without
     # EP (its all-to-alls cost a third of a step where the gathers hide): the pipeline sends and all-to-alls Megatron
     # overlaps are costed exposed
     # 2026-11-29 (3): searched with the row's dispatcher and overlap: 4 of 18 (GPT-OSS and Qwen3-30B-A3B on GB200/GB300)
-    "bridge-moe published plan in top 5 %": "17% (3 of 18): the search ranks Megatron-FSDP with EP and no pipeline "
-                                            "ahead of DeepSeek-V3's, Kimi-K2's and Qwen3-235B's published pipelines",
+    # 2026-11-29 (6): with HybridEP's SMs costed beside the batch overlap's compute, EP 8 loses to EP 2-4 on Qwen3-30B-A3B
+    # (less to send, so fewer SMs held for less time), and GPT-OSS on GB200's EP 64 falls just below eight plans of EP
+    # 4-32 within 1.3% of each other: 1 of 18 (3 without the SMs)
+    "bridge-moe published plan in top 5 %": "6% (1 of 18): the search ranks Megatron-FSDP with less EP and no pipeline "
+                                            "ahead of the published layouts (DeepSeek-V3, Kimi-K2, Qwen3 pipelines)",
     "vtrain top-1 regret max %": "18% (mean 3.9%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
                                  "TP=2 micro-batch 2 are measured 8-18% apart in the direction the model ranks the other way",
     # 2026-11-25, issue 19 made the SC21 ZeRO-3 rows compute-bound (+154%, max 299%); issue 15 costs DeepSpeed 0.3.13's

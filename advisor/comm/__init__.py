@@ -89,6 +89,13 @@ def algorithm_name(path: int, hw: Hardware) -> str:
     return PATH_NAMES[int(path)]
 
 
+def beside(comm_s: Any, compute_s: Any, held: Any) -> Any:
+    """Seconds a collective of ``comm_s`` adds to the ``compute_s`` it runs beside when its kernels hold ``held`` of
+    the GPU's SMs: the compute runs on the rest while it lasts and does the work it lost after, so the pair ends at
+    max(comm, compute + comm x held) (userbuffers' bulk overlaps, the flex dispatcher's all-to-alls)."""
+    return np.maximum(comm_s, compute_s + comm_s * held) - compute_s
+
+
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
     """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across the network every
     GPU of a stage sends at once, each on its own share of its node's NICs)."""

@@ -188,8 +188,9 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
          "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": plan.tp if plan.etp is None else plan.etp,
          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"}
     dispatcher, overlap = moe_choices(stack, setup)  # as the plan was costed
-    if dispatcher == "flex":
-        m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")
+    if dispatcher == "flex":  # on the SMs costed (engine.flex_dispatcher_sms), the field the perf recipes set
+        m.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                 moe_hybridep_num_sms=stack.engine.flex_dispatcher_sms)
     if e.d_ff_shared:
         m["moe_shared_expert_intermediate_size"] = e.d_ff_shared
     if e.groups > 1:  # group-limited routing (TransformerConfig moe_router_num_groups / moe_router_group_topk)

@@ -240,10 +240,10 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
     a: list = ["--num-experts", e.n_experts, "--moe-ffn-hidden-size", e.d_ff_expert, "--moe-router-topk",
                e.experts_per_token, "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", etp,
                "--moe-grouped-gemm"]
-    dispatcher, overlap = moe_choices(stack, setup)  # as the plan was costed (flex runs as HybridEP, the backend
-    # Megatron-Bridge's recipes take on Hopper and Blackwell)
-    a += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"] if dispatcher == "flex"
-          else ["--moe-token-dispatcher-type", "alltoall"])
+    dispatcher, overlap = moe_choices(stack, setup)  # as costed: flex as HybridEP (Megatron-Bridge's recipes' backend)
+    sms = ["--moe-hybridep-num-sms", stack.engine.flex_dispatcher_sms] if stack.engine.flex_dispatcher_sms else []
+    a += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep", *sms]
+          if dispatcher == "flex" else ["--moe-token-dispatcher-type", "alltoall"])
     a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared] if e.d_ff_shared else []
     a += ["--moe-router-num-groups", e.groups, "--moe-router-group-topk", e.group_topk] if e.groups > 1 else []
     if overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1:

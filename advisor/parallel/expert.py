@@ -34,7 +34,8 @@ there on NVLink (``dispatch_time``; the two pipelined). What the all-to-alls run
 ``ep_alltoall_overlap`` unless asked): nothing, the shared experts' GEMMs (--moe-shared-expert-overlap), or another
 micro-batch's compute (--overlap-moe-expert-parallel-comm: combined forward-and-backward steps, each all-to-all beside
 its partner op of the other micro-batch, on the share of passes ``batch_overlap_share`` gives; where Megatron refuses
-it, a 1F1B pipeline or full recomputation, exposed).
+it, a 1F1B pipeline or full recomputation, exposed). The flex dispatcher's kernels hold the stack's
+``flex_dispatcher_sms`` while they run, which the compute beside them does without (advisor.comm.beside).
 
 Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their optimizer states (ZeRO-1,
 the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
@@ -44,9 +45,7 @@ dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Rout
 the MLP width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the
 experts read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
-Not modelled: HSDP with EP (refused), context parallelism, the flex dispatchers' SM budget (HybridEP's copies run on
-moe_hybridep_num_sms SMs beside the GEMMs: costed at NCCL's link rates, taking no SMs), FP8 dispatch, the aux-loss
-kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as
+Not modelled: HSDP with EP (refused), context parallelism, NCCL's all-to-all SMs, FP8 dispatch, the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as
 routed layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach
 (advisor.parallel.routing).
 """
@@ -196,14 +195,17 @@ def permute_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any) -> tuple[Any, Any]:
     """(forward, backward) bytes one GPU's MoE layer moves to put tokens in expert order and back, for a micro-batch
     of ``tokens`` (megatron-core 0.16.1 moe/moe_utils.py, the fused kernels of --moe-permute-fusion): permute reads
     each token once and writes its k copies, (1 + k) h; unpermute reads the k expert outputs and the probabilities and
-    writes the token, (k + 1) h; with EP and several local experts the received chunks are sorted by expert after the
-    dispatch and back before the combine (sort_chunks_by_idxs: read and write k h, twice). Backward moves the same
+    writes the token, (k + 1) h; with EP and several local experts the alltoall dispatcher sorts the received chunks
+    by expert after the dispatch and back before the combine (sort_chunks_by_idxs: read and write k h, twice); the
+    flex dispatcher's backends hand the tokens over already grouped by local expert (token_dispatcher.py
+    _HybridEPManager / _DeepepManager: the dispatch, then one permute; no sort_chunks_by_idxs). Backward moves the same
     gradients the other way, and unpermute's backward reads the k expert outputs once more for the probabilities'
     gradient. In the activation dtype, at the busiest rank's load, on the GPU's sequence share under SP."""
     layer = w.layer
     k, h = top_k(layer), w.model.d_model
     share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
-    sort = np.where((np.asarray(ep) > 1) & (n_experts(layer) / np.asarray(ep, dtype=float) > 1), 4.0 * k, 0.0)
+    sorted_chunks = (np.asarray(ep) > 1) & (n_experts(layer) / np.asarray(ep, dtype=float) > 1)
+    sort = np.where(sorted_chunks & (w.moe_dispatcher != "flex"), 4.0 * k, 0.0)
     per_token = h * w.act_bytes * load(w) / share
     fwd = tokens * per_token * (2.0 * k + 2.0 + sort)
     return fwd, fwd + tokens * per_token * k
@@ -284,14 +286,16 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
                                         where=etp_on)) / 2.0
     pair = FORWARD_ALLTOALLS * one  # dispatch and combine (backward: their gradients, as many)
     hide = shared_fwd_s if w.moe_overlap == "shared_experts" else 0.0
-    fwd = np.maximum(pair - hide, 0.0)
-    bwd = np.maximum(pair - 2.0 * np.asarray(hide), 0.0)  # the shared experts' backward: twice their forward
+    n, sms = w.stack.engine.flex_dispatcher_sms, w.hw.gpu.sm_count  # the SMs the flex dispatcher's kernels hold
+    held = min(n / sms, 1.0) if (w.moe_dispatcher == "flex" and n and sms) else 0.0  # (0: alltoall, or SMs unknown)
+    fwd = comm.beside(pair, hide, held)
+    bwd = comm.beside(pair, 2.0 * np.asarray(hide), held)  # the shared experts' backward: twice their forward
     if w.moe_overlap == "batch" and partners is not None:
         # megatron-core 0.19 models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run: one layer of
         # a combined step runs combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd on the communication stream
         # beside pre_dispatch_fwd | mlp_bwd, mlp_fwd | pre_dispatch_bwd on the compute stream, each waiting on the
         # slower of its pair
-        exposed = sum(np.maximum(one - p, 0.0) for p in partners) / 2.0  # a forward's and a backward's, split evenly
+        exposed = sum(comm.beside(one, p, held) for p in partners) / 2.0  # a forward's and a backward's, split evenly
         share = batch_overlap_share(c, mesh)
         fwd, bwd = share * exposed + (1.0 - share) * fwd, share * exposed + (1.0 - share) * bwd
     rc = np.where(c.recompute == Recompute.full.code, RECOMPUTE_ALLTOALLS / FORWARD_ALLTOALLS * fwd, 0.0)

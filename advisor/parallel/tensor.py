@@ -170,14 +170,11 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     def pipeline(c: Any, g: Any) -> Any:
         return np.maximum(c, g * slow) + np.minimum(c, g * slow) / ub.pipeline_splits - g
 
-    def bulk(c: Any, g: Any) -> Any:
-        return np.maximum(c, g + c * held) - g
-
     blocks = block_gemms(w, gemms)
     exposed = 0.0
     for g_col, g_row in blocks:
         exposed = exposed + ring(ag, g_col) + pipeline(rs, g_row)  # forward
-        exposed = exposed + ring(ag, g_row) + bulk(ag, g_col) + bulk(rs, g_col)  # backward
+        exposed = exposed + ring(ag, g_row) + comm.beside(ag, g_col, held) + comm.beside(rs, g_col, held)  # backward
     n = max(len(blocks), 1)
     return np.where(ag + rs > 0, exposed / np.maximum(2.0 * n * (ag + rs), 1e-30), 1.0)
 
