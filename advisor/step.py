@@ -148,8 +148,11 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     # their passes (advisor.parallel.offload)
     stall_f, stall_b = offload.activation_stalls(w, pol, full * tokens, mem_layers, layers * inline.fwd_s + idle_fwd,
                                                  layers * (inline.bwd_s + inline.recompute_s) + idle_rest)
+    # the last backward as it lasts: its TP collectives and its exposed all-to-alls in line too
+    ep_bwd = moe * (ep.per_layer_bwd_s + pol.full * ep.per_layer_fwd_s) if ep is not None else 0.0
     windows = data.Windows(fwd_s=layers * inline.fwd_s + stall_f, bwd_s=layers * (inline.bwd_s + inline.recompute_s) + stall_b,
-                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s + stall_b,
+                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s
+                           + ep_bwd + stall_b,
                            idle_forward_s=idle_fwd, idle_backward_s=idle_rest)
     on_gpu = data.model_states(w, c, mesh, mem_layers)
     states = offload.apply(w, c, on_gpu, mem_layers)
@@ -162,7 +165,8 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     per_layer = lt.fwd_s + lt.bwd_s + lt.recompute_s
     per_layer = per_layer + cp.layer_s if np.ndim(cp.layer_s) else per_layer
     body = np.maximum(layers * per_layer + tp.layers_s + ep_s, layers * hosts.total_s) + p2p
-    ep_grad = (expert.grad_time(w, c, mesh, states, np.where(np.asarray(c.overlap, dtype=bool), windows.last_backward_s, 0.0))
+    bwd_wall = windows.last_backward_s + windows.idle_backward_s  # the last backward, its idle behind the host too
+    ep_grad = (expert.grad_time(w, c, mesh, states, np.where(np.asarray(c.overlap, dtype=bool), bwd_wall, 0.0))
                if ep is not None else np.zeros(np.shape(ga)))
     off_f, off_b = 0.0, 0.0
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap

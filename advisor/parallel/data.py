@@ -168,8 +168,8 @@ class Windows:
     """What the data-parallel collectives hide behind, per micro-batch on the busiest stage: the GPU's work per
     phase, and its idle time behind a host-bound host (advisor.host, charged once per micro-batch), which hides the
     collectives already issued once, pooled over them (``hidden``; the gradient reduction, after the forward, pools
-    only the idle that is not the forward's). Per phase, a faster host made a step slower; left out, a faster GPU
-    did. Pooled, whatever a faster GPU or host exposes is at most what it shortened."""
+    only the idle that is not the forward's; ZeRO-1's gather, in the next forward, that forward's). Pooled, whatever
+    a faster GPU or host exposes is at most what it shortened."""
 
     fwd_s: Any  # the layers' forward with their TP collectives in line
     bwd_s: Any  # the layers' backward and recomputation with their TP collectives
@@ -216,14 +216,14 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
-    # after the forward: only the idle time that is not the forward's hides it; staged through the host, none does
-    idle = np.where(can_overlap, windows.idle_backward_s, 0.0)
+    idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)
-    # ZeRO-1's gather: beside the next forward bucket by bucket, the first one waiting (else all of it is exposed)
+    # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
+    # (else all of it exposed); the backward's idle, before the optimizer step, hides the reduce-scatter only
     first = (ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
              if w.stack.engine.param_gather_overlap else ag)
-    z1_rs, z1_ag = hidden([0.0, first], [np.maximum(rs - hide, 0.0), np.maximum(ag - windows.fwd_s - first, 0.0)], idle)
-    grad = grad + np.where(active & (zero == 1), z1_rs, 0.0)
+    z1_ag = first + np.maximum(ag - windows.fwd_s - np.where(can_overlap, windows.idle_forward_s, 0.0) - first, 0.0)
+    grad = grad + np.where(active & (zero == 1), np.maximum(np.maximum(rs - hide, 0.0) - idle, 0.0), 0.0)
     ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
