@@ -33,8 +33,8 @@ from advisor.workload import Workload, stack_runs
 # megatron-deepspeed, which they ran.
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
-             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it or {AUTO_LARGE} does not run the "
-             f"fine-tuning method, else in {AUTO_LARGE}")
+             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
+             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method, else in {AUTO_LARGE}")
 
 
 def model_parallel(tp, pp, cp=1):
@@ -95,12 +95,14 @@ def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSe
 
 
 def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
-                  plan: Optional[Plan] = None, headroom: float = 0.0) -> tuple[Stack, bool]:
+                  plan: Optional[Plan] = None, headroom: float = 0.0, gpus: Optional[int] = None) -> tuple[Stack, bool]:
     """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
     user of this plan's kind most likely runs (AUTO_RULE): AUTO_MODEL_PARALLEL for a plan with TP or PP, else
     AUTO_SMALL where the model fits on one GPU in it (``headroom`` of its memory kept free) or AUTO_LARGE does not run
     the fine-tuning method (engine.methods), else AUTO_LARGE. Without a plan (a search), the stack of its
-    data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL."""
+    data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL. On one GPU (``gpus``, or the
+    plan's world) AUTO_SMALL: the seeds' single-GPU answer is DeepSpeed's ZeRO-Offload, and AUTO_LARGE's optimizer
+    offload (Megatron's HybridDeviceOptimizer) keeps the whole gradient buffer on the GPU."""
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
@@ -110,10 +112,11 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     # or a TP overlap (megatron-core)
     if not stack_runs(small, setup) and stack_runs(large, setup):
         return large, fits_one_gpu(model, hw, large, setup, headroom)
-    if fits_one_gpu(model, hw, small, setup, headroom):
+    fits = fits_one_gpu(model, hw, small, setup, headroom)
+    if fits or (plan.world_size if plan is not None else gpus) == 1:
         if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp):
             return load_stack(AUTO_MODEL_PARALLEL), True
-        return small, True
+        return small, fits
     if not stack_runs(large, setup):
         return small, False
     return large, fits_one_gpu(model, hw, large, setup, headroom)  # its kernels' peak differs: it may fit where small's does not

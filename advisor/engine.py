@@ -256,9 +256,13 @@ class Engine(Spec):
         "CPU offload under Megatron's --cpu-offloading-num-layers k)")
     offloads: list[Literal[OFFLOADS]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="where the stack can keep model states off the GPU (advisor/parallel/offload.py)")
-    offload_optimizer: Literal["cpu_adam", "torch"] = Field(
-        default="cpu_adam", description="the optimizer step on offloaded states: DeepSpeed's vectorised CPU Adam, or "
-        "torch's CPU optimizer (FSDP CPU offload)")
+    offload_optimizer: Literal["cpu_adam", "torch", "torch_fused"] = Field(
+        default="cpu_adam", description="the optimizer step on offloaded states: DeepSpeed's vectorised CPU Adam, "
+        "torch's CPU optimizer (FSDP CPU offload), or torch's fused CPU AdamW (as fast as DeepSpeed's)")
+    optimizer_offload: Literal["zero_offload", "hybrid_device"] = Field(
+        default="zero_offload", description="how offloaded optimizer states travel: ZeRO-Offload's (ZeRO-2/3, every "
+        "micro-batch's gradient partition down beside the backward), or Megatron's HybridDeviceOptimizer (under the "
+        "distributed optimizer, ZeRO-1: the shard's gradients down and its parameters up once a step, around the step)")
     moe_grouped_gemm: bool = Field(
         default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
                                    "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")

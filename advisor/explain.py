@@ -168,7 +168,10 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
     words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")
     if e.plan.offload.value != "none":
         kept = sum(e.memory.parts[k] for k in ("weights", "gradients", "optimizer_states"))
-        words.append(f"{OFFLOAD_WHY[e.plan.offload.value]}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
+        why = OFFLOAD_WHY[e.plan.offload.value]
+        if (stack or load_stack(e.stack)).engine.optimizer_offload == "hybrid_device":
+            why = why.replace("(ZeRO-Offload)", "(Megatron's --optimizer-cpu-offload)")
+        words.append(f"{why}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
                      f"{e.host_memory_bytes / GiB:.0f} GiB of host memory per node")
     words += why_layout(e, tree)
     if best_time > 0 and e.step_time_s > best_time * 1.0005:

@@ -79,7 +79,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     worlds = _worlds(o, hardware)
     setup = _setup(o, spec, hardware, max(worlds))
     chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup,
-                                         headroom=o.memory_headroom)
+                                         headroom=o.memory_headroom, gpus=max(worlds))
     # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans;
     # "auto" costs each plan kind in its own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and
     # PP plans in api.AUTO_MODEL_PARALLEL

@@ -166,12 +166,13 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
     plain = ~(one & (zero > 0))  # ZeRO over one replica is no ZeRO (but ZeRO-Offload's engine, below)
     cols = [[x[plain]] for x in (pi, zero, sp, si, mi, rc, var)]
     off = [np.zeros(int(plain.sum()), dtype=np.int64)]
-    base = (zero >= 2) & (var == 0) & (pp_a[pi] == 1)
+    # the optimizer offloaded under ZeRO-2 or -3 (on one GPU, ZeRO-3 without sharding is ZeRO-2's plan), or under the
+    # distributed optimizer where the stack's is Megatron's (advisor.parallel.offload.hybrid); parameters under ZeRO-3
+    hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"
+    base = (((zero == 1) if hdo else (zero >= 2)) & (var == 0) & (pp_a[pi] == 1))
     for o in offloads:
         if o == Offload.none.code:
             continue
-        # parameters offload under ZeRO-3; the optimizer under ZeRO-2 or -3 (on one GPU, ZeRO-3 without sharding
-        # is ZeRO-2's plan)
         sel = base & ((zero == 3) if Offload.of_code(o).params else ~(one & (zero == 3)))
         for col, x in zip(cols, (pi, zero, sp, si, mi, rc, var)):
             col.append(x[sel])

@@ -85,12 +85,15 @@ CASES = {
     # Transformer Engine's CPU offload of the first k layers' activations (--cpu-offloading-num-layers)
     "megatron-cpu-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="offload", recompute_layers=16)),
+    # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
+    "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
+                                   dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
-                 "recompute-modules", "megatron-cpu-offload"}
+                 "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -121,7 +124,8 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
                 "megatron": "megatron-deepspeed"}
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
-CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload"}
+CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
+             "megatron-optimizer-offload"}
 
 
 def stack_of(kind: str, case: str) -> str:

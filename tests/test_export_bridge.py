@@ -57,6 +57,9 @@ CASES = {
     "zero1-fp8-tensorwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, grad_accum=2, precision="fp8-tensorwise")),
     "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
+    # megatron-core's HybridDeviceOptimizer: optimizer.optimizer_cpu_offload under the distributed optimizer
+    "optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
+                          dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
     "cpu-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                     dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="offload", recompute_layers=16)),
     "moe-ep": ("mixtral-8x7b", "dgx-h100", 32, dict(dp=4, tp=2, pp=4, ep=4, sp=True, zero=1),
@@ -166,6 +169,10 @@ def assert_matches(cfg: Container, case: str) -> None:
     assert cfg.train.global_batch_size == setup.micro_batch * ga * plan.dp
     assert cfg.ddp.use_distributed_optimizer == cfg.optimizer.use_distributed_optimizer == (plan.zero >= 1)
     assert cfg.ddp.use_megatron_fsdp == cfg.dist.use_megatron_fsdp == (plan.zero >= 2)
+    # --optimizer-cpu-offload needs the precision-aware optimizer (megatron/training/arguments.py), every state offloaded
+    offloaded = plan.offload.value == "optimizer-cpu"
+    assert (cfg.optimizer.optimizer_cpu_offload, cfg.optimizer.use_precision_aware_optimizer) == (offloaded, offloaded)
+    assert cfg.optimizer.optimizer_offload_fraction == (1.0 if offloaded else 0.0)
     if plan.zero == 3:
         assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params" and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     assert cfg.ddp.overlap_grad_reduce == (plan.overlap_grad_reduce and plan.dp > 1)
@@ -265,7 +272,7 @@ def test_bridge_merges_the_export(case, tmp_path, caplog):
     # megatron-core's NVFP4 keeps a BF16 layer at each end (advisor.precision); bf16_with_nvfp4_mixed keeps none
     ("zero1-fp8-tensorwise", {}, dict(precision="nvfp4"), "runs every layer in NVFP4"),
     ("tp-sp-ddp", {}, dict(recompute="every-k", recompute_layers=2), "every-k checkpointing"),
-    ("zero1-fp8-tensorwise", dict(offload="optimizer-cpu"), {}, "offload"),
+    ("zero3-fsdp", dict(offload="params-cpu"), {}, "megatron-core does not offload params-cpu"),
     ("zero1-fp8-tensorwise", {}, dict(precision="fp32"), "bf16 or fp16 mixed precision"),
     # 32 layers on 3 x 8 chunks of ceil(32 / 24) = 2: the last chunks would hold none
     ("tp-sp-ddp", dict(pp=3, tp=1, dp=2, sp=False, schedule="interleaved", virtual_stages=8), {}, "a layer in every chunk"),

@@ -297,3 +297,39 @@ def test_checkpointing_more_layers_never_keeps_more(n_layers, pp, v, k, full, ck
         assert keep(Recompute.full.code, 1) - 1e-9 * full <= keep(code, kk) <= keep(Recompute.none.code, 1) + 1e-9 * full
     m = mix(e, k, layers, v, n_layers)
     assert float(m.full) == (n_layers // k) / n_layers
+
+
+# -- Megatron's optimizer CPU offload (megatron-core's HybridDeviceOptimizer) ------------------------------------
+MEGATRON_OFFLOAD = dict(model="llama3-8b", hw="dgx-h100", gpus=8, dp=8, zero=1, micro_batch=1, global_batch=64, seq=4096,
+                        recompute="selective", stack="megatron-core")
+
+
+def test_megatron_optimizer_offload_keeps_the_gradient_buffer_and_steps_once_a_step():
+    """hybrid_optimizer.py: the distributed optimizer's shard moves at step time only: its fp32 main gradients down,
+    torch's fused CPU AdamW (fused=True: the host's vectorised rate), its parameters up (2 bytes), one after another;
+    the GPU keeps its weights and the whole gradient buffer, the states leave."""
+    on, off = estimate(offload="optimizer-cpu", **MEGATRON_OFFLOAD), estimate(**MEGATRON_OFFLOAD)
+    assert on.memory.parts["gradients"] == off.memory.parts["gradients"] > 0
+    assert on.memory.parts["weights"] == off.memory.parts["weights"]
+    assert on.memory.parts["optimizer_states"] == 0 < off.memory.parts["optimizer_states"]
+    hw = load_hardware("dgx-h100")
+    shard = load_model("llama3-8b").n_params / 8  # no experts: the whole model over the 8 ranks
+    pcie, rate = hw.host.pcie_bytes_per_s, hw.host.cpu_adam_params_per_s
+    expected = shard * 4.0 / pcie + shard * 8 / rate + shard * 2.0 / pcie  # fp32 main grads; 8 ranks share the CPUs
+    assert on.breakdown["offload"] == pytest.approx(expected, rel=1e-6)
+    assert on.breakdown["optimizer"] == 0.0 < off.breakdown["optimizer"]
+
+
+def test_megatron_optimizer_offload_runs_under_the_distributed_optimizer_only():
+    with pytest.raises(PlanError, match="megatron-core offloads the optimizer under its distributed optimizer only: "
+                                        "--zero 1"):
+        estimate(offload="optimizer-cpu", **{**MEGATRON_OFFLOAD, "zero": 2})
+    with pytest.raises(PlanError, match="megatron-core does not offload params-cpu"):
+        estimate(offload="params-cpu", **{**MEGATRON_OFFLOAD, "zero": 3})
+
+
+def test_one_gpu_auto_plans_offload_as_deepspeed_does():
+    """The seeds' single-GPU branch: ZeRO + CPU offload, DeepSpeed's, in hf-trainer (megatron-core's offload would keep
+    13B's 52 GB of fp32 gradients on the GPU)."""
+    res = plan("llama2-13b", "dgx-h100", gpus=1, top=3)
+    assert res.plans and all(p.estimate.setup.stack == "hf-trainer" for p in res.plans)

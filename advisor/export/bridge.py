@@ -51,7 +51,7 @@ BRIDGE_RECIPES = {
 def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
                      grad_accum: int, stack: Optional[Stack] = None) -> tuple[dict, list[str]]:
     """The nested overrides ({section: {field: value}}) and the notes."""
-    _refuse(model, plan, setup)
+    refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides", costed_stack(setup, stack))
     notes: list[str] = []
     m = {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
          "virtual_pipeline_model_parallel_size": None, "context_parallel_size": plan.cp,
@@ -79,11 +79,6 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
         out["peft"] = _peft(model, setup, notes)
     out["mixed_precision"] = _precision(setup, notes, stack)
     return out, notes
-
-
-def _refuse(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> None:
-    """What the Megatron-LM export refuses, Bridge refuses too (the same megatron-core underneath)."""
-    refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides")
 
 
 # advisor's canonical LoRA targets -> megatron-core's module names (megatron-bridge 0.6.2 peft/lora.py LoRA.target_modules:
@@ -220,6 +215,9 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> dict:
            "overlap_param_gather": zero1 and overlap, "use_megatron_fsdp": plan.zero >= 2}
     out = {"ddp": ddp, "optimizer": {"use_distributed_optimizer": zero1, "overlap_param_gather": zero1 and overlap},
            "dist": {"use_megatron_fsdp": plan.zero >= 2}}
+    if plan.offload.value == "optimizer-cpu":  # megatron-core's HybridDeviceOptimizer (megatron.py refuse_unwritable)
+        out["optimizer"].update(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
+                                use_precision_aware_optimizer=True)
     if plan.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
         ddp["data_parallel_sharding_strategy"] = strategy

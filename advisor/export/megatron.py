@@ -29,9 +29,10 @@ from advisor.stack import Stack, load_stack
 from advisor.workload import moe_choices, tp_overlap_choice
 
 
-def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, product: str, writes: str) -> None:
+def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, product: str, writes: str,
+                      stack: Optional[Stack] = None) -> None:
     """What a Megatron export (``product``'s ``writes``: Megatron-LM's flags, Megatron-Bridge's overrides, the same
-    megatron-core underneath) cannot write, as one ExportError line."""
+    megatron-core underneath) cannot write, as one ExportError line (``stack``: the one the plan was costed in)."""
     if model.position is PositionKind.alibi:
         raise ExportError(f"{product} has no ALiBi position embedding ({model.name}); "
                           "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
@@ -43,9 +44,8 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           "describe: use --format accelerate or torchrun")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
-    if plan.offload.value != "none":
-        # Megatron's --optimizer-cpu-offload runs under its distributed optimizer (ZeRO-1) with the precision-aware
-        # optimizer (megatron/training/arguments.py), not under the ZeRO-2/3 engines the advisor costs offload in
+    hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"  # costed as Megatron offloads
+    if plan.offload.value != "none" and not (hdo and plan.offload.value == "optimizer-cpu"):
         raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
                           "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
 
@@ -54,8 +54,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
                   grad_accum: int, stack: Optional[Stack] = None) -> tuple[list[str], list[str]]:
     """Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py spelling) and notes; ``stack``: the one the
     plan was costed in (costed_stack), whose defaults the overlaps and dispatcher not asked for take."""
-    refuse_unwritable(model, plan, setup, "Megatron-LM", "flags")
     stack = costed_stack(setup, stack)
+    refuse_unwritable(model, plan, setup, "Megatron-LM", "flags", stack)
     notes: list[str] = []
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp]
     if plan.sp and plan.tp > 1:
@@ -63,11 +63,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
         if tp_overlap_choice(stack, setup) == "userbuffers":  # Transformer Engine's userbuffers (advisor.parallel.tensor)
             a.append("--tp-comm-overlap")
     a += _context_parallel(plan)
-    layout = interleaved_layout(model.n_layers, plan)
-    if layout is not None:  # interleaved chunks pp x v does not divide: the layout Megatron-Bridge's recipes write
-        a += ["--pipeline-model-parallel-layout", layout]
-    else:
-        a += _pipeline_split(model, plan)
+    layout = interleaved_layout(model.n_layers, plan)  # chunks pp x v does not divide: as Megatron-Bridge's recipes
+    a += ["--pipeline-model-parallel-layout", layout] if layout is not None else _pipeline_split(model, plan)
     if layout is None and plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
         # Megatron-LM's flag for a virtual-stage count (arguments.py: --num-virtual-stages-per-pipeline-rank; its
         # --num-layers-per-virtual-pipeline-stage cannot go with the uneven first/last stage counts)
@@ -285,6 +282,8 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> list[str]:
     a: list[str] = []
     if plan.zero >= 1:
         a.append("--use-distributed-optimizer")
+    if plan.offload.value == "optimizer-cpu":  # HybridDeviceOptimizer (refuse_unwritable): every state on the CPU
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     if plan.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
         # validate_args asserts ckpt_format == "fsdp_dtensor" under Megatron-FSDP (its default is torch_dist)

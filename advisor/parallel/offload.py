@@ -14,6 +14,10 @@
   ``params-nvme`` (ZeRO-3's ``offload_param``) also keep the half-precision parameters there: every gather of a
   micro-batch (forward, backward, and the recomputed forward) first copies the GPU's partition up over PCIe
   (prefetched behind the pass's compute), and the step writes the new parameters in place (no upload).
+- **Megatron's optimizer CPU offload** (``optimizer-cpu`` where the stack's ``optimizer_offload`` is hybrid_device:
+  --optimizer-cpu-offload, megatron-core's HybridDeviceOptimizer under the distributed optimizer, ZeRO-1): the GPU
+  keeps its weights and gradient buffer; at step time the shard's gradients go down, torch's fused CPU AdamW steps
+  the fp32 master and states, the parameters come back up, one after another, none beside the GPU's work.
 - **FSDP CPU offload** (``params-cpu`` in an FSDP stack: CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy):
   the same movement; its optimizer step is torch's CPU optimizer, at the per-core rate `advisor calibrate
   --host` measures (``engine.offload_optimizer: torch``).
@@ -56,15 +60,26 @@ def codes(c: Candidates) -> tuple[Any, Any, Any]:
     return off > 0, params, nvme
 
 
+def hybrid(stack: Stack | None) -> bool:
+    """Whether the stack offloads the optimizer as Megatron's HybridDeviceOptimizer (module docstring)."""
+    return stack is not None and stack.engine.optimizer_offload == "hybrid_device"
+
+
 def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[str, Any]:
     opt, params, nvme = codes(c)
     from advisor.training import Recompute  # noqa: PLC0415 (a leaf enum)
 
     act = np.asarray(c.recompute) == Recompute.offload.code
+    zero = np.asarray(c.zero)
     out = {
         NO_HOST: (opt | act) & (hw.host is None),
         "no NVMe in the hardware profile's host side": nvme & (hw.host is not None and not hw.host.has_nvme),
-        "offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)": opt & (np.asarray(c.zero) < 2),
+        # megatron/training/arguments.py: --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the
+        # distributed optimizer (optimizer_config.py); without a stack (an export format's own check after the stack's)
+        # only what no engine runs, an unsharded optimizer
+        **({f"{stack.name} offloads the optimizer under its distributed optimizer only: --zero 1": opt & ~params & (zero != 1)}
+           if hybrid(stack) else {"offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)":
+                                  opt & (zero < (1 if stack is None else 2))}),
         "offloading parameters needs ZeRO-3 / FULL_SHARD": params & (np.asarray(c.zero) != 3),
         # DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/engine.py:77)
         "offload with pipeline parallelism is not costed": opt & (c.pp > 1),
@@ -75,6 +90,12 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
             if o is not Offload.none and o.value not in stack.engine.offloads:
                 out[f"{stack.name} does not offload {o.value}"] = np.asarray(c.offload) == o.code
     return out
+
+
+def shard_params(states: ModelStates, mesh: Mesh) -> Any:
+    """Parameters of one GPU's optimizer partition: the dense ones over the ZeRO group, the routed experts over their
+    expert data-parallel group (advisor.parallel.expert)."""
+    return (states.params - states.expert_params) / mesh.dp_shard + states.expert_params / np.maximum(mesh.edp, 1.0)
 
 
 def ranks_per_node(hw: Hardware, mesh: Mesh) -> Any:
@@ -92,7 +113,7 @@ def apply(w: Workload, c: Candidates, states: ModelStates, layers: Any) -> Model
     unit = w.layer.rank_params(np.asarray(c.tp, dtype=float)) * states.weight_bytes
     return replace(states, optimizer_states=np.where(opt, 0.0, states.optimizer_states),
                    step_temporaries=np.where(opt, 0.0, states.step_temporaries),
-                   grads=np.where(opt, 0.0, states.grads),
+                   grads=np.where(opt & (not hybrid(w.stack)), 0.0, states.grads),  # Megatron's buffer stays
                    weights=np.where(params, 0.0, states.weights),
                    gathered=np.where(params, np.maximum(states.gathered, np.minimum(2.0 * unit, states.params
                                                                                      * states.weight_bytes)), states.gathered))
@@ -102,9 +123,9 @@ def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from
                tokens: Any, in_flight_layers: Any, pol: Mix) -> Any:
     """Host memory one node needs for its ranks' offloaded states and activations (``from_states``: before apply)."""
     opt, params, nvme = codes(c)
-    shard = states.params / mesh.dp_shard
+    shard = shard_params(states, mesh)
     per_param = np.where(nvme, FP32_GRAD, from_states.optimizer_states / np.maximum(shard, 1.0) + FP32_GRAD)
-    per_param = per_param + np.where(params & ~nvme, states.weight_bytes, 0.0)
+    per_param = per_param + np.where(params & ~nvme, states.weight_bytes, 0.0) + (HALF if hybrid(w.stack) else 0.0)
     model = np.where(opt, shard * per_param, 0.0)
     acts = np.where(pol.offload, pol.offloaded * kept_full * tokens * in_flight_layers, 0.0)
     return (model + acts) * ranks_per_node(w.hw, mesh)
@@ -134,7 +155,7 @@ def pcie_bytes(c: Candidates, shard_params: Any, passes: Any) -> tuple[Any, Any]
 def cpu_step_time(w: Workload, shard_params: Any, ranks: Any) -> Any:
     """The CPU optimizer step on one GPU's partition, the node's CPU shared by its ranks (they step together)."""
     rate = w.hw.host.cpu_adam_params_per_s if w.hw.host is not None else np.inf
-    if w.stack.engine.offload_optimizer == "torch":
+    if w.stack.engine.offload_optimizer == "torch":  # torch_fused steps at the vectorised rate, as cpu_adam
         rate = rate / TORCH_CPU_ADAM_SLOWDOWN
     return shard_params * ranks / rate
 
@@ -152,7 +173,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
         return OffloadTime(zeros, zeros, zeros, zeros)
     ga = np.asarray(c.grad_accum, dtype=float)
     host, ranks = hw.host, ranks_per_node(hw, mesh)
-    shard = states.params / mesh.dp_shard
+    shard = shard_params(states, mesh)
     passes = 2.0 + pol.full  # forward, backward, and the checkpointed layers' recomputed forward
     down, up = pcie_bytes(c, shard, passes)
     pcie = host.pcie_bytes_per_s
@@ -174,6 +195,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)
     acts = ga * stalls  # zero where nothing is offloaded (activation_stalls)
+    if hybrid(w.stack):  # Megatron: the shard's gradients down once, at step time, in the main gradients' dtype
+        down = np.where(opt, states.grad_bytes * shard, 0.0)
+        exposed_grads = down / pcie
     return OffloadTime(down, up, step, exposed_grads + exposed_fetch + step + upload + acts)
 
 
