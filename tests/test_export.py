@@ -662,3 +662,15 @@ def test_no_torch_import():
     code = "import sys, advisor.export, advisor.cli_export; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
+
+
+def test_without_a_format_the_first_the_stack_launches_that_expresses_the_plan():
+    """hf-trainer launches accelerate first; DeepSpeed's ZeRO-Infinity offload is written only as a DeepSpeed config,
+    so the export without --format writes that (advisor plan ranks such plans for one GPU); asked for accelerate, it
+    refuses in one line."""
+    model, hw = load_model("gpt2-xl"), load_hardware("dgx-h100")
+    plan, setup = Plan(dp=1, zero=2, offload="optimizer-nvme"), TrainingSetup(micro_batch=1, grad_accum=1)
+    out = export(None, model, hw, plan, setup, 1, 1, "hf-trainer")
+    assert out.kind == "deepspeed" and json.loads(out.text)["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+    with pytest.raises(ExportError, match="use --format deepspeed"):
+        export("accelerate", model, hw, plan, setup, 1, 1, "hf-trainer")

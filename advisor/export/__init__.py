@@ -128,10 +128,24 @@ ZERO_BUBBLE = ("zb-h1", "zb-v", "dualpipev")
 
 def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
            world_size: int, stack: Union[str, Stack, None] = None) -> Exported:
-    """The launch config of one plan in format ``kind`` (one of KINDS; None: the stack's usual one), for the stack
-    it was costed in (``stack``, default ``setup.stack``); ExportError, one line, if the stack does not launch
-    that format or the format cannot express the plan."""
-    stack_, kind = resolve_launch(kind, setup.stack if stack is None else stack)
+    """The launch config of one plan in format ``kind`` (one of KINDS; None: the first of the stack's launch formats
+    that expresses the plan, its usual one first), for the stack it was costed in (``stack``, default
+    ``setup.stack``); ExportError, one line, if the stack does not launch that format or the format cannot express
+    the plan (without a format: the usual one's reason, when none of them can)."""
+    stack_, first = resolve_launch(kind, setup.stack if stack is None else stack)
+    if kind is not None:
+        return _export(first, model, hw, plan, setup, grad_accum, world_size, stack_)
+    reason = None
+    for fmt in launch_formats(stack_):  # e.g. hf-trainer's DeepSpeed ZeRO-Offload plan: accelerate cannot, deepspeed can
+        try:
+            return _export(fmt, model, hw, plan, setup, grad_accum, world_size, stack_)
+        except ExportError as exc:
+            reason = reason or exc
+    raise reason
+
+
+def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
+            world_size: int, stack_: Stack) -> Exported:
     errors = plan_errors(plan, setup, model, hw, world_size, stack_)  # what the stack does not run, too
     if errors:
         raise ExportError(f"plan {plan.label()} is invalid under stack {stack_.name}: {errors[0]}")
