@@ -85,6 +85,9 @@ CASES = {
     # Transformer Engine's CPU offload of the first k layers' activations (--cpu-offloading-num-layers)
     "megatron-cpu-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="offload", recompute_layers=16)),
+    # 40 layers on 16 stages, 1F1B: no first/last sizes give ceil(40 / 16) = 3 a stage, a layout does (3 x 8, 2 x 8)
+    "uneven-1f1b-layout": ("llama2-13b", "dgx-h100", 32, dict(dp=2, pp=16, zero=1),
+                           dict(micro_batch=1, global_batch=64, seq_len=4096)),
     # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
     "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
@@ -93,7 +96,7 @@ OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
-                 "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload"}
+                 "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -125,7 +128,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
-             "megatron-optimizer-offload"}
+             "megatron-optimizer-offload", "uneven-1f1b-layout"}
 
 
 def stack_of(kind: str, case: str) -> str:
@@ -674,3 +677,12 @@ def test_without_a_format_the_first_the_stack_launches_that_expresses_the_plan()
     assert out.kind == "deepspeed" and json.loads(out.text)["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
     with pytest.raises(ExportError, match="use --format deepspeed"):
         export("accelerate", model, hw, plan, setup, 1, 1, "hf-trainer")
+
+
+def test_an_even_split_no_first_and_last_sizes_give_is_written_as_a_layout():
+    """Llama 2 13B's 40 layers on pp 16: the busiest stage is costed at ceil(40 / 16) = 3 layers; Megatron's first/last
+    stage sizes cannot give it (the middle 14 stages would need equal counts summing to 40 less the ends), a layout
+    can (megatron-core pipeline_parallel_layer_layout.py): 8 stages of 3, 8 of 2, the loss with the last."""
+    args, _ = megatron_args(*inputs("uneven-1f1b-layout")[:5])
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(t*3|)*7(t*2|)*7t*2L"
+    assert "--decoder-first-pipeline-num-layers" not in args and "--num-layers-per-virtual-pipeline-stage" not in args

@@ -57,6 +57,9 @@ CASES = {
     "zero1-fp8-tensorwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, grad_accum=2, precision="fp8-tensorwise")),
     "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
+    # 40 layers on 16 stages, 1F1B: a layout of 3 x 8 and 2 x 8 (tests/test_export.py's case)
+    "uneven-1f1b-layout": ("llama2-13b", "dgx-h100", 32, dict(dp=2, pp=16, zero=1),
+                           dict(micro_batch=1, global_batch=64, seq_len=4096)),
     # megatron-core's HybridDeviceOptimizer: optimizer.optimizer_cpu_offload under the distributed optimizer
     "optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                           dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
@@ -193,6 +196,10 @@ def assert_matches(cfg: Container, case: str) -> None:
         assert len(layout) == chunks and layout[0][0] == "embedding" and layout[-1][-1] == "loss"
         assert [c.count("decoder") for c in layout] == [per] * (chunks - 1) + [model.n_layers - per * (chunks - 1)]
         assert m.virtual_pipeline_model_parallel_size == plan.virtual_stages
+    elif plan.pp > 1 and model.n_layers % plan.pp and m.pipeline_model_parallel_layout:  # 1F1B: ceil(L / pp) at most
+        counts = [c.count("decoder") for c in m.pipeline_model_parallel_layout]
+        assert sum(counts) == model.n_layers and max(counts) == -(-model.n_layers // plan.pp) and len(counts) == plan.pp
+        assert m.virtual_pipeline_model_parallel_size is None
     elif plan.pp > 1 and model.n_layers % plan.pp:
         first, last = m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage
         assert first + last + (model.n_layers // plan.pp + 1) * (plan.pp - 2) == model.n_layers

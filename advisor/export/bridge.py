@@ -121,14 +121,11 @@ def _pipeline(model: ModelSpec, plan: Plan) -> dict:
     if chunks is not None:  # TransformerConfig.pipeline_model_parallel_layout as a list of chunks (as Bridge's recipes)
         return {"pipeline_model_parallel_layout": [["embedding"] * (i == 0) + ["decoder"] * n + ["loss"] * (i == len(chunks) - 1)
                                                    for i, n in enumerate(chunks)],
-                "virtual_pipeline_model_parallel_size": plan.virtual_stages}
+                "virtual_pipeline_model_parallel_size": plan.virtual_stages if plan.schedule == "interleaved" else None}
     if plan.pp_split.value == "edges":
         out = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
     else:
-        edges = pipeline_edge_layers(model.n_layers, plan.pp)
-        if model.n_layers % plan.pp and edges is None:
-            raise ExportError(f"{model.n_layers} layers do not split over pp={plan.pp} stages as Megatron requires "
-                              "(first, last and equal middle stages): use --pp-split edges or another --pp")
+        edges = pipeline_edge_layers(model.n_layers, plan.pp)  # where none realise the split: a layout (above)
         if edges is not None:
             out = {"num_layers_in_first_pipeline_stage": edges[0], "num_layers_in_last_pipeline_stage": edges[1]}
     if plan.schedule == "interleaved":

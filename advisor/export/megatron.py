@@ -8,6 +8,7 @@ optimizer and checkpoint paths stay the user's. The environment Megatron-LM's va
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from typing import Optional
 
@@ -99,12 +100,16 @@ def _context_parallel(plan: Plan) -> list:
 
 def layout_chunks(n_layers: int, plan: Plan) -> list[int] | None:
     """Layers of each of the pp x v interleaved chunks where pp x v does not divide them (advisor.parallel.pipeline
-    layout_fills): ceil(L / (pp v)) each, the rest in the last; None where the plan needs no layout."""
-    chunks = plan.pp * plan.virtual_stages
-    if plan.pp <= 1 or plan.schedule != "interleaved" or plan.pp_split.value != "even" or n_layers % chunks == 0:
+    layout_fills): ceil(L / (pp v)) each, the rest in the last; without interleaving, where no first/last stage sizes
+    give the even split (pipeline_edge_layers), ceil(L / pp) on the first stages and one fewer on the rest (the
+    busiest stage as costed); None where the plan needs no layout."""
+    chunks, per = plan.pp * plan.virtual_stages, -(-n_layers // (plan.pp * plan.virtual_stages))
+    if plan.pp <= 1 or plan.pp_split.value != "even" or n_layers % chunks == 0:
         return None
-    per = -(-n_layers // chunks)
-    return [per] * (chunks - 1) + [n_layers - per * (chunks - 1)]
+    if plan.schedule == "interleaved":
+        return [per] * (chunks - 1) + [n_layers - per * (chunks - 1)]
+    full = n_layers - plan.pp * (per - 1)  # stages holding ceil(L / pp)
+    return None if pipeline_edge_layers(n_layers, plan.pp) else [per] * full + [per - 1] * (plan.pp - full)
 
 
 def interleaved_layout(n_layers: int, plan: Plan) -> str | None:
@@ -114,14 +119,13 @@ def interleaved_layout(n_layers: int, plan: Plan) -> str | None:
     chunks = layout_chunks(n_layers, plan)
     if chunks is None:
         return None
-    per, middle = chunks[0], len(chunks) - 2
-    return f"Et*{per}|" + (f"(t*{per}|)*{middle}" if middle else "") + f"t*{chunks[-1]}L"
+    runs = [(n, len(list(g))) for n, g in itertools.groupby(chunks[1:-1])]
+    return f"Et*{chunks[0]}|" + "".join(f"(t*{n}|)*{k}" for n, k in runs) + f"t*{chunks[-1]}L"
 
 
 def pipeline_edge_layers(n_layers: int, pp: int) -> tuple[int, int] | None:
-    """(first, last) stage layers that realise an even split of layers that pp does not divide: ceil(L / pp) on every
-    middle stage and the rest on the first and the last, the last (with the LM head) no larger (megatron-core 0.16.1
-    transformer_config.py: the middle layers must divide evenly over the middle stages); None when pp divides L."""
+    """(first, last) stage layers giving an even split pp does not divide: ceil(L / pp) on every middle stage, the rest
+    on the first and the last, the last (with the LM head) no larger (megatron-core 0.16.1 transformer_config.py)."""
     if pp <= 1 or n_layers % pp == 0:
         return None
     per = -(-n_layers // pp)
@@ -137,10 +141,7 @@ def _pipeline_split(model: ModelSpec, plan: Plan) -> list:
         return []
     if plan.pp_split.value == "edges":
         return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    edges = pipeline_edge_layers(model.n_layers, plan.pp)
-    if model.n_layers % plan.pp and edges is None:
-        raise ExportError(f"{model.n_layers} layers do not split over pp={plan.pp} stages as Megatron requires "
-                          "(first, last and equal middle stages): use --pp-split edges or another --pp")
+    edges = pipeline_edge_layers(model.n_layers, plan.pp)  # else a layout (layout_chunks)
     return [] if edges is None else ["--decoder-first-pipeline-num-layers", edges[0],
                                      "--decoder-last-pipeline-num-layers", edges[1]]
 
