@@ -88,6 +88,9 @@ CASES = {
     # 40 layers on 16 stages, 1F1B: no first/last sizes give ceil(40 / 16) = 3 a stage, a layout does (3 x 8, 2 x 8)
     "uneven-1f1b-layout": ("llama2-13b", "dgx-h100", 32, dict(dp=2, pp=16, zero=1),
                            dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # DeepSeek-V2-Lite: multi-head latent attention (a full q projection), a dense first layer, shared experts
+    "mla-moe": ("deepseek-v2-lite", "dgx-h100", 16, dict(dp=16, ep=8, zero=1),
+                dict(micro_batch=1, global_batch=64, seq_len=4096)),
     # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
     "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
@@ -96,7 +99,8 @@ OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
-                 "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout"}
+                 "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
+                 "mla-moe"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -128,7 +132,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
-             "megatron-optimizer-offload", "uneven-1f1b-layout"}
+             "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe"}
 
 
 def stack_of(kind: str, case: str) -> str:
@@ -387,11 +391,12 @@ def test_megatron_args_build_core_configs(case):
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     model, hw, plan, setup, ga, world = inputs(case)
     f = _megatron_flags(export("megatron", model, hw, plan, setup, ga, world, stack_of("megatron", case)).text)
     names = set().union(*({x.name for x in dataclasses.fields(c)}
-                          for c in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)))
+                          for c in (MLATransformerConfig, DistributedDataParallelConfig, OptimizerConfig)))
     assert set(f) - names <= TRAINING_ONLY, set(f) - names - TRAINING_ONLY
 
     # As Megatron-LM's core_transformer_config_from_args maps the parsed arguments.
@@ -411,7 +416,10 @@ def test_megatron_args_build_core_configs(case):
 
         uneven["pipeline_model_parallel_layout"] = layout.strip("'")
         vpp_chunks = PipelineParallelLayerLayout.get_num_stages_from_str(layout.strip("'")) // pp
-    tc = TransformerConfig(
+    mla = f.get("multi_latent_attention")  # arguments.py builds an MLATransformerConfig: its widths from the flags
+    latent = dict(q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"), qk_head_dim=opt("qk_head_dim"),
+                  qk_pos_emb_head_dim=opt("qk_pos_emb_head_dim"), v_head_dim=opt("v_head_dim")) if mla else {}
+    tc = (MLATransformerConfig if mla else TransformerConfig)(**latent,
         num_layers=n_layers, hidden_size=int(f["hidden_size"]), num_attention_heads=int(f["num_attention_heads"]),
         num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
         ffn_hidden_size=int(f["ffn_hidden_size"]), kv_channels=opt("kv_channels"),
@@ -427,7 +435,7 @@ def test_megatron_args_build_core_configs(case):
         add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,
     )
-    assert tc.kv_channels * tc.num_attention_heads == model.q_dim
+    assert (tc.qk_head_dim + tc.qk_pos_emb_head_dim if mla else tc.kv_channels) * tc.num_attention_heads == model.q_dim
     assert (tc.num_query_groups or tc.num_attention_heads) == model.kv_heads
     assert tc.tensor_model_parallel_size * pp * tc.context_parallel_size * plan.dp == world
     assert tc.context_parallel_size == plan.cp
@@ -686,3 +694,14 @@ def test_an_even_split_no_first_and_last_sizes_give_is_written_as_a_layout():
     args, _ = megatron_args(*inputs("uneven-1f1b-layout")[:5])
     assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(t*3|)*7(t*2|)*7t*2L"
     assert "--decoder-first-pipeline-num-layers" not in args and "--num-layers-per-virtual-pipeline-stage" not in args
+
+
+def test_multi_head_latent_attention_is_written_as_megatrons_mla_flags():
+    """DeepSeek-V2-Lite's config.json: kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128,
+    q_lora_rank null (a full q projection: no --q-lora-rank); its first layer dense (first_k_dense_replace 1)."""
+    args, _ = megatron_args(*inputs("mla-moe")[:5])
+    flag = lambda k: args[args.index(k) + 1]  # noqa: E731
+    assert "--multi-latent-attention" in args and "--q-lora-rank" not in args and "--kv-channels" not in args
+    assert [flag(k) for k in ("--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] == \
+        ["512", "128", "64", "128"]
+    assert flag("--moe-layer-freq") == "[" + ",".join(["0"] + ["1"] * 26) + "]"

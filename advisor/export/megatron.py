@@ -23,9 +23,10 @@ from advisor.export.common import (
     global_batch,
     header,
 )
+from advisor.export.megatron_shape import MLA, model_shape, unwritten
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import ModelSpec, PositionKind
 from advisor.stack import Stack, load_stack
 from advisor.workload import moe_choices, tp_overlap_choice
 
@@ -39,10 +40,10 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
     if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
-    unwritten = _unwritten(model)
-    if unwritten:
-        raise ExportError(f"{model.name} has {', '.join(unwritten)}, which the {product} {writes} advisor writes do not "
-                          "describe: use --format accelerate or torchrun")
+    missing = [f for f in unwritten(model) if not (f == MLA and product == "Megatron-LM")]  # MLA: model_shape
+    if missing:
+        raise ExportError(f"{model.name} has {', '.join(missing)}, which the {product} {writes} advisor writes do not "
+                          f"describe: use --format {'megatron' if missing == [MLA] else 'accelerate or torchrun'}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"  # costed as Megatron offloads
@@ -77,7 +78,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a += _recompute(model, plan, setup)
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
-    a += _model_shape(model) + _experts(model, plan, setup, notes, stack)
+    a += model_shape(model) + _experts(model, plan, setup, notes, stack)
     a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
     a += ["--clip-grad", GRADIENT_CLIP]
     if setup.attention.value == "eager":
@@ -146,25 +147,6 @@ def _pipeline_split(model: ModelSpec, plan: Plan) -> list:
                                      "--decoder-last-pipeline-num-layers", edges[1]]
 
 
-def _unwritten(model: ModelSpec) -> list[str]:
-    """The shape features of a config.json family that _model_shape has no flag for (a script without them
-    would train another model)."""
-    # --qk-layernorm norms each head's query and key (megatron-core 0.19 attention.py: q_layernorm built with
-    # hidden_size_per_attention_head), as Qwen3's q_norm / k_norm do; OLMo 2's norms over the whole width have no flag
-    found = {"parallel attention + MLP blocks": model.parallel_block, "full-width q/k norms": model.qk_norm.value == "full",
-             f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
-             "multi-head latent attention": model.latent is not None,
-             "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
-             "biases on the experts or the router": model.experts is not None and (
-                 model.experts.expert_bias or model.experts.router_bias),
-             "sliding-window attention": any(r.window for r in model.layer_runs), "a GeGLU MLP": model.mlp is MLPKind.geglu,
-             f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
-             "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
-             "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
-             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias}
-    return [name for name, present in found.items() if present]
-
-
 def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
     """The plan's checkpointing policy (megatron/core/transformer/transformer_block.py: uniform checkpoints groups of k
     layers, block the first k of each stage chunk; offload Transformer Engine's CPU offload of the first k layers)."""
@@ -181,29 +163,6 @@ def _recompute(model: ModelSpec, plan: Plan, setup: TrainingSetup) -> list:
     if r != "none":
         raise ExportError(f"Megatron has no {r} checkpointing: use --recompute full, block, selective or offload, or another --format")
     return []
-
-
-def _model_shape(model: ModelSpec) -> list:
-    """The architecture flags: layers, widths, heads and groups, MLP, norm, positions, biases, tying."""
-    a: list = ["--num-layers", model.n_layers, "--hidden-size", model.d_model, "--ffn-hidden-size", model.d_ff,
-               "--num-attention-heads", model.n_heads]
-    if model.kv_heads != model.n_heads:
-        a += ["--group-query-attention", "--num-query-groups", model.kv_heads]
-    if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
-        a += ["--kv-channels", model.head_dim]
-    if model.qk_norm.value == "head":
-        a.append("--qk-layernorm")
-    if model.mlp is MLPKind.swiglu:
-        a.append("--swiglu")
-    a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
-          "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
-    if not model.linear_bias:
-        a.append("--disable-bias-linear")
-        if model.qkv_bias:
-            a.append("--add-qkv-bias")
-    if not model.tied_embeddings:
-        a.append("--untie-embeddings-and-output-weights")
-    return a
 
 
 # Megatron-LM's low-precision flags (megatron-core 0.16.1 transformer_config.py: fp8 -> --fp8-format e4m3|hybrid,

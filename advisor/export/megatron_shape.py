@@ -1,0 +1,56 @@
+"""Megatron-LM's model-shape flags (megatron/training/arguments.py spelling): the architecture of a catalogue or
+config.json model as pretrain_gpt.py's flags, and the features no flag here describes (a script without them would
+train another model: the Megatron exports refuse those models)."""
+
+from __future__ import annotations
+
+from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+
+MLA = "multi-head latent attention"
+
+
+def unwritten(model: ModelSpec) -> list[str]:
+    """The shape features of a config.json family that model_shape has no flag for (a script without them
+    would train another model)."""
+    # --qk-layernorm norms each head's query and key (megatron-core 0.19 attention.py: q_layernorm built with
+    # hidden_size_per_attention_head), as Qwen3's q_norm / k_norm do; OLMo 2's norms over the whole width have no flag
+    found = {"parallel attention + MLP blocks": model.parallel_block, "full-width q/k norms": model.qk_norm.value == "full",
+             f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
+             MLA: model.latent is not None,
+             "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
+             "biases on the experts or the router": model.experts is not None and (
+                 model.experts.expert_bias or model.experts.router_bias),
+             "sliding-window attention": any(r.window for r in model.layer_runs), "a GeGLU MLP": model.mlp is MLPKind.geglu,
+             f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
+             "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
+             "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
+             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias}
+    return [name for name, present in found.items() if present]
+
+
+def model_shape(model: ModelSpec) -> list:
+    """The architecture flags: layers, widths, heads and groups, MLP, norm, positions, biases, tying."""
+    a: list = ["--num-layers", model.n_layers, "--hidden-size", model.d_model, "--ffn-hidden-size", model.d_ff,
+               "--num-attention-heads", model.n_heads]
+    if model.kv_heads != model.n_heads:
+        a += ["--group-query-attention", "--num-query-groups", model.kv_heads]
+    if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model and model.latent is None:
+        a += ["--kv-channels", model.head_dim]
+    if model.latent is not None:  # MLATransformerConfig (megatron-core transformer_config.py); no --q-lora-rank: a full q
+        x = model.latent
+        a += ["--multi-latent-attention", "--kv-lora-rank", x.kv_lora_rank, "--qk-head-dim", x.qk_nope_head_dim,
+              "--qk-pos-emb-head-dim", x.qk_rope_head_dim, "--v-head-dim", x.v_head_dim]
+        a += ["--q-lora-rank", x.q_lora_rank] if x.q_lora_rank else []
+    if model.qk_norm.value == "head":
+        a.append("--qk-layernorm")
+    if model.mlp is MLPKind.swiglu:
+        a.append("--swiglu")
+    a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
+          "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
+    if not model.linear_bias:
+        a.append("--disable-bias-linear")
+        if model.qkv_bias:
+            a.append("--add-qkv-bias")
+    if not model.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    return a
