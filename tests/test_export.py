@@ -88,6 +88,8 @@ CASES = {
     # 40 layers on 16 stages, 1F1B: no first/last sizes give ceil(40 / 16) = 3 a stage, a layout does (3 x 8, 2 x 8)
     "uneven-1f1b-layout": ("llama2-13b", "dgx-h100", 32, dict(dp=2, pp=16, zero=1),
                            dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # Mistral-7B: a 4,096-key sliding window on every layer
+    "sliding-window": ("mistral-7b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=8192)),
     # DeepSeek-V2-Lite: multi-head latent attention (a full q projection), a dense first layer, shared experts
     "mla-moe": ("deepseek-v2-lite", "dgx-h100", 16, dict(dp=16, ep=8, zero=1),
                 dict(micro_batch=1, global_batch=64, seq_len=4096)),
@@ -100,7 +102,7 @@ MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
-                 "mla-moe"}
+                 "mla-moe", "sliding-window"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -132,7 +134,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
-             "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe"}
+             "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window"}
 
 
 def stack_of(kind: str, case: str) -> str:
@@ -705,3 +707,15 @@ def test_multi_head_latent_attention_is_written_as_megatrons_mla_flags():
     assert [flag(k) for k in ("--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] == \
         ["512", "128", "64", "128"]
     assert flag("--moe-layer-freq") == "[" + ",".join(["0"] + ["1"] * 26) + "]"
+
+
+def test_sliding_windows_are_written_as_megatrons_window_size():
+    """Mistral-7B's sliding_window 4096 keys, the query's own among them: Megatron's (4095, 0) on every layer; GPT-OSS's
+    128-key window on every second layer: a list with 1 for each windowed layer (megatron-core utils.py
+    is_layer_window_attention)."""
+    from advisor.export.megatron_shape import window_flags
+
+    args, _ = megatron_args(*inputs("sliding-window")[:5])
+    assert args[args.index("--window-size") + 1] == "4095,0" and "--window-attn-skip-freq" not in args
+    assert window_flags(load_model("gpt-oss")) == ["--window-size", "127,0", "--window-attn-skip-freq",
+                                                   "[" + ",".join(["1", "0"] * 18) + "]"]

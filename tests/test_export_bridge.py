@@ -57,6 +57,8 @@ CASES = {
     "zero1-fp8-tensorwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1),
                              dict(micro_batch=1, grad_accum=2, precision="fp8-tensorwise")),
     "zero3-fsdp": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3), dict(micro_batch=1, grad_accum=4)),
+    # Mistral-7B's 4,096-key window on every layer: window_size (4095, 0)
+    "sliding-window": ("mistral-7b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=8192)),
     # 40 layers on 16 stages, 1F1B: a layout of 3 x 8 and 2 x 8 (tests/test_export.py's case)
     "uneven-1f1b-layout": ("llama2-13b", "dgx-h100", 32, dict(dp=2, pp=16, zero=1),
                            dict(micro_batch=1, global_batch=64, seq_len=4096)),
@@ -186,6 +188,7 @@ def assert_matches(cfg: Container, case: str) -> None:
     assert (m.cpu_offloading, m.cpu_offloading_num_layers) == ((True, setup.recompute_layers) if r == "offload" else (False, 0))
     assert m.recompute_method == {"full": "uniform", "block": "block"}.get(r)
     assert m.recompute_num_layers == (setup.recompute_layers if r in ("full", "block") else None)
+    assert m.window_size == (None if model.name != "mistral-7b" else [4095, 0])  # the YAML's list, as OmegaConf gives it
     if plan.cp > 1:
         assert m.cp_comm_type == {"ring": "p2p", "all-gather": "all_gather", "ulysses": "a2a"}[plan.cp_comm.value]
     chunks = plan.pp * plan.virtual_stages

@@ -27,6 +27,7 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
+from advisor.export.megatron_shape import windows
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack
@@ -168,6 +169,9 @@ def _model_shape(model: ModelSpec) -> dict:
          "share_embeddings_and_output_weights": bool(model.tied_embeddings)}
     if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
         m["kv_channels"] = model.head_dim
+    size, skip = windows(model)  # megatron_shape.windows
+    if size is not None:
+        m.update(window_size=list(size), **({} if skip is None else {"window_attn_skip_freq": skip}))
     return m
 
 

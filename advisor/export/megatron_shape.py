@@ -20,7 +20,8 @@ def unwritten(model: ModelSpec) -> list[str]:
              "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
              "biases on the experts or the router": model.experts is not None and (
                  model.experts.expert_bias or model.experts.router_bias),
-             "sliding-window attention": any(r.window for r in model.layer_runs), "a GeGLU MLP": model.mlp is MLPKind.geglu,
+             "sliding windows of several sizes": len({r.window for r in model.layer_runs if r.window}) > 1,
+             "a GeGLU MLP": model.mlp is MLPKind.geglu,
              f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
              "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
@@ -51,6 +52,28 @@ def model_shape(model: ModelSpec) -> list:
         a.append("--disable-bias-linear")
         if model.qkv_bias:
             a.append("--add-qkv-bias")
+    a += window_flags(model)
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     return a
+
+
+def windows(model: ModelSpec) -> tuple[tuple[int, int] | None, list[int] | None]:
+    """Sliding-window attention as megatron-core's TransformerConfig (transformer_config.py window_size,
+    window_attn_skip_freq; utils.py is_layer_window_attention): a window of W keys, the query's own among them (Hugging
+    Face's mask keeps keys with q - k < W), is Megatron's (W - 1, 0), as Megatron-Bridge's GPT-OSS bridge writes it;
+    where some layers attend to every earlier key, a list with 1 for each windowed layer. (None, None) without
+    windows or with several sizes (unwritten)."""
+    per_layer = [r.window for r in model.layer_runs for _ in range(r.count)]
+    sizes = {w for w in per_layer if w}
+    if len(sizes) != 1:
+        return None, None
+    return (sizes.pop() - 1, 0), (None if all(per_layer) else [int(bool(w)) for w in per_layer])
+
+
+def window_flags(model: ModelSpec) -> list:
+    """windows() as Megatron-LM's --window-size and --window-attn-skip-freq (its tuple_type and moe_freq_type parse
+    them)."""
+    size, skip = windows(model)
+    a = [] if size is None else ["--window-size", f"{size[0]},{size[1]}"]
+    return a + ([] if skip is None else ["--window-attn-skip-freq", "[" + ",".join(map(str, skip)) + "]"])
