@@ -23,7 +23,7 @@ from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, load_stack
 from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
-from advisor.workload import Workload, stack_runs
+from advisor.workload import Workload, runs_model, stack_runs
 
 # ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
 # export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
@@ -34,7 +34,7 @@ from advisor.workload import Workload, stack_runs
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
-             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method, else in {AUTO_LARGE}")
+             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build the model, else in {AUTO_LARGE}")
 
 
 def model_parallel(tp, pp, cp=1):
@@ -108,6 +108,8 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
     large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
+    if not runs_model(large, model):  # a decoder its model code cannot build (Falcon's parallel blocks)
+        return small, fits_one_gpu(model, hw, small, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
     # or a TP overlap (megatron-core)
     if not stack_runs(small, setup) and stack_runs(large, setup):

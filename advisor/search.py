@@ -35,7 +35,7 @@ from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.layout import Schedule
 from advisor.training import Recompute, TrainingSetup
-from advisor.workload import Workload
+from advisor.workload import Workload, runs_model
 
 
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
@@ -80,14 +80,14 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     setup = _setup(o, spec, hardware, max(worlds))
     chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup,
                                          headroom=o.memory_headroom, gpus=max(worlds))
-    # the choice is recorded, so that every row names the stack it was costed in; "any" ranks every stack's plans;
-    # "auto" costs each plan kind in its own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and
-    # PP plans in api.AUTO_MODEL_PARALLEL
+    # every row names the stack it was costed in; "any" ranks every stack's plans; "auto" costs each plan kind in its
+    # own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and PP plans in api.AUTO_MODEL_PARALLEL
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
-    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters:  # adapters: DP only
-        stacks = [chosen, load_stack(api.AUTO_MODEL_PARALLEL)]
+    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters and runs_model(
+            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec):  # adapters: DP only; a decoder it builds
+        stacks = [chosen, mp]
         parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
     else:
         stacks = [chosen]

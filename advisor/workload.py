@@ -41,6 +41,9 @@ class Workload:
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
         layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it); else the routed one
+        if not runs_model(stack, model):
+            raise StackError(f"stack {stack.name}'s model code has no parallel attention + MLP blocks ({model.name}): use "
+                             "--stack hf-trainer (the model's own Hugging Face modules)")
         mode = setup.precision.mode
         if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
             mode = Mode.half
@@ -173,6 +176,11 @@ def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: 
             what = {"routed": "routed experts", "latent": "multi-head latent attention",
                     "dense": "dense MLP layers (its MoE layers are costed as routed)"}[need]
             raise StackError(f"--recompute-modules {m} needs {what}, which {model.name} does not have")
+
+
+def runs_model(stack, model: ModelSpec) -> bool:
+    """Whether the stack's model code builds the model's decoder (engine.lacks)."""
+    return not (model.parallel_block and "parallel_blocks" in stack.engine.lacks)
 
 
 def runs_method(kind: str) -> list[str]:

@@ -82,3 +82,14 @@ def test_hf_llama_layer_saves_what_peft_lora_keeps(precision, method, probed):
     w = Workload.of(llama_like("tiny", 2, 256, 4, 4, 704, 128, 64), load_hardware("dgx-a100"), load_stack("hf-trainer"),
                     setup)
     assert float(w.tables.saved_layer.per_gpu(1, False, 0.0)) + saved_delta_per_token(w) == pytest.approx(probed, abs=1)
+
+
+def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
+    """megatron-core 0.19's TransformerLayer runs the MLP on the attention's output (transformer_layer.py forward):
+    Falcon-7B's parallel attention + MLP blocks are not its model. Asked for, a one-line error; under --stack auto its
+    plans go to hf-trainer, TP and PP plans included (none that hf-trainer runs)."""
+    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code has no parallel attention \+ MLP blocks "
+                                        r"\(falcon-7b\): use --stack hf-trainer"):
+        estimate(model="falcon-7b", hw="dgx-h100", gpus=8, zero=1, stack="megatron-core")
+    res = plan("falcon-7b", "aws-p4d", nodes=2, top=5)
+    assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
