@@ -719,3 +719,25 @@ def test_sliding_windows_are_written_as_megatrons_window_size():
     assert args[args.index("--window-size") + 1] == "4095,0" and "--window-attn-skip-freq" not in args
     assert window_flags(load_model("gpt-oss")) == ["--window-size", "127,0", "--window-attn-skip-freq",
                                                    "[" + ",".join(["1", "0"] * 18) + "]"]
+
+
+@pytest.mark.parametrize("model,hw,gpus", [
+    ("mixtral-8x7b", "dgx-h100", 16),  # megatron-core's optimizer offload under the distributed optimizer
+    ("llama2-13b", "dgx-h100", 1),  # DeepSpeed's ZeRO-Offload/Infinity: the deepspeed format
+    ("llama2-13b", "rtx-4090", 64),  # 40 layers on 16 pipeline stages: a layout
+    ("deepseek-v2-lite", "dgx-h100", 16),  # multi-head latent attention
+    ("mistral-7b", "l40s", 16),  # a sliding window
+    ("falcon-7b", "aws-p4d", 16),  # parallel blocks: hf-trainer
+])
+def test_the_plans_a_search_ranks_export_in_their_stacks_format(model, hw, gpus):
+    """Every plan of the top 5 exports in a format of the stack it was costed in (advisor export without --format):
+    each case is one a random search found refused before it was mended."""
+    from advisor.search import plan as search
+
+    res = search(model, hw, gpus=gpus, top=5)
+    assert res.plans
+    for rp in res.plans:
+        ga, _ = resolve_grad_accum(rp.setup, rp.plan)
+        out = export(None, load_model(model), load_hardware(hw), rp.plan, rp.setup, ga, rp.estimate.world_size,
+                     rp.setup.stack)
+        assert out.text and out.stack == rp.setup.stack

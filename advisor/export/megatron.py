@@ -43,7 +43,7 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
     missing = [f for f in unwritten(model) if not (f == MLA and product == "Megatron-LM")]  # MLA: model_shape
     if missing:
         raise ExportError(f"{model.name} has {', '.join(missing)}, which the {product} {writes} advisor writes do not "
-                          f"describe: use --format {'megatron' if missing == [MLA] else 'accelerate or torchrun'}")
+                          f"describe: use --format {'megatron' if missing == [MLA] else 'accelerate or torchrun (--stack hf-trainer)'}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"  # costed as Megatron offloads
