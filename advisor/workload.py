@@ -12,7 +12,7 @@ from typing import Optional
 
 from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
-from advisor.model import DecoderLayer, ModelSpec
+from advisor.model import DecoderLayer, ModelSpec, PositionKind
 from advisor.parallel import expert
 from advisor.engine import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
@@ -42,8 +42,8 @@ class Workload:
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
         layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it); else the routed one
         if not runs_model(stack, model):
-            raise StackError(f"stack {stack.name}'s model code has no parallel attention + MLP blocks ({model.name}): use "
-                             "--stack hf-trainer (the model's own Hugging Face modules)")
+            raise StackError(f"stack {stack.name}'s model code has no {' or '.join(lacked(stack, model))} ({model.name}): "
+                             "use --stack hf-trainer (the model's own Hugging Face modules)")
         mode = setup.precision.mode
         if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
             mode = Mode.half
@@ -178,9 +178,16 @@ def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: 
             raise StackError(f"--recompute-modules {m} needs {what}, which {model.name} does not have")
 
 
+def lacked(stack, model: ModelSpec) -> list[str]:
+    """What of the model's decoder the stack's model code cannot build (engine.lacks), in words."""
+    has = {"parallel_blocks": model.parallel_block, "alibi": model.position is PositionKind.alibi}
+    words = {"parallel_blocks": "parallel attention + MLP blocks", "alibi": "ALiBi positions"}
+    return [words[k] for k in stack.engine.lacks if has[k]]
+
+
 def runs_model(stack, model: ModelSpec) -> bool:
     """Whether the stack's model code builds the model's decoder (engine.lacks)."""
-    return not (model.parallel_block and "parallel_blocks" in stack.engine.lacks)
+    return not lacked(stack, model)
 
 
 def runs_method(kind: str) -> list[str]:

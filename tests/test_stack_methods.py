@@ -93,3 +93,12 @@ def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
         estimate(model="falcon-7b", hw="dgx-h100", gpus=8, zero=1, stack="megatron-core")
     res = plan("falcon-7b", "aws-p4d", nodes=2, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
+
+
+def test_alibi_models_are_not_megatron_cores():
+    """megatron-core 0.19's GPTModel position_embedding_type: learned_absolute, rope, mrope, yarn, none; no ALiBi (MPT,
+    BLOOM): asked for, a one-line error; under --stack auto their plans are costed in hf-trainer."""
+    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code has no ALiBi positions \(mpt-7b\)"):
+        estimate(model="mpt-7b", hw="dgx-a100", gpus=16, zero=1, stack="megatron-core")
+    res = plan("mpt-7b", "dgx-a100", gpus=16, top=3)
+    assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
