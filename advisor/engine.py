@@ -230,6 +230,9 @@ class Engine(Spec):
         default="data", description="where LoRA adapters run: data parallelism only (PEFT under accelerate/DeepSpeed, "
         "torchtune, litgpt: DDP, FSDP, ZeRO), or also under tensor and pipeline parallelism (Megatron-Bridge's "
         "ParallelLinearAdapter: each adapter split over the TP ranks like its linear, on its layer's stage)")
+    adapter_modules: Literal["per_projection", "fused"] = Field(
+        default="per_projection", description="what its LoRA adapts: any projection (PEFT, litgpt, torchtune: q, k and v "
+        "apart), or whole fused modules (Megatron-Bridge: linear_qkv for q, k and v, linear_fc1 for gate and up)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
     allocator: Literal["caching", "expandable_segments"] = Field(

@@ -63,6 +63,7 @@ class Workload:
                              f"{', '.join(stack.engine.methods)}): use --stack {' or '.join(runs_method(ft.kind))}")
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
+            adapter_targets(stack, setup)
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
                 tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer))
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
@@ -229,13 +230,25 @@ def tp_overlap_choice(stack, setup, hw=None) -> str:
     return overlap
 
 
+def adapter_targets(stack, setup) -> None:
+    """LoRA targets the stack's adapters cannot take (engine.adapter_modules fused), as a one-line StackError."""
+    ft = setup.finetune
+    if not ft.adapters or stack.engine.adapter_modules != "fused":
+        return
+    t = set(ft.target_set)
+    if t & {"q", "k", "v"} or ("gate" in t) != ("up" in t) or "head" in t:
+        raise StackError(f"--lora-targets {ft.targets}: stack {stack.name}'s LoRA adapts whole fused modules (q, k and v "
+                         "as one qkv; gate with up) and not the head: use --lora-targets qkv (and o, gate,up, down as "
+                         "wanted), or --stack hf-trainer")
+
+
 def stack_runs(stack, setup) -> bool:
     """Whether the stack runs the setup's explicit choices: its fine-tuning method, token dispatcher, all-to-all
     overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
     if setup.finetune.kind not in stack.engine.methods:
         return False
     try:
-        moe_choices(stack, setup), tp_overlap_choice(stack, setup)
+        moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
         if setup.recompute_modules is not None:
             stack_modules(stack, setup.recompute_modules)
     except StackError:

@@ -44,12 +44,14 @@ def test_int8_lora_needs_a_quantising_stack_too():
 
 
 def test_auto_costs_adapters_where_they_run():
-    """Llama 2 70B does not fit one H100 in hf-trainer, so auto's data-parallel stack is megatron-core: LoRA stays
-    there (Megatron-Bridge's PEFT), QLoRA goes to hf-trainer (PEFT + bitsandbytes, FSDP). --stack any ranks only the
-    stacks that run the method."""
-    lora = estimate(model="llama2-70b", hw="dgx-h100", gpus=8, zero=3, method="lora", recompute="full")
-    qlora = estimate(model="llama2-70b", hw="dgx-h100", gpus=8, zero=3, method="qlora", recompute="full")
-    assert (lora.stack, qlora.stack) == ("megatron-core", "hf-trainer")
+    """Llama 2 70B does not fit one H100 in hf-trainer, so auto's data-parallel stack is megatron-core: LoRA on its
+    fused qkv stays there (Megatron-Bridge's PEFT), LoRA on q and v apart (PEFT's default, which Bridge's linear_qkv
+    adapter cannot be) and QLoRA go to hf-trainer (PEFT + bitsandbytes, FSDP). --stack any ranks only the stacks that
+    run the method."""
+    kw = dict(model="llama2-70b", hw="dgx-h100", gpus=8, zero=3, recompute="full")
+    lora = estimate(method="lora", lora_targets="qkv", **kw)
+    peft_lora, qlora = estimate(method="lora", **kw), estimate(method="qlora", **kw)
+    assert (lora.stack, peft_lora.stack, qlora.stack) == ("megatron-core", "hf-trainer", "hf-trainer")
     found = plan(model="llama2-70b", hw="dgx-h100", gpus=8, method="qlora", stack="any", top=200)
     # litgpt runs QLoRA too, but describes no bf16-mixed (autocast) activations: --stack any leaves it out here
     assert {s.name for s in found.stacks} == {"hf-trainer", "deepspeed"}
@@ -102,3 +104,15 @@ def test_alibi_models_are_not_megatron_cores():
         estimate(model="mpt-7b", hw="dgx-a100", gpus=16, zero=1, stack="megatron-core")
     res = plan("mpt-7b", "dgx-a100", gpus=16, top=3)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
+
+
+def test_megatron_cores_lora_takes_fused_modules_only():
+    """Megatron-Bridge 0.6.2 peft/lora.py: target_modules linear_qkv, linear_proj, linear_fc1, linear_fc2, each adapted
+    whole: q and v apart (PEFT's default), gate without up, or the head cannot be costed as it runs."""
+    for targets in ("q,v", "gate,down", "qkv,head"):
+        with pytest.raises(AdvisorError, match=r"stack megatron-core's LoRA adapts whole fused modules") as err:
+            estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, method="lora", lora_targets=targets,
+                     stack="megatron-core")
+        assert "\n" not in str(err.value)
+    assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, method="lora", lora_targets="qkv,o,gate,up,down",
+                    stack="megatron-core").step_time_s > 0
