@@ -287,9 +287,10 @@ class Engine(Spec):
         default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
         "domains once to each domain, then forwarded on NVLink)")
-    lacks: list[Literal["parallel_blocks", "alibi"]] = Field(
+    lacks: list[Literal["parallel_blocks", "alibi", "beyond_llama"]] = Field(
         default_factory=list, description="decoder shapes its model code cannot build: parallel_blocks (GPT-J / "
-        "GPT-NeoX / Falcon's attention and MLP beside each other on one residual), alibi (BLOOM / MPT's positions)")
+        "GPT-NeoX / Falcon's attention and MLP beside each other on one residual), alibi (BLOOM / MPT's positions), "
+        "beyond_llama (anything a Llama decoder does not have: ModelSpec.llama_departures)")
     flex_dispatcher_sms: Optional[int] = Field(
         default=None, ge=1, le=100_000, description="SMs the flex dispatcher's kernels (DeepEP / HybridEP) hold while they "
         "run: the compute they overlap runs on the others meanwhile (None: not costed)")

@@ -42,8 +42,8 @@ class Workload:
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
         layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it); else the routed one
         if not runs_model(stack, model):
-            raise StackError(f"stack {stack.name}'s model code has no {' or '.join(lacked(stack, model))} ({model.name}): "
-                             "use --stack hf-trainer (the model's own Hugging Face modules)")
+            raise StackError(f"stack {stack.name}'s model code does not build {model.name}, which has "
+                             f"{', '.join(lacked(stack, model))}: use --stack hf-trainer (its own Hugging Face modules)")
         mode = setup.precision.mode
         if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
             mode = Mode.half
@@ -181,9 +181,10 @@ def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: 
 
 def lacked(stack, model: ModelSpec) -> list[str]:
     """What of the model's decoder the stack's model code cannot build (engine.lacks), in words."""
-    has = {"parallel_blocks": model.parallel_block, "alibi": model.position is PositionKind.alibi}
-    words = {"parallel_blocks": "parallel attention + MLP blocks", "alibi": "ALiBi positions"}
-    return [words[k] for k in stack.engine.lacks if has[k]]
+    has = {"parallel_blocks": ["parallel attention + MLP blocks"] if model.parallel_block else [],
+           "alibi": ["ALiBi positions"] if model.position is PositionKind.alibi else [],
+           "beyond_llama": model.llama_departures() if "beyond_llama" in stack.engine.lacks else []}
+    return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]))
 
 
 def runs_model(stack, model: ModelSpec) -> bool:

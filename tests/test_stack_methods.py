@@ -90,8 +90,8 @@ def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
     """megatron-core 0.19's TransformerLayer runs the MLP on the attention's output (transformer_layer.py forward):
     Falcon-7B's parallel attention + MLP blocks are not its model. Asked for, a one-line error; under --stack auto its
     plans go to hf-trainer, TP and PP plans included (none that hf-trainer runs)."""
-    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code has no parallel attention \+ MLP blocks "
-                                        r"\(falcon-7b\): use --stack hf-trainer"):
+    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code does not build falcon-7b, which has "
+                                        r"parallel attention \+ MLP blocks: use --stack hf-trainer"):
         estimate(model="falcon-7b", hw="dgx-h100", gpus=8, zero=1, stack="megatron-core")
     res = plan("falcon-7b", "aws-p4d", nodes=2, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
@@ -100,7 +100,7 @@ def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
 def test_alibi_models_are_not_megatron_cores():
     """megatron-core 0.19's GPTModel position_embedding_type: learned_absolute, rope, mrope, yarn, none; no ALiBi (MPT,
     BLOOM): asked for, a one-line error; under --stack auto their plans are costed in hf-trainer."""
-    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code has no ALiBi positions \(mpt-7b\)"):
+    with pytest.raises(AdvisorError, match=r"stack megatron-core's model code does not build mpt-7b, which has ALiBi positions"):
         estimate(model="mpt-7b", hw="dgx-a100", gpus=16, zero=1, stack="megatron-core")
     res = plan("mpt-7b", "dgx-a100", gpus=16, top=3)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}

@@ -171,5 +171,6 @@ def test_nanotron_numbers_are_its_sources():
     with pytest.raises(AdvisorError, match="nanotron does not run ZeRO-2"):
         estimate("llama3-8b", "dgx-h100", gpus=8, zero=2, stack="nanotron")
     # GPT-2 (GELU, LayerNorm) is not nanotron's model: the profile says so in one line
-    with pytest.raises(AdvisorError, match="stack nanotron has no"):
+    with pytest.raises(AdvisorError, match="stack nanotron's model code does not build gpt2, which has a gelu MLP, "
+                                           "layernorm norms"):
         estimate("gpt2", "dgx-a100", gpus=8, stack="nanotron")

@@ -38,7 +38,7 @@ from advisor.export.common import (
 )
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import Schedule
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind, QKNorm
+from advisor.model import ModelSpec
 from advisor.model.hub_configs import HUB_CONFIGS
 
 VERSION = "0.4"
@@ -65,31 +65,9 @@ INIT_STD = 0.02  # RandomInit.std (models/llama.py init_model_randomly); Llama's
 SEED = 42  # config/config.py DEFAULT_SEED
 
 
-def _unbuildable(model: ModelSpec) -> list[str]:
-    """What nanotron 0.4's LlamaForTraining (models/llama.py) cannot build: TritonRMSNorm, GLUActivation over one
-    merged gate_up column linear (:127-181), bias-free linears, head width hidden_size / heads (:291), RoPE, no
-    experts, windows, q/k norms or soft-capping."""
-    found = {
-        f"a {model.mlp.value} MLP": model.mlp is not MLPKind.swiglu,
-        f"{model.norm.value} norms": model.norm is not NormKind.rmsnorm,
-        f"{model.position.value} positions": model.position is not PositionKind.rotary,
-        "experts": model.experts is not None, "multi-head latent attention": model.latent is not None,
-        "biases": model.linear_bias or model.qkv_bias or model.out_bias or model.mlp_bias or model.lm_head_bias,
-        "q/k norms": model.qk_norm is not QKNorm.none, "parallel attention + MLP blocks": model.parallel_block,
-        f"{model.norms_per_layer} norms per layer": model.norms_per_layer != 2,
-        "an embedding norm": model.embedding_norm,
-        f"head_dim {model.head_dim} != hidden / heads": (model.head_dim is not None
-                                                         and model.head_dim * model.n_heads != model.d_model),
-        "sliding-window attention": any(r.window for r in model.layer_runs),
-        "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
-        "attention sinks": model.attention_sinks,
-    }
-    return [name for name, present in found.items() if present]
-
-
 def _refuse(r: Run) -> None:
     p, s, m = r.plan, r.setup, r.model
-    unbuildable = _unbuildable(m)
+    unbuildable = m.llama_departures()
     if unbuildable:
         raise ExportError(f"{m.name} has {', '.join(unbuildable)}, which nanotron {VERSION}'s Llama (models/llama.py) "
                           "does not build: choose a Llama-shaped model (RMSNorm, SwiGLU, RoPE, no biases) or another "

@@ -219,3 +219,24 @@ class ModelSpec(Spec):
     def position_params(self) -> int:
         """A learned position table's parameters (0 for rotary and ALiBi)."""
         return self.max_positions * self.d_model if self.position is PositionKind.learned else 0
+
+    def llama_departures(self) -> list[str]:
+        """What departs from a Llama decoder as nanotron 0.4's LlamaForTraining (models/llama.py) builds it:
+        TritonRMSNorm, GLUActivation over one merged gate_up column linear (:127-181), bias-free linears, head width
+        hidden_size / heads (:291), RoPE, no experts, windows, q/k norms or soft-capping."""
+        found = {
+            f"a {self.mlp.value} MLP": self.mlp is not MLPKind.swiglu,
+            f"{self.norm.value} norms": self.norm is not NormKind.rmsnorm,
+            f"{self.position.value} positions": self.position is not PositionKind.rotary,
+            "experts": self.experts is not None, "multi-head latent attention": self.latent is not None,
+            "biases": self.linear_bias or self.qkv_bias or self.out_bias or self.mlp_bias or self.lm_head_bias,
+            "q/k norms": self.qk_norm is not QKNorm.none, "parallel attention + MLP blocks": self.parallel_block,
+            f"{self.norms_per_layer} norms per layer": self.norms_per_layer != 2,
+            "an embedding norm": self.embedding_norm,
+            f"head_dim {self.head_dim} != hidden / heads": (self.head_dim is not None
+                                                             and self.head_dim * self.n_heads != self.d_model),
+            "sliding-window attention": any(r.window for r in self.layer_runs),
+            "soft-capping": self.attn_softcap is not None or self.logit_softcap is not None,
+            "attention sinks": self.attention_sinks,
+        }
+        return [name for name, present in found.items() if present]
