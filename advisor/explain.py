@@ -15,6 +15,7 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
+from advisor.parallel import offload
 from advisor.results import Estimate
 from advisor.units import GiB
 from advisor.stack import Stack, load_stack
@@ -169,7 +170,7 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
     if e.plan.offload.value != "none":
         kept = sum(e.memory.parts[k] for k in ("weights", "gradients", "optimizer_states"))
         why = OFFLOAD_WHY[e.plan.offload.value]
-        if (stack or load_stack(e.stack)).engine.optimizer_offload == "hybrid_device":
+        if offload.hybrid(stack or load_stack(e.stack)):
             why = why.replace("(ZeRO-Offload)", "(Megatron's --optimizer-cpu-offload)")
         words.append(f"{why}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
                      f"{e.host_memory_bytes / GiB:.0f} GiB of host memory per node")

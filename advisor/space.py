@@ -23,7 +23,7 @@ from advisor.constraints import violations
 from advisor.hardware import Hardware
 from advisor.layout import ContextParallel, Offload, PipelineSplit, Schedule
 from advisor.model import ModelSpec
-from advisor.parallel import expert
+from advisor.parallel import expert, offload
 from advisor.parallel.context import MAX_CP
 from advisor.recompute import SEARCH_K
 from advisor.training import Recompute
@@ -168,8 +168,7 @@ def _grid(tp_a: np.ndarray, pp_a: np.ndarray, dp_a: np.ndarray, global_batch: in
     off = [np.zeros(int(plain.sum()), dtype=np.int64)]
     # the optimizer offloaded under ZeRO-2 or -3 (on one GPU, ZeRO-3 without sharding is ZeRO-2's plan), or under the
     # distributed optimizer where the stack's is Megatron's (advisor.parallel.offload.hybrid); parameters under ZeRO-3
-    hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"
-    base = (((zero == 1) if hdo else (zero >= 2)) & (var == 0) & (pp_a[pi] == 1))
+    base = (((zero == 1) if offload.hybrid(stack) else (zero >= 2)) & (var == 0) & (pp_a[pi] == 1))
     for o in offloads:
         if o == Offload.none.code:
             continue

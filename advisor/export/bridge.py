@@ -52,7 +52,8 @@ BRIDGE_RECIPES = {
 def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
                      grad_accum: int, stack: Optional[Stack] = None) -> tuple[dict, list[str]]:
     """The nested overrides ({section: {field: value}}) and the notes."""
-    refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides", costed_stack(setup, stack))
+    stack = costed_stack(setup, stack)
+    refuse_unwritable(model, plan, setup, "Megatron-Bridge", "overrides", stack)
     notes: list[str] = []
     m = {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
          "virtual_pipeline_model_parallel_size": None, "context_parallel_size": plan.cp,
@@ -64,7 +65,6 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
     m.update(_recompute(setup))
     m.update(_model_shape(model))
-    stack = costed_stack(setup, stack)
     m.update(_experts(model, plan, setup, notes, stack))
     if plan.sp and plan.tp > 1 and tp_overlap_choice(stack, setup) == "userbuffers":
         notes.append("the TP collectives were costed pipelined with their GEMMs: set comm_overlap.tp_comm_overlap=true "

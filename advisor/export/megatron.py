@@ -27,6 +27,7 @@ from advisor.export.megatron_shape import MLA, model_shape, unwritten
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec, PositionKind
+from advisor.parallel import offload
 from advisor.stack import Stack, load_stack
 from advisor.workload import moe_choices, tp_overlap_choice
 
@@ -46,8 +47,7 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           f"describe: use --format {'megatron' if missing == [MLA] else 'accelerate or torchrun (--stack hf-trainer)'}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
-    hdo = stack is not None and stack.engine.optimizer_offload == "hybrid_device"  # costed as Megatron offloads
-    if plan.offload.value != "none" and not (hdo and plan.offload.value == "optimizer-cpu"):
+    if plan.offload.value != "none" and not (offload.hybrid(stack) and plan.offload.value == "optimizer-cpu"):
         raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
                           "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
 
