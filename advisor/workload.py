@@ -141,8 +141,9 @@ def softcapped(t: StackTables, model: ModelSpec, act_bytes: float) -> StackTable
 # (probed on CPU: 8.04 a logit per token at backward's start; two chunks' fp32 gradients beside them at the peak, 8 x 128
 # / seq more, left out). The loss's backward runs before any layer's (its nodes are the newest) and frees each
 # log-softmax as it goes: while checkpointed layers recompute only the fp32 list is held, 4 bytes a logit (probed on CPU
-# with saved-tensor hooks, 2026-11-29: the saved bytes at the last layer's backward are the checkpoints alone). torchtune's CEWithChunkedOutputLoss (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32
-# copy and its log-softmax (8 bytes) of 1/8 of the logits beside the half-precision logits.
+# with saved-tensor hooks, 2026-11-29: the saved bytes at the last layer's backward are the checkpoints alone).
+# torchtune's CEWithChunkedOutputLoss (num_output_chunks=8) upcasts one chunk in eight at a time: an fp32 copy and its
+# log-softmax (8 bytes) of 1/8 of the logits beside the half-precision logits.
 CHUNKED_LOSS = {Library.litgpt: (4.0, 4.0), Library.torchtune: (None, 8.0 / 8)}  # (held, peak beyond held); None: act bytes
 
 
@@ -181,10 +182,10 @@ def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: 
 
 def lacked(stack, model: ModelSpec) -> list[str]:
     """What of the model's decoder the stack's model code cannot build (engine.lacks), in words."""
-    has = {"parallel_blocks": ["parallel attention + MLP blocks"] if model.parallel_block else [],
-           "alibi": ["ALiBi positions"] if model.position is PositionKind.alibi else [],
-           "beyond_llama": model.llama_departures() if "beyond_llama" in stack.engine.lacks else []}
-    return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]))
+    has = {"parallel_blocks": lambda: ["parallel attention + MLP blocks"] if model.parallel_block else [],
+           "alibi": lambda: ["ALiBi positions"] if model.position is PositionKind.alibi else [],
+           "beyond_llama": model.llama_departures}
+    return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]()))
 
 
 def runs_model(stack, model: ModelSpec) -> bool:
