@@ -43,8 +43,9 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
     missing = [f for f in unwritten(model) if not (f == MLA and product == "Megatron-LM")]  # MLA: model_shape
     if missing:
+        hint = "megatron" if missing == [MLA] else "accelerate or torchrun (--stack hf-trainer)"
         raise ExportError(f"{model.name} has {', '.join(missing)}, which the {product} {writes} advisor writes do not "
-                          f"describe: use --format {'megatron' if missing == [MLA] else 'accelerate or torchrun (--stack hf-trainer)'}")
+                          f"describe: use --format {hint}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     if plan.offload.value != "none" and not (offload.hybrid(stack) and plan.offload.value == "optimizer-cpu"):

@@ -45,8 +45,9 @@ dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Rout
 the MLP width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the
 experts read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
-Not modelled: HSDP with EP (refused), context parallelism, NCCL's all-to-all SMs, FP8 dispatch, the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as
-routed layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach
+Not modelled: HSDP with EP (refused), context parallelism, NCCL's all-to-all SMs, FP8 dispatch, the aux-loss kernels,
+the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as routed
+layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach
 (advisor.parallel.routing).
 """
 

@@ -77,8 +77,8 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
         # megatron/training/arguments.py: --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the
         # distributed optimizer (optimizer_config.py); without a stack (an export format's own check after the stack's)
         # only what no engine runs, an unsharded optimizer
-        **({f"{stack.name} offloads the optimizer under its distributed optimizer only: --zero 1": opt & ~params & (zero != 1)}
-           if hybrid(stack) else {"offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)":
+        **({f"{stack.name} offloads the optimizer under its distributed optimizer only: --zero 1":
+            opt & ~params & (zero != 1)} if hybrid(stack) else {"offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)":
                                   opt & (zero < (1 if stack is None else 2))}),
         "offloading parameters needs ZeRO-3 / FULL_SHARD": params & (np.asarray(c.zero) != 3),
         # DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/engine.py:77)
