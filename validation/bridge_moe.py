@@ -48,13 +48,18 @@ RECOMPUTE_LADDER = ("none", "selective", "full")
 # sets it True for Muon (recipes/kimi/h100/kimi_k2.py _apply_kimi_k2_optimizer), and the perf recipe sets it back
 MOE_STACK = "megatron-bridge-perf"
 
-# How each row's tokens travel, as megatron-bridge 0.6.2's performance recipe for its (model, system, precision) sets it
-# (perf_recipes/<model>/<system>/*.py: moe_token_dispatcher_type / moe_flex_dispatcher_backend, and
-# overlap_moe_expert_parallel_comm, set directly or by _enable_hybridep_full_iteration_mxfp8 (qwen/common.py),
-# _enable_deepseek_full_iteration_mxfp8 (deepseek/common.py), _apply_gpt_oss_120b_full_iter_fp8mx_configs
-# (gpt_oss/common.py)), with the layout it sets (tp, pp, vp, ep, micro-batch). 0.6.2 post-dates 0.5.0 (released
-# 06/22/2026, its README): its recipes are the 26.08 container's, RECIPE_RELEASE. A row of an older release, or whose
-# layout is not its recipe's, ran a recipe 0.6.2 does not hold: it takes the model providers' defaults (alltoall, and
+# How each row's tokens travel, as the performance recipe for its (model, system, precision) sets it (perf_recipes/
+# <model>/<system>/*.py: moe_token_dispatcher_type / moe_flex_dispatcher_backend, and overlap_moe_expert_parallel_comm,
+# set directly or by _enable_hybridep_full_iteration_mxfp8 (qwen/common.py), _enable_deepseek_full_iteration_mxfp8
+# (deepseek/common.py), _apply_gpt_oss_120b_full_iter_fp8mx_configs (gpt_oss/common.py)), with the layout it sets
+# (tp, pp, vp, ep, micro-batch). Two megatron-bridge wheels hold perf_recipes, each a container release's (WHEELS):
+# 0.6.2 the 26.08 container's (RECIPE_RELEASE; it post-dates 0.5.0, released 06/22/2026, its README), 0.6.0 the 26.06
+# container's (the oldest wheel with perf_recipes; its README announces "the NeMo 26.06 training stack that integrates
+# full-iteration CUDA graphs, HybridEP/router optimizations, all-to-all overlap", which its recipes set and which took
+# Qwen3-30B-A3B on GB200 from 26,112 tokens/s/GPU in 26.04.01 to 40,706 in 26.06 on the same layout). The two agree on
+# every MoE recipe a 26.06 row ran, so RECIPES serves both. A row of an older release, or whose layout is not its
+# recipe's, ran a recipe neither holds (a recipe's layout outlives its settings: DeepSeek-V3's 26.04.01 B200 layout,
+# EP 32, is 0.6.0's, whose full-iteration settings came later): it takes the model providers' defaults (alltoall, and
 # the shared experts' overlap where the provider sets it: deepseek_v3_bridge.py, kimi_bridge.py), DEFAULT_TRAVEL.
 RECIPE_RELEASE = "26.08"
 RECIPES = {  # (model, system, precision) -> (recipe, (tp, pp, vp, ep, mbs), dispatcher, overlap)
@@ -92,13 +97,15 @@ RECIPES = {  # (model, system, precision) -> (recipe, (tp, pp, vp, ep, mbs), dis
     ("Qwen3_235B_a22B", "DGX-H100", "FP8"): ("qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config", (2, 8, 4, 32, 1),
                                             "alltoall", "batch"),
 }
+WHEELS = {RECIPE_RELEASE: "0.6.2", "26.06": "0.6.0", "26.06.01": "0.6.0"}  # release -> the wheel of its recipes
 DEFAULT_TRAVEL = ("alltoall", "shared_experts")
-# The recomputation the 0.6.2 recipes of those rows set (recompute_granularity "selective" with recompute_modules):
-# deepseek/common.py _deepseek_v3_common (selective) and the GB200 MXFP8 recipe's ["mla_up_proj"], its GB300 one's [];
-# the GPT-OSS MXFP8 recipes end in recompute_modules = [] (gpt_oss/gb200/gpt_oss.py, gb300 alike); the Qwen3 perf
-# recipes set recompute_granularity None. An empty list reruns nothing: none. Rows without a recipe take the least
-# recomputation predicted to fit (RECOMPUTE_LADDER)
-RECIPE_RECOMPUTE = {"deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": ("mla_up_proj",)}
+# The recomputation those recipes set (recompute_granularity "selective" with recompute_modules), alike in both wheels:
+# deepseek/common.py _deepseek_v3_common (selective) with the GB200 MXFP8 recipe's ["mla_up_proj"] (its GB300 one's
+# []); Kimi-K2's ["mla_up_proj"] (kimi/gb300/kimi_k2.py); the GPT-OSS MXFP8 recipes end in recompute_modules = []
+# (gpt_oss/gb200/gpt_oss.py, gb300 alike); the Qwen3 perf recipes set recompute_granularity None. An empty list
+# reruns nothing: none. Rows without a recipe take the least recomputation predicted to fit (RECOMPUTE_LADDER)
+RECIPE_RECOMPUTE = {"deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": ("mla_up_proj",),
+                    "kimi_k2_pretrain_256gpu_gb300_fp8mx_config": ("mla_up_proj",)}
 # Models whose recipes count the embedding and the loss as pipeline layers (--account-for-embedding/loss-in-pipeline-
 # split): Qwen3-235B-A22B's perf recipes start from qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config (recipes/qwen/
 # h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks.
@@ -188,8 +195,8 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     dispatcher, overlap, _ = travel(row)
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
-              attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=dispatcher, moe_overlap=overlap,
-              tp_overlap="none")
+              attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=dispatcher,
+              moe_overlap=overlap, tp_overlap="none")
     # no userbuffers TP overlap: the one MoE recipe with TP > 1, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, sets
     # CommOverlapConfig(tp_comm_overlap=False); the others run TP 1
     if interleaved and not fallback:
@@ -200,10 +207,10 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def travel(row: dict[str, Any]) -> tuple[str, str, Optional[str]]:
-    """(dispatcher, overlap, the recipe they come from or None) of a row (RECIPES)."""
+    """(dispatcher, overlap, the recipe they come from or None) of a row (RECIPES, for a release WHEELS holds)."""
     recipe = RECIPES.get((row["model"], row["system"], row["precision"]))
     if (recipe is None or recipe[1] != tuple(row[k] for k in ("tp", "pp", "vp", "ep", "mbs"))
-            or row["release"].split()[0] != RECIPE_RELEASE):
+            or row["release"].split()[0] not in WHEELS):
         return (*DEFAULT_TRAVEL, None)
     return recipe[2], recipe[3], recipe[0]
 
@@ -254,10 +261,11 @@ def validate_bridge_moe(systems: dict[str, str] = SYSTEMS, name: str = "bridge-m
     notes = [f"{len(points)} rows compared ({', '.join(f'{k} {len(v)}' for k, v in sorted(by_precision.items()))}), "
              f"the newest release of each (model, system, precision), costed in {Path(MOE_STACK).stem}; balanced routing, dropless "
              "(the tables force a balanced token distribution); FP8 as fp8-tensorwise, MXFP8 as mxfp8",
-             "dispatcher and all-to-all overlap as megatron-bridge 0.6.2's recipe sets them (26.08 rows of its layout), "
+             "dispatcher and all-to-all overlap as the recipe of the row's release sets them (megatron-bridge 0.6.2: "
+             "26.08, 0.6.0: 26.06, rows of their layouts), "
              "else the providers' defaults: " + ", ".join(f"{k} {n}" for k, n in sorted(travels.items())),
              f"{fallbacks} interleaved schedules whose chunks no layout fills run as 1F1B",
-             "recomputation, which the tables do not give: the recipe's (RECIPE_RECOMPUTE) where 0.6.2 holds it, "
+             "recomputation, which the tables do not give: the recipe's (RECIPE_RECOMPUTE) where a wheel holds it, "
              "else the least predicted to fit: "
              + ", ".join(f"{k} {n}" for k, n in sorted(recomputed.items()))]
     notes.append("the published plan's rank in advisor plan's top 5 (dp, tp, pp, ep matched; '-': not in it): "
@@ -287,7 +295,7 @@ def published_plan_ranks(rows: Optional[list[dict[str, Any]]] = None, top: int =
         kw, _ = estimate_kwargs(r)
         try:
             found = plan(kw["model"], _hardware(r["hw"]), gpus=r["gpus"], seq=r["seq"], global_batch=r["gbs"],
-                         precision=kw["precision"], stack=moe_stack(), top=top, moe_dispatcher=kw["moe_dispatcher"],
+                         precision=kw["precision"], stack=kw["stack"], top=top, moe_dispatcher=kw["moe_dispatcher"],
                          moe_overlap=kw["moe_overlap"], tp_overlap=kw["tp_overlap"])
         except AdvisorError as exc:
             out.append((f"{' '.join(map(str, key))}: {str(exc)[:80]}", None))
