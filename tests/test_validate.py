@@ -244,6 +244,9 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # 2026-11-29 (6): with HybridEP's SMs costed beside the batch overlap's compute, EP 8 loses to EP 2-4 on Qwen3-30B-A3B
     # (less to send, so fewer SMs held for less time), and GPT-OSS on GB200's EP 64 falls just below eight plans of EP
     # 4-32 within 1.3% of each other: 1 of 18 (3 without the SMs)
+    # 2026-11-29 (7): Megatron-FSDP with EP and no pipeline, which the search ranks first for the 256-GPU models, is a
+    # layout NVIDIA runs too: megatron-bridge 0.6.2's deepseek_v3_pretrain_64gpu_gb300_*_fsdp_config (optim_grads_params,
+    # EP 64, TP 1, PP 1); its DeepSeek-V4 Flash recipes (the 26.08 tables' 128-GPU rows) run EP 32 with no pipeline
     "bridge-moe published plan in top 5 %": "6% (1 of 18): the search ranks Megatron-FSDP with less EP and no pipeline "
                                             "ahead of the published layouts (DeepSeek-V3, Kimi-K2, Qwen3 pipelines)",
     "vtrain top-1 regret max %": "18% (mean 3.9%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
