@@ -34,7 +34,8 @@ from advisor.workload import Workload, runs_model, stack_runs
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
-             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build the model, else in {AUTO_LARGE}")
+             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build and export the model, else in "
+             f"{AUTO_LARGE}")
 
 
 def model_parallel(tp, pp, cp=1):
@@ -86,6 +87,15 @@ def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
     return precision
 
 
+def auto_runs(stack: Stack, model: ModelSpec) -> bool:
+    """Whether --stack auto may cost the model in ``stack``: its model code builds the decoder (engine.lacks) and
+    one of its launch formats writes it (advisor.export.unwritable: Gemma's GeGLU and soft-capping, OLMo 2's
+    full-width q/k norms and GPT-OSS's attention sinks have no Megatron-LM flag), so every plan it ranks exports."""
+    from advisor.export import unwritable
+
+    return runs_model(stack, model) and not unwritable(stack, model)
+
+
 def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup, headroom: float = 0.0) -> bool:
     """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded, with the
     fraction ``headroom`` of its memory kept free (a search's --memory-headroom: the answer its plans agree with)."""
@@ -108,7 +118,7 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
     large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
-    if not runs_model(large, model):  # a decoder its model code cannot build (Falcon's parallel blocks)
+    if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
         return small, fits_one_gpu(model, hw, small, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
     # or a TP overlap (megatron-core)

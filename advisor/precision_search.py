@@ -33,11 +33,15 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
 
     hardware = load_hardware(hw)
     runs: list[tuple[str, Optional[PlanSearch], str]] = []
+    errors: list[AdvisorError] = []
     for name in auto_precisions(hardware):
         try:
             runs.append((name, plan(model, hardware, precision=name, **kw), ""))
         except AdvisorError as exc:
             runs.append((name, None, str(exc).splitlines()[0]))
+            errors.append(exc)
+    if len(errors) == len(runs):  # no precision has a search to rank: the default precision's reason, as plan gives it
+        raise errors[0]
 
     def best(res: Optional[PlanSearch]):
         return res.plans[0].estimate if res is not None and res.plans else None

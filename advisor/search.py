@@ -35,7 +35,7 @@ from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.layout import Schedule
 from advisor.training import Recompute, TrainingSetup
-from advisor.workload import Workload, runs_model
+from advisor.workload import Workload
 
 
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
@@ -85,8 +85,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
-    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters and runs_model(
-            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec):  # adapters: DP only; a decoder it builds
+    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters and api.auto_runs(
+            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec):  # adapters: DP only; a decoder it builds and exports
         stacks = [chosen, mp]
         parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
     else:

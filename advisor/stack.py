@@ -139,6 +139,11 @@ from advisor.engine import (CHECKPOINTING, DEFAULT_OFFERS, OFFLOADS, PLAN_FEATUR
                             Selective, Zero3Calls)
 
 
+# the --precision values each activation mode of the tables serves (advisor.precision: half is bf16 / fp16 throughout,
+# mixed the -mixed recipes and the low-precision ones, fp32 fp32)
+PRECISIONS_OF_MODE = {"half": "bf16 (or fp16)", "mixed": "bf16-mixed", "fp32": "fp32"}
+
+
 class Stack(Spec):
     name: str = Field(min_length=1)
     description: str = ""
@@ -159,8 +164,11 @@ class Stack(Spec):
             for e in entries:
                 if e.matches(mode, attention, mlp):
                     return e
+            # the precisions whose mode the stack has measured for this attention and MLP, as --precision names them
+            held = [m for m in ("half", "mixed", "fp32") if m != mode and any(e.matches(m, attention, mlp) for e in entries)]
+            hint = f"--precision {' or '.join(PRECISIONS_OF_MODE[m] for m in held)}, " if held else ""
             raise StackError(f"stack {self.name} has no {what} entry for mode {mode}, {attention} attention and a "
-                             f"{mlp} MLP: add one to its profile or choose another --stack")
+                             f"{mlp} MLP: use {hint}add one to its profile or choose another --stack")
 
         k, mem = self.kernels, self.memory
         host, head = pick(k.host, "kernels.host"), pick(k.host_outside_layers, "kernels.host_outside_layers")

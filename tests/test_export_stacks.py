@@ -330,12 +330,20 @@ def test_foundry_train_config_parses(case, monkeypatch):
     (dict(dp=8, zero=3), dict(precision="bf16"), "no pure bf16"),
     (dict(dp=8, zero=3), dict(recompute="selective"), "invalid under stack llm-foundry: llm-foundry has no selective"),
     (dict(dp=8), dict(recompute="full"), "needs --zero 2 or 3"),
+    # Composer's AMP_FP8 is Transformer Engine's DelayedScaling (mosaicml 0.32.1 composer/core/precision.py)
+    (dict(dp=8, zero=2), dict(precision="fp8-tensorwise"), "fp8-tensorwise has none; use --precision fp8-delayed"),
 ])
 def test_foundry_refusals(plan_kw, setup_kw, message):
     """What the stack does not run is refused by its profile (offers, selective) before the exporter sees it."""
     with pytest.raises(ExportError, match=message):
         export("llm-foundry", *inputs("mpt-7b", "dgx-a100", 8, plan_kw, dict(micro_batch=1, seq_len=2048, **setup_kw)),
                "llm-foundry")
+
+
+def test_foundry_writes_fp8_delayed_as_composers_amp_fp8():
+    out = export("llm-foundry", *inputs("mpt-7b", "dgx-h100", 8, dict(dp=8, zero=2),
+                                        dict(micro_batch=1, seq_len=2048, precision="fp8-delayed")), "llm-foundry")
+    assert yaml.safe_load(out.text)["precision"] == "amp_fp8"
 
 
 def test_python_api_launch_config():
@@ -348,3 +356,35 @@ def test_python_api_launch_config():
     assert advisor.launch_config("gpt2", "dgx-a100", gpus=8, format="deepspeed").stack == "hf-trainer"
     with pytest.raises(AdvisorError, match="stack torchtitan does not launch megatron: it launches torchtitan"):
         advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, stack="torchtitan", format="megatron")
+
+
+@pytest.mark.parametrize("model,hw,gpus", [("olmo-2-7b", "dgx-a100", 8), ("gemma-2-9b", "dgx-a100", 8),
+                                           ("gpt-oss-120b", "dgx-h100", 16)])
+def test_auto_costs_in_a_stack_that_exports_the_model(model, hw, gpus):
+    """--stack auto leaves megatron-core out for a model its launch formats cannot write (OLMo 2's full-width q/k
+    norms, Gemma 2's GeGLU and soft-capping, GPT-OSS's attention sinks: megatron_shape.unwritten), so the plans it
+    ranks export; megatron-core itself still costs them when asked."""
+    from advisor.api import auto_runs
+    from advisor.export import unwritable
+    from advisor.search import plan
+    from advisor.stack import load_stack
+
+    core = load_stack("megatron-core")
+    assert unwritable(core, load_model(model)) and not auto_runs(core, load_model(model))
+    found = plan(model, hw, gpus=gpus, top=3)
+    assert {p.estimate.stack for p in found.plans} == {"hf-trainer"}
+    for p in found.plans:
+        e = p.estimate
+        export(None, load_model(model), load_hardware(hw), e.plan, e.setup, e.grad_accum, e.world_size, e.stack)
+    assert plan(model, hw, gpus=gpus, top=1, stack="megatron-core").plans  # costed where asked
+
+
+def test_auto_keeps_megatron_core_for_what_its_flags_write():
+    """DeepSeek's MLA has Megatron-LM flags (megatron_shape.model_shape), Llama has nothing to miss."""
+    from advisor.export import unwritable
+    from advisor.stack import load_stack
+
+    core = load_stack("megatron-core")
+    assert unwritable(core, load_model("deepseek-v2-lite")) == [] == unwritable(core, load_model("llama3-8b"))
+    bridge_only = core.model_copy(update={"launch": ["megatron-bridge"]})  # Bridge's overrides have no MLA fields
+    assert unwritable(bridge_only, load_model("deepseek-v2-lite")) == ["multi-head latent attention"]

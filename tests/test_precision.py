@@ -153,6 +153,15 @@ def test_plan_auto_ranks_recipes():
     assert "mxfp8" not in res.output and "fp8-tensorwise" in res.output
 
 
+def test_plan_auto_where_no_precision_has_a_search_is_one_line():
+    """litgpt measured its tables in true half precision only: every precision auto tries is refused, and the plan
+    says why in one line (the default precision's reason) instead of ranking nothing."""
+    from _robust import assert_one_line_error
+
+    assert_one_line_error(["plan", "--model", "gpt2", "--hw", "dgx-a100", "--precision", "auto", "--stack", "litgpt"],
+                          "no memory.saved entry for mode mixed", "use --precision bf16 (or fp16)")
+
+
 def test_calibrate_fits_a_recipe_against_its_format_peak():
     """advisor calibrate's fp8-tensorwise rows (torch._scaled_mm) are fitted against the FP8 peak into
     matmul_max['fp8-tensorwise']: rows made from a known efficiency give it back."""

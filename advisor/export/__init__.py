@@ -51,6 +51,7 @@ from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, 
 from advisor.export.foundry import foundry_config, foundry_dict
 from advisor.export.litgpt import litgpt_config, litgpt_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
+from advisor.export.megatron_shape import MLA, unwritten
 from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import torchtitan_args, torchtitan_config
@@ -71,6 +72,22 @@ EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "me
              "megatron-bridge": bridge_config,
              "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config,
              "litgpt": litgpt_config, "nanotron": nanotron_config}
+
+
+# the formats that build the model with Megatron's own layers from flags (megatron_shape.unwritten names what their
+# flags cannot say); every other format launches the Hugging Face modules of the model's config.json
+MEGATRON_FORMATS = ("megatron", "megatron-bridge")
+
+
+def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
+    """The model's shape features that none of the stack's launch formats writes (an export would train another
+    model): Megatron-LM's flags and Bridge's overrides both lack, say, OLMo 2's full-width q/k norms; the flags write
+    MLA (megatron_shape.model_shape), the overrides do not. Empty where a format launches Hugging Face modules."""
+    formats = [f for f in stack.launch if f in EXPORTERS]
+    if not formats or any(f not in MEGATRON_FORMATS for f in formats):
+        return []
+    missing = unwritten(model)
+    return [f for f in missing if not (f == MLA and "megatron" in formats)]
 
 
 def launch_formats(stack: Stack) -> tuple[str, ...]:

@@ -18,8 +18,10 @@ from typing import Any, Callable
 from advisor.export.common import Exported, ExportError, Precision, Run, check, commented_yaml, header, node_layout
 from advisor.model import MLPKind, NormKind, PositionKind
 
+# Composer's Precision enum (composer/core/precision.py); its AMP_FP8 is Transformer Engine's fp8_autocast with a
+# DelayedScaling recipe (mosaicml 0.32.1 get_precision_context): fp8-delayed, and the generic fp8-mixed
 PRECISION = {Precision.fp32: "fp32", Precision.bf16_mixed: "amp_bf16", Precision.fp16_mixed: "amp_fp16",
-             Precision.fp8_mixed: "amp_fp8"}  # Composer's Precision enum (composer/core/precision.py)
+             Precision.fp8_mixed: "amp_fp8", Precision.fp8_delayed: "amp_fp8"}
 SHARDING = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 # Placeholders for what a run needs but the plan does not say, as in llm-foundry's scripts/train/yamls/pretrain/
 # mpt-125m.yaml (tokenizer, data, optimizer, schedule): yours to replace
@@ -77,6 +79,9 @@ def _refuse(r: Run) -> None:
         raise ExportError(f"llm-foundry's train YAML has no tp={r.plan.tp} x pp={r.plan.pp} (Composer FSDP or DDP only)")
     if r.setup.precision is Precision.bf16:
         raise ExportError("Composer keeps fp32 master weights: there is no pure bf16; use --precision bf16-mixed")
+    if r.setup.precision not in PRECISION:
+        raise ExportError(f"Composer's precisions are {', '.join(sorted(set(PRECISION.values())))} (amp_fp8: Transformer "
+                          f"Engine's delayed scaling): {r.setup.precision.value} has none; use --precision fp8-delayed")
     if r.setup.recompute.value == "selective":
         raise ExportError("llm-foundry checkpoints whole blocks (fsdp_config.activation_checkpointing): use "
                           "--recompute full or none")

@@ -49,8 +49,11 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
     if plan.offload.value != "none" and not (offload.hybrid(stack) and plan.offload.value == "optimizer-cpu"):
+        # the DeepSpeed JSON writes the offload but not context parallelism (advisor.export._export): name both ways out
+        hint = (f"the deepspeed JSON has no context parallelism: drop --offload or --cp {plan.cp}" if plan.cp > 1
+                else "use --format deepspeed")
         raise ExportError(f"the advisor costs {plan.offload.value} offload as DeepSpeed's ZeRO-Offload/Infinity or FSDP "
-                          "run it; Megatron's optimizer CPU offload is another engine: use --format deepspeed")
+                          f"run it; Megatron's optimizer CPU offload is another engine: {hint}")
 
 
 def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,
