@@ -49,17 +49,20 @@ class PlanError(AdvisorError):
 
 
 def resolve_world(hw: Hardware, gpus: Optional[int], nodes: Optional[int], plan_product: Optional[int]) -> int:
-    if gpus is not None and nodes is not None and gpus != nodes * hw.gpus_per_node:
-        raise PlanError(f"--gpus {gpus} disagrees with --nodes {nodes} x {hw.gpus_per_node} GPUs per node; give one of them")
-    if gpus is not None:
-        if gpus < 1:
-            raise PlanError(f"--gpus must be at least 1 (got {gpus})")
-        return gpus
-    if nodes is not None:
-        if nodes < 1:
-            raise PlanError(f"--nodes must be at least 1 (got {nodes})")
-        return nodes * hw.gpus_per_node
-    return plan_product or 1
+    """The GPUs of a plan or search: ``gpus``, ``nodes`` whole nodes, or the plan's own product; beyond one node a
+    whole number of nodes (the model places ranks node by node, and launchers start as many on every node)."""
+    g = hw.gpus_per_node
+    if gpus is not None and nodes is not None and gpus != nodes * g:
+        raise PlanError(f"--gpus {gpus} disagrees with --nodes {nodes} x {g} GPUs per node; give one of them")
+    if gpus is not None and gpus < 1:
+        raise PlanError(f"--gpus must be at least 1 (got {gpus})")
+    if nodes is not None and nodes < 1:
+        raise PlanError(f"--nodes must be at least 1 (got {nodes})")
+    world = gpus if gpus is not None else nodes * g if nodes is not None else plan_product or 1
+    if world > g and world % g:
+        raise PlanError(f"{world} GPUs is not a whole number of {g}-GPU nodes of {hw.name}: use at most {g} or a "
+                        f"multiple of {g} (torchrun and the other launchers start as many processes on every node)")
+    return world
 
 
 def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
@@ -159,7 +162,8 @@ def build_inputs(model, hw, **given):
             what = f"tp x pp x cp = {o.tp} x {o.pp} x {o.cp}" if o.cp > 1 else f"tp x pp = {o.tp} x {o.pp}"
             raise PlanError(f"{world} GPUs are not divisible by {what}: give --dp or a GPU count that it divides")
         dp = world // (o.tp * o.pp * o.cp)
-    virtual_stages = o.virtual_stages or (2 if o.schedule == "interleaved" else 1)
+    # the interleaved schedule's chunks (ZB-V's and DualPipeV's two are their schedule's: Plan.chunks)
+    virtual_stages = (o.virtual_stages or 2) if o.schedule == "interleaved" else 1
     seq = default_seq_len(spec) if o.seq is None else o.seq
     try:
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,

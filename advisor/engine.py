@@ -3,7 +3,7 @@ states, when it synchronises, which checkpointing policies, offloads and plan fe
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
@@ -34,7 +34,8 @@ class RecomputeModule(Spec):
     experts' width), kept at the activation dtype."""
 
     recomputes: list[str] = Field(default_factory=list)
-    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff"], float] = Field(default_factory=dict)
+    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff"],
+                Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = Field(default_factory=dict)
     needs: Optional[Literal["routed", "latent", "dense"]] = None  # the layer it applies to (else refused)
     source: Optional[str] = None
 

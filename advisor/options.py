@@ -138,9 +138,13 @@ class EstimateOptions(Common):
                              "give one of them")
         if self.cp_comm is not None and self.cp == 1:
             raise ValueError(f"--cp-comm {self.cp_comm} needs --cp > 1 (one rank holds the whole sequence)")
-        if self.virtual_stages not in (None, 1) and self.schedule != "interleaved":
+        from advisor.layout import TWO_CHUNK_SCHEDULES
+
+        chunks = 2 if self.schedule in TWO_CHUNK_SCHEDULES else 1  # a plan's JSON reports ZB-V's and DualPipeV's 2
+        if self.virtual_stages not in (None, chunks) and self.schedule != "interleaved":
             raise ValueError(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved "
-                             f"(the {self.schedule} schedule has one model chunk per pipeline rank)")
+                             f"(the {self.schedule} schedule has {'two model chunks' if chunks == 2 else 'one model chunk'}"
+                             " per pipeline rank)")
         if self.global_batch is not None and self.grad_accum is not None:
             raise ValueError("give --global-batch or --grad-accum, not both")
         return self

@@ -33,7 +33,9 @@ STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
 _PACKAGED_STACK_DIR = Path(__file__).resolve().parent / "stack_profiles"
 
 Dim = Literal["d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant"]
-Form = dict[Dim, float]
+# a coefficient of a layer dimension (bytes per token per unit of it): at least 0, and at most a million bytes, beyond
+# any tensor a layer keeps (a GPT-3 layer keeps ~34 bytes per token of d_model: Korthikanti et al. 2022, Table 2)
+Form = dict[Dim, Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]]
 
 
 class StackError(AdvisorError):

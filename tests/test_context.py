@@ -132,7 +132,7 @@ def test_constraints_name_the_value_and_the_fix():
         estimate(model="llama3-8b", hw=H100, gpus=3, cp=3, seq=8192)
     # Ulysses: cp x tp must divide the 32 heads; llama2-7b has 32 KV heads too, and 48 does not divide them
     with pytest.raises(AdvisorError, match="Ulysses needs cp x tp to divide the attention heads"):
-        estimate(model="llama2-7b", hw=H100, gpus=12, cp=3, tp=4, cp_comm="ulysses", seq=6144, stack="megatron-deepspeed")
+        estimate(model="llama2-7b", hw=H100, gpus=24, cp=3, tp=4, cp_comm="ulysses", seq=6144, stack="megatron-deepspeed")
     with pytest.raises(AdvisorError, match="fused attention kernel"):
         estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, attention="eager", stack="megatron-deepspeed")
     with pytest.raises(AdvisorError, match="hf-trainer runs no context parallelism"):

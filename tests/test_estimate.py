@@ -261,3 +261,14 @@ def test_ddp_reduces_in_25_mib_buckets_each_paying_its_call():
     assert n == 238
     assert e.breakdown["comm/dp_grad"] == pytest.approx(n * float(collective_time(Collective.all_reduce, 8, grad / n, hw, 8)), rel=1e-9)
     assert e.breakdown["comm/dp_grad"] > 1.2 * float(collective_time(Collective.all_reduce, 8, grad, hw, 8))
+
+
+def test_a_two_chunk_schedule_reads_back_its_two_virtual_stages():
+    """A ZB-V row reports its two model chunks a rank; estimate takes them back (and only them) with the same step."""
+    from advisor.api import estimate as est
+    from advisor.errors import AdvisorError
+
+    kw = dict(gpus=8, pp=4, schedule="zb-v", micro_batch=1, global_batch=64, stack="torchtitan")
+    assert est("llama3-8b", "dgx-h100", virtual_stages=2, **kw).step_time_s == est("llama3-8b", "dgx-h100", **kw).step_time_s
+    with pytest.raises(AdvisorError, match="has two model chunks per pipeline rank"):
+        est("llama3-8b", "dgx-h100", virtual_stages=3, **kw)

@@ -83,7 +83,8 @@ def setups(draw, m: ModelSpec, hw: Hardware):
            and (m.kv_heads % t == 0 if t <= m.kv_heads else t % m.kv_heads == 0)]
     tp = draw(st.sampled_from(tps))
     pp = draw(st.sampled_from([p for p in (1, 2, 3, 4, 8) if p <= m.n_layers]))
-    dp = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    g = hw.gpus_per_node  # beyond one node a world of whole nodes (api.resolve_world)
+    dp = draw(st.sampled_from([d for d in (1, 2, 3, 4, 8) if d * tp * pp <= g or d * tp * pp % g == 0]))
     zero = draw(st.integers(0, 3 if pp == 1 else 1))
     mb = draw(st.sampled_from([1, 2, 4]))
     ga = draw(st.sampled_from([1, 2, 4, 8]))
@@ -185,7 +186,8 @@ def test_more_bandwidth_or_flops_never_slows_a_step(what, case, factor):
 @st.composite
 def searches(draw):
     m, hw = draw(models()), draw(profiles())
-    world = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]))
+    g = hw.gpus_per_node  # beyond one node a world of whole nodes (api.resolve_world)
+    world = draw(st.sampled_from([w for w in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if w <= g or w % g == 0]))
     gb = draw(st.one_of(st.none(), st.sampled_from([1, 4, 8, 16, 64, 96, 512])))
     return m, hw, world, gb, draw(st.sampled_from([128, 1024])), draw(st.sampled_from([0.0, 0.05, 0.3]))
 

@@ -185,3 +185,17 @@ def test_mutated_profiles_load_or_refuse_in_one_line(d):
     e = estimate("gpt2", hw, gpus=min(2, hw.gpus_per_node), seq=256)
     assert math.isfinite(e.step_time_s) and e.step_time_s > 0
     assert all(math.isfinite(v) and v >= 0 for v in e.breakdown.values())
+
+
+@pytest.mark.parametrize("value", [-1000.0, 1e300])
+def test_stack_activation_coefficients_are_bounded(tmp_path, value):
+    """A negative coefficient of memory.saved made activations 0 (and a plan rank on it); a huge one inf GiB and
+    invalid JSON: each is a one-line error naming the field."""
+    from advisor.stack import STACK_DIR
+
+    doc = yaml.safe_load((STACK_DIR / "megatron-core.yaml").read_text())
+    doc["memory"]["saved"][0]["layer"]["sequence"]["d_model"] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-a100", "--gpus", "8", "--stack", str(path)],
+                          "memory.saved.0.layer.sequence.d_model")
