@@ -109,9 +109,17 @@ def read_text(path: str | Path, what: str, error: type[AdvisorError], limit: int
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads
 
 
-class YAMLTooLarge(yaml.YAMLError):
+class YAMLRefused(yaml.YAMLError):
+    """A YAML document that parses but is refused; the message is the problem and its fix, without the file's name."""
+
+
+class YAMLTooLarge(YAMLRefused):
     """A YAML document refused before it is built: too long, too many values once its aliases are expanded,
-    or nested too deep. The message is the problem and its fix, without the file's name."""
+    or nested too deep."""
+
+
+class YAMLDuplicateKey(YAMLRefused):
+    """A mapping that names a key twice: PyYAML keeps the last silently, so a profile's earlier value would vanish."""
 
 
 class _BoundedSafeLoader(yaml.SafeLoader):
@@ -133,6 +141,17 @@ class _BoundedSafeLoader(yaml.SafeLoader):
                 raise YAMLTooLarge(f"its aliases (*name) expand to more than {self.max_nodes:,} values{line}: "
                                    "write the repeated values out, or repeat fewer")
             raise YAMLTooLarge(f"more than {self.max_nodes:,} values{line}: is this the right file?")
+
+    def construct_mapping(self, node, deep=False):
+        """SafeLoader's, refusing a key written twice in one mapping (a merge key's values may be overridden)."""
+        seen: dict = {}
+        for key, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise YAMLDuplicateKey(f"key {key.value!r} is written twice in one mapping (lines {seen[key.value]} "
+                                           f"and {key.start_mark.line + 1}): keep one")
+                seen[key.value] = key.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent, index):
         event = self.peek_event()
@@ -209,6 +228,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         sys.stdout.write(text)
         sys.stdout.flush()
         return Path(STDOUT)
+    if os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: "x/" would write a file named x
+        raise AdvisorError(f"cannot write {_shown(path)}: a path ending in / names a directory; give a file name")
     target = Path(path)
     existing = _replaceable(target)
     parent = target.parent if str(target.parent) else Path(".")

@@ -157,7 +157,7 @@ class PlanOptions(Common):
     memory_headroom: float = Field(default=0.05, ge=0.0, lt=1.0)
     objective: Literal["time", "throughput", "memory", "cost"] = "time"
     top: int = Field(default=10, ge=1, le=10_000_000)
-    tokens: Optional[float] = Field(default=None, gt=0, le=1e18, description="a token budget to train")
+    tokens: Optional[float] = Field(default=None, ge=1, le=1e18, description="a token budget to train")
     cp: Optional[int] = Field(default=None, ge=1, le=1_000_000, description="only plans of this context-parallel degree")
 
     @field_validator("gpus", mode="before")

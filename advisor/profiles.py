@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import yaml
 
 from advisor.errors import AdvisorError, format_validation_error
-from advisor.io import MAX_YAML_BYTES, YAMLTooLarge, is_file, load_yaml, not_a_file, read_text
+from advisor.io import MAX_YAML_BYTES, YAMLRefused, is_file, load_yaml, not_a_file, read_text
 
 _MAX_BASE_DEPTH = 8  # a deeper chain of base: profiles is a mistake, not a design
 _CACHE: dict = {}  # (file, text, model) -> validated profile
@@ -119,7 +119,7 @@ class ProfileKind:
         """The raw mapping of the last profile in ``chain`` (shown name, resolved file), merged over its base's."""
         try:
             data = _parsed(text)
-        except YAMLTooLarge as exc:
+        except YAMLRefused as exc:
             raise self._chain_error(chain, str(exc)) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)

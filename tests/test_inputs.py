@@ -125,6 +125,16 @@ def test_an_alias_inside_what_it_names_is_refused(tmp_path):
     assert_one_line_error(["profiles", "show", str(f)], str(f), "alias *c (line 4) is inside the value it names")
 
 
+def test_a_key_written_twice_is_refused_merge_keys_still_override(tmp_path):
+    """PyYAML keeps the last of two equal keys without a word: a profile's first gpus_per_node would vanish."""
+    tried("profiles")
+    f = tmp_path / "dup.yaml"
+    f.write_text("name: x\ndescription: y\nbase: dgx-a100\ngpus_per_node: 8\ngpus_per_node: 4\n")
+    assert_one_line_error(["profiles", "show", str(f)], str(f), "key 'gpus_per_node' is written twice in one mapping "
+                          "(lines 4 and 5): keep one")
+    assert load_yaml("a: &a {x: 1, y: 2}\nb: {<<: *a, y: 3}\n")["b"] == {"x": 1, "y": 3}  # a merge, then an override
+
+
 def test_depth_bound():
     deep = load_yaml("[" * MAX_YAML_DEPTH + "]" * MAX_YAML_DEPTH)
     for _ in range(MAX_YAML_DEPTH - 1):

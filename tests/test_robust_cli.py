@@ -101,6 +101,8 @@ BAD_OPTIONS = [
     # (on a profile without a host side: dgx-a100 now fits 405B on one GPU with ZeRO-Infinity's NVMe offload)
     (["plan", "--model", "llama3-405b", "--hw", "titan-rtx-pcie", "--gpus", "1", "--export", "deepspeed"], ["no plan fits", "nothing to export"]),
     (["plan", *P[1:], "--export", "deepspeed", "--out", "/nonexistent/dir/ds.json"], ["directory /nonexistent/dir does not exist"]),
+    (["plan", *P[1:], "--out", "/nonexistent/dir/"], ["a path ending in / names a directory"]),
+    (["plan", *P[1:], "--tokens", "0.5"], ["--tokens must be at least 1"]),
     (["export", *X[1:5], "--stack", "torchtitan", "--format", "megatron"], ["stack torchtitan does not launch megatron"]),
     ([*X, "--gpus", "8", "--tp", "3"], ["not divisible by tp x pp = 3 x 1"]),
     ([*X, "--seq", "4096"], ["--seq 4096 exceeds gpt2's 1024 learned positions"]),
