@@ -57,6 +57,14 @@ class Workload:
                                  f"{model.name}'s layer does not have (it has {', '.join(sorted(known))})")
         if setup.recompute_modules is not None:
             check_modules(model, layer, stack, setup.recompute_modules)
+        if model.experts is None:  # how routed tokens travel, asked of a model that routes none
+            asked = [f for f, v in (("--moe-capacity-factor", setup.moe_capacity_factor is not None),
+                                    ("--moe-imbalance", setup.moe_imbalance != 1.0),
+                                    ("--moe-dispatcher", setup.moe_dispatcher is not None),
+                                    ("--moe-overlap", setup.moe_overlap is not None)) if v]
+            if asked:
+                raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
+                                 f"{'it' if len(asked) == 1 else 'them'}")
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "
