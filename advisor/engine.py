@@ -223,6 +223,9 @@ class Engine(Spec):
         default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
         "runs full fine-tuning only, and the others are refused in one line")
+    optimizers: list[Literal["adamw", "adamw-fused", "sgd"]] = Field(
+        default_factory=lambda: ["adamw", "adamw-fused", "sgd"], description="the optimizers it trains with (advisor's "
+        "--optimizer names); another is refused in one line")
     nf4_dequant_dtype: Literal["compute", "fp16"] = Field(
         default="compute", description="the dtype bitsandbytes dequantises an NF4 weight into: the compute dtype "
         "(bitsandbytes >= 0.42 keeps the weight's own dtype in its quant state), or fp16 then cast to the compute dtype "

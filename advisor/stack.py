@@ -168,9 +168,9 @@ class Stack(Spec):
                     return e
             # the precisions whose mode the stack has measured for this attention and MLP, as --precision names them
             held = [m for m in ("half", "mixed", "fp32") if m != mode and any(e.matches(m, attention, mlp) for e in entries)]
-            hint = f"--precision {' or '.join(PRECISIONS_OF_MODE[m] for m in held)}, " if held else ""
+            hint = f"use --precision {' or '.join(PRECISIONS_OF_MODE[m] for m in held)}, " if held else ""
             raise StackError(f"stack {self.name} has no {what} entry for mode {mode}, {attention} attention and a "
-                             f"{mlp} MLP: use {hint}add one to its profile or choose another --stack")
+                             f"{mlp} MLP: {hint}add one to its profile or choose another --stack")
 
         k, mem = self.kernels, self.memory
         host, head = pick(k.host, "kernels.host"), pick(k.host_outside_layers, "kernels.host_outside_layers")

@@ -65,6 +65,9 @@ class Workload:
             if asked:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
+        if setup.optimizer.value not in stack.engine.optimizers:
+            raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
+                             f"{', '.join(stack.engine.optimizers)}): use --optimizer {stack.engine.optimizers[0]}")
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "

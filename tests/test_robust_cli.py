@@ -104,6 +104,11 @@ BAD_OPTIONS = [
     (["plan", *P[1:], "--out", "/nonexistent/dir/"], ["a path ending in / names a directory"]),
     (["plan", *P[1:], "--tokens", "0.5"], ["--tokens must be at least 1"]),
     (["plan", *P[1:], "--moe-imbalance", "1.5"], ["--moe-imbalance: gpt2 has no routed experts"]),
+    (["plan", *P[1:], "--stack", "torchtitan"], ["no kernels.elementwise entry for mode mixed, sdpa attention and a gelu "
+                                                 "MLP: add one to its profile"]),
+    # torchtitan 0.3.0 builds Adam, AdamW and DistMuon only (components/optimizer/optimizer.py)
+    (["plan", "--model", "llama3-8b", *P[3:], "--stack", "torchtitan", "--optimizer", "sgd"],
+     ["stack torchtitan does not train with sgd (it trains with adamw, adamw-fused): use --optimizer adamw"]),
     ([*E, "--moe-dispatcher", "flex", "--moe-capacity-factor", "1.25"],
      ["--moe-capacity-factor, --moe-dispatcher: gpt2 has no routed experts (a dense model): drop them"]),
     (["export", *X[1:5], "--stack", "torchtitan", "--format", "megatron"], ["stack torchtitan does not launch megatron"]),
