@@ -223,6 +223,11 @@ class Engine(Spec):
         default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
         "runs full fine-tuning only, and the others are refused in one line")
+    precisions: Optional[list[Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed", "fp8-mixed", "fp8-tensorwise",
+                                      "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8",
+                                      "nvfp4"]]] = Field(
+        default=None, description="the precisions and low-precision recipes it trains in (advisor's --precision names; "
+        "None: every one advisor costs); another is refused in one line")
     optimizers: list[Literal["adamw", "adamw-fused", "sgd"]] = Field(
         default_factory=lambda: ["adamw", "adamw-fused", "sgd"], description="the optimizers it trains with (advisor's "
         "--optimizer names); another is refused in one line")

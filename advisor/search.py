@@ -35,7 +35,7 @@ from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.layout import Schedule
 from advisor.training import Recompute, TrainingSetup
-from advisor.workload import Workload
+from advisor.workload import Workload, stack_runs
 
 
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
@@ -86,7 +86,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
     elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters and api.auto_runs(
-            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec):  # adapters: DP only; a decoder it builds and exports
+            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec) and stack_runs(mp, setup):  # adapters: DP only
         stacks = [chosen, mp]
         parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
     else:

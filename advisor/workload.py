@@ -65,6 +65,10 @@ class Workload:
             if asked:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
+        held = stack.engine.precisions
+        if held is not None and setup.precision.value not in held:
+            raise StackError(f"stack {stack.name} does not train in {setup.precision.value} (it trains in "
+                             f"{', '.join(held)}): use --precision {held[0]} or another --stack")
         if setup.optimizer.value not in stack.engine.optimizers:
             raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
                              f"{', '.join(stack.engine.optimizers)}): use --optimizer {stack.engine.optimizers[0]}")
@@ -256,9 +260,11 @@ def adapter_targets(stack, setup) -> None:
 
 
 def stack_runs(stack, setup) -> bool:
-    """Whether the stack runs the setup's explicit choices: its fine-tuning method, token dispatcher, all-to-all
-    overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
-    if setup.finetune.kind not in stack.engine.methods:
+    """Whether the stack runs the setup's explicit choices: its fine-tuning method, precision, optimizer, token
+    dispatcher, all-to-all overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
+    eng = stack.engine
+    if setup.finetune.kind not in eng.methods or setup.optimizer.value not in eng.optimizers or (
+            eng.precisions is not None and setup.precision.value not in eng.precisions):
         return False
     try:
         moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)

@@ -106,6 +106,13 @@ BAD_OPTIONS = [
     (["plan", *P[1:], "--moe-imbalance", "1.5"], ["--moe-imbalance: gpt2 has no routed experts"]),
     (["plan", *P[1:], "--stack", "torchtitan"], ["no kernels.elementwise entry for mode mixed, sdpa attention and a gelu "
                                                  "MLP: add one to its profile"]),
+    # the precisions each stack trains in (engine.precisions): torchtitan 0.3.0's Float8LinearConverter takes rowwise or
+    # rowwise_with_gw_hp only (components/quantization/float8.py); Composer's amp_fp8 is delayed scaling
+    (["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "torchtitan", "--precision", "fp8-tensorwise"],
+     ["stack torchtitan does not train in fp8-tensorwise", "use --precision bf16-mixed"]),
+    (["plan", "--model", "mpt-7b", "--hw", "dgx-h100", "--stack", "llm-foundry", "--precision", "fp8-rowwise"],
+     ["stack llm-foundry does not train in fp8-rowwise (it trains in fp32, bf16-mixed, fp16-mixed, fp8-mixed, "
+      "fp8-delayed)"]),
     # torchtitan 0.3.0 builds Adam, AdamW and DistMuon only (components/optimizer/optimizer.py)
     (["plan", "--model", "llama3-8b", *P[3:], "--stack", "torchtitan", "--optimizer", "sgd"],
      ["stack torchtitan does not train with sgd (it trains with adamw, adamw-fused): use --optimizer adamw"]),

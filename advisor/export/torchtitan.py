@@ -8,8 +8,8 @@ override per line, in a script; tests/test_export_stacks.py parses it with Confi
 
 Every key comes from one row of KEYS (the format's key, a function of the run giving its value or None: not
 written); a plan or setup field added later is one row. Refused: models torchtitan has no config function for,
-fp16 (TrainingConfig's dtypes are bfloat16 and float32) and fp8 (a model converter of the registry, not an
-override), ZeRO-1 without a pipeline (FSDP2 has no optimizer-only sharding; under a pipeline schedule FSDP runs as
+fp16 (TrainingConfig's dtypes are bfloat16 and float32) and the FP8 / MXFP8 / NVFP4 recipes (model converters of a
+config function, not overrides), ZeRO-1 without a pipeline (FSDP2 has no optimizer-only sharding; under a pipeline schedule FSDP runs as
 ZeRO-1), nn.DataParallel.
 """
 
@@ -105,6 +105,11 @@ def _refuse(r: Run) -> None:
     if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
         raise ExportError(f"torchtitan has no {r.setup.precision.value} override (its dtypes are bfloat16 and "
                           "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
+    if r.setup.precision.recipe is not None:  # a script without the converter would train in bf16: another plan
+        raise ExportError(f"torchtitan 0.3.0 runs {r.setup.precision.value} through a config function's model converters "
+                          "(components/quantization: Float8LinearConverter rowwise or rowwise_with_gw_hp, MXFP8, NVFP4), "
+                          "which no override reaches: export --precision bf16-mixed and add the converter to your config "
+                          "function")
     if r.plan.zero == 1 and r.plan.pp == 1:
         raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
     if r.setup.optimizer.value not in OPTIMIZER:
