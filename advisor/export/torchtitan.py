@@ -9,8 +9,8 @@ override per line, in a script; tests/test_export_stacks.py parses it with Confi
 Every key comes from one row of KEYS (the format's key, a function of the run giving its value or None: not
 written); a plan or setup field added later is one row. Refused: models torchtitan has no config function for,
 fp16 (TrainingConfig's dtypes are bfloat16 and float32) and the FP8 / MXFP8 / NVFP4 recipes (model converters of a
-config function, not overrides), ZeRO-1 without a pipeline (FSDP2 has no optimizer-only sharding; under a pipeline schedule FSDP runs as
-ZeRO-1), nn.DataParallel.
+config function, not overrides), ZeRO-1 without a pipeline (FSDP2 has no optimizer-only sharding; under a pipeline
+schedule FSDP runs as ZeRO-1), nn.DataParallel.
 """
 
 from __future__ import annotations
