@@ -5,10 +5,9 @@ HYBRID_SHARD across nodes, nn.DataParallel inside one node), sequence parallelis
 virtual stages, micro-batch size, recomputation; over one GPU count or a ladder of them (``--gpus A:B``: A,
 2A, 4A, ... up to B). Candidates are one table; constraints (advisor.constraints) and the cost model
 (advisor.step.evaluate) run once over all of them, with no Python loop per plan. Rejections are counted by
-reason. Each plan is ranked once, with the checkpointing policy that ranks best among those that fit (issue 16:
-the search picks the policy). Every plan of a search is costed in one training stack, the one named, or under ``--stack auto`` the one a
-user of its kind most likely runs (advisor.api.AUTO_RULE and resolve_stack, the rule ``estimate`` follows too). Plans are ranked by the objective (advisor.ranking) and explained against the
-seeds' decision tree (advisor.explain); when nothing fits, advisor.suggest says what would.
+reason. Each plan is ranked once, with the checkpointing policy that ranks best among those that fit, costed in the
+stack named or under ``--stack auto`` in its kind's (api.AUTO_RULE, as ``estimate``), ranked by the objective
+(advisor.ranking) and explained by the seeds' decision tree (advisor.explain); advisor.suggest says what would fit.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from advisor.candidates import Candidates
 from advisor.constraints import adapters_refuse_model_parallel, violations
 from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
+from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
@@ -152,15 +152,15 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
 
 
 def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:
-    """Every shipped stack whose profile describes this model and setup (--stack any leaves the others out)."""
+    """Every shipped stack whose profile describes this model and setup and whose launch formats write it
+    (advisor.export.unwritable, as under --stack auto); --stack any leaves the others out."""
     out = []
-    for name in list_stacks():
-        stack = load_stack(name)
+    for stack in (load_stack(name) for name in list_stacks()):
         try:
             Workload.of(spec, hardware, stack, setup)
         except StackError:
             continue
-        out.append(stack)
+        out += [] if unwritable(stack, spec) else [stack]
     if not out:
         raise PlanError(f"no stack profile describes {spec.name} in {setup.precision.value} with {setup.attention.value} "
                         "attention (advisor stacks)")

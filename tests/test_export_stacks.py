@@ -127,6 +127,8 @@ TITAN = {
     # expert parallelism borrowed from FSDP and TP (efsdp = dp_shard x tp / ep = 4), experts whole under EP
     "moe-ep-tp-sac": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=8, tp=2, sp=True, zero=3, ep=4, etp=1),
                       dict(micro_batch=1, seq_len=4096, recompute="selective")),
+    # ZB-V: two chunks a rank in a V (torch.distributed.pipelining ScheduleZBVZeroBubble); it raised a KeyError
+    "pp-zbv": ("llama3-8b", "dgx-h100", 16, dict(dp=4, pp=4, schedule="zb-v"), dict(micro_batch=1, global_batch=64)),
     # no EP: written as 1 over deepseek_v3_671b's own expert_parallel_degree=2
     "moe-no-ep": ("deepseek-v3", "gb200-nvl72", 256, dict(dp=256, zero=3), dict(micro_batch=1, recompute="full")),
 }
@@ -176,7 +178,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     # without PP torchtitan accumulates global / (local x dp) steps; with PP it splits local into micro-batches
     if plan.pp > 1:
         assert t.local_batch_size // p.pipeline_parallel_microbatch_size == ga
-        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule.value]
+        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                                                "zb-v": "ZBVZeroBubble"}[plan.schedule.value]
         assert p.pipeline_parallel_layers_per_stage * plan.pp * lay.virtual_stages == model.n_layers
     else:
         assert t.global_batch_size // (t.local_batch_size * plan.dp) == ga
@@ -388,3 +391,15 @@ def test_auto_keeps_megatron_core_for_what_its_flags_write():
     assert unwritable(core, load_model("deepseek-v2-lite")) == [] == unwritable(core, load_model("llama3-8b"))
     bridge_only = core.model_copy(update={"launch": ["megatron-bridge"]})  # Bridge's overrides have no MLA fields
     assert unwritable(bridge_only, load_model("deepseek-v2-lite")) == ["multi-head latent attention"]
+
+
+def test_any_ranks_only_stacks_whose_formats_write_the_model():
+    """--stack any leaves out the Megatron stacks for OLMo 2 (full-width q/k norms) and torchtitan for a model its
+    registries have no config function for (advisor.export.unwritable)."""
+    from advisor.export import unwritable
+    from advisor.search import plan
+
+    stacks = {p.estimate.stack for p in plan("olmo-2-7b", "dgx-h100", gpus=8, top=200, stack="any").plans}
+    assert stacks and not stacks & {"megatron-core", "megatron-bridge-perf"}
+    assert unwritable(load_stack("torchtitan"), load_model("deepseek-v2-lite"))
+    assert unwritable(load_stack("torchtitan"), load_model("llama3-8b")) == []

@@ -159,8 +159,8 @@ def test_block_sits_between_none_and_full():
 
 def test_every_k_reruns_floor_L_over_k_layers():
     # every 3rd of 32 layers checkpointed: floor(32/3) = 10 layers' forward rerun (torchtitan's ac_freq rule)
-    none, full = _e(recompute="none", stack="torchtitan", zero=3), _e(recompute="full", stack="torchtitan", zero=3)
-    ek = _e(recompute="every-k", recompute_layers=3, stack="torchtitan", zero=3)
+    none, full = _e(recompute="none", stack="torchtitan-0.2", zero=3), _e(recompute="full", stack="torchtitan-0.2", zero=3)
+    ek = _e(recompute="every-k", recompute_layers=3, stack="torchtitan-0.2", zero=3)
     rerun_full = full.hfu * full.step_time_s - none.hfu * none.step_time_s * 0  # hardware FLOPs scale with hfu x time
     flops = lambda e: e.hw_tflops_per_gpu * e.step_time_s  # noqa: E731  (per GPU, TFLOP per step)
     model = flops(none)

@@ -54,7 +54,7 @@ from advisor.export.megatron import megatron_args, megatron_config, megatron_env
 from advisor.export.megatron_shape import MLA, unwritten
 from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
-from advisor.export.torchtitan import torchtitan_args, torchtitan_config
+from advisor.export.torchtitan import CONFIGS as TORCHTITAN_CONFIGS, torchtitan_args, torchtitan_config
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
@@ -80,10 +80,13 @@ MEGATRON_FORMATS = ("megatron", "megatron-bridge")
 
 
 def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
-    """The model's shape features that none of the stack's launch formats writes (an export would train another
-    model): Megatron-LM's flags and Bridge's overrides both lack, say, OLMo 2's full-width q/k norms; the flags write
-    MLA (megatron_shape.model_shape), the overrides do not. Empty where a format launches Hugging Face modules."""
+    """What of the model none of the stack's launch formats writes (an export would train another model, or none):
+    Megatron-LM's flags and Bridge's overrides both lack, say, OLMo 2's full-width q/k norms (the flags write MLA,
+    megatron_shape.model_shape; the overrides do not); torchtitan runs the config functions of its registries only
+    (torchtitan.CONFIGS). Empty where a format launches Hugging Face modules."""
     formats = [f for f in stack.launch if f in EXPORTERS]
+    if formats == ["torchtitan"] and model.name not in TORCHTITAN_CONFIGS:
+        return [f"no torchtitan config function (its registries: {', '.join(TORCHTITAN_CONFIGS)})"]
     if not formats or any(f not in MEGATRON_FORMATS for f in formats):
         return []
     missing = unwritten(model)

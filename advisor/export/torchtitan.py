@@ -29,7 +29,8 @@ CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama
            "llama3-405b": ("llama3", "llama3_405b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
            "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
 # Schedule names of torch.distributed.pipelining (schedules.py get_schedule_class), as torchtitan passes them on
-SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B"}
+SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B",
+             Schedule.zb_v: "ZBVZeroBubble", Schedule.dualpipe_v: "DualPipeV"}  # torch 2.13 get_schedule_class names
 OPTIMIZER = {"adamw": "foreach", "adamw-fused": "fused"}
 # torch.compile: off, as the torchtitan stack profile's element-wise traffic was probed in eager mode
 COMPILE = False
@@ -112,6 +113,9 @@ def _refuse(r: Run) -> None:
                           "function")
     if r.plan.zero == 1 and r.plan.pp == 1:
         raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
+    if r.setup.recompute.value not in RECOMPUTE:
+        raise ExportError(f"--recompute {r.setup.recompute.value}: torchtitan 0.3.0 checkpoints every block or none "
+                          f"(activation-checkpoint:{'|'.join(k for k in RECOMPUTE)}): use --recompute full or selective")
     if r.setup.optimizer.value not in OPTIMIZER:
         raise ExportError(f"torchtitan's config functions train AdamW, not {r.setup.optimizer.value}: use --optimizer "
                           "adamw or adamw-fused")
