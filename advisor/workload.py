@@ -65,13 +65,7 @@ class Workload:
             if asked:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
-        held = stack.engine.precisions
-        if held is not None and setup.precision.value not in held:
-            raise StackError(f"stack {stack.name} does not train in {setup.precision.value} (it trains in "
-                             f"{', '.join(held)}): use --precision {held[0]} or another --stack")
-        if setup.optimizer.value not in stack.engine.optimizers:
-            raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
-                             f"{', '.join(stack.engine.optimizers)}): use --optimizer {stack.engine.optimizers[0]}")
+        trains_in(stack, setup)
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "
@@ -259,15 +253,25 @@ def adapter_targets(stack, setup) -> None:
                          "wanted), or --stack hf-trainer")
 
 
+def trains_in(stack, setup) -> None:
+    """The setup's precision and optimizer where the stack does not train in them (engine.precisions,
+    engine.optimizers), as a one-line StackError."""
+    held, optimizers = stack.engine.precisions, stack.engine.optimizers
+    if held is not None and setup.precision.value not in held:
+        raise StackError(f"stack {stack.name} does not train in {setup.precision.value} (it trains in "
+                         f"{', '.join(held)}): use --precision {held[0]} or another --stack")
+    if setup.optimizer.value not in optimizers:
+        raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
+                         f"{', '.join(optimizers)}): use --optimizer {optimizers[0]}")
+
+
 def stack_runs(stack, setup) -> bool:
     """Whether the stack runs the setup's explicit choices: its fine-tuning method, precision, optimizer, token
     dispatcher, all-to-all overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
-    eng = stack.engine
-    if setup.finetune.kind not in eng.methods or setup.optimizer.value not in eng.optimizers or (
-            eng.precisions is not None and setup.precision.value not in eng.precisions):
+    if setup.finetune.kind not in stack.engine.methods:
         return False
     try:
-        moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
+        trains_in(stack, setup), moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
         if setup.recompute_modules is not None:
             stack_modules(stack, setup.recompute_modules)
     except StackError:

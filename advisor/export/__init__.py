@@ -51,7 +51,7 @@ from advisor.export.deepspeed import FP16_DYNAMIC, NOTES_KEY, deepspeed_config, 
 from advisor.export.foundry import foundry_config, foundry_dict
 from advisor.export.litgpt import litgpt_config, litgpt_dict
 from advisor.export.megatron import megatron_args, megatron_config, megatron_env
-from advisor.export.megatron_shape import MLA, unwritten
+from advisor.export.megatron_shape import unwritten_by
 from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import CONFIGS as TORCHTITAN_CONFIGS, torchtitan_args, torchtitan_config
@@ -89,8 +89,8 @@ def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
         return [f"no torchtitan config function (its registries: {', '.join(TORCHTITAN_CONFIGS)})"]
     if not formats or any(f not in MEGATRON_FORMATS for f in formats):
         return []
-    missing = unwritten(model)
-    return [f for f in missing if not (f == MLA and "megatron" in formats)]
+    each = [unwritten_by(model, fmt) for fmt in formats]
+    return [f for f in each[0] if all(f in other for other in each[1:])]
 
 
 def launch_formats(stack: Stack) -> tuple[str, ...]:

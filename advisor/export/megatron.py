@@ -23,7 +23,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
-from advisor.export.megatron_shape import MLA, model_shape, unwritten
+from advisor.export.megatron_shape import MLA, model_shape, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec, PositionKind
@@ -41,7 +41,7 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           "BLOOM-style models need Megatron-DeepSpeed: use --format deepspeed")
     if model.position is PositionKind.learned and setup.seq_len > model.max_positions:
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
-    missing = [f for f in unwritten(model) if not (f == MLA and product == "Megatron-LM")]  # MLA: model_shape
+    missing = unwritten_by(model, "megatron" if product == "Megatron-LM" else "megatron-bridge")
     if missing:
         hint = "megatron" if missing == [MLA] else "accelerate or torchrun (--stack hf-trainer)"
         raise ExportError(f"{model.name} has {', '.join(missing)}, which the {product} {writes} advisor writes do not "

@@ -29,6 +29,11 @@ def unwritten(model: ModelSpec) -> list[str]:
     return [name for name, present in found.items() if present]
 
 
+def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
+    """unwritten() for one Megatron format: Megatron-LM's flags write MLA (model_shape), Bridge's overrides do not."""
+    return [f for f in unwritten(model) if not (f == MLA and fmt == "megatron")]
+
+
 def model_shape(model: ModelSpec) -> list:
     """The architecture flags: layers, widths, heads and groups, MLP, norm, positions, biases, tying."""
     a: list = ["--num-layers", model.n_layers, "--hidden-size", model.d_model, "--ffn-hidden-size", model.d_ff,
