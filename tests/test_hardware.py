@@ -257,3 +257,15 @@ def test_sm_counts_are_the_datasheets():
             "dgx-b300": 160, "gb300-nvl72": 160, "l40s": 142, "l4": 58, "rtx-4090": 128, "rtx-3090-nvlink": 82,
             "rtx-a6000-nvlink": 84, "a10g": None}
     assert {name: load_hardware(name).gpu.sm_count for name in want} == want
+
+
+def test_grand_teton_h100_is_the_h100_die_with_its_own_memory_and_network_kind():
+    """meta-grand-teton-h100.yaml: the H100s of torchtitan's tables (reference/lowprec_runs.yaml notes: 96GB HBM2e,
+    2.4 TB/s, 500 W, 400 Gb/s RDMA per GPU): the GH100's peaks, NVLink node and efficiency fractions are dgx-h100's;
+    the memory is its own (96 GB at the 80 GB part's nominal-to-usable ratio, 2,400 GB/s), the per-GPU network 400 Gb/s."""
+    gt, dgx = load_hardware("meta-grand-teton-h100"), load_hardware("dgx-h100")
+    assert gt.gpu.peak_tflops == dgx.gpu.peak_tflops and gt.gpu.sm_count == dgx.gpu.sm_count == 132
+    assert gt.intra_node == dgx.intra_node and gt.efficiency == dgx.efficiency
+    assert gt.gpu.memory_bandwidth_GBps == 2400 and gt.gpu.memory_GiB == pytest.approx(96 * 79.6 / 80, abs=0.1)
+    assert gt.inter_node.bandwidth_Gbps / gt.gpus_per_node == 400 and gt.inter_node.fit == dgx.inter_node.fit
+    assert gt.price_per_gpu_hour_usd is None and gt.host is None

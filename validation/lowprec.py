@@ -35,7 +35,7 @@ from validation.validate import DatasetReport, Point, _estimate, _report, ape_st
 # stack_profiles/megatron-bridge-perf.yaml
 BRIDGE_STACK = "megatron-bridge-perf"
 
-E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "dgx-h100", "H200": "dgx-h200",
+E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "meta-grand-teton-h100", "H200": "dgx-h200",
                 "B200 (power limited)": "aws-p6-b200", "B200": "aws-p6-b200", "GB200": "gb200-nvl72",
                 # nvfp4.md's Qwen3 rows: 78.63 GiB published as 42.67% of memory, the GB200's 184.3 GiB of its Llama rows
                 "GB200 (inferred)": "gb200-nvl72"}
