@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -175,6 +176,14 @@ class _BoundedSafeLoader(yaml.SafeLoader):
         if getattr(event, "anchor", None) is not None:
             self.expanded[id(node)] = self.n_nodes - before
         return node
+
+
+# YAML 1.1, which PyYAML implements, reads 80e9 and 1.5e9 as strings (its floats need a dot and a signed exponent);
+# YAML 1.2 and every JSON reader read them as numbers, as people writing a profile mean them. The int and float
+# resolvers come first, so this one only takes the exponent forms they leave as strings; a quoted "80e9" stays a
+# string, which a number field refuses (advisor.spec).
+_BoundedSafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"), list("-+.0123456789"))
 
 
 def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_YAML_DEPTH,

@@ -2,7 +2,8 @@
 
 Frozen (an input never changes after it is validated), unknown keys rejected (a misspelt key is an error,
 not a silently ignored setting), finite numbers only, and a YAML/JSON ``true`` where a number belongs
-refused instead of read as 1.
+refused instead of read as 1, as is a string there (``"8"``, which pydantic would read as 8: a quoted number in a
+profile is a typo or a template left unfilled, and a value of the wrong type is an error, not a guess).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ def _numeric(annotation: Any) -> bool:
     return False
 
 
+def _numbers_only(annotation: Any) -> bool:
+    """Whether a field takes nothing but numbers (and None): a string there is the wrong type, not a spelling."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
+        args = [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
+        return bool(args) and all(_numbers_only(a) for a in args)
+    return False
+
+
 class Spec(BaseModel):
     """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
 
@@ -34,8 +45,12 @@ class Spec(BaseModel):
         annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
         if isinstance(v, bool) and _numeric(annotation):
             raise ValueError(f"must be a number, not {str(v).lower()}")
+        if isinstance(v, str) and _numbers_only(annotation):
+            raise ValueError(f"must be a number, not the string {v!r} (write it without quotes)")
         if isinstance(v, dict) and annotation == dict[str, float]:
             for key, val in v.items():
                 if isinstance(val, bool):
                     raise ValueError(f"{key} must be a number, not {str(val).lower()}")
+                if isinstance(val, str):
+                    raise ValueError(f"{key} must be a number, not the string {val!r} (write it without quotes)")
         return v

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from _robust import assert_one_line_error, run_main
 from advisor.errors import AdvisorError
@@ -263,3 +264,14 @@ def test_cli_unwritable_out_is_one_line_exit_2(args):
     if not Path("/proc/version").is_file():
         pytest.skip("no /proc")
     assert_one_line_error([*args, "--out", "/proc/advisor-test.json"], "cannot write", "/proc/advisor-test.json")
+
+
+def test_exponent_numbers_load_as_yaml_1_2_reads_them():
+    """PyYAML (YAML 1.1) leaves 80e9 and 1.5e9 as strings, which a number field would refuse as quoted: load_yaml
+    reads them as numbers, as YAML 1.2 and JSON do; a quoted one stays a string, and the 1.1 forms are unchanged."""
+    from advisor.io import load_yaml
+
+    assert yaml.safe_load("a: 1.5e9")["a"] == "1.5e9"  # the behaviour worked around
+    got = load_yaml('a: 80e9\nb: 1.5e9\nc: "80e9"\nd: 8\ne: 1e-3\nf: .5E+2\ng: 1.0e+3\nh: 1e\ni: 0x10\n')
+    assert got == {"a": 8e10, "b": 1.5e9, "c": "80e9", "d": 8, "e": 1e-3, "f": 50.0, "g": 1000.0, "h": "1e", "i": 16}
+    assert isinstance(got["d"], int) and isinstance(got["a"], float)

@@ -59,7 +59,11 @@ BAD_PROFILES = [
     (yaml.safe_dump(mutated("intra_node.fit", delete=True)), ["intra_node.fit: required key is missing"]),
     (yaml.safe_dump(mutated("gpu.memory_GB", 80)), ["gpu.memory_GB: unknown key"]),  # wrong unit in the key
     (yaml.safe_dump(mutated("gpu.memory_GiB", "80 GiB")), ["gpu.memory_GiB", "'80 GiB'"]),
-    (yaml.safe_dump(mutated("gpu.memory_GiB", "80e9")), ["gpu.memory_GiB", "less than or equal to 100000"]),
+    # a quoted number is the wrong type (pydantic's lax mode read "80e9" as 8e10 and "8" as 8)
+    (yaml.safe_dump(GOOD).replace("memory_GiB: 80", "memory_GiB: '80e9'"), ["gpu.memory_GiB", "not the string '80e9'"]),
+    (yaml.safe_dump(mutated("gpus_per_node", "8")), ["gpus_per_node", "not the string '8'"]),
+    (yaml.safe_dump(mutated("gpu.peak_tflops.bf16", "312")), ["gpu.peak_tflops", "bf16 must be a number", "'312'"]),
+    (yaml.safe_dump(GOOD).replace("memory_GiB: 80", "memory_GiB: 80e9"), ["gpu.memory_GiB", "less than or equal to 100000"]),
     (yaml.safe_dump(mutated("gpu.memory_GiB", 0)), ["gpu.memory_GiB", "greater than 0"]),
     (yaml.safe_dump(mutated("gpu.memory_GiB", -80)), ["gpu.memory_GiB"]),
     (yaml.safe_dump(mutated("gpu.memory_GiB", float("nan"))), ["gpu.memory_GiB", "finite"]),
