@@ -265,7 +265,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     whose adapter code runs). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
     (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
-    both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers: the sequence-parallel
+    both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel
     collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """

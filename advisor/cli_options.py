@@ -65,10 +65,10 @@ def common_plan_options(f):
         click.option("--moe-overlap", type=click.Choice(["none", "shared-experts", "batch"]), default=None,
                      help="mixture of experts: what the all-to-alls run beside: nothing, the shared experts, or another "
                           "micro-batch's compute (--overlap-moe-expert-parallel-comm) [default: the stack's]"),
-        click.option("--tp-overlap", type=click.Choice(["none", "userbuffers"]), default=None,
+        click.option("--tp-overlap", type=click.Choice(["none", "userbuffers", "async"]), default=None,
                      help="tensor parallelism: the sequence-parallel all-gathers and reduce-scatters exposed, or "
-                          "pipelined with their GEMMs (Megatron --tp-comm-overlap, Transformer Engine's userbuffers) "
-                          "[default: the stack's]"),
+                          "pipelined with their GEMMs (userbuffers: Megatron --tp-comm-overlap, Transformer Engine; "
+                          "async: torchtitan's async tensor parallel) [default: the stack's]"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
         *finetune_options(),
     ])

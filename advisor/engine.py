@@ -197,10 +197,11 @@ class Engine(Spec):
                                                  "stack runs in BF16 (Megatron's first_last_layers_bf16 with "
                                                  "num_layers_at_start_in_bf16 / _at_end_); None: the recipe's own "
                                                  "(advisor.precision)")
-    tp_comm_overlap: Literal["none", "userbuffers"] = Field(
+    tp_comm_overlap: Literal["none", "userbuffers", "async"] = Field(
         default="none", description="by default, the sequence-parallel all-gathers and reduce-scatters run exposed, or "
-        "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap)")
-    tp_comm_overlaps: list[Literal["none", "userbuffers"]] = Field(
+        "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap), or through "
+        "torch's symmetric-memory micro-pipeline (async: torchtitan's async tensor parallel)")
+    tp_comm_overlaps: list[Literal["none", "userbuffers", "async"]] = Field(
         default_factory=list, description="the TP overlaps it also runs when asked (--tp-overlap), beyond its default")
     userbuffers: UserBuffers = Field(default_factory=UserBuffers, description="how the userbuffers overlap runs")
     tp_backward_overlap: bool = Field(

@@ -101,7 +101,7 @@ class Common(_Options):
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
     moe_dispatcher: Optional[Literal["alltoall", "flex"]] = None
     moe_overlap: Optional[Literal["none", "shared-experts", "shared_experts", "batch"]] = None
-    tp_overlap: Optional[Literal["none", "userbuffers"]] = None
+    tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = None
 
 
 class EstimateOptions(Common):

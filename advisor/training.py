@@ -145,7 +145,7 @@ class TrainingSetup(Spec):
         default=None, description="mixture of experts: the token dispatcher (advisor.parallel.expert); None: the stack's")
     moe_overlap: Optional[Literal["none", "shared_experts", "batch"]] = Field(
         default=None, description="mixture of experts: what the all-to-alls run beside; None: the stack's default")
-    tp_overlap: Optional[Literal["none", "userbuffers"]] = Field(
+    tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = Field(
         default=None, description="tensor parallelism: the sequence-parallel collectives exposed or pipelined with "
                                   "their GEMMs (advisor.parallel.tensor); None: the stack's default")
 

@@ -131,6 +131,9 @@ TITAN = {
     "pp-zbv": ("llama3-8b", "dgx-h100", 16, dict(dp=4, pp=4, schedule="zb-v"), dict(micro_batch=1, global_batch=64)),
     # no EP: written as 1 over deepseek_v3_671b's own expert_parallel_degree=2
     "moe-no-ep": ("deepseek-v3", "gb200-nvl72", 256, dict(dp=256, zero=3), dict(micro_batch=1, recompute="full")),
+    # async TP: an inductor pass, so compile goes on with it (CompileConfig refuses it alone)
+    "fsdp-async-tp": ("llama3-70b", "dgx-h100", 64, dict(dp=8, tp=8, sp=True, zero=3),
+                      dict(micro_batch=1, recompute="full", tp_overlap="async")),
 }
 
 
@@ -190,7 +193,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     assert (None if ac is None else type(ac).__qualname__) == want
     assert t.dtype == ("bfloat16" if setup.precision.value == "bf16" else "float32")
     assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
-    assert t.disable_cuda_graphs and not cfg.compile.enable
+    asynctp = setup.tp_overlap == "async"
+    assert t.disable_cuda_graphs and cfg.compile.enable == cfg.compile.enable_async_tensor_parallel == asynctp
     assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
     assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
     if model.routed:

@@ -353,3 +353,47 @@ def test_group_limited_routing_in_the_megatron_exports():
     assert "--moe-router-num-groups" not in export("megatron", base, *args).text
     bridge = yaml.safe_load(export("megatron-bridge", grouped, *args).text)["model"]
     assert (bridge["moe_router_num_groups"], bridge["moe_router_group_topk"]) == (4, 2)
+
+
+# -- torchtitan's async tensor parallel: torch's symmetric-memory micro-pipeline ---------------------------------------
+def test_async_tp_pipelines_every_pair_and_sums_the_partials():
+    """torch 2.13 distributed/_symmetric_memory: fused_all_gather_matmul runs the local shard's GEMM, then tp - 1 copy-
+    engine pulls beside the previous shard's GEMM (max(C, G) + min(C, G) / tp, no SMs taken); fused_matmul_reduce_scatter
+    the same in chunks, then sums the tp partials (reads the [s, b, h] output, writes 1/tp of it). Forward AG-col and
+    RS-row, backward AG-row (dgrad) and RS-col (dgrad), over the layer table's four collectives."""
+    from types import SimpleNamespace
+
+    from advisor.model.layer import Split
+    from advisor.parallel import tensor
+
+    lins = [SimpleNamespace(name="attention/qkv", copies=1, split=Split.column),
+            SimpleNamespace(name="attention/proj", copies=1, split=Split.row)]
+    # memory_bandwidth_bytes_per_s x elementwise = 1 byte/s: the partial sum of act bytes takes act x (1 + 1/tp) s
+    hw = SimpleNamespace(gpu=SimpleNamespace(memory_bandwidth_bytes_per_s=1.0), efficiency=SimpleNamespace(elementwise=1.0))
+    w = SimpleNamespace(layer=SimpleNamespace(linears=lins), hw=hw)
+
+    def share(g_col: float, g_row: float, tp: float, act: float = 0.0) -> float:
+        return float(tensor.async_share(w, {"attention/qkv": g_col, "attention/proj": g_row}, np.array(1.0),
+                                        np.array(1.0), tp, act))
+
+    assert share(1.0, 1.0, 4.0) == pytest.approx(4 * 0.25 / 4.0)  # C = G: each pair leaves C / tp
+    assert share(0.0, 0.0, 4.0) == pytest.approx(1.0)  # nothing to hide behind: all four exposed, as without it
+    assert share(10.0, 10.0, 8.0) == pytest.approx(4 * (1.0 / 8.0) / 4.0)  # long GEMMs: C / tp of each left
+    assert share(1.0, 1.0, 4.0, act=0.4) == pytest.approx((1.0 + 2.0 * 0.4 * 1.25) / 4.0)  # + two partial sums
+
+
+def test_async_tp_is_torchtitans_and_shrinks_the_tp_part_only():
+    """torchtitan runs it when asked (0.3.0 compile.enable_async_tensor_parallel), megatron-core does not; the TP
+    collectives shrink, the compute stays; the estimate says how they run."""
+    tt = dict(model="llama3-70b", hw="dgx-h100", gpus=64, tp=8, sp=True, zero=3, micro_batch=1, seq=8192,
+              stack="torchtitan", recompute="full")
+    off, on = api.estimate(tp_overlap="none", **tt), api.estimate(tp_overlap="async", **tt)
+    assert on.breakdown["comm/tp"] < 0.5 * off.breakdown["comm/tp"] and on.step_time_s < off.step_time_s
+    assert on.breakdown["compute/forward"] == pytest.approx(off.breakdown["compute/forward"])
+    with pytest.raises(AdvisorError, match="stack megatron-core does not overlap its TP collectives with async: use "
+                                           "--tp-overlap none or userbuffers"):
+        api.estimate(**{**TP, "tp_overlap": "async"})
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-70b", "--hw", "dgx-h100", "--gpus", "64", "--tp", "8",
+                                 "--sp", "--zero", "3", "--stack", "torchtitan", "--tp-overlap", "async"])
+    assert r.exit_code == 0, r.output
+    assert "pipelined with the GEMMs they feed (async TP" in r.output

@@ -179,6 +179,7 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
     if model is None or gpu is None or recompute is None or p.get("ep") or not isinstance(p.get("dp"), int):
         return None
     tp, pp = p.get("tp") or 1, p.get("pp") or 1
+    asynctp = "async" in str(tp).lower()  # "8 (asyncTP)": torchtitan's async tensor parallel
     if not isinstance(tp, int) or not isinstance(pp, int):
         tp = int(str(tp).split()[0])
         pp = int(str(pp).split()[0])
@@ -189,6 +190,8 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
               precision="bf16-mixed" if row["precision"]["recipe"] == "bf16" else row["precision"]["recipe"])
     if b.get("global_batch_seqs"):
         kw["global_batch"] = b["global_batch_seqs"]
+    if asynctp:
+        kw["tp_overlap"] = "async"
     return kw
 
 
@@ -202,6 +205,25 @@ def _baseline(row: dict, rows: list[dict]) -> Optional[dict]:
         same = (other["source"]["url"] == row["source"]["url"] and other["model"]["name"] == row["model"]["name"]
                 and other["hardware"] == row["hardware"] and other["batch"] == row["batch"]
                 and other["parallelism"] == row["parallelism"])
+        if same:
+            return other
+    return None
+
+
+def _vanilla_tp(row: dict, rows: list[dict]) -> Optional[dict]:
+    """The row of the same source, model, GPUs, batch and recipe whose TP runs without async TP, for an async-TP row."""
+    tp = str(row["parallelism"].get("tp"))
+    if "async" not in tp.lower():
+        return None
+    for other in rows:
+        if other.get("kind") == "gemm" or "async" in str(other["parallelism"].get("tp")).lower():
+            continue
+        rest = {k: v for k, v in other["parallelism"].items() if k != "tp"}
+        same = (other["source"]["url"] == row["source"]["url"] and other["model"] == row["model"]
+                and other["hardware"] == row["hardware"] and other["batch"] == row["batch"]
+                and other["precision"]["recipe"] == row["precision"]["recipe"]
+                and str(other["parallelism"].get("tp")).split()[0] == tp.split()[0]
+                and rest == {k: v for k, v in row["parallelism"].items() if k != "tp"})
         if same:
             return other
     return None
@@ -250,8 +272,19 @@ def validate_lowprec() -> DatasetReport:
             # itself moves, apart from how far the stack's activation tables are from the BF16 peak
             memory_deltas.append((r["id"], peaks[r["id"]] - peaks[base["id"]],
                                   r["measured"]["peak_memory_gib"] - base["measured"]["peak_memory_gib"]))
+    # what async TP adds over the same run's vanilla TP (torchtitan's asyncTP tables): the mechanism's own check
+    async_gains = []
+    for r in rows:
+        van = _vanilla_tp(r, rows) if r.get("kind") != "gemm" else None
+        if van is not None and r["id"] in tokens and van["id"] in tokens:
+            async_gains.append(Point(label=r["id"], kind=r["precision"]["recipe"],
+                                     predicted=tokens[r["id"]] / tokens[van["id"]],
+                                     measured=float(r["measured"]["tokens_per_s_per_gpu"])
+                                     / float(van["measured"]["tokens_per_s_per_gpu"])))
     extra = {}
     extra["speedup_mape_pct"], extra["speedup_max_ape_pct"] = ape_stats(speedups)
+    if async_gains:
+        extra["async_tp_gain_mape_pct"], extra["async_tp_gain_max_ape_pct"] = ape_stats(async_gains)
     extra["gemm_mape_pct"], extra["gemm_max_ape_pct"] = ape_stats(gemms)
     def within(points: list[Point], tol: float) -> float:
         return 100.0 * float(np.mean([abs(p.error_pct) <= tol for p in points])) if points else float("nan")
@@ -264,6 +297,8 @@ def validate_lowprec() -> DatasetReport:
     if no_fit:
         notes.append(f"predicted not to fit though they ran ({len(no_fit)}): " + ", ".join(no_fit))
     notes += [f"peak memory against BF16 {rid}: predicted {p:+.1f} GiB, measured {m:+.1f} GiB" for rid, p, m in memory_deltas]
+    notes += [f"async TP over vanilla TP {a.label}: predicted x{a.predicted:.3f}, measured x{a.measured:.3f} "
+              f"({a.error_pct:+.1f}%)" for a in async_gains]
     notes += [f"GEMM {g.label}: predicted {g.predicted:.4g}, measured {g.measured:.4g} ({g.error_pct:+.1f}%)"
               for g in gemms if abs(g.error_pct) > GEMM_TOLERANCE_PCT]
     return _report("lowprec", "low-precision recipes: torchao/torchtitan end-to-end rows, TE and torchao GEMM rows",

@@ -59,6 +59,11 @@ def _layers_per_stage(r: Run) -> Optional[int]:
     return r.model.n_layers // stages if r.plan.pp > 1 else None
 
 
+def _async_tp(r: Run) -> bool:
+    """The plan's sequence-parallel collectives pipelined by async TP (its stack runs none by default)."""
+    return r.setup.tp_overlap == "async" and r.plan.tp > 1 and bool(r.plan.sp)
+
+
 def _param_dtype(r: Run) -> str:
     return "float32" if r.setup.precision is Precision.fp32 else "bfloat16"
 
@@ -93,7 +98,10 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     # 0.3.0's default implementation is fused: OptimizersContainer.Config)
     ("optimizer.implementation", lambda r: OPTIMIZER[r.setup.optimizer.value]),
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
-    ("compile.enable", lambda r: COMPILE),
+    # async TP is an inductor pass: CompileConfig refuses it without compile.enable and "model" in compile.components
+    # (0.3.0 config/configs.py __post_init__; components default to ["model", "loss"])
+    ("compile.enable", lambda r: COMPILE or _async_tp(r)),
+    ("compile.enable_async_tensor_parallel", lambda r: True if _async_tp(r) else None),
 ]
 RECOMPUTE = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
              "selective": "activation-checkpoint:selective"}  # selective = torchtitan's per-op SAC (SelectiveAC)
@@ -148,6 +156,9 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     if r.setup.stack not in ("auto", "any", STACK) and load_stack(r.setup.stack).memory.logits != load_stack(STACK).memory.logits:
         notes.append(f"costed as stack {r.setup.stack}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
+    if _async_tp(r):
+        notes.append("async TP needs torch.compile (--compile.enable): the costs are eager's element-wise traffic, which "
+                     "compile fuses, so the run should be a little faster than estimated")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
                  "without pipeline parallelism dropping that line may run faster than estimated")
     if r.plan.zero == 1:

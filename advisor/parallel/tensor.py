@@ -28,7 +28,9 @@ from the GEMMs. Without it, a stack whose linears run their backward collectives
 asynchronously (``tp_backward_overlap``: Megatron, Transformer Engine) hides the column-parallel linear's input
 re-gather behind its dgrad GEMM and its input gradient's reduce-scatter (or all-reduce) behind its wgrad GEMM
 (``backward_exposed``). The SMs are TE's defaults (``engine.userbuffers``): Megatron-Bridge's recipes tune them per
-model and GPU (training/comm_overlap.py: 1-32 SMs), which the profile does not follow recipe by recipe.
+model and GPU (training/comm_overlap.py: 1-32 SMs), which the profile does not follow recipe by recipe. torchtitan's
+async tensor parallel (``tp_overlap`` async: torch's symmetric-memory micro-pipeline, which inductor fuses into every
+all-gather -> matmul and matmul -> reduce-scatter of the compiled graph) is ``async_share``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 from advisor import adapters, comm
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
+from advisor.compute import mem_time
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.model.layer import Split
@@ -179,6 +182,35 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     return np.where(ag + rs > 0, exposed / np.maximum(2.0 * n * (ag + rs), 1e-30), 1.0)
 
 
+def async_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any, act: Any) -> Any:
+    """The share of a layer's sequence-parallel collectives left exposed under torchtitan's async tensor parallel
+    (compile.enable_async_tensor_parallel: inductor's micro_pipeline_tp pass rewrites each all-gather -> matmul into
+    fused_all_gather_matmul and each matmul -> reduce-scatter into fused_matmul_reduce_scatter, in the forward and the
+    compiled backward). torch 2.13 distributed/_symmetric_memory/__init__.py runs them as:
+
+    - _pipelined_all_gather_and_consume: the local shard's GEMM first, then tp - 1 steps that each copy a peer's shard
+      out of its symmetric buffer (a copy-engine copy: no SMs taken) beside the previous shard's GEMM, on two streams:
+      max(C, G) + min(C, G) / tp;
+    - _pipelined_produce_and_all2all: the GEMM in tp chunks, each pulled by its peer while the next one runs, then a
+      sum of the tp partials (reduce_fn over stacked_partials: reads the [s, b, h] output once, writes 1/tp of it,
+      memory-bound): the same pair plus that kernel.
+
+    Forward: the column-parallel input's all-gather beside its GEMM, the row-parallel output's reduce-scatter beside
+    its GEMM; backward: the output gradient's all-gather beside the row-parallel dgrad, the column-parallel input
+    gradient's reduce-scatter beside its dgrad (each GEMM the forward's size); over the four collectives the layer table
+    counts. Not modelled: the chunked GEMMs' smaller tiles (wave quantisation, which the two streams are there to hide)."""
+    def ring(c: Any, g: Any) -> Any:
+        return np.maximum(c, g) + np.minimum(c, g) / tp - g
+
+    partial_sum = mem_time(w.hw, act * (1.0 + 1.0 / tp))
+    blocks = block_gemms(w, gemms)
+    exposed = 0.0
+    for g_col, g_row in blocks:
+        exposed = exposed + ring(ag, g_col) + ring(rs, g_row) + ring(ag, g_row) + ring(rs, g_col) + 2.0 * partial_sum
+    n = max(len(blocks), 1)
+    return np.where(ag + rs > 0, exposed / np.maximum(2.0 * n * (ag + rs), 1e-30), 1.0)
+
+
 def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms: Any = None) -> TensorParallelTime:
     hw, tp, sp = w.hw, mesh.tp, np.asarray(c.sp, dtype=bool)
     on = tp > 1
@@ -198,6 +230,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     backward = 1.0  # the backward collectives' exposed share of LAYER_COLLECTIVES / 2 collectives
     if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
         per = np.where(sp, per * overlap_share(w, gemms, layer_ag, rs, tp), per)
+    elif w.tp_overlap == "async" and gemms is not None and np.any(on & sp):  # torch's micro-pipeline (SP only)
+        per = np.where(sp, per * async_share(w, gemms, layer_ag, rs, tp, act), per)
     elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
         backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
