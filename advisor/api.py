@@ -20,10 +20,10 @@ from advisor.options import EstimateOptions
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
-from advisor.stack import Stack, load_stack
+from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
-from advisor.workload import Workload, runs_model, stack_runs
+from advisor.workload import Workload, runs_model, stack_runs, why_not
 
 # ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
 # export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
@@ -115,12 +115,29 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     the fine-tuning method (engine.methods), else AUTO_LARGE. Without a plan (a search), the stack of its
     data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL. On one GPU (``gpus``, or the
     plan's world) AUTO_SMALL: the seeds' single-GPU answer is DeepSpeed's ZeRO-Offload, and AUTO_LARGE's optimizer
-    offload (Megatron's HybridDeviceOptimizer) keeps the whole gradient buffer on the GPU."""
+    offload (Megatron's HybridDeviceOptimizer) keeps the whole gradient buffer on the GPU. For ``any`` (a search over
+    every stack), auto's where it runs the setup's choices, else the first stack that does."""
+    if str(name) == "any":
+        try:
+            stack, fits = resolve_stack("auto", model, hw, setup, plan, headroom, gpus)
+        except StackError:
+            stack = None
+        if stack is not None and stack_runs(stack, setup) and auto_runs(stack, model):
+            return stack, fits
+        for stack in (load_stack(n) for n in list_stacks()):
+            if stack_runs(stack, setup) and auto_runs(stack, model):
+                return stack, fits_one_gpu(model, hw, stack, setup, headroom)
+        raise StackError(f"no stack profile runs {model.name} with what was asked (advisor stacks)")
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
     large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
+    if why_not(small, setup) and why_not(large, setup):  # a choice neither runs (torchtitan's async TP): say who does
+        others = [n for n in list_stacks() if stack_runs(load_stack(n), setup)]
+        raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked "
+                         f"({why_not(small, setup)}); " + (f"--stack {' or '.join(others)} runs it" if others
+                                                           else "no stack profile runs it"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
         return small, fits_one_gpu(model, hw, small, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher

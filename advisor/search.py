@@ -78,7 +78,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         raise PlanError(f"profile {hardware.name} has no price_per_gpu_hour_usd; add it or use --objective time")
     worlds = _worlds(o, hardware)
     setup = _setup(o, spec, hardware, max(worlds))
-    chosen, fits_one = api.resolve_stack("auto" if o.stack == "any" else o.stack, spec, hardware, setup,
+    chosen, fits_one = api.resolve_stack(o.stack, spec, hardware, setup,
                                          headroom=o.memory_headroom, gpus=max(worlds))
     # every row names the stack it was costed in; "any" ranks every stack's plans; "auto" costs each plan kind in its
     # own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and PP plans in api.AUTO_MODEL_PARALLEL

@@ -265,15 +265,20 @@ def trains_in(stack, setup) -> None:
                          f"{', '.join(optimizers)}): use --optimizer {optimizers[0]}")
 
 
-def stack_runs(stack, setup) -> bool:
-    """Whether the stack runs the setup's explicit choices: its fine-tuning method, precision, optimizer, token
-    dispatcher, all-to-all overlap, TP overlap and recomputed sub-modules (--stack auto picks a stack that does)."""
+def why_not(stack, setup) -> Optional[str]:
+    """Why the stack does not run the setup's explicit choices (its fine-tuning method, precision, optimizer, token
+    dispatcher, all-to-all overlap, TP overlap and recomputed sub-modules), one line; None where it runs them."""
     if setup.finetune.kind not in stack.engine.methods:
-        return False
+        return f"stack {stack.name} does not run --method {setup.finetune.kind}"
     try:
         trains_in(stack, setup), moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
         if setup.recompute_modules is not None:
             stack_modules(stack, setup.recompute_modules)
-    except StackError:
-        return False
-    return True
+    except StackError as exc:
+        return str(exc)
+    return None
+
+
+def stack_runs(stack, setup) -> bool:
+    """Whether the stack runs the setup's explicit choices (why_not; --stack auto picks a stack that does)."""
+    return why_not(stack, setup) is None

@@ -397,3 +397,15 @@ def test_async_tp_is_torchtitans_and_shrinks_the_tp_part_only():
                                  "--sp", "--zero", "3", "--stack", "torchtitan", "--tp-overlap", "async"])
     assert r.exit_code == 0, r.output
     assert "pipelined with the GEMMs they feed (async TP" in r.output
+
+
+def test_async_tp_under_auto_and_any():
+    """Neither stack --stack auto costs (hf-trainer, megatron-core) runs async TP: one line naming the stacks that do;
+    --stack any ranks only those."""
+    from advisor.search import plan
+
+    with pytest.raises(AdvisorError, match=r"--stack auto costs hf-trainer or megatron-core, and neither runs what was "
+                                           r"asked \(.*\); --stack torchtitan or torchtitan-0.2 runs it"):
+        plan(model="llama3-70b", hw="dgx-h100", gpus=64, tp_overlap="async", top=3)
+    found = plan(model="llama3-70b", hw="dgx-h100", gpus=64, stack="any", tp_overlap="async", top=20)
+    assert {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.2"} and found.plans
