@@ -84,8 +84,9 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Opt
     fprop, dgrad, wgrad = (bf16_share * bf16 + (1.0 - bf16_share) * (low if r.runs_low(g) else bf16) for g in PASSES)
     # casts: the input (tokens x k) and the weight (k x n) in forward, the output gradient (tokens x n) in backward;
     # a recipe that keeps wgrad in BF16 still casts all three for fprop and dgrad
-    q_fwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * (rows * k + weight_casts * weights * k * n))
-    q_bwd = (1.0 - bf16_share) * mem_time(hw, r.quantise_bytes * rows * n)
+    q = w.stack.engine.quantise_bytes.get(r.name, r.quantise_bytes)  # the stack's own kernels, else the recipe's
+    q_fwd = (1.0 - bf16_share) * mem_time(hw, q * (rows * k + weight_casts * weights * k * n))
+    q_bwd = (1.0 - bf16_share) * mem_time(hw, q * rows * n)
     return fprop + q_fwd, dgrad + wg * wgrad + q_bwd, q_fwd
 
 

@@ -458,3 +458,26 @@ def test_async_tp_gain_over_vanilla_tp_on_torchtitans_h100_tables():
         assert 1.04 < measured < 1.17
         errors.append(abs((a.tokens_per_s / v.tokens_per_s) / measured - 1.0))
     assert max(errors) < 0.12 and sum(errors) / len(errors) < 0.08
+
+
+def test_torchaos_mxfp8_casts_each_tensor_twice():
+    """torchao's MXFP8 linear (torchtitan 0.3.0 components/quantization/mx.py -> torchao 0.18.0
+    moe_training/mxfp8_linear.py) casts input, weight and output gradient along dim 0 and along dim 1 in separate
+    kernels, each reading the BF16 tensor: 2 x (2 + 1 + 1/32) = 6.0625 bytes an element, where Transformer Engine's
+    MXFP8 quantizer reads it once for both (2 + 2 x (1 + 1/32) = 4.0625, the recipe's own count): the same layer's
+    casts cost 6.0625 / 4.0625 as much in torchtitan as in megatron-core, on the same GPU."""
+    from advisor.compute import cast_seconds
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.precision import RECIPES
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    assert RECIPES["mxfp8"].quantise_bytes == pytest.approx(4.0625)
+    assert load_stack("torchtitan").engine.quantise_bytes == {"mxfp8": 6.0625}
+    assert load_stack("torchtitan-0.2").engine.quantise_bytes == {"mxfp8": 6.0625}  # inherited: 0.13's mx_linear.py too
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-b200")
+    t, c = (cast_seconds(Workload.of(m, hw, load_stack(s), TrainingSetup(precision="mxfp8", seq_len=8192, stack=s)),
+                         8192, 1) for s in ("torchtitan", "megatron-core"))
+    assert t / c == pytest.approx(6.0625 / 4.0625)
