@@ -8,13 +8,15 @@ profile is a typo or a template left unfilled, and a value of the wrong type is 
 
 from __future__ import annotations
 
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 
 def _numeric(annotation: Any) -> bool:
     """Whether a field takes numbers and not booleans (int, float, Optional or unions of them, tuples of them)."""
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
     if annotation in (int, float):
         return True
     if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
@@ -25,6 +27,8 @@ def _numeric(annotation: Any) -> bool:
 
 def _numbers_only(annotation: Any) -> bool:
     """Whether a field takes nothing but numbers (and None): a string there is the wrong type, not a spelling."""
+    if get_origin(annotation) is Annotated:  # a constrained number (Field(ge=...)) is still a number
+        annotation = get_args(annotation)[0]
     if annotation in (int, float):
         return True
     if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
@@ -47,7 +51,7 @@ class Spec(BaseModel):
             raise ValueError(f"must be a number, not {str(v).lower()}")
         if isinstance(v, str) and _numbers_only(annotation):
             raise ValueError(f"must be a number, not the string {v!r} (write it without quotes)")
-        if isinstance(v, dict) and annotation == dict[str, float]:
+        if isinstance(v, dict) and get_origin(annotation) is dict and _numbers_only(get_args(annotation)[1]):
             for key, val in v.items():
                 if isinstance(val, bool):
                     raise ValueError(f"{key} must be a number, not {str(val).lower()}")

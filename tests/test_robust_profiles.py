@@ -191,6 +191,20 @@ def test_mutated_profiles_load_or_refuse_in_one_line(d):
     assert all(math.isfinite(v) and v >= 0 for v in e.breakdown.values())
 
 
+@pytest.mark.parametrize("value, says", [("74.1", "not the string '74.1'"), (True, "not true")])
+def test_stack_coefficients_are_numbers(tmp_path, value, says):
+    """A coefficient of a stack's measured tables written as a string or a boolean was read as a number (pydantic's lax
+    mode: '74.1' as 74.1, true as 1): one line naming the table and the key."""
+    from advisor.stack import STACK_DIR
+
+    doc = yaml.safe_load((STACK_DIR / "hf-trainer.yaml").read_text())
+    doc["kernels"]["elementwise"][0]["forward"]["split"]["d_model"] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-a100", "--gpus", "8", "--stack", str(path)],
+                          "kernels.elementwise.0.forward.split", f"d_model must be a number, {says}")
+
+
 @pytest.mark.parametrize("value", [-1000.0, 1e300])
 def test_stack_activation_coefficients_are_bounded(tmp_path, value):
     """A negative coefficient of memory.saved made activations 0 (and a plan rank on it); a huge one inf GiB and

@@ -148,3 +148,15 @@ def test_a_torchtitan_02_export_says_the_command_runs_0_3s_chunked_loss():
     old = launch_config("llama3-8b", "dgx-h100", stack="torchtitan-0.2", **kw)
     assert "# note: costed as stack torchtitan-0.2, whose loss differs from torchtitan 0.3.0's" in old.text
     assert not any("costed as stack" in n for n in launch_config("llama3-8b", "dgx-h100", stack="torchtitan", **kw).notes)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-0.2"])
+def test_pure_bf16_is_costed_with_the_mixed_tables(stack):
+    """Both torchtitans train in pure bf16 (training.dtype bfloat16, engine.precisions): the block computes in bf16 as
+    under mixed precision (FSDP2's param_dtype), so the same measured tables serve it; it was refused for want of a
+    'half' entry. Same activations and compute; less memory (bf16 weights and optimizer states)."""
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, zero=3, stack=stack, seq=8192)
+    pure, mixed = estimate(precision="bf16", **kw), estimate(precision="bf16-mixed", **kw)
+    assert pure.memory.parts["activations"] == pytest.approx(mixed.memory.parts["activations"])
+    assert pure.breakdown["compute/forward"] == pytest.approx(mixed.breakdown["compute/forward"])
+    assert pure.memory.peak_bytes < mixed.memory.peak_bytes
