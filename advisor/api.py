@@ -32,6 +32,8 @@ from advisor.workload import Workload, runs_model, stack_runs, why_not
 # Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
 # megatron-deepspeed, which they ran.
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
+ONE_STACK = ("--stack any ranks every stack's plans in advisor plan; one plan is costed in one stack: name it (the "
+             "row's stack, advisor stacks) or use --stack auto")
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
              f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build and export the model, else in "
@@ -198,6 +200,8 @@ def build_inputs(model, hw, **given):
     check_seq(spec, seq)
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
+    if str(o.stack) == "any":
+        raise PlanError(ONE_STACK)
     resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup, plan)[0]
     if o.sp is None and o.tp > 1 and resolved.engine.sequence_parallel != "opt_in":  # the stack's own default
         plan = plan.model_copy(update={"sp": True})
@@ -300,6 +304,8 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     (default: the plan's dp x tp x pp)."""
     spec, hardware = load_model(model), load_hardware(hw)
     world = plan.world_size if world_size is None else world_size
+    if setup.stack == "any":
+        raise PlanError(ONE_STACK)
     stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup, plan)[0]
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:

@@ -51,8 +51,9 @@ def common_plan_options(f):
         click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
         click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default="adamw", show_default=True),
         click.option("--stack", default="auto", show_default=True,
-                     help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer when the model "
-                          "fits on one GPU, else megatron-deepspeed"),
+                     help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer for data-parallel "
+                          "plans of a model that fits one GPU, megatron-core for the rest where it builds the model "
+                          "(the rule is printed with each answer); any (plan only): every stack's plans ranked together"),
         click.option("--moe-capacity-factor", type=float, default=None,
                      help="mixture of experts: an expert takes at most this multiple of its balanced share of tokens, "
                           "the rest dropped [default: dropless]"),

@@ -76,6 +76,11 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
         ep, etp = np.asarray(c.ep), np.asarray(c.etp)
         out[f"{stack.name} splits experts over the TP ranks without EP only: --etp 1 with --ep, none without"] = (
             ((ep > 1) & (etp != 1)) | ((ep == 1) & (etp != c.tp)))
+        # and carves EP from the sharded ranks only: its sparse mesh (pp, dp_replicate, efsdp, ep) takes efsdp =
+        # dp_shard x cp x tp / ep (torchtitan 0.3.0 distributed/parallel_dims.py); DDP's replicas are not dp_shard
+        shard = np.where(np.asarray(c.zero) >= 1, c.dp, 1) * np.asarray(c.cp) * np.asarray(c.tp)
+        out[f"{stack.name} carves EP from its FSDP, CP and TP ranks (efsdp = dp_shard x cp x tp / ep): --ep must "
+            "divide them (shard the data-parallel ranks: --zero 2 or 3)"] = (ep > 1) & ((shard % ep) != 0)
     if stack.engine.sequence_parallel == "always":
         out[f"{stack.name}'s tensor parallelism always shards the sequence: drop --no-sp"] = (
             (c.tp > 1) & ~np.asarray(c.sp, bool) & (not layout_only))  # sp is a placeholder in layouts

@@ -230,7 +230,7 @@ class Engine(Spec):
         default=None, description="the precisions and low-precision recipes it trains in (advisor's --precision names; "
         "None: every one advisor costs); another is refused in one line")
     quantise_bytes: dict[Literal["fp8-tensorwise", "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise",
-                                 "mxfp8", "nvfp4"], float] = Field(
+                                 "mxfp8", "nvfp4"], Annotated[float, Field(gt=0, le=100)]] = Field(
         default_factory=dict, description="bytes per element its quantisation kernels read and write casting one tensor "
         "in training (both orientations), per recipe where its kernels are not the recipe's own (advisor.precision "
         "quantise_bytes: Transformer Engine's), e.g. torchao's MXFP8, which casts along each dimension in its own kernel")

@@ -178,12 +178,32 @@ class _BoundedSafeLoader(yaml.SafeLoader):
         return node
 
 
-# YAML 1.1, which PyYAML implements, reads 80e9 and 1.5e9 as strings (its floats need a dot and a signed exponent);
-# YAML 1.2 and every JSON reader read them as numbers, as people writing a profile mean them. The int and float
-# resolvers come first, so this one only takes the exponent forms they leave as strings; a quoted "80e9" stays a
-# string, which a number field refuses (advisor.spec).
+# Numbers as YAML 1.2 (and JSON) reads them, not as PyYAML's YAML 1.1: 1.1 reads 80e9 and 1.5e9 as strings (its floats
+# need a dot and a signed exponent), 010 as octal 8 and 1:20 as sexagesimal 80, none of which a profile's author means.
+# Here ints are decimal (underscores allowed, as 1.1 does), 0x hex or 0o octal, and floats take any exponent; 1:20 and
+# 0b101 stay strings, which a number field refuses (advisor.spec), as it does a quoted "80e9".
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_BoundedSafeLoader.yaml_implicit_resolvers = {  # SafeLoader's, less its int and float rules (a copy: SafeLoader keeps its own)
+    ch: [(tag, rx) for tag, rx in rules if tag not in (_INT, _FLOAT)]
+    for ch, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _BoundedSafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"), list("-+.0123456789"))
+    _INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F]+|0o[0-7]+)$"), list("-+0123456789"))
+_BoundedSafeLoader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                       r"|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
+
+
+def _int_1_2(loader, node):
+    """An int as YAML 1.2 reads it: a leading zero is decimal (1.1 read 010 as octal 8)."""
+    text = loader.construct_scalar(node).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    if digits.startswith(("0x", "0o")):
+        return sign * int(digits[2:], 16 if digits[1] == "x" else 8)
+    return sign * int(digits, 10)
+
+
+_BoundedSafeLoader.add_constructor(_INT, _int_1_2)
 
 
 def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_YAML_DEPTH,

@@ -14,6 +14,7 @@ On one GPU count the first three rank alike (a fixed batch, a fixed number of GP
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -97,7 +98,8 @@ class PlanSearch:
         return self.setup.seq_len
 
     def train_time_s(self, e: Estimate) -> Optional[float]:
-        return None if self.tokens is None else self.tokens / e.tokens_per_s
+        """Seconds to train the token budget: whole steps (a budget below one step still takes one)."""
+        return None if self.tokens is None else math.ceil(self.tokens / e.tokens_per_step) * e.step_time_s
 
     def train_cost_usd(self, e: Estimate) -> Optional[float]:
         t, price = self.train_time_s(e), self.hardware.price_per_gpu_hour_usd

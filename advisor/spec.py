@@ -1,9 +1,9 @@
 """The base of every typed input read from YAML, JSON, the CLI or the Python API.
 
 Frozen (an input never changes after it is validated), unknown keys rejected (a misspelt key is an error,
-not a silently ignored setting), finite numbers only, and a YAML/JSON ``true`` where a number belongs
-refused instead of read as 1, as is a string there (``"8"``, which pydantic would read as 8: a quoted number in a
-profile is a typo or a template left unfilled, and a value of the wrong type is an error, not a guess).
+not a silently ignored setting), finite numbers only. A value of the wrong type is an error, not a guess: a YAML/JSON
+``true`` where a number belongs (pydantic would read 1), a string there (``"8"``: a quoted number in a profile is a
+typo or a template left unfilled), anything but true or false where a boolean belongs (``"no"``, ``0``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ def _numbers_only(annotation: Any) -> bool:
     return False
 
 
+def _bool_only(annotation: Any) -> bool:
+    """Whether a field takes a boolean (or None) and nothing else: "no", "false" or 0 there is the wrong type."""
+    if annotation is bool:
+        return True
+    if get_origin(annotation) is Union or str(get_origin(annotation)) == "types.UnionType":
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args == [bool]
+    return False
+
+
 class Spec(BaseModel):
     """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
 
@@ -49,6 +59,8 @@ class Spec(BaseModel):
         annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
         if isinstance(v, bool) and _numeric(annotation):
             raise ValueError(f"must be a number, not {str(v).lower()}")
+        if v is not None and not isinstance(v, bool) and _bool_only(annotation):  # pydantic would read "no", "yes", 0, 1
+            raise ValueError(f"must be true or false, not {v!r}")
         if isinstance(v, str) and _numbers_only(annotation):
             raise ValueError(f"must be a number, not the string {v!r} (write it without quotes)")
         if isinstance(v, dict) and get_origin(annotation) is dict and _numbers_only(get_args(annotation)[1]):

@@ -407,3 +407,16 @@ def test_any_ranks_only_stacks_whose_formats_write_the_model():
     assert stacks and not stacks & {"megatron-core", "megatron-bridge-perf"}
     assert unwritable(load_stack("torchtitan"), load_model("deepseek-v2-lite"))
     assert unwritable(load_stack("torchtitan"), load_model("llama3-8b")) == []
+
+
+def test_torchtitan_export_of_a_stack_given_by_path(tmp_path):
+    """A profile file over torchtitan (base: torchtitan) exports: the exporter took the stack's name back to
+    load_stack, which knows only the shipped ones ('unknown stack profile s1')."""
+    from advisor.export import export as export_
+    from advisor.stack import load_stack
+
+    path = tmp_path / "s1.yaml"
+    path.write_text("name: s1\ndescription: torchtitan as shipped, under another name\nbase: torchtitan\n")
+    model, hw, plan, setup, ga, world = inputs(*TITAN["fsdp-sac"])
+    out = export_("torchtitan", model, hw, plan, setup.model_copy(update={"stack": "s1"}), ga, world, load_stack(path))
+    assert out.stack == "s1" and "--parallelism.data-parallel-shard-degree 8" in out.text

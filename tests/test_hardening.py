@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -105,7 +106,9 @@ def test_objectives_over_a_range_of_gpu_counts_mean_different_things():
     assert cheap.train_time_s(c) == pytest.approx(1e12 / c.tokens_per_s)
     row = cheap.to_json()["plans"][0]
     # p4d.24xlarge on demand: 32.77 USD/h for 8 GPUs (the profile's 4.1 per GPU-hour)
-    assert row["train_cost_usd"] == pytest.approx(4.1 * c.world_size * 1e12 / c.tokens_per_s / 3600, rel=1e-12)
+    # whole steps: ceil(budget / tokens a step) of them (a budget below one step still takes one)
+    steps = math.ceil(1e12 / c.tokens_per_step)
+    assert row["train_cost_usd"] == pytest.approx(4.1 * c.world_size * steps * c.step_time_s / 3600, rel=1e-12)
     text = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "aws-p4d", "--gpus", "8:64", "--seq", "2048",
                                     "--objective", "cost", "--tokens", "1T", "--top", "1"]).stdout
     text = " ".join(text.split())
@@ -156,3 +159,22 @@ def test_a_plugin_command_that_cannot_load_says_so(monkeypatch, capsys):
     monkeypatch.setattr(cli_module._Commands, "_plugins", staticmethod(lambda: {"validate": Broken()}))
     err = one_line_exit_2(["validate"], capsys)
     assert "the 'validate' command cannot be loaded (ImportError: No module named 'scipy')" in err
+
+
+def test_a_token_budget_below_one_step_takes_one_step():
+    """--tokens 1K on a 0.5M-token step trained in 11.5 us (budget / throughput): a step is the least a run takes."""
+    from advisor.search import plan
+
+    found = plan(model="llama3-8b", hw="dgx-h100", gpus=8, tokens=1000, top=1)
+    e = found.plans[0].estimate
+    assert found.train_time_s(e) == pytest.approx(e.step_time_s)
+
+
+def test_one_plan_is_costed_in_one_stack_and_booleans_are_booleans():
+    """--stack any (plan's: every stack's rows together) given to estimate or export was 'unknown stack profile'; a
+    boolean option given "no" or 1 was read by pydantic as false / true."""
+    with pytest.raises(AdvisorError, match="one plan is costed in one stack"):
+        advisor.estimate("llama3-8b", "dgx-h100", gpus=8, stack="any")
+    for bad in ("no", 1):
+        with pytest.raises(AdvisorError, match=f"--sp: must be true or false, not {bad!r}"):
+            advisor.estimate("llama3-8b", "dgx-h100", gpus=8, tp=2, sp=bad)

@@ -272,6 +272,10 @@ def test_exponent_numbers_load_as_yaml_1_2_reads_them():
     from advisor.io import load_yaml
 
     assert yaml.safe_load("a: 1.5e9")["a"] == "1.5e9"  # the behaviour worked around
-    got = load_yaml('a: 80e9\nb: 1.5e9\nc: "80e9"\nd: 8\ne: 1e-3\nf: .5E+2\ng: 1.0e+3\nh: 1e\ni: 0x10\n')
-    assert got == {"a": 8e10, "b": 1.5e9, "c": "80e9", "d": 8, "e": 1e-3, "f": 50.0, "g": 1000.0, "h": "1e", "i": 16}
+    got = load_yaml('a: 80e9\nb: 1.5e9\nc: "80e9"\nd: 8\ne: 1e-3\nf: .5E+2\ng: 1.0e+3\nh: 1e\ni: 0x10\n'
+                    'j: 010\nk: 1:20\nl: 1_000\nm: 0o17\nn: -7\n')
+    # YAML 1.1's octal 010 (8) and sexagesimal 1:20 (80) are not what a profile's author means: 10, and a string
+    assert got == {"a": 8e10, "b": 1.5e9, "c": "80e9", "d": 8, "e": 1e-3, "f": 50.0, "g": 1000.0, "h": "1e", "i": 16,
+                   "j": 10, "k": "1:20", "l": 1000, "m": 15, "n": -7}
+    assert yaml.safe_load("j: 010\nk: 1:20") == {"j": 8, "k": 80}  # what PyYAML alone reads
     assert isinstance(got["d"], int) and isinstance(got["a"], float)

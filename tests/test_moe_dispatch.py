@@ -409,3 +409,13 @@ def test_async_tp_under_auto_and_any():
         plan(model="llama3-70b", hw="dgx-h100", gpus=64, tp_overlap="async", top=3)
     found = plan(model="llama3-70b", hw="dgx-h100", gpus=64, stack="any", tp_overlap="async", top=20)
     assert {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.2"} and found.plans
+
+
+def test_async_tp_beyond_the_nvlink_domain_is_not_pipelined():
+    """Symmetric memory maps the peers' buffers over NVLink: a TP group forced across nodes runs its collectives as
+    without async TP, and the estimate does not call them pipelined."""
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=16, tp=16, dp=1, stack="torchtitan", allow_tp_across_nodes=True,
+              global_batch=64)
+    off, on = api.estimate(tp_overlap="none", **kw), api.estimate(tp_overlap="async", **kw)
+    assert on.breakdown["comm/tp"] == pytest.approx(off.breakdown["comm/tp"])
+    assert "pipelined" not in on.collectives["tp"]

@@ -160,3 +160,19 @@ def test_pure_bf16_is_costed_with_the_mixed_tables(stack):
     assert pure.memory.parts["activations"] == pytest.approx(mixed.memory.parts["activations"])
     assert pure.breakdown["compute/forward"] == pytest.approx(mixed.breakdown["compute/forward"])
     assert pure.memory.peak_bytes < mixed.memory.peak_bytes
+
+
+def test_ep_is_carved_from_the_sharded_ranks_only():
+    """torchtitan 0.3.0 distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) takes efsdp =
+    dp_shard x cp x tp / ep, so EP must divide the sharded ranks: DDP replicas (dp_replicate) lend it none. The search
+    ranked DDP dp=4 x TP=2 x PP=2 x EP=8 on 16 H100s (efsdp 2/8) and its export wrote a mesh torchtitan refuses."""
+    with pytest.raises(AdvisorError, match=r"efsdp = dp_shard x cp x tp / ep\): --ep must divide them"):
+        estimate(model="qwen3-30b-a3b", hw="dgx-h100", gpus=16, dp=4, tp=2, pp=2, ep=8, etp=1, sp=True,
+                 stack="torchtitan")
+    ok = estimate(model="qwen3-30b-a3b", hw="dgx-h100", gpus=16, dp=8, tp=2, zero=3, ep=8, etp=1, sp=True,
+                  stack="torchtitan", seq=4096)
+    assert ok.step_time_s > 0
+    found = plan(model="qwen3-30b-a3b", hw="dgx-h100", gpus=16, stack="torchtitan", top=100)
+    for p in found.plans:
+        lay = p.plan.layout(8, 16)
+        assert p.plan.ep == 1 or (lay.dp_shard * p.plan.cp * p.plan.tp) % p.plan.ep == 0, p.plan.label()

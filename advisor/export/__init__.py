@@ -182,10 +182,11 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: use "
                           f"--format megatron or torchtitan, or --ep 1 for a {kind} config")
-    # the Megatron formats take the stack's engine: the Bridge overrides compare the recipe they name with it, and both
-    # write the dispatcher and overlaps the plan was costed with (a profile file has no name to load it back by)
-    out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_) if kind in ("megatron", "megatron-bridge")
-           else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
+    # the Megatron formats and torchtitan's take the stack itself: the Bridge overrides compare the recipe they name
+    # with its engine, the Megatron ones write the dispatcher and overlaps the plan was costed with, torchtitan's notes
+    # compare its loss with 0.3.0's (a profile file has no name to load it back by)
+    out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
+           if kind in ("megatron", "megatron-bridge", "torchtitan") else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from advisor.export.common import Exported, ExportError, Precision, Run, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import Schedule
-from advisor.stack import load_stack
+from advisor.stack import Stack, load_stack
 
 # advisor model -> (torchtitan module, config function): the dense and MoE configs of torchtitan 0.3.0's registries
 # (torchtitan/models/{llama3,qwen3,gpt_oss,deepseek_v3}/config_registry.py) whose shapes are the catalogue's
@@ -115,10 +115,13 @@ def _refuse(r: Run) -> None:
         raise ExportError(f"torchtitan has no {r.setup.precision.value} override (its dtypes are bfloat16 and "
                           "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
     if r.setup.precision.recipe is not None:  # a script without the converter would train in bf16: another plan
-        raise ExportError(f"torchtitan 0.3.0 runs {r.setup.precision.value} through a config function's model converters "
-                          "(components/quantization: Float8LinearConverter rowwise or rowwise_with_gw_hp, MXFP8, NVFP4), "
-                          "which no override reaches: export --precision bf16-mixed and add the converter to your config "
-                          "function")
+        p = r.setup.precision.value
+        ran = p in load_stack(STACK).engine.precisions
+        raise ExportError(f"torchtitan 0.3.0, whose format this export writes, runs {p if ran else 'its recipes'} through "
+                          "a config function's model converters (components/quantization: Float8LinearConverter rowwise or "
+                          "rowwise_with_gw_hp, MXFP8, NVFP4), which no override reaches: export --precision bf16-mixed and "
+                          "add the converter to your config function"
+                          + ("" if ran else f" (0.3.0 has no {p} converter; torchtitan 0.2's --model.converters ran it)"))
     if r.plan.zero == 1 and r.plan.pp == 1:
         raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
     if r.setup.recompute.value not in RECOMPUTE:
@@ -129,9 +132,9 @@ def _refuse(r: Run) -> None:
                           "adamw or adamw-fused")
 
 
-def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
+def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], list[str]]:
     """torchtitan.train's arguments (module, config, overrides; the activation-checkpoint subcommand follows them:
-    RECOMPUTE) and notes."""
+    RECOMPUTE) and notes, for a plan costed in ``stack`` (default: torchtitan 0.3.0's profile)."""
     _refuse(r)
     module, config = CONFIGS[r.model.name]
     args, notes = ["--module", module, "--config", config], []
@@ -153,8 +156,8 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     if r.plan.pp > 1:
         notes.append("pipeline stages hold n_layers / stages layers each; the embedding and the output head sit "
                      "on the first and last stage beside them")
-    if r.setup.stack not in ("auto", "any", STACK) and load_stack(r.setup.stack).memory.logits != load_stack(STACK).memory.logits:
-        notes.append(f"costed as stack {r.setup.stack}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
+    if stack is not None and stack.memory.logits != load_stack(STACK).memory.logits:
+        notes.append(f"costed as stack {stack.name}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
     if _async_tp(r):
         notes.append("async TP needs torch.compile (--compile.enable): the costs are eager's element-wise traffic, which "
@@ -173,10 +176,10 @@ def torchtitan_args(r: Run) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int) -> Exported:
+def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
     run = Run(model, hw, plan, setup, grad_accum, world_size)
-    args, notes = torchtitan_args(run)
+    args, notes = torchtitan_args(run, stack)
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
              "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
              "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",

@@ -231,7 +231,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
         per = np.where(sp, per * overlap_share(w, gemms, layer_ag, rs, tp), per)
     elif w.tp_overlap == "async" and gemms is not None and np.any(on & sp):  # torch's micro-pipeline (SP only)
-        per = np.where(sp, per * async_share(w, gemms, layer_ag, rs, tp, act), per)
+        # its peers' buffers are mapped over NVLink (symmetric memory): a TP group beyond the NVLink domain (forced
+        # across nodes) runs its collectives as it would without
+        mapped = sp & (np.asarray(tp) <= hw.domain_gpus)
+        per = np.where(mapped, per * async_share(w, gemms, layer_ag, rs, tp, act), per)
     elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
         backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
