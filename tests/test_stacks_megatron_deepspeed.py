@@ -174,3 +174,14 @@ def test_nanotron_numbers_are_its_sources():
     with pytest.raises(AdvisorError, match="stack nanotron's model code does not build gpt2, which has a gelu MLP, "
                                            "layernorm norms"):
         estimate("gpt2", "dgx-a100", gpus=8, stack="nanotron")
+
+
+def test_its_offload_and_context_parallelism_are_not_ranked_together():
+    """megatron-deepspeed's offload is DeepSpeed's ZeRO-Offload (the DeepSpeed JSON) and its CP Megatron's flags: no
+    format writes both, so such a plan (ranked first for Llama 3 70B on two DGX H100s) is refused, and the search's
+    rows export."""
+    with pytest.raises(AdvisorError, match="ZeRO-Offload, whose config has no context parallelism"):
+        estimate("llama3-70b", "dgx-h100", gpus=16, dp=2, tp=4, cp=2, zero=2, sp=True, offload="optimizer-cpu",
+                 stack="megatron-deepspeed")
+    found = plan(model="llama3-70b", hw="dgx-h100", gpus=16, stack="megatron-deepspeed", top=20)
+    assert not any(p.plan.cp > 1 and p.plan.offload.value != "none" for p in found.plans)

@@ -89,6 +89,11 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
         for o in Offload:
             if o is not Offload.none and o.value not in stack.engine.offloads:
                 out[f"{stack.name} does not offload {o.value}"] = np.asarray(c.offload) == o.code
+        if stack.engine.offload_optimizer == "cpu_adam" and stack.engine.context_parallel:
+            # its offload is DeepSpeed's ZeRO-Offload, set in the DeepSpeed config, which has no context parallelism
+            # (megatron-deepspeed: CP from Megatron's flags, offload from the DeepSpeed JSON; no format writes both)
+            out[f"{stack.name} offloads through DeepSpeed's ZeRO-Offload, whose config has no context parallelism: "
+                "--cp 1 or no --offload"] = opt & (np.asarray(c.cp) > 1)
     return out
 
 
