@@ -101,6 +101,14 @@ def auto_runs(stack: Stack, model: ModelSpec) -> bool:
     return runs_model(stack, model) and not unwritable(stack, model)
 
 
+def plan_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
+               plan: Plan) -> Stack:
+    """The stack one plan is costed in: the one named, or auto's for this plan; ``any`` (a search's) is refused."""
+    if str(name) == "any":
+        raise PlanError(ONE_STACK)
+    return load_stack(name) if str(name) != "auto" else resolve_stack("auto", model, hw, setup, plan)[0]
+
+
 def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup, headroom: float = 0.0) -> bool:
     """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded, with the
     fraction ``headroom`` of its memory kept free (a search's --memory-headroom: the answer its plans agree with)."""
@@ -135,11 +143,11 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)
     small = load_stack(AUTO_SMALL)
     large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
-    if why_not(small, setup) and why_not(large, setup):  # a choice neither runs (torchtitan's async TP): say who does
+    why = why_not(small, setup)
+    if why and why_not(large, setup):  # a choice neither runs (torchtitan's async TP): say who does
         others = [n for n in list_stacks() if stack_runs(load_stack(n), setup)]
-        raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked "
-                         f"({why_not(small, setup)}); " + (f"--stack {' or '.join(others)} runs it" if others
-                                                           else "no stack profile runs it"))
+        raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({why}); "
+                         + (f"--stack {' or '.join(others)} runs it" if others else "no stack profile runs it"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
         return small, fits_one_gpu(model, hw, small, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
@@ -200,9 +208,7 @@ def build_inputs(model, hw, **given):
     check_seq(spec, seq)
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
-    if str(o.stack) == "any":
-        raise PlanError(ONE_STACK)
-    resolved = load_stack(o.stack) if str(o.stack) != "auto" else resolve_stack(o.stack, spec, hardware, setup, plan)[0]
+    resolved = plan_stack(o.stack, spec, hardware, setup, plan)
     if o.sp is None and o.tp > 1 and resolved.engine.sequence_parallel != "opt_in":  # the stack's own default
         plan = plan.model_copy(update={"sp": True})
     if o.cp > 1:  # the flavour asked for, or the first the stack runs
@@ -304,9 +310,7 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     (default: the plan's dp x tp x pp)."""
     spec, hardware = load_model(model), load_hardware(hw)
     world = plan.world_size if world_size is None else world_size
-    if setup.stack == "any":
-        raise PlanError(ONE_STACK)
-    stack = load_stack(setup.stack) if setup.stack != "auto" else resolve_stack("auto", spec, hardware, setup, plan)[0]
+    stack = plan_stack(setup.stack, spec, hardware, setup, plan)
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))

@@ -47,7 +47,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len))
         colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
         out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
-        if bool(c.sp[0]) and w.tp_overlap != "none" and (w.tp_overlap != "async" or tp <= hw.domain_gpus):
+        if bool(tensor.overlaps(w, tp, c.sp[0])):
             out["tp"] += ("; pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)" if w.tp_overlap == "userbuffers"
                           else "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:

@@ -8,43 +8,41 @@ typo or a template left unfilled), anything but true or false where a boolean be
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 
-def _numeric(annotation: Any) -> bool:
-    """Whether a field takes numbers and not booleans (int, float, Optional or unions of them, tuples of them)."""
+def _members(annotation: Any) -> tuple[Any, Optional[list]]:
+    """(the annotation without its constraints (Annotated[float, Field(ge=...)] is a float), the types a union or a
+    tuple of it holds less None and ``...``, or None where it is neither)."""
     if get_origin(annotation) is Annotated:
         annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
+        return annotation, [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
+    return annotation, None
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field takes numbers and not booleans (int, float, Optional or unions of them, tuples of them)."""
+    annotation, args = _members(annotation)
     if annotation in (int, float):
         return True
-    if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
-        args = [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
-        return bool(args) and bool not in args and any(_numeric(a) for a in args)
-    return False
+    return bool(args) and bool not in args and any(_numeric(a) for a in args)
 
 
 def _numbers_only(annotation: Any) -> bool:
     """Whether a field takes nothing but numbers (and None): a string there is the wrong type, not a spelling."""
-    if get_origin(annotation) is Annotated:  # a constrained number (Field(ge=...)) is still a number
-        annotation = get_args(annotation)[0]
+    annotation, args = _members(annotation)
     if annotation in (int, float):
         return True
-    if get_origin(annotation) in (Union, tuple) or str(get_origin(annotation)) == "types.UnionType":
-        args = [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
-        return bool(args) and all(_numbers_only(a) for a in args)
-    return False
+    return bool(args) and all(_numbers_only(a) for a in args)
 
 
 def _bool_only(annotation: Any) -> bool:
     """Whether a field takes a boolean (or None) and nothing else: "no", "false" or 0 there is the wrong type."""
-    if annotation is bool:
-        return True
-    if get_origin(annotation) is Union or str(get_origin(annotation)) == "types.UnionType":
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        return args == [bool]
-    return False
+    annotation, args = _members(annotation)
+    return annotation is bool or (get_origin(annotation) is not tuple and args == [bool])
 
 
 class Spec(BaseModel):

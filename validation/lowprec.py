@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import yaml
@@ -195,38 +195,35 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
     return kw
 
 
+def _twin(row: dict, rows: list[dict], differs: Callable[[dict], bool]) -> Optional[dict]:
+    """The first end-to-end row of the same source, model, GPUs and batch as ``row`` for which ``differs`` holds."""
+    for other in rows:
+        if (other.get("kind") != "gemm" and other["source"]["url"] == row["source"]["url"]
+                and other["model"]["name"] == row["model"]["name"] and other["hardware"] == row["hardware"]
+                and other["batch"] == row["batch"] and differs(other)):
+            return other
+    return None
+
+
 def _baseline(row: dict, rows: list[dict]) -> Optional[dict]:
     """The BF16 row of the same source, model, GPUs, batch and parallelism (compile and async TP included)."""
     if row["precision"]["recipe"] == "bf16":
         return None
-    for other in rows:
-        if other.get("kind") == "gemm" or other["precision"]["recipe"] != "bf16":
-            continue
-        same = (other["source"]["url"] == row["source"]["url"] and other["model"]["name"] == row["model"]["name"]
-                and other["hardware"] == row["hardware"] and other["batch"] == row["batch"]
-                and other["parallelism"] == row["parallelism"])
-        if same:
-            return other
-    return None
+    return _twin(row, rows, lambda o: o["precision"]["recipe"] == "bf16" and o["parallelism"] == row["parallelism"])
+
+
+def _tp_apart(parallelism: dict) -> tuple[str, dict]:
+    """(the TP degree as written, e.g. "8" of "8 (asyncTP)", the rest of the parallelism)."""
+    return str(parallelism.get("tp")).split()[0], {k: v for k, v in parallelism.items() if k != "tp"}
 
 
 def _vanilla_tp(row: dict, rows: list[dict]) -> Optional[dict]:
     """The row of the same source, model, GPUs, batch and recipe whose TP runs without async TP, for an async-TP row."""
-    tp = str(row["parallelism"].get("tp"))
-    if "async" not in tp.lower():
+    if "async" not in str(row["parallelism"].get("tp")).lower():
         return None
-    for other in rows:
-        if other.get("kind") == "gemm" or "async" in str(other["parallelism"].get("tp")).lower():
-            continue
-        rest = {k: v for k, v in other["parallelism"].items() if k != "tp"}
-        same = (other["source"]["url"] == row["source"]["url"] and other["model"] == row["model"]
-                and other["hardware"] == row["hardware"] and other["batch"] == row["batch"]
-                and other["precision"]["recipe"] == row["precision"]["recipe"]
-                and str(other["parallelism"].get("tp")).split()[0] == tp.split()[0]
-                and rest == {k: v for k, v in row["parallelism"].items() if k != "tp"})
-        if same:
-            return other
-    return None
+    return _twin(row, rows, lambda o: "async" not in str(o["parallelism"].get("tp")).lower()
+                 and o["precision"]["recipe"] == row["precision"]["recipe"]
+                 and _tp_apart(o["parallelism"]) == _tp_apart(row["parallelism"]))
 
 
 def validate_lowprec() -> DatasetReport:

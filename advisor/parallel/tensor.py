@@ -144,6 +144,22 @@ def backward_exposed(w: Workload, gemms: dict, ag_in: Any, ag_go: Any, rs: Any, 
     return out / max(len(blocks), 1)
 
 
+def overlaps(w: Workload, tp: Any, sp: Any) -> Any:
+    """Where the workload's TP overlap pipelines a plan's collectives with their GEMMs: under sequence parallelism
+    only, and async TP only inside the NVLink domain (symmetric memory maps the peers' buffers over NVLink: a group
+    forced beyond it runs its collectives as without)."""
+    sp = np.asarray(sp, dtype=bool)
+    if w.tp_overlap == "async":
+        return sp & (np.asarray(tp) <= w.hw.domain_gpus)
+    return sp & (w.tp_overlap != "none")
+
+
+def _chunked(c: Any, g: Any, chunks: Any) -> Any:
+    """Seconds a collective of ``c`` and a GEMM of ``g`` take pipelined in ``chunks`` steps: the longer of the two,
+    and one chunk of the shorter that nothing hides."""
+    return np.maximum(c, g) + np.minimum(c, g) / chunks
+
+
 def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     """The share of a layer's sequence-parallel collectives left exposed (beyond the GEMMs they run beside) when
     Transformer Engine's userbuffers pipeline them with their GEMMs (Megatron --tp-comm-overlap; TE 2.13 module/base.py
@@ -168,10 +184,10 @@ def overlap_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any) -> Any:
     held = ub.bulk_sms / sms if sms else 0.0
 
     def ring(c: Any, g: Any) -> Any:
-        return np.maximum(c, g) + np.minimum(c, g) / tp - g
+        return _chunked(c, g, tp) - g
 
     def pipeline(c: Any, g: Any) -> Any:
-        return np.maximum(c, g * slow) + np.minimum(c, g * slow) / ub.pipeline_splits - g
+        return _chunked(c, g * slow, ub.pipeline_splits) - g
 
     blocks = block_gemms(w, gemms)
     exposed = 0.0
@@ -200,7 +216,7 @@ def async_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any, act: Any) -
     gradient's reduce-scatter beside its dgrad (each GEMM the forward's size); over the four collectives the layer table
     counts. Not modelled: the chunked GEMMs' smaller tiles (wave quantisation, which the two streams are there to hide)."""
     def ring(c: Any, g: Any) -> Any:
-        return np.maximum(c, g) + np.minimum(c, g) / tp - g
+        return _chunked(c, g, tp) - g
 
     partial_sum = mem_time(w.hw, act * (1.0 + 1.0 / tp))
     blocks = block_gemms(w, gemms)
@@ -228,13 +244,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     layer_ag = (ag_f + ag_b) / 2.0  # their mean
     per = np.where(sp, rs + layer_ag, ar)
     backward = 1.0  # the backward collectives' exposed share of LAYER_COLLECTIVES / 2 collectives
-    if w.tp_overlap == "userbuffers" and gemms is not None and np.any(on & sp):  # pipelined with the GEMMs (SP only)
-        per = np.where(sp, per * overlap_share(w, gemms, layer_ag, rs, tp), per)
-    elif w.tp_overlap == "async" and gemms is not None and np.any(on & sp):  # torch's micro-pipeline (SP only)
-        # its peers' buffers are mapped over NVLink (symmetric memory): a TP group beyond the NVLink domain (forced
-        # across nodes) runs its collectives as it would without
-        mapped = sp & (np.asarray(tp) <= hw.domain_gpus)
-        per = np.where(mapped, per * async_share(w, gemms, layer_ag, rs, tp, act), per)
+    piped = on & overlaps(w, tp, sp)
+    if gemms is not None and np.any(piped):  # userbuffers or torch's micro-pipeline, beside the GEMMs
+        share = (overlap_share(w, gemms, layer_ag, rs, tp) if w.tp_overlap == "userbuffers"
+                 else async_share(w, gemms, layer_ag, rs, tp, act))
+        per = np.where(piped, per * share, per)
     elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
         backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
