@@ -5,6 +5,9 @@ Optional parsers (each test skips when its library is absent):
 - torchtitan 0.3.0: `pip install torchtitan==0.3.0` (in the test extra; its config registries import the trainer's
   components, so its dependencies torchdata, datasets and tensorboard are needed too); the test runs
   ConfigManager.parse_args on the exported argv.
+- torchtitan 0.2.2 (--format torchtitan-toml): `pip install --no-deps --target .torchtitan-0.2 torchtitan==0.2.2` (the
+  README's test install) or ADVISOR_TORCHTITAN_02=DIR; its ConfigManager reads each job file in a subprocess with it
+  first on the path, beside the installed 0.3.0.
 - llm-foundry 0.22.0: `pip install llm-foundry==0.22.0` with a torchvision matching torch (composer imports it);
   the test runs make_dataclass_and_log_config(TrainConfig) + validate_config as scripts/train/train.py does.
 - Megatron-LM's megatron/training/arguments.py ships in megatron-core 0.19.2's wheel (Python >= 3.12 only; 0.16.1
@@ -45,7 +48,7 @@ def inputs(model, hw, world, plan_kw, setup_kw):
 def test_shipped_stacks_list_their_launch_formats():
     """Each shipped profile names its formats, usual one first (the stacks' own launchers: shared/stacks/)."""
     want = {"hf-trainer": ("accelerate", "deepspeed", "torchrun"), "megatron-deepspeed": ("megatron", "deepspeed"),
-            "torchtitan": ("torchtitan",), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",),
+            "torchtitan": ("torchtitan",), "torchtitan-0.2": ("torchtitan-toml", "torchtitan"), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",),
             "megatron-core": ("megatron", "megatron-bridge"), "deepspeed": ("deepspeed",), "litgpt": ("litgpt",),
             "nanotron": ("nanotron",)}
     for name in list_stacks():
@@ -205,12 +208,156 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
 
 @pytest.mark.parametrize("model,setup_kw,message", [
     ("llama2-7b", dict(), "no config function for llama2-7b"),
-    ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed override"),
-    ("llama3-8b", dict(optimizer="sgd"), "train AdamW, not sgd"),
+    ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed setting"),
+    ("llama3-8b", dict(optimizer="sgd"), "trains AdamW, not sgd"),
+    ("llama3-8b", dict(precision="fp8-rowwise"), "--format torchtitan-toml"),
 ])
 def test_torchtitan_refusals(model, setup_kw, message):
     with pytest.raises(ExportError, match=message):
         export("torchtitan", *inputs(model, "dgx-h100", 8, dict(dp=8, zero=3), setup_kw))
+
+
+# -- torchtitan 0.2: its TOML job file, read by 0.2.2's own ConfigManager ---------------------------------------------
+TITAN_TOML = {
+    "fsdp-sac-fp8-rowwise": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3),
+                             dict(micro_batch=1, seq_len=8192, recompute="selective", precision="fp8-rowwise")),
+    "fsdp-tensorwise-fused-adam": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=3),
+                                   dict(micro_batch=2, seq_len=8192, recompute="selective", precision="fp8-tensorwise",
+                                        optimizer="adamw-fused")),
+    "gw-hp-every-2": ("llama3-8b", "dgx-h100", 16, dict(dp=16, zero=3),
+                      dict(micro_batch=1, recompute="every-k", recompute_layers=2, precision="fp8-rowwise-gw-hp")),
+    "mxfp8-b200": ("llama3-8b", "dgx-b200", 8, dict(dp=8, zero=3), dict(micro_batch=1, recompute="selective",
+                                                                        precision="mxfp8")),
+    "2d-async-tp": ("llama3-70b", "dgx-h100", 64, dict(dp=8, tp=8, sp=True, zero=3),
+                    dict(micro_batch=1, recompute="full", tp_overlap="async", precision="fp8-tensorwise")),
+    "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
+                       dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
+    "pp-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
+                                                          virtual_stages=2),
+                       dict(micro_batch=1, global_batch=256, recompute="full")),
+    "zero2-ddp-none": ("qwen3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1, grad_accum=4, seq_len=4096)),
+    "moe-ep-tp": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=8, tp=2, sp=True, zero=3, ep=4, etp=1),
+                  dict(micro_batch=1, seq_len=4096, recompute="selective")),
+}
+RECIPE_NAMES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise", "fp8-rowwise-gw-hp": "rowwise_with_gw_hp",
+                "mxfp8": "mxfp8_cublas"}
+
+
+def _titan_toml(case):
+    model, hw, plan, setup, ga, world = inputs(*TITAN_TOML[case])
+    return (model, hw, plan, setup, ga, world), export("torchtitan-toml", model, hw, plan, setup, ga, world, "torchtitan-0.2")
+
+
+@pytest.mark.parametrize("case", TITAN_TOML)
+def test_torchtitan_toml_is_toml_with_the_plans_degrees(case):
+    import tomllib
+
+    (model, hw, plan, setup, ga, world), out = _titan_toml(case)
+    assert out.kind == "torchtitan-toml" and out.stack == "torchtitan-0.2"
+    assert all(f"# note: {n}" in out.text.splitlines() for n in out.notes)
+    cfg = tomllib.loads(out.text)
+    p = cfg["parallelism"]
+    assert (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["tensor_parallel_degree"]
+            * p["pipeline_parallel_degree"]) == world
+    recipe = setup.precision.value
+    if recipe in RECIPE_NAMES:
+        section = cfg["model"]["converters"][0]
+        assert section == ("quantize.linear.mx" if recipe == "mxfp8" else "quantize.linear.float8")
+        # the LM head stays in BF16 as advisor costs it (advisor.precision)
+        node = cfg
+        for part in section.split("."):
+            node = node[part]
+        assert node == {"recipe_name": RECIPE_NAMES[recipe], "filter_fqns": ["output"]}
+    else:
+        assert "converters" not in cfg["model"]
+
+
+@pytest.mark.parametrize("model,hw,setup_kw,message", [
+    ("llama2-7b", "dgx-h100", dict(), "no flavor for llama2-7b"),
+    ("llama3-8b", "dgx-b200", dict(precision="nvfp4"), "no converter for it"),
+    ("llama3-8b", "dgx-h100", dict(precision="fp8-blockwise"), "no converter for it"),
+    ("qwen3-30b-a3b", "dgx-h100", dict(precision="fp8-rowwise"), "grouped GEMMs low only through torchao prototypes"),
+    ("llama3-8b", "dgx-h100", dict(precision="fp16-mixed"), "no fp16-mixed setting"),
+])
+def test_torchtitan_toml_refusals(model, hw, setup_kw, message):
+    with pytest.raises(ExportError, match=message) as err:
+        export("torchtitan-toml", *inputs(model, hw, 8, dict(dp=8, zero=3), setup_kw), "torchtitan-0.2")
+    assert "\n" not in str(err.value)
+
+
+_TITAN02 = textwrap.dedent('''
+    import json, sys
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.protocols.train_spec import get_train_spec
+    import torchtitan
+    out = {"file": torchtitan.__file__}
+    for name, path in json.load(sys.stdin).items():
+        c = ConfigManager().parse_args(["--job.config_file", path])
+        args = get_train_spec(c.model.name).model_args[c.model.flavor]
+        p, t, ac, q = c.parallelism, c.training, c.activation_checkpoint, c.quantize.linear
+        out[name] = dict(
+            degrees=[p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+                     p.pipeline_parallel_degree, p.expert_parallel_degree, p.expert_tensor_parallel_degree],
+            fsdp_reshard=p.fsdp_reshard_after_forward, async_tp=p.enable_async_tensor_parallel, compile=c.compile.enable,
+            pp=[p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size, p.pipeline_parallel_layers_per_stage],
+            batch=[t.local_batch_size, t.global_batch_size, t.seq_len], dtypes=[t.dtype, t.mixed_precision_param],
+            ac=[ac.mode, ac.selective_ac_option], converters=c.model.converters,
+            float8=[q.float8.recipe_name, q.float8.filter_fqns, q.float8.enable_fsdp_float8_all_gather],
+            mx=[q.mx.recipe_name, q.mx.filter_fqns], optimizer=c.optimizer.implementation,
+            shape=[args.dim, args.n_layers, args.vocab_size])
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.slow  # ~10 s: one subprocess imports torchtitan 0.2.2's config manager and model registry
+def test_torchtitan_toml_parsed_by_torchtitan_022(tmp_path):
+    """Every case read back by torchtitan 0.2.2's ConfigManager (its TOML loader, then tyro), the model flavor looked up
+    in its registry, in a subprocess with 0.2.2 first on the path (the test extra installs 0.3.0). The README's test
+    install unpacks 0.2.2 into .torchtitan-0.2; ADVISOR_TORCHTITAN_02 names another place."""
+    pytest.importorskip("tyro")
+    root = os.environ.get("ADVISOR_TORCHTITAN_02") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".torchtitan-0.2")
+    if not os.path.isfile(os.path.join(root, "torchtitan", "config", "job_config.py")):
+        pytest.skip("set ADVISOR_TORCHTITAN_02 to a directory with torchtitan 0.2.2 (pip install --no-deps --target)")
+    runs, paths = {}, {}
+    for case in TITAN_TOML:
+        runs[case] = _titan_toml(case)
+        paths[case] = str(tmp_path / f"{case}.toml")
+        (tmp_path / f"{case}.toml").write_text(runs[case][1].text)
+    run = subprocess.run([sys.executable, "-c", _TITAN02], input=json.dumps(paths), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got.pop("file").startswith(os.path.abspath(root))  # 0.2.2, not the installed 0.3.0
+    for case, ((model, hw, plan, setup, ga, world), _) in runs.items():
+        g, lay = got[case], plan.layout(hw.gpus_per_node, world)
+        ep = plan.ep if model.routed else 1
+        assert g["degrees"] == [lay.dp_replicate, lay.dp_shard, plan.tp, plan.pp, ep,
+                                (plan.etp or plan.tp) if plan.ep > 1 else 1], case
+        assert g["shape"] == [model.d_model, model.n_layers, model.vocab], case
+        assert g["fsdp_reshard"] == ("never" if plan.zero == 2 else "default")
+        local, gbs, seq = g["batch"]
+        assert gbs == setup.micro_batch * ga * plan.dp and seq == setup.seq_len
+        if plan.pp > 1:  # the pipeline splits local into micro-batches
+            assert local // g["pp"][1] == ga and g["pp"][2] * plan.pp * lay.virtual_stages == model.n_layers
+            assert g["pp"][0] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule.value]
+        else:  # trainer.py gradient_accumulation_steps = global / (local x dp)
+            assert gbs // (local * plan.dp) == ga
+        rc = setup.recompute.value
+        assert g["ac"] == {"none": ["none", "2"], "full": ["full", "2"], "selective": ["selective", "op"],
+                           "every-k": ["selective", str(setup.recompute_layers)]}[rc], case
+        assert g["dtypes"] == ["bfloat16" if setup.precision.value == "bf16" else "float32",
+                               "float32" if setup.precision.value == "fp32" else "bfloat16"]
+        assert g["async_tp"] == g["compile"] == (setup.tp_overlap == "async")
+        assert g["optimizer"] == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
+        recipe = RECIPE_NAMES.get(setup.precision.value)
+        if recipe is None:
+            assert g["converters"] == []
+        elif recipe.startswith("mxfp8"):
+            assert g["converters"] == ["quantize.linear.mx"] and g["mx"] == [recipe, ["output"]]
+        else:  # FSDP gathers in BF16, as the torchtitan-0.2 profile costs them
+            assert g["converters"] == ["quantize.linear.float8"] and g["float8"] == [recipe, ["output"], False]
 
 
 # -- Megatron-LM: its own parse_args + validate_args, every Megatron export case -----------------------------------

@@ -21,7 +21,7 @@ library's own parser): accelerate 1.15 (ClusterConfig, FSDP1 ``fsdp_reshard_afte
 DeepSpeed 0.19 (DeepSpeedConfig), megatron-core 0.16 (TransformerConfig, DistributedDataParallelConfig,
 OptimizerConfig) with Megatron-LM's ``megatron/training/arguments.py`` flag spelling (its parse_args and
 validate_args, as shipped in megatron-core 0.19.2, pass every Megatron case: tests/test_export_stacks.py), torch 2.x
-``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager), llm-foundry 0.22 (TrainConfig key names), megatron-bridge
+``torch.distributed.run``, torchtitan 0.3.0 (ConfigManager) and 0.2.2 (its TOML job file, its ConfigManager), llm-foundry 0.22 (TrainConfig key names), megatron-bridge
 0.6.2 (ConfigContainer field names; its omegaconf_utils merge: tests/test_export_bridge.py), litgpt 0.5.13 (its CLI's
 jsonargparse: tests/test_export_litgpt.py), nanotron 0.4 (get_config_from_file: tests/test_export_nanotron.py).
 
@@ -55,6 +55,7 @@ from advisor.export.megatron_shape import unwritten_by
 from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import CONFIGS as TORCHTITAN_CONFIGS, torchtitan_args, torchtitan_config
+from advisor.export.torchtitan_toml import FLAVORS as TORCHTITAN_FLAVORS, torchtitan_toml_config
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
@@ -63,20 +64,25 @@ from advisor.stack import Stack, list_stacks, load_stack
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
            "deepspeed_dict", "export", "export_config", "global_batch", "megatron_args", "megatron_config",
-           "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config",
+           "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config", "torchtitan_toml_config",
            "foundry_config", "foundry_dict", "litgpt_config", "litgpt_dict", "nanotron_config", "nanotron_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "llm-foundry", "litgpt",
-         "nanotron")
+KINDS = ("accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan", "torchtitan-toml",
+         "llm-foundry", "litgpt", "nanotron")
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
              "megatron-bridge": bridge_config,
-             "torchrun": torchrun_command, "torchtitan": torchtitan_config, "llm-foundry": foundry_config,
+             "torchrun": torchrun_command, "torchtitan": torchtitan_config, "torchtitan-toml": torchtitan_toml_config,
+             "llm-foundry": foundry_config,
              "litgpt": litgpt_config, "nanotron": nanotron_config}
 
 
 # the formats that build the model with Megatron's own layers from flags (megatron_shape.unwritten names what their
 # flags cannot say); every other format launches the Hugging Face modules of the model's config.json
 MEGATRON_FORMATS = ("megatron", "megatron-bridge")
+# the formats that run a model of torchtitan's registries only: the catalogue models each has a config for
+REGISTRIES = {"torchtitan": TORCHTITAN_CONFIGS, "torchtitan-toml": TORCHTITAN_FLAVORS}
+# the formats whose exporter takes the costed stack itself (the others read setup.stack's name only)
+TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml")
 
 
 def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
@@ -178,7 +184,7 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export --format megatron-bridge (Bridge's LoRA), or accelerate, deepspeed or torchrun with "
                           "--stack hf-trainer (PEFT)")
-    if kind not in ("megatron", "megatron-bridge", "torchtitan") and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+    if kind not in TAKE_STACK and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: use "
                           f"--format megatron or torchtitan, or --ep 1 for a {kind} config")
@@ -186,7 +192,7 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     # with its engine, the Megatron ones write the dispatcher and overlaps the plan was costed with, torchtitan's notes
     # compare its loss with 0.3.0's (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
-           if kind in ("megatron", "megatron-bridge", "torchtitan") else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
+           if kind in TAKE_STACK else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
 
 

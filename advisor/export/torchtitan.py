@@ -68,14 +68,15 @@ def _param_dtype(r: Run) -> str:
     return "float32" if r.setup.precision is Precision.fp32 else "bfloat16"
 
 
-# (key, value of the run or None: not written). Flags with a bool value are written --key / --section.no-key.
-KEYS: list[tuple[str, Callable[[Run], Any]]] = [
+# (key, value of the run or None: not written), the keys torchtitan 0.2's job file and 0.3.0's overrides share (0.2.2
+# config/job_config.py, 0.3.0 config/configs.py: the same section and field names). Flags with a bool value are written
+# --key / --section.no-key here, true / false in 0.2's TOML (advisor.export.torchtitan_toml).
+SHARED_KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("parallelism.data_parallel_replicate_degree", lambda r: r.axes.dp_replicate),
     ("parallelism.data_parallel_shard_degree", lambda r: r.axes.dp_shard),
     # ZeRO-2: FSDP2 keeps the gathered parameters from forward to backward (reshard_after_forward=False)
     ("parallelism.fsdp_reshard_after_forward", lambda r: "never" if r.plan.zero == 2 else None),
     ("parallelism.tensor_parallel_degree", lambda r: r.plan.tp),
-    ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
     ("parallelism.context_parallel_degree", lambda r: r.field("cp", 1) if r.field("cp", 1) > 1 else None),
     # written for every MoE model: the config functions set their own (deepseek_v3_671b: 2; ParallelismConfig: 1)
     ("parallelism.expert_parallel_degree", lambda r: r.plan.ep if r.model.routed else None),
@@ -94,9 +95,13 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("training.dtype", lambda r: "bfloat16" if r.setup.precision is Precision.bf16 else "float32"),
     ("training.mixed_precision_param", _param_dtype),
     ("training.mixed_precision_reduce", lambda r: "float32"),
-    # AdamW as costed: advisor's adamw is torch's default foreach kernel, adamw-fused the fused one (torchtitan
-    # 0.3.0's default implementation is fused: OptimizersContainer.Config)
+    # AdamW as costed: advisor's adamw is torch's default foreach kernel, adamw-fused the fused one (torchtitan's
+    # default implementation is fused: 0.2.2 job_config.py Optimizer, 0.3.0 OptimizersContainer.Config)
     ("optimizer.implementation", lambda r: OPTIMIZER[r.setup.optimizer.value]),
+]
+KEYS: list[tuple[str, Callable[[Run], Any]]] = SHARED_KEYS[:4] + [
+    ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
+] + SHARED_KEYS[4:] + [
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
     # async TP is an inductor pass: CompileConfig refuses it without compile.enable and "model" in compile.components
     # (0.3.0 config/configs.py __post_init__; components default to ["model", "loss"])
@@ -107,29 +112,34 @@ RECOMPUTE = {"none": "activation-checkpoint:none", "full": "activation-checkpoin
              "selective": "activation-checkpoint:selective"}  # selective = torchtitan's per-op SAC (SelectiveAC)
 
 
+def refuse_common(r: Run, release: str, recompute: tuple[str, ...]) -> None:
+    """What neither torchtitan release runs (fp16, ZeRO-1 outside a pipeline, SGD) or ``release`` does not checkpoint."""
+    if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
+        raise ExportError(f"torchtitan has no {r.setup.precision.value} setting (its dtypes are bfloat16 and float32; "
+                          "float8 is a model converter): use --precision bf16-mixed or a recipe")
+    if r.plan.zero == 1 and r.plan.pp == 1:
+        raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
+    if r.setup.recompute.value not in recompute:
+        raise ExportError(f"--recompute {r.setup.recompute.value}: torchtitan {release} checkpoints "
+                          f"{' | '.join(recompute)}: use --recompute full or selective")
+    if r.setup.optimizer.value not in OPTIMIZER:
+        raise ExportError(f"torchtitan trains AdamW, not {r.setup.optimizer.value}: use --optimizer adamw or adamw-fused")
+
+
 def _refuse(r: Run) -> None:
     if r.model.name not in CONFIGS:
         raise ExportError(f"torchtitan 0.3.0 has no config function for {r.model.name}: its registries cover "
                           f"{', '.join(CONFIGS)}")
-    if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
-        raise ExportError(f"torchtitan has no {r.setup.precision.value} override (its dtypes are bfloat16 and "
-                          "float32; float8 is a model converter of the config registry): use --precision bf16-mixed")
+    refuse_common(r, "0.3.0", tuple(RECOMPUTE))
     if r.setup.precision.recipe is not None:  # a script without the converter would train in bf16: another plan
         p = r.setup.precision.value
         ran = p in load_stack(STACK).engine.precisions
         raise ExportError(f"torchtitan 0.3.0, whose format this export writes, runs {p if ran else 'its recipes'} through "
                           "a config function's model converters (components/quantization: Float8LinearConverter rowwise or "
                           "rowwise_with_gw_hp, MXFP8, NVFP4), which no override reaches: export --precision bf16-mixed and "
-                          "add the converter to your config function"
-                          + ("" if ran else f" (0.3.0 has no {p} converter; torchtitan 0.2's --model.converters ran it)"))
-    if r.plan.zero == 1 and r.plan.pp == 1:
-        raise ExportError("FSDP2 has no ZeRO-1 (optimizer-only) sharding outside a pipeline: use --zero 2 or 3")
-    if r.setup.recompute.value not in RECOMPUTE:
-        raise ExportError(f"--recompute {r.setup.recompute.value}: torchtitan 0.3.0 checkpoints every block or none "
-                          f"(activation-checkpoint:{'|'.join(k for k in RECOMPUTE)}): use --recompute full or selective")
-    if r.setup.optimizer.value not in OPTIMIZER:
-        raise ExportError(f"torchtitan's config functions train AdamW, not {r.setup.optimizer.value}: use --optimizer "
-                          "adamw or adamw-fused")
+                          "add the converter to your config function, or cost the plan in --stack torchtitan-0.2, whose "
+                          "TOML job file names its converters (--format torchtitan-toml)"
+                          + ("" if ran else f" (0.3.0 has no {p} converter)"))
 
 
 def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], list[str]]:
