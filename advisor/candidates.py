@@ -85,7 +85,7 @@ class Candidates:
                    allow_tp_across_nodes=plan.allow_tp_across_nodes, recompute_k=setup.recompute_layers,
                    offload=plan.offload.code,
                    ep=plan.ep, etp=plan.tp if plan.etp is None else plan.etp,
-                   cp=plan.cp, cp_comm=plan.cp_comm.code, pp_split=plan.pp_split.code)
+                   cp=plan.cp, cp_comm=(plan.cp_comm or ContextParallel.ring).code, pp_split=plan.pp_split.code)
 
     def plan(self, i: int) -> Plan:
         """Row ``i`` as a typed Plan."""

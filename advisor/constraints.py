@@ -30,6 +30,40 @@ def adapters_refuse_model_parallel(setup: TrainingSetup, stack: Optional[Stack])
     return setup.finetune.adapters and stack is not None and stack.engine.adapters_parallel == "data"
 
 
+# A TP overlap pipelines sequence parallelism's all-gathers and reduce-scatters with the GEMMs beside them; TP without
+# SP all-reduces and has none. Megatron-LM asserts it (megatron/training/arguments.py:1401-1402, "Tensor parallel
+# communication/GEMM overlap can happen only when sequence parallelism is enabled"); async TP is torch's micro-pipeline
+# pass, which rewrites all_gather_into_tensor -> mm and mm -> reduce_scatter_tensor only (torch 2.13
+# _inductor/fx_passes/micro_pipeline_tp.py find_all_gather_patterns:91, find_reduce_scatter_patterns:340; torchtitan
+# 0.3.0 models/common/dist_gemm.py:104 refuses its fused TP GEMMs without SP for the same reason). Asked for with such
+# a plan it would cost nothing: estimate refuses it and the search leaves such plans out. A stack's default overlap
+# (setup.tp_overlap None) is not asked for: plans without SP run without it (advisor.parallel.tensor.overlaps).
+def overlap_without_sp(setup: TrainingSetup, tp: Any, sp: Any) -> Any:
+    """Where an explicitly asked TP overlap (userbuffers, async) meets tensor parallelism without SP."""
+    return (setup.tp_overlap in ("userbuffers", "async")) & (np.asarray(tp) > 1) & ~np.asarray(sp, dtype=bool)
+
+
+def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]) -> dict[str, Any]:
+    """What the setup's explicit choices refuse of the candidates (the search's reasons; plan_errors says them in full):
+    TP and PP where the stack runs adapters with data parallelism only; TP without SP under an asked TP overlap."""
+    out = {ADAPTERS: (c.tp > 1) | (c.pp > 1)} if adapters_refuse_model_parallel(setup, stack) else {}
+    if setup.tp_overlap in ("userbuffers", "async"):
+        out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
+            setup, c.tp, c.sp)
+    return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
+
+
+def drop_setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack],
+                          rejected: dict[str, int]) -> Candidates:
+    """The candidates that break no setup_violations, each dropped one counted in ``rejected`` under its first."""
+    ok = np.ones(len(c), dtype=bool)
+    for reason, bad in setup_violations(c, setup, stack).items():
+        if (bad & ok).any():
+            rejected[reason] = rejected.get(reason, 0) + int((bad & ok).sum())
+        ok &= ~bad
+    return c if ok.all() else c.take(np.nonzero(ok)[0])
+
+
 def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
                stack: Optional[Stack] = None, seq_len: Optional[int] = None, eager: bool = False,
                layout_only: bool = False) -> dict[str, Any]:
@@ -126,6 +160,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     reasons = [batch_err] if batch_err else []
     if adapters_refuse_model_parallel(setup, stack) and (plan.tp > 1 or plan.pp > 1):
         reasons.append(ADAPTERS)
+    if bool(overlap_without_sp(setup, plan.tp, plan.sp)):
+        reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
+                       f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
+                       "--tp-overlap none")
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean

@@ -144,8 +144,24 @@ class Plan(Spec):
     etp: Optional[int] = Field(default=None, ge=1, le=1_000_000,
                                description="expert tensor parallelism of the routed experts (None: tp, Megatron's default)")
     cp: int = Field(default=1, ge=1, le=1_000_000, description="context parallelism: ranks one sequence is split over")
-    cp_comm: ContextParallel = Field(default=ContextParallel.ring, description="how the cp ranks exchange K and V")
+    cp_comm: Optional[ContextParallel] = Field(default=None, description="how the cp ranks exchange K and V (None at "
+                                                                         "cp 1; ring where cp > 1 and none is named)")
     pp_split: PipelineSplit = Field(default=PipelineSplit.even, description="how layers are split over pipeline ranks")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cp_comm(cls, data: Any) -> Any:
+        """At cp 1 nothing is exchanged: no cp_comm (None, whatever a plan recorded before said), so that a plan's JSON
+        passes back to estimate, whose --cp-comm needs --cp > 1 (advisor.options); ring where cp > 1 names none."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            one = float(data.get("cp", 1)) == 1.0
+        except (TypeError, ValueError):
+            return data  # the field's own validation names the bad value
+        if one:
+            return {**data, "cp_comm": None}
+        return data if data.get("cp_comm") is not None else {**data, "cp_comm": ContextParallel.ring}
 
     @property
     def world_size(self) -> int:
@@ -175,7 +191,7 @@ class Plan(Spec):
         if self.tp > 1:
             parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
         if self.cp > 1:
-            parts.append(f"CP={self.cp} {self.cp_comm.value}")
+            parts.append(f"CP={self.cp} {(self.cp_comm or ContextParallel.ring).value}")
         if self.pp > 1:
             sched = self.schedule.value + (f"(v={self.virtual_stages})" if self.schedule is Schedule.interleaved else "")
             split = " uneven" if self.pp_split is PipelineSplit.edges else ""

@@ -20,7 +20,7 @@ import numpy as np
 from advisor import api
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.candidates import Candidates
-from advisor.constraints import adapters_refuse_model_parallel, violations
+from advisor.constraints import drop_setup_violations, violations
 from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable
@@ -231,13 +231,7 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     without TP or PP, which --stack auto costs in different stacks."""
     valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
                                            model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
-    if adapters_refuse_model_parallel(setup, stack):
-        from advisor.constraints import ADAPTERS
-
-        split = (valid.tp > 1) | (valid.pp > 1)
-        if split.any():
-            rejected[ADAPTERS] = int(split.sum())
-            valid = valid.take(np.nonzero(~split)[0])
+    valid = drop_setup_violations(valid, setup, stack, rejected)  # adapters beyond DP, an asked TP overlap without SP
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
     if (~fits).any():

@@ -182,3 +182,48 @@ def test_cli_cp_estimate_json_and_export():
     r = CliRunner().invoke(cli, ["export", "--format", "deepspeed", "--out", "-", "--model", "llama3-8b", "--hw", H100,
                                  "--gpus", "8", "--cp", "4", "--seq", "32768"])
     assert r.exit_code == 2 and "context parallelism" in r.output and "\n" not in r.output.strip()  # one line
+
+
+def _estimate_args(row: dict, world: int) -> list[str]:
+    """`advisor estimate`'s flags for a `plan --json` row, its fields as they are (none dropped, none rewritten): what a
+    user pasting the row back passes. A null field is left out (its flag's default)."""
+    p, s = row["plan"], row["setup"]
+    flags = dict(gpus=world, dp=p["dp"], tp=p["tp"], pp=p["pp"], zero=p["zero"], schedule=p["schedule"],
+                 virtual_stages=p["virtual_stages"], data_parallel=p["data_parallel"], offload=p["offload"],
+                 ep=p["ep"], etp=p["etp"], cp=p["cp"], cp_comm=p["cp_comm"], pp_split=p["pp_split"],
+                 micro_batch=s["micro_batch"], global_batch=row["global_batch"], seq=s["seq_len"],
+                 precision=s["precision"], attention=s["attention"], recompute=s["recompute"],
+                 recompute_layers=s["recompute_layers"], optimizer=s["optimizer"], stack=row["stack"])
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not None]
+    return argv + ["--sp" if p["sp"] else "--no-sp"] + ([] if p["overlap_grad_reduce"] else ["--no-overlap-grad-reduce"])
+
+
+def test_a_plan_row_without_cp_names_no_cp_comm_and_passes_back_to_estimate():
+    """A `plan --json` row with cp=1 exchanges nothing: its cp_comm is null, not ring, since estimate refuses --cp-comm
+    at --cp 1 (advisor.options); the row's fields passed back to `advisor estimate` (and its plan and setup to
+    estimate_plan) give the row's step time. A row with CP keeps the flavour it was costed in."""
+    import json
+
+    from advisor.api import estimate_plan
+    from advisor.layout import Plan
+    from advisor.training import TrainingSetup
+
+    r = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", H100, "--gpus", "8", "--seq", "8192",
+                                 "--stack", "megatron-core", "--top", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    flat = [row for row in doc["plans"] if row["plan"]["cp"] == 1]
+    split = [row for row in doc["plans"] if row["plan"]["cp"] > 1]
+    assert flat and split
+    assert all(row["plan"]["cp_comm"] is None for row in flat)
+    assert all(row["plan"]["cp_comm"] in ("ring", "all-gather", "ulysses") for row in split)
+    for row in (flat[0], split[0]):
+        e = CliRunner().invoke(cli, ["estimate", "--model", doc["model"], "--hw", doc["hw"],
+                                     *_estimate_args(row, doc["world_size"]), "--json"])
+        assert e.exit_code == 0, e.output
+        assert json.loads(e.output)["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9)
+        again = estimate_plan(doc["model"], doc["hw"], Plan(**row["plan"]), TrainingSetup(**row["setup"]), doc["world_size"])
+        assert again.step_time_s == pytest.approx(row["step_time_s"], rel=1e-9)
+    # a Plan recorded with the old "ring" at cp=1 still loads, as the same plan; one with CP and no flavour runs a ring
+    assert Plan(dp=8, cp=1, cp_comm="ring") == Plan(dp=8) and Plan(dp=8).cp_comm is None
+    assert Plan(dp=4, cp=2).cp_comm.value == "ring"

@@ -259,10 +259,51 @@ def test_userbuffers_shrink_the_tp_part_and_nothing_else():
     # Llama 3 70B TP 4 on H100, FP8: 0.42 s against 0.80 s of exposed collectives (off: the async backward overlap)
     assert on.breakdown["comm/tp"] < 0.6 * off.breakdown["comm/tp"]
     assert on.breakdown["compute/forward"] == pytest.approx(off.breakdown["compute/forward"])
-    no_sp = {**TP, "sp": False}  # Megatron's --tp-comm-overlap needs sequence parallelism: all-reduces stay exposed
-    assert api.estimate(tp_overlap="userbuffers", **no_sp).breakdown["comm/tp"] == pytest.approx(
-        api.estimate(tp_overlap="none", **no_sp).breakdown["comm/tp"])
+    # Megatron's --tp-comm-overlap needs sequence parallelism (megatron/training/arguments.py:1401-1402 asserts it):
+    # asked for without SP it is refused (advisor.constraints.overlap_without_sp), not costed as a no-op
+    no_sp = {**TP, "sp": False}
+    with pytest.raises(AdvisorError, match="--tp-overlap userbuffers .* tp=4 runs without SP"):
+        api.estimate(tp_overlap="userbuffers", **no_sp)
 
+
+
+def test_an_asked_tp_overlap_without_sp_is_refused_and_left_out_of_the_search():
+    """--tp-overlap userbuffers or async pipelines SP's all-gathers and reduce-scatters with their GEMMs: Megatron-LM
+    asserts SP under --tp-comm-overlap (megatron/training/arguments.py:1401-1402), torch's micro-pipeline TP pass (async
+    TP) matches all_gather_into_tensor -> mm and mm -> reduce_scatter_tensor only (torch 2.13
+    _inductor/fx_passes/micro_pipeline_tp.py:91, :340). Asked for with TP without SP it was costed as a no-op: estimate
+    (and the typed API) now refuse it in one line; the search leaves those plans out, counted, so that every row it
+    ranks re-estimates as it is. A stack's default overlap (megatron-bridge-perf's userbuffers) is not asked for: its
+    plans without SP run without it, as before."""
+    from advisor.search import plan
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, tp=8, micro_batch=1, seq=4096)
+    for stack, overlap in (("megatron-core", "userbuffers"), ("torchtitan", "async")):
+        why = rf"--tp-overlap {overlap} pipelines .* tp=8 runs without SP .* drop --no-sp \(add --sp\) or use --tp-overlap none"
+        with pytest.raises(AdvisorError, match=why):
+            api.estimate(sp=False, stack=stack, tp_overlap=overlap, **kw)
+        setup = TrainingSetup(seq_len=4096, micro_batch=1, stack=stack, tp_overlap=overlap)
+        with pytest.raises(AdvisorError, match=why):
+            api.estimate_plan("llama3-8b", "dgx-h100", Plan(tp=8, sp=False), setup)
+        # the two ways out it names are valid plans
+        api.estimate(sp=False, stack=stack, tp_overlap="none", **kw)
+        api.estimate(sp=True, stack=stack, tp_overlap=overlap, **kw)
+    # megatron-core's SP is off unless asked (engine.sequence_parallel opt_in): the overlap alone is refused too
+    with pytest.raises(AdvisorError, match="--tp-overlap userbuffers .* tp=8 runs without SP"):
+        api.estimate(stack="megatron-core", tp_overlap="userbuffers", **kw)
+    # the stack's default overlap, not asked: TP without SP still runs, without it
+    bridge = dict(sp=False, stack="megatron-bridge-perf", **kw)
+    assert api.estimate(**bridge).breakdown["comm/tp"] == pytest.approx(
+        api.estimate(tp_overlap="none", **bridge).breakdown["comm/tp"])
+    search = dict(model="llama3-8b", hw="dgx-h100", gpus=8, seq=4096, stack="megatron-core", top=10_000)
+    reason = "--tp-overlap userbuffers needs sequence parallelism: TP without SP"
+    asked, unasked = plan(tp_overlap="userbuffers", **search), plan(**search)
+    assert any(p.plan.tp > 1 and not p.plan.sp for p in unasked.plans) and reason not in unasked.rejected
+    assert asked.rejected[reason] > 0 and any(p.plan.tp > 1 for p in asked.plans)
+    assert all(p.plan.sp for p in asked.plans if p.plan.tp > 1)
+    for p in [p for p in asked.plans if p.plan.tp > 1][:3]:  # a row passed back re-estimates as it is
+        again = api.estimate_plan("llama3-8b", "dgx-h100", p.plan, p.setup, p.estimate.world_size)
+        assert again.step_time_s == pytest.approx(p.estimate.step_time_s, rel=1e-9)
 
 def test_estimate_says_the_tp_collectives_are_pipelined():
     r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-70b", "--hw", "dgx-h100", "--gpus", "64", "--tp", "4",

@@ -89,6 +89,18 @@ BAD_OPTIONS = [
     (["estimate", *E[1:], "--schedule", "interleaved"], ["interleaved schedule needs pp > 1"]),
     (["estimate", *E[1:], "--gpus", "2", "--sp"], ["sequence parallel needs tp > 1", "drop --sp or set --tp"]),
     (["estimate", *E[1:], "--gpus", "4", "--tp", "2", "--data-parallel", "dp"], ["nn.DataParallel"]),
+    # a TP overlap asked for without SP: Megatron-LM asserts SP under --tp-comm-overlap (megatron/training/arguments.py:
+    # 1401-1402); async TP's inductor pass fuses SP's all-gathers and reduce-scatters only (advisor.constraints)
+    (["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "8", "--no-sp", "--tp-overlap",
+      "userbuffers", "--stack", "megatron-core", "--micro-batch", "1", "--seq", "4096"],
+     ["--tp-overlap userbuffers", "tp=8 runs without SP", "drop --no-sp", "or use --tp-overlap none"]),
+    (["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "8", "--no-sp", "--tp-overlap",
+      "async", "--stack", "torchtitan", "--micro-batch", "1", "--seq", "4096"],
+     ["--tp-overlap async", "tp=8 runs without SP", "drop --no-sp", "or use --tp-overlap none"]),
+    (["export", "--format", "megatron", "--out", "-", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp",
+      "8", "--no-sp", "--tp-overlap", "userbuffers", "--stack", "megatron-core"], ["--tp-overlap userbuffers", "without SP"]),
+    (["export", "--format", "torchtitan", "--out", "-", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp",
+      "8", "--no-sp", "--tp-overlap", "async", "--stack", "torchtitan"], ["--tp-overlap async", "without SP"]),
     (["estimate", *E[1:], "--gpus", "2", "--global-batch", "3"], ["global batch 3 is not divisible by micro_batch x dp = 1 x 2 = 2"]),
     (["estimate", *E[1:], "--gpus", str(10**12)], ["--gpus must be at most 10,000,000"]),
     (["estimate", *E[1:], "--dp", str(10**12)], ["--dp must be at most 10,000,000"]),
