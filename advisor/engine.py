@@ -3,6 +3,8 @@ states, when it synchronises, which checkpointing policies, offloads and plan fe
 
 from __future__ import annotations
 
+import math
+
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
@@ -197,6 +199,11 @@ class Engine(Spec):
                                                  "stack runs in BF16 (Megatron's first_last_layers_bf16 with "
                                                  "num_layers_at_start_in_bf16 / _at_end_); None: the recipe's own "
                                                  "(advisor.precision)")
+    bf16_tail: dict[Literal["fp8-tensorwise", "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8",
+                           "nvfp4"], Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=dict, description="per recipe, the share of the decoder layers, the last ceil(share x L), the "
+                                          "stack runs in BF16 instead of the edge layers (torchtitan's NVFP4 configs: "
+                                          "nvfp4_bf16_tail_fqns)")
     tp_comm_overlap: Literal["none", "userbuffers", "async"] = Field(
         default="none", description="by default, the sequence-parallel all-gathers and reduce-scatters run exposed, or "
         "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap), or through "
@@ -329,6 +336,13 @@ class Engine(Spec):
     def edge_layers_in_bf16(self, recipe) -> int:
         """Decoder layers at each end run in BF16 under ``recipe`` (an advisor.precision Recipe; None: 0): this
         profile's ``bf16_edge_layers`` where it states one, else the recipe's own."""
-        if recipe is None:
+        if recipe is None or recipe.name in self.bf16_tail:
             return 0
         return recipe.bf16_edge_layers if self.bf16_edge_layers is None else self.bf16_edge_layers
+
+    def bf16_layers(self, recipe, n_layers: int) -> int:
+        """Decoder layers run in BF16 under ``recipe``: the last ceil(share x L) where the profile keeps a tail
+        (``bf16_tail``), else the edge layers at both ends."""
+        if recipe is not None and recipe.name in self.bf16_tail:
+            return min(n_layers, math.ceil(n_layers * self.bf16_tail[recipe.name] - 1e-9))
+        return min(n_layers, 2 * self.edge_layers_in_bf16(recipe))

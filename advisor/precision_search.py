@@ -56,9 +56,10 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
         what = "every GEMM in " + name
         if r is not None:  # the best plan's workload: its stack's BF16 edge layers and its casts' share
             w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
-            edges = w.bf16_edge_layers
-            what = (f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})"
-                    + (f", {edges} layer at each end in BF16" if edges else "")
+            edges, tail = w.bf16_edge_layers, r.name in w.stack.engine.bf16_tail
+            kept = (f", the last {w.stack.engine.bf16_layers(r, w.model.n_layers)} layers in BF16" if tail
+                    else f", {edges} layer at each end in BF16" if edges else "")
+            what = (f"{'/'.join(r.low)} in {r.format.upper()} ({r.granularity})" + kept
                     + f"; attention and the output layer in BF16; casts {100 * _cast_share(w, res, e):.1f}% of the step")
         vs = ""
         if base is not None and name != runs[0][0]:

@@ -104,7 +104,7 @@ class Workload:
     @property
     def bf16_share(self) -> float:
         """The share of the decoder layers run in BF16 under the recipe, spread over all layers (a per-layer mean)."""
-        return min(1.0, 2.0 * self.bf16_edge_layers / self.model.n_layers)
+        return self.stack.engine.bf16_layers(self.precision.recipe, self.model.n_layers) / self.model.n_layers
 
     @property
     def math(self) -> str:

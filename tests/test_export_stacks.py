@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import subprocess
 import sys
 import textwrap
@@ -134,6 +135,17 @@ TITAN = {
     "pp-zbv": ("llama3-8b", "dgx-h100", 16, dict(dp=4, pp=4, schedule="zb-v"), dict(micro_batch=1, global_batch=64)),
     # no EP: written as 1 over deepseek_v3_671b's own expert_parallel_degree=2
     "moe-no-ep": ("deepseek-v3", "gb200-nvl72", 256, dict(dp=256, zero=3), dict(micro_batch=1, recompute="full")),
+    # the embedding and the output counted as a layer each: (126 + 2) / 4 stages, first/last_stage_less_layers 1
+    "405b-pp-edges": ("llama3-405b", "dgx-h100", 256, dict(dp=8, tp=8, pp=4, sp=True, zero=1, pp_split="edges"),
+                      dict(micro_batch=1, global_batch=64, recompute="full", precision="fp8-rowwise")),
+    # the recipes torchtitan 0.3.0 runs through a config function's converters: llama3_405b's own Float8 rowwise,
+    # llama3_8b_mxfp8, llama3_8b_first_85_pct_layers_nvfp4 (compile stays on as they set it)
+    "405b-fp8-rowwise": ("llama3-405b", "dgx-h100", 256, dict(dp=32, tp=8, sp=True, zero=3),
+                         dict(micro_batch=1, recompute="full", precision="fp8-rowwise")),
+    "8b-mxfp8": ("llama3-8b", "dgx-b200", 8, dict(dp=8, zero=3), dict(micro_batch=1, recompute="selective",
+                                                                      precision="mxfp8")),
+    "8b-nvfp4": ("llama3-8b", "gb200-nvl72", 4, dict(dp=4, zero=3), dict(micro_batch=8, seq_len=2048, precision="nvfp4",
+                                                                         recompute="selective")),
     # async TP: an inductor pass, so compile goes on with it (CompileConfig refuses it alone)
     "fsdp-async-tp": ("llama3-70b", "dgx-h100", 64, dict(dp=8, tp=8, sp=True, zero=3),
                       dict(micro_batch=1, recompute="full", tp_overlap="async")),
@@ -170,12 +182,19 @@ def test_torchtitan_notes_in_file_and_degrees(case, tmp_path):
 
 @pytest.mark.slow  # ~7 s each: ConfigManager imports torchtitan's trainer components and model registry
 @pytest.mark.parametrize("case", TITAN)
-def test_torchtitan_config_manager_parses(case, tmp_path):
+def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):
     pytest.importorskip("torchtitan")
     pytest.importorskip("tyro")
     from torchtitan.config.manager import ConfigManager
 
     model, hw, plan, setup, ga, world = inputs(*TITAN[case])
+    recipe = setup.precision.recipe is not None
+    if recipe:  # the config function builds torchao's converters, which ask for the GPU they would run on
+        pytest.importorskip("torchao")
+        from torchtitan.components.quantization import float8, mx, nvfp4
+
+        for module in (float8, mx, nvfp4):
+            monkeypatch.setattr(module, "has_cuda_capability", lambda *_: True)
     cfg = ConfigManager().parse_args(_argv(export("torchtitan", model, hw, plan, setup, ga, world).text, tmp_path))
     p, t, lay = cfg.parallelism, cfg.training, plan.layout(hw.gpus_per_node, world)
     assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
@@ -186,7 +205,10 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
         assert t.local_batch_size // p.pipeline_parallel_microbatch_size == ga
         assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                                 "zb-v": "ZBVZeroBubble"}[plan.schedule.value]
-        assert p.pipeline_parallel_layers_per_stage * plan.pp * lay.virtual_stages == model.n_layers
+        edges = int(plan.pp_split.value == "edges")  # the embedding and the output counted as a layer each
+        units = model.n_layers + 2 * edges  # torchtitan makes ceil(units / layers_per_stage) stages
+        assert -(-units // p.pipeline_parallel_layers_per_stage) == plan.pp * lay.virtual_stages
+        assert p.pipeline_parallel_first_stage_less_layers == p.pipeline_parallel_last_stage_less_layers == edges
     else:
         assert t.global_batch_size // (t.local_batch_size * plan.dp) == ga
     if plan.tp > 1:
@@ -197,7 +219,22 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     assert t.dtype == ("bfloat16" if setup.precision.value == "bf16" else "float32")
     assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
     asynctp = setup.tp_overlap == "async"
-    assert t.disable_cuda_graphs and cfg.compile.enable == cfg.compile.enable_async_tensor_parallel == asynctp
+    assert t.disable_cuda_graphs and cfg.compile.enable_async_tensor_parallel == asynctp
+    assert cfg.compile.enable == (asynctp or recipe)  # a recipe's config function turns compile on for its converter
+    # the converters ran on the model's config: its Linear configs, by class, against what advisor costs low
+    from torchtitan.models.common.linear import Linear
+
+    kinds = Counter(type(c).__qualname__ for _, c, _, _ in cfg.model_spec.traverse(Linear.Config, recurse=True))
+    per_layer = 5  # wqkv, wo, w1, w2, w3
+    low = {"fp8-rowwise": "Float8Linear.Config", "mxfp8": "MXFP8Linear.Config", "nvfp4": "NVFP4Linear.Config"}
+    if recipe:  # the layers the stack profile runs low (its BF16 tail under NVFP4); llama3_8b_mxfp8 takes lm_head too
+        bf16 = load_stack("torchtitan").engine.bf16_layers(setup.precision.recipe, model.n_layers)
+        head = int(setup.precision.value == "mxfp8")
+        want = {low[setup.precision.value]: (model.n_layers - bf16) * per_layer + head,
+                "Linear.Config": bf16 * per_layer + 1 - head}
+        assert kinds == {k: n for k, n in want.items() if n}
+    else:
+        assert set(kinds) == {"Linear.Config"}
     assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
     assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
     if model.routed:
@@ -210,7 +247,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path):
     ("llama2-7b", dict(), "no config function for llama2-7b"),
     ("llama3-8b", dict(precision="fp16-mixed"), "no fp16-mixed setting"),
     ("llama3-8b", dict(optimizer="sgd"), "trains AdamW, not sgd"),
-    ("llama3-8b", dict(precision="fp8-rowwise"), "--format torchtitan-toml"),
+    ("llama3-8b", dict(precision="fp8-rowwise"), "no config function for llama3-8b that runs fp8-rowwise"),
+    ("llama3-405b", dict(precision="bf16-mixed"), "llama3_405b trains fp8-rowwise"),
 ])
 def test_torchtitan_refusals(model, setup_kw, message):
     with pytest.raises(ExportError, match=message):
@@ -235,6 +273,11 @@ TITAN_TOML = {
     "pp-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
                                                           virtual_stages=2),
                        dict(micro_batch=1, global_batch=256, recompute="full")),
+    "405b-pp-edges": ("llama3-405b", "dgx-h100", 256, dict(dp=8, tp=8, pp=4, sp=True, zero=1, pp_split="edges"),
+                      dict(micro_batch=1, global_batch=64, recompute="full")),
+    # 36 layers over 8 stages: 5 and 4 layers (torchtitan gives the first ones the extra layer)
+    "pp-uneven-cp": ("qwen3-8b", "dgx-h100", 16, dict(dp=1, cp=2, cp_comm="all-gather", pp=8),
+                     dict(micro_batch=1, global_batch=32, seq_len=8192)),
     "zero2-ddp-none": ("qwen3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1, grad_accum=4, seq_len=4096)),
     "moe-ep-tp": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=8, tp=2, sp=True, zero=3, ep=4, etp=1),
                   dict(micro_batch=1, seq_len=4096, recompute="selective")),
@@ -258,7 +301,7 @@ def test_torchtitan_toml_is_toml_with_the_plans_degrees(case):
     cfg = tomllib.loads(out.text)
     p = cfg["parallelism"]
     assert (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["tensor_parallel_degree"]
-            * p["pipeline_parallel_degree"]) == world
+            * p["pipeline_parallel_degree"] * p.get("context_parallel_degree", 1)) == world
     recipe = setup.precision.value
     if recipe in RECIPE_NAMES:
         section = cfg["model"]["converters"][0]
@@ -299,7 +342,8 @@ _TITAN02 = textwrap.dedent('''
             degrees=[p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
                      p.pipeline_parallel_degree, p.expert_parallel_degree, p.expert_tensor_parallel_degree],
             fsdp_reshard=p.fsdp_reshard_after_forward, async_tp=p.enable_async_tensor_parallel, compile=c.compile.enable,
-            pp=[p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size, p.pipeline_parallel_layers_per_stage],
+            pp=[p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size, p.pipeline_parallel_layers_per_stage,
+                [p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers]],
             batch=[t.local_batch_size, t.global_batch_size, t.seq_len], dtypes=[t.dtype, t.mixed_precision_param],
             ac=[ac.mode, ac.selective_ac_option], converters=c.model.converters,
             float8=[q.float8.recipe_name, q.float8.filter_fqns, q.float8.enable_fsdp_float8_all_gather],
@@ -340,8 +384,11 @@ def test_torchtitan_toml_parsed_by_torchtitan_022(tmp_path):
         local, gbs, seq = g["batch"]
         assert gbs == setup.micro_batch * ga * plan.dp and seq == setup.seq_len
         if plan.pp > 1:  # the pipeline splits local into micro-batches
-            assert local // g["pp"][1] == ga and g["pp"][2] * plan.pp * lay.virtual_stages == model.n_layers
-            assert g["pp"][0] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule.value]
+            edges = int(plan.pp_split.value == "edges")
+            assert local // g["pp"][1] == ga and g["pp"][3] == [edges, edges]
+            assert -(-(model.n_layers + 2 * edges) // g["pp"][2]) == plan.pp * lay.virtual_stages
+            assert g["pp"][0] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}[
+                plan.schedule.value]
         else:  # trainer.py gradient_accumulation_steps = global / (local x dp)
             assert gbs // (local * plan.dp) == ga
         rc = setup.recompute.value

@@ -305,6 +305,25 @@ def test_torchtitan_sac_in_moe_blocks_follows_its_mm_count():
     assert 3 * core.breakdown["compute/recompute"] < titan.breakdown["compute/recompute"] < full.breakdown["compute/recompute"]
 
 
+def test_torchtitan_02_sac_counts_wq_wk_wv_apart_and_runs_moe_blocks():
+    """torchtitan 0.2.2's per-op SAC (distributed/activation_checkpoint.py _get_custom_policy) on blocks that run wq, wk
+    and wv apart: mm order wq 1, wk 2 (rerun), wv 3, wo 4 (rerun), then w1 5, w3 6 (rerun), w2 7 in a dense block; an
+    MoE block forces the router's gate (ActivationCheckpoint.per_op_sac_force_recompute_mm_shapes_by_fqns defaults to
+    ["moe.router.gate"]) and reruns torch._grouped_mm, which no 0.2.2 _op_sac_save_list holds. Its MoE models are
+    costed, not refused (a fixed list of a dense block's linears named mlp/up, which an MoE layer lacks, refused them)."""
+    from advisor.stack import load_stack
+
+    sel = load_stack("torchtitan-0.2").engine.selective
+    assert set(sel.ops(load_model("llama3-8b").layer.linears)) == {"elementwise", "attention/k", "attention/out",
+                                                                    "mlp/up"}
+    assert set(sel.ops(load_model("gpt-oss-120b").layer.linears)) == {
+        "elementwise", "attention/k", "attention/out", "mlp/router", "mlp/experts/gate", "mlp/experts/up",
+        "mlp/experts/down"}
+    kw = dict(gpus=16, dp=16, zero=3, ep=4, etp=1, micro_batch=1, seq=4096, stack="torchtitan-0.2")
+    sac, full = (estimate("qwen3-30b-a3b", "dgx-h100", recompute=r, **kw) for r in ("selective", "full"))
+    assert 0 < sac.breakdown["compute/recompute"] < full.breakdown["compute/recompute"]
+
+
 def test_routed_activations_as_each_stack_keeps_them():
     """What an MoE layer keeps besides its table at the routed width, per token (first principles, k = 8, h = 2048,
     E = 128 for Qwen3-30B-A3B). megatron-core 0.19 applies the router's probabilities inside the experts (experts.py

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from advisor.export.common import Exported, ExportError, Precision, Run, check, header
 from advisor.export.torchrun import torchrun_argv
-from advisor.layout import Schedule
+from advisor.layout import PipelineSplit, Schedule
 from advisor.stack import Stack, load_stack
 
 # advisor model -> (torchtitan module, config function): the dense and MoE configs of torchtitan 0.3.0's registries
@@ -28,6 +28,10 @@ from advisor.stack import Stack, load_stack
 CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
            "llama3-405b": ("llama3", "llama3_405b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
            "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
+# The config functions whose converters run a low-precision recipe (0.3.0 models/llama3/config_registry.py): a base
+# config function's own (llama3_405b: Float8LinearConverter, rowwise, lm_head filtered), and the recipe variants
+OWN_RECIPE = {"llama3-405b": "fp8-rowwise"}
+RECIPE_CONFIGS = {("llama3-8b", "mxfp8"): "llama3_8b_mxfp8", ("llama3-8b", "nvfp4"): "llama3_8b_first_85_pct_layers_nvfp4"}
 # Schedule names of torch.distributed.pipelining (schedules.py get_schedule_class), as torchtitan passes them on
 SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B",
              Schedule.zb_v: "ZBVZeroBubble", Schedule.dualpipe_v: "DualPipeV"}  # torch 2.13 get_schedule_class names
@@ -54,14 +58,42 @@ def _local_batch(r: Run) -> int:
     return r.setup.micro_batch * r.grad_accum if r.plan.pp > 1 else r.setup.micro_batch
 
 
+def _edges(r: Run) -> int:
+    """1 where the plan counts the embedding and the output as a layer each (pp_split edges), else 0: torchtitan's
+    pipeline_parallel_first/last_stage_less_layers (generate_llm_fqn_per_model_part's input and output weights)."""
+    return 1 if r.plan.pp_split is PipelineSplit.edges else 0
+
+
 def _layers_per_stage(r: Run) -> Optional[int]:
-    stages = r.plan.pp * r.axes.virtual_stages
-    return r.model.n_layers // stages if r.plan.pp > 1 else None
+    """Layers a stage holds: torchtitan makes ceil((L + weights) / this) stages and spreads the units over them, the
+    first ones a layer more where they do not divide (distributed/pipeline_parallel.py), as advisor's busiest rank
+    holds ceil(L / (pp v)) a chunk. Refused where no value gives pp x v stages."""
+    if r.plan.pp == 1:
+        return None
+    stages, units = r.plan.pp * r.axes.virtual_stages, r.model.n_layers + 2 * _edges(r)
+    per = -(-units // stages)
+    if -(-units // per) != stages:
+        also = " + the embedding and the output" if _edges(r) else ""
+        raise ExportError(f"{units} pipeline units ({r.model.n_layers} layers{also}) make no {stages} torchtitan stages "
+                          "of equal size but one: choose another --pp or --virtual-stages")
+    return per
 
 
 def _async_tp(r: Run) -> bool:
     """The plan's sequence-parallel collectives pipelined by async TP (its stack runs none by default)."""
     return r.setup.tp_overlap == "async" and r.plan.tp > 1 and bool(r.plan.sp)
+
+
+def config_function(r: Run) -> tuple[str, str]:
+    """(module, config function) of the run: the model's own, or its variant whose converters run the plan's recipe."""
+    module, config = CONFIGS[r.model.name]
+    want = r.setup.precision.value if r.setup.precision.recipe is not None else None
+    return module, (config if want == OWN_RECIPE.get(r.model.name) else RECIPE_CONFIGS[(r.model.name, want)])
+
+
+def _converts(r: Run) -> bool:
+    """Whether the config function converts linears to a recipe (it turns compile on for them, and so stays)."""
+    return r.setup.precision.recipe is not None
 
 
 def _param_dtype(r: Run) -> str:
@@ -83,10 +115,10 @@ SHARED_KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("parallelism.pipeline_parallel_degree", lambda r: r.plan.pp),
     ("parallelism.pipeline_parallel_schedule", lambda r: _pp(r, SCHEDULES[r.plan.schedule])),
     ("parallelism.pipeline_parallel_microbatch_size", lambda r: _pp(r, r.setup.micro_batch)),
-    # an even split: the embedding and the output head are not counted as layers of the first and last stage
+    # the even split leaves the embedding and the output head out of the count; edges counts them a layer each
     ("parallelism.pipeline_parallel_layers_per_stage", _layers_per_stage),
-    ("parallelism.pipeline_parallel_first_stage_less_layers", lambda r: _pp(r, 0)),
-    ("parallelism.pipeline_parallel_last_stage_less_layers", lambda r: _pp(r, 0)),
+    ("parallelism.pipeline_parallel_first_stage_less_layers", lambda r: _pp(r, _edges(r))),
+    ("parallelism.pipeline_parallel_last_stage_less_layers", lambda r: _pp(r, _edges(r))),
     ("training.local_batch_size", _local_batch),
     ("training.global_batch_size", lambda r: r.setup.micro_batch * r.grad_accum * r.plan.dp),
     ("training.seq_len", lambda r: r.setup.seq_len),
@@ -105,8 +137,10 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = SHARED_KEYS[:4] + [
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
     # async TP is an inductor pass: CompileConfig refuses it without compile.enable and "model" in compile.components
     # (0.3.0 config/configs.py __post_init__; components default to ["model", "loss"])
-    ("compile.enable", lambda r: COMPILE or _async_tp(r)),
-    ("compile.enable_async_tensor_parallel", lambda r: True if _async_tp(r) else None),
+    # the recipes' config functions turn compile on, their converters built for it: left as they set it
+    ("compile.enable", lambda r: True if _async_tp(r) else None if _converts(r) else COMPILE),
+    # always written: llama3_405b turns it on
+    ("compile.enable_async_tensor_parallel", _async_tp),
 ]
 RECOMPUTE = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
              "selective": "activation-checkpoint:selective"}  # selective = torchtitan's per-op SAC (SelectiveAC)
@@ -131,22 +165,26 @@ def _refuse(r: Run) -> None:
         raise ExportError(f"torchtitan 0.3.0 has no config function for {r.model.name}: its registries cover "
                           f"{', '.join(CONFIGS)}")
     refuse_common(r, "0.3.0", tuple(RECOMPUTE))
-    if r.setup.precision.recipe is not None:  # a script without the converter would train in bf16: another plan
-        p = r.setup.precision.value
-        ran = p in load_stack(STACK).engine.precisions
-        raise ExportError(f"torchtitan 0.3.0, whose format this export writes, runs {p if ran else 'its recipes'} through "
-                          "a config function's model converters (components/quantization: Float8LinearConverter rowwise or "
-                          "rowwise_with_gw_hp, MXFP8, NVFP4), which no override reaches: export --precision bf16-mixed and "
-                          "add the converter to your config function, or cost the plan in --stack torchtitan-0.2, whose "
-                          "TOML job file names its converters (--format torchtitan-toml)"
-                          + ("" if ran else f" (0.3.0 has no {p} converter)"))
+    p = r.setup.precision.value if r.setup.precision.recipe is not None else None
+    if p == OWN_RECIPE.get(r.model.name) or (r.model.name, p) in RECIPE_CONFIGS:
+        return
+    if p is None:  # the model's config function converts: a bf16 plan would run another
+        raise ExportError(f"torchtitan 0.3.0's {CONFIGS[r.model.name][1]} trains {OWN_RECIPE[r.model.name]} (its "
+                          f"converter): export --precision {OWN_RECIPE[r.model.name]}, or cost the plan in --stack "
+                          "torchtitan-0.2 (--format torchtitan-toml)")
+    # a script without the converter would train in bf16: another plan
+    have = ", ".join([f"{c} ({v})" for (_, v), c in RECIPE_CONFIGS.items()]
+                     + [f"{CONFIGS[m][1]} ({v})" for m, v in OWN_RECIPE.items()])
+    raise ExportError(f"torchtitan 0.3.0 has no config function for {r.model.name} that runs {p} (a recipe is a config "
+                      f"function's converter, which no override reaches; it has {have}): export --precision bf16-mixed, or "
+                      "cost the plan in --stack torchtitan-0.2 (--format torchtitan-toml)")
 
 
 def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], list[str]]:
     """torchtitan.train's arguments (module, config, overrides; the activation-checkpoint subcommand follows them:
     RECOMPUTE) and notes, for a plan costed in ``stack`` (default: torchtitan 0.3.0's profile)."""
     _refuse(r)
-    module, config = CONFIGS[r.model.name]
+    module, config = config_function(r)
     args, notes = ["--module", module, "--config", config], []
     for key, value_of in KEYS:
         value = value_of(r)
@@ -160,12 +198,17 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
             args += [flag, str(value)]
     if r.setup.attention.value != "sdpa":
         notes.append(f"{r.setup.attention.value} attention was costed; torchtitan runs SDPA: memory will be lower")
-    if r.plan.pp > 1 and r.model.n_layers % (r.plan.pp * r.axes.virtual_stages):
-        raise ExportError(f"{r.model.n_layers} layers do not split evenly over {r.plan.pp * r.axes.virtual_stages} "
-                          "pipeline stages")
+    if _converts(r):
+        notes.append(f"{config} converts the linears to {r.setup.precision.value} and turns torch.compile on, which fuses "
+                     "the casts advisor costs unfused (eager): the run should be a little faster than estimated")
+    if (r.model.name, r.setup.precision.value) == ("llama3-8b", "mxfp8"):
+        notes.append("llama3_8b_mxfp8's converter takes every Linear (MXFP8LinearConverter with no fqns), the output "
+                     "layer too, which advisor costs in BF16")
     if r.plan.pp > 1:
-        notes.append("pipeline stages hold n_layers / stages layers each; the embedding and the output head sit "
-                     "on the first and last stage beside them")
+        notes.append("the embedding and the output head count as a layer each of the first and last stage, as costed"
+                     if _edges(r) else "pipeline stages hold n_layers / stages layers each (the first ones a layer more "
+                     "where they do not divide); the embedding and the output head sit on the first and last stage "
+                     "beside them")
     if stack is not None and stack.memory.logits != load_stack(STACK).memory.logits:
         notes.append(f"costed as stack {stack.name}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
