@@ -151,10 +151,15 @@ def tp_collectives(w: Workload, sp: Any) -> Any:
 
 
 # Activation offload moves each saved tensor to pinned host memory during forward and back during backward over the
-# GPU's host link: PCIe 4.0 x16 (31.5 GB/s per direction, PCI-SIG) on every GPU of the fine-tuning profiles; pinned
-# cudaMemcpyAsync reaches ~80% of it (CUDA samples' bandwidthTest, pinned, ~25-26 GB/s on Gen4 x16). The profiles
-# carry no host-link field yet: this is the Gen4 x16 figure for all of them.
+# GPU's host link: the profile's (host.pcie_GBps) where it describes its host side, else PCIe 4.0 x16 (31.5 GB/s per
+# direction, PCI-SIG), the link of every GPU of the fine-tuning profiles (none describes a host), at the ~80% a pinned
+# cudaMemcpyAsync reaches (CUDA samples' bandwidthTest, pinned, ~25-26 GB/s on Gen4 x16)
 HOST_LINK_BYTES_PER_S = 31.5e9 * 0.8
+
+
+def host_link_bytes_per_s(hw) -> float:
+    """Bytes per second one GPU copies to or from pinned host memory (the comment above)."""
+    return hw.host.pcie_bytes_per_s if hw.host is not None else HOST_LINK_BYTES_PER_S
 
 
 def activation_offload_exposed(w: Workload, saved_bytes: Any, fwd_s: Any, bwd_s: Any) -> tuple[Any, Any]:
@@ -162,7 +167,7 @@ def activation_offload_exposed(w: Workload, saved_bytes: Any, fwd_s: Any, bwd_s:
     (OffloadActivations, use_streams=True), so only what outlasts the pass it overlaps is exposed."""
     if not w.finetune.offloads_activations:
         return 0.0, 0.0
-    t = saved_bytes / HOST_LINK_BYTES_PER_S
+    t = saved_bytes / host_link_bytes_per_s(w.hw)
     return np.maximum(t - fwd_s, 0.0), np.maximum(t - bwd_s, 0.0)
 
 
@@ -256,6 +261,7 @@ def with_adapters(w: Workload, lt: LayerTimes, tokens: Any, pol: Any, tp: Any = 
 def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
     """Seconds of an optimizer step on the CPU (DeepSpeed offload_optimizer, torchtune offload_optimizer): this GPU's
     share of the gradients goes to the host and the updated weights come back over the host link. The CPU's Adam
-    itself is not costed (no profile gives the host's memory bandwidth): a lower bound, small for adapters."""
+    itself is not costed: a lower bound, small for adapters (millions of parameters, where the CPU steps billions a
+    second: host.cpu_adam_Gparams_per_s)."""
     shard = states.trained / dp_shard
-    return shard * 2.0 * states.grad_bytes / HOST_LINK_BYTES_PER_S  # an adapter weight is held as its gradient is
+    return shard * 2.0 * states.grad_bytes / host_link_bytes_per_s(w.hw)  # an adapter weight is held as its gradient is

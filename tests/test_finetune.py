@@ -191,3 +191,15 @@ def test_adapter_options_with_a_full_fine_tune_are_refused_not_ignored(kw, needl
     with pytest.raises(AdvisorError) as exc:
         estimate("gpt2", "dgx-a100", **kw)
     assert needle in str(exc.value) and "--method lora" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_adapter_offload_copies_over_the_profiles_own_host_link():
+    """Activation offload's copies take the GPU's host link: the profile's host.pcie_GBps where it describes its host
+    (dgx-h100: a Gen5 x16 link, 50 GB/s as a pinned copy reaches it), else PCIe 4.0 x16 at 80% (31.5 GB/s, PCI-SIG;
+    ~25 GB/s pinned: CUDA samples' bandwidthTest), the link of the fine-tuning GPUs, whose profiles describe no host."""
+    from advisor.adapters import HOST_LINK_BYTES_PER_S, host_link_bytes_per_s
+    from advisor.hardware import load_hardware
+
+    assert host_link_bytes_per_s(load_hardware("dgx-h100")) == pytest.approx(50e9)
+    assert load_hardware("l40s").host is None and host_link_bytes_per_s(load_hardware("l40s")) == HOST_LINK_BYTES_PER_S
+    assert HOST_LINK_BYTES_PER_S == pytest.approx(25.2e9)
