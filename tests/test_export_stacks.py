@@ -207,7 +207,9 @@ def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):
                                                 "zb-v": "ZBVZeroBubble"}[plan.schedule.value]
         edges = int(plan.pp_split.value == "edges")  # the embedding and the output counted as a layer each
         units = model.n_layers + 2 * edges  # torchtitan makes ceil(units / layers_per_stage) stages
-        assert -(-units // p.pipeline_parallel_layers_per_stage) == plan.pp * lay.virtual_stages
+        lps = p.pipeline_parallel_layers_per_stage  # None: its default, 1 stage a rank (1F1B, GPipe) or 2 (the others)
+        default = 1 if plan.schedule.value in ("1f1b", "gpipe") else 2
+        assert (lay.virtual_stages == default) if lps is None else (-(-units // lps) == plan.pp * lay.virtual_stages)
         assert p.pipeline_parallel_first_stage_less_layers == p.pipeline_parallel_last_stage_less_layers == edges
     else:
         assert t.global_batch_size // (t.local_batch_size * plan.dp) == ga
@@ -249,6 +251,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):
     ("llama3-8b", dict(optimizer="sgd"), "trains AdamW, not sgd"),
     ("llama3-8b", dict(precision="fp8-rowwise"), "no config function for llama3-8b that runs fp8-rowwise"),
     ("llama3-405b", dict(precision="bf16-mixed"), "llama3_405b trains fp8-rowwise"),
+    # torchtitan runs LoRA through a converter of the config function: the script would train every weight
+    ("llama3-8b", dict(finetune=dict(method="lora")), "trains LoRA through a config function's LoRAConverter"),
 ])
 def test_torchtitan_refusals(model, setup_kw, message):
     with pytest.raises(ExportError, match=message):
@@ -386,7 +390,9 @@ def test_torchtitan_toml_parsed_by_torchtitan_022(tmp_path):
         if plan.pp > 1:  # the pipeline splits local into micro-batches
             edges = int(plan.pp_split.value == "edges")
             assert local // g["pp"][1] == ga and g["pp"][3] == [edges, edges]
-            assert -(-(model.n_layers + 2 * edges) // g["pp"][2]) == plan.pp * lay.virtual_stages
+            lps, default = g["pp"][2], 1 if plan.schedule.value in ("1f1b", "gpipe") else 2
+            assert (lay.virtual_stages == default) if lps is None else (
+                -(-(model.n_layers + 2 * edges) // lps) == plan.pp * lay.virtual_stages)
             assert g["pp"][0] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}[
                 plan.schedule.value]
         else:  # trainer.py gradient_accumulation_steps = global / (local x dp)
@@ -614,3 +620,29 @@ def test_torchtitan_export_of_a_stack_given_by_path(tmp_path):
     model, hw, plan, setup, ga, world = inputs(*TITAN["fsdp-sac"])
     out = export_("torchtitan", model, hw, plan, setup.model_copy(update={"stack": "s1"}), ga, world, load_stack(path))
     assert out.stack == "s1" and "--parallelism.data-parallel-shard-degree 8" in out.text
+
+
+def test_a_refusal_names_a_format_the_stack_launches():
+    """accelerate's refusal of TP says "use --format megatron", which hf-trainer does not launch: the stack's own format
+    that writes the plan is named instead (its DeepSpeed JSON's AutoTP), or the stack that launches the other."""
+    case = ("llama3-8b", "dgx-h100", 8, dict(dp=2, tp=4), dict(micro_batch=1, seq_len=4096))
+    with pytest.raises(ExportError) as err:
+        export("accelerate", *inputs(*case), "hf-trainer")
+    assert str(err.value).endswith("use --format deepspeed") and "megatron" not in str(err.value).split(":")[-1]
+    export("deepspeed", *inputs(*case), "hf-trainer")  # which does write it
+
+
+@pytest.mark.parametrize("recompute,k,target", [
+    ("block", 16, "first-16"),  # llm-foundry act_ckpt.py parse_ele_str: first-n -> blocks 0..n-1
+    ("every-k", 4, [3, 7, 11, 15, 19, 23, 27, 31]),  # block ids: every 4th counted from 1 (advisor.recompute every-k)
+])
+def test_foundry_writes_partial_checkpointing_as_mpts_target(recompute, k, target):
+    """block and every-k were written activation_checkpointing: false (no note), training another plan: MPT's
+    activation_checkpointing_target selects the blocks (modeling_mpt.py activation_checkpointing_fn)."""
+    case = ("mpt-7b", "dgx-h100", 16, dict(dp=16, zero=3),
+            dict(micro_batch=2, global_batch=64, seq_len=8192, recompute=recompute, recompute_layers=k))
+    cfg = yaml.safe_load(export("llm-foundry", *inputs(*case), "llm-foundry").text)
+    assert cfg["fsdp_config"]["activation_checkpointing"] is True
+    assert cfg["model"]["activation_checkpointing_target"] == {"MPTBlock": target}
+    with pytest.raises(ExportError, match="MPT only"):
+        export("llm-foundry", *inputs("llama2-7b", *case[1:]), "llm-foundry")

@@ -185,3 +185,13 @@ def test_its_offload_and_context_parallelism_are_not_ranked_together():
                  stack="megatron-deepspeed")
     found = plan(model="llama3-70b", hw="dgx-h100", gpus=16, stack="megatron-deepspeed", top=20)
     assert not any(p.plan.cp > 1 and p.plan.offload.value != "none" for p in found.plans)
+
+
+def test_its_offload_and_expert_parallelism_are_not_ranked_together():
+    """Nor its offload with expert parallelism (Megatron's --expert-model-parallel-size; DeepSpeed's JSON has none): such
+    plans were ranked for Mixtral 8x7B on a DGX A100 and every format refused them."""
+    with pytest.raises(AdvisorError, match="ZeRO-Offload, whose config has no expert parallelism"):
+        estimate("mixtral-8x7b", "dgx-a100", gpus=8, dp=8, zero=2, ep=8, offload="optimizer-cpu", micro_batch=2,
+                 global_batch=256, seq=2048, stack="megatron-deepspeed")
+    found = plan(model="mixtral-8x7b", hw="dgx-a100", gpus=8, seq=2048, stack="megatron-deepspeed", top=40)
+    assert not any(p.plan.ep > 1 and p.plan.offload.value != "none" for p in found.plans)

@@ -32,6 +32,7 @@ parser requires them, as llm-foundry's and nanotron's do, the file carries place
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional, Union
 
 from advisor.export.accelerate import ACCELERATE_PRECISION, accelerate_config, accelerate_dict
@@ -160,7 +161,21 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
     the plan (without a format: the usual one's reason, when none of them can)."""
     stack_, first = resolve_launch(kind, setup.stack if stack is None else stack)
     if kind is not None:
-        return _export(first, model, hw, plan, setup, grad_accum, world_size, stack_)
+        try:
+            return _export(first, model, hw, plan, setup, grad_accum, world_size, stack_)
+        except ExportError as exc:  # a format's "use --format X" where the stack does not launch X: what does write it
+            named = re.search(r"use --format ([a-z0-9-]+)", str(exc))
+            if named is None or named.group(1) in stack_.launch:
+                raise
+            writes = []
+            for fmt in (f for f in launch_formats(stack_) if f != first):
+                try:
+                    _export(fmt, model, hw, plan, setup, grad_accum, world_size, stack_)
+                    writes.append(fmt)
+                except ExportError:
+                    pass
+            hint = f"use --format {writes[0]}" if writes else _elsewhere(stack_, (named.group(1),))
+            raise ExportError(str(exc).replace(named.group(0), hint)) from None
     reason = None
     for fmt in launch_formats(stack_):  # e.g. hf-trainer's DeepSpeed ZeRO-Offload plan: accelerate cannot, deepspeed can
         try:
@@ -179,21 +194,30 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     if kind in ("accelerate", "deepspeed") and (plan.cp > 1 or plan.pp_split.value != "even" or plan.schedule.value in ZERO_BUBBLE):
         what = (f"context parallelism (cp={plan.cp})" if plan.cp > 1 else f"the {plan.schedule.value} schedule"
                 if plan.schedule.value in ZERO_BUBBLE else "an uneven pipeline split")
-        raise ExportError(f"the {kind} export does not write {what}: use --format megatron")
+        raise ExportError(f"the {kind} export does not write {what}: " + _elsewhere(stack_, ("megatron",)))
     if kind == "megatron" and setup.finetune.adapters:
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export --format megatron-bridge (Bridge's LoRA), or accelerate, deepspeed or torchrun with "
                           "--stack hf-trainer (PEFT)")
     if kind not in TAKE_STACK and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
-        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: use "
-                          f"--format megatron or torchtitan, or --ep 1 for a {kind} config")
+        raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: "
+                          + _elsewhere(stack_, ("megatron", "torchtitan")) + f", or --ep 1 for a {kind} config")
     # the Megatron formats and torchtitan's take the stack itself: the Bridge overrides compare the recipe they name
     # with its engine, the Megatron ones write the dispatcher and overlaps the plan was costed with, torchtitan's notes
     # compare its loss with 0.3.0's (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
            if kind in TAKE_STACK else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
+
+
+def _elsewhere(stack: Stack, formats: tuple[str, ...]) -> str:
+    """Where a plan one format cannot write goes: another format of the same stack, else a stack that launches one."""
+    own = [f for f in formats if f in stack.launch]
+    if own:
+        return f"use --format {' or '.join(own)}"
+    others = [f"--stack {stacks_launching(f)[0]} --format {f}" for f in formats if stacks_launching(f)]
+    return f"{stack.name} launches none of {', '.join(formats)}: cost the plan in " + " or ".join(others)
 
 
 def export_config(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup,

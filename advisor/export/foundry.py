@@ -42,13 +42,31 @@ def _is_mpt(r: Run) -> bool:
             and m.kv_heads == m.n_heads and m.position in (PositionKind.alibi, PositionKind.learned))
 
 
+# the partial policies: MPT's activation_checkpointing_target selects the checkpointed blocks by a range string or by
+# block ids (modeling_mpt.py activation_checkpointing_fn -> models/utils/act_ckpt.py get_target_block_list); full
+# checkpoints every MPTBlock (its default target)
+PARTIAL = ("block", "every-k")
+
+
+def _target(r: Run) -> dict[str, Any]:
+    """MPT's activation_checkpointing_target for block (the first k blocks: "first-k") and every-k (blocks k-1, 2k-1,
+    ...: every k-th counted from 1, advisor.recompute)."""
+    rc, k = r.setup.recompute.value, r.setup.recompute_layers
+    if rc == "block":
+        return {"activation_checkpointing_target": {"MPTBlock": f"first-{k}"}}
+    if rc == "every-k":
+        return {"activation_checkpointing_target": {"MPTBlock": list(range(k - 1, r.model.n_layers, k))}}
+    return {}
+
+
 def _model(r: Run) -> dict[str, Any]:
     m = r.model
     if _is_mpt(r):
         return {"name": "mpt_causal_lm", "d_model": m.d_model, "n_heads": m.n_heads, "n_layers": m.n_layers,
                 "expansion_ratio": m.d_ff / m.d_model, "max_seq_len": r.setup.seq_len, "vocab_size": m.vocab,
                 "no_bias": True, "learned_pos_emb": m.position is PositionKind.learned,
-                "attn_config": {"attn_impl": "flash", "alibi": m.position is PositionKind.alibi}}
+                "attn_config": {"attn_impl": "flash", "alibi": m.position is PositionKind.alibi},
+                **_target(r)}
     return {"name": "hf_causal_lm", "pretrained_model_name_or_path": f"PATH/TO/{m.name}", "pretrained": False}
 
 
@@ -68,7 +86,7 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     # PURE: parameters gathered, computed and gradients reduced in bf16 (the llm-foundry profile's reduce_dtype:
     # compute; composer/distributed/mosaic_parallelism.py get_mixed_precision)
     ("fsdp_config.mixed_precision", lambda r: _fsdp(r, "PURE" if r.setup.precision.autocast else "FULL")),
-    ("fsdp_config.activation_checkpointing", lambda r: _fsdp(r, r.setup.recompute.value == "full")),
+    ("fsdp_config.activation_checkpointing", lambda r: _fsdp(r, r.setup.recompute.value in ("full", *PARTIAL))),
     ("fsdp_config.activation_checkpointing_reentrant", lambda r: _fsdp(r, False)),
     ("fsdp_config.limit_all_gathers", lambda r: _fsdp(r, True)),  # at most two all-gathers in flight
 ]
@@ -85,8 +103,14 @@ def _refuse(r: Run) -> None:
     if r.setup.recompute.value == "selective":
         raise ExportError("llm-foundry checkpoints whole blocks (fsdp_config.activation_checkpointing): use "
                           "--recompute full or none")
-    if r.setup.recompute.value == "full" and r.plan.zero < 2:
-        raise ExportError("llm-foundry checkpoints activations through FSDP: --recompute full needs --zero 2 or 3")
+    rc = r.setup.recompute.value
+    if rc in ("full", *PARTIAL) and r.plan.zero < 2:
+        raise ExportError(f"llm-foundry checkpoints activations through FSDP: --recompute {rc} needs --zero 2 or 3")
+    if rc in PARTIAL and not _is_mpt(r):
+        raise ExportError(f"--recompute {rc}: llm-foundry selects blocks to checkpoint in its MPT only "
+                          "(activation_checkpointing_target); a Hugging Face model checkpoints every block: --recompute full")
+    if rc not in ("none", "full", *PARTIAL):
+        raise ExportError(f"--recompute {rc}: llm-foundry checkpoints none, all (full) or some blocks (block, every-k)")
 
 
 def foundry_dict(r: Run) -> tuple[dict[str, Any], list[str]]:

@@ -64,11 +64,16 @@ def _edges(r: Run) -> int:
     return 1 if r.plan.pp_split is PipelineSplit.edges else 0
 
 
+# the schedules that run one stage a rank (torch.distributed.pipelining PipelineScheduleSingle); the others two or more
+SINGLE_STAGE = (Schedule.gpipe, Schedule.one_f_one_b)
+
+
 def _layers_per_stage(r: Run) -> Optional[int]:
-    """Layers a stage holds: torchtitan makes ceil((L + weights) / this) stages and spreads the units over them, the
-    first ones a layer more where they do not divide (distributed/pipeline_parallel.py), as advisor's busiest rank
-    holds ceil(L / (pp v)) a chunk. Refused where no value gives pp x v stages."""
-    if r.plan.pp == 1:
+    """Layers a stage holds, where the plan's stages a rank are not torchtitan's default for its schedule (1 for a
+    single-stage schedule, else 2: pipeline_parallel.py), which spreads the units over pp x that many stages, the first
+    ones a layer more where they do not divide, as advisor's busiest rank holds ceil(L / (pp v)) a chunk. Given a value,
+    torchtitan makes ceil((L + weights) / it) stages: refused where no value gives pp x v."""
+    if r.plan.pp == 1 or r.axes.virtual_stages == (1 if r.plan.schedule in SINGLE_STAGE else 2):
         return None
     stages, units = r.plan.pp * r.axes.virtual_stages, r.model.n_layers + 2 * _edges(r)
     per = -(-units // stages)
@@ -165,6 +170,11 @@ def _refuse(r: Run) -> None:
         raise ExportError(f"torchtitan 0.3.0 has no config function for {r.model.name}: its registries cover "
                           f"{', '.join(CONFIGS)}")
     refuse_common(r, "0.3.0", tuple(RECOMPUTE))
+    if r.setup.finetune.adapters:  # a script without the converter would train every weight: another plan
+        raise ExportError(f"--method {r.setup.finetune.method}: torchtitan 0.3.0 trains LoRA through a config function's "
+                          "LoRAConverter (components/lora.py), which no override reaches, and only a debug model's config "
+                          f"function sets one: add LoRAConverter.Config to {CONFIGS[r.model.name][1]}'s converters, or "
+                          "export --method full")
     p = r.setup.precision.value if r.setup.precision.recipe is not None else None
     if p == OWN_RECIPE.get(r.model.name) or (r.model.name, p) in RECIPE_CONFIGS:
         return

@@ -94,6 +94,10 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
             # (megatron-deepspeed: CP from Megatron's flags, offload from the DeepSpeed JSON; no format writes both)
             out[f"{stack.name} offloads through DeepSpeed's ZeRO-Offload, whose config has no context parallelism: "
                 "--cp 1 or no --offload"] = opt & (np.asarray(c.cp) > 1)
+        if stack.engine.offload_optimizer == "cpu_adam" and "ep" in stack.engine.offers:
+            # the same for expert parallelism: Megatron's --expert-model-parallel-size, which the DeepSpeed JSON lacks
+            out[f"{stack.name} offloads through DeepSpeed's ZeRO-Offload, whose config has no expert parallelism: "
+                "--ep 1 or no --offload"] = opt & (np.asarray(c.ep) > 1)
     return out
 
 
