@@ -266,8 +266,10 @@ def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
     if p is Precision.fp16_mixed:
         return "fp16_mixed"
     if p is Precision.bf16:
-        notes.append("pure bf16: bf16_mixed keeps fp32 main params; set optimizer.use_precision_aware_optimizer=true "
-                     "optimizer.main_params_dtype=bf16 ... to match the advisor's estimate")
+        # Megatron-LM's --main-params-dtype, which sets it, takes fp32 or fp16 (arguments.py)
+        notes.append("pure bf16 was costed (no fp32 master weights): bf16_mixed keeps fp32 main params (the "
+                     "precision-aware optimizer's main_params_dtype is fp32 or fp16), so the run holds more memory than "
+                     "estimated")
     if p in (Precision.bf16_mixed, Precision.bf16):
         _reduce_note("bf16_mixed", eng, stack.name, notes)
         return "bf16_mixed"

@@ -236,8 +236,10 @@ def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:
     if p is Precision.fp8_mixed:
         return ["--bf16", "--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 gradients
     if p is Precision.bf16:
-        notes.append("pure bf16: Megatron's --bf16 keeps fp32 main params; add --use-precision-aware-optimizer "
-                     "--main-params-dtype bf16 ... to match the advisor's estimate")
+        # arguments.py: --main-params-dtype takes fp32 or fp16 only; --megatron-fsdp-main-params-dtype also bf16
+        notes.append("pure bf16 was costed (no fp32 master weights): Megatron's --bf16 keeps fp32 main params "
+                     "(--main-params-dtype takes fp32 or fp16; under Megatron-FSDP --megatron-fsdp-main-params-dtype bf16 "
+                     "drops them), so the run holds more memory than estimated")
     return ["--bf16"] if p in (Precision.bf16_mixed, Precision.bf16) else []
 
 
