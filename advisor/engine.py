@@ -11,6 +11,8 @@ from pydantic import Field
 
 from advisor.spec import Spec
 
+# advisor's low-precision recipes by --precision name (advisor.precision)
+RecipeName = Literal["fp8-tensorwise", "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8", "nvfp4"]
 PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp", "sp", "pp", "gpipe", "interleaved", "ep")
 # what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
 # (Hugging Face's Trainer has none; advisor.parallel.expert)
@@ -199,11 +201,9 @@ class Engine(Spec):
                                                  "stack runs in BF16 (Megatron's first_last_layers_bf16 with "
                                                  "num_layers_at_start_in_bf16 / _at_end_); None: the recipe's own "
                                                  "(advisor.precision)")
-    bf16_tail: dict[Literal["fp8-tensorwise", "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8",
-                           "nvfp4"], Annotated[float, Field(gt=0, lt=1)]] = Field(
-        default_factory=dict, description="per recipe, the share of the decoder layers, the last ceil(share x L), the "
-                                          "stack runs in BF16 instead of the edge layers (torchtitan's NVFP4 configs: "
-                                          "nvfp4_bf16_tail_fqns)")
+    bf16_tail: dict[RecipeName, Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=dict, description="per recipe, the share of the decoder layers, the last ceil(share x L), it "
+        "runs in BF16 instead of the edge layers (torchtitan's NVFP4 configs: nvfp4_bf16_tail_fqns)")
     tp_comm_overlap: Literal["none", "userbuffers", "async"] = Field(
         default="none", description="by default, the sequence-parallel all-gathers and reduce-scatters run exposed, or "
         "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap), or through "
@@ -236,8 +236,10 @@ class Engine(Spec):
                                       "nvfp4"]]] = Field(
         default=None, description="the precisions and low-precision recipes it trains in (advisor's --precision names; "
         "None: every one advisor costs); another is refused in one line")
-    quantise_bytes: dict[Literal["fp8-tensorwise", "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise",
-                                 "mxfp8", "nvfp4"], Annotated[float, Field(gt=0, le=100)]] = Field(
+    expert_recipes: Optional[list[RecipeName]] = Field(
+        default=None, description="the recipes it runs a mixture of experts in, routed grouped GEMMs included (None: "
+        "every one it trains in); a routed model under another is refused in one line")
+    quantise_bytes: dict[RecipeName, Annotated[float, Field(gt=0, le=100)]] = Field(
         default_factory=dict, description="bytes per element its quantisation kernels read and write casting one tensor "
         "in training (both orientations), per recipe where its kernels are not the recipe's own (advisor.precision "
         "quantise_bytes: Transformer Engine's), e.g. torchao's MXFP8, which casts along each dimension in its own kernel")

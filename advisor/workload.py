@@ -66,6 +66,11 @@ class Workload:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
         trains_in(stack, setup)
+        experts = stack.engine.expert_recipes
+        if model.experts is not None and setup.precision.recipe is not None and experts is not None \
+                and setup.precision.value not in experts:
+            raise StackError(f"stack {stack.name} does not run {setup.precision.value} on a mixture of experts (it runs "
+                             f"{', '.join(experts) or 'no recipe'} there): use --precision bf16-mixed or another --stack")
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "

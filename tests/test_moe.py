@@ -322,6 +322,12 @@ def test_torchtitan_02_sac_counts_wq_wk_wv_apart_and_runs_moe_blocks():
     kw = dict(gpus=16, dp=16, zero=3, ep=4, etp=1, micro_batch=1, seq=4096, stack="torchtitan-0.2")
     sac, full = (estimate("qwen3-30b-a3b", "dgx-h100", recompute=r, **kw) for r in ("selective", "full"))
     assert 0 < sac.breakdown["compute/recompute"] < full.breakdown["compute/recompute"]
+    # its recipes reach a mixture of experts' grouped GEMMs only through torchao prototypes, not costed: refused
+    with pytest.raises(AdvisorError) as err:
+        estimate("qwen3-30b-a3b", "dgx-h100", precision="fp8-rowwise", **kw)
+    assert str(err.value) == ("stack torchtitan-0.2 does not run fp8-rowwise on a mixture of experts (it runs no recipe "
+                              "there): use --precision bf16-mixed or another --stack")
+    estimate("llama3-8b", "dgx-h100", gpus=8, zero=3, precision="fp8-rowwise", stack="torchtitan-0.2")  # dense: runs
 
 
 def test_routed_activations_as_each_stack_keeps_them():
