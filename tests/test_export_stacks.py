@@ -646,3 +646,14 @@ def test_foundry_writes_partial_checkpointing_as_mpts_target(recompute, k, targe
     assert cfg["model"]["activation_checkpointing_target"] == {"MPTBlock": target}
     with pytest.raises(ExportError, match="MPT only"):
         export("llm-foundry", *inputs("llama2-7b", *case[1:]), "llm-foundry")
+
+
+def test_torchrun_says_the_model_parallel_degrees_are_the_scripts():
+    """A torchrun line starts processes only: a TP plan exported as one would train data-parallel replicas unless the
+    script builds the TP, which the file now says (a comment and the notes)."""
+    out = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=2, tp=4), dict(micro_batch=1, seq_len=4096)),
+                 "hf-trainer")
+    assert len(out.notes) == 1 and out.notes[0].startswith("the plan's tp=4 is not set by torchrun")
+    assert f"# note: {out.notes[0]}" in out.text.splitlines()
+    plain = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1)), "hf-trainer")
+    assert plain.notes == () and "note" not in plain.text

@@ -27,5 +27,12 @@ def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     where = ("one node" if lay.nnodes == 1 else
              f"each of the {lay.nnodes} nodes; MASTER_ADDR = node 0's address, JOB_ID = any id shared by the nodes")
     line = " ".join(a if a.startswith("$") else shlex.quote(a) for a in torchrun_argv(hw, world_size))
-    text = f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n{line}\n"
-    return Exported("torchrun.sh", text)
+    # torchrun starts the processes and sets nothing else: a plan's model parallelism is the script's to build, or
+    # every rank would train as a data-parallel replica
+    split = [f"{name}={n}" for name, n in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp)) if n > 1]
+    notes = ((f"the plan's {' and '.join(split)} {'is' if len(split) == 1 else 'are'} not set by torchrun, which only "
+              f"starts the {world_size} processes: "
+              "train.py builds them (for TP, transformers' from_pretrained(tp_plan='auto'))",) if split else ())
+    text = (f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n"
+            + "".join(f"# note: {n}\n" for n in notes) + f"{line}\n")
+    return Exported("torchrun.sh", text, notes)
