@@ -32,7 +32,6 @@ parser requires them, as llm-foundry's and nanotron's do, the file carries place
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Optional, Union
 
 from advisor.export.accelerate import ACCELERATE_PRECISION, accelerate_config, accelerate_dict
@@ -160,29 +159,31 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
     ``setup.stack``); ExportError, one line, if the stack does not launch that format or the format cannot express
     the plan (without a format: the usual one's reason, when none of them can)."""
     stack_, first = resolve_launch(kind, setup.stack if stack is None else stack)
-    if kind is not None:
-        try:
-            return _export(first, model, hw, plan, setup, grad_accum, world_size, stack_)
-        except ExportError as exc:  # a format's "use --format X" where the stack does not launch X: what does write it
-            named = re.search(r"use --format ([a-z0-9-]+)", str(exc))
-            if named is None or named.group(1) in stack_.launch:
-                raise
-            writes = []
-            for fmt in (f for f in launch_formats(stack_) if f != first):
-                try:
-                    _export(fmt, model, hw, plan, setup, grad_accum, world_size, stack_)
-                    writes.append(fmt)
-                except ExportError:
-                    pass
-            hint = f"use --format {writes[0]}" if writes else _elsewhere(stack_, (named.group(1),))
-            raise ExportError(str(exc).replace(named.group(0), hint)) from None
+    args = (model, hw, plan, setup, grad_accum, world_size, stack_)
+    if kind is None:  # e.g. hf-trainer's DeepSpeed ZeRO-Offload plan: accelerate cannot, deepspeed can
+        out, reason = _first_written(launch_formats(stack_), *args)
+        if out is None:
+            raise reason
+        return out
+    try:
+        return _export(first, *args)
+    except ExportError as exc:  # it names a format the stack does not launch: the stack's that writes the plan instead
+        if exc.instead is None or exc.instead in stack_.launch:
+            raise
+        out, _ = _first_written([f for f in launch_formats(stack_) if f != first], *args)
+        hint = f"use --format {out.kind}" if out is not None else _elsewhere(stack_, (exc.instead,))
+        raise ExportError(f"{exc.reason}: {hint}") from None
+
+
+def _first_written(formats, *args) -> tuple[Optional[Exported], Optional[ExportError]]:
+    """(the export in the first of ``formats`` that writes the plan, or None; the first refusal met)."""
     reason = None
-    for fmt in launch_formats(stack_):  # e.g. hf-trainer's DeepSpeed ZeRO-Offload plan: accelerate cannot, deepspeed can
+    for fmt in formats:
         try:
-            return _export(fmt, model, hw, plan, setup, grad_accum, world_size, stack_)
+            return _export(fmt, *args), None
         except ExportError as exc:
             reason = reason or exc
-    raise reason
+    return None, reason
 
 
 def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,

@@ -40,7 +40,7 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     """accelerate ClusterConfig keys: DDP -> MULTI_GPU, ZeRO-1 -> DeepSpeed plugin, ZeRO-2/3 -> FSDP."""
     if plan.tp > 1 or plan.pp > 1:
         raise ExportError(f"accelerate cannot express tp={plan.tp} x pp={plan.pp} without its Megatron-LM plugin "
-                          "(which needs the Megatron-LM repo): use --format megatron")
+                          "(which needs the Megatron-LM repo)", instead="megatron")
     lay, notes = node_layout(hw, world_size), []
     recipe = setup.precision.recipe
     if recipe is not None and recipe.name not in ACCELERATE_FP8:

@@ -274,7 +274,7 @@ def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
         _reduce_note("bf16_mixed", eng, stack.name, notes)
         return "bf16_mixed"
     raise ExportError(f"--precision {p.value}: Megatron-Bridge's recipes train in bf16 or fp16 mixed precision "
-                      "(mixed_precision: null leaves the recipe's model dtype): use --format megatron")
+                      "(mixed_precision: null leaves the recipe's model dtype)", instead="megatron")
 
 
 def _edges(n: int, fmt: str) -> str:

@@ -10,6 +10,7 @@ micro_batch, global_batch, grad_accum, precision, optimizer, attention, recomput
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
@@ -26,7 +27,12 @@ GRADIENT_CLIP = 1.0  # Megatron-LM's --clip-grad default; written into DeepSpeed
 
 
 class ExportError(AdvisorError):
-    """A plan the requested launcher cannot express; one line naming what to change."""
+    """A plan the requested launcher cannot express; one line naming what to change. ``instead``: a format that writes
+    it, named at the end ("use --format X"), which advisor.export.export replaces where the stack does not launch X."""
+
+    def __init__(self, reason: str, instead: Optional[str] = None):
+        super().__init__(f"{reason}: use --format {instead}" if instead else reason)
+        self.reason, self.instead = reason, instead
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
                      + (", activation_checkpoint_interval=1" if setup.recompute == "full" else "")
                      + ") and train with engine.train_batch(); DeepSpeed runs 1F1B")
         if plan.schedule == "interleaved":
-            raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule: use --format megatron")
+            raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule", instead="megatron")
     return cfg, notes
 
 

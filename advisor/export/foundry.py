@@ -100,10 +100,10 @@ def _refuse(r: Run) -> None:
     if r.setup.precision not in PRECISION:
         raise ExportError(f"Composer's precisions are {', '.join(sorted(set(PRECISION.values())))} (amp_fp8: Transformer "
                           f"Engine's delayed scaling): {r.setup.precision.value} has none; use --precision fp8-delayed")
-    if r.setup.recompute.value == "selective":
+    rc = r.setup.recompute.value
+    if rc == "selective":
         raise ExportError("llm-foundry checkpoints whole blocks (fsdp_config.activation_checkpointing): use "
                           "--recompute full or none")
-    rc = r.setup.recompute.value
     if rc in ("full", *PARTIAL) and r.plan.zero < 2:
         raise ExportError(f"llm-foundry checkpoints activations through FSDP: --recompute {rc} needs --zero 2 or 3")
     if rc in PARTIAL and not _is_mpt(r):

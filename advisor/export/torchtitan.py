@@ -136,9 +136,8 @@ SHARED_KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     # default implementation is fused: 0.2.2 job_config.py Optimizer, 0.3.0 OptimizersContainer.Config)
     ("optimizer.implementation", lambda r: OPTIMIZER[r.setup.optimizer.value]),
 ]
-KEYS: list[tuple[str, Callable[[Run], Any]]] = SHARED_KEYS[:4] + [
+KEYS: list[tuple[str, Callable[[Run], Any]]] = SHARED_KEYS + [
     ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
-] + SHARED_KEYS[4:] + [
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
     # async TP is an inductor pass: CompileConfig refuses it without compile.enable and "model" in compile.components
     # (0.3.0 config/configs.py __post_init__; components default to ["model", "loss"])
@@ -163,6 +162,17 @@ def refuse_common(r: Run, release: str, recompute: tuple[str, ...]) -> None:
                           f"{' | '.join(recompute)}: use --recompute full or selective")
     if r.setup.optimizer.value not in OPTIMIZER:
         raise ExportError(f"torchtitan trains AdamW, not {r.setup.optimizer.value}: use --optimizer adamw or adamw-fused")
+
+
+def shared_notes(r: Run) -> list[str]:
+    """What both torchtitan formats say of a run: SDPA where eager attention was costed, and what ZeRO-1 is there."""
+    out = []
+    if r.setup.attention.value != "sdpa":
+        out.append(f"{r.setup.attention.value} attention was costed; torchtitan runs SDPA: memory will be lower")
+    if r.plan.zero == 1:
+        out.append("ZeRO-1 is FSDP2 under the pipeline schedule: parameters and gradients stay unsharded from the "
+                   "first micro-batch to the last, reduce-scattered once a step")
+    return out
 
 
 def _refuse(r: Run) -> None:
@@ -206,8 +216,7 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
             args.append(flag if value else f"--{section}.no-{name.replace('_', '-')}")
         else:
             args += [flag, str(value)]
-    if r.setup.attention.value != "sdpa":
-        notes.append(f"{r.setup.attention.value} attention was costed; torchtitan runs SDPA: memory will be lower")
+    notes += shared_notes(r)
     if _converts(r):
         notes.append(f"{config} converts the linears to {r.setup.precision.value} and turns torch.compile on, which fuses "
                      "the casts advisor costs unfused (eager): the run should be a little faster than estimated")
@@ -227,9 +236,6 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
                      "compile fuses, so the run should be a little faster than estimated")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
                  "without pipeline parallelism dropping that line may run faster than estimated")
-    if r.plan.zero == 1:
-        notes.append("ZeRO-1 is FSDP2 under the pipeline schedule: parameters and gradients stay unsharded from the "
-                     "first micro-batch to the last, reduce-scattered once a step")
     if r.plan.ep > 1:
         notes.append(f"expert parallelism {r.plan.ep} borrows its ranks from FSDP and TP (efsdp = dp_shard x cp x tp / "
                      "ep); tokens travel by the standard all-to-all dispatcher, as costed")

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from advisor.export.common import Exported, ExportError, Run, check, header
 from advisor.export.torchrun import torchrun_argv
-from advisor.export.torchtitan import COMPILE, SHARED_KEYS, _async_tp, refuse_common
+from advisor.export.torchtitan import COMPILE, SHARED_KEYS, _async_tp, refuse_common, shared_notes
 from advisor.stack import Stack
 
 # advisor model -> ([model] name, flavor) of torchtitan 0.2.2's registries whose shapes are the catalogue's
@@ -99,18 +99,13 @@ def _toml(value: Any) -> str:
 
 
 def notes(r: Run, stack: Optional[Stack]) -> list[str]:
-    out = []
-    if r.setup.attention.value != "sdpa":
-        out.append(f"{r.setup.attention.value} attention was costed; torchtitan runs SDPA: memory will be lower")
+    out = shared_notes(r)
     if r.setup.precision.recipe is not None:
         out.append("the converter's casts run unfused without torch.compile (compile.enable false), as costed; "
                    "torchao's published float8 / MX tables ran compiled, which fuses them")
     if _async_tp(r):
         out.append("async TP needs torch.compile (compile.enable true): the costs are eager's element-wise traffic, "
                    "which compile fuses, so the run should be a little faster than estimated")
-    if r.plan.zero == 1:
-        out.append("ZeRO-1 is FSDP2 under the pipeline schedule: parameters and gradients stay unsharded from the "
-                   "first micro-batch to the last, reduce-scattered once a step")
     if stack is not None and stack.name != "torchtitan-0.2":
         out.append(f"costed as stack {stack.name}; this file is torchtitan 0.2's format")
     return out
