@@ -22,6 +22,7 @@ import numpy as np
 
 from advisor.parallel.expert import moe_note
 from advisor.explain import KIND_NAMES
+from advisor.export import unwritable
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.results import Estimate
@@ -135,6 +136,11 @@ class PlanSearch:
         else:
             out.append(f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
                        "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")
+            lacking = self.export_lacks()
+            if lacking:
+                out.append(f"export: {self.stack.name}'s launch formats ({', '.join(self.stack.launch)}) do not write "
+                           f"{self.model_spec.name} ({'; '.join(lacking)}): `advisor export` refuses these plans; --stack "
+                           "auto or any ranks only stacks that write it")
         if self.model_spec.routed:
             out.append(moe_note(self.model_spec, self.setup))
         if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
@@ -146,6 +152,12 @@ class PlanSearch:
             out.append("fastest fitting plan of each kind: " + ", ".join(
                 f"{KIND_NAMES[k]} {v:.3g} s" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "") for k, v in kinds))
         return out
+
+    def export_lacks(self) -> list[str]:
+        """What of the model an explicit stack's launch formats do not write (advisor.export.unwritable): its plans are
+        costed in the stack's engine, and `advisor export` refuses them. Empty under --stack auto or any, which rank
+        only stacks that write the model."""
+        return unwritable(self.stack, self.model_spec) if self.stack_rule is None and len(self.stacks) == 1 else []
 
     def to_json(self) -> dict:
         rows = []
@@ -160,7 +172,8 @@ class PlanSearch:
             "objective": self.objective, "tokens": self.tokens, "candidates": self.candidates,
             "rejected": dict(self.rejected), "stack": ("auto" if self.stack_rule is not None else
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
-            "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks], "decision_tree": self.tree,
+            "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks],
+            "export_lacks": self.export_lacks(), "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
             **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }

@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def test_failed_rank_is_named(tmp_path, monkeypatch, worker, timeout_s, message)
     from advisor.calibrate import BenchConfig, launch
 
     monkeypatch.setattr(launch, "_WORKER", worker)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a failed run keeps its folder of logs: keep it in tmp_path
     with pytest.raises(Exception, match=message):
         launch.launch_local(BenchConfig(sizes=[1024], out=str(tmp_path / "r.jsonl"), timeout_s=timeout_s), 2,
                             progress=lambda *a: None)

@@ -290,3 +290,23 @@ def test_auto_ranks_no_model_parallel_plan_its_own_data_parallel_plans_beat(kw, 
         dp = [q.estimate for q in mc.plans if q.estimate.world_size == e.world_size
               and q.estimate.plan.tp == q.estimate.plan.pp == q.estimate.plan.cp == 1]
         assert dp and key(e) < min(key(q) for q in dp), e.label
+
+
+def test_an_explicit_stack_that_cannot_write_the_model_says_so():
+    """`--stack megatron-core` ranks OLMo 2 in megatron-core's engine, but neither Megatron-LM's flags nor Bridge's
+    overrides describe its full-width q/k norms (advisor.export.unwritable), so `advisor export` refuses every row:
+    the plan says so, in words and in --json; a model the formats write (Llama 3 8B) gets no such line."""
+    from advisor.export import export
+    from advisor.export.common import ExportError
+
+    kw = dict(hw="dgx-h100", gpus=8, seq=2048, global_batch=64, top=1, stack="megatron-core")
+    olmo = plan("olmo-2-7b", **kw)
+    assert olmo.to_json()["export_lacks"] == ["full-width q/k norms"]
+    line = next(n for n in olmo.notes() if n.startswith("export:"))
+    assert "do not write olmo-2-7b (full-width q/k norms)" in line
+    e = olmo.plans[0].estimate
+    with pytest.raises(ExportError, match="full-width q/k norms"):
+        export(None, olmo.model_spec, olmo.hardware, e.plan, e.setup, e.grad_accum, e.world_size, stack=olmo.stack)
+    llama = plan("llama3-8b", **kw)
+    assert llama.to_json()["export_lacks"] == [] and not any(n.startswith("export:") for n in llama.notes())
+    assert plan("olmo-2-7b", **{**kw, "stack": "auto"}).to_json()["export_lacks"] == []
