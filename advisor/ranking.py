@@ -29,6 +29,11 @@ from advisor.results import Estimate
 from advisor.stack import Stack
 from advisor.training import TrainingSetup
 
+# Plans whose step times differ by less than this are a tie as far as the model can tell: the smallest step-time error
+# `advisor validate` reports for a whole training stack on measured runs is 5.2% MAPE (llm-foundry's published runs;
+# Megatron-Bridge's dense tables 6.3%, vTrain's 1,440 Megatron-DeepSpeed runs 9.6%)
+TIE_BAND = 0.05
+
 OBJECTIVES = ("time", "throughput", "memory", "cost")
 RANKED_BY = {"time": "step time", "throughput": "tokens/s per GPU", "memory": "memory per GPU",
              "cost": "USD per million tokens"}
@@ -79,6 +84,7 @@ class PlanSearch:
     stack_rule: Optional[str] = None  # --stack auto: the rule that chose each row's stack (advisor.api.AUTO_RULE)
     stack_note: Optional[str] = None  # --stack auto over two stacks: the model-parallel stack's own best (advisor.search)
     method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
+    near_best: int = 0  # distinct fitting plans within TIE_BAND of the fastest step (advisor.search._rank)
 
     @property
     def stack(self) -> Stack:
@@ -146,6 +152,10 @@ class PlanSearch:
         if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
             out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
                        "speed for efficiency")
+        if self.near_best > 1 and len(self.worlds) == 1 and self.objective != "memory":
+            out.append(f"{self.near_best:,} plans within {TIE_BAND:.0%} of the fastest step: closer than the model's error "
+                       "on measured runs (`advisor validate`), so their order is the model's, not a measurement; "
+                       "between them, headroom and what your stack's own recipes run are as good a guide")
         if self.best_by_kind:
             best = min(self.best_by_kind.values())
             kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
@@ -173,7 +183,7 @@ class PlanSearch:
             "rejected": dict(self.rejected), "stack": ("auto" if self.stack_rule is not None else
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
             "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks],
-            "export_lacks": self.export_lacks(), "decision_tree": self.tree,
+            "export_lacks": self.export_lacks(), "near_best": self.near_best, "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
             **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }

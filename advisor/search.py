@@ -27,7 +27,7 @@ from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
 from advisor.options import MAX_WORLD, PlanOptions
-from advisor.ranking import OBJECTIVES, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
+from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts,
                            offloads_of, pair_violations, policies_of, with_experts)
@@ -101,7 +101,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
     per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
     tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
-    ranked, best_by_kind = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
+    ranked, best_by_kind, near = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected: dict[str, int] = {}
     for f in found:
@@ -111,7 +111,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
                       seq_defaulted=o.seq is None, tokens=o.tokens,
-                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note)
+                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note, near_best=near)
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
@@ -244,9 +244,10 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
 
 
 def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptions, tree: dict,
-          left_out: bool = False) -> tuple[list[RankedPlan], dict[str, float]]:
+          left_out: bool = False) -> tuple[list[RankedPlan], dict[str, float], int]:
     """The ``o.top`` best fitting plans over every stack and GPU count, and the fastest step of each plan kind
-    (``left_out``: the search left out model-parallel plans slower than their stack's data-parallel best)."""
+    (``left_out``: the search left out model-parallel plans slower than their stack's data-parallel best), and how many
+    plans are within TIE_BAND of the fastest step."""
     rows = []  # (GPU-count index, candidate index) of every fitting plan, with its keys
     keys, steps = [], []
     best_by_kind: dict[str, float] = {}
@@ -269,15 +270,17 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
     rows, key, step = np.concatenate(rows), np.concatenate(keys), np.concatenate(steps)
     # ties within float rounding (two plans with the same work) keep the order the space enumerates them in
     order = np.lexsort((rows[:, 1], rows[:, 0], coarse(step), coarse(key)))
-    order = order[first_per_plan(found, rows[order])][:o.top]
+    order = order[first_per_plan(found, rows[order])]
     best = float(step[order[0]]) if len(order) else 0.0
+    near = int(np.sum(step[order] <= best * (1.0 + TIE_BAND)))  # distinct fitting plans in the tie band
+    order = order[:o.top]
     ranked = []
     for r in order:  # only the top K become typed objects
         f, i = found[rows[r, 0]], int(rows[r, 1])
         est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
         ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack)))
-    return ranked, best_by_kind
+    return ranked, best_by_kind, near
 
 
 def _round_world(world: int, hw: Hardware) -> int:

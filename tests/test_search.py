@@ -310,3 +310,17 @@ def test_an_explicit_stack_that_cannot_write_the_model_says_so():
     llama = plan("llama3-8b", **kw)
     assert llama.to_json()["export_lacks"] == [] and not any(n.startswith("export:") for n in llama.notes())
     assert plan("olmo-2-7b", **{**kw, "stack": "auto"}).to_json()["export_lacks"] == []
+
+
+def test_plans_within_the_tie_band_are_counted_over_the_whole_search():
+    """near_best counts every distinct fitting plan within TIE_BAND (5%, the smallest whole-stack step-time MAPE
+    `advisor validate` reports) of the fastest step, not only the rows shown: the same count as the full ranking's."""
+    from advisor.ranking import TIE_BAND
+
+    kw = dict(hw="dgx-a100", gpus=8, seq=1024, global_batch=64, stack="hf-trainer")
+    few, every = plan("gpt2-xl", top=3, **kw), plan("gpt2-xl", top=100_000, **kw)
+    best = every.plans[0].estimate.step_time_s
+    within = sum(p.estimate.step_time_s <= best * (1 + TIE_BAND) for p in every.plans)
+    assert few.near_best == every.near_best == within > len(few.plans)
+    assert f"{within:,} plans within 5% of the fastest step" in " ".join(few.notes())
+    assert few.to_json()["near_best"] == within
