@@ -89,6 +89,22 @@ def _row_parallel(w: Workload) -> set[str]:
     return {lin.module for lin in w.layer.linears if lin.split is Split.row}
 
 
+def dropped_inputs(w: Workload) -> list[str]:
+    """The layer-table modules whose input a frozen base no longer keeps (no weight gradient wants it): all but those
+    the quantised matmul keeps (bitsandbytes), or an adapter's A keeps as its own input (no dropout, no fp32 cast),
+    or a fused attention kernel's output that the out projection reads: torch's SDPA returns (b, heads, s, d) laid
+    out as (b, s, heads, d), so transformers' transpose(1, 2).contiguous() and litgpt's transpose(1, 2).contiguous()
+    .view() copy nothing (torch.contiguous returns self), and the kernel keeps that tensor for its own backward."""
+    ft = w.finetune
+    if not ft.adapters:
+        return []
+    if quant_saves_input(ft):
+        return []
+    adapted = {TARGET_MODULE[t] for t, _, _ in target_shapes(w.layer, ft.target_set)}
+    kept_by_a = ft.lora_dropout == 0.0 and not peft_fp32_adapters(w)
+    return [m for m in _module_inputs(w) if not (m in adapted and kept_by_a) and not (m == "out" and not w.eager)]
+
+
 def saved_delta_per_token(w: Workload, tp: Any = 1, sp: Any = False) -> Any:
     """Bytes one layer saves per token on one TP rank beyond (+) or below (-) the stack's full-fine-tune table (module
     docstring): a frozen linear's input is not kept (unless the quantised matmul keeps it, or an adapter without
@@ -105,18 +121,11 @@ def saved_delta_per_token(w: Workload, tp: Any = 1, sp: Any = False) -> Any:
     fp32 = peft_fp32_adapters(w)
     ab = 4.0 if fp32 else a  # the adapters' activations: their own input copy (fp32 under PEFT's cast) and A's output
     shapes = target_shapes(w.layer, ft.target_set)
-    adapted = {TARGET_MODULE[t] for t, _, _ in shapes}
-    keeps_input = quant_saves_input(ft)
     # the norms' weights are frozen: what a layer keeps only for their gradients is not kept (the stack's tables)
     delta = -w.tables.saved_norm_weight_inputs / seq
-    for module, (width, copies) in _module_inputs(w).items():
-        if keeps_input or (module in adapted and ft.lora_dropout == 0.0 and not fp32):
-            continue  # the quantised matmul, or the adapter's A, keeps the input itself
-        if module == "out" and not w.eager:
-            # a fused kernel's output, which it keeps for its backward, is the out projection's input: torch's SDPA
-            # returns (b, heads, s, d) laid out as (b, s, heads, d), so transformers' transpose(1, 2).contiguous() and
-            # litgpt's transpose(1, 2).contiguous().view() copy nothing (torch.contiguous returns self)
-            continue
+    inputs = _module_inputs(w)
+    for module in dropped_inputs(w):
+        width, copies = inputs[module]
         delta = delta - copies * width * a / split(module)
     dropouts = {TARGET_MODULE[t] if (ft.library is Library.litgpt and t in "qkv") else t: n_in for t, n_in, _ in shapes}
     if ft.lora_dropout > 0.0:

@@ -206,6 +206,12 @@ def build_inputs(model, hw, **given):
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
     check_seq(spec, seq)
+    if o.recompute_layers > spec.n_layers:
+        raise PlanError(f"--recompute-layers {o.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at most "
+                        f"{spec.n_layers}")
+    if o.tp_overlap not in (None, "none") and o.tp == 1:
+        raise PlanError(f"--tp-overlap {o.tp_overlap} overlaps tensor parallelism's collectives: give --tp > 1 with "
+                        "--sp, or drop it")
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
     resolved = plan_stack(o.stack, spec, hardware, setup, plan)

@@ -258,6 +258,10 @@ def _check_targets(model: ModelSpec, ft: FineTune) -> None:
     if not target_shapes(layer, ft.target_set) and "head" not in ft.target_set:
         raise FineTuneError(f"none of the LoRA targets {ft.targets} exists in {model.name} "
                             "(a plain MLP has no gate)")
+    if ft.lora_rank > model.d_model:  # A is r x in, B out x r: past the width they adapt, more adapter than weight
+        raise FineTuneError(f"--lora-rank {ft.lora_rank} is above {model.name}'s hidden size {model.d_model}: a rank "
+                            f"that wide adapts nothing a full fine-tune would not; give at most {model.d_model} "
+                            "(ranks of 8-256 are usual)")
 
 
 def adapter_params_per_layer(layer: DecoderLayer, ft: FineTune) -> int:

@@ -145,7 +145,7 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
     # (advisor.parallel.expert routed_saved), what its grouped linears keep of them is not modelled
     routed = {lin.module for lin in w.layer.linears if lin.copies > 1 or lin.split.value == "replicated"}
     saving: Any = 0.0
-    seen: set[str] = set()
+    seen: set[str] = set(adapters.dropped_inputs(w))  # a frozen linear keeps no input to quantise (adapters)
     for lin in w.layer.linears:
         if lin.module in seen or (qi is not None and lin.module in routed):
             continue
@@ -185,8 +185,10 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     # while a checkpoint is rerun its group's layers hold their full activations; under every layer's activation
     # offload the layer being brought back does (the first k layers' come back within the other layers' room)
     back = np.where(m.offload & (m.offloaded >= 1.0), full * tokens, 0.0)
+    # the head's gradient, made before any checkpoint reruns, where gradients are not already held throughout
+    head = np.where(states.grads_persist, 0.0, states.head_grads)
     rc_extra = np.where(m.full > 0, m.group * full * tokens + RECOMPUTE_TEMPORARIES_D_FF * w.model.d_ff / mesh.tp
-                        * w.act_bytes * tokens + states.head_grads, back)
+                        * w.act_bytes * tokens + head, back)
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy

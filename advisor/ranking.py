@@ -153,7 +153,7 @@ class PlanSearch:
             out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
                        "speed for efficiency")
         if self.near_best > 1 and len(self.worlds) == 1 and self.objective != "memory":
-            out.append(f"{self.near_best:,} plans within {TIE_BAND:.0%} of the fastest step: closer than the model's error "
+            out.append(f"near-ties: {self.near_best:,} plans within {TIE_BAND:.0%} of the fastest step, closer than the model's error "
                        "on measured runs (`advisor validate`), so their order is the model's, not a measurement; "
                        "between them, headroom and what your stack's own recipes run are as good a guide")
         if self.best_by_kind:

@@ -105,7 +105,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     master = (zero >= 1) | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
-    fp32 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) | (eng.main_grads == "fp32")
+    # (where there is an FSDP group: at dp 1 torchtitan applies none)
+    fsdp1 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & (shard > 1)
+    fp32 = fsdp1 | (eng.main_grads == "fp32")
     gb = np.where(fp32, np.maximum(gb, 4.0), gb)
     r = w.precision.recipe
     if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
@@ -115,21 +117,20 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     if w.layer.routed:  # ZeRO-2/3 shard the experts' gradients (and weights) over edp as ZeRO-1 their optimizer states
         grads = np.where(zero >= 2, stepped, params) * gb
         weights = np.where(zero >= 3, stepped, params) * wb
-    # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest
-    # sub-module (stage3.py fetch_sub_module: named_parameters(recurse=False)); never more than the unsharded
-    # weights this GPU does not already hold
-    unit = p_layer if eng.zero3_gathered == "layer" else w.layer.largest_module_weights(tp)
+    # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest sub-module
+    # (stage3.py fetch_sub_module: named_parameters(recurse=False)), less the local experts nothing shards (edp 1);
+    # never more than the unsharded weights this GPU does not already hold
+    sharded = p_layer - (np.where(mesh.edp > 1, 0.0, expert.expert_params(w.layer) / (mesh.ep * mesh.etp)) if w.layer.routed else 0)
+    unit = sharded if eng.zero3_gathered == "layer" else np.minimum(w.layer.largest_module_weights(tp), sharded)
     gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter
     # and, per unit, an fp32 copy joins the unsharded gradient while the unit is reduce-scattered
-    fp32_reduce = eng.reduce_dtype == "fp32"
-    reduce_bytes = 4.0 if fp32_reduce else gb
-    buffer = p_layer * (gb + (4.0 if fp32_reduce else 0.0)) if eng.unit_grad_buffer else 0.0
+    reduce_bytes = 4.0 if eng.reduce_dtype == "fp32" else gb
+    buffer = p_layer * (gb + (4.0 if eng.reduce_dtype == "fp32" else 0.0)) if eng.unit_grad_buffer else 0.0
     states = ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
-        reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0),
-        weights=weights, grads=grads,
+        reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0), weights=weights, grads=grads,
         optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
@@ -142,8 +143,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
         stepped_params=stepped)
     if w.finetune.adapters:
-        from advisor import adapters
-
+        from advisor import adapters  # imported here: advisor.adapters imports this module
         return adapters.model_states(w, c, mesh, layers, states)
     return states
 
