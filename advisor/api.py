@@ -14,9 +14,9 @@ from advisor.candidates import Candidates
 from advisor.constraints import plan_errors
 from advisor.errors import AdvisorError, format_validation_error
 from advisor.hardware import Hardware, load_hardware
-from advisor.layout import FSDP_TO_ZERO, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
+from advisor.layout import FSDP_TO_ZERO, TWO_CHUNK_SCHEDULES, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
-from advisor.options import EstimateOptions
+from advisor.options import DEFAULT_HEADROOM, EstimateOptions
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
@@ -106,7 +106,7 @@ def plan_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, se
     """The stack one plan is costed in: the one named, or auto's for this plan; ``any`` (a search's) is refused."""
     if str(name) == "any":
         raise PlanError(ONE_STACK)
-    return load_stack(name) if str(name) != "auto" else resolve_stack("auto", model, hw, setup, plan)[0]
+    return load_stack(name) if str(name) != "auto" else resolve_stack("auto", model, hw, setup, plan, DEFAULT_HEADROOM)[0]
 
 
 def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup, headroom: float = 0.0) -> bool:
@@ -189,8 +189,9 @@ def build_inputs(model, hw, **given):
             what = f"tp x pp x cp = {o.tp} x {o.pp} x {o.cp}" if o.cp > 1 else f"tp x pp = {o.tp} x {o.pp}"
             raise PlanError(f"{world} GPUs are not divisible by {what}: give --dp or a GPU count that it divides")
         dp = world // (o.tp * o.pp * o.cp)
-    # the interleaved schedule's chunks (ZB-V's and DualPipeV's two are their schedule's: Plan.chunks)
-    virtual_stages = (o.virtual_stages or 2) if o.schedule == "interleaved" else 1
+    # the interleaved schedule's chunks; ZB-V's and DualPipeV's two (Plan.chunks) recorded as the search does
+    two = o.schedule in TWO_CHUNK_SCHEDULES
+    virtual_stages = (o.virtual_stages or 2) if o.schedule == "interleaved" else 2 if two else 1
     seq = default_seq_len(spec) if o.seq is None else o.seq
     try:
         setup = TrainingSetup(seq_len=seq, micro_batch=o.micro_batch, global_batch=o.global_batch,
@@ -209,9 +210,6 @@ def build_inputs(model, hw, **given):
     if o.recompute_layers > spec.n_layers:
         raise PlanError(f"--recompute-layers {o.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at most "
                         f"{spec.n_layers}")
-    if o.tp_overlap not in (None, "none") and o.tp == 1:
-        raise PlanError(f"--tp-overlap {o.tp_overlap} overlaps tensor parallelism's collectives: give --tp > 1 with "
-                        "--sp, or drop it")
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
     resolved = plan_stack(o.stack, spec, hardware, setup, plan)

@@ -79,6 +79,7 @@ def estimate(as_json: bool, **kw) -> None:
 @click.option("--gpus", default=None, help="total GPUs, or a range A:B searched as A, 2A, 4A, ... <= B [default: one node]")
 @click.option("--tokens", default=None, help="a token budget (e.g. 1T, 300B): each plan's time and cost to train it")
 @click.option("--global-batch", type=int, default=None, help="sequences per step [default: stated in the output]")
+# advisor.options.DEFAULT_HEADROOM, literal here: the command line imports no pydantic before a command runs
 @click.option("--memory-headroom", type=float, default=0.05, show_default=True, help="fraction of GPU memory kept free beyond the modelled overheads")
 @click.option("--objective", type=click.Choice(["time", "throughput", "memory", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=10, show_default=True)

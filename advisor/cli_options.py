@@ -70,7 +70,8 @@ def common_plan_options(f):
                      help="tensor parallelism: the sequence-parallel all-gathers and reduce-scatters exposed, or "
                           "pipelined with their GEMMs (userbuffers: Megatron --tp-comm-overlap, Transformer Engine; "
                           "async: torchtitan's async tensor parallel; either needs --sp with --tp > 1, and plan "
-                          "then ranks TP plans with SP only) [default: the stack's]"),
+                          "then ranks TP plans with SP only; a plan without TP has nothing to overlap, as plan's rows "
+                          "without TP) [default: the stack's]"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
         *finetune_options(),
     ])

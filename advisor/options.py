@@ -150,11 +150,16 @@ class EstimateOptions(Common):
         return self
 
 
+# The share of GPU memory a search keeps free beyond the modelled overheads (--memory-headroom), and with which the
+# stack auto picks for a plan decides whether the model fits one GPU, in plan and estimate alike (api.plan_stack)
+DEFAULT_HEADROOM = 0.05
+
+
 class PlanOptions(Common):
     """``advisor plan``'s options."""
 
     gpus: Optional[Union[int, tuple[int, int]]] = None  # a count, or (lo, hi) for the ladder lo, 2 lo, ... <= hi
-    memory_headroom: float = Field(default=0.05, ge=0.0, lt=1.0)
+    memory_headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)
     objective: Literal["time", "throughput", "memory", "cost"] = "time"
     top: int = Field(default=10, ge=1, le=10_000_000)
     tokens: Optional[float] = Field(default=None, ge=1, le=1e18, description="a token budget to train")

@@ -26,7 +26,7 @@ from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
-from advisor.options import MAX_WORLD, PlanOptions
+from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts,
@@ -40,7 +40,7 @@ from advisor.workload import Workload, stack_runs
 
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
          global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
-         optimizer: str = "adamw", stack="auto", memory_headroom: float = 0.05, objective: str = "time",
+         optimizer: str = "adamw", stack="auto", memory_headroom: float = DEFAULT_HEADROOM, objective: str = "time",
          top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,

@@ -326,7 +326,6 @@ def test_torchtitan_zero1_without_an_fsdp_group_is_no_fsdp():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(method="lora", lora_rank=65536), "--lora-rank 65536 is above llama3-8b's hidden size 4096"),
-    (dict(tp_overlap="userbuffers"), "--tp-overlap userbuffers overlaps tensor parallelism's collectives"),
     (dict(recompute="block", recompute_layers=1000), "--recompute-layers 1000: llama3-8b has 32 layers")])
 def test_absurd_options_are_refused(kw, message):
     from advisor.errors import AdvisorError

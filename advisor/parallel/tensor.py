@@ -245,12 +245,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     per = np.where(sp, rs + layer_ag, ar)
     backward = 1.0  # the backward collectives' exposed share of LAYER_COLLECTIVES / 2 collectives
     piped = on & overlaps(w, tp, sp)
+    # each plan on its own: a search holds piped and unpiped plans together, and neither rule may reach the other's
+    if w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on & ~piped):  # async beside dgrad and wgrad
+        backward = np.where(piped, 1.0, backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30))
     if gemms is not None and np.any(piped):  # userbuffers or torch's micro-pipeline, beside the GEMMs
         share = (overlap_share(w, gemms, layer_ag, rs, tp) if w.tp_overlap == "userbuffers"
                  else async_share(w, gemms, layer_ag, rs, tp, act))
         per = np.where(piped, per * share, per)
-    elif w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on):  # async beside dgrad and wgrad
-        backward = backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
     n = (LAYER_COLLECTIVES / 2.0 * (1.0 + backward) + rerun * RECOMPUTE_COLLECTIVES
