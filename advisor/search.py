@@ -29,12 +29,11 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
-from advisor.space import (MAX_CANDIDATES, count_candidates, default_global_batch, enumerate_candidates, layouts,
-                           offloads_of, pair_violations, policies_of, with_experts)
+from advisor.space import (MAX_CANDIDATES, block_layers, count_candidates, default_global_batch, enumerate_candidates,
+                           layouts, offloads_of, pair_violations, policies_of, with_experts)
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
-from advisor.layout import Schedule
-from advisor.training import Recompute, TrainingSetup
+from advisor.training import TrainingSetup
 from advisor.workload import Workload, stack_runs
 
 
@@ -93,7 +92,13 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         stacks = [chosen]
     setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
               for st in stacks}
-    found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds]
+    one = _one_gpu_stack(o, spec, hardware, setup, worlds)
+    found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds
+             if w > 1 or one is None]
+    if one is not None:
+        found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, setup.model_copy(
+            update={"stack": one.name})), 1, o, None))
+        stacks += [] if any(st.name == one.name for st in stacks) else [one]
     stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
     ft = setup.finetune
     tree = decision_tree(spec, hardware, max(worlds), fits_one, ft.method.value + (
@@ -115,6 +120,15 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
+
+
+def _one_gpu_stack(o: PlanOptions, spec: ModelSpec, hardware: Hardware, setup: TrainingSetup,
+                   worlds: list[int]) -> Optional[Stack]:
+    """A range from one GPU under auto: the stack auto picks for one GPU (api.resolve_stack), which that GPU's plans
+    are costed in, as estimate's auto costs them; None otherwise."""
+    if o.stack != "auto" or not min(worlds) == 1 < max(worlds):
+        return None
+    return api.resolve_stack("auto", spec, hardware, setup, headroom=o.memory_headroom, gpus=1)[0]
 
 
 def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: Hardware,
@@ -287,18 +301,6 @@ def _round_world(world: int, hw: Hardware) -> int:
     """A nearby GPU count with few divisors: whole nodes, a power of two of them."""
     nodes = max(1, world // hw.gpus_per_node)
     return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
-
-
-def block_layers(spec: ModelSpec, c: Candidates) -> Any:
-    """The candidates' k, with Megatron's block method searched at half of each stage chunk's layers checkpointed
-    (the rest of its chunk keeps everything: the middle of the memory/recompute trade), and activation offload at half
-    the layers offloaded (where the stack offloads the first k: without pipeline parallelism, of the model's)."""
-    block, off = c.recompute == Recompute.block.code, c.recompute == Recompute.offload.code
-    if not (block.any() or off.any()):
-        return c.recompute_k
-    v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
-    chunk = np.maximum(np.ceil(spec.n_layers / (c.pp * v)), 1)
-    return np.where(off, max(spec.n_layers // 2, 1), np.where(block, np.ceil(chunk / 2.0).astype(int), c.recompute_k))
 
 
 def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,

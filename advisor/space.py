@@ -14,7 +14,7 @@ the space when nothing fits.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -263,3 +263,15 @@ def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
     etp = np.where(keep, pick[:, 1], tp[idx])
     out = c.take(idx)
     return replace(out, ep=ep, etp=etp)
+
+
+def block_layers(spec: ModelSpec, c: Candidates) -> Any:
+    """The candidates' k, with Megatron's block method searched at half of each stage chunk's layers checkpointed
+    (the rest of its chunk keeps everything: the middle of the memory/recompute trade), and activation offload at half
+    the layers offloaded (where the stack offloads the first k: without pipeline parallelism, of the model's)."""
+    block, off = c.recompute == Recompute.block.code, c.recompute == Recompute.offload.code
+    if not (block.any() or off.any()):
+        return c.recompute_k
+    v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
+    chunk = np.maximum(np.ceil(spec.n_layers / (c.pp * v)), 1)
+    return np.where(off, max(spec.n_layers // 2, 1), np.where(block, np.ceil(chunk / 2.0).astype(int), c.recompute_k))

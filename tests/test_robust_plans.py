@@ -281,7 +281,7 @@ def test_search_space_counts_match_full_enumeration():
     from advisor.model import load_model
     from advisor.candidates import Candidates
     from advisor.constraints import violations
-    from advisor.search import block_layers
+    from advisor.space import block_layers
     from advisor.space import enumerate_candidates, layouts, offloads_of, policies_of
 
     spec, hw = load_model("llama3-8b"), load_hardware("dgx-a100")

@@ -333,6 +333,7 @@ def _again(res, e, **kw):
                 zero=p.zero, sp=p.sp, schedule=p.schedule.value, virtual_stages=p.virtual_stages, cp=p.cp,
                 micro_batch=s.micro_batch, global_batch=res.global_batch, seq=s.seq_len, recompute=s.recompute.value,
                 offload=p.offload.value, stack=e.stack, precision=s.precision.value, attention=s.attention.value,
+                recompute_layers=s.recompute_layers,
                 tp_overlap=s.tp_overlap)
     return estimate(**{**args, **kw})
 
@@ -373,3 +374,13 @@ def test_the_command_lines_headroom_is_the_librarys():
 
     opt = next(p for p in cli.commands["plan"].params if p.name == "memory_headroom")
     assert opt.default == DEFAULT_HEADROOM
+
+
+def test_a_range_from_one_gpu_costs_that_gpu_in_autos_one_gpu_stack():
+    """--gpus 1:2 under auto costed the 1-GPU plans in the stack auto picked for 2 GPUs (megatron-core), which
+    estimate --stack auto on one GPU does not pick (hf-trainer, the seeds' single-GPU answer: api.resolve_stack)."""
+    res = plan("llama2-13b", "dgx-h200", gpus=(1, 2), precision="fp8-delayed", seq=256, objective="throughput", top=400)
+    one = [p.estimate for p in res.plans if p.estimate.world_size == 1]
+    assert one and {e.stack for e in one} == {"hf-trainer"}
+    e = one[0]
+    assert _again(res, e, stack="auto").step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
