@@ -48,6 +48,7 @@ HARDWARE = {"NVIDIA A100-SXM4-40GB": "mosaicml-a100-40gb", "NVIDIA A100 80GB": "
 LITGPT_DROPOUT = 0.05  # lit-gpt finetune/lora.py @8641822: lora_dropout = 0.05
 # the resource tables' lit-gpt (8641822) with bitsandbytes 0.41.1: its NF4 dequantisation into fp16 (stack_profiles/)
 LITGPT_STACK = "litgpt-2023"
+T5_FAMILY = ("t0", "mt0", "t5", "flan-t5")  # the rows' encoder-decoder models (bigscience/T0_3B, bigscience/mt0-xxl)
 PEFT_SEQ = 64  # the rows' note: the clm example's max_length 64 (bloomz)
 
 
@@ -72,7 +73,9 @@ def estimate_kwargs(run: dict) -> tuple[dict | None, str]:
     m, t, hw, method = run["model"], run["training"], run["hardware"], run["method"]
     spec = model_spec(m["name"])
     if spec is None:
-        return None, f"{m['name']}: encoder-decoder (T5) or no per-GPU configuration: not a decoder the model describes"
+        if m["name"].lower().split("/")[-1].startswith(T5_FAMILY):
+            return None, f"{m['name']}: an encoder-decoder (T5), not a decoder the cost model describes"
+        return None, f"{m['name']}: a statement without the model's shape, micro-batch or GPU: nothing to estimate"
     if method["kind"] not in ("full", "lora", "qlora"):
         return None, "LLaMA-Adapter (prefix adapters) is not costed"
     if hw["gpu"] not in HARDWARE or not isinstance(t.get("micro_batch_per_gpu"), int):
