@@ -187,8 +187,12 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     back = np.where(m.offload & (m.offloaded >= 1.0), full * tokens, 0.0)
     # the head's gradient, made before any checkpoint reruns, where gradients are not already held throughout
     head = np.where(states.grads_persist, 0.0, states.head_grads)
+    # selective recomputation reruns eager attention's core in each layer's backward, whose s x s scores are held again
+    # meanwhile (a full rerun's are in ``full``)
+    rerun = w.eager and (w.recompute_modules is None or "core_attn" in w.recompute_modules)
+    scores = t.saved_layer.scores * w.layer.n_heads * w.seq_len / mesh.tp * tokens if rerun else 0.0
     rc_extra = np.where(m.full > 0, m.group * full * tokens + RECOMPUTE_TEMPORARIES_D_FF * w.model.d_ff / mesh.tp
-                        * w.act_bytes * tokens + head, back)
+                        * w.act_bytes * tokens + head, back + np.where(m.selective, scores, 0.0))
     rc_peak = np.where(piped, np.maximum(first, last + held), first + held) + rc_extra
     fb = np.maximum(loss_peak, rc_peak)
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
