@@ -59,14 +59,11 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         else:
             per_unit = zero >= 2 and w.stack.engine.zero_collectives == "per_unit"
             units = max(one(layers), 1.0) if per_unit else 1.0
-            # one call's bytes as data.sharded_collectives issues them: the gradients of the trained parameters (the
-            # adapters under LoRA), every weight held gathered under ZeRO-2/3, a layer's share of them per unit
-            gather = states.params - states.expert_params if zero >= 2 else states.dp_params
+            # one call's bytes as data.sharded_collectives issues them: a layer's share of them per unit
             body = (lambda n: (states.params - states.params_outside_layers) * n / states.params / units  # noqa: E731
                     if per_unit else n)
-            out["zero"] = "; ".join(describe(x, shard, one(body(n) * b), hw, one(mesh.shard_per_node)) for x, n, b in (
-                (Collective.reduce_scatter, states.dp_params, states.reduce_bytes),
-                (Collective.all_gather, gather, states.weight_bytes)))
+            out["zero"] = "; ".join(describe(x, shard, one(body(n) * b), hw, one(mesh.shard_per_node))
+                                    for x, b, n in states.zero_payloads(zero))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
     ep = one(mesh.ep)

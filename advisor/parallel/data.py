@@ -86,6 +86,12 @@ class ModelStates:
         but the routed experts (reduced over the expert data-parallel group)."""
         return self.trained - self.expert_params
 
+    def zero_payloads(self, zero: Any) -> tuple[tuple[Collective, Any, Any], ...]:
+        """(collective, bytes a parameter, parameters) of ZeRO's reduce-scatter of the ``dp_params``' gradients and its
+        all-gather of every weight held under ZeRO-2/3 (a frozen base too; the routed experts apart), the updated ones under ZeRO-1."""
+        gather = np.where(zero >= 2, self.params - self.expert_params, self.dp_params)
+        return ((Collective.reduce_scatter, self.reduce_bytes, self.dp_params), (Collective.all_gather, self.weight_bytes, gather))
+
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
     m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
@@ -106,8 +112,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
     # (where there is an FSDP group: at dp 1 torchtitan applies none)
-    fsdp1 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & (shard > 1)
-    fp32 = fsdp1 | (eng.main_grads == "fp32")
+    fp32 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & (shard > 1) | (eng.main_grads == "fp32")
     gb = np.where(fp32, np.maximum(gb, 4.0), gb)
     r = w.precision.recipe
     if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
@@ -142,10 +147,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
         stepped_params=stepped)
-    if w.finetune.adapters:
-        from advisor import adapters  # imported here: advisor.adapters imports this module
-        return adapters.model_states(w, c, mesh, layers, states)
-    return states
+    from advisor import adapters  # imported here: advisor.adapters imports this module
+    return adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
 
 
 def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: bool = False) -> Any:
@@ -280,11 +283,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
     out, roots = [], []
-    # gradients are reduced for the trained parameters (the adapters under LoRA), the routed experts apart (over their
-    # expert data-parallel group); ZeRO-2/3 gather every weight as held (a frozen base too), ZeRO-1 the updated ones
-    gather = np.where(zero >= 2, states.params - states.expert_params, states.dp_params)
-    for coll, per_param, n in ((Collective.reduce_scatter, states.reduce_bytes, states.dp_params),
-                               (Collective.all_gather, states.weight_bytes, gather)):
+    for coll, per_param, n in states.zero_payloads(zero):
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
