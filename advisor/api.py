@@ -31,13 +31,13 @@ from advisor.workload import Workload, runs_model, stack_runs, why_not
 # run; a model too large for one GPU is trained with Megatron's kernels (megatron-core, its distributed optimizer or
 # Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
 # megatron-deepspeed, which they ran.
-AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL = "hf-trainer", "megatron-core", "megatron-core"
+AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL, AUTO_NEITHER = "hf-trainer", "megatron-core", "megatron-core", "torchtitan-0.2"
 ONE_STACK = ("--stack any ranks every stack's plans in advisor plan; one plan is costed in one stack: name it (the "
              "row's stack, advisor stacks) or use --stack auto")
 AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
              f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build and export the model, else in "
-             f"{AUTO_LARGE}")
+             f"{AUTO_LARGE}; a model neither builds and exports (Llama 4) in {AUTO_NEITHER}")
 
 
 def model_parallel(tp, pp, cp=1):
@@ -149,7 +149,8 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({why}); "
                          + (f"--stack {' or '.join(others)} runs it" if others else "no stack profile runs it"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
-        return small, fits_one_gpu(model, hw, small, setup, headroom)
+        pick = small if auto_runs(small, model) else load_stack(AUTO_NEITHER)  # neither: Llama 4's experts and chunks
+        return pick, fits_one_gpu(model, hw, pick, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
     # or a TP overlap (megatron-core)
     if not stack_runs(small, setup) and stack_runs(large, setup):

@@ -225,6 +225,8 @@ def _model_line(m) -> str:
               f"({m.active_params / 1e9:.3f}B active)"
     windows = sorted({r.window for r in m.layer_runs if r.window})
     window = f" window={'/'.join(map(str, windows))}" if windows else ""
+    chunks = sorted({r.chunk for r in m.layer_runs if r.chunk})
+    window += f" chunk={'/'.join(map(str, chunks))}" if chunks else ""
     return f"{m.family:12s} layers={m.n_layers} d_model={m.d_model} heads={m.n_heads}{attn} {mlp} vocab={m.vocab}{window}"
 
 

@@ -140,8 +140,8 @@ def mem_time(hw: Hardware, nbytes: Any) -> Any:
 def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     """(forward, backward) GPU seconds of the attention core for ``tokens`` tokens on one TP rank. QK^T runs at the
     query/key width and PV at the value width (they differ under MLA): each GEMM at their mean. A fused kernel does
-    the keys each query sees, (s + 1) / 2 causal or ~w under a sliding window of w, at the efficiency of its key
-    span (s, or w); eager attention computes every score of s x s before masking, windows or not."""
+    the keys each query sees, (s + 1) / 2 causal, ~w under a sliding window of w, ~(c + 1) / 2 in chunks of c, at the
+    efficiency of its key span (s, w or c); eager attention computes every score of s x s before masking, windows or not."""
     hw, s, layer = w.hw, w.seq_len, w.layer
     heads, d = layer.n_heads / tp, (layer.d_head + layer.v_head) / 2.0
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
@@ -149,8 +149,8 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     math = "bf16" if w.math in ("fp8", "fp4") else w.math
     if w.attention is Attention.sdpa:
         causal = keys_per_query(s)
-        fwd = sum(n * _fused_forward(w, math, 0.5 * full_flops * keys_per_query(s, win) / causal, min(s, win or s), d)
-                  for win, n in layer.windows) / layer.count
+        fwd = sum(n * _fused_forward(w, math, 0.5 * full_flops * span.keys(s) / causal, span.extent(s), d)
+                  for span, n in layer.windows) / layer.count
         # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate.compute.fit_attention)
         fwd = fwd + hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)

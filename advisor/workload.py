@@ -42,11 +42,11 @@ class Workload:
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
         layer = model.layer  # a dense model's layers are one DecoderLayer (their windows inside it); else the routed one
         if not runs_model(stack, model):
+            others = [n for n in list_stacks() if n != stack.name and _costs(load_stack(n), model, setup)]
+            hint = f"use --stack {' or '.join(others[:3])}" if others else "no shipped stack builds it"
             raise StackError(f"stack {stack.name}'s model code does not build {model.name}, which has "
-                             f"{', '.join(lacked(stack, model))}: use --stack hf-trainer (its own Hugging Face modules)")
-        mode = setup.precision.mode
-        if stack.engine.module_dtype == "half" and mode is Mode.mixed:  # the engine casts the model itself
-            mode = Mode.half
+                             f"{', '.join(lacked(stack, model))}: {hint}")
+        mode = _mode(stack, setup)
         tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer))
         sel = stack.engine.selective
         if sel is not None:
@@ -194,11 +194,30 @@ def check_modules(model: ModelSpec, layer: DecoderLayer, stack: Stack, modules: 
             raise StackError(f"--recompute-modules {m} needs {what}, which {model.name} does not have")
 
 
+def _mode(stack, setup: TrainingSetup) -> Mode:
+    """The precision mode the stack's kernels run: a stack that casts the model itself runs mixed as half."""
+    mode = setup.precision.mode
+    return Mode.half if stack.engine.module_dtype == "half" and mode is Mode.mixed else mode
+
+
+def _costs(stack, model: ModelSpec, setup: TrainingSetup) -> bool:
+    """Whether the stack builds the model and its profile has kernel tables for it (a hint's candidates)."""
+    if not runs_model(stack, model):
+        return False
+    try:
+        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer))
+    except StackError:
+        return False
+    return True
+
+
 def lacked(stack, model: ModelSpec) -> list[str]:
     """What of the model's decoder the stack's model code cannot build (engine.lacks), in words."""
     has = {"parallel_blocks": lambda: ["parallel attention + MLP blocks"] if model.parallel_block else [],
            "alibi": lambda: ["ALiBi positions"] if model.position is PositionKind.alibi else [],
-           "beyond_llama": model.llama_departures}
+           "beyond_llama": model.llama_departures,
+           "llama4_experts": lambda: (["Llama 4's routed experts as routed (transformers 5.23 Llama4TextExperts runs every "
+                                      "expert on every token, one dense bmm)"] if model.family == "llama4_text" else [])}
     return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]()))
 
 

@@ -285,6 +285,8 @@ TITAN_TOML = {
     "zero2-ddp-none": ("qwen3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1, grad_accum=4, seq_len=4096)),
     "moe-ep-tp": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=8, tp=2, sp=True, zero=3, ep=4, etp=1),
                   dict(micro_batch=1, seq_len=4096, recompute="selective")),
+    "llama4-scout-ep": ("llama4-scout", "gb200-nvl72", 64, dict(dp=64, zero=3, ep=16),
+                        dict(micro_batch=1, seq_len=8192, recompute="full")),
 }
 RECIPE_NAMES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise", "fp8-rowwise-gw-hp": "rowwise_with_gw_hp",
                 "mxfp8": "mxfp8_cublas"}

@@ -13,7 +13,7 @@ from advisor.hardware import load_hardware
 from advisor.model import CATALOGUE, load_model
 from advisor.model.hf import model_from_hf_dict
 from advisor.model.hub_configs import HUB_CONFIGS
-from advisor.model.layer import Split, keys_per_query
+from advisor.model.layer import Span, Split, keys_per_query
 from advisor.stack import load_stack
 from advisor.training import TrainingSetup
 from advisor.workload import Workload
@@ -41,10 +41,51 @@ def test_mistral_attention_core_flops_follow_its_window():
 def test_gemma2_layers_alternate_local_and_global():
     m = load_model("gemma-2-9b")
     (layer,) = m.layers  # one layer shape, its 42 layers split over two windows
-    assert dict(layer.windows) == {4096: 21, None: 21}
+    assert dict(layer.windows) == {Span(window=4096): 21, Span(): 21}
     s = 8192
     mean = (keys_per_query(s, 4096) + keys_per_query(s)) / 2
     assert layer.core_flops_per_token(s) == pytest.approx(4.0 * mean * m.q_dim, rel=1e-12)
+
+
+@pytest.mark.parametrize("s,c", [(1, 4), (7, 3), (9, 3), (64, 16), (100, 7), (10, 10), (10, 50)])
+def test_chunked_keys_are_the_mean_of_the_position_in_the_chunk(s, c):
+    """Chunked attention (Llama 4, transformers' create_chunked_causal_mask): query p (0-based) sees the
+    (p mod c) + 1 keys of its chunk up to itself: brute force."""
+    brute = sum(p % c + 1 for p in range(s)) / s
+    assert keys_per_query(s, chunk=c) == pytest.approx(brute, rel=1e-12)
+    assert Span(chunk=c).keys(s) == keys_per_query(s, chunk=c)
+    assert Span(chunk=c).keys(s, causal=False) == s  # eager attention computes all s x s scores
+    assert Span(chunk=c).extent(s) == min(s, c)
+
+
+def test_llama4_scout_attends_in_chunks_on_three_layers_of_four():
+    """meta-llama/Llama-4-Scout-17B-16E: chunks of 8,192 on its RoPE layers, a NoPE global layer every 4th (the
+    default no_rope_layers of transformers' Llama4TextConfig), 16 experts top-1 beside a shared one on every layer."""
+    m = load_model("llama4-scout")
+    (layer,) = m.layers
+    assert dict(layer.windows) == {Span(chunk=8192): 36, Span(): 12}
+    assert layer.core_flops_per_token(8192) == 4.0 * (8192 + 1) / 2 * m.q_dim  # chunk = s: plain causal
+    s = 32768  # four chunks: (8192 + 1) / 2 keys on the chunked layers, (s + 1) / 2 on the global ones
+    mean = (36 * (8192 + 1) / 2 + 12 * (s + 1) / 2) / 48
+    assert layer.core_flops_per_token(s) == pytest.approx(4.0 * mean * m.q_dim, rel=1e-12)
+    e = m.experts
+    assert (e.n_experts, e.experts_per_token, e.d_ff_expert, e.d_ff_shared) == (16, 1, 8192, 8192)
+    assert m.active_params == pytest.approx(17.17e9, rel=1e-3)  # "17B active parameters" (the model card)
+    maverick = load_model("llama4-maverick")  # dense layers of intermediate_size_mlp between MoE ones
+    dense, routed = maverick.layers
+    assert (dense.count, dense.d_ff, routed.count, routed.d_ff) == (24, 16384, 24, 8192)
+
+
+def test_llama4_configs_refuse_what_transformers_does_not_build():
+    base = dict(HUB_CONFIGS["llama4-scout"])
+    with pytest.raises(Exception, match="'layer_types' holds 'sliding_attention'"):
+        model_from_hf_dict({**base, "layer_types": ["sliding_attention"] * 48}, "x")
+    with pytest.raises(Exception, match="'moe_layers' holds \\[48\\]"):
+        model_from_hf_dict({**base, "moe_layers": [0, 48]}, "x")
+    with pytest.raises(Exception, match="chunked_attention layers but 'attention_chunk_size' is null"):
+        model_from_hf_dict({**base, "attention_chunk_size": None}, "x")
+    with pytest.raises(Exception, match="'intermediate_size_mlp' = 16384 changes the model's parameters"):
+        model_from_hf_dict({**HUB_CONFIGS["mistral-7b"], "intermediate_size_mlp": 16384}, "x")
 
 
 def test_mla_core_and_linears():

@@ -92,10 +92,35 @@ def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
     Falcon-7B's parallel attention + MLP blocks are not its model. Asked for, a one-line error; under --stack auto its
     plans go to hf-trainer, TP and PP plans included (none that hf-trainer runs)."""
     with pytest.raises(AdvisorError, match=r"stack megatron-core's model code does not build falcon-7b, which has "
-                                        r"parallel attention \+ MLP blocks: use --stack hf-trainer"):
+                                        r"parallel attention \+ MLP blocks: use --stack deepspeed or hf-trainer or "
+                                        r"llm-foundry$"):
         estimate(model="falcon-7b", hw="dgx-h100", gpus=8, zero=1, stack="megatron-core")
     res = plan("falcon-7b", "aws-p4d", nodes=2, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
+
+
+def test_llama4_is_costed_where_its_experts_run_routed():
+    """transformers 5.23 modeling_llama4.py runs every expert on every token (Llama4TextMoe repeats the tokens per
+    expert, Llama4TextExperts one torch.bmm): hf-trainer and deepspeed (its base) refuse Llama 4 in one line, naming
+    stacks that build it; Megatron's flags have no chunked attention (export refuses it), so --stack auto costs its
+    plans in torchtitan 0.2 (api.AUTO_NEITHER; 0.3.0 dropped Llama 4), whose Llama 4 routes (models/llama4), in
+    estimate and plan alike."""
+    for name in ("hf-trainer", "deepspeed"):
+        with pytest.raises(AdvisorError, match=rf"stack {name}'s model code does not build llama4-scout, which has Llama "
+                                               r"4's routed experts as routed \(transformers 5.23 Llama4TextExperts runs "
+                                               r"every expert on every token, one dense bmm\): use --stack "):
+            estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=3, stack=name)
+    res = plan("llama4-scout", "gb200-nvl72", gpus=64, seq=8192, global_batch=256, top=5)
+    assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"torchtitan-0.2"}
+    best = res.plans[0].estimate
+    again = estimate(model="llama4-scout", hw="gb200-nvl72", seq=8192, global_batch=256, **_layout(best))
+    assert again.setup.stack == "torchtitan-0.2" and again.step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+def _layout(est) -> dict:
+    p, s = est.plan, est.setup
+    return dict(gpus=p.world_size, dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, zero=p.zero, sp=p.sp,
+                micro_batch=s.micro_batch, recompute=s.recompute.value, cp_comm=p.cp_comm.value if p.cp_comm else None)
 
 
 def test_alibi_models_are_not_megatron_cores():

@@ -21,6 +21,7 @@ def unwritten(model: ModelSpec) -> list[str]:
              "biases on the experts or the router": model.experts is not None and (
                  model.experts.expert_bias or model.experts.router_bias),
              "sliding windows of several sizes": len({r.window for r in model.layer_runs if r.window}) > 1,
+             "chunked attention": any(r.chunk for r in model.layer_runs),
              "a GeGLU MLP": model.mlp is MLPKind.geglu,
              f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
              "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),

@@ -31,10 +31,14 @@ from advisor.export.torchtitan import COMPILE, SHARED_KEYS, _async_tp, refuse_co
 from advisor.stack import Stack
 
 # advisor model -> ([model] name, flavor) of torchtitan 0.2.2's registries whose shapes are the catalogue's
-# (models/{llama3,qwen3,gpt_oss,deepseek_v3}/__init__.py; tests/test_export_stacks.py compares each shape)
+# (models/{llama3,qwen3,gpt_oss,deepseek_v3,llama4}/__init__.py; tests/test_export_stacks.py compares each shape).
+# Llama 4's _irope flavors are the Hugging Face models': chunked attention (fixed_attn_block_size 8192, flex
+# block_causal) and a NoPE global layer every 4th (every_n_layers_nope); built on the meta device, 17bx16e_irope has
+# 107,769,861,120 parameters and 17bx128e_irope 400,711,848,960, the catalogue's llama4-scout and llama4-maverick
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
            "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "gpt-oss-120b": ("gpt_oss", "120b"),
-           "deepseek-v3": ("deepseek_v3", "671B")}
+           "deepseek-v3": ("deepseek_v3", "671B"), "llama4-scout": ("llama4", "17bx16e_irope"),
+           "llama4-maverick": ("llama4", "17bx128e_irope")}
 # advisor recipe -> (converter, its section's key values): components/quantization/float8.py and mx.py register them
 FLOAT8 = "quantize.linear.float8"
 MX = "quantize.linear.mx"

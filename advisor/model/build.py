@@ -10,9 +10,9 @@ never on q_b, kv_b or a full-rank q.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-from advisor.model.layer import DecoderLayer, Linear, Split
+from advisor.model.layer import DecoderLayer, Linear, Span, Split
 
 if TYPE_CHECKING:
     from advisor.model.spec import ModelSpec
@@ -25,15 +25,15 @@ NORM_NAMES = ("input", "post_attention", "pre_feedforward", "post_feedforward")
 def build_layers(m: "ModelSpec") -> tuple[DecoderLayer, ...]:
     """The model's distinct layers in order of first appearance: dense and routed layers apart, each with the
     windows its layers attend over (advisor.model.spec.LayerRun)."""
-    runs = [(r.count, r.window, r.dense) for r in m.layer_runs] or [(m.n_layers, None, False)]
-    kinds: dict[bool, dict[Optional[int], int]] = {}
-    for count, window, dense in runs:
+    runs = [(r.count, Span(r.window, r.chunk), r.dense) for r in m.layer_runs] or [(m.n_layers, Span(), False)]
+    kinds: dict[bool, dict[Span, int]] = {}
+    for count, span, dense in runs:
         windows = kinds.setdefault(m.experts is not None and not dense, {})
-        windows[window] = windows.get(window, 0) + count
+        windows[span] = windows.get(span, 0) + count
     return tuple(_layer(m, routed, tuple(w.items())) for routed, w in kinds.items())
 
 
-def _layer(m: "ModelSpec", routed: bool, windows: tuple[tuple[Optional[int], int], ...]) -> DecoderLayer:
+def _layer(m: "ModelSpec", routed: bool, windows: tuple[tuple[Span, int], ...]) -> DecoderLayer:
     attention = _latent(m) if m.latent is not None else _attention(m)
     ffn = _experts(m) if routed else _mlp(m, m.d_ff, "mlp", "mlp", m.linear_bias or m.mlp_bias)
     d_v = m.latent.v_head_dim if m.latent is not None and m.latent.v_head_dim != m.d_head else None

@@ -4,7 +4,9 @@ counted against transformers' own model in tests/test_hf_families.py.
 
 Left out of each: keys that change neither the parameters nor the cost (token ids, dtype, initializer range,
 dropout, rope scaling, transformers_version, auto_map), and the weights' quantization_config (DeepSeek-V3's fp8,
-GPT-OSS's mxfp4 blocks: the parameters are the same; transformers would try to quantize on loading).
+GPT-OSS's mxfp4 blocks: the parameters are the same; transformers would try to quantize on loading). Llama 4's
+repositories publish a multimodal config.json (model_type llama4): its ``text_config``, the language model, is
+what is kept here (the vision tower and projector are not a decoder-only model's).
 """
 
 from __future__ import annotations
@@ -109,4 +111,20 @@ HUB_CONFIGS: dict[str, dict] = {
         "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128, "rms_norm_eps": 1e-05,
         "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
         "vocab_size": 201088},
+    "llama4-scout": {  # meta-llama/Llama-4-Scout-17B-16E, config.json text_config
+        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
+        "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 5120, "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "max_position_embeddings": 10485760, "no_rope_layers": [], "num_attention_heads": 40,
+        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 16,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "tie_word_embeddings": False, "use_qk_norm": True, "vocab_size": 202048},
+    "llama4-maverick": {  # meta-llama/Llama-4-Maverick-17B-128E, config.json text_config
+        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
+        "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 5120, "interleave_moe_layer_step": 2, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "max_position_embeddings": 1048576, "no_rope_layers": [], "num_attention_heads": 40,
+        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 128,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "tie_word_embeddings": False, "use_qk_norm": False, "vocab_size": 202048},
 }

@@ -21,15 +21,15 @@ projections are ``parallel_mode="duplicated"``). A multiply-add is 2 FLOPs (Nara
 Mixture of experts: an expert linear exists ``copies`` times (every routed expert) and a token passes through
 ``active`` of them (top-k), so parameters count every copy and FLOPs the active ones (Fedus et al. 2021, Switch
 Transformer s.2; Megatron and torchtitan count MoE FLOPs the same way). Layers that differ only in their attention
-window (sliding-window and local/global models) share one DecoderLayer whose ``windows`` says how many layers see
-which window; layers that differ in their weights (DeepSeek's dense first layers) are separate DecoderLayers.
+span (sliding-window, chunked and local/global models) share one DecoderLayer whose ``windows`` says how many layers
+see which Span; layers that differ in their weights (DeepSeek's dense first layers) are separate DecoderLayers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -109,17 +109,38 @@ class Linear:
         return self.n_out, self.n_in
 
 
-def keys_per_query(seq_len: int, window: Optional[int] = None, causal: bool = True) -> float:
+def keys_per_query(seq_len: int, window: Optional[int] = None, causal: bool = True,
+                   chunk: Optional[int] = None) -> float:
     """Keys a query attends to, on average over s positions. Causal: query p sees min(p, w) keys (w: the sliding
     window, HF's ``sliding_window``, which counts the query's own key), so (s + 1) / 2 without a window and
-    (w (w + 1) / 2 + (s - w) w) / s ~ w for s >> w. ``causal=False``: all s, as eager attention computes them."""
+    (w (w + 1) / 2 + (s - w) w) / s ~ w for s >> w; under chunked attention of c (Llama 4) query p sees the
+    (p mod c) + 1 keys of its own chunk up to itself: c (c + 1) / 2 per whole chunk, r (r + 1) / 2 for the r
+    positions of the last. ``causal=False``: all s, as eager attention computes them."""
     s = float(seq_len)
     if not causal:
         return s
+    if chunk is not None and chunk < seq_len:
+        whole, rest = divmod(seq_len, chunk)
+        return (whole * chunk * (chunk + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0) / s
     if window is None or window >= seq_len:
         return (s + 1.0) / 2.0
     w = float(window)
     return (w * (w + 1.0) / 2.0 + (s - w) * w) / s
+
+
+class Span(NamedTuple):
+    """The keys a layer's queries may attend to: every earlier one (both None), a sliding ``window`` of them, or
+    the earlier ones of the query's ``chunk`` (advisor.model.spec.LayerRun)."""
+
+    window: Optional[int] = None
+    chunk: Optional[int] = None
+
+    def keys(self, seq_len: int, causal: bool = True) -> float:
+        return keys_per_query(seq_len, self.window, causal, self.chunk)
+
+    def extent(self, seq_len: int) -> int:
+        """The longest run of keys one query block spans (a fused kernel's key length): s, w or c."""
+        return min(seq_len, self.window or self.chunk or seq_len)
 
 
 @dataclass(frozen=True)
@@ -133,7 +154,7 @@ class DecoderLayer:
     norm: NormKind
     linears: tuple[Linear, ...]
     norms: tuple[tuple[str, int], ...] = ()  # (name, elements) of each norm in the layer
-    windows: tuple[tuple[Optional[int], int], ...] = ((None, 1),)  # (sliding window or None, layers with it)
+    windows: tuple[tuple[Span, int], ...] = ((Span(), 1),)  # (the attention span, layers with it)
     d_v: Optional[int] = None  # value width per head, where it differs from d_head (MLA)
     core_params: int = 0  # parameters of the attention core itself: GPT-OSS's per-head sink logits
     softcap: Optional[float] = None  # attention logit soft-capping, tanh(x / c) c (Gemma 2)
@@ -198,12 +219,12 @@ class DecoderLayer:
     def mean_keys(self, seq_len: int, causal: bool = True) -> float:
         """Keys per query, averaged over this layer's windows."""
         if len(self.windows) == 1:
-            return keys_per_query(seq_len, self.windows[0][0], causal)
-        return sum(n * keys_per_query(seq_len, w, causal) for w, n in self.windows) / self.count
+            return self.windows[0][0].keys(seq_len, causal)
+        return sum(n * span.keys(seq_len, causal) for span, n in self.windows) / self.count
 
     def core_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         """QK^T (d_head) and PV (d_v) for each key a query sees: 2 heads (d_head + d_v) FLOPs per key. A decoder's
-        query attends to the keys up to its own, (s + 1) / 2 on average (fewer under a sliding window), which a
+        query attends to the keys up to its own, (s + 1) / 2 on average (fewer under a window or chunks), which a
         causal kernel (flash / SDPA) computes; ``causal=False`` counts all s keys, as eager attention computes them
         before masking and as Narayanan et al. 2021 eq. 3 and PaLM's 12 l h q t count."""
         return 2.0 * self.mean_keys(seq_len, causal) * self.n_heads * (self.d_head + self.v_head)

@@ -9,7 +9,7 @@ SwiGLU); BLOOM-176B 176,247,271,424; Mixtral-8x7B 46,702,792,704 (every expert; 
 
 Besides the dense shape: per-linear biases, the norms in a layer and q/k norms, parallel attention + MLP blocks,
 multi-head latent attention (``latent``), routed and shared experts (``experts``), and runs of layers that
-differ in their attention window or in being dense (``layer_runs``), soft-capping and attention sinks.
+differ in their attention window or chunk or in being dense (``layer_runs``), soft-capping and attention sinks.
 Deliberately left out: encoder-decoder models, multimodal towers, hybrid recurrent / linear-attention layers.
 """
 
@@ -89,12 +89,22 @@ class Experts(Spec):
 
 
 class LayerRun(Spec):
-    """Consecutive layers alike: their attention window (None: every earlier key) and whether their MLP is dense
-    in a model whose other layers route to experts (DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers)."""
+    """Consecutive layers alike: their attention span, a sliding ``window`` or a ``chunk`` (None for both: every
+    earlier key), and whether their MLP is dense in a model whose other layers route to experts (DeepSeek's
+    first_k_dense_replace, Qwen-MoE's mlp_only_layers)."""
 
     count: int = Field(ge=1, le=100_000)
     window: Optional[int] = Field(default=None, ge=1, le=100_000_000)
+    # chunked local attention (Llama 4's attention_chunk_size): the sequence cut into chunks of ``chunk`` tokens, a
+    # query attending to the earlier keys of its own chunk (transformers' create_chunked_causal_mask)
+    chunk: Optional[int] = Field(default=None, ge=1, le=100_000_000)
     dense: bool = False
+
+    @model_validator(mode="after")
+    def _one_span(self) -> "LayerRun":
+        if self.window is not None and self.chunk is not None:
+            raise ValueError(f"a layer run has both a sliding window ({self.window}) and a chunk ({self.chunk}): give one")
+        return self
 
 
 class ModelSpec(Spec):
@@ -236,6 +246,7 @@ class ModelSpec(Spec):
             f"head_dim {self.head_dim} != hidden / heads": (self.head_dim is not None
                                                              and self.head_dim * self.n_heads != self.d_model),
             "sliding-window attention": any(r.window for r in self.layer_runs),
+            "chunked attention": any(r.chunk for r in self.layer_runs),
             "soft-capping": self.attn_softcap is not None or self.logit_softcap is not None,
             "attention sinks": self.attention_sinks,
         }

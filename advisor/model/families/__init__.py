@@ -24,6 +24,7 @@ FAMILIES: dict[str, Callable[[Config], dict]] = {
     "gemma": gemma.gemma, "gemma2": gemma.gemma2, "gemma3_text": gemma.gemma3_text,
     "mixtral": moe.mixtral, "qwen2_moe": moe.qwen2_moe, "qwen3_moe": moe.qwen3_moe, "olmoe": moe.olmoe,
     "deepseek_v2": moe.deepseek_v2, "deepseek_v3": moe.deepseek_v3, "gpt_oss": moe.gpt_oss,
+    "llama4_text": moe.llama4_text,
 }
 
 ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "camembert",
@@ -42,7 +43,7 @@ CHANGES_PARAMETERS = (
     "qk_layernorm", "use_qk_norm", "qk_norm", "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias",
     "parallel_attn", "use_parallel_residual", "new_decoder_architecture", "num_ln_in_parallel_attn", "head_dim",
     "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query", "n_inner", "ffn_hidden_size",
-    "intermediate_size", "text_config", "vision_config", "audio_config", "attn_config",
+    "intermediate_size", "intermediate_size_mlp", "moe_layers", "interleave_moe_layer_step", "text_config", "vision_config", "audio_config", "attn_config",
 )
 
 

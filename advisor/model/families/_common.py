@@ -55,6 +55,18 @@ def runs(windows: list[Optional[int]], dense: Optional[list[bool]] = None) -> tu
     return tuple(out)
 
 
+def runs_of(types: list[str], chunk: Optional[int], dense: list[bool]) -> tuple[dict, ...]:
+    """Llama 4's layers as runs: chunks of ``chunk`` on its chunked_attention layers, every earlier key on the rest."""
+    out: list[dict] = []
+    for t, d in zip(types, dense):
+        c = chunk if t == "chunked_attention" else None
+        if out and out[-1]["chunk"] == c and out[-1]["dense"] == d:
+            out[-1]["count"] += 1
+        else:
+            out.append({"count": 1, "chunk": c, "dense": d})
+    return tuple(out)
+
+
 def typed_windows(c: Config, n_layers: int, window: Optional[int], default: list[str]) -> list[Optional[int]]:
     """Each layer's window from ``layer_types`` (the config's, or the family's default pattern): ``window`` on
     sliding_attention layers, none on full_attention ones."""

@@ -7,12 +7,15 @@ gate h -> 1, qkv_bias; dense layers from mlp_only_layers and decoder_sparse_step
 q/k norms), OLMoE (q/k norms over the projections), DeepSeek-V2/V3 (multi-head latent attention; n_shared_experts
 shared experts as one MLP of n_shared_experts x moe_intermediate_size; the first first_k_dense_replace layers
 dense of intermediate_size), GPT-OSS (biases on every expert linear and on the router, attention_bias, one sink
-logit per head, local and global layers alternating from a local first).
+logit per head, local and global layers alternating from a local first), Llama 4 (one shared expert of
+intermediate_size beside the routed ones; the dense layers between MoE ones, where moe_layers or
+interleave_moe_layer_step leaves some, of intermediate_size_mlp; chunked local attention on the RoPE layers, global
+attention on the NoPE ones; its q/k norm is a weightless L2 norm).
 """
 
 from __future__ import annotations
 
-from advisor.model.families._common import attention_bias, dense_layers, llama_base, runs, typed_windows
+from advisor.model.families._common import attention_bias, dense_layers, llama_base, runs, runs_of, typed_windows
 from advisor.model.families._config import Config
 from advisor.model.families.llama import qwen_windows
 from advisor.model.spec import PositionKind, QKNorm
@@ -119,3 +122,43 @@ def gpt_oss(c: Config) -> dict:
                             expert_bias=True)
     return {**d, "qkv_bias": bias, "out_bias": bias, "attention_sinks": True,
             "layer_runs": runs(typed_windows(c, n, window, default))}
+
+
+LLAMA4_LAYER_TYPES = ("chunked_attention", "full_attention")
+
+
+def llama4_text(c: Config) -> dict:
+    """transformers modeling_llama4.py (Llama4TextConfig's defaults are Scout's): Llama4TextMoe is num_local_experts
+    SwiGLU experts of intermediate_size (no biases) and one shared expert of the same width, its router a bias-free
+    h -> experts linear; a layer not in ``moe_layers`` (default: every interleave_moe_layer_step-th, from the
+    step's first) is a dense SwiGLU of intermediate_size_mlp. ``layer_types`` (default: chunked_attention where
+    ``no_rope_layers`` is 1, full_attention where 0, and that default a NoPE layer every no_rope_layer_interval-th)
+    picks each layer's mask: chunks of attention_chunk_size, or every earlier key. use_qk_norm's Llama4TextL2Norm
+    has no weights, and the NoPE layers' attention temperature is element-wise: neither changes the parameters."""
+    d = llama_base(c, kv=8, head_dim=128, max_positions=4096 * 32)
+    n, ff = d["n_layers"], d["d_ff"]
+    d.update(attention_bias(c), d_ff=c.int("intermediate_size_mlp", default=16384))
+    c.bool("use_qk_norm", True)
+    experts = c.int("num_local_experts", default=16)
+    d["experts"] = _experts(c, experts, 1, ff, d_ff_shared=ff)
+    step = c.int("interleave_moe_layer_step", default=1)
+    moe = c.list("moe_layers", int)
+    moe = list(range(step - 1, n, step)) if moe is None else moe
+    if any(not 0 <= i < n for i in moe):
+        raise c.error(f"'moe_layers' holds {[i for i in moe if not 0 <= i < n][:3]}: layer indices run from 0 to {n - 1}")
+    interval = c.int("no_rope_layer_interval", default=4)
+    rope = c.list("no_rope_layers", int, None) or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(rope) != n:
+        raise c.error(f"'no_rope_layers' has {len(rope)} entries for {n} layers")
+    types = c.list("layer_types", str, n) or ["chunked_attention" if r else "full_attention" for r in rope]
+    for t in types:
+        if t not in LLAMA4_LAYER_TYPES:
+            raise c.error(f"'layer_types' holds {t[:40]!r}: a llama4_text model has {' and '.join(LLAMA4_LAYER_TYPES)} layers")
+    chunk = c.nullable_int("attention_chunk_size", 8192)
+    if chunk is None and "chunked_attention" in types:
+        raise c.error("'layer_types' has chunked_attention layers but 'attention_chunk_size' is null")
+    d["layer_runs"] = runs_of(types, chunk, [i not in moe for i in range(n)])
+    if all(r["dense"] for r in d["layer_runs"]):
+        d["experts"] = None
+        d["layer_runs"] = tuple({**r, "dense": False} for r in d["layer_runs"])
+    return d
