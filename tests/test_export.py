@@ -75,6 +75,8 @@ CASES = {
     # Qwen3-MoE: per-head q/k norms (--qk-layernorm), 128 experts top-8 over EP 8
     "moe-qwen3-qk-norm": ("qwen3-30b-a3b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
                           dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # SmolLM3's NoPE layers (every 4th without RoPE): Megatron-LM's --no-rope-freq pattern
+    "nope-smollm3": ("smollm3-3b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=4096)),
     # Megatron's --recompute-modules: the experts' activation and the norms rerun beside the core attention
     "recompute-modules": ("mixtral-8x7b", "dgx-h100", 16, dict(dp=16, zero=1, ep=8, etp=1),
                           dict(micro_batch=1, global_batch=64, seq_len=4096, recompute="selective",
@@ -719,6 +721,8 @@ def test_sliding_windows_are_written_as_megatrons_window_size():
     assert args[args.index("--window-size") + 1] == "4095,0" and "--window-attn-skip-freq" not in args
     assert window_flags(load_model("gpt-oss")) == ["--window-size", "127,0", "--window-attn-skip-freq",
                                                    "[" + ",".join(["1", "0"] * 18) + "]"]
+    # SmolLM3: RoPE skipped on every 4th layer (megatron-core attention.py reads no_rope_freq[layer_number - 1])
+    assert window_flags(load_model("smollm3-3b")) == ["--no-rope-freq", "[" + ",".join(["0,0,0,1"] * 9) + "]"]
 
 
 @pytest.mark.parametrize("model,hw,gpus", [

@@ -60,6 +60,15 @@ SMALL = {
                  dict(B, num_hidden_layers=2, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)],
  "deepseek_v3": [dict(B, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_group=2, topk_group=1, attention_bias=True)],
  "gpt_oss": [dict(B, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=16)],
+ "smollm3": [dict(B, num_hidden_layers=8, num_key_value_heads=2, use_sliding_window=True, sliding_window=16, attention_bias=True, pad_token_id=0),
+             dict(B, num_hidden_layers=4, no_rope_layers=[1, 0, 1, 0], mlp_bias=True, tie_word_embeddings=False, pad_token_id=0)],
+ "seed_oss": [dict(B, num_key_value_heads=2, head_dim=24, attention_out_bias=True, mlp_bias=True),
+              dict(B, num_key_value_heads=2, head_dim=16, attention_bias=False)],
+ "glm4_moe": [dict(B, num_hidden_layers=3, num_key_value_heads=2, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, n_group=2, topk_group=1),
+              dict(B, num_hidden_layers=2, num_key_value_heads=4, head_dim=8, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2)],
+ "minimax_m2": [dict(B, num_key_value_heads=2, head_dim=24, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)],
+ "phimoe": [dict(B, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, attention_bias=True, lm_head_bias=True, sliding_window=16),
+            dict(B, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)],
  "llama4_text": [dict(B, num_hidden_layers=6, num_key_value_heads=2, head_dim=24, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=2, moe_layers=[1, 2, 5], attention_bias=True, no_rope_layer_interval=3, attention_chunk_size=16),
                  dict(B, num_hidden_layers=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=4, interleave_moe_layer_step=2, use_qk_norm=False, tie_word_embeddings=True)],
 }
@@ -68,14 +77,16 @@ SMALL = {
 # What the real configs have, as transformers 5.23 builds them (and as the cited model cards round them: Mistral
 # 7.24B, Mixtral 46.7B, Qwen2.5 7.61B, Qwen3 8.19B, Qwen3-30B-A3B 30.5B, Gemma 2 9.24B, DeepSeek-V2-Lite 15.7B,
 # DeepSeek-V3 671B without its multi-token-prediction module, gpt-oss-120b 116.8B, Llama 4 Scout's and Maverick's
-# language models 107.8B and 400.7B of their 109B and 400B with the vision tower, 17B active).
+# language models 107.8B and 400.7B of their 109B and 400B with the vision tower, 17B active; GLM-4.5-Air 106B,
+# MiniMax-M2 230B (229B), SmolLM3 3B (3.08B), Phi-3.5-MoE 42B (41.9B)).
 HUB_PARAMS = {
     "mistral-7b": 7_241_732_096, "mixtral-8x7b": 46_702_792_704, "qwen2.5-7b": 7_615_616_512,
     "qwen3-8b": 8_190_735_360, "qwen3-30b-a3b": 30_532_122_624, "gemma-2-9b": 9_241_705_984,
     "gemma-3-1b": 999_885_952, "phi-3-mini": 3_821_079_552, "olmo-2-7b": 7_298_617_344,
     "falcon-7b": 6_921_720_704, "gpt-neox-20b": 20_554_567_680, "mpt-7b": 6_649_286_656,
     "deepseek-v2-lite": 15_706_484_224, "deepseek-v3": 671_026_404_352, "gpt-oss-120b": 116_829_156_672,
-    "llama4-scout": 107_769_861_120, "llama4-maverick": 400_711_848_960,
+    "llama4-scout": 107_769_861_120, "llama4-maverick": 400_711_848_960, "glm-4.5-air": 106_852_245_504,
+    "minimax-m2": 228_689_748_992, "smollm3-3b": 3_075_098_624, "phi-3.5-moe": 41_873_153_344,
 }
 OWN_CONFIGS = {
     "bloom-176b": {  # bigscience/bloom: n_layer/n_head keys, once refused by advisor

@@ -71,6 +71,8 @@ def test_llama4_scout_attends_in_chunks_on_three_layers_of_four():
     e = m.experts
     assert (e.n_experts, e.experts_per_token, e.d_ff_expert, e.d_ff_shared) == (16, 1, 8192, 8192)
     assert m.active_params == pytest.approx(17.17e9, rel=1e-3)  # "17B active parameters" (the model card)
+    assert m.nope_layers == tuple(range(3, 48, 4)) and "layers without RoPE" in m.llama_departures()
+    assert load_model("smollm3-3b").nope_layers == tuple(range(3, 36, 4))  # SmolLM3's default no_rope_layers
     maverick = load_model("llama4-maverick")  # dense layers of intermediate_size_mlp between MoE ones
     dense, routed = maverick.layers
     assert (dense.count, dense.d_ff, routed.count, routed.d_ff) == (24, 16384, 24, 8192)
@@ -82,6 +84,8 @@ def test_llama4_configs_refuse_what_transformers_does_not_build():
         model_from_hf_dict({**base, "layer_types": ["sliding_attention"] * 48}, "x")
     with pytest.raises(Exception, match="'moe_layers' holds \\[48\\]"):
         model_from_hf_dict({**base, "moe_layers": [0, 48]}, "x")
+    with pytest.raises(Exception, match="'no_rope_layers' must hold a 0 \\(NoPE\\) or 1 \\(RoPE\\) for each of the 48"):
+        model_from_hf_dict({**base, "no_rope_layers": [2] * 48}, "x")
     with pytest.raises(Exception, match="chunked_attention layers but 'attention_chunk_size' is null"):
         model_from_hf_dict({**base, "attention_chunk_size": None}, "x")
     with pytest.raises(Exception, match="'intermediate_size_mlp' = 16384 changes the model's parameters"):

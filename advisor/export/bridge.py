@@ -27,7 +27,7 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
-from advisor.export.megatron_shape import windows
+from advisor.export.megatron_shape import nope_pattern, windows
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack
@@ -172,6 +172,8 @@ def _model_shape(model: ModelSpec) -> dict:
     size, skip = windows(model)  # megatron_shape.windows
     if size is not None:
         m.update(window_size=list(size), **({} if skip is None else {"window_attn_skip_freq": skip}))
+    if model.nope_layers:
+        m["no_rope_freq"] = nope_pattern(model)
     return m
 
 

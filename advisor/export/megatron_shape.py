@@ -77,9 +77,17 @@ def windows(model: ModelSpec) -> tuple[tuple[int, int] | None, list[int] | None]
     return (sizes.pop() - 1, 0), (None if all(per_layer) else [int(bool(w)) for w in per_layer])
 
 
+def nope_pattern(model: ModelSpec) -> list[int] | None:
+    """megatron-core's no_rope_freq (transformer_config.py; attention.py skips RoPE where it is 1): one entry a layer,
+    1 where the model applies no rotary embedding; None where every layer has it."""
+    return [int(i in model.nope_layers) for i in range(model.n_layers)] if model.nope_layers else None
+
+
 def window_flags(model: ModelSpec) -> list:
     """windows() as Megatron-LM's --window-size and --window-attn-skip-freq (its tuple_type and moe_freq_type parse
     them)."""
     size, skip = windows(model)
     a = [] if size is None else ["--window-size", f"{size[0]},{size[1]}"]
+    nope = nope_pattern(model)  # Megatron-LM's no_rope_freq_type evaluates a "[...]" pattern
+    a += [] if nope is None else ["--no-rope-freq", "[" + ",".join(map(str, nope)) + "]"]
     return a + ([] if skip is None else ["--window-attn-skip-freq", "[" + ",".join(map(str, skip)) + "]"])

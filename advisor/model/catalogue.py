@@ -62,7 +62,8 @@ ALIASES = {
     "gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "mixtral": "mixtral-8x7b", "qwen2.5-7b-base": "qwen2.5-7b",
     "deepseek-v2-lite-base": "deepseek-v2-lite", "olmo-2-1124-7b": "olmo-2-7b", "phi-3-mini-4k": "phi-3-mini",
     "gpt-oss": "gpt-oss-120b", "llama-4-scout": "llama4-scout", "llama-4-scout-17b-16e": "llama4-scout",
-    "llama-4-maverick": "llama4-maverick", "llama-4-maverick-17b-128e": "llama4-maverick",
+    "llama-4-maverick": "llama4-maverick", "llama-4-maverick-17b-128e": "llama4-maverick", "glm-4.5-air-base": "glm-4.5-air",
+    "smollm3": "smollm3-3b", "phi-3.5-moe-instruct": "phi-3.5-moe",
 }
 
 

@@ -127,4 +127,31 @@ HUB_CONFIGS: dict[str, dict] = {
         "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 128,
         "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
         "tie_word_embeddings": False, "use_qk_norm": False, "vocab_size": 202048},
+    "glm-4.5-air": {  # zai-org/GLM-4.5-Air (106B total, 12B active: its model card)
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True,
+        "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 10944, "max_position_embeddings": 131072, "moe_intermediate_size": 1408,
+        "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46, "num_key_value_heads": 8,
+        "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+        "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": False,
+        "vocab_size": 151552},
+    "minimax-m2": {  # MiniMaxAI/MiniMax-M2 (230B total, 10B active: its model card)
+        "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 3072, "intermediate_size": 1536, "max_position_embeddings": 196608, "num_attention_heads": 48,
+        "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+        "rms_norm_eps": 1e-06, "rotary_dim": 64, "tie_word_embeddings": False, "use_qk_norm": True,
+        "vocab_size": 200064},
+    "smollm3-3b": {  # HuggingFaceTB/SmolLM3-3B
+        "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "attention_bias": False,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 65536,
+        "mlp_bias": False, "no_rope_layer_interval": 4, "num_attention_heads": 16, "num_hidden_layers": 36,
+        "num_key_value_heads": 4, "pad_token_id": 128004, "rms_norm_eps": 1e-06, "sliding_window": None,
+        "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 128256},
+    "phi-3.5-moe": {  # microsoft/Phi-3.5-MoE-instruct (42B total, 6.6B active: its model card)
+        "architectures": ["PhimoeForCausalLM"], "model_type": "phimoe", "attention_bias": True, "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 6400, "lm_head_bias": True, "max_position_embeddings": 131072,
+        "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "num_local_experts": 16, "rms_norm_eps": 1e-05, "sliding_window": None, "tie_word_embeddings": False,
+        "vocab_size": 32064},
 }

@@ -133,6 +133,9 @@ class ModelSpec(Spec):
     latent: Optional[LatentAttention] = None
     experts: Optional[Experts] = None
     layer_runs: tuple[LayerRun, ...] = ()  # in layer order; empty: every layer global-attention (and routed)
+    # layers (0-based) that apply no rotary embedding to q and k (NoPE: Llama 4's and SmolLM3's no_rope_layers zeros):
+    # no parameters and an element-wise pass less, but another model if an export writes RoPE there
+    nope_layers: tuple[int, ...] = ()
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
     attention_sinks: bool = False  # one learned sink logit per head and layer (GPT-OSS)
@@ -147,6 +150,8 @@ class ModelSpec(Spec):
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.layer_runs and sum(r.count for r in self.layer_runs) != self.n_layers:
             raise ValueError(f"layer_runs cover {sum(r.count for r in self.layer_runs)} layers, not n_layers={self.n_layers}")
+        if any(not 0 <= i < self.n_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers holds layer indices outside 0..{self.n_layers - 1}")
         if self.experts is None and any(r.dense for r in self.layer_runs):
             raise ValueError("a layer run is marked dense in a model without experts")
         return self
@@ -247,6 +252,7 @@ class ModelSpec(Spec):
                                                              and self.head_dim * self.n_heads != self.d_model),
             "sliding-window attention": any(r.window for r in self.layer_runs),
             "chunked attention": any(r.chunk for r in self.layer_runs),
+            "layers without RoPE": bool(self.nope_layers),
             "soft-capping": self.attn_softcap is not None or self.logit_softcap is not None,
             "attention sinks": self.attention_sinks,
         }

@@ -6,7 +6,10 @@ sliding window on every layer, 4096 where the key is absent), Qwen2 (biases on q
 from max_window_layers on, when use_sliding_window), Qwen3 (q/k RMSNorms over the head dim, 128 by default),
 Phi-3 (fused qkv and gate_up: the same parameters), OLMo (LayerNorms without parameters), OLMo 2 and 3 (norms after
 attention and MLP only, q/k norms over the whole projections; OLMo 3 sliding windows), Granite (Llama with
-scaling multipliers, no parameters), Cohere (a parallel block with one weight-only LayerNorm, optional q/k norms).
+scaling multipliers, no parameters), Cohere (a parallel block with one weight-only LayerNorm, optional q/k norms),
+SmolLM3 (Llama with a NoPE layer every no_rope_layer_interval-th: RoPE has no parameters; sliding windows on the NoPE
+layers when use_sliding_window), Seed-OSS (biases on q, k, v, and on o and the MLP where attention_out_bias and
+mlp_bias say).
 """
 
 from __future__ import annotations
@@ -83,3 +86,26 @@ def cohere(c: Config) -> dict:
     c.float("logit_scale", None)  # scales the logits: no parameters
     return {**d, **attention_bias(c), "norm": NormKind.layernorm_nobias, "parallel_block": True,
             "norms_per_layer": 1, "qk_norm": QKNorm.full if c.bool("use_qk_norm", False) else QKNorm.none}
+
+
+def smollm3(c: Config) -> dict:
+    """transformers configuration_smollm3.py: no_rope_layers (default a 0 every no_rope_layer_interval-th layer) only
+    drops RoPE there; with use_sliding_window and a sliding_window, the NoPE layers are the sliding ones."""
+    d = {**llama_base(c, kv=4, tied=True, max_positions=32768), **attention_bias(c), "mlp_bias": c.bool("mlp_bias", False)}
+    n = d["n_layers"]
+    interval = c.int("no_rope_layer_interval", default=4)
+    rope = c.list("no_rope_layers", int, n) or [int((i + 1) % interval != 0) for i in range(n)]
+    window = c.nullable_int("sliding_window", None)
+    use = c.bool("use_sliding_window", False)
+    default = ["sliding_attention" if use and window is not None and not r else "full_attention" for r in rope]
+    types = typed_windows(c, n, window, default)
+    if any(r not in (0, 1) for r in rope):
+        raise c.error(f"'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE) for each layer, not {rope[:4]}...")
+    return {**d, "layer_runs": runs([w if use else None for w in types]),
+            "nope_layers": tuple(i for i, r in enumerate(rope) if not r)}
+
+
+def seed_oss(c: Config) -> dict:
+    d = llama_base(c, kv=8, head_dim=128, max_positions=524288)
+    return {**d, "qkv_bias": c.bool("attention_bias", True), "out_bias": c.bool("attention_out_bias", False),
+            "mlp_bias": c.bool("mlp_bias", False)}

@@ -10,7 +10,10 @@ dense of intermediate_size), GPT-OSS (biases on every expert linear and on the r
 logit per head, local and global layers alternating from a local first), Llama 4 (one shared expert of
 intermediate_size beside the routed ones; the dense layers between MoE ones, where moe_layers or
 interleave_moe_layer_step leaves some, of intermediate_size_mlp; chunked local attention on the RoPE layers, global
-attention on the NoPE ones; its q/k norm is a weightless L2 norm).
+attention on the NoPE ones; its q/k norm is a weightless L2 norm), GLM-4.5 (glm4_moe: DeepSeek-V3's experts, shared
+experts and dense first layers on GQA attention with biases on q, k, v, optional q/k norms over the head), MiniMax-M2
+(num_local_experts experts of intermediate_size, q/k norms over the whole projections), PhiMoE (Mixtral's experts under
+LayerNorms with biases, attention_bias on q, k, v and o, lm_head_bias).
 """
 
 from __future__ import annotations
@@ -148,8 +151,8 @@ def llama4_text(c: Config) -> dict:
         raise c.error(f"'moe_layers' holds {[i for i in moe if not 0 <= i < n][:3]}: layer indices run from 0 to {n - 1}")
     interval = c.int("no_rope_layer_interval", default=4)
     rope = c.list("no_rope_layers", int, None) or [int((i + 1) % interval != 0) for i in range(n)]
-    if len(rope) != n:
-        raise c.error(f"'no_rope_layers' has {len(rope)} entries for {n} layers")
+    if len(rope) != n or any(r not in (0, 1) for r in rope):
+        raise c.error(f"'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE) for each of the {n} layers, not {rope[:4]}...")
     types = c.list("layer_types", str, n) or ["chunked_attention" if r else "full_attention" for r in rope]
     for t in types:
         if t not in LLAMA4_LAYER_TYPES:
@@ -158,7 +161,45 @@ def llama4_text(c: Config) -> dict:
     if chunk is None and "chunked_attention" in types:
         raise c.error("'layer_types' has chunked_attention layers but 'attention_chunk_size' is null")
     d["layer_runs"] = runs_of(types, chunk, [i not in moe for i in range(n)])
+    d["nope_layers"] = tuple(i for i, r in enumerate(rope) if not r)
     if all(r["dense"] for r in d["layer_runs"]):
         d["experts"] = None
         d["layer_runs"] = tuple({**r, "dense": False} for r in d["layer_runs"])
     return d
+
+
+def glm4_moe(c: Config) -> dict:
+    """transformers modeling_glm4_moe.py: q/k/v biased by attention_bias, o never; Glm4MoeRMSNorm q/k norms of head_dim
+    where use_qk_norm; layers from first_k_dense_replace on route to n_routed_experts of moe_intermediate_size beside
+    n_shared_experts as one MLP; the router's e_score_correction_bias is a buffer; the num_nextn_predict_layers
+    multi-token-prediction layers are not built (as DeepSeek-V3's)."""
+    d = llama_base(c, kv=8, max_positions=131072)
+    n, moe_ff = d["n_layers"], c.int("moe_intermediate_size", default=1408)
+    d.update(qkv_bias=c.bool("attention_bias", False), qk_norm=QKNorm.head if c.bool("use_qk_norm", False) else QKNorm.none)
+    groups = c.int("n_group", default=1)
+    d["experts"] = _experts(c, c.int("n_routed_experts", default=128), 8, moe_ff,
+                            d_ff_shared=moe_ff * c.int("n_shared_experts", default=1, minimum=0), groups=groups,
+                            group_topk=c.int("topk_group", default=1))
+    first = c.int("first_k_dense_replace", default=1, minimum=0)
+    return _with_runs(d, [None] * n, [i < first for i in range(n)])
+
+
+def minimax_m2(c: Config) -> dict:
+    """transformers modeling_minimax_m2.py: MiniMaxM2Attention's q_norm and k_norm span all heads (RMSNorm of
+    heads x head_dim), built whatever use_qk_norm says; every layer routes to num_local_experts experts of
+    intermediate_size, no shared expert, a bias-free router (its e_score_correction_bias a buffer)."""
+    d = llama_base(c, kv=8, head_dim=128, max_positions=196608)
+    c.bool("use_qk_norm", True)
+    d.update(qk_norm=QKNorm.full)
+    d["experts"] = _experts(c, c.int("num_local_experts", default=256), 8, d["d_ff"])
+    return d
+
+
+def phimoe(c: Config) -> dict:
+    """transformers modeling_phimoe.py: nn.LayerNorm (weight and bias) before attention, before the MoE and at the end;
+    q, k, v and o biased by attention_bias; num_local_experts experts of intermediate_size, top num_experts_per_tok, a
+    bias-free router; lm_head_bias; a sliding window on every layer where sliding_window is set."""
+    d = llama_base(c, kv=8, max_positions=4096 * 32)
+    d.update(attention_bias(c), norm=NormKind.layernorm, lm_head_bias=c.bool("lm_head_bias", False))
+    d["experts"] = _experts(c, c.int("num_local_experts", default=16), 2, d["d_ff"])
+    return {**d, "layer_runs": runs([c.nullable_int("sliding_window", None)] * d["n_layers"])}
