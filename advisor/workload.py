@@ -216,6 +216,7 @@ def lacked(stack, model: ModelSpec) -> list[str]:
     has = {"parallel_blocks": lambda: ["parallel attention + MLP blocks"] if model.parallel_block else [],
            "alibi": lambda: ["ALiBi positions"] if model.position is PositionKind.alibi else [],
            "beyond_llama": model.llama_departures,
+           "chunked_attention": lambda: ["chunked attention"] if any(r.chunk for r in model.layer_runs) else [],
            "llama4_experts": lambda: (["Llama 4's routed experts as routed (transformers 5.23 Llama4TextExperts runs every "
                                       "expert on every token, one dense bmm)"] if model.family == "llama4_text" else [])}
     return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]()))
