@@ -154,4 +154,16 @@ HUB_CONFIGS: dict[str, dict] = {
         "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
         "num_local_experts": 16, "rms_norm_eps": 1e-05, "sliding_window": None, "tie_word_embeddings": False,
         "vocab_size": 32064},
+    "ernie-4.5-21b-a3b": {  # baidu/ERNIE-4.5-21B-A3B-PT (21B total, 3B active: its model card)
+        "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 12288, "max_position_embeddings": 131072,
+        "moe_intermediate_size": 1536, "moe_k": 6, "moe_layer_end_index": 27, "moe_layer_interval": 1,
+        "moe_layer_start_index": 1, "moe_num_experts": 64, "moe_num_shared_experts": 2, "num_attention_heads": 20,
+        "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-05, "tie_word_embeddings": True,
+        "use_bias": False, "vocab_size": 103424},
+    "glm-4-9b": {  # zai-org/GLM-4-9B-0414
+        "architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "attention_bias": True, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 13696, "max_position_embeddings": 32768,
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 151552},
 }

@@ -9,7 +9,8 @@ attention and MLP only, q/k norms over the whole projections; OLMo 3 sliding win
 scaling multipliers, no parameters), Cohere (a parallel block with one weight-only LayerNorm, optional q/k norms),
 SmolLM3 (Llama with a NoPE layer every no_rope_layer_interval-th: RoPE has no parameters; sliding windows on the NoPE
 layers when use_sliding_window), Seed-OSS (biases on q, k, v, and on o and the MLP where attention_out_bias and
-mlp_bias say).
+mlp_bias say), Cohere 2 (Cohere's parallel block, sliding windows on three layers of four and RoPE on those only),
+GLM-4 (Gemma 2's four norms a layer around GQA with q/k/v biases).
 """
 
 from __future__ import annotations
@@ -109,3 +110,28 @@ def seed_oss(c: Config) -> dict:
     d = llama_base(c, kv=8, head_dim=128, max_positions=524288)
     return {**d, "qkv_bias": c.bool("attention_bias", True), "out_bias": c.bool("attention_out_bias", False),
             "mlp_bias": c.bool("mlp_bias", False)}
+
+
+def cohere2(c: Config) -> dict:
+    """transformers modeling_cohere2.py: Cohere's parallel block and weight-only LayerNorm, tied embeddings; layer_types
+    (default: every sliding_window_pattern-th layer full, the others sliding) picks the mask, and only the sliding
+    layers apply RoPE (Cohere2Attention: ``if self.sliding_window is not None``)."""
+    d = llama_base(c, tied=True, max_positions=8192)
+    heads, hidden = d["n_heads"], d["d_model"]
+    if d["head_dim"] is not None:  # Cohere2Config.__post_init__ overwrites it
+        c.expect("head_dim", d["head_dim"], hidden // heads, f"Cohere2Config sets it to hidden_size / heads ({hidden // heads})")
+        d["head_dim"] = None
+    c.float("logit_scale", None)  # scales the logits: no parameters
+    n, pattern = d["n_layers"], c.int("sliding_window_pattern", default=4)
+    window = c.nullable_int("sliding_window", 4096)
+    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    windows = typed_windows(c, n, window, default)
+    return {**d, **attention_bias(c), "norm": NormKind.layernorm_nobias, "parallel_block": True, "norms_per_layer": 1,
+            "layer_runs": runs(windows), "nope_layers": tuple(i for i, w in enumerate(windows) if w is None)}
+
+
+def glm4(c: Config) -> dict:
+    """transformers modeling_glm4.py: input, post-attention, post-self-attention and post-MLP RMSNorms (four a layer),
+    q/k/v biased by attention_bias, o never; gate and up fused (the same parameters)."""
+    d = llama_base(c, kv=2, head_dim=128, max_positions=131072)
+    return {**d, "qkv_bias": c.bool("attention_bias", True), "norms_per_layer": 4}

@@ -13,7 +13,9 @@ interleave_moe_layer_step leaves some, of intermediate_size_mlp; chunked local a
 attention on the NoPE ones; its q/k norm is a weightless L2 norm), GLM-4.5 (glm4_moe: DeepSeek-V3's experts, shared
 experts and dense first layers on GQA attention with biases on q, k, v, optional q/k norms over the head), MiniMax-M2
 (num_local_experts experts of intermediate_size, q/k norms over the whole projections), PhiMoE (Mixtral's experts under
-LayerNorms with biases, attention_bias on q, k, v and o, lm_head_bias).
+LayerNorms with biases, attention_bias on q, k, v and o, lm_head_bias), ERNIE 4.5 (DeepSeek-style shared experts
+and dense layers outside moe_layer_start_index..moe_layer_end_index, use_bias on every linear but the experts, the
+router's score-correction bias a parameter), Granite MoE (Mixtral-like; its shared variant adds one shared MLP).
 """
 
 from __future__ import annotations
@@ -203,3 +205,34 @@ def phimoe(c: Config) -> dict:
     d.update(attention_bias(c), norm=NormKind.layernorm, lm_head_bias=c.bool("lm_head_bias", False))
     d["experts"] = _experts(c, c.int("num_local_experts", default=16), 2, d["d_ff"])
     return {**d, "layer_runs": runs([c.nullable_int("sliding_window", None)] * d["n_layers"])}
+
+
+def ernie4_5_moe(c: Config) -> dict:
+    """transformers modeling_ernie4_5_moe.py: use_bias on q, k, v, o, the dense and shared MLPs and the LM head (the
+    experts have none); layers (index + 1) % moe_layer_interval == 0 within moe_layer_start_index..end route to
+    moe_num_experts experts of moe_intermediate_size, top moe_k, beside moe_num_shared_experts as one MLP; the
+    router's e_score_correction_bias is an nn.Parameter (one per expert, counted as a router bias)."""
+    d = llama_base(c, kv=4, tied=True, max_positions=131072)
+    n, bias = d["n_layers"], c.bool("use_bias", False)
+    d.update(linear_bias=bias, lm_head_bias=bias)
+    moe_ff, experts = c.int("moe_intermediate_size", default=1536), c.int("moe_num_experts", "num_experts", default=64)
+    k = c.int("moe_k", "num_experts_per_tok", default=6)
+    d["experts"] = dict(n_experts=experts, experts_per_token=k, d_ff_expert=moe_ff, router_bias=True,
+                        d_ff_shared=moe_ff * c.int("moe_num_shared_experts", default=2, minimum=0))
+    start, interval = c.int("moe_layer_start_index", default=1, minimum=0), c.int("moe_layer_interval", default=1)
+    end = c.int("moe_layer_end_index", default=-1, minimum=-1)
+    end = n - 1 if end == -1 else end
+    return _with_runs(d, [None] * n, [not ((i + 1) % interval == 0 and start <= i <= end) for i in range(n)])
+
+
+def granitemoe(c: Config) -> dict:
+    """transformers modeling_granitemoe.py: Mixtral-like experts of intermediate_size (GraniteMoeParallelExperts, a
+    bias-free router) under Granite's multipliers (no parameters); q, k, v and o biased by attention_bias; the shared
+    variant (granitemoeshared) adds one shared MLP of shared_intermediate_size (0: none)."""
+    d = llama_base(c, max_positions=2048)
+    for key in ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"):
+        c.float(key, None)
+    d.update(attention_bias(c))
+    shared = c.int("shared_intermediate_size", default=0, minimum=0) if c.family == "granitemoeshared" else 0
+    d["experts"] = _experts(c, c.int("num_local_experts", default=8), 2, d["d_ff"], d_ff_shared=shared)
+    return d
