@@ -152,16 +152,16 @@ def n_experts(layer: DecoderLayer) -> int:
 
 def load(w) -> float:
     """The busiest rank's routed tokens over the balanced share: the imbalance, capped by the capacity factor."""
-    cap = w.moe_capacity_factor
-    return min(w.moe_imbalance, cap) if cap is not None else w.moe_imbalance
+    return min(w.moe_imbalance, w.moe_capacity_factor or w.moe_imbalance)  # (a capacity factor is > 0 or None)
 
 
 def moe_note(model: ModelSpec, setup) -> str:
     """A mixture-of-experts model's active parameters and how its routing is costed, for the output ('' if dense)."""
     if not model.routed:
         return ""
-    e = model.experts
-    return (f"mixture of experts: top-{e.experts_per_token} of {e.n_experts} routed experts, "
+    e = model.experts  # shared experts are named with their width (DeepSeek's, Llama 4's)
+    return (f"mixture of experts: top-{e.experts_per_token} of {e.n_experts} routed experts"
+            f"{f' beside a shared MLP of width {e.d_ff_shared}' if e.d_ff_shared else ''}, "
             f"{model.active_params / 1e9:.2f}B of {model.n_params / 1e9:.2f}B parameters active per token (FLOPs and "
             f"MFU count the active ones, as Megatron and torchtitan do); {routing_note(setup)}")
 
