@@ -73,8 +73,9 @@ class Workload:
                              f"{', '.join(experts) or 'no recipe'} there): use --precision bf16-mixed or another --stack")
         ft = setup.finetune
         if ft.kind not in stack.engine.methods:
-            raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs "
-                             f"{', '.join(stack.engine.methods)}): use --stack {' or '.join(runs_method(ft.kind))}")
+            others = [n for n in runs_method(ft.kind) if runs_model(load_stack(n), model)]  # that build the model too
+            raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs {', '.join(stack.engine.methods)})"
+                             + (f": use --stack {' or '.join(others)}" if others else f"; no shipped stack runs it on {model.name}"))
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             adapter_targets(stack, setup)

@@ -109,12 +109,12 @@ def test_llama4_is_costed_where_its_experts_run_routed():
         with pytest.raises(AdvisorError, match=rf"stack {name}'s model code does not build llama4-scout, which has Llama "
                                                r"4's routed experts as routed \(transformers 5.23 Llama4TextExperts runs "
                                                r"every expert on every token, one dense bmm\): use --stack "):
-            estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=3, stack=name)
-    # megatron-core's and Megatron-DeepSpeed's masks are causal or sliding, never chunked: asked for, refused
-    for name in ("megatron-core", "megatron-deepspeed", "megatron-bridge-perf"):
+            estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=3, recompute="full", stack=name)
+    # megatron-core's, Megatron-DeepSpeed's, litgpt's and torchtitan 0.3.0's masks are causal or sliding, never chunked
+    for name in ("megatron-core", "megatron-deepspeed", "megatron-bridge-perf", "torchtitan", "litgpt"):
         with pytest.raises(AdvisorError, match=rf"stack {name}'s model code does not build llama4-scout, which has "
-                                               r"chunked attention: use --stack torchtitan or torchtitan-0.2$"):
-            estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=1, stack=name)
+                                               r"chunked attention: use --stack torchtitan-0.2$"):
+            estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=3, recompute="full", stack=name)
     res = plan("llama4-scout", "gb200-nvl72", gpus=64, seq=8192, global_batch=256, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"torchtitan-0.2"}
     best = res.plans[0].estimate
