@@ -67,6 +67,13 @@ BAD = [
     (_with(HUB_CONFIGS["qwen3-30b-a3b"], mlp_only_layers=["0"]), ["'mlp_only_layers' must be a list of integers"]),
     ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,
       "intermediate_size": 96}, ["'intermediate_size' = 96 changes the model's parameters", "falcon"]),  # ffn_hidden_size
+    # Llama 4's repositories publish the multimodal config: the language model is its text_config
+    ({"model_type": "llama4", "text_config": HUB_CONFIGS["llama4-scout"]},
+     ["model_type 'llama4' is not supported (a multimodal config: its text_config, model_type 'llama4_text', is supported"]),
+    ({"model_type": "llama4", "text_config": {"model_type": ["llama4_text"]}},
+     ["model_type 'llama4' is not supported (a multimodal config: give its text model's config.json)"]),
+    (_with(HUB_CONFIGS["llama4-scout"], attention_chunk_size="8192"), ["'attention_chunk_size' must be an integer"]),
+    (_with(HUB_CONFIGS["llama4-scout"], no_rope_layers=[2] * 48), ["'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE)"]),
 ]
 
 

@@ -64,7 +64,12 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
     _decoder_only(cfg, mtype, origin)
     adapter = FAMILIES.get(mtype)
     if adapter is None:
-        hint = " (a multimodal config: give its text model's config.json)" if isinstance(cfg.get("text_config"), dict) else ""
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+        inner = text.get("model_type") if text is not None else None
+        hint = "" if text is None else " (a multimodal config: give its text model's config.json)"
+        if isinstance(inner, str) and inner in FAMILIES:  # Llama 4's repositories: the language model is text_config
+            hint = (f" (a multimodal config: its text_config, model_type {inner!r}, is supported: save that object as "
+                    "a config.json of its own to cost the language model)")
         raise ModelError(f"{origin}: model_type {mtype[:60]!r} is not supported{hint}; supported: {supported()}")
     c = Config(cfg, origin, mtype)
     fields = adapter(c)
