@@ -141,7 +141,8 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     """(forward, backward) GPU seconds of the attention core for ``tokens`` tokens on one TP rank. QK^T runs at the
     query/key width and PV at the value width (they differ under MLA): each GEMM at their mean. A fused kernel does
     the keys each query sees, (s + 1) / 2 causal, ~w under a sliding window of w, ~(c + 1) / 2 in chunks of c, at the
-    efficiency of its key span (s, w or c); eager attention computes every score of s x s before masking, windows or not."""
+    efficiency of its key span (s, w or c); eager attention computes every score of s x s before masking, windows
+    or not."""
     hw, s, layer = w.hw, w.seq_len, w.layer
     heads, d = layer.n_heads / tp, (layer.d_head + layer.v_head) / 2.0
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys

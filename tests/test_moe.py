@@ -163,16 +163,20 @@ def test_hf_trainer_runs_no_expert_parallelism():
 def test_hf_trainer_runs_each_routed_linear_as_one_grouped_gemm():
     """transformers 5.23's MoE families default to experts_implementation "grouped_mm" (modeling_utils.py
     get_correct_experts_implementation): one torch._grouped_mm per routed linear, as torchtitan and Megatron run them;
-    Megatron-DeepSpeed's experts are one GEMM each. Qwen3-30B-A3B's 128 experts: 128 kernels' fixed time apart."""
+    Megatron-DeepSpeed's and litgpt's experts are one GEMM each. Qwen3-30B-A3B's 128 experts: 128 kernels' fixed time
+    apart."""
     from advisor.workload import Workload
     from advisor.stack import load_stack
     from advisor.training import TrainingSetup
 
     model, hw = load_model("qwen3-30b-a3b"), load_hardware("dgx-h100")
     lin = next(x for x in model.layer.linears if x.copies > 1)
-    kernels = {name: expert.gemm_shape(Workload.of(model, hw, load_stack(name), TrainingSetup(seq_len=4096)), lin,
-                                        4096.0, 1, 1, 1)[3] for name in ("hf-trainer", "deepspeed", "megatron-deepspeed")}
-    assert kernels == {"hf-trainer": 1.0, "deepspeed": 1.0, "megatron-deepspeed": 128.0}
+    setup = TrainingSetup(seq_len=4096, precision="bf16")  # litgpt's tables are pure bf16's (bf16-true)
+    kernels = {name: expert.gemm_shape(Workload.of(model, hw, load_stack(name), setup), lin,
+                                        4096.0, 1, 1, 1)[3] for name in ("hf-trainer", "deepspeed", "megatron-deepspeed",
+                                                                          "litgpt")}
+    # litgpt's LLaMAMoE loops over its experts (litgpt 0.5.12 model.py): one GEMM each, as Megatron-DeepSpeed's
+    assert kernels == {"hf-trainer": 1.0, "deepspeed": 1.0, "megatron-deepspeed": 128.0, "litgpt": 128.0}
 
 
 def test_search_offers_ep_only_for_routed_models():
