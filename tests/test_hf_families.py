@@ -86,7 +86,7 @@ SMALL = {
 # 7.24B, Mixtral 46.7B, Qwen2.5 7.61B, Qwen3 8.19B, Qwen3-30B-A3B 30.5B, Gemma 2 9.24B, DeepSeek-V2-Lite 15.7B,
 # DeepSeek-V3 671B without its multi-token-prediction module, gpt-oss-120b 116.8B, Llama 4 Scout's and Maverick's
 # language models 107.8B and 400.7B of their 109B and 400B with the vision tower, 17B active; GLM-4.5-Air 106B,
-# MiniMax-M2 230B (229B), SmolLM3 3B (3.08B), Phi-3.5-MoE 42B (41.9B), ERNIE-4.5-21B-A3B 21.8B, GLM-4-9B 9.4B).
+# MiniMax-M2 230B (229B), SmolLM3 3B (3.08B), Phi-3.5-MoE 42B (41.9B), ERNIE-4.5-21B-A3B 21.8B, GLM-4-9B 9.4B, Qwen3-235B-A22B 235B, Kimi K2 1.03T (1T)).
 HUB_PARAMS = {
     "mistral-7b": 7_241_732_096, "mixtral-8x7b": 46_702_792_704, "qwen2.5-7b": 7_615_616_512,
     "qwen3-8b": 8_190_735_360, "qwen3-30b-a3b": 30_532_122_624, "gemma-2-9b": 9_241_705_984,
@@ -95,7 +95,8 @@ HUB_PARAMS = {
     "deepseek-v2-lite": 15_706_484_224, "deepseek-v3": 671_026_404_352, "gpt-oss-120b": 116_829_156_672,
     "llama4-scout": 107_769_861_120, "llama4-maverick": 400_711_848_960, "glm-4.5-air": 106_852_245_504,
     "minimax-m2": 228_689_748_992, "smollm3-3b": 3_075_098_624, "phi-3.5-moe": 41_873_153_344,
-    "ernie-4.5-21b-a3b": 21_825_437_888, "glm-4-9b": 9_400_279_040,
+    "ernie-4.5-21b-a3b": 21_825_437_888, "glm-4-9b": 9_400_279_040, "qwen3-235b-a22b": 235_093_634_560,
+    "kimi-k2": 1_026_408_209_408,
 }
 OWN_CONFIGS = {
     "bloom-176b": {  # bigscience/bloom: n_layer/n_head keys, once refused by advisor

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from advisor.model import ModelSpec, load_model
-from advisor.model.hf import model_from_hf_dict
 from advisor.parallel.pipeline import layout_fills
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
@@ -115,24 +114,6 @@ SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-n
 EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
 PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8"}
 
-# The two models the catalogue lacks, as their config.json on the Hugging Face hub gives them (the keys that change
-# cost; advisor.model.families reads them as it reads any config).
-QWEN3_235B = {  # Qwen/Qwen3-235B-A22B config.json
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False, "head_dim": 128,
-    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
-    "max_window_layers": 94, "mlp_only_layers": [], "moe_intermediate_size": 1536, "norm_topk_prob": True,
-    "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 94,
-    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "use_sliding_window": False,
-    "vocab_size": 151936, "decoder_sparse_step": 1}
-KIMI_K2 = {  # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3's architecture)
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
-    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
-    "kv_lora_rank": 512, "max_position_embeddings": 131072, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
-    "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 64,
-    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.827,
-    "tie_word_embeddings": False, "topk_group": 1, "v_head_dim": 128, "vocab_size": 163840}
-
 
 @lru_cache(maxsize=None)
 def moe_stack():
@@ -144,11 +125,9 @@ def moe_stack():
 
 @lru_cache(maxsize=None)
 def model_spec(name: str) -> ModelSpec:
-    catalogue = {"DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b"}
-    if name in catalogue:
-        return load_model(catalogue[name])
-    cfg = {"Qwen3_235B_a22B": (QWEN3_235B, "qwen3-235b-a22b"), "Kimi_K2": (KIMI_K2, "kimi-k2")}[name]
-    return model_from_hf_dict(cfg[0], cfg[1])
+    catalogue = {"DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b",
+                 "Qwen3_235B_a22B": "qwen3-235b-a22b", "Kimi_K2": "kimi-k2"}
+    return load_model(catalogue[name])
 
 
 MODELS = ("DeepSeekV3", "Qwen3_30B_a3B", "Qwen3_235B_a22B", "GPT OSS 120B", "Kimi_K2")

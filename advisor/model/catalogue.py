@@ -63,7 +63,7 @@ ALIASES = {
     "deepseek-v2-lite-base": "deepseek-v2-lite", "olmo-2-1124-7b": "olmo-2-7b", "phi-3-mini-4k": "phi-3-mini",
     "gpt-oss": "gpt-oss-120b", "llama-4-scout": "llama4-scout", "llama-4-scout-17b-16e": "llama4-scout",
     "llama-4-maverick": "llama4-maverick", "llama-4-maverick-17b-128e": "llama4-maverick", "glm-4.5-air-base": "glm-4.5-air",
-    "smollm3": "smollm3-3b", "phi-3.5-moe-instruct": "phi-3.5-moe",
+    "smollm3": "smollm3-3b", "phi-3.5-moe-instruct": "phi-3.5-moe", "kimi-k2-instruct": "kimi-k2",
 }
 
 

@@ -166,4 +166,19 @@ HUB_CONFIGS: dict[str, dict] = {
         "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 13696, "max_position_embeddings": 32768,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "partial_rotary_factor": 0.5,
         "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 151552},
+    "qwen3-235b-a22b": {  # Qwen/Qwen3-235B-A22B
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+        "max_window_layers": 94, "mlp_only_layers": [], "moe_intermediate_size": 1536, "norm_topk_prob": True,
+        "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 94,
+        "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "use_sliding_window": False,
+        "vocab_size": 151936, "decoder_sparse_step": 1},
+    "kimi-k2": {  # moonshotai/Kimi-K2-Instruct (DeepSeek-V3's architecture)
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
+        "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+        "kv_lora_rank": 512, "max_position_embeddings": 131072, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+        "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 64,
+        "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.827,
+        "tie_word_embeddings": False, "topk_group": 1, "v_head_dim": 128, "vocab_size": 163840},
 }
