@@ -77,6 +77,9 @@ SMALL = {
  "granitemoe": [dict(B, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, attention_bias=True, embedding_multiplier=12.0)],
  "granitemoeshared": [dict(B, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48),
                       dict(B, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)],
+ "arcee": [dict(B, num_key_value_heads=2, head_dim=24, attention_bias=True, mlp_bias=True), dict(B)],
+ "exaone4": [dict(B, num_hidden_layers=5, num_key_value_heads=2, sliding_window=16), dict(B, num_key_value_heads=2, head_dim=24, sliding_window=16, layer_types=["full_attention", "sliding_attention"])],
+ "dots1": [dict(B, num_hidden_layers=3, num_key_value_heads=2, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, attention_bias=True, sliding_window=16, max_window_layers=2)],
  "llama4_text": [dict(B, num_hidden_layers=6, num_key_value_heads=2, head_dim=24, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=2, moe_layers=[1, 2, 5], attention_bias=True, no_rope_layer_interval=3, attention_chunk_size=16),
                  dict(B, num_hidden_layers=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=4, interleave_moe_layer_step=2, use_qk_norm=False, tie_word_embeddings=True)],
 }

@@ -31,7 +31,7 @@ BAD = [
     ({"model_type": "bert", "hidden_size": 768}, ["model_type 'bert' is an encoder", "not a decoder-only", "llama"]),
     ({"model_type": "t5", "d_model": 512}, ["model_type 't5' is an encoder-decoder", "gpt_oss"]),
     (_with(LLAMA, is_encoder_decoder=True), ["is an encoder-decoder"]),
-    ({"model_type": "mamba", "hidden_size": 768}, ["model_type 'mamba' is not supported", "supported: bloom,", "qwen3_moe"]),
+    ({"model_type": "mamba", "hidden_size": 768}, ["model_type 'mamba' is not supported", "supported: arcee, bloom,", "qwen3_moe"]),
     ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, ["'gemma3' is not supported", "multimodal",
                                                                                "gemma3_text"]),
     ({key: v for key, v in LLAMA.items() if key != "model_type"}, ["lacks 'model_type'", "supported: "]),

@@ -22,11 +22,12 @@ FAMILIES: dict[str, Callable[[Config], dict]] = {
     "llama": llama.llama, "mistral": llama.mistral, "qwen2": llama.qwen2, "qwen3": llama.qwen3, "phi3": llama.phi3,
     "olmo": llama.olmo, "olmo2": llama.olmo2, "olmo3": llama.olmo3, "granite": llama.granite, "cohere": llama.cohere,
     "smollm3": llama.smollm3, "seed_oss": llama.seed_oss, "cohere2": llama.cohere2, "glm4": llama.glm4,
+    "arcee": llama.arcee, "exaone4": llama.exaone4,
     "gemma": gemma.gemma, "gemma2": gemma.gemma2, "gemma3_text": gemma.gemma3_text,
     "mixtral": moe.mixtral, "qwen2_moe": moe.qwen2_moe, "qwen3_moe": moe.qwen3_moe, "olmoe": moe.olmoe,
     "deepseek_v2": moe.deepseek_v2, "deepseek_v3": moe.deepseek_v3, "gpt_oss": moe.gpt_oss,
     "llama4_text": moe.llama4_text, "glm4_moe": moe.glm4_moe, "minimax_m2": moe.minimax_m2, "phimoe": moe.phimoe,
-    "ernie4_5_moe": moe.ernie4_5_moe, "granitemoe": moe.granitemoe, "granitemoeshared": moe.granitemoe,
+    "ernie4_5_moe": moe.ernie4_5_moe, "granitemoe": moe.granitemoe, "granitemoeshared": moe.granitemoe, "dots1": moe.dots1,
 }
 
 ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "camembert",

@@ -20,17 +20,17 @@ def gated(c: Config, key: str = "hidden_act", default: str = "silu") -> MLPKind:
 
 
 def llama_base(c: Config, *, kv: Optional[int] = None, head_dim: Optional[int] = None, tied: bool = False,
-               max_positions: int = 2048, act_key: str = "hidden_act", act: str = "silu") -> dict:
+               max_positions: int = 2048, act_key: str = "hidden_act", act: str = "silu", gate: bool = True) -> dict:
     """The keys Llama's config.json and its descendants share: a gated MLP, RMSNorm, rotary positions, no biases.
     ``kv`` and ``head_dim`` are the family's defaults where the keys are absent (None: the head count, and
-    hidden_size / heads)."""
+    hidden_size / heads); ``gate=False``: an up and a down projection around any activation (Arcee)."""
     heads = c.int("num_attention_heads")
     return dict(
         n_layers=c.int("num_hidden_layers"), d_model=c.int("hidden_size"), n_heads=heads,
         n_kv_heads=c.int("num_key_value_heads", default=kv or heads), head_dim=c.int("head_dim", default=head_dim),
         d_ff=c.int("intermediate_size"), vocab=c.int("vocab_size"),
         max_positions=c.int("max_position_embeddings", default=max_positions),
-        mlp=gated(c, act_key, act), norm=NormKind.rmsnorm, position=PositionKind.rotary,
+        mlp=gated(c, act_key, act) if gate else MLPKind.gelu, norm=NormKind.rmsnorm, position=PositionKind.rotary,
         tied_embeddings=c.bool("tie_word_embeddings", tied), linear_bias=False)
 
 

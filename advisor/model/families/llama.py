@@ -10,7 +10,8 @@ scaling multipliers, no parameters), Cohere (a parallel block with one weight-on
 SmolLM3 (Llama with a NoPE layer every no_rope_layer_interval-th: RoPE has no parameters; sliding windows on the NoPE
 layers when use_sliding_window), Seed-OSS (biases on q, k, v, and on o and the MLP where attention_out_bias and
 mlp_bias say), Cohere 2 (Cohere's parallel block, sliding windows on three layers of four and RoPE on those only),
-GLM-4 (Gemma 2's four norms a layer around GQA with q/k/v biases).
+GLM-4 (Gemma 2's four norms a layer around GQA with q/k/v biases), Arcee (an ungated MLP, up and down around ReLU^2), EXAONE 4 (norms after attention and MLP, per-head q/k norms,
+sliding windows on three layers of four and RoPE on those only).
 """
 
 from __future__ import annotations
@@ -135,3 +136,26 @@ def glm4(c: Config) -> dict:
     q/k/v biased by attention_bias, o never; gate and up fused (the same parameters)."""
     d = llama_base(c, kv=2, head_dim=128, max_positions=131072)
     return {**d, "qkv_bias": c.bool("attention_bias", True), "norms_per_layer": 4}
+
+
+def arcee(c: Config) -> dict:
+    """transformers modeling_arcee.py: up_proj, activation (relu2 by default), down_proj, no gate; attention_bias on
+    q, k, v and o; mlp_bias."""
+    d = llama_base(c, gate=False, max_positions=4096)
+    c.str("hidden_act", "relu2")  # any activation: the same two linears
+    return {**d, **attention_bias(c), "mlp_bias": c.bool("mlp_bias", False)}
+
+
+def exaone4(c: Config) -> dict:
+    """transformers modeling_exaone4.py: post-attention and post-feed-forward RMSNorms only (as OLMo 2), per-head q/k
+    norms; with a sliding_window, layer_types (default: every sliding_window_pattern-th layer full) picks the mask
+    and only the sliding layers apply RoPE ("global NoPE"); without one, every layer is full with RoPE."""
+    d = llama_base(c, max_positions=2048)
+    n, window = d["n_layers"], c.nullable_int("sliding_window", 4096)
+    if window is None:
+        return {**d, "qk_norm": QKNorm.head}
+    pattern = c.int("sliding_window_pattern", default=4)
+    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    windows = typed_windows(c, n, window, default)
+    return {**d, "qk_norm": QKNorm.head, "layer_runs": runs(windows),
+            "nope_layers": tuple(i for i, w in enumerate(windows) if w is None)}

@@ -15,7 +15,8 @@ experts and dense first layers on GQA attention with biases on q, k, v, optional
 (num_local_experts experts of intermediate_size, q/k norms over the whole projections), PhiMoE (Mixtral's experts under
 LayerNorms with biases, attention_bias on q, k, v and o, lm_head_bias), ERNIE 4.5 (DeepSeek-style shared experts
 and dense layers outside moe_layer_start_index..moe_layer_end_index, use_bias on every linear but the experts, the
-router's score-correction bias a parameter), Granite MoE (Mixtral-like; its shared variant adds one shared MLP).
+router's score-correction bias a parameter), Granite MoE (Mixtral-like; its shared variant adds one shared MLP),
+dots.llm1 (dots1: DeepSeek-V3's experts on GQA attention with per-head q/k norms).
 """
 
 from __future__ import annotations
@@ -236,3 +237,18 @@ def granitemoe(c: Config) -> dict:
     shared = c.int("shared_intermediate_size", default=0, minimum=0) if c.family == "granitemoeshared" else 0
     d["experts"] = _experts(c, c.int("num_local_experts", default=8), 2, d["d_ff"], d_ff_shared=shared)
     return d
+
+
+def dots1(c: Config) -> dict:
+    """transformers modeling_dots1.py: q, k, v and o biased by attention_bias, per-head q/k RMSNorms; layers from
+    first_k_dense_replace on route to n_routed_experts of moe_intermediate_size beside n_shared_experts as one MLP (the
+    router's e_score_correction_bias a buffer); sliding windows from max_window_layers on (layer_types)."""
+    d = llama_base(c, max_positions=2048)
+    n, moe_ff = d["n_layers"], c.int("moe_intermediate_size", default=1408)
+    d.update(attention_bias(c), qk_norm=QKNorm.head)
+    d["experts"] = _experts(c, c.int("n_routed_experts"), 8, moe_ff, groups=c.int("n_group", default=1),
+                            d_ff_shared=moe_ff * c.int("n_shared_experts", minimum=0), group_topk=c.int("topk_group", default=1))
+    window, first_window = c.nullable_int("sliding_window", 4096), c.int("max_window_layers", default=62, minimum=0)
+    default = ["sliding_attention" if window is not None and i >= first_window else "full_attention" for i in range(n)]
+    first = c.int("first_k_dense_replace", default=0, minimum=0)
+    return _with_runs(d, typed_windows(c, n, window, default), [i < first for i in range(n)])
