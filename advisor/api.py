@@ -23,7 +23,7 @@ from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import evaluate
 from advisor.training import Precision, Recompute, TrainingSetup
-from advisor.workload import Workload, runs_model, stack_runs, why_not
+from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not
 
 # ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
 # export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
@@ -225,8 +225,7 @@ def build_inputs(model, hw, **given):
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    if setup.stack == "auto":  # the choice is recorded, so that the setup names the stack it was costed in
-        setup = setup.model_copy(update={"stack": resolved.name})
+    setup = stack_setup(setup, resolved)  # the stack auto chose, and its default optimizer where none was asked
     return spec, hardware, resolved, plan, setup, world
 
 
@@ -265,7 +264,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              zero: Optional[int] = None, fsdp: Optional[str] = None, sp: Optional[bool] = None, schedule: str = "1f1b",
              virtual_stages: Optional[int] = None, micro_batch: int = 1, global_batch: Optional[int] = None,
              grad_accum: Optional[int] = None, seq: Optional[int] = None, precision: Optional[str] = None,
-             attention: str = "sdpa", recompute: str = "none", optimizer: str = "adamw",
+             attention: str = "sdpa", recompute: str = "none", optimizer: Optional[str] = None,
              overlap_grad_reduce: Optional[bool] = None, data_parallel: str = "ddp", stack: Union[str, Stack] = "auto",
              allow_tp_across_nodes: bool = False, recompute_layers: int = 1, recompute_modules: Optional[str] = None,
              offload: str = "none", method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,

@@ -49,7 +49,8 @@ def common_plan_options(f):
                           "nvfp4 (Transformer Engine, torchao and Megatron names accepted); plan also takes auto "
                           "[default: bf16-mixed where the GPU has bf16, else fp16-mixed]"),
         click.option("--attention", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True),
-        click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default="adamw", show_default=True),
+        click.option("--optimizer", type=click.Choice(["adamw", "adamw-fused", "sgd"]), default=None,
+                     help="AdamW's foreach step, the fused one, or SGD  [default: the stack's, `advisor stacks show`]"),
         click.option("--stack", default="auto", show_default=True,
                      help="training stack profile (advisor stacks) or a path to one; auto: hf-trainer for data-parallel "
                           "plans of a model that fits one GPU, megatron-core for the rest where it builds the model "

@@ -137,8 +137,8 @@ class QuantisedInputs(Spec):
 class Engine(Spec):
     """How the training engine holds, reduces and gathers model states, and when it synchronises."""
 
-    master_weights: Literal["always", "with_zero"] = Field(
-        description="fp32 master weights beside half-precision weights and gradients: always, or only under ZeRO")
+    master_weights: Literal["always", "with_zero", "with_shards"] = Field(
+        description="fp32 masters beside half weights and gradients: always, under ZeRO, or under ZeRO with ranks to shard")
     gradient_reduction: Literal["one_call", "buckets"] = Field(
         description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
     bucket_MiB: float = Field(gt=0, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
@@ -244,8 +244,8 @@ class Engine(Spec):
         "in training (both orientations), per recipe where its kernels are not the recipe's own (advisor.precision "
         "quantise_bytes: Transformer Engine's), e.g. torchao's MXFP8, which casts along each dimension in its own kernel")
     optimizers: list[Literal["adamw", "adamw-fused", "sgd"]] = Field(
-        default_factory=lambda: ["adamw", "adamw-fused", "sgd"], description="the optimizers it trains with (advisor's "
-        "--optimizer names); another is refused in one line")
+        default_factory=lambda: ["adamw", "adamw-fused", "sgd"], description="the optimizers it trains with, its default "
+        "first (advisor's --optimizer names); another is refused in one line")
     nf4_dequant_dtype: Literal["compute", "fp16"] = Field(
         default="compute", description="the dtype bitsandbytes dequantises an NF4 weight into: the compute dtype "
         "(bitsandbytes >= 0.42 keeps the weight's own dtype in its quant state), or fp16 then cast to the compute dtype "

@@ -69,7 +69,7 @@ class Common(_Options):
     global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000_000)
     precision: Optional[str] = None
     attention: str = "sdpa"
-    optimizer: str = "adamw"
+    optimizer: Optional[str] = None  # None: the stack's default (engine.optimizers, its default first)
     stack: Union[str, Any] = "auto"
     allow_tp_across_nodes: bool = False
     # fine-tuning (advisor.finetune): the method and its adapters

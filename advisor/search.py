@@ -34,12 +34,12 @@ from advisor.space import (MAX_CANDIDATES, block_layers, count_candidates, defau
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
-from advisor.workload import Workload, stack_runs
+from advisor.workload import Workload, stack_runs, stack_setup
 
 
 def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int] = None,
          global_batch: Optional[int] = None, precision: Optional[str] = None, attention: str = "sdpa",
-         optimizer: str = "adamw", stack="auto", memory_headroom: float = DEFAULT_HEADROOM, objective: str = "time",
+         optimizer: Optional[str] = None, stack="auto", memory_headroom: float = DEFAULT_HEADROOM, objective: str = "time",
          top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
@@ -90,14 +90,12 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
     else:
         stacks = [chosen]
-    setups = {st.name: setup.model_copy(update={"stack": st.name}) if setup.stack in ("auto", "any") else setup
-              for st in stacks}
+    setups = {st.name: stack_setup(setup, st) for st in stacks}  # each names its stack and runs its default optimizer
     one = _one_gpu_stack(o, spec, hardware, setup, worlds)
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds
              if w > 1 or one is None]
     if one is not None:
-        found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, setup.model_copy(
-            update={"stack": one.name})), 1, o, None))
+        found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, stack_setup(setup, one)), 1, o, None))
         stacks += [] if any(st.name == one.name for st in stacks) else [one]
     stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
     ft = setup.finetune

@@ -93,6 +93,8 @@ class Evaluation:
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
     """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised). Where the stack's FSDP
     runs the layers in half precision (Workload.fsdp_variant), its ZeRO-2/3 plans are costed with those tables."""
+    if w.stack.engine.master_weights == "with_shards":  # ZeRO without ranks to shard over is no ZeRO (torchtitan: no
+        c = replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), 0, c.zero))  # FSDP2 at dp_shard x cp 1, autocast)
     alt = w.fsdp_variant()
     fsdp = (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
     if not fsdp.any():

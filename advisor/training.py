@@ -126,7 +126,7 @@ class TrainingSetup(Spec):
     global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000_000)
     grad_accum: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     precision: Precision = Precision.bf16_mixed
-    optimizer: Optimizer = Optimizer.adamw
+    optimizer: Optional[Optimizer] = None  # None: the stack's default, the first of its engine.optimizers
     attention: Attention = Attention.sdpa
     recompute: Recompute = Recompute.none
     recompute_layers: int = Field(default=1, ge=1, le=100_000, description=(

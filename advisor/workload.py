@@ -82,7 +82,7 @@ class Workload:
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
                 tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer))
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
-        return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, setup.optimizer, layer,
+        return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
                    tp_overlap_choice(stack, setup, hw))
@@ -223,6 +223,16 @@ def lacked(stack, model: ModelSpec) -> list[str]:
     return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]()))
 
 
+def stack_setup(setup: TrainingSetup, stack) -> TrainingSetup:
+    """The setup as the stack runs it: the stack named where auto or any chose it, and its default optimizer (the first
+    of engine.optimizers: transformers 5.23's adamw_torch_fused, torchtitan's "fused", Megatron's FusedAdam; torch's
+    foreach AdamW in litgpt, llm-foundry, nanotron) where none was asked."""
+    update = {"stack": stack.name} if setup.stack in ("auto", "any") else {}
+    if setup.optimizer is None:
+        update["optimizer"] = Optimizer(stack.engine.optimizers[0])
+    return setup.model_copy(update=update) if update else setup
+
+
 def runs_model(stack, model: ModelSpec) -> bool:
     """Whether the stack's model code builds the model's decoder (engine.lacks)."""
     return not lacked(stack, model)
@@ -286,7 +296,7 @@ def trains_in(stack, setup) -> None:
     if held is not None and setup.precision.value not in held:
         raise StackError(f"stack {stack.name} does not train in {setup.precision.value} (it trains in "
                          f"{', '.join(held)}): use --precision {held[0]} or another --stack")
-    if setup.optimizer.value not in optimizers:
+    if setup.optimizer is not None and setup.optimizer.value not in optimizers:
         raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
                          f"{', '.join(optimizers)}): use --optimizer {optimizers[0]}")
 

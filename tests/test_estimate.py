@@ -25,7 +25,8 @@ def test_issue_example_json_matches_api():
     data = json.loads(res.output)
     assert JSON_KEYS <= set(data)
     assert data["params"] == 1_557_611_200
-    api = estimate(model="gpt2-xl", hw="dgx-h100", gpus=1, micro_batch=4, seq=1024, precision="bf16-mixed")
+    api = estimate(model="gpt2-xl", hw="dgx-h100", gpus=1, micro_batch=4, seq=1024, precision="bf16-mixed",
+                   optimizer="adamw")
     assert api.model_dump() == data
 
 

@@ -25,6 +25,8 @@ from advisor.hardware import load_hardware
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.model import llama_like, load_model
 from advisor.training import TrainingSetup
+from advisor.stack import load_stack
+from advisor.workload import stack_setup
 
 H100 = "dgx-h100"
 TINY = llama_like("tiny-llama", 2, 64, 4, 2, 256, 1024, 256, tied=True)  # GQA, tied head: what the Playbook sweeps
@@ -46,6 +48,7 @@ def _inputs(case: str, plan_kw: dict | None = None, setup_kw: dict | None = None
     s = {**s, **(setup_kw or {})}
     ft = {k: s.pop(k) for k in list(s) if k in FineTune.model_fields}
     plan, setup = Plan(**{**p, **(plan_kw or {})}), TrainingSetup(**s, finetune=FineTune(**ft))
+    setup = stack_setup(setup, load_stack("nanotron"))  # its default optimizer, torch's AdamW, where none is asked
     grad_accum, err = resolve_grad_accum(setup, plan)
     assert err is None
     return load_model(model or name), load_hardware(H100), plan, setup, grad_accum, plan.world_size

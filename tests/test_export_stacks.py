@@ -36,6 +36,7 @@ from advisor.layout import Plan, resolve_grad_accum
 from advisor.model import load_model
 from advisor.stack import list_stacks, load_stack, stack_from_yaml
 from advisor.training import TrainingSetup
+from advisor.workload import stack_setup
 
 
 def inputs(model, hw, world, plan_kw, setup_kw):
@@ -237,7 +238,8 @@ def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):
         assert kinds == {k: n for k, n in want.items() if n}
     else:
         assert set(kinds) == {"Linear.Config"}
-    assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
+    opt = stack_setup(setup, load_stack("torchtitan")).optimizer.value  # asked, else the stack's default (fused)
+    assert cfg.optimizer.implementation == {"adamw": "foreach", "adamw-fused": "fused"}[opt]
     assert p.fsdp_reshard_after_forward == ("never" if plan.zero == 2 else "default")
     if model.routed:
         assert p.expert_parallel_degree == plan.ep
@@ -405,7 +407,8 @@ def test_torchtitan_toml_parsed_by_torchtitan_022(tmp_path):
         assert g["dtypes"] == ["bfloat16" if setup.precision.value == "bf16" else "float32",
                                "float32" if setup.precision.value == "fp32" else "bfloat16"]
         assert g["async_tp"] == g["compile"] == (setup.tp_overlap == "async")
-        assert g["optimizer"] == {"adamw": "foreach", "adamw-fused": "fused"}[setup.optimizer.value]
+        opt = stack_setup(setup, load_stack("torchtitan-0.2")).optimizer.value  # asked, else 0.2.2's default (fused)
+        assert g["optimizer"] == {"adamw": "foreach", "adamw-fused": "fused"}[opt]
         recipe = RECIPE_NAMES.get(setup.precision.value)
         if recipe is None:
             assert g["converters"] == []

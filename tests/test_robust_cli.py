@@ -127,7 +127,7 @@ BAD_OPTIONS = [
       "fp8-delayed)"]),
     # torchtitan 0.3.0 builds Adam, AdamW and DistMuon only (components/optimizer/optimizer.py)
     (["plan", "--model", "llama3-8b", *P[3:], "--stack", "torchtitan", "--optimizer", "sgd"],
-     ["stack torchtitan does not train with sgd (it trains with adamw, adamw-fused): use --optimizer adamw"]),
+     ["stack torchtitan does not train with sgd (it trains with adamw-fused, adamw): use --optimizer adamw-fused"]),
     ([*E, "--moe-dispatcher", "flex", "--moe-capacity-factor", "1.25"],
      ["--moe-capacity-factor, --moe-dispatcher: gpt2 has no routed experts (a dense model): drop them"]),
     (["export", *X[1:5], "--stack", "torchtitan", "--format", "megatron"], ["stack torchtitan does not launch megatron"]),

@@ -147,3 +147,31 @@ def test_megatron_cores_lora_takes_fused_modules_only():
         assert "\n" not in str(err.value)
     assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, method="lora", lora_targets="qkv,o,gate,up,down",
                     stack="megatron-core").step_time_s > 0
+
+
+@pytest.mark.parametrize("stack, optimizer", [("hf-trainer", "adamw-fused"), ("deepspeed", "adamw-fused"),
+                                              ("torchtitan", "adamw-fused"), ("torchtitan-0.2", "adamw-fused"),
+                                              ("megatron-core", "adamw-fused"), ("litgpt", "adamw"),
+                                              ("llm-foundry", "adamw"), ("nanotron", "adamw")])
+def test_the_optimizer_defaults_to_the_stacks_own(stack, optimizer):
+    """transformers 5.23's TrainingArguments.optim is adamw_torch_fused with torch >= 2.8 (DeepSpeed's JSON AdamW builds
+    its FusedAdam), torchtitan's optimizer.implementation "fused" (0.2.2 and 0.3.0), Megatron's --optimizer adam apex /
+    Transformer Engine's FusedAdam; litgpt, llm-foundry and nanotron build torch's AdamW (foreach on CUDA). Asked for,
+    --optimizer wins; the export writes what was costed."""
+    kw = dict(gpus=8, dp=8, zero=3 if stack != "nanotron" else 1, seq=2048,
+              recompute="full" if stack != "nanotron" else "none", precision="bf16" if stack == "litgpt" else "bf16-mixed")
+    model = "llama3-8b" if stack not in ("llm-foundry",) else "mpt-7b"
+    default = estimate(model=model, hw="dgx-h100", stack=stack, **kw)
+    assert default.setup.optimizer.value == optimizer
+    other = "adamw" if optimizer == "adamw-fused" else "adamw-fused"
+    asked = estimate(model=model, hw="dgx-h100", stack=stack, optimizer=other, **kw)
+    assert asked.setup.optimizer.value == other
+    assert (asked.breakdown["optimizer"] > default.breakdown["optimizer"]) == (other == "adamw")  # foreach is slower
+    if stack == "torchtitan-0.2":
+        from advisor.export import export
+        from advisor.hardware import load_hardware
+        from advisor.model import load_model
+
+        out = export("torchtitan-toml", load_model(model), load_hardware("dgx-h100"), default.plan, default.setup,
+                     default.grad_accum, default.world_size, stack)
+        assert 'implementation = "fused"' in out.text

@@ -60,6 +60,7 @@ from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
 from advisor.stack import Stack, list_stacks, load_stack
+from advisor.workload import stack_setup
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
@@ -159,6 +160,7 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
     ``setup.stack``); ExportError, one line, if the stack does not launch that format or the format cannot express
     the plan (without a format: the usual one's reason, when none of them can)."""
     stack_, first = resolve_launch(kind, setup.stack if stack is None else stack)
+    setup = stack_setup(setup, stack_)  # the stack's default optimizer where none was asked, as it was costed
     args = (model, hw, plan, setup, grad_accum, world_size, stack_)
     if kind is None:  # e.g. hf-trainer's DeepSpeed ZeRO-Offload plan: accelerate cannot, deepspeed can
         out, reason = _first_written(launch_formats(stack_), *args)
