@@ -12,6 +12,14 @@ what is kept here (the vision tower and projector are not a decoder-only model's
 from __future__ import annotations
 
 _GPT_OSS_TYPES = ["sliding_attention", "full_attention"] * 18
+# what Llama 4 Scout's and Maverick's text_config share
+_LLAMA4_TEXT = {
+    "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
+    "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+    "intermediate_size": 8192, "intermediate_size_mlp": 16384, "no_rope_layers": [], "num_attention_heads": 40,
+    "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "tie_word_embeddings": False,
+    "vocab_size": 202048}
 
 HUB_CONFIGS: dict[str, dict] = {
     "mistral-7b": {  # mistralai/Mistral-7B-v0.1
@@ -111,22 +119,12 @@ HUB_CONFIGS: dict[str, dict] = {
         "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128, "rms_norm_eps": 1e-05,
         "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
         "vocab_size": 201088},
-    "llama4-scout": {  # meta-llama/Llama-4-Scout-17B-16E, config.json text_config
-        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
-        "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu",
-        "hidden_size": 5120, "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
-        "max_position_embeddings": 10485760, "no_rope_layers": [], "num_attention_heads": 40,
-        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 16,
-        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
-        "tie_word_embeddings": False, "use_qk_norm": True, "vocab_size": 202048},
-    "llama4-maverick": {  # meta-llama/Llama-4-Maverick-17B-128E, config.json text_config
-        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
-        "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu",
-        "hidden_size": 5120, "interleave_moe_layer_step": 2, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
-        "max_position_embeddings": 1048576, "no_rope_layers": [], "num_attention_heads": 40,
-        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 128,
-        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
-        "tie_word_embeddings": False, "use_qk_norm": False, "vocab_size": 202048},
+    # meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E, config.json text_config: one shape, 16 or 128
+    # experts, every layer or every second one MoE, q/k norms or none, the context they publish
+    "llama4-scout": {**_LLAMA4_TEXT, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760,
+                     "num_local_experts": 16, "use_qk_norm": True},
+    "llama4-maverick": {**_LLAMA4_TEXT, "interleave_moe_layer_step": 2, "max_position_embeddings": 1048576,
+                        "num_local_experts": 128, "use_qk_norm": False},
     "glm-4.5-air": {  # zai-org/GLM-4.5-Air (106B total, 12B active: its model card)
         "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True,
         "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,

@@ -46,7 +46,8 @@ CHANGES_PARAMETERS = (
     "qk_layernorm", "use_qk_norm", "qk_norm", "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias",
     "parallel_attn", "use_parallel_residual", "new_decoder_architecture", "num_ln_in_parallel_attn", "head_dim",
     "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query", "n_inner", "ffn_hidden_size",
-    "intermediate_size", "intermediate_size_mlp", "moe_layers", "interleave_moe_layer_step", "text_config", "vision_config", "audio_config", "attn_config",
+    "intermediate_size", "intermediate_size_mlp", "moe_layers", "interleave_moe_layer_step", "text_config",
+    "vision_config", "audio_config", "attn_config",
 )
 
 

@@ -40,31 +40,31 @@ def attention_bias(c: Config, default: bool = False) -> dict:
     return dict(qkv_bias=bias, out_bias=bias)
 
 
-def runs(windows: list[Optional[int]], dense: Optional[list[bool]] = None) -> tuple[dict, ...]:
-    """Per-layer windows (and dense flags) as runs of alike consecutive layers; () where every layer is global
-    and none is dense, the ModelSpec default."""
-    dense = dense or [False] * len(windows)
-    if all(w is None for w in windows) and not any(dense):
+def runs(spans: list[Optional[int]], dense: Optional[list[bool]] = None, key: str = "window") -> tuple[dict, ...]:
+    """Per-layer attention spans (sliding windows; ``key="chunk"``: Llama 4's chunks; None: every earlier key) and
+    dense flags as runs of alike consecutive layers; () where every layer is global and none is dense, the ModelSpec
+    default."""
+    dense = dense or [False] * len(spans)
+    if all(w is None for w in spans) and not any(dense):
         return ()
     out: list[dict] = []
-    for w, d in zip(windows, dense):
-        if out and out[-1]["window"] == w and out[-1]["dense"] == d:
+    for w, d in zip(spans, dense):
+        if out and out[-1][key] == w and out[-1]["dense"] == d:
             out[-1]["count"] += 1
         else:
-            out.append({"count": 1, "window": w, "dense": d})
+            out.append({"count": 1, key: w, "dense": d})
     return tuple(out)
 
 
-def runs_of(types: list[str], chunk: Optional[int], dense: list[bool]) -> tuple[dict, ...]:
-    """Llama 4's layers as runs: chunks of ``chunk`` on its chunked_attention layers, every earlier key on the rest."""
-    out: list[dict] = []
-    for t, d in zip(types, dense):
-        c = chunk if t == "chunked_attention" else None
-        if out and out[-1]["chunk"] == c and out[-1]["dense"] == d:
-            out[-1]["count"] += 1
-        else:
-            out.append({"count": 1, "chunk": c, "dense": d})
-    return tuple(out)
+def rope_layers(c: Config, n_layers: int) -> list[int]:
+    """Llama 4's and SmolLM3's ``no_rope_layers``: 1 where a layer applies RoPE, 0 where it does not (NoPE); absent
+    or empty, a NoPE layer every no_rope_layer_interval-th (transformers' configuration_llama4.py / _smollm3.py)."""
+    interval = c.int("no_rope_layer_interval", default=4)
+    rope = c.list("no_rope_layers", int) or [int((i + 1) % interval != 0) for i in range(n_layers)]
+    if len(rope) != n_layers or any(r not in (0, 1) for r in rope):
+        raise c.error(f"'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE) for each of the {n_layers} layers, not "
+                      f"{rope[:4]}...")
+    return rope
 
 
 def typed_windows(c: Config, n_layers: int, window: Optional[int], default: list[str]) -> list[Optional[int]]:

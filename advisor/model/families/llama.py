@@ -10,13 +10,16 @@ scaling multipliers, no parameters), Cohere (a parallel block with one weight-on
 SmolLM3 (Llama with a NoPE layer every no_rope_layer_interval-th: RoPE has no parameters; sliding windows on the NoPE
 layers when use_sliding_window), Seed-OSS (biases on q, k, v, and on o and the MLP where attention_out_bias and
 mlp_bias say), Cohere 2 (Cohere's parallel block, sliding windows on three layers of four and RoPE on those only),
-GLM-4 (Gemma 2's four norms a layer around GQA with q/k/v biases), Arcee (an ungated MLP, up and down around ReLU^2), EXAONE 4 (norms after attention and MLP, per-head q/k norms,
-sliding windows on three layers of four and RoPE on those only).
+GLM-4 (Gemma 2's four norms a layer around GQA with q/k/v biases), Arcee (an ungated MLP, up and down around
+ReLU^2), EXAONE 4 (norms after attention and MLP, per-head q/k norms, sliding windows on three layers of four and RoPE
+on those only).
 """
 
 from __future__ import annotations
 
-from advisor.model.families._common import attention_bias, llama_base, runs, typed_windows
+from typing import Optional
+
+from advisor.model.families._common import attention_bias, llama_base, rope_layers, runs, typed_windows
 from advisor.model.families._config import Config
 from advisor.model.layer import NormKind
 from advisor.model.spec import QKNorm
@@ -95,14 +98,11 @@ def smollm3(c: Config) -> dict:
     drops RoPE there; with use_sliding_window and a sliding_window, the NoPE layers are the sliding ones."""
     d = {**llama_base(c, kv=4, tied=True, max_positions=32768), **attention_bias(c), "mlp_bias": c.bool("mlp_bias", False)}
     n = d["n_layers"]
-    interval = c.int("no_rope_layer_interval", default=4)
-    rope = c.list("no_rope_layers", int, n) or [int((i + 1) % interval != 0) for i in range(n)]
+    rope = rope_layers(c, n)
     window = c.nullable_int("sliding_window", None)
     use = c.bool("use_sliding_window", False)
     default = ["sliding_attention" if use and window is not None and not r else "full_attention" for r in rope]
     types = typed_windows(c, n, window, default)
-    if any(r not in (0, 1) for r in rope):
-        raise c.error(f"'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE) for each layer, not {rope[:4]}...")
     return {**d, "layer_runs": runs([w if use else None for w in types]),
             "nope_layers": tuple(i for i, r in enumerate(rope) if not r)}
 
@@ -123,12 +123,8 @@ def cohere2(c: Config) -> dict:
         c.expect("head_dim", d["head_dim"], hidden // heads, f"Cohere2Config sets it to hidden_size / heads ({hidden // heads})")
         d["head_dim"] = None
     c.float("logit_scale", None)  # scales the logits: no parameters
-    n, pattern = d["n_layers"], c.int("sliding_window_pattern", default=4)
-    window = c.nullable_int("sliding_window", 4096)
-    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    windows = typed_windows(c, n, window, default)
     return {**d, **attention_bias(c), "norm": NormKind.layernorm_nobias, "parallel_block": True, "norms_per_layer": 1,
-            "layer_runs": runs(windows), "nope_layers": tuple(i for i, w in enumerate(windows) if w is None)}
+            **_sliding_with_global_nope(c, d["n_layers"], c.nullable_int("sliding_window", 4096))}
 
 
 def glm4(c: Config) -> dict:
@@ -151,11 +147,16 @@ def exaone4(c: Config) -> dict:
     norms; with a sliding_window, layer_types (default: every sliding_window_pattern-th layer full) picks the mask
     and only the sliding layers apply RoPE ("global NoPE"); without one, every layer is full with RoPE."""
     d = llama_base(c, max_positions=2048)
-    n, window = d["n_layers"], c.nullable_int("sliding_window", 4096)
+    window = c.nullable_int("sliding_window", 4096)
     if window is None:
         return {**d, "qk_norm": QKNorm.head}
+    return {**d, "qk_norm": QKNorm.head, **_sliding_with_global_nope(c, d["n_layers"], window)}
+
+
+def _sliding_with_global_nope(c: Config, n: int, window: Optional[int]) -> dict:
+    """Cohere 2's and EXAONE 4's layers: ``layer_types`` (default: every sliding_window_pattern-th layer full, the
+    others sliding) picks each mask, and only the sliding layers apply RoPE: the full ones are NoPE."""
     pattern = c.int("sliding_window_pattern", default=4)
     default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     windows = typed_windows(c, n, window, default)
-    return {**d, "qk_norm": QKNorm.head, "layer_runs": runs(windows),
-            "nope_layers": tuple(i for i, w in enumerate(windows) if w is None)}
+    return {"layer_runs": runs(windows), "nope_layers": tuple(i for i, w in enumerate(windows) if w is None)}

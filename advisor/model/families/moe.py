@@ -21,7 +21,7 @@ dots.llm1 (dots1: DeepSeek-V3's experts on GQA attention with per-head q/k norms
 
 from __future__ import annotations
 
-from advisor.model.families._common import attention_bias, dense_layers, llama_base, runs, runs_of, typed_windows
+from advisor.model.families._common import attention_bias, dense_layers, llama_base, rope_layers, runs, typed_windows
 from advisor.model.families._config import Config
 from advisor.model.families.llama import qwen_windows
 from advisor.model.spec import PositionKind, QKNorm
@@ -35,10 +35,10 @@ def _experts(c: Config, n: int, k_default: int, d_ff: int, **extra) -> dict:
     return dict(n_experts=max(n, 1), experts_per_token=k if n else 1, d_ff_expert=d_ff, **extra)
 
 
-def _with_runs(d: dict, windows: list, dense: list[bool]) -> dict:
-    d["layer_runs"] = runs(windows, dense)
+def _with_runs(d: dict, spans: list, dense: list[bool], key: str = "window") -> dict:
+    d["layer_runs"] = runs(spans, dense, key)
     if all(dense):  # no layer routes: a dense model
-        d["experts"], d["layer_runs"] = None, runs(windows)
+        d["experts"], d["layer_runs"] = None, runs(spans, key=key)
     return d
 
 
@@ -152,10 +152,7 @@ def llama4_text(c: Config) -> dict:
     moe = list(range(step - 1, n, step)) if moe is None else moe
     if any(not 0 <= i < n for i in moe):
         raise c.error(f"'moe_layers' holds {[i for i in moe if not 0 <= i < n][:3]}: layer indices run from 0 to {n - 1}")
-    interval = c.int("no_rope_layer_interval", default=4)
-    rope = c.list("no_rope_layers", int, None) or [int((i + 1) % interval != 0) for i in range(n)]
-    if len(rope) != n or any(r not in (0, 1) for r in rope):
-        raise c.error(f"'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE) for each of the {n} layers, not {rope[:4]}...")
+    rope = rope_layers(c, n)
     types = c.list("layer_types", str, n) or ["chunked_attention" if r else "full_attention" for r in rope]
     for t in types:
         if t not in LLAMA4_LAYER_TYPES:
@@ -163,12 +160,9 @@ def llama4_text(c: Config) -> dict:
     chunk = c.nullable_int("attention_chunk_size", 8192)
     if chunk is None and "chunked_attention" in types:
         raise c.error("'layer_types' has chunked_attention layers but 'attention_chunk_size' is null")
-    d["layer_runs"] = runs_of(types, chunk, [i not in moe for i in range(n)])
     d["nope_layers"] = tuple(i for i, r in enumerate(rope) if not r)
-    if all(r["dense"] for r in d["layer_runs"]):
-        d["experts"] = None
-        d["layer_runs"] = tuple({**r, "dense": False} for r in d["layer_runs"])
-    return d
+    chunks = [chunk if t == "chunked_attention" else None for t in types]
+    return _with_runs(d, chunks, [i not in moe for i in range(n)], key="chunk")
 
 
 def glm4_moe(c: Config) -> dict:
