@@ -7,8 +7,9 @@ fused kernels under the DeepSpeed engine, as the vTrain and SC21 runs used them)
 stack's numbers and choices; it never asks which stack it is.
 
 Measured tables are keyed by what they depend on: ``mode`` (how activations are held: fp32, mixed, half;
-advisor.training.Mode), ``attention`` (sdpa, eager) and ``mlp`` (gelu, swiglu); ``any`` matches every value
-and the first matching entry of a list is taken. Bytes per token are linear forms in the layer's dimensions
+advisor.training.Mode), ``attention`` (sdpa, eager), ``mlp`` (gelu, swiglu) and ``compile`` (eager, or the
+stack's torch.compile: a table of compiled kernels says ``compiled``, one that compile leaves as it is ``any``;
+unsaid, a table is eager's); ``any`` matches every value and the first matching entry of a list is taken. Bytes per token are linear forms in the layer's dimensions
 (d_model, d_ff, q_dim, kv_dim, heads, d_head, and a constant), split as tensor parallelism splits them:
 ``split`` over the TP ranks, ``sequence`` over them only under sequence parallelism (LayerNorms, dropouts,
 residuals: Korthikanti et al. 2022, s.4.2.2), ``whole`` never; ``scores`` are bytes per head per key of the
@@ -57,10 +58,12 @@ class Entry(Spec):
     mode: Literal["fp32", "mixed", "half", "any"] = "any"
     attention: Literal["sdpa", "eager", "any"] = "any"
     mlp: Literal["gelu", "swiglu", "any"] = "any"
+    compile: Literal["eager", "compiled", "any"] = "eager"
     source: Optional[str] = None
 
-    def matches(self, mode: str, attention: str, mlp: str) -> bool:
-        return all(mine in ("any", want) for mine, want in ((self.mode, mode), (self.attention, attention), (self.mlp, mlp)))
+    def matches(self, mode: str, attention: str, mlp: str, compile: str = "eager") -> bool:
+        return all(mine in ("any", want) for mine, want in ((self.mode, mode), (self.attention, attention), (self.mlp, mlp),
+                                                            (self.compile, compile)))
 
 
 class HostOps(Entry):
@@ -158,24 +161,38 @@ class Stack(Spec):
     memory: Memory
     engine: Engine
 
-    def tables(self, mode: str, attention: str, layer: DecoderLayer) -> "StackTables":
-        """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions."""
-        mlp = layer.mlp.kernels  # GeGLU reads SwiGLU's entries (advisor.model.layer.MLPKind.kernels)
+    def compiles(self, part: str) -> bool:
+        """Whether the profile has the stack's torch.compile of ``part`` measured: model (its blocks' kernels) or
+        loss."""
+        return any(e.compile == "compiled" for e in (self.kernels.elementwise if part == "model" else self.kernels.loss))
 
-        def pick(entries: list, what: str):
+    def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: tuple[str, ...] = ()) -> "StackTables":
+        """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions: eager
+        kernels, or those of its torch.compile for the parts in ``compile`` (model: the blocks; loss)."""
+        mlp = layer.mlp.kernels  # GeGLU reads SwiGLU's entries (advisor.model.layer.MLPKind.kernels)
+        for part in compile:
+            if not self.compiles(part):
+                others = [n for n in list_stacks() if all(load_stack(n).compiles(p) for p in compile)]
+                raise StackError(f"--compile {','.join(compile)}: stack {self.name}'s profile has no torch.compile of "
+                                 f"its {part} measured: drop it" + (f", or use --stack {' or '.join(others)}" if others else ""))
+
+        def pick(entries: list, what: str, part: str = "model"):
+            how = "compiled" if part in compile else "eager"
             for e in entries:
-                if e.matches(mode, attention, mlp):
+                if e.matches(mode, attention, mlp, how):
                     return e
             # the precisions whose mode the stack has measured for this attention and MLP, as --precision names them
-            held = [m for m in ("half", "mixed", "fp32") if m != mode and any(e.matches(m, attention, mlp) for e in entries)]
+            held = [m for m in ("half", "mixed", "fp32") if m != mode and any(e.matches(m, attention, mlp, how) for e in entries)]
             hint = f"use --precision {' or '.join(PRECISIONS_OF_MODE[m] for m in held)}, " if held else ""
             raise StackError(f"stack {self.name} has no {what} entry for mode {mode}, {attention} attention and a "
-                             f"{mlp} MLP: {hint}add one to its profile or choose another --stack")
+                             f"{mlp} MLP{' compiled' if how == 'compiled' else ''}: {hint}add one to its profile or "
+                             f"choose another --stack")
 
         k, mem = self.kernels, self.memory
         host, head = pick(k.host, "kernels.host"), pick(k.host_outside_layers, "kernels.host_outside_layers")
         ew, sc = pick(k.elementwise, "kernels.elementwise"), pick(k.attention_scores, "kernels.attention_scores")
-        loss, saved, lg = pick(k.loss, "kernels.loss"), pick(mem.saved, "memory.saved"), pick(mem.logits, "memory.logits")
+        loss, saved = pick(k.loss, "kernels.loss", "loss"), pick(mem.saved, "memory.saved")
+        lg = pick(mem.logits, "memory.logits", "loss")
         full = LayerBytes.of(saved.layer, layer)
         selective = LayerBytes.of(saved.selective, layer) if saved.selective is not None else full.without_scores()
         return StackTables(

@@ -226,7 +226,8 @@ def test_hf_trainer_reprobed_reproduces_its_profile(family):
 @pytest.mark.slow
 @_needs("torchtitan", "pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro docstring-parser typeguard triton")
 def test_torchtitan_reprobed_matches_its_shipped_profile():
-    """stack_profiles/torchtitan.yaml's probed entries are what the probe measures today, number for number."""
+    """stack_profiles/torchtitan.yaml's probed entries are what the probe measures today, number for number: eager,
+    and compiled (advisor.probe.compiled: the block and the loss as torch.compile hands them to Inductor)."""
     from advisor.probe import adapter_for
     from advisor.probe.core import probe
     from advisor.probe.fragment import fragment
@@ -234,18 +235,32 @@ def test_torchtitan_reprobed_matches_its_shipped_profile():
 
     shipped = load_stack("torchtitan")
     frag = fragment(probe(adapter_for("torchtitan")), shipped)
-    (host,), (head,) = frag["kernels"]["host"], frag["kernels"]["host_outside_layers"]
-    assert (host["forward_ops"], host["backward_ops"]) == (shipped.kernels.host[0].forward_ops,
-                                                           shipped.kernels.host[0].backward_ops)
+    (head,) = frag["kernels"]["host_outside_layers"]
     assert (head["forward_ops"], head["backward_ops"]) == (shipped.kernels.host_outside_layers[0].forward_ops,
                                                            shipped.kernels.host_outside_layers[0].backward_ops)
-    (ew,), (saved,) = frag["kernels"]["elementwise"], frag["memory"]["saved"]
-    s_ew, s_saved = shipped.kernels.elementwise[0], shipped.memory.saved[0]
-    assert ew["forward"] == s_ew.forward.model_dump(exclude_defaults=True)
-    assert ew["backward"] == s_ew.backward.model_dump(exclude_defaults=True)
-    for key in ("layer", "full_recompute", "selective"):
-        assert saved[key] == getattr(s_saved, key).model_dump(exclude_defaults=True), key
-    assert saved["outside_layers"] == s_saved.outside_layers
+    def ours(section, how):
+        (e,) = [e for e in section if e.get("compile", "eager") == how]
+        return e
+
+    def theirs(entries, how="compiled"):
+        return next(e for e in entries if e.matches("mixed", "sdpa", "swiglu", how))
+
+    for how in ("eager", "compiled"):
+        host, s_host = ours(frag["kernels"]["host"], how), theirs(shipped.kernels.host, how)
+        assert (host["forward_ops"], host["backward_ops"]) == (s_host.forward_ops, s_host.backward_ops), how
+        ew, s_ew = ours(frag["kernels"]["elementwise"], how), theirs(shipped.kernels.elementwise, how)
+        assert ew["forward"] == s_ew.forward.model_dump(exclude_defaults=True), how
+        assert ew["backward"] == s_ew.backward.model_dump(exclude_defaults=True), how
+        saved, s_saved = ours(frag["memory"]["saved"], how), theirs(shipped.memory.saved, how)
+        for key in ("layer", "full_recompute", "selective"):
+            assert saved[key] == getattr(s_saved, key).model_dump(exclude_defaults=True), (how, key)
+        assert saved["outside_layers"] == s_saved.outside_layers
+    # the compiled loss, per logit (its chunked peak, peak / 8, is the profile's own arithmetic)
+    (loss,), (logits,) = frag["kernels"]["loss"], frag["memory"]["logits"]
+    s_loss = theirs(shipped.kernels.loss)
+    assert (loss["forward"], loss["backward"]) == (s_loss.forward, s_loss.backward) == (2, 4)
+    assert (logits["held"], logits["peak"]) == (2, 4)
+    assert theirs(shipped.memory.logits).peak == logits["peak"] / 8
 
 
 def test_probe_cli_refuses_an_unknown_stack_and_a_missing_library_in_one_line(monkeypatch):

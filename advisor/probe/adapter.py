@@ -60,6 +60,7 @@ class Adapter:
                   "are `sequence`, a row-parallel linear's output `whole`, column-parallel outputs and heads `split` "
                   "(advisor/stack.py)")
     emulation = ""  # what the probe changes to see on CPU what CUDA would do
+    compile_note = ""  # how the stack applies torch.compile (empty: the probe does not compile; advisor.probe.compiled)
 
     def version(self) -> str:
         try:
@@ -88,6 +89,16 @@ class Adapter:
               emulate: bool = True) -> Case:
         raise NotImplementedError
 
+    def compiled_block(self, family: str, dims: Dims, mode: str, attention: str, policy: str) -> tuple[Callable, tuple]:
+        """One block as the stack compiles it, under a checkpointing policy: the function torch.compile is given and
+        its arguments (the activations first, each one requiring grad)."""
+        raise ProbeError(f"stack {self.stack}: the probe does not compile its blocks")
+
+    def compiled_loss(self, dims: Dims) -> tuple[Callable, tuple]:
+        """The loss as the stack compiles it: the function and its arguments (logits [b, s, vocab] requiring grad
+        first)."""
+        raise ProbeError(f"stack {self.stack}: the probe does not compile its loss")
+
     def layer_of(self, module: str) -> Optional[int]:
         m = re.search(self.layer_pattern, module)
         return int(m.group(1)) if m else None
@@ -107,5 +118,8 @@ class Adapter:
             return "sequence" if "norm" in tensor.module.split(".")[-1].lower() else "whole"
         return "split"
 
-    def source(self, family: str) -> str:
+    def source(self, family: str, compiled: bool = False) -> str:
+        """Where a probe's numbers come from; compiled, without the eager emulation (the graphs are Inductor's)."""
+        if compiled:
+            return f"advisor probe: {self.library} {self.version()} {self.families[family].module}, CPU; {self.compile_note}"
         return f"advisor probe: {self.library} {self.version()} {self.families[family].module}, CPU{self.emulation}"

@@ -67,6 +67,8 @@ class Probed:
     elementwise: list[dict] = field(default_factory=list)
     attention_scores: list[dict] = field(default_factory=list)
     saved: list[dict] = field(default_factory=list)
+    loss: list[dict] = field(default_factory=list)
+    logits: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,6 +156,73 @@ def _traffic(adapter, family, mode, attention, source, probed: Probed, fw: Forms
     probed.elementwise.append({"mode": mode, "mlp": mlp, "forward": fwd, "backward": bwd, "source": source})
 
 
+def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, source: str, probed: Probed) -> None:
+    """The stack's torch.compile of one block (advisor.probe.compiled): what it saves under each policy, the bytes
+    its fused kernels move and the kernels it launches, as compiled entries beside the eager ones."""
+    import torch
+
+    from advisor.probe import compiled
+
+    configs, terms, mlp = adapter.configs(family), adapter.terms(family), adapter.families[family].mlp
+    src = f"{adapter.source(family, compiled=True)}: the block's graphs as Inductor gets them (advisor.probe.compiled)"
+    key = {"mode": mode, "attention": attention, "mlp": mlp, "compile": "compiled"}
+    entry = dict(key)
+    for policy in adapter.policies:
+        runs = []
+        for dims in configs:
+            torch.manual_seed(0)
+            fn, args = adapter.compiled_block(family, dims, mode, attention, policy)
+            runs.append((compiled.compile_graphs(fn, args), dims.tokens, args[:1]))
+        kept = _forms(adapter, [compiled.saved(g, n, x) for g, n, x in runs], configs, terms, policy,
+                      f"compiled {mode} {attention} {policy} saves")
+        entry[{"none": "layer", "full": "full_recompute", "selective": "selective"}[policy]] = kept.per_layer_bytes()
+        if policy != "none":
+            continue
+        fw, bw = ([compiled.traffic(getattr(g, d), n)[0] for g, n, _ in runs] for d in ("forward", "backward"))
+        tf, tb = (_forms(adapter, x, configs, terms, policy, f"compiled {mode} {attention} {d} traffic")
+                  for x, d in ((fw, "forward"), (bw, "backward")))
+        probed.elementwise.append({"mode": mode, "mlp": mlp, "compile": "compiled", "forward": tf.per_layer_bytes(),
+                                   "backward": tb.per_layer_bytes(), "source": src})
+        g, n, _ = runs[0]
+        probed.host.append({"attention": attention, "mlp": mlp, "compile": "compiled",
+                            "forward_ops": compiled.traffic(g.forward, n)[1],
+                            "backward_ops": compiled.traffic(g.backward, n)[1], "source": src})
+        probed.notes += tf.note() + tb.note()
+    eager = next(e for e in probed.saved if e["mode"] == mode and e["attention"] == attention)
+    entry["outside_layers"] = eager["outside_layers"]  # the embedding and the final norm run eager
+    probed.saved.append(entry | {"source": src})
+
+
+def _compiled_loss(adapter: Adapter, family: str, source: str, probed: Probed) -> None:
+    """The stack's compiled loss, per logit: bytes its kernels move forward and backward, what it keeps for the
+    backward (held) and that plus what its backward writes (peak). Per-row buffers (a few bytes per token, against
+    2 x vocab for the logits) are left out, as the eager loss tables leave them."""
+    import torch
+
+    from advisor.probe import compiled
+
+    per: list[tuple[float, ...]] = []
+    for dims in adapter.configs(family):
+        torch.manual_seed(0)
+        fn, args = adapter.compiled_loss(dims)
+        n = dims.tokens * dims.vocab
+        g = compiled.compile_graphs(fn, args)
+        (fk, _), (bk, _) = compiled.kernels(g.forward, n), compiled.kernels(g.backward, n)
+
+        def logit_sized(ts):  # exactly one element a logit or more: not a per-row statistic
+            return sum(t.per_token for t in ts if t.per_token >= 1)
+
+        held = logit_sized(compiled.saved(g, n, args[:1]))
+        per.append((sum(logit_sized(k.reads + k.writes) for k in fk), sum(logit_sized(k.reads + k.writes) for k in bk),
+                    held, held + sum(logit_sized(k.writes) for k in bk)))
+    if len(set(per)) != 1:
+        raise ProbeError(f"{adapter.stack}: the compiled loss moves other bytes per logit on other configs: {per}")
+    fw, bw, held, peak = per[0]
+    src = f"{adapter.source(family, compiled=True)}: the loss's graphs (advisor.probe.compiled)"
+    probed.loss.append({"compile": "compiled", "forward": fw, "backward": bw, "source": src})
+    probed.logits.append({"compile": "compiled", "held": held, "peak": peak, "source": src})
+
+
 def _host(adapter: Adapter, family: str, attention: str, source: str, probed: Probed) -> None:
     import torch
 
@@ -184,6 +253,10 @@ def probe(adapter: Adapter, family: str | None = None) -> Probed:
             _host(adapter, family, attention, source, probed)
             for mode in adapter.modes:
                 _saved_entry(adapter, family, mode, attention, source, probed)
+                if adapter.compile_note:
+                    _compiled_entry(adapter, family, mode, attention, source, probed)
+        if adapter.compile_note:
+            _compiled_loss(adapter, family, source, probed)
     finally:
         adapter.close()
     probed.notes = sorted(set(probed.notes))

@@ -8,7 +8,8 @@ import yaml
 
 from advisor.model.layer import DecoderLayer
 from advisor.probe.core import Probed
-from advisor.stack import HeadOps, HostOps, LayerBytes, PerElement, PerLayerBytes, Saved, Stack, Traffic, form_value
+from advisor.stack import (HeadOps, HostOps, LayerBytes, Logits, PerElement, PerLayerBytes, Saved, Stack, Traffic,
+                           form_value)
 
 # Host CPU time per op is not measured by the probe (it is this machine's, not a training node's): the fragment
 # carries the shipped profile's figure (validation/probes/host_overhead.py, quiet runs) beside the probed op counts.
@@ -26,8 +27,13 @@ def fragment(probed: Probed, shipped: Stack | None = None) -> dict:
                                for e in probed.elementwise]}
     if probed.attention_scores:
         kernels["attention_scores"] = [PerElement(**e).model_dump(exclude_none=True) for e in probed.attention_scores]
+    if probed.loss:
+        kernels["loss"] = [PerElement(**e).model_dump(exclude_none=True, exclude_defaults=True) for e in probed.loss]
     saved = [Saved(**s).model_dump(exclude_none=True, exclude_defaults=True) | {"mode": s["mode"]} for s in probed.saved]
-    return {"kernels": kernels, "memory": {"saved": saved}}
+    memory = {"saved": saved}
+    if probed.logits:
+        memory["logits"] = [Logits(**e).model_dump(exclude_none=True, exclude_defaults=True) for e in probed.logits]
+    return {"kernels": kernels, "memory": memory}
 
 
 def _shipped_us(shipped: Stack | None, attention: str, mlp: str) -> float:
@@ -51,7 +57,7 @@ def to_yaml(probed: Probed, shipped: Stack | None = None, split_note: str = "") 
 
 def _ordered(frag: dict) -> dict:
     """Entries with their keys in the profiles' order: what they apply to first, the source last."""
-    first = ("mode", "attention", "mlp")
+    first = ("mode", "attention", "mlp", "compile")
 
     def order(e: dict) -> dict:
         keys = [k for k in first if e.get(k, "any") != "any"] + [k for k in e if k not in first and k != "source"]

@@ -35,6 +35,30 @@ class Torchtitan(Adapter):
     row_parallel = ("wo", "w2")  # RowwiseParallel in models/common/decoder_sharding.py
     emulation = (", bf16 parameters (FSDP2 param_dtype), CPU flash SDPA for CUDA's, RMSNorm as CUDA's fused kernel "
                  "(advisor/probe/emulate.py)")
+    # compile.enable: each TransformerBlock compiled alone, fullgraph, after activation checkpointing wrapped it
+    # (models/llama3/parallelize.py apply_compile), and the loss function (components/loss.py BaseLoss._maybe_compile,
+    # compile.components ["model", "loss"] by default); the embedding, final norm and LM head stay eager
+    compile_note = ("torch.compile per TransformerBlock (fullgraph, after checkpointing) and on the loss "
+                    "(compile.components model, loss)")
+
+    def compiled_block(self, family: str, dims: Dims, mode: str, attention: str, policy: str):
+        import torch
+
+        model = _model(dims, 1)
+        if policy != "none":
+            _checkpoint(model, policy)
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        block = next(iter(model.layers.children()))
+        x = torch.randn(dims.b, dims.s, dims.d_model, dtype=torch.bfloat16, requires_grad=True)
+        return (lambda h: block(h, None)), (x,)
+
+    def compiled_loss(self, dims: Dims):
+        import torch
+        from torchtitan.components.loss import cross_entropy_loss
+
+        logits = torch.randn(dims.b, dims.s, dims.vocab, dtype=torch.bfloat16, requires_grad=True)
+        return cross_entropy_loss, (logits, torch.randint(0, dims.vocab, (dims.b, dims.s)))
 
     def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
               emulate: bool = True) -> Case:
