@@ -248,9 +248,9 @@ def _stack_name(stack) -> str:
 
 
 def moe_setup(o) -> dict:
-    """The routing, all-to-all and TP-overlap options of a TrainingSetup, from estimate's or plan's options."""
+    """The routing, all-to-all, TP-overlap and torch.compile options of a TrainingSetup, from estimate's or plan's."""
     overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
-    return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance,
+    return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance, compile=o.compile,
                 moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap)
 
 
@@ -273,7 +273,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
              moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
-             cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", **unknown) -> Estimate:
+             cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", compile: str = "none",
+             **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -297,7 +298,8 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
     (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
     both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel
-    collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's). Every bad value is an AdvisorError
+    collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's); ``compile``: what torch.compile
+    compiles as the stack applies it (none, model, loss, model,loss: torchtitan's compile.components). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

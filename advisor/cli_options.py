@@ -73,6 +73,11 @@ def common_plan_options(f):
                           "async: torchtitan's async tensor parallel; either needs --sp with --tp > 1, and plan "
                           "then ranks TP plans with SP only; a plan without TP has nothing to overlap, as plan's rows "
                           "without TP) [default: the stack's]"),
+        click.option("--compile", "compile", type=click.Choice(["none", "model", "loss", "model,loss"]), default="none",
+                     show_default=True,
+                     help="what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, "
+                          "each block; loss): its fused kernels and what its partitioner saves, from the stack "
+                          "profile's compiled tables"),
         click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
         *finetune_options(),
     ])

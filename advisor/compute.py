@@ -18,8 +18,9 @@ transposes, scales) are memory-bound: the input and the weight once per micro-ba
 gradient once in backward, at the recipe's bytes per element. The legacy ``fp8-mixed`` switch runs every GEMM at
 the fp8 peak and costs no cast kernels, as before.
 
-The host's side of the same kernels (issuing them) is advisor.host. Deliberately left out: CUDA graphs,
-torch.compile fusion.
+The host's side of the same kernels (issuing them) is advisor.host. torch.compile (--compile) changes the tables,
+not these formulas: the stack's compiled element-wise bytes, kernel launches and saves (advisor.probe.compiled).
+Deliberately left out: CUDA graphs.
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ class Common(_Options):
     moe_dispatcher: Optional[Literal["alltoall", "flex"]] = None
     moe_overlap: Optional[Literal["none", "shared-experts", "shared_experts", "batch"]] = None
     tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = None
+    compile: Literal["none", "model", "loss", "model,loss"] = "none"
 
 
 class EstimateOptions(Common):

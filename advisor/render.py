@@ -27,7 +27,8 @@ def render_estimate(e) -> str:
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
-        f"recompute {policy(e.setup)}, {e.setup.optimizer.value}",
+        f"recompute {policy(e.setup)}, {e.setup.optimizer.value}"
+        + (f", torch.compile of {e.setup.compile.replace(',', ' and ')}" if e.setup.compile != "none" else ""),
         f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items()
                                                  if k != "world_size" and not (k == "cp" and v == 1)),
         *([f"       ({e.stack_rule})"] if getattr(e, "stack_rule", None) else []),

@@ -145,6 +145,9 @@ class TrainingSetup(Spec):
         default=None, description="mixture of experts: the token dispatcher (advisor.parallel.expert); None: the stack's")
     moe_overlap: Optional[Literal["none", "shared_experts", "batch"]] = Field(
         default=None, description="mixture of experts: what the all-to-alls run beside; None: the stack's default")
+    compile: Literal["none", "model", "loss", "model,loss"] = Field(default="none", description=(
+        "what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, its blocks; "
+        "loss): the profile's compiled tables (kernels fused, what the partitioner saves); none: eager"))
     tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = Field(
         default=None, description="tensor parallelism: the sequence-parallel collectives exposed or pipelined with "
                                   "their GEMMs (advisor.parallel.tensor); None: the stack's default")
@@ -163,3 +166,8 @@ class TrainingSetup(Spec):
         if self.recompute_modules is not None and len(set(self.recompute_modules)) != len(self.recompute_modules):
             raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} names a module twice")
         return self
+
+
+def compile_parts(text: str) -> tuple[str, ...]:
+    """--compile's value (none, model, loss, model,loss) as the parts torch.compile compiles."""
+    return () if text == "none" else tuple(text.split(","))

@@ -16,7 +16,7 @@ from advisor.model import DecoderLayer, ModelSpec, PositionKind
 from advisor.parallel import expert
 from advisor.engine import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
-from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup
+from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup, compile_parts
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Workload:
     moe_dispatcher: str = "alltoall"  # the stack's default or the one asked (advisor.parallel.expert)
     moe_overlap: str = "none"
     tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
+    compile: tuple[str, ...] = ()  # what torch.compile compiles (the stack's compiled tables)
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -47,7 +48,7 @@ class Workload:
             raise StackError(f"stack {stack.name}'s model code does not build {model.name}, which has "
                              f"{', '.join(lacked(stack, model))}: {hint}")
         mode = _mode(stack, setup)
-        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer))
+        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer), compile_parts(setup.compile))
         sel = stack.engine.selective
         if sel is not None:
             known = recomputable(layer.linears)
@@ -80,19 +81,19 @@ class Workload:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             adapter_targets(stack, setup)
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
-                tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer))
+                tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer), compile_parts(setup.compile))
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
-                   tp_overlap_choice(stack, setup, hw))
+                   tp_overlap_choice(stack, setup, hw), compile_parts(setup.compile))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
         precision (engine.fsdp_param_dtype): the same, with the half mode's tables; None where they run as the rest."""
         if self.stack.engine.fsdp_param_dtype != "half" or self.precision.mode is not Mode.mixed:
             return None
-        tables = self.stack.tables(Mode.half.value, self.attention.value, expert.table_layer(self.layer))
+        tables = self.stack.tables(Mode.half.value, self.attention.value, expert.table_layer(self.layer), self.compile)
         return replace(self, tables=softcapped(tables, self.model, self.precision.activation_bytes))
 
     @property
@@ -206,7 +207,7 @@ def _costs(stack, model: ModelSpec, setup: TrainingSetup) -> bool:
     if not runs_model(stack, model):
         return False
     try:
-        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer))
+        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer), compile_parts(setup.compile))
     except StackError:
         return False
     return True
@@ -270,6 +271,11 @@ def tp_overlap_choice(stack, setup, hw=None) -> str:
     if overlap not in eng.tp_overlaps():
         raise StackError(f"stack {stack.name} does not overlap its TP collectives with {overlap}: use --tp-overlap "
                          f"{' or '.join(eng.tp_overlaps())}")
+    # async TP is Inductor's micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py): torchtitan's
+    # CompileConfig refuses it without compile.enable and "model" in compile.components
+    if overlap == "async" and "model" not in compile_parts(setup.compile):
+        raise StackError("--tp-overlap async is a pass of torch.compile (Inductor's micro-pipeline TP): add --compile "
+                         "model,loss (or model), or use --tp-overlap none")
     sms = hw.gpu.sm_count if hw is not None else None
     if overlap == "userbuffers" and sms and max(eng.userbuffers.pipeline_sms, eng.userbuffers.bulk_sms) >= sms:
         raise StackError(f"stack {stack.name}'s userbuffers take {max(eng.userbuffers.pipeline_sms, eng.userbuffers.bulk_sms)} "

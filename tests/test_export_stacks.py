@@ -140,16 +140,16 @@ TITAN = {
     "405b-pp-edges": ("llama3-405b", "dgx-h100", 256, dict(dp=8, tp=8, pp=4, sp=True, zero=1, pp_split="edges"),
                       dict(micro_batch=1, global_batch=64, recompute="full", precision="fp8-rowwise")),
     # the recipes torchtitan 0.3.0 runs through a config function's converters: llama3_405b's own Float8 rowwise,
-    # llama3_8b_mxfp8, llama3_8b_first_85_pct_layers_nvfp4 (compile stays on as they set it)
+    # llama3_8b_mxfp8, llama3_8b_first_85_pct_layers_nvfp4 (compile written as costed: on for the mxfp8 case)
     "405b-fp8-rowwise": ("llama3-405b", "dgx-h100", 256, dict(dp=32, tp=8, sp=True, zero=3),
                          dict(micro_batch=1, recompute="full", precision="fp8-rowwise")),
     "8b-mxfp8": ("llama3-8b", "dgx-b200", 8, dict(dp=8, zero=3), dict(micro_batch=1, recompute="selective",
-                                                                      precision="mxfp8")),
+                                                                      precision="mxfp8", compile="model,loss")),
     "8b-nvfp4": ("llama3-8b", "gb200-nvl72", 4, dict(dp=4, zero=3), dict(micro_batch=8, seq_len=2048, precision="nvfp4",
                                                                          recompute="selective")),
-    # async TP: an inductor pass, so compile goes on with it (CompileConfig refuses it alone)
+    # async TP: an inductor pass, so the plan compiles (CompileConfig refuses it alone); the blocks only
     "fsdp-async-tp": ("llama3-70b", "dgx-h100", 64, dict(dp=8, tp=8, sp=True, zero=3),
-                      dict(micro_batch=1, recompute="full", tp_overlap="async")),
+                      dict(micro_batch=1, recompute="full", tp_overlap="async", compile="model")),
 }
 
 
@@ -223,7 +223,10 @@ def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):
     assert t.mixed_precision_param == ("float32" if setup.precision.value == "fp32" else "bfloat16")
     asynctp = setup.tp_overlap == "async"
     assert t.disable_cuda_graphs and cfg.compile.enable_async_tensor_parallel == asynctp
-    assert cfg.compile.enable == (asynctp or recipe)  # a recipe's config function turns compile on for its converter
+    # compile as costed, over what the config function sets (the recipes' turn it on for their converters)
+    assert cfg.compile.enable == (setup.compile != "none")
+    if setup.compile != "none":
+        assert sorted(cfg.compile.components) == sorted(setup.compile.split(","))
     # the converters ran on the model's config: its Linear configs, by class, against what advisor costs low
     from torchtitan.models.common.linear import Linear
 
@@ -273,7 +276,8 @@ TITAN_TOML = {
     "mxfp8-b200": ("llama3-8b", "dgx-b200", 8, dict(dp=8, zero=3), dict(micro_batch=1, recompute="selective",
                                                                         precision="mxfp8")),
     "2d-async-tp": ("llama3-70b", "dgx-h100", 64, dict(dp=8, tp=8, sp=True, zero=3),
-                    dict(micro_batch=1, recompute="full", tp_overlap="async", precision="fp8-tensorwise")),
+                    dict(micro_batch=1, recompute="full", tp_overlap="async", precision="fp8-tensorwise",
+                         compile="model,loss")),
     "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
                        dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
     "pp-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
@@ -349,7 +353,8 @@ _TITAN02 = textwrap.dedent('''
         out[name] = dict(
             degrees=[p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
                      p.pipeline_parallel_degree, p.expert_parallel_degree, p.expert_tensor_parallel_degree],
-            fsdp_reshard=p.fsdp_reshard_after_forward, async_tp=p.enable_async_tensor_parallel, compile=c.compile.enable,
+            fsdp_reshard=p.fsdp_reshard_after_forward, async_tp=p.enable_async_tensor_parallel,
+            compile=[c.compile.enable, sorted(c.compile.components) if c.compile.enable else []],
             pp=[p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size, p.pipeline_parallel_layers_per_stage,
                 [p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers]],
             batch=[t.local_batch_size, t.global_batch_size, t.seq_len], dtypes=[t.dtype, t.mixed_precision_param],
@@ -406,7 +411,8 @@ def test_torchtitan_toml_parsed_by_torchtitan_022(tmp_path):
                            "every-k": ["selective", str(setup.recompute_layers)]}[rc], case
         assert g["dtypes"] == ["bfloat16" if setup.precision.value == "bf16" else "float32",
                                "float32" if setup.precision.value == "fp32" else "bfloat16"]
-        assert g["async_tp"] == g["compile"] == (setup.tp_overlap == "async")
+        assert g["async_tp"] == (setup.tp_overlap == "async")
+        assert g["compile"] == ([True, sorted(setup.compile.split(","))] if setup.compile != "none" else [False, []])
         opt = stack_setup(setup, load_stack("torchtitan-0.2")).optimizer.value  # asked, else 0.2.2's default (fused)
         assert g["optimizer"] == {"adamw": "foreach", "adamw-fused": "fused"}[opt]
         recipe = RECIPE_NAMES.get(setup.precision.value)

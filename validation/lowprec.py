@@ -49,6 +49,13 @@ E2E_STACK = "torchtitan-0.2"
 # activation_checkpoint=SelectiveAC.Config() (models/llama3/config_registry.py, models/qwen3/config_registry.py), the
 # per-op policy, which the mxfp8 and nvfp4 variants inherit
 E2E_DEFAULT_AC = {"torchtitan": "selective"}
+# What a row's torch.compile compiled (torchtitan's compile.components): the blocks and the loss since the first
+# release, 0.1.0 (June 2025: training.compile compiles the loss in components/loss.py; 0.2.2 compile.components
+# ["model", "loss"]; 0.3.0 BaseLoss._maybe_compile), the blocks alone before it: the Dec-2024 commit's train.py left
+# the loss eager ("TODO: compiling loss function causes CUDA errors, turning off for now"), and a checkout reporting
+# 0.0.2 (main's version string from the April-2024 0.0.2 wheel until 0.1.0) is of that time. A row that says compile
+# false runs eager
+E2E_COMPILE_BLOCKS_ONLY = ("9dec370", "0.0.2")
 E2E_MODELS = {"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3-405b", "Qwen3-8B": "qwen3-8b"}
 BRIDGE_HARDWARE = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-B300": "dgx-b300", "DGX-GB200": "gb200-nvl72",
                    "DGX-GB300": "gb300-nvl72"}
@@ -192,6 +199,9 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
         kw["global_batch"] = b["global_batch_seqs"]
     if asynctp:
         kw["tp_overlap"] = "async"
+    if p.get("compile"):
+        version = str((row.get("software") or {}).get("versions", {}).get("torchtitan"))
+        kw["compile"] = "model" if version.startswith(E2E_COMPILE_BLOCKS_ONLY) else "model,loss"
     return kw
 
 

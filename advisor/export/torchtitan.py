@@ -36,8 +36,6 @@ RECIPE_CONFIGS = {("llama3-8b", "mxfp8"): "llama3_8b_mxfp8", ("llama3-8b", "nvfp
 SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved: "Interleaved1F1B",
              Schedule.zb_v: "ZBVZeroBubble", Schedule.dualpipe_v: "DualPipeV"}  # torch 2.13 get_schedule_class names
 OPTIMIZER = {"adamw": "foreach", "adamw-fused": "fused"}
-# torch.compile: off, as the torchtitan stack profile's element-wise traffic was probed in eager mode
-COMPILE = False
 # CUDA graphs: off. The profile costs the host launching every aten op (kernels.host, mid-2024 torchtitan);
 # 0.3.0 captures forward + backward in a CUDA graph unless training.disable_cuda_graphs (trainer.py:613), and
 # refuses the capture under pipeline parallelism (trainer.py:180-186)
@@ -139,10 +137,12 @@ SHARED_KEYS: list[tuple[str, Callable[[Run], Any]]] = [
 KEYS: list[tuple[str, Callable[[Run], Any]]] = SHARED_KEYS + [
     ("parallelism.enable_sequence_parallel", lambda r: bool(r.plan.sp) if r.plan.tp > 1 else None),
     ("training.disable_cuda_graphs", lambda r: not CUDA_GRAPHS),
-    # async TP is an inductor pass: CompileConfig refuses it without compile.enable and "model" in compile.components
-    # (0.3.0 config/configs.py __post_init__; components default to ["model", "loss"])
-    # the recipes' config functions turn compile on, their converters built for it: left as they set it
-    ("compile.enable", lambda r: True if _async_tp(r) else None if _converts(r) else COMPILE),
+    # torch.compile as costed (--compile: the profile's compiled tables), written whatever the config function sets
+    # (the recipes' turn it on); async TP needs it with "model" (0.3.0 config/configs.py CompileConfig.__post_init__),
+    # which advisor.workload asks of the plan
+    ("compile.enable", lambda r: r.setup.compile != "none"),
+    # a comma-separated list, as ConfigManager reads list options ("model loss" leaves "loss" unrecognised)
+    ("compile.components", lambda r: r.setup.compile if r.setup.compile != "none" else None),
     # always written: llama3_405b turns it on
     ("compile.enable_async_tensor_parallel", _async_tp),
 ]
@@ -217,9 +217,10 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
         else:
             args += [flag, str(value)]
     notes += shared_notes(r)
-    if _converts(r):
-        notes.append(f"{config} converts the linears to {r.setup.precision.value} and turns torch.compile on, which fuses "
-                     "the casts advisor costs unfused (eager): the run should be a little faster than estimated")
+    if _converts(r) and r.setup.compile == "none":
+        notes.append(f"{config} converts the linears to {r.setup.precision.value} and turns torch.compile on; the plan "
+                     "was costed eager, as written here (--compile.no-enable): add --compile model,loss to cost and "
+                     "export the compiled run")
     if (r.model.name, r.setup.precision.value) == ("llama3-8b", "mxfp8"):
         notes.append("llama3_8b_mxfp8's converter takes every Linear (MXFP8LinearConverter with no fqns), the output "
                      "layer too, which advisor costs in BF16")
@@ -231,9 +232,6 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
     if stack is not None and stack.memory.logits != load_stack(STACK).memory.logits:
         notes.append(f"costed as stack {stack.name}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
-    if _async_tp(r):
-        notes.append("async TP needs torch.compile (--compile.enable): the costs are eager's element-wise traffic, which "
-                     "compile fuses, so the run should be a little faster than estimated")
     notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
                  "without pipeline parallelism dropping that line may run faster than estimated")
     if r.plan.ep > 1:

@@ -27,8 +27,9 @@ from typing import Any, Optional
 
 from advisor.export.common import Exported, ExportError, Run, check, header
 from advisor.export.torchrun import torchrun_argv
-from advisor.export.torchtitan import COMPILE, SHARED_KEYS, _async_tp, refuse_common, shared_notes
+from advisor.export.torchtitan import SHARED_KEYS, _async_tp, refuse_common, shared_notes
 from advisor.stack import Stack
+from advisor.training import compile_parts
 
 # advisor model -> ([model] name, flavor) of torchtitan 0.2.2's registries whose shapes are the catalogue's
 # (models/{llama3,qwen3,gpt_oss,deepseek_v3,llama4}/__init__.py; tests/test_export_stacks.py compares each shape).
@@ -84,7 +85,8 @@ def sections(r: Run) -> dict[str, dict[str, Any]]:
     if r.plan.ep > 1:  # ETP: 1 or TP's degree (parallel_dims.py asserts it), the experts' own TP
         out["parallelism"]["expert_tensor_parallel_degree"] = r.plan.etp or r.plan.tp
     out["parallelism"]["enable_async_tensor_parallel"] = _async_tp(r)
-    out.setdefault("compile", {})["enable"] = COMPILE or _async_tp(r)
+    # torch.compile as costed (--compile; 0.2.2 config/job_config.py Compile: enable, components)
+    out["compile"] = {"enable": r.setup.compile != "none", "components": list(compile_parts(r.setup.compile)) or None}
     rc = r.setup.recompute.value
     out["activation_checkpoint"] = {"mode": "selective" if rc == "every-k" else rc,
                                     "selective_ac_option": ("op" if rc == "selective" else str(r.setup.recompute_layers)
@@ -105,11 +107,10 @@ def _toml(value: Any) -> str:
 def notes(r: Run, stack: Optional[Stack]) -> list[str]:
     out = shared_notes(r)
     if r.setup.precision.recipe is not None:
-        out.append("the converter's casts run unfused without torch.compile (compile.enable false), as costed; "
-                   "torchao's published float8 / MX tables ran compiled, which fuses them")
-    if _async_tp(r):
-        out.append("async TP needs torch.compile (compile.enable true): the costs are eager's element-wise traffic, "
-                   "which compile fuses, so the run should be a little faster than estimated")
+        # the converters' casts: costed as separate memory-bound kernels either way (advisor.compute)
+        out.append("the converter's casts are costed as kernels of their own; torchao's float8 / MX converters are "
+                   "built for torch.compile, which fuses some of them" + ("" if r.setup.compile != "none" else
+                   " (--compile model,loss costs the compiled run)"))
     if stack is not None and stack.name != "torchtitan-0.2":
         out.append(f"costed as stack {stack.name}; this file is torchtitan 0.2's format")
     return out

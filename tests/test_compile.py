@@ -1,0 +1,143 @@
+"""torch.compile as an input (--compile none | model | loss | model,loss): the stack's compiled tables, measured by
+advisor.probe.compiled on the graphs torch.compile hands to Inductor, and what they change in an estimate."""
+
+import pytest
+
+from advisor import api
+from advisor.errors import AdvisorError
+from advisor.model.catalogue import load_model
+from advisor.stack import load_stack
+
+LLAMA8 = dict(model="llama3-8b", hw="dgx-h100", gpus=8, dp=8, fsdp="full-shard", seq=8192, micro_batch=1,
+              stack="torchtitan-0.2")
+
+
+# -- the probe's fusion rules, on a toy it can be checked against by hand ------------------------------------------
+T, H, F = 64, 48, 80
+
+
+def _toy(x, w, g):
+    import torch
+
+    y = torch.nn.functional.rms_norm(x, (H,), g)
+    z = y @ w
+    return torch.nn.functional.silu(z) * z
+
+
+def test_the_probe_fuses_a_norm_and_a_swiglu_as_inductor_does():
+    """RMSNorm -> GEMM -> SiLU(z) * z in bf16, compiled: the forward is two fused kernels around one extern GEMM, the
+    norm reading x once (2h a token) and writing its output (2h) and its fp32 rstd (4), the activation reading z once
+    (2f) and writing its result (2f); the partitioner keeps x, rstd, y and z for the backward (2h + 4 + 2h + 2f a
+    token). The backward: the activation's gradient in one kernel, two GEMMs, the norm's input gradient and its
+    weight gradient (a sum over the tokens, a reduction of its own). Counted by hand from the graph."""
+    torch = pytest.importorskip("torch")
+    from advisor.probe import compiled
+
+    x = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(H, F, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.ones(H, dtype=torch.bfloat16, requires_grad=True)
+    graphs = compiled.compile_graphs(_toy, (x, w, g))
+    fw, extern = compiled.kernels(graphs.forward, T)
+    assert extern == 1 and len(fw) == 2
+    norm, act = fw
+    assert sorted(t.per_token for t in norm.reads) == [2 * H / T, 2 * H]  # x, and the weight (per layer)
+    assert sorted(t.per_token for t in norm.writes) == [4, 2 * H]
+    assert [t.per_token for t in act.reads] == [2 * F] and [t.per_token for t in act.writes] == [2 * F]
+    assert sorted(t.per_token for t in compiled.saved(graphs, T, (x,))) == sorted([2 * H, 4, 2 * H, 2 * F])
+    bw, extern = compiled.kernels(graphs.backward, T)
+    assert extern == 2 and len(bw) == 3
+    assert [t.per_token for t in bw[0].reads] == [2 * F, 2 * F] and [t.per_token for t in bw[0].writes] == [2 * F]
+    traffic, launches = compiled.traffic(graphs.forward, T)
+    assert sum(t.per_token for t in traffic) == 4 * H + 4 + 4 * F + 2 * H / T and launches == 3  # with the weight
+
+
+def test_complex_numbers_are_aten_fallbacks_not_fused():
+    """Inductor generates no code for complex tensors (torch 2.13 _inductor/lowering.py unsupported_input_tensor: the
+    op falls back to aten): a rotary embedding as torchtitan writes it (view_as_complex, multiply, view_as_real) keeps
+    its complex multiply as a kernel of its own, reading and writing 8 bytes a complex element."""
+    torch = pytest.importorskip("torch")
+    from advisor.probe import compiled
+
+    freqs = torch.polar(torch.ones(T, H // 2), torch.randn(T, H // 2))
+
+    def rope(x):
+        xc = torch.view_as_complex(x.float().reshape(T, H // 2, 2))
+        return torch.view_as_real(xc * freqs).flatten(1).type_as(x)
+
+    x = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
+    ks, _ = compiled.kernels(compiled.compile_graphs(rope, (x,)).forward, T)
+    (mul,) = [k for k in ks if k.ops == ["mul"]]
+    assert [t.per_token for t in mul.writes] == [4 * H]  # H/2 complex64 a token
+    assert len(ks) == 3  # the fp32 cast, the complex multiply, the cast back
+
+
+# -- the tables and what they change ------------------------------------------------------------------------------
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-0.2"])
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "qwen3-8b"])
+def test_compiled_tables_move_and_keep_no_more_than_eager(stack, model):
+    """On every layer: the compiled block's element-wise bytes, saved bytes (each policy), kernel launches and the
+    compiled loss's bytes a logit are at most eager's (torch.compile fuses; it does not add traffic here)."""
+    s, layer = load_stack(stack), load_model(model).layer
+    eager, comp = s.tables("mixed", "sdpa", layer), s.tables("mixed", "sdpa", layer, ("model", "loss"))
+    for part in ("elementwise_forward", "elementwise_backward", "saved_layer", "saved_full_recompute",
+                 "saved_selective"):
+        assert getattr(comp, part).per_gpu(1, False) <= getattr(eager, part).per_gpu(1, False), part
+    assert comp.host_forward_ops < eager.host_forward_ops and comp.host_backward_ops < eager.host_backward_ops
+    assert comp.loss_forward < eager.loss_forward and comp.loss_backward < eager.loss_backward
+    assert comp.logits_peak < eager.logits_peak
+
+
+def test_compiled_loss_keeps_four_bytes_a_logit_where_eager_keeps_fourteen():
+    """torchtitan 0.2's whole-sequence loss: eager, the bf16 logits upcast to fp32, log-softmax and their gradients
+    peak at 14 bytes a logit; compiled (compile.components loss), the bf16 logits kept and their bf16 gradient
+    written: 4 (advisor probe --stack torchtitan). Llama 3 8B, 8,192 tokens, vocabulary 128,256."""
+    logits = 8192 * 128256
+    eager = api.estimate(**LLAMA8)
+    blocks = api.estimate(**LLAMA8, compile="model")
+    both = api.estimate(**LLAMA8, compile="model,loss")
+    assert eager.memory.parts["logits_loss"] == pytest.approx(14 * logits)
+    assert blocks.memory.parts["logits_loss"] == pytest.approx(14 * logits)
+    assert both.memory.parts["logits_loss"] == pytest.approx(4 * logits)
+    # the blocks' compile keeps SiLU's output out of the saved tensors: 2 d_ff a token and layer, no recomputation
+    saved = 2 * 14336 * 8192 * 32
+    assert eager.memory.parts["activations"] - blocks.memory.parts["activations"] == pytest.approx(saved)
+    assert both.step_time_s < blocks.step_time_s < eager.step_time_s
+    assert both.breakdown["comm/zero_params"] == pytest.approx(eager.breakdown["comm/zero_params"])
+
+
+def test_a_compiled_plan_reestimates_as_its_row():
+    """plan --compile model,loss: each row, re-estimated from its Plan and TrainingSetup, gives its own numbers."""
+    from advisor.search import plan
+
+    found = plan(model="llama3-8b", hw="dgx-h100", gpus=8, stack="torchtitan-0.2", compile="model,loss", top=3)
+    assert found.plans
+    for row in found.plans:
+        assert row.setup.compile == "model,loss"
+        again = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, row.estimate.world_size)
+        assert again.step_time_s == pytest.approx(row.estimate.step_time_s)
+        assert again.memory.parts == pytest.approx(row.estimate.memory.parts)
+
+
+def test_compile_where_no_compiled_table_exists_is_one_line():
+    """A stack whose profile has no compiled tables refuses --compile in one line naming those that have them; the
+    CLI says it on one line too."""
+    from _robust import assert_one_line_error
+
+    with pytest.raises(AdvisorError, match=r"--compile model: stack hf-trainer's profile has no torch.compile of its "
+                                           r"model measured: drop it, or use --stack torchtitan or torchtitan-0.2"):
+        api.estimate(**{**LLAMA8, "stack": "hf-trainer", "fsdp": None}, compile="model")
+    assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "megatron-core",
+                           "--compile", "model,loss"], "has no torch.compile of its", "--stack torchtitan")
+    assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--compile", "blocks"],
+                          "--compile")
+
+
+def test_the_estimate_says_what_is_compiled():
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "torchtitan-0.2",
+                                 "--zero", "3", "--compile", "model,loss"])
+    assert r.exit_code == 0, r.output
+    assert "torch.compile of model and loss" in r.output
