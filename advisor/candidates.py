@@ -149,12 +149,21 @@ class Mesh:
         dp = np.asarray(c.dp, dtype=float) * cp  # the gradient-reduction group: dp x cp
         v = chunks(c).astype(float)
         shard = np.asarray(shard_degree(dp, c.zero, c.hybrid, gpus_per_node), dtype=float)
-        dp_per_node = np.clip(np.floor(gpus_per_node / tp), 1, dp)
+        dp_per_node = members_per_node(gpus_per_node, tp, dp)
         ep, etp = np.asarray(c.ep, dtype=float), np.asarray(c.etp, dtype=float)
         domain = domain_gpus or gpus_per_node
         return cls(dp=dp, dp_shard=shard, dp_replicate=dp / shard, tp=tp, pp=pp, v=v,
                    tp_per_node=np.minimum(tp, gpus_per_node), dp_per_node=dp_per_node,
                    shard_per_node=np.minimum(dp_per_node, shard), stage_crosses_nodes=tp * dp >= gpus_per_node,
                    stage_crosses_domains=tp * dp >= domain, cp=cp,
-                   cp_per_node=np.clip(np.floor(gpus_per_node / tp), 1, cp), cp_domains=np.ceil(tp * cp / domain),
-                   ep=ep, etp=etp, edp=dp * tp / (ep * etp), ep_per_node=np.clip(np.floor(gpus_per_node / etp), 1, ep))
+                   cp_per_node=members_per_node(gpus_per_node, tp, cp), cp_domains=np.ceil(tp * cp / domain),
+                   ep=ep, etp=etp, edp=dp * tp / (ep * etp), ep_per_node=members_per_node(gpus_per_node, etp, ep))
+
+
+def members_per_node(gpus_per_node: int, stride: Any, n: Any) -> Any:
+    """GPUs of a group per node when its ranks sit ``stride`` apart (the degrees ordered before it: TP for DP and
+    CP, ETP for EP, ETP x EP for the experts' data parallelism): a node's share, or below 1 where the stride is wider
+    than a node (one rank every stride / gpus_per_node nodes; advisor.comm.network.domain_groups)."""
+    stride = np.asarray(stride, dtype=float)
+    share = np.where(stride >= gpus_per_node, gpus_per_node / stride, np.floor(gpus_per_node / stride))
+    return np.minimum(share, np.maximum(np.asarray(n, dtype=float), 1.0))

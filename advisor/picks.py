@@ -29,8 +29,10 @@ NAMES = {Collective.all_reduce: "all-reduce", Collective.all_gather: "all-gather
 def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: float) -> str:
     """'all-reduce of 1.00 GiB over 16 GPUs (8 per node, 2 nodes): tree across nodes'."""
     _, path = comm.collective_time_and_path(coll, n, size, hw, per_node)
-    nodes = int(np.ceil(n / max(min(per_node, n), 1.0)))
-    where = f"{int(min(per_node, n))} per node, {nodes} nodes" if nodes > 1 else "one node"
+    per_node = min(per_node, n)
+    nodes = int(np.ceil(n / per_node - 1e-9))
+    spread = f"{int(per_node)} per node" if per_node >= 1 else f"1 every {round(1 / per_node)} nodes"
+    where = f"{spread}, {nodes} nodes" if nodes > 1 else "one node"
     return f"{NAMES[coll]} of {fmt_bytes(size)} over {int(n)} GPUs ({where}): {comm.algorithm_name(int(path), hw)}"
 
 

@@ -385,3 +385,18 @@ def test_an_oversubscribed_fabric_slows_groups_beyond_its_full_bisection():
         assert slow / fast == pytest.approx(ratio, rel=0.05)
     with pytest.raises(ValueError, match="describe the network: move them to inter_node"):
         hw.model_validate({**hw.model_dump(), "intra_node": {**hw.intra_node.model_dump(), "oversubscription": 2.0}})
+
+
+def test_a_group_strided_wider_than_a_node_has_its_share_of_a_domains_nodes():
+    """On 4-GPU trays of a 72-GPU NVLink domain, the data-parallel group beside TP 8 has a rank every second tray: 9
+    ranks in a domain, not 18, so a 32-rank group spans 4 domains (Megatron's rank order: TP fastest). Node-filling
+    groups are as before: 4 a tray, 72 a domain."""
+    from advisor.candidates import members_per_node
+    from advisor.comm.network import domain_groups
+
+    hw = load_hardware("gb300-nvl72")
+    assert (hw.gpus_per_node, hw.domain_gpus) == (4, 72)
+    assert members_per_node(4, 8, 32) == 0.5 and members_per_node(4, 2, 32) == 2 and members_per_node(4, 3, 32) == 1
+    assert [float(x) for x in domain_groups(32, 0.5, hw)] == [1.0, 9.0, 4.0]
+    assert [float(x) for x in domain_groups(144, 4, hw)] == [4.0, 72.0, 2.0]
+    assert [float(x) for x in domain_groups(8, 1, load_hardware("dgx-h100"))] == [1.0, 1.0, 8.0]

@@ -69,9 +69,12 @@ IN_NODE, IN_DOMAIN, RING, TREE, COLLNET, PAIRWISE = range(6)
 
 def domain_groups(n: Any, per_node: Any, hw: Hardware) -> tuple[Any, Any, Any]:
     """(GPUs of the group per node, per NVLink domain, domains spanned) for groups laid out node by node (as
-    Megatron orders ranks: a group that fills g GPUs of a node fills domain / gpus_per_node nodes of a domain)."""
-    g = np.clip(per_node, 1.0, np.maximum(n, 1.0))
-    g_dom = np.minimum(np.maximum(n, 1.0), g * (hw.domain_gpus // hw.gpus_per_node))
+    Megatron orders ranks: a group that fills g GPUs of a node fills domain / gpus_per_node nodes of a domain).
+    ``per_node`` below 1 is a group strided wider than a node (a data-parallel group beside TP 8 on 4-GPU trays: a
+    rank every second tray), which has that fraction of a domain's nodes, not all of them."""
+    n = np.maximum(n, 1.0)
+    g = np.clip(per_node, 1.0, n)
+    g_dom = np.clip(np.asarray(per_node, dtype=float) * (hw.domain_gpus // hw.gpus_per_node), 1.0, n)
     return g, g_dom, np.ceil(n / g_dom)
 
 

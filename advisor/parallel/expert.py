@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from advisor import comm
-from advisor.candidates import Candidates, Mesh
+from advisor.candidates import Candidates, Mesh, members_per_node
 from advisor.comm import Collective
 from advisor.comm.network import across, domain_groups
 from advisor.layout import DataParallelKind
@@ -306,7 +306,7 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
 def _edp(w, mesh: Mesh) -> tuple[Any, Any]:
     """(where the experts have an expert data-parallel group of their own, its ranks per node: etp x ep apart)."""
     own = (mesh.edp > 1) & ((mesh.ep > 1) | (mesh.etp != mesh.tp))
-    return own, np.clip(np.floor(w.hw.gpus_per_node / (mesh.ep * mesh.etp)), 1, mesh.edp)
+    return own, members_per_node(w.hw.gpus_per_node, mesh.ep * mesh.etp, mesh.edp)
 
 
 def grad_time(w, c: Candidates, mesh: Mesh, states, hide: Any) -> Any:
