@@ -309,9 +309,13 @@ def trains_in(stack, setup) -> None:
 
 def why_not(stack, setup) -> Optional[str]:
     """Why the stack does not run the setup's explicit choices (its fine-tuning method, precision, optimizer, token
-    dispatcher, all-to-all overlap, TP overlap and recomputed sub-modules), one line; None where it runs them."""
+    dispatcher, all-to-all overlap, TP overlap, recomputed sub-modules and torch.compile), one line; None where it
+    runs them."""
     if setup.finetune.kind not in stack.engine.methods:
         return f"stack {stack.name} does not run --method {setup.finetune.kind}"
+    uncompiled = [p for p in compile_parts(setup.compile) if not stack.compiles(p)]
+    if uncompiled:
+        return f"stack {stack.name}'s profile has no torch.compile of its {' or '.join(uncompiled)} measured"
     try:
         trains_in(stack, setup), moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
         if setup.recompute_modules is not None:

@@ -141,3 +141,15 @@ def test_the_estimate_says_what_is_compiled():
                                  "--zero", "3", "--compile", "model,loss"])
     assert r.exit_code == 0, r.output
     assert "torch.compile of model and loss" in r.output
+
+
+def test_compile_under_auto_and_any():
+    """--stack auto costs hf-trainer or megatron-core, neither of which has a compiled table: one line naming the stacks
+    that do; --stack any ranks only those."""
+    from advisor.search import plan
+
+    with pytest.raises(AdvisorError, match=r"--stack auto costs hf-trainer or megatron-core, and neither runs what was "
+                                           r"asked \(.*torch.compile.*\); --stack torchtitan or torchtitan-0.2 runs it"):
+        plan(model="llama3-8b", hw="dgx-h100", compile="model,loss", top=3)
+    found = plan(model="llama3-8b", hw="dgx-h100", stack="any", compile="model,loss", top=20)
+    assert found.plans and {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.2"}
