@@ -300,3 +300,25 @@ def test_megatron_core_local_spec_probe_agrees_with_the_hand_derived_te_layer():
         assert e["full_recompute"] == te.full_recompute.model_dump(exclude_defaults=True) == {"sequence": {"d_model": 2}}
         if family == "gpt":
             assert e["layer"]["split"]["q_dim"] == te.layer.split["q_dim"] + te.layer.split["kv_dim"] == 8
+
+
+def test_torchtitans_sequence_parallel_norm_outputs_are_saved_gathered():
+    """torchtitan's TP plan hands each SequenceParallel norm's output to PrepareModuleInput(Replicate): the
+    column-parallel linears save the all-gathered copy, the whole sequence on every TP rank (0.3.0
+    models/common/decoder_sharding.py, 0.2.2 apply_tp), so the probe files those bytes as `whole`, not `sequence`;
+    a row-parallel GEMM's output is its partial sum (whole) as eager autograd keeps it, but the reduced shard where
+    torch.compile's partitioner keeps it (it never recomputes a collective)."""
+    from advisor.probe.adapters.torchtitan import Torchtitan
+    from advisor.probe.measure import Tensor
+    from advisor.stack import load_stack
+
+    tt = Torchtitan()
+    assert tt.split(Tensor(2.0, 1, "layers.1.attention_norm", "mul", "layers.1.attention_norm"), "d_model", "none") == "whole"
+    assert tt.split(Tensor(2.0, 1, "layers.1", "add", "layers.1"), "d_model", "none") == "sequence"
+    assert tt.split(Tensor(4.0, 1, "layers.1.ffn_norm", "rsqrt", "layers.1.ffn_norm"), "constant", "none") == "sequence"
+    wo = Tensor(2.0, 1, "layers.1.attention.wo", "mm", "layers.1.attention.wo")
+    assert tt.split(wo, "d_model", "selective") == "whole"
+    assert tt.split(Tensor(2.0, 1, wo.module, "mm", wo.made_in, compiled=True), "d_model", "none") == "sequence"
+    for stack in ("torchtitan", "torchtitan-0.2"):
+        for e in load_stack(stack).memory.saved:  # eager and compiled: the two norms' outputs, 2 bytes each a token
+            assert e.layer.whole == {"d_model": 4} and e.layer.sequence["d_model"] == 4, (stack, e.compile)

@@ -112,7 +112,9 @@ class Adapter:
         """split | sequence | whole for one term of one tensor of the layer (advisor.stack's rule)."""
         last = tensor.made_in.split(".")[-1] if tensor.made_in else ""
         if term == "d_model":
-            partial = last in self.row_parallel and tensor.op in ("mm", "addmm", "linear", "bmm")
+            # eager autograd (and per-op checkpointing) keep a row-parallel GEMM's own output, the partial sum before
+            # its reduction; torch.compile's partitioner never recomputes a collective, so it keeps the reduced shard
+            partial = last in self.row_parallel and tensor.op in ("mm", "addmm", "linear", "bmm") and not tensor.compiled
             return "whole" if partial else "sequence"
         if term == "constant":
             return "sequence" if "norm" in tensor.module.split(".")[-1].lower() else "whole"

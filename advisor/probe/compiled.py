@@ -71,6 +71,16 @@ def _op(n) -> str:
     return name
 
 
+def _module(n) -> str:
+    """The module whose forward made a node (TorchDynamo's nn_module_stack: "L['block'].attention_norm" ->
+    "attention_norm"), as the eager probe names where a tensor was made; "" for graph inputs."""
+    stack = n.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = str(list(stack.values())[-1][0])
+    return path.split("].", 1)[1] if "]." in path else ""
+
+
 def _op_name(target) -> str:
     return getattr(getattr(target, "_overloadpacket", None), "__name__", "")
 
@@ -164,7 +174,9 @@ def saved(g: Graphs, tokens: int, inputs: tuple = ()) -> list[Tensor]:
         seen.add(b)
         if b.op == "placeholder" and (tuple(_val(b).shape), _val(b).dtype) not in shapes:
             continue
-        kept.append(Tensor(_bytes(b) / tokens, 1, MODULE, _op(b) if b.op != "placeholder" else "input"))
+        made = _module(b)
+        kept.append(Tensor(_bytes(b) / tokens, 1, made or MODULE, _op(b) if b.op != "placeholder" else "input", made,
+                           compiled=True))
     return kept
 
 

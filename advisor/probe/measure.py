@@ -43,6 +43,7 @@ class Tensor:
     module: str
     op: str = ""
     made_in: str = ""  # the module whose op created it (saved tensors)
+    compiled: bool = False  # saved by torch.compile's partitioner (advisor.probe.compiled), not by eager autograd
 
 
 @dataclass

@@ -33,6 +33,11 @@ class Torchtitan(Adapter):
     layer_pattern = r"\.layers\.(\d+)(?:\.|$)"
     head_modules = ("lm_head",)
     row_parallel = ("wo", "w2")  # RowwiseParallel in models/common/decoder_sharding.py
+    # SequenceParallel norms hand their output to PrepareModuleInput(desired_input_layouts=Replicate()): the
+    # column-parallel linears read, and autograd saves, the all-gathered copy, the whole sequence on every TP rank
+    # (0.2.2 models/llama3/infra/parallelize.py apply_tp; 0.3.0 models/common/decoder_sharding.py), where Megatron saves
+    # the shard and gathers it again in backward
+    gathered = ("attention_norm", "ffn_norm")
     emulation = (", bf16 parameters (FSDP2 param_dtype), CPU flash SDPA for CUDA's, RMSNorm as CUDA's fused kernel "
                  "(advisor/probe/emulate.py)")
     # compile.enable: each TransformerBlock compiled alone, fullgraph, after activation checkpointing wrapped it
@@ -40,6 +45,11 @@ class Torchtitan(Adapter):
     # compile.components ["model", "loss"] by default); the embedding, final norm and LM head stay eager
     compile_note = ("torch.compile per TransformerBlock (fullgraph, after checkpointing) and on the loss "
                     "(compile.components model, loss)")
+
+    def split(self, tensor, term: str, policy: str) -> str:
+        if term == "d_model" and tensor.made_in.split(".")[-1] in self.gathered:
+            return "whole"
+        return super().split(tensor, term, policy)
 
     def compiled_block(self, family: str, dims: Dims, mode: str, attention: str, policy: str):
         import torch
