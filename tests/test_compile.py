@@ -124,7 +124,7 @@ def test_compile_where_no_compiled_table_exists_is_one_line():
     from _robust import assert_one_line_error
 
     with pytest.raises(AdvisorError, match=r"--compile model: stack hf-trainer's profile has no torch.compile of its "
-                                           r"model measured: drop it, or use --stack torchtitan or torchtitan-0.2"):
+                                           r"model measured: drop it, or use --stack torchtitan or torchtitan-0.1 or torchtitan-0.2"):
         api.estimate(**{**LLAMA8, "stack": "hf-trainer", "fsdp": None}, compile="model")
     assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "megatron-core",
                            "--compile", "model,loss"], "has no torch.compile of its", "--stack torchtitan")
@@ -149,7 +149,7 @@ def test_compile_under_auto_and_any():
     from advisor.search import plan
 
     with pytest.raises(AdvisorError, match=r"--stack auto costs hf-trainer or megatron-core, and neither runs what was "
-                                           r"asked \(.*torch.compile.*\); --stack torchtitan or torchtitan-0.2 runs it"):
+                                           r"asked \(.*torch.compile.*\); --stack torchtitan or torchtitan-0.1 or torchtitan-0.2 runs it"):
         plan(model="llama3-8b", hw="dgx-h100", compile="model,loss", top=3)
     found = plan(model="llama3-8b", hw="dgx-h100", stack="any", compile="model,loss", top=20)
-    assert found.plans and {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.2"}
+    assert found.plans and {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.1", "torchtitan-0.2"}

@@ -50,7 +50,8 @@ def inputs(model, hw, world, plan_kw, setup_kw):
 def test_shipped_stacks_list_their_launch_formats():
     """Each shipped profile names its formats, usual one first (the stacks' own launchers: shared/stacks/)."""
     want = {"hf-trainer": ("accelerate", "deepspeed", "torchrun"), "megatron-deepspeed": ("megatron", "deepspeed"),
-            "torchtitan": ("torchtitan",), "torchtitan-0.2": ("torchtitan-toml", "torchtitan"), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",),
+            "torchtitan": ("torchtitan",), "torchtitan-0.2": ("torchtitan-toml", "torchtitan"),
+            "torchtitan-0.1": ("torchtitan-toml", "torchtitan"), "llm-foundry": ("llm-foundry",), "llm-foundry-2023": ("llm-foundry",),
             "megatron-core": ("megatron", "megatron-bridge"), "deepspeed": ("deepspeed",), "litgpt": ("litgpt",),
             "nanotron": ("nanotron",)}
     for name in list_stacks():

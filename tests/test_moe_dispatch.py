@@ -453,10 +453,10 @@ def test_async_tp_under_auto_and_any():
     from advisor.search import plan
 
     with pytest.raises(AdvisorError, match=r"--stack auto costs hf-trainer or megatron-core, and neither runs what was "
-                                           r"asked \(.*\); --stack torchtitan or torchtitan-0.2 runs it"):
+                                           r"asked \(.*\); --stack torchtitan or torchtitan-0.1 or torchtitan-0.2 runs it"):
         plan(model="llama3-70b", hw="dgx-h100", gpus=64, tp_overlap="async", compile="model,loss", top=3)
     found = plan(model="llama3-70b", hw="dgx-h100", gpus=64, stack="any", tp_overlap="async", compile="model,loss", top=20)
-    assert {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.2"} and found.plans
+    assert {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.1", "torchtitan-0.2"} and found.plans
 
 
 def test_async_tp_beyond_the_nvlink_domain_is_not_pipelined():

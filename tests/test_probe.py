@@ -313,7 +313,9 @@ def test_torchtitans_sequence_parallel_norm_outputs_are_saved_gathered():
     from advisor.stack import load_stack
 
     tt = Torchtitan()
-    assert tt.split(Tensor(2.0, 1, "layers.1.attention_norm", "mul", "layers.1.attention_norm"), "d_model", "none") == "whole"
+    norm = Tensor(2.0, 1, "layers.1.attention_norm", "mul", "layers.1.attention_norm", output=True)
+    assert tt.split(norm, "d_model", "none") == "whole"  # its output; a composite norm's fp32 copies stay `sequence`
+    assert tt.split(Tensor(4.0, 1, norm.module, "_to_copy", norm.made_in), "d_model", "none") == "sequence"
     assert tt.split(Tensor(2.0, 1, "layers.1", "add", "layers.1"), "d_model", "none") == "sequence"
     assert tt.split(Tensor(4.0, 1, "layers.1.ffn_norm", "rsqrt", "layers.1.ffn_norm"), "constant", "none") == "sequence"
     wo = Tensor(2.0, 1, "layers.1.attention.wo", "mm", "layers.1.attention.wo")
@@ -322,3 +324,32 @@ def test_torchtitans_sequence_parallel_norm_outputs_are_saved_gathered():
     for stack in ("torchtitan", "torchtitan-0.2"):
         for e in load_stack(stack).memory.saved:  # eager and compiled: the two norms' outputs, 2 bytes each a token
             assert e.layer.whole == {"d_model": 4} and e.layer.sequence["d_model"] == 4, (stack, e.compile)
+
+
+@pytest.mark.slow
+@_needs("torchtitan", "pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro docstring-parser typeguard triton")
+def test_torchtitan_01_reprobed_matches_its_shipped_profile():
+    """stack_profiles/torchtitan-0.1.yaml's eager entries are the probe of torchtitan's block with torch's composite
+    rms_norm (no fused-kernel emulation), number for number: 73 + 123 aten ops a block, the norms' fp32 copies saved
+    and moved. Its per-op selective table is torchtitan-0.2's derivation (wk recomputed), not compared."""
+    from advisor.probe import adapter_for
+    from advisor.probe.core import probe
+    from advisor.probe.fragment import fragment
+    from advisor.stack import load_stack
+
+    shipped = load_stack("torchtitan-0.1")
+    frag = fragment(probe(adapter_for("torchtitan-0.1")), shipped)
+    (host,), (head,) = frag["kernels"]["host"], frag["kernels"]["host_outside_layers"]
+    s_host, s_head = shipped.kernels.host[0], shipped.kernels.host_outside_layers[0]
+    assert (host["forward_ops"], host["backward_ops"]) == (s_host.forward_ops, s_host.backward_ops) == (73, 123)
+    assert (head["forward_ops"], head["backward_ops"]) == (s_head.forward_ops, s_head.backward_ops)
+    (ew,), (saved,) = frag["kernels"]["elementwise"], frag["memory"]["saved"]
+    s_ew, s_saved = shipped.kernels.elementwise[0], shipped.memory.saved[0]
+    assert ew["forward"] == s_ew.forward.model_dump(exclude_defaults=True)
+    assert ew["backward"] == s_ew.backward.model_dump(exclude_defaults=True)
+    for key in ("layer", "full_recompute"):
+        assert saved[key] == getattr(s_saved, key).model_dump(exclude_defaults=True), key
+    assert saved["outside_layers"] == s_saved.outside_layers
+    # against the fused kernel (torchtitan's profile): the same block but for its norms
+    fused = load_stack("torchtitan").kernels.elementwise[0]
+    assert fused.forward.split == s_ew.forward.split and s_ew.forward.sequence["d_model"] > 4 * fused.forward.sequence["d_model"]

@@ -19,7 +19,7 @@ from advisor.stack import list_stacks, load_stack
 METHODS = {"hf-trainer": ["full", "lora", "qlora"], "deepspeed": ["full", "lora", "qlora"],
            "litgpt": ["full", "lora", "qlora"], "megatron-core": ["full", "lora"],
            "megatron-bridge-perf": ["full", "lora"], "torchtitan": ["full", "lora"], "llm-foundry": ["full"],
-           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"],
+           "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"], "torchtitan-0.1": ["full"],
            "litgpt-2023": ["full", "lora", "qlora"]}
 
 
@@ -113,7 +113,7 @@ def test_llama4_is_costed_where_its_experts_run_routed():
     # megatron-core's, Megatron-DeepSpeed's, litgpt's and torchtitan 0.3.0's masks are causal or sliding, never chunked
     for name in ("megatron-core", "megatron-deepspeed", "megatron-bridge-perf", "torchtitan", "litgpt"):
         with pytest.raises(AdvisorError, match=rf"stack {name}'s model code does not build llama4-scout, which has "
-                                               r"chunked attention: use --stack torchtitan-0.2$"):
+                                               r"chunked attention: use --stack torchtitan-0.1 or torchtitan-0.2$"):
             estimate(model="llama4-scout", hw="dgx-h100", gpus=16, zero=3, recompute="full", stack=name)
     res = plan("llama4-scout", "gb200-nvl72", gpus=64, seq=8192, global_batch=256, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"torchtitan-0.2"}

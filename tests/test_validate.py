@@ -391,3 +391,22 @@ def test_cli_offers_every_dataset():
     from validation.validate import VALIDATORS
 
     assert sorted(DATASETS) == sorted(VALIDATORS)
+
+
+def test_lowprec_rows_take_the_torchtitan_of_their_torch():
+    """torch before 2.9 has no fused CUDA rms_norm (the wheels' ATen headers: _fused_rms_norm_cuda_dispatch.h first in
+    2.9.0): the torchao/torchtitan rows of earlier torch are costed in torchtitan-0.1, later ones in torchtitan-0.2,
+    nvfp4.md's (torchtitan 0.3.0 configs) in torchtitan."""
+    from validation.lowprec import _torch_2_9, e2e_kwargs, load_lowprec
+
+    assert _torch_2_9("2.9.0.dev20250815+cu128") and _torch_2_9("2.14.0a0+gitd9abf9e") and _torch_2_9("2.10.0")
+    assert not _torch_2_9("2.7.0a0+gitb98af95") and not _torch_2_9("2.8.0a0+5228986c39 (NGC 25.05)")
+    assert not _torch_2_9("1963fc83a1c32e162162e2414f78b043f0674bae (2024/12/23)") and not _torch_2_9("None")
+    stacks = {}
+    for r in load_lowprec():
+        kw = e2e_kwargs(r) if r.get("kind") != "gemm" and r.get("parallelism") else None
+        if kw:
+            stacks[r["id"]] = kw["stack"]
+    assert stacks["tt-h100-l8b-8gpu-bf16-eager"] == "torchtitan-0.1"  # Dec 2024's nightly
+    assert stacks["ao-b200-l8b-bf16"] == "torchtitan-0.2"  # torch 2.9.0.dev20250815
+    assert stacks["tt-gb200-l8b-bf16"] == "torchtitan"

@@ -42,9 +42,11 @@ E2E_HARDWARE = {"H100": "dgx-h100", "H100 (96GB HBM2e, 500W)": "meta-grand-teton
 # The torchtitan each end-to-end source ran: nvfp4.md and PR #3914 train with configs only torchtitan 0.3.0's registry
 # has (llama3_8b_mxfp8, llama3_8b_first_85_pct_layers_nvfp4, on torch 2.14 nightlies): its chunked loss; the 2024-2025
 # benchmark docs and torchao's tables predate it (torchtitan 0.0.2 and commits of Dec 2024 - Aug 2025): the whole-
-# sequence loss and TP always with SequenceParallel (stack_profiles/torchtitan-0.2.yaml)
+# sequence loss and TP always with SequenceParallel (stack_profiles/torchtitan-0.2.yaml), on torch 2.9 or later (the
+# fused rms_norm), else on the torch before it (torchtitan-0.1: the composite rms_norm), by the row's torch version
 E2E_STACK_BY_SOURCE = {"nvfp4.md": "torchtitan", "3914": "torchtitan"}
 E2E_STACK = "torchtitan-0.2"
+E2E_STACK_BEFORE_TORCH_2_9 = "torchtitan-0.1"
 # Checkpointing a row does not state: the default of its config. torchtitan 0.3.0's llama3_8b and qwen3 8B configs set
 # activation_checkpoint=SelectiveAC.Config() (models/llama3/config_registry.py, models/qwen3/config_registry.py), the
 # per-op policy, which the mxfp8 and nvfp4 variants inherit
@@ -176,12 +178,21 @@ def _recompute(ac: Any, stack: str) -> Optional[str]:
     return None
 
 
+def _torch_2_9(version: str) -> bool:
+    """Whether a row's torch ("2.9.0.dev20250815+cu128", "2.7.0a0+gitb98af95", a commit hash of Dec 2024) is 2.9 or
+    later; a bare commit is one of the rows' 2024 nightlies."""
+    parts = version.split(".")
+    return len(parts) > 1 and parts[0].isdigit() and parts[1].isdigit() and (int(parts[0]), int(parts[1])) >= (2, 9)
+
+
 def e2e_kwargs(row: dict) -> Optional[dict]:
     """advisor.estimate's options for an end-to-end row, or None where advisor cannot ask it (MoE, no GPU named,
     a parallelism column advisor does not read, a pipeline whose micro-batches the source does not state)."""
     hw, m, p, b = row["hardware"], row["model"], row["parallelism"], row["batch"]
     model, gpu = E2E_MODELS.get(m["name"]), E2E_HARDWARE.get(str(hw.get("gpu")))
     stack = E2E_STACK_BY_SOURCE.get(row["source"]["url"].rstrip("/").split("/")[-1], E2E_STACK)
+    if stack == E2E_STACK and not _torch_2_9(str((row.get("software") or {}).get("versions", {}).get("torch"))):
+        stack = E2E_STACK_BEFORE_TORCH_2_9
     recompute = _recompute(p.get("ac"), stack)
     if model is None or gpu is None or recompute is None or p.get("ep") or not isinstance(p.get("dp"), int):
         return None

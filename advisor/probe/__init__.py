@@ -17,6 +17,7 @@ from advisor.probe.solve import ProbeError
 ADAPTERS = {
     "hf-trainer": "advisor.probe.adapters.hf:HFTrainer",
     "torchtitan": "advisor.probe.adapters.torchtitan:Torchtitan",
+    "torchtitan-0.1": "advisor.probe.adapters.torchtitan:TorchtitanComposite",
     "megatron-core": "advisor.probe.adapters.megatron_core:MegatronCore",
 }
 

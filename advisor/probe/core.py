@@ -16,7 +16,7 @@ bias gradients, scalars) to nobody, counted in the notes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.probe.adapter import Adapter
 from advisor.probe.measure import Step, Tensor, count_ops, run_step
@@ -98,7 +98,19 @@ def _forms(adapter: Adapter, lists: list[list[Tensor]], configs, terms, policy: 
 
 
 def _layer(adapter: Adapter, tensors: list[Tensor], attr: str = "module") -> list[Tensor]:
-    return [t for t in tensors if adapter.layer_of(getattr(t, attr)) == 1]
+    return outputs([t for t in tensors if adapter.layer_of(getattr(t, attr)) == 1])
+
+
+# a module's statistics (a norm's rstd: 4 bytes a token) are made beside or after its output; its output is the last
+# tensor it made that is larger than this many bytes a token
+STATISTICS_BYTES = 8.0
+
+
+def outputs(tensors: list[Tensor]) -> list[Tensor]:
+    """The tensors (in the order they were made) with each module's output marked: the last tensor the module made
+    of more than STATISTICS_BYTES a token (a composite norm makes fp32 copies before its output)."""
+    last = {t.made_in: i for i, t in enumerate(tensors) if t.made_in and t.per_token > STATISTICS_BYTES}
+    return [replace(t, output=True) if last.get(t.made_in) == i else t for i, t in enumerate(tensors)]
 
 
 def _outside(adapter: Adapter, tensors: list[Tensor]) -> list[Tensor]:
@@ -173,7 +185,7 @@ def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, so
             torch.manual_seed(0)
             fn, args = adapter.compiled_block(family, dims, mode, attention, policy)
             runs.append((compiled.compile_graphs(fn, args), dims.tokens, args[:1]))
-        kept = _forms(adapter, [compiled.saved(g, n, x) for g, n, x in runs], configs, terms, policy,
+        kept = _forms(adapter, [outputs(compiled.saved(g, n, x)) for g, n, x in runs], configs, terms, policy,
                       f"compiled {mode} {attention} {policy} saves")
         entry[{"none": "layer", "full": "full_recompute", "selective": "selective"}[policy]] = kept.per_layer_bytes()
         if policy != "none":

@@ -44,6 +44,7 @@ class Tensor:
     op: str = ""
     made_in: str = ""  # the module whose op created it (saved tensors)
     compiled: bool = False  # saved by torch.compile's partitioner (advisor.probe.compiled), not by eager autograd
+    output: bool = False  # the last sizeable tensor its module made: the module's output (advisor.probe.core.outputs)
 
 
 @dataclass

@@ -14,6 +14,8 @@ flash kernel beside them, through SelectiveAC.get_save_ops, the override the lib
 
 from __future__ import annotations
 
+import contextlib
+
 from advisor.probe.adapter import Adapter, Case, Family
 from advisor.probe.solve import Dims
 
@@ -45,9 +47,10 @@ class Torchtitan(Adapter):
     # compile.components ["model", "loss"] by default); the embedding, final norm and LM head stay eager
     compile_note = ("torch.compile per TransformerBlock (fullgraph, after checkpointing) and on the loss "
                     "(compile.components model, loss)")
+    fused_norm = True  # torch 2.9+: F.rms_norm on CUDA runs aten._fused_rms_norm (advisor/probe/emulate.py)
 
     def split(self, tensor, term: str, policy: str) -> str:
-        if term == "d_model" and tensor.made_in.split(".")[-1] in self.gathered:
+        if term == "d_model" and tensor.output and tensor.made_in.split(".")[-1] in self.gathered:
             return "whole"
         return super().split(tensor, term, policy)
 
@@ -85,11 +88,28 @@ class Torchtitan(Adapter):
         model.train()
         ids = torch.randint(0, dims.vocab, (dims.b, dims.s))
 
+        norm = fused_rms_norm if self.fused_norm else None
+
         def forward():
-            with fused_rms_norm():
+            with norm() if norm else contextlib.nullcontext():
                 return cross_entropy_loss(model(ids), ids)
 
-        return Case(model, forward, dims.tokens, fused_rms_norm)
+        return Case(model, forward, dims.tokens, norm)
+
+
+class TorchtitanComposite(Torchtitan):
+    """torchtitan's block on torch before 2.9, whose CUDA build has no fused rms_norm: nn.RMSNorm runs torch's
+    composite chain (an fp32 copy, its square's mean, rsqrt, products, casts back), each op a kernel, keeping its fp32
+    copies for backward. Checked in the wheels' ATen op headers: _fused_rms_norm_cuda_dispatch.h ships first in torch
+    2.9.0 (2.8.0 has only the MPS kernel). On CPU torch runs that composite (torch 2.13's order of ops: the weight
+    applied in fp32, then the cast); torch.compile decomposes either into the same graph, so the compiled tables are
+    torchtitan's."""
+
+    stack = "torchtitan-0.1"
+    fused_norm = False
+    compile_note = ""
+    emulation = (", bf16 parameters (FSDP2 param_dtype), CPU flash SDPA for CUDA's, RMSNorm as torch's composite ops "
+                 "(CUDA's before torch 2.9)")
 
 
 def _model(d: Dims, n_layers: int):
