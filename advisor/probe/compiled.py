@@ -7,13 +7,16 @@ them on a GPU:
   partitioner chose to keep (it recomputes cheap element-wise results from them), and under a checkpointing policy
   what that policy left (TorchDynamo traces torch.utils.checkpoint and its selective context into the graph);
 - **kernels**: extern kernels (GEMMs, attention: aten calls in Inductor's output without max-autotune, so no
-  epilogue fused into them) and fused kernels. Inductor's scheduler fuses pointwise and reduction nodes into one
-  kernel unless a data path runs between them through an extern kernel (that would be a cycle) or their loop sizes
-  differ (one iteration count is not a multiple of the other: a per-row reduction fuses with its row's pointwise
-  work, a d_ff-wide product not with a d_model-wide add); fusion here follows data edges, so kernels that only
-  share an input are left apart (Inductor's horizontal fusion would merge some: an upper bound on the traffic);
+  epilogue fused into them), aten fallbacks (ops on complex numbers, for which Inductor generates no code:
+  _inductor/lowering.py unsupported_input_tensor) and fused kernels. Pointwise and reduction nodes join along data
+  edges unless a data path runs between them through an extern or fallback kernel (that would be a cycle), two
+  reductions reduce to different sizes (a norm's per-row statistics, its weight gradient's sum over the rows), or
+  their loops differ other than as pointwise work on a reduction's result. A pointwise value another kernel reads is
+  recomputed there, not stored (Inductor inlines pointwise IR into its readers); reductions, indexed loads and the
+  values extern kernels read or the graph returns are stored. Kernels that only share an input stay apart (Inductor's
+  horizontal fusion would merge some: an upper bound on the traffic);
 - **traffic**: each fused kernel reads every buffer it takes from outside once (the views of one buffer it reads
-  at most that buffer) and writes every value that leaves it, in the graph's dtypes.
+  at most that buffer) and writes every stored value that leaves it, in the graph's dtypes.
 
 Everything else is what the eager probe does (advisor.probe.core): sizes per token on three configs, attributed
 to the layer's dimensions. What a GPU would show and a CPU cannot (Inductor's realisation heuristics, Triton's
@@ -38,7 +41,7 @@ EXTERN = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "convolution", "_scale
           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
           "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"}
 # besides the eager probe's views: those AOTAutograd's graphs show (views of complex numbers, getitem of a tuple)
-FREE = VIEWS | {"getitem", "view_as_real", "view_as_complex", "_conj", "clone_noop"}
+FREE = VIEWS | {"getitem", "view_as_real", "view_as_complex"}
 
 
 @dataclass
@@ -102,8 +105,7 @@ def _bytes(n) -> int:
     """A value's bytes; 0 for one whose size is symbolic (the CPU generator's state, which CUDA's philox keeps in
     two integers)."""
     v = _val(n)
-    numel = v.numel() if v is not None else 0
-    return numel * v.element_size() if isinstance(numel, int) else 0
+    return _numel(n) * v.element_size() if v is not None else 0
 
 
 def _loop(n) -> tuple[int, int]:
