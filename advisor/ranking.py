@@ -123,8 +123,10 @@ class PlanSearch:
             f", {ft.method} r={ft.lora_rank} on {ft.targets}{' (DoRA)' if ft.dora else ''}, frozen base in "
             f"{ {'none': self.setup.precision.value, 'nf4': 'NF4', 'int8': 'int8'}[ft.base_quant.value]}"
             + (f", {ft.offload} on the CPU" if ft.offload.value != "none" else ""))
+        compiled = (f", torch.compile of {self.setup.compile.replace(',', ' and ')}"
+                    if self.setup.compile != "none" else "")
         return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {gpus}x {self.hardware.name}: "
-                f"{gb}, {seq}, {self.setup.precision.value}{method}{budget}; {self.candidates:,} plans evaluated, "
+                f"{gb}, {seq}, {self.setup.precision.value}{method}{compiled}{budget}; {self.candidates:,} plans evaluated, "
                 f"{sum(self.rejected.values()):,} rejected, ranked by {RANKED_BY[self.objective]}")
 
     def notes(self) -> list[str]:
