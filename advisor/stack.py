@@ -157,24 +157,33 @@ class Stack(Spec):
         default_factory=list, max_length=16,
         description="the launch formats the stack is started with, its usual one first (advisor export --format; "
                     "advisor.export.KINDS names them); none listed: advisor export refuses, naming this field")
+    # the --compile values the stack runs and has tables for (torchtitan's compile.components; the Trainer's
+    # torch_compile, which compiles the model with its loss inside); empty: eager only
+    compile: list[Literal["model", "loss", "model,loss"]] = Field(default_factory=list, max_length=3)
     kernels: Kernels
     memory: Memory
     engine: Engine
 
-    def compiles(self, part: str) -> bool:
-        """Whether the profile has the stack's torch.compile of ``part`` measured: model (its blocks' kernels) or
-        loss."""
-        return any(e.compile == "compiled" for e in (self.kernels.elementwise if part == "model" else self.kernels.loss))
+    def compile_refusal(self, asked: str) -> Optional[str]:
+        """Why the stack does not run ``--compile asked`` (none, model, loss, model,loss), one line; None where it
+        does: its profile's ``compile`` lists what its torch.compile can compile (the Trainer, say, compiles the
+        model with its loss inside, never one alone)."""
+        if asked == "none" or asked in self.compile:
+            return None
+        if self.compile:
+            return (f"--compile {asked}: stack {self.name} compiles {' or '.join(self.compile)} (its profile's compile:): "
+                    f"use --compile {self.compile[0]}")
+        others = [n for n in list_stacks() if asked in load_stack(n).compile]
+        return (f"--compile {asked}: stack {self.name}'s profile has no torch.compile measured: drop it"
+                + (f", or use --stack {' or '.join(others)}" if others else ""))
 
     def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: tuple[str, ...] = ()) -> "StackTables":
         """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions: eager
         kernels, or those of its torch.compile for the parts in ``compile`` (model: the blocks; loss)."""
         mlp = layer.mlp.kernels  # GeGLU reads SwiGLU's entries (advisor.model.layer.MLPKind.kernels)
-        for part in compile:
-            if not self.compiles(part):
-                others = [n for n in list_stacks() if all(load_stack(n).compiles(p) for p in compile)]
-                raise StackError(f"--compile {','.join(compile)}: stack {self.name}'s profile has no torch.compile of "
-                                 f"its {part} measured: drop it" + (f", or use --stack {' or '.join(others)}" if others else ""))
+        refusal = self.compile_refusal(",".join(compile) or "none")
+        if refusal:
+            raise StackError(refusal)
 
         def pick(entries: list, what: str, part: str = "model"):
             how = "compiled" if part in compile else "eager"

@@ -313,9 +313,9 @@ def why_not(stack, setup) -> Optional[str]:
     runs them."""
     if setup.finetune.kind not in stack.engine.methods:
         return f"stack {stack.name} does not run --method {setup.finetune.kind}"
-    uncompiled = [p for p in compile_parts(setup.compile) if not stack.compiles(p)]
-    if uncompiled:
-        return f"stack {stack.name}'s profile has no torch.compile of its {' or '.join(uncompiled)} measured"
+    refusal = stack.compile_refusal(setup.compile)
+    if refusal:
+        return refusal
     try:
         trains_in(stack, setup), moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
         if setup.recompute_modules is not None:

@@ -123,11 +123,23 @@ def test_compile_where_no_compiled_table_exists_is_one_line():
     CLI says it on one line too."""
     from _robust import assert_one_line_error
 
-    with pytest.raises(AdvisorError, match=r"--compile model: stack hf-trainer's profile has no torch.compile of its "
-                                           r"model measured: drop it, or use --stack torchtitan or torchtitan-0.1 or torchtitan-0.2"):
-        api.estimate(**{**LLAMA8, "stack": "hf-trainer", "fsdp": None}, compile="model")
+    with pytest.raises(AdvisorError, match=r"--compile model: stack megatron-core's profile has no torch.compile "
+                                           r"measured: drop it, or use --stack torchtitan or torchtitan-0.1 or "
+                                           r"torchtitan-0.2$"):
+        api.estimate(**{**LLAMA8, "stack": "megatron-core", "fsdp": None}, compile="model")
     assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "megatron-core",
-                           "--compile", "model,loss"], "has no torch.compile of its", "--stack torchtitan")
+                           "--compile", "model,loss"], "has no torch.compile measured",
+                          "--stack deepspeed or hf-trainer or torchtitan")
+    # the Trainer compiles the model with its loss inside (TrainingArguments.torch_compile): never one alone
+    with pytest.raises(AdvisorError, match=r"--compile model: stack hf-trainer compiles model,loss \(its profile's "
+                                           r"compile:\): use --compile model,loss"):
+        api.estimate(**{**LLAMA8, "stack": "hf-trainer", "fsdp": None}, compile="model")
+    # litgpt runs its own blocks, not the Hugging Face modules its base profile's compiled tables measured
+    with pytest.raises(AdvisorError, match="stack litgpt's profile has no torch.compile measured"):
+        api.estimate(**{**LLAMA8, "stack": "litgpt", "precision": "bf16", "recompute": "full"}, compile="model,loss")
+    # hf-trainer's compiled tables are Llama's: a GPT-2 (GeLU MLP) compiled is refused in one line too
+    assert_one_line_error(["estimate", "--model", "gpt2-xl", "--hw", "dgx-a100", "--stack", "hf-trainer", "--compile",
+                           "model,loss"], "no kernels.host entry for mode mixed, sdpa attention and a gelu MLP compiled")
     assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--compile", "blocks"],
                           "--compile")
 
@@ -144,12 +156,41 @@ def test_the_estimate_says_what_is_compiled():
 
 
 def test_compile_under_auto_and_any():
-    """--stack auto costs hf-trainer or megatron-core, neither of which has a compiled table: one line naming the stacks
-    that do; --stack any ranks only those."""
+    """--stack auto costs a search in hf-trainer, which compiles (Llama), where megatron-core, its stack for
+    model-parallel plans, has no compiled table: every plan in hf-trainer; --stack any ranks the stacks that
+    compile."""
     from advisor.search import plan
 
-    with pytest.raises(AdvisorError, match=r"--stack auto costs hf-trainer or megatron-core, and neither runs what was "
-                                           r"asked \(.*torch.compile.*\); --stack torchtitan or torchtitan-0.1 or torchtitan-0.2 runs it"):
-        plan(model="llama3-8b", hw="dgx-h100", compile="model,loss", top=3)
+    auto = plan(model="llama3-8b", hw="dgx-h100", compile="model,loss", top=20)
+    assert auto.plans and {p.setup.stack for p in auto.plans} == {"hf-trainer"}
     found = plan(model="llama3-8b", hw="dgx-h100", stack="any", compile="model,loss", top=20)
-    assert found.plans and {p.setup.stack for p in found.plans} <= {"torchtitan", "torchtitan-0.1", "torchtitan-0.2"}
+    assert found.plans and {p.setup.stack for p in found.plans} <= {"hf-trainer", "torchtitan", "torchtitan-0.1",
+                                                                     "torchtitan-0.2"}
+
+
+def test_accelerate_export_compiles_as_costed(tmp_path, monkeypatch):
+    """hf-trainer's --compile model,loss is accelerate's dynamo_config (the prepared model compiled whole, its loss
+    inside), read back by accelerate 1.15's own loader and launcher into the TorchDynamoPlugin's environment; a
+    part alone is refused in one line (accelerate compiles the whole model)."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import TorchDynamoPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from advisor.api import launch_config
+    from advisor.export.common import ExportError
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, zero=3, seq=4096, stack="hf-trainer", format="accelerate")
+    out = launch_config(**kw, compile="model,loss")
+    path = tmp_path / out.filename
+    path.write_text(out.text)
+    cfg = load_config_from_file(str(path))
+    assert cfg.dynamo_config["dynamo_backend"] == "INDUCTOR"
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    for key, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(key, value)
+    assert TorchDynamoPlugin().backend.value == "INDUCTOR"
+    with pytest.raises(ExportError, match="accelerate compiles the whole model, its loss inside"):
+        launch_config(**kw, compile="model")
+    assert "dynamo_config" not in launch_config(**kw).text

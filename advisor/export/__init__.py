@@ -151,6 +151,8 @@ def resolve_launch(kind: Optional[str], stack: Union[str, Stack, None]) -> tuple
 
 
 ZERO_BUBBLE = ("zb-h1", "zb-v", "dualpipev")
+# the formats that write torch.compile as costed (accelerate's dynamo_config, torchtitan's compile.*)
+COMPILE_FORMATS = ("accelerate", "torchtitan", "torchtitan-toml")
 
 
 def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
@@ -202,6 +204,9 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export --format megatron-bridge (Bridge's LoRA), or accelerate, deepspeed or torchrun with "
                           "--stack hf-trainer (PEFT)")
+    if setup.compile != "none" and kind not in COMPILE_FORMATS:  # a config without it would launch an eager run
+        raise ExportError(f"--compile {setup.compile}: the {kind} export has no torch.compile setting: "
+                          + _elsewhere(stack_, COMPILE_FORMATS) + ", or --compile none")
     if kind not in TAKE_STACK and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: "

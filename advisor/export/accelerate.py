@@ -61,6 +61,12 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     elif recipe is not None:
         cfg["fp8_config"] = dict(ACCELERATE_FP8[recipe.name])
     cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
+    if setup.compile != "none":  # accelerate's TorchDynamoPlugin compiles the prepared model whole, its loss inside
+        if setup.compile != "model,loss":
+            raise ExportError(f"--compile {setup.compile}: accelerate compiles the whole model, its loss inside "
+                              "(dynamo_config): export --compile model,loss")
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": "default", "dynamo_use_fullgraph": False,
+                                "dynamo_use_dynamic": False}
     if setup.recompute.value in ("block", "every-k", "offload"):
         notes.append({"block": f"block recompute: checkpoint the first {setup.recompute_layers} layers in the script",
                       "every-k": f"every-k recompute: model.gradient_checkpointing_enable() with every_n_layers="

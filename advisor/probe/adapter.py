@@ -61,6 +61,7 @@ class Adapter:
                   "(advisor/stack.py)")
     emulation = ""  # what the probe changes to see on CPU what CUDA would do
     compile_note = ""  # how the stack applies torch.compile (empty: the probe does not compile; advisor.probe.compiled)
+    compiled_families: tuple[str, ...] = ()  # the families probed compiled (empty: every family)
 
     def version(self) -> str:
         try:
@@ -94,9 +95,9 @@ class Adapter:
         its arguments (the activations first, each one requiring grad)."""
         raise ProbeError(f"stack {self.stack}: the probe does not compile its blocks")
 
-    def compiled_loss(self, dims: Dims) -> tuple[Callable, tuple]:
-        """The loss as the stack compiles it: the function and its arguments (logits [b, s, vocab] requiring grad
-        first)."""
+    def compiled_loss(self, dims: Dims, mode: str) -> tuple[Callable, tuple]:
+        """The loss as the stack compiles it in a precision mode: the function and its arguments (logits [b, s, vocab]
+        requiring grad first, in the dtype the mode's LM head makes them)."""
         raise ProbeError(f"stack {self.stack}: the probe does not compile its loss")
 
     def layer_of(self, module: str) -> Optional[int]:

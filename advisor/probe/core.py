@@ -196,7 +196,7 @@ def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, so
         probed.elementwise.append({"mode": mode, "mlp": mlp, "compile": "compiled", "forward": tf.per_layer_bytes(),
                                    "backward": tb.per_layer_bytes(), "source": src})
         g, n, _ = runs[0]
-        probed.host.append({"attention": attention, "mlp": mlp, "compile": "compiled",
+        probed.host.append({"mode": mode, "attention": attention, "mlp": mlp, "compile": "compiled",
                             "forward_ops": compiled.traffic(g.forward, n)[1],
                             "backward_ops": compiled.traffic(g.backward, n)[1], "source": src})
         probed.notes += tf.note() + tb.note()
@@ -205,7 +205,7 @@ def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, so
     probed.saved.append(entry | {"source": src})
 
 
-def _compiled_loss(adapter: Adapter, family: str, source: str, probed: Probed) -> None:
+def _compiled_loss(adapter: Adapter, family: str, mode: str, probed: Probed) -> None:
     """The stack's compiled loss, per logit: bytes its kernels move forward and backward, what it keeps for the
     backward (held) and that plus what its backward writes (peak). Per-row buffers (a few bytes per token, against
     2 x vocab for the logits) are left out, as the eager loss tables leave them."""
@@ -216,7 +216,7 @@ def _compiled_loss(adapter: Adapter, family: str, source: str, probed: Probed) -
     per: list[tuple[float, ...]] = []
     for dims in adapter.configs(family):
         torch.manual_seed(0)
-        fn, args = adapter.compiled_loss(dims)
+        fn, args = adapter.compiled_loss(dims, mode)
         n = dims.tokens * dims.vocab
         g = compiled.compile_graphs(fn, args)
         (fk, _), (bk, _) = compiled.kernels(g.forward, n), compiled.kernels(g.backward, n)
@@ -231,8 +231,8 @@ def _compiled_loss(adapter: Adapter, family: str, source: str, probed: Probed) -
         raise ProbeError(f"{adapter.stack}: the compiled loss moves other bytes per logit on other configs: {per}")
     fw, bw, held, peak = per[0]
     src = f"{adapter.source(family, compiled=True)}: the loss's graphs (advisor.probe.compiled)"
-    probed.loss.append({"compile": "compiled", "forward": fw, "backward": bw, "source": src})
-    probed.logits.append({"compile": "compiled", "held": held, "peak": peak, "source": src})
+    probed.loss.append({"mode": mode, "compile": "compiled", "forward": fw, "backward": bw, "source": src})
+    probed.logits.append({"mode": mode, "compile": "compiled", "held": held, "peak": peak, "source": src})
 
 
 def _host(adapter: Adapter, family: str, attention: str, source: str, probed: Probed) -> None:
@@ -260,15 +260,16 @@ def probe(adapter: Adapter, family: str | None = None) -> Probed:
     check_configs(adapter.configs(family), adapter.terms(family))
     source = adapter.source(family)
     probed = Probed(adapter.stack, source)
+    compiles = bool(adapter.compile_note) and family in (adapter.compiled_families or adapter.families)
     try:
         for attention in adapter.attentions:
             _host(adapter, family, attention, source, probed)
             for mode in adapter.modes:
                 _saved_entry(adapter, family, mode, attention, source, probed)
-                if adapter.compile_note:
+                if compiles and attention == "sdpa":  # the element-wise tables are SDPA's
                     _compiled_entry(adapter, family, mode, attention, source, probed)
-        if adapter.compile_note:
-            _compiled_loss(adapter, family, source, probed)
+        for mode in adapter.modes if compiles else ():
+            _compiled_loss(adapter, family, mode, probed)
     finally:
         adapter.close()
     probed.notes = sorted(set(probed.notes))

@@ -35,6 +35,44 @@ class HFTrainer(Adapter):
                   "byte of a layer is `split` (divided by TP), a checkpointed layer's input `whole`, as "
                   "stack_profiles/hf-trainer.yaml has them")
     emulation = ", CUDA autocast and dropout emulated (advisor/probe/emulate.py)"
+    # TrainingArguments.torch_compile: the Trainer compiles the whole model, its loss inside its forward (accelerate's
+    # TorchDynamoPlugin, inductor); probed a decoder layer at a time (what crosses a layer's edge, a residual add into
+    # the next norm, is left unfused) and the loss apart, under CPU autocast where mixed (the Llama block casts alike)
+    compile_note = ("torch.compile of the model (TrainingArguments.torch_compile, its loss inside), a decoder layer and "
+                    "the loss apart")
+    # GPT-2's partitioner keeps other tensors on other probe configs (its min-cut depends on the sizes): Llama's alone
+    compiled_families = ("llama",)
+
+    def compiled_block(self, family: str, dims: Dims, mode: str, attention: str, policy: str):
+        import torch
+
+        case = self.build(family, dims, 1, mode, attention, policy, emulate=False)
+        layer = _layers(case.model)[0]
+        seen: dict = {}
+        hook = layer.register_forward_pre_hook(lambda m, a, k: seen.update(args=a, kwargs=k), with_kwargs=True)
+        with torch.no_grad():
+            case.model(input_ids=torch.randint(0, dims.vocab, (dims.b, dims.s)), use_cache=False)
+        hook.remove()
+        args, kwargs = seen["args"], {k: v for k, v in seen["kwargs"].items() if k != "hidden_states"}
+        first = args[0] if args else seen["kwargs"]["hidden_states"]
+        x = torch.randn(first.shape, dtype=first.dtype, requires_grad=True)
+        amp = torch.bfloat16 if mode == "mixed" else None
+
+        def fn(h):
+            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                out = layer(h, *args[1:], **kwargs)
+            return out[0] if isinstance(out, tuple) else out
+
+        return fn, (x,)
+
+    def compiled_loss(self, dims: Dims, mode: str):
+        import torch
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        dtype = torch.float32 if mode == "fp32" else torch.bfloat16  # the LM head's output under autocast: bf16
+        logits = torch.randn(dims.b, dims.s, dims.vocab, dtype=dtype, requires_grad=True)
+        labels = torch.randint(0, dims.vocab, (dims.b, dims.s))
+        return (lambda z, y: ForCausalLMLoss(z, y, vocab_size=dims.vocab)), (logits, labels)
 
     def build(self, family: str, dims: Dims, n_layers: int, mode: str, attention: str, policy: str,
               emulate: bool = True) -> Case:
@@ -78,3 +116,9 @@ class HFTrainer(Adapter):
 
     def split(self, tensor: Tensor, term: str, policy: str) -> str:
         return "whole" if policy == "full" else "split"
+
+
+def _layers(model):
+    """The decoder layers of a transformers causal LM (Llama's model.layers, GPT-2's transformer.h)."""
+    inner = getattr(model, "model", None) or getattr(model, "transformer")
+    return inner.layers if hasattr(inner, "layers") else inner.h

@@ -66,7 +66,7 @@ class Torchtitan(Adapter):
         x = torch.randn(dims.b, dims.s, dims.d_model, dtype=torch.bfloat16, requires_grad=True)
         return (lambda h: block(h, None)), (x,)
 
-    def compiled_loss(self, dims: Dims):
+    def compiled_loss(self, dims: Dims, mode: str):
         import torch
         from torchtitan.components.loss import cross_entropy_loss
 
