@@ -40,7 +40,8 @@ class HFTrainer(Adapter):
     # the next norm, is left unfused) and the loss apart, under CPU autocast where mixed (the Llama block casts alike)
     compile_note = ("torch.compile of the model (TrainingArguments.torch_compile, its loss inside), a decoder layer and "
                     "the loss apart")
-    # GPT-2's partitioner keeps other tensors on other probe configs (its min-cut depends on the sizes): Llama's alone
+    # Llama's alone: GPT-2's attention dropout sends CPU's SDPA to its math path under compile (CUDA's flash kernel
+    # takes the dropout), scores and masks a CUDA run would not keep, which its probe configs cannot even align
     compiled_families = ("llama",)
 
     def compiled_block(self, family: str, dims: Dims, mode: str, attention: str, policy: str):
