@@ -60,6 +60,8 @@ def _ordered(frag: dict) -> dict:
     first = ("mode", "attention", "mlp", "compile")
 
     def order(e: dict) -> dict:
+        if e.get("compile") == "eager":  # the default: a table is eager's unless it says otherwise
+            e = {k: v for k, v in e.items() if k != "compile"}
         keys = [k for k in first if e.get(k, "any") != "any"] + [k for k in e if k not in first and k != "source"]
         return {k: _ints(e[k]) for k in keys + ["source"] if k in e}
 
