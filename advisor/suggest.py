@@ -6,6 +6,7 @@ other GPU counts (doubling, then bisecting in whole nodes), shorter sequences an
 more GPU memory, and names the first that fits. When constraints rather than memory reject every
 plan, it names the constraints and their counts.
 
+Where the stack compiles and the search ran eager, it says whether --compile model,loss fits.
 Deliberately left out: CPU/NVMe offload (the search itself proposes it where the profile has a host side),
 changing the model.
 """
@@ -60,7 +61,7 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
 
 
 def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
-             hw: Optional[Hardware] = None) -> tuple[float, Optional[str]]:
+             hw: Optional[Hardware] = None, compile: Optional[str] = None) -> tuple[float, Optional[str]]:
     """(least per-GPU memory of any plan on ``world`` GPUs, its label); (inf, None) when no layout is valid."""
     hw = hw or s.hardware
     seq = seq or s.seq_len
@@ -68,7 +69,7 @@ def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
     cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, s.stack)
     if cols is None:
         return float("inf"), None
-    setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb})
+    setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb, "compile": compile or s.setup.compile})
     out = evaluate(Workload.of(s.model_spec, hw, s.stack, setup), cols)
     need = out.memory.peak + out.overhead.total
     i = int(np.argmin(need))
@@ -121,6 +122,11 @@ def suggest_fix(s: PlanSearch) -> str:
             tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, full recomputation, micro batch 1)")
         else:
             tips.append(f"no GPU count up to {MAX_WORLD:,} fits it on {s.hardware.name}")
+        # torch.compile where the stack compiles and the search did not: its fused kernels keep less (the compiled
+        # loss 4 bytes a logit where eager keeps 14)
+        if s.setup.compile == "none" and "model,loss" in getattr(s.stack, "compile", ()) \
+                and _fits(s, s.world_size, compile="model,loss")[0]:
+            tips.append(f"--compile model,loss fits on {_gpus(s.world_size)}")
         seq = s.seq_len // 2
         while seq >= 128:
             if _fits(s, s.world_size, seq=seq)[0]:

@@ -194,3 +194,15 @@ def test_accelerate_export_compiles_as_costed(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="accelerate compiles the whole model, its loss inside"):
         launch_config(**kw, compile="model")
     assert "dynamo_config" not in launch_config(**kw).text
+
+
+def test_when_nothing_fits_eager_the_plan_says_whether_compiling_fits():
+    """Llama 3 8B at 320K tokens a sequence on 8 H100s in torchtitan-0.2: no eager plan fits (the whole-sequence
+    loss alone holds 14 bytes a logit); the suggestion names --compile model,loss, and that search does find one."""
+    from advisor.search import plan
+    from advisor.suggest import suggest_fix
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, stack="torchtitan-0.2", seq=327680, global_batch=8, top=1)
+    eager = plan(**kw)
+    assert not eager.plans and "--compile model,loss fits on 8 GPUs" in suggest_fix(eager)
+    assert plan(**kw, compile="model,loss").plans[0].estimate.fits
