@@ -1,7 +1,7 @@
 """What would fit when no plan does: computed, not guessed.
 
 When every plan of a search is rejected, this re-runs the least-memory corner of the search space
-(micro batch 1, full recomputation, every ZeRO stage and tp x pp layout the constraints allow) for
+(micro batch 1, full recomputation, every ZeRO stage and tp x pp x cp layout the constraints allow) for
 other GPU counts (doubling, then bisecting in whole nodes), shorter sequences and the profiles with
 more GPU memory, and names the first that fits. When constraints rather than memory reject every
 plan, it names the constraints and their counts.
@@ -23,7 +23,7 @@ from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.search import PlanSearch
 from advisor.options import MAX_WORLD
-from advisor.space import default_global_batch, pair_violations, tp_pp_pairs
+from advisor.space import default_global_batch, layouts, pair_violations
 from advisor.step import evaluate
 from advisor.training import Recompute
 from advisor.units import GiB
@@ -34,20 +34,23 @@ def _gpus(n: int) -> str:
     return f"{n:,} GPU{'' if n == 1 else 's'}"
 
 
-def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool, stack) -> Optional[Candidates]:
-    """The least-memory corner of the search space for one world size: micro batch 1, full recomputation,
-    every (tp, pp) layout that passes the layout constraints, every ZeRO stage it allows, SP on and off."""
-    pairs = tp_pp_pairs(world)
-    bad = np.zeros(len(pairs), dtype=bool)
-    for mask in pair_violations(world, pairs, spec, hw, allow_tp, stack).values():
+def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool, stack,
+                  seq: int) -> Optional[Candidates]:
+    """The least-memory corner of the search space for one world size: micro batch 1, full recomputation, every
+    (tp, pp, cp) layout that passes the layout constraints (context parallelism in each flavour the stack runs, where
+    the sequence splits: a long sequence fits only so), every ZeRO stage it allows, SP on and off."""
+    lays = layouts(world, spec, seq, stack)
+    lays = lays[lays[:, 4] == 0]  # the even pipeline split: the uneven one holds no less on its busiest rank
+    bad = np.zeros(len(lays), dtype=bool)
+    for mask in pair_violations(world, lays, spec, hw, allow_tp, stack, seq_len=seq).values():
         bad |= mask
     rows = []
-    for (tp, pp), b in zip(pairs, bad):
-        dp = world // (tp * pp)
+    for (tp, pp, cp, kind, _), b in zip(lays.tolist(), bad):
+        dp = world // (tp * pp * cp)
         if b or gb % dp:
             continue
-        for zero in ((0,) if dp == 1 else (0, 1, 2, 3) if pp == 1 else (0, 1)):
-            rows.extend((dp, tp, pp, zero, sp) for sp in ((0, 1) if tp > 1 else (0,)))
+        for zero in ((0,) if dp * cp == 1 else (0, 1, 2, 3) if pp == 1 else (0, 1)):
+            rows.extend((dp, tp, pp, zero, sp, cp, kind) for sp in ((0, 1) if tp > 1 else (0,)))
     if not rows:
         return None
     a = np.array(rows, dtype=np.int64)
@@ -55,7 +58,8 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
     cols = Candidates(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
                       schedule=np.ones(n, int), virtual_stages=np.ones(n, int), dp_kind=np.zeros(n, int),
                       overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0],
-                      recompute=np.full(n, Recompute.full.code), allow_tp_across_nodes=allow_tp)
+                      recompute=np.full(n, Recompute.full.code), allow_tp_across_nodes=allow_tp, cp=a[:, 5],
+                      cp_comm=a[:, 6])
     runs = ~np.any([m for m in stack_violations(cols, stack).values()] or [np.zeros(n, bool)], axis=0)
     return cols.take(np.nonzero(runs)[0]) if runs.any() else None
 
@@ -66,7 +70,7 @@ def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
     hw = hw or s.hardware
     seq = seq or s.seq_len
     gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
-    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, s.stack)
+    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, s.stack, seq)
     if cols is None:
         return float("inf"), None
     setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb, "compile": compile or s.setup.compile})

@@ -354,3 +354,17 @@ def test_commands_write_nothing_and_export_writes_only_out(tmp_path, monkeypatch
     code, _, err = run_main(["plan", *P[1:], "--export", "deepspeed", "--out", str(out)])
     assert code == 0, err
     assert os.listdir(tmp_path) == ["ds.json"] and out.read_text().strip()
+
+
+def test_a_long_sequence_that_fits_only_split_is_told_the_gpus_that_fit_it():
+    """Llama 3 8B at 512K tokens a sequence on 8 H100s: no plan fits, and more GPUs do fit it once context parallelism
+    splits the sequence; the suggestion's leanest corner holds CP layouts (it said no GPU count up to 10,000,000 fits:
+    without CP, every rank holds the whole sequence), and the count it names does fit."""
+    from advisor.search import plan
+    from advisor.suggest import suggest_fix
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", stack="torchtitan-0.2", seq=524288, global_batch=8, top=1)
+    msg = suggest_fix(plan(gpus=8, **kw))
+    m = re.search(r"it fits on --gpus ([\d,]+) \(([^)]*CP=\d+[^)]*)\)", msg)
+    assert m, msg
+    assert plan(gpus=int(m.group(1).replace(",", "")), **kw).plans
