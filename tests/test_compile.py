@@ -206,3 +206,19 @@ def test_when_nothing_fits_eager_the_plan_says_whether_compiling_fits():
     eager = plan(**kw)
     assert not eager.plans and "--compile model,loss fits on 8 GPUs" in suggest_fix(eager)
     assert plan(**kw, compile="model,loss").plans[0].estimate.fits
+
+
+def test_deepspeed_export_tells_the_script_to_compile():
+    """DeepSpeed 0.19 compiles through engine.compile() (runtime/engine.py), with no config switch (the JSON's
+    "compile" section is DeepCompile's passes): the export says so in its notes and leaves that section out; the
+    torchrun format, whose script is the user's, refuses --compile in one line naming accelerate."""
+    import json
+
+    from advisor.api import launch_config
+    from advisor.export.common import ExportError
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, zero=3, seq=4096, compile="model,loss")
+    out = launch_config(**kw, stack="deepspeed", format="deepspeed")
+    assert any("engine.compile()" in n for n in out.notes) and "compile" not in json.loads(out.text)
+    with pytest.raises(ExportError, match="the torchrun export has no torch.compile setting: use --format accelerate"):
+        launch_config(**kw, stack="hf-trainer", format="torchrun")

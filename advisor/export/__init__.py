@@ -151,8 +151,10 @@ def resolve_launch(kind: Optional[str], stack: Union[str, Stack, None]) -> tuple
 
 
 ZERO_BUBBLE = ("zb-h1", "zb-v", "dualpipev")
-# the formats that write torch.compile as costed (accelerate's dynamo_config, torchtitan's compile.*)
+# the formats that write torch.compile as costed (accelerate's dynamo_config, torchtitan's compile.*), and those whose
+# notes tell the script to (DeepSpeed: engine.compile(), no config switch)
 COMPILE_FORMATS = ("accelerate", "torchtitan", "torchtitan-toml")
+SCRIPT_COMPILE = ("deepspeed",)
 
 
 def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
@@ -204,7 +206,7 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
         raise ExportError(f"--method {setup.finetune.method}: Megatron-LM's pretrain_gpt.py has no LoRA adapters; "
                           "export --format megatron-bridge (Bridge's LoRA), or accelerate, deepspeed or torchrun with "
                           "--stack hf-trainer (PEFT)")
-    if setup.compile != "none" and kind not in COMPILE_FORMATS:  # a config without it would launch an eager run
+    if setup.compile != "none" and kind not in COMPILE_FORMATS + SCRIPT_COMPILE:  # it would launch an eager run
         raise ExportError(f"--compile {setup.compile}: the {kind} export has no torch.compile setting: "
                           + _elsewhere(stack_, COMPILE_FORMATS) + ", or --compile none")
     if kind not in TAKE_STACK and (plan.ep > 1 or plan.etp not in (None, plan.tp)):

@@ -65,6 +65,10 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
                  "offload": "per layer with cpu_checkpointing (its checkpoints move to host memory; the advisor "
                             "costs every saved tensor offloaded: torch.autograd.graph.save_on_cpu)"}[setup.recompute.value]
         notes.append(f"{setup.recompute} recompute: the model must call deepspeed.checkpointing.checkpoint {where}")
+    if setup.compile == "model,loss":  # DeepSpeed 0.19 has no config switch for it: engine.compile() (engine.py),
+        # which compiles the whole module (the HF model, its loss inside); the JSON's "compile" section is DeepCompile's
+        notes.append("torch.compile as costed: call engine.compile() after deepspeed.initialize (the whole module, "
+                     "its loss inside); the JSON's compile section (DeepCompile's passes) stays off")
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         notes.append(f"tp={plan.tp} via DeepSpeed AutoTP training (tensor_parallel.autotp_size); "
