@@ -122,12 +122,13 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     if w.layer.routed:  # ZeRO-2/3 shard the experts' gradients (and weights) over edp as ZeRO-1 their optimizer states
         grads = np.where(zero >= 2, stepped, params) * gb
         weights = np.where(zero >= 3, stepped, params) * wb
-    # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest sub-module
-    # (stage3.py fetch_sub_module: named_parameters(recurse=False)), less the local experts nothing shards (edp 1);
-    # never more than the unsharded weights this GPU does not already hold
+    # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest sub-module (stage3.py
+    # fetch_sub_module), less local experts nothing shards (edp 1); never more than the weights this GPU does not hold
     sharded = p_layer - (np.where(mesh.edp > 1, 0.0, expert.expert_params(w.layer) / (mesh.ep * mesh.etp)) if w.layer.routed else 0)
     unit = sharded if eng.zero3_gathered == "layer" else np.minimum(w.layer.largest_module_weights(tp), sharded)
-    gathered = np.where(zero >= 3, np.minimum(2.0 * unit * wb, params * wb * (1.0 - 1.0 / shard)), 0.0)
+    # FSDP2 keeps [norm, lm_head] gathered into backward (stacks/torchtitan-and-hf-trainer.md A2): it + the last block's
+    root = np.minimum(m.vocab * m.d_model / tp, outside) if eng.unit_copies else 0.0
+    gathered = np.where(zero >= 3, np.minimum(np.maximum(2 * unit, unit + root) * wb, params * wb * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter
     # and, per unit, an fp32 copy joins the unsharded gradient while the unit is reduce-scattered
