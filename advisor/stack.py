@@ -9,7 +9,8 @@ stack's numbers and choices; it never asks which stack it is.
 Measured tables are keyed by what they depend on: ``mode`` (how activations are held: fp32, mixed, half;
 advisor.training.Mode), ``attention`` (sdpa, eager), ``mlp`` (gelu, swiglu) and ``compile`` (eager, or the
 stack's torch.compile: a table of compiled kernels says ``compiled``, one that compile leaves as it is ``any``;
-unsaid, a table is eager's); ``any`` matches every value and the first matching entry of a list is taken. Bytes per token are linear forms in the layer's dimensions
+unsaid, a table is eager's); ``any`` matches every value and the first matching entry of a list is taken. What a
+stack compiles at all is its profile's ``compile`` list. Bytes per token are linear forms in the layer's dimensions
 (d_model, d_ff, q_dim, kv_dim, heads, d_head, and a constant), split as tensor parallelism splits them:
 ``split`` over the TP ranks, ``sequence`` over them only under sequence parallelism (LayerNorms, dropouts,
 residuals: Korthikanti et al. 2022, s.4.2.2), ``whole`` never; ``scores`` are bytes per head per key of the
