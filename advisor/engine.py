@@ -4,7 +4,6 @@ states, when it synchronises, which checkpointing policies, offloads and plan fe
 from __future__ import annotations
 
 import math
-
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
@@ -163,14 +162,15 @@ class Engine(Spec):
     unit_grad_buffer: bool = Field(
         default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
                                    "in fp32) is alive while it is reduce-scattered")
+    root_held: Literal["none", "output", "root"] = Field(default="none", description=(
+        "ZeRO-3 per unit: what stays gathered from its forward into backward beside the blocks' units: FSDP2's [norm, "
+        "lm_head] (reshard_after_forward=False), FSDP1's root (_post_forward_reshard never frees it), or nothing"))
     unit_copies: bool = Field(
         default=False, description="ZeRO-2/3 per unit (FSDP2): each all-gather's output is copied out into the unit's "
-                                   "parameters (read + write of the gathered bytes), and each reduce-scatter's input is "
-                                   "built by copying the unsharded gradients in, cast to the reduce dtype; both run on "
-                                   "the compute stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py "
-                                   "foreach_all_gather_copy_out, foreach_reduce_scatter_copy_in). False: the collectives "
-                                   "work in place on flat buffers the parameters and gradients are views of (FSDP1's "
-                                   "FlatParameter, DeepSpeed's partitions)")
+        "parameters (read + write of the gathered bytes), and each reduce-scatter's input is built by copying the "
+        "unsharded gradients in, cast to the reduce dtype; both on the compute stream (torch/distributed/fsdp/"
+        "_fully_shard/_fsdp_collectives.py foreach_all_gather_copy_out, foreach_reduce_scatter_copy_in). False: the "
+        "collectives work in place on flat buffers the parameters and gradients are views of (FSDP1, DeepSpeed)")
     main_grads: Literal["compute", "fp32"] = Field(
         default="compute", description="fp32: under half or mixed precision the gradients accumulate in a persistent "
                                        "fp32 buffer (Megatron's main_grad with grad_reduce_in_fp32), 4 bytes a parameter")

@@ -222,23 +222,3 @@ def test_deepspeed_export_tells_the_script_to_compile():
     assert any("engine.compile()" in n for n in out.notes) and "compile" not in json.loads(out.text)
     with pytest.raises(ExportError, match="the torchrun export has no torch.compile setting: use --format accelerate"):
         launch_config(**kw, stack="hf-trainer", format="torchrun")
-
-
-def test_fsdp2_keeps_the_output_layer_gathered_into_backward():
-    """torchtitan's [norm, lm_head] unit has reshard_after_forward=False (distributed/fsdp.py; shared/stacks
-    torchtitan-and-hf-trainer.md A2): at the loss the output layer's bf16 weights (vocab x d_model) and the last
-    block's unit are gathered, not two blocks'. Llama 3 8B on 8 GPUs: (525.3M + 218.1M parameters) x 2 bytes."""
-    from advisor.candidates import Candidates, Mesh
-    from advisor.hardware import load_hardware
-    from advisor.parallel import data
-    from advisor.layout import Plan
-    from advisor.training import TrainingSetup
-    from advisor.workload import Workload
-
-    spec, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
-    setup = TrainingSetup(seq_len=8192, stack="torchtitan-0.2")
-    w = Workload.of(spec, hw, load_stack("torchtitan-0.2"), setup)
-    c = Candidates.of_plan(Plan(dp=8, zero=3), setup, 1)
-    states = data.model_states(w, c, Mesh.of(c, hw.gpus_per_node, hw.domain_gpus), 32)
-    layer, head = 218_112_000, 128_256 * 4096
-    assert float(states.gathered[0]) == pytest.approx((layer + head) * 2.0, rel=2e-3)

@@ -221,3 +221,35 @@ def test_fsdp_root_unit_gather_and_reduce_scatter_are_exposed_at_the_roots_size(
     floor = (comm.collective_time(Collective.all_gather, 64, root * 2.0, hw, 8)
              + comm.collective_time(Collective.reduce_scatter, 64, root * 4.0, hw, 8))
     assert e.breakdown["comm/zero_params"] > float(floor) > 0.03
+
+
+BLOCK = 218_112_000  # a Llama 3 8B decoder layer's parameters
+
+
+@pytest.mark.parametrize("stack, gathered", [("torchtitan-0.2", BLOCK + 128_256 * 4096),
+                                             ("hf-trainer", BLOCK + 2 * 128_256 * 4096 + 4096),
+                                             ("deepspeed", 2 * (2 * 4096 * 14336))])
+def test_the_unit_fsdp_keeps_gathered_into_backward(stack, gathered):
+    """engine.root_held: torchtitan's FSDP2 [norm, lm_head] unit (reshard_after_forward=False, distributed/fsdp.py),
+    the HF Trainer's FSDP1 root flat parameter (embedding, final norm, LM head: torch's _post_forward_reshard never
+    frees the root): at the loss that unit and the last block's are gathered. DeepSpeed's ZeRO-3 holds none, its two
+    gathered units its largest sub-module (the layer table's gate and up projection, 2 x 4096 x 14336) twice. Llama 3 8B on
+    8 GPUs."""
+    from advisor.candidates import Candidates, Mesh
+    from advisor.hardware import load_hardware
+    from advisor.layout import Plan
+    from advisor.parallel import data
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    from advisor.model.catalogue import load_model
+
+    spec, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    setup = TrainingSetup(seq_len=4096, stack=stack, recompute="full")
+    w = Workload.of(spec, hw, load_stack(stack), setup)
+    c = Candidates.of_plan(Plan(dp=8, zero=3), setup, 1)
+    states = data.model_states(w, c, Mesh.of(c, hw.gpus_per_node, hw.domain_gpus), 32)
+    import numpy as np
+
+    wb = float(np.asarray(states.weight_bytes).ravel()[0])
+    assert float(states.gathered[0]) == pytest.approx(gathered * wb, rel=1e-6)
