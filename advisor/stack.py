@@ -30,6 +30,7 @@ from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
 from advisor.spec import Spec
+from advisor.training import compile_parts
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
 _PACKAGED_STACK_DIR = Path(__file__).resolve().parent / "stack_profiles"
@@ -178,16 +179,17 @@ class Stack(Spec):
         return (f"--compile {asked}: stack {self.name}'s profile has no torch.compile measured: drop it"
                 + (f", or use --stack {' or '.join(others)}" if others else ""))
 
-    def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: tuple[str, ...] = ()) -> "StackTables":
+    def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: str = "none") -> "StackTables":
         """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions: eager
-        kernels, or those of its torch.compile for the parts in ``compile`` (model: the blocks; loss)."""
+        kernels, or those of its torch.compile for the parts ``compile`` names (--compile: model, the blocks; loss)."""
         mlp = layer.mlp.kernels  # GeGLU reads SwiGLU's entries (advisor.model.layer.MLPKind.kernels)
-        refusal = self.compile_refusal(",".join(compile) or "none")
+        refusal = self.compile_refusal(compile)
         if refusal:
             raise StackError(refusal)
+        parts = compile_parts(compile)
 
         def pick(entries: list, what: str, part: str = "model"):
-            how = "compiled" if part in compile else "eager"
+            how = "compiled" if part in parts else "eager"
             for e in entries:
                 if e.matches(mode, attention, mlp, how):
                     return e

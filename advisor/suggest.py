@@ -128,7 +128,7 @@ def suggest_fix(s: PlanSearch) -> str:
             tips.append(f"no GPU count up to {MAX_WORLD:,} fits it on {s.hardware.name}")
         # torch.compile where the stack compiles and the search did not: its fused kernels keep less (the compiled
         # loss 4 bytes a logit where eager keeps 14)
-        if s.setup.compile == "none" and "model,loss" in getattr(s.stack, "compile", ()) \
+        if s.setup.compile == "none" and s.stack.compile_refusal("model,loss") is None \
                 and _fits(s, s.world_size, compile="model,loss")[0]:
             tips.append(f"--compile model,loss fits on {_gpus(s.world_size)}")
         seq = s.seq_len // 2

@@ -37,7 +37,7 @@ class Workload:
     moe_dispatcher: str = "alltoall"  # the stack's default or the one asked (advisor.parallel.expert)
     moe_overlap: str = "none"
     tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
-    compile: tuple[str, ...] = ()  # what torch.compile compiles (the stack's compiled tables)
+    compile: str = "none"  # what torch.compile compiles, as --compile says (the stack's compiled tables)
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -48,7 +48,7 @@ class Workload:
             raise StackError(f"stack {stack.name}'s model code does not build {model.name}, which has "
                              f"{', '.join(lacked(stack, model))}: {hint}")
         mode = _mode(stack, setup)
-        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer), compile_parts(setup.compile))
+        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer), setup.compile)
         sel = stack.engine.selective
         if sel is not None:
             known = recomputable(layer.linears)
@@ -81,12 +81,12 @@ class Workload:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             adapter_targets(stack, setup)
             if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
-                tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer), compile_parts(setup.compile))
+                tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer), setup.compile)
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
-                   tp_overlap_choice(stack, setup, hw), compile_parts(setup.compile))
+                   tp_overlap_choice(stack, setup, hw), setup.compile)
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -207,7 +207,7 @@ def _costs(stack, model: ModelSpec, setup: TrainingSetup) -> bool:
     if not runs_model(stack, model):
         return False
     try:
-        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer), compile_parts(setup.compile))
+        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer), setup.compile)
     except StackError:
         return False
     return True

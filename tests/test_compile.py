@@ -78,7 +78,7 @@ def test_compiled_tables_move_and_keep_no_more_than_eager(stack, model):
     """On every layer: the compiled block's element-wise bytes, saved bytes (each policy), kernel launches and the
     compiled loss's bytes a logit are at most eager's (torch.compile fuses; it does not add traffic here)."""
     s, layer = load_stack(stack), load_model(model).layer
-    eager, comp = s.tables("mixed", "sdpa", layer), s.tables("mixed", "sdpa", layer, ("model", "loss"))
+    eager, comp = s.tables("mixed", "sdpa", layer), s.tables("mixed", "sdpa", layer, "model,loss")
     for part in ("elementwise_forward", "elementwise_backward", "saved_layer", "saved_full_recompute",
                  "saved_selective"):
         assert getattr(comp, part).per_gpu(1, False) <= getattr(eager, part).per_gpu(1, False), part

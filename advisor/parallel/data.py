@@ -127,7 +127,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     sharded = p_layer - (np.where(mesh.edp > 1, 0.0, expert.expert_params(w.layer) / (mesh.ep * mesh.etp)) if w.layer.routed else 0)
     unit = sharded if eng.zero3_gathered == "layer" else np.minimum(w.layer.largest_module_weights(tp), sharded)
     # the unit held from forward into backward (engine.root_held): at the loss it and the last block's are gathered
-    root = {"output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}.get(eng.root_held, 0.0)
+    root = {"none": 0.0, "output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}[eng.root_held]
     gathered = np.where(zero >= 3, np.minimum(np.maximum(2 * unit, unit + root) * wb, params * wb * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter

@@ -177,8 +177,7 @@ def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, so
 
     configs, terms, mlp = adapter.configs(family), adapter.terms(family), adapter.families[family].mlp
     src = f"{adapter.source(family, compiled=True)}: the block's graphs as Inductor gets them (advisor.probe.compiled)"
-    key = {"mode": mode, "attention": attention, "mlp": mlp, "compile": "compiled"}
-    entry = dict(key)
+    entry = {"mode": mode, "attention": attention, "mlp": mlp, "compile": "compiled"}
     for policy in adapter.policies:
         runs = []
         for dims in configs:
@@ -190,15 +189,15 @@ def _compiled_entry(adapter: Adapter, family: str, mode: str, attention: str, so
         entry[{"none": "layer", "full": "full_recompute", "selective": "selective"}[policy]] = kept.per_layer_bytes()
         if policy != "none":
             continue
-        fw, bw = ([compiled.traffic(getattr(g, d), n)[0] for g, n, _ in runs] for d in ("forward", "backward"))
-        tf, tb = (_forms(adapter, x, configs, terms, policy, f"compiled {mode} {attention} {d} traffic")
-                  for x, d in ((fw, "forward"), (bw, "backward")))
+        # (bytes moved, kernels launched) of each config's forward and backward, read once
+        flows = [(compiled.traffic(g.forward, n), compiled.traffic(g.backward, n)) for g, n, _ in runs]
+        tf, tb = (_forms(adapter, [f[i][0] for f in flows], configs, terms, policy,
+                         f"compiled {mode} {attention} {d} traffic") for i, d in ((0, "forward"), (1, "backward")))
         probed.elementwise.append({"mode": mode, "mlp": mlp, "compile": "compiled", "forward": tf.per_layer_bytes(),
                                    "backward": tb.per_layer_bytes(), "source": src})
-        g, n, _ = runs[0]
+        (_, fw_launches), (_, bw_launches) = flows[0]
         probed.host.append({"mode": mode, "attention": attention, "mlp": mlp, "compile": "compiled",
-                            "forward_ops": compiled.traffic(g.forward, n)[1],
-                            "backward_ops": compiled.traffic(g.backward, n)[1], "source": src})
+                            "forward_ops": fw_launches, "backward_ops": bw_launches, "source": src})
         probed.notes += tf.note() + tb.note()
     eager = next(e for e in probed.saved if e["mode"] == mode and e["attention"] == attention)
     entry["outside_layers"] = eager["outside_layers"]  # the embedding and the final norm run eager
