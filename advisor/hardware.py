@@ -150,6 +150,10 @@ class Link(Spec):
     # than full_bisection_nodes nodes (NVLink domains); 1: non-blocking (a rail-optimised fat tree).
     oversubscription: float = Field(default=1.0, ge=1.0, le=100.0)
     full_bisection_nodes: Optional[int] = Field(default=None, ge=1, le=10_000_000)
+    # NCCL runs a collective with one thread block per runtime channel, each on an SM for the whole call: what an
+    # overlapped collective takes from the compute beside it (advisor.comm.held_sms); derived in each profile from
+    # NCCL's topology search (reference/nccl_tuning_model.md s.4, s.7); None: not costed. NCCL's MAXCHANNELS is 64
+    nccl_channels: Optional[int] = Field(default=None, ge=1, le=64)
 
     @model_validator(mode="after")
     def _one_bandwidth(self) -> "Link":
@@ -334,17 +338,5 @@ def hardware_to_yaml(hw: Hardware) -> str:
     return to_yaml(hw)
 
 
-__all__ = [
-    "GPU",
-    "Host",
-    "CommFit",
-    "ComputeEfficiency",
-    "Hardware",
-    "HardwareError",
-    "Link",
-    "LinkKind",
-    "hardware_from_yaml",
-    "hardware_to_yaml",
-    "list_profiles",
-    "load_hardware",
-]
+__all__ = ["GPU", "Host", "CommFit", "ComputeEfficiency", "Hardware", "HardwareError", "Link", "LinkKind",
+           "hardware_from_yaml", "hardware_to_yaml", "list_profiles", "load_hardware"]

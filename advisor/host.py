@@ -100,7 +100,7 @@ def idle_per_micro_batch(w: Workload, mb: MicroBatch) -> tuple[Any, Any]:
     """Seconds a micro-batch lasts beyond its GPU work because of the host (module docstring), split as (the GPU
     idling while a host-bound forward issues it, the rest: a host slower than the whole flow shop, which idles the
     GPU through the backward too); their sum is the step's host_overhead per micro-batch. Collectives hide in the
-    idle time of their own phase: the gradient reduction only in the second part (advisor.parallel.data.Windows).
+    idle time of their own phase: the gradient reduction only in the second part (advisor.parallel.overlap.Windows).
     A stack that synchronises only once per step lets the host run ahead across micro-batches: only a host slower
     than the GPU over the whole micro-batch shows."""
     if w.stack.engine.device_syncs == "per_step":

@@ -36,6 +36,13 @@ def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: fl
     return f"{NAMES[coll]} of {fmt_bytes(size)} over {int(n)} GPUs ({where}): {comm.algorithm_name(int(path), hw)}"
 
 
+def held(hw: Hardware, n: float, per_node: float, overlapped: bool) -> str:
+    """'; beside the compute, holding 24 of 108 SMs (NCCL's thread blocks)' where an overlapped call holds any."""
+    share = float(comm.held_sms(n, per_node, hw)) if overlapped else 0.0
+    return f"; beside the compute, holding {round(share * hw.gpu.sm_count)} of {hw.gpu.sm_count} SMs (NCCL's thread " \
+           "blocks)" if share > 0 else ""
+
+
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
     hw = w.hw
@@ -54,10 +61,12 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
                           else "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
         grads = one(states.dp_params * states.grad_bytes)
+        overlapped = bool(c.overlap[0]) and hw.intra_node.kind.value != "pcie"  # as advisor.parallel.data costs them
         if zero == 0:
             eng = w.stack.engine
             size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)
-            out["dp_grad"] = describe(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))
+            out["dp_grad"] = (describe(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))
+                              + held(hw, dp, one(mesh.dp_per_node), overlapped))
         else:
             per_unit = zero >= 2 and w.stack.engine.zero_collectives == "per_unit"
             units = max(one(layers), 1.0) if per_unit else 1.0
@@ -65,7 +74,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             body = (lambda n: (states.params - states.params_outside_layers) * n / states.params / units  # noqa: E731
                     if per_unit else n)
             out["zero"] = "; ".join(describe(x, shard, one(body(n) * b), hw, one(mesh.shard_per_node))
-                                    for x, b, n in states.zero_payloads(zero))
+                                    for x, b, n in states.zero_payloads(zero)) + held(hw, shard, one(mesh.shard_per_node),
+                                                                                     overlapped)
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
     ep = one(mesh.ep)

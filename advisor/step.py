@@ -37,7 +37,7 @@ from advisor import adapters, compute, host, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
-from advisor.parallel import context, data, expert, offload, pipeline, tensor
+from advisor.parallel import context, data, expert, offload, overlap, pipeline, tensor
 from advisor.recompute import Mix, rerun, selected
 from advisor.workload import Workload
 
@@ -152,7 +152,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
                                                  layers * (inline.bwd_s + inline.recompute_s) + idle_rest)
     # the last backward as it lasts: its TP collectives and its exposed all-to-alls in line too
     ep_bwd = moe * (ep.per_layer_bwd_s + pol.full * ep.per_layer_fwd_s) if ep is not None else 0.0
-    windows = data.Windows(fwd_s=layers * inline.fwd_s + stall_f, bwd_s=layers * (inline.bwd_s + inline.recompute_s) + stall_b,
+    windows = overlap.Windows(fwd_s=layers * inline.fwd_s + stall_f, bwd_s=layers * (inline.bwd_s + inline.recompute_s) + stall_b,
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s
                            + ep_bwd + stall_b,
                            idle_forward_s=idle_fwd, idle_backward_s=idle_rest)

@@ -1,5 +1,7 @@
 """The plan search: issue 7's acceptance examples, ranking, explanation, agreement with estimate."""
 
+import re
+
 import pytest
 
 from advisor import comm, estimate, plan
@@ -263,7 +265,7 @@ def test_an_overruled_rule_of_thumb_is_explained_by_the_parts_that_differ():
         e = p.estimate
         if e.plan.zero >= 1 and e.plan.tp == e.plan.pp == 1 and e.step_time_s > (res if p in res.plans else mdp).best_by_kind["ddp"]:
             assert "overrules" not in p.reason, p.reason
-    assert any("s less optimizer step than DDP's best" in p.reason for p in mdp.plans)  # ZeRO-1 there: its sharded step
+    assert any(re.search(r"s less optimizer step(, [^(]+)? than DDP's best", p.reason) for p in mdp.plans)  # ZeRO-1's sharded step
 
 
 @pytest.mark.parametrize("kw, ranked", [
@@ -318,7 +320,7 @@ def test_plans_within_the_tie_band_are_counted_over_the_whole_search():
     from advisor.ranking import TIE_BAND
 
     kw = dict(hw="dgx-a100", gpus=8, seq=1024, global_batch=64, stack="hf-trainer")
-    few, every = plan("gpt2-xl", top=3, **kw), plan("gpt2-xl", top=100_000, **kw)
+    few, every = plan("gpt2-xl", top=2, **kw), plan("gpt2-xl", top=100_000, **kw)
     best = every.plans[0].estimate.step_time_s
     within = sum(p.estimate.step_time_s <= best * (1 + TIE_BAND) for p in every.plans)
     assert few.near_best == every.near_best == within > len(few.plans)

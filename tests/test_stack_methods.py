@@ -125,7 +125,8 @@ def test_llama4_is_costed_where_its_experts_run_routed():
 def _layout(est) -> dict:
     p, s = est.plan, est.setup
     return dict(gpus=p.world_size, dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, zero=p.zero, sp=p.sp,
-                micro_batch=s.micro_batch, recompute=s.recompute.value, cp_comm=p.cp_comm.value if p.cp_comm else None)
+                micro_batch=s.micro_batch, recompute=s.recompute.value, cp_comm=p.cp_comm.value if p.cp_comm else None,
+                schedule=p.schedule.value, virtual_stages=p.virtual_stages)
 
 
 def test_alibi_models_are_not_megatron_cores():

@@ -96,6 +96,20 @@ def beside(comm_s: Any, compute_s: Any, held: Any) -> Any:
     return np.maximum(comm_s, compute_s + comm_s * held) - compute_s
 
 
+def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
+    """The share of a GPU's SMs NCCL's kernels hold while a collective over ``n`` GPUs (``per_node`` of them in each
+    node) runs: one thread block per runtime channel, the NVLink domain's channels for a group inside it, the
+    network's for one across domains (every rank of a ring runs all of its channels). 0 where the profile does not
+    give its SM count or the link's channels."""
+    sms = hw.gpu.sm_count
+    _, _, k = network.domain_groups(np.asarray(n, dtype=float), np.asarray(per_node, dtype=float), hw)
+    chans = [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
+    if sms is None or chans == [None, None]:
+        return np.zeros(np.shape(k))
+    inside, across = ((c or 0) / sms for c in chans)
+    return np.where(np.asarray(n) <= 1, 0.0, np.where(k > 1, across, inside))
+
+
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
     """Point-to-point send/recv between neighbouring pipeline stages (one message per GPU; across the network every
     GPU of a stage sends at once, each on its own share of its node's NICs)."""
@@ -114,4 +128,4 @@ def _p2p(size: Any, hw: Hardware, across: Any) -> Any:
 
 
 __all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
-           "link_time", "p2p_time", "startup"]
+           "held_sms", "link_time", "p2p_time", "startup"]

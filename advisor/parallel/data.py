@@ -15,6 +15,8 @@ Communication per step (nccl-tests bytes; advisor.comm):
   sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
   per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
 - HSDP also all-reduces each shard across the replicas.
+- While a collective overlaps the compute, NCCL's thread blocks hold one SM per channel (advisor.comm.held_sms): the
+  compute beside it runs on the rest and finishes the work it lost after (advisor.comm.beside).
 - nn.DataParallel: every step replicate the model from GPU 0, gather the outputs (loss and logits) on GPU 0,
   and reduce the gradients back to it; single-process threads, nothing overlapped.
 """
@@ -33,6 +35,7 @@ from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import expert, pipeline, zero3
+from advisor.parallel.overlap import Windows, hidden
 from advisor.recompute import mix
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -168,35 +171,6 @@ def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: boo
 
 
 @dataclass(frozen=True)
-class Windows:
-    """What the data-parallel collectives hide behind, per micro-batch on the busiest stage: the GPU's work per
-    phase, and its idle time behind a host-bound host (advisor.host, charged once per micro-batch), which hides the
-    collectives already issued once, pooled over them (``hidden``; the gradient reduction, after the forward, pools
-    only the idle that is not the forward's; ZeRO-1's gather, in the next forward, that forward's). Pooled, whatever
-    a faster GPU or host exposes is at most what it shortened."""
-
-    fwd_s: Any  # the layers' forward with their TP collectives in line
-    bwd_s: Any  # the layers' backward and recomputation with their TP collectives
-    last_backward_s: Any  # the last micro-batch's backward, which the gradient reduction can hide behind
-    idle_forward_s: Any = 0.0  # the GPU's idle seconds per micro-batch behind a host-bound forward
-    idle_backward_s: Any = 0.0  # and the rest of them (advisor.host.idle_per_micro_batch)
-
-    @property
-    def idle_s(self) -> Any:
-        return self.idle_forward_s + self.idle_backward_s
-
-
-def hidden(floors: Any, needs: list[Any], idle: Any) -> list[Any]:
-    """Exposed seconds of collectives, each ``max(c - window, floor)`` written as ``floor + need``, once the GPU's
-    idle seconds have hidden what they can of the needs, first to last."""
-    out = []
-    for floor, need in zip(floors, needs):
-        out.append(floor + np.maximum(need - idle, 0.0))
-        idle = np.maximum(idle - need, 0.0)
-    return out
-
-
-@dataclass(frozen=True)
 class DataParallelTime:
     """Seconds per step the data-parallel collectives add beyond what overlaps with compute."""
 
@@ -217,17 +191,20 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
         ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
         rs, ag = rs + ers, ag + eag
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots)
+    # NCCL's thread blocks hold SMs while a collective runs beside the compute (advisor.comm.held_sms)
+    held = np.where(can_overlap, comm.held_sms(mesh.dp_shard, mesh.shard_per_node, w.hw), 0.0)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
-    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)
+    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)  # DDP's group is dp, not dp_shard
     # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
     # (else all of it exposed); the backward's idle, before the optimizer step, hides the reduce-scatter only
     first = (ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
              if w.stack.engine.param_gather_overlap else ag)
-    z1_ag = first + np.maximum(ag - windows.fwd_s - np.where(can_overlap, windows.idle_forward_s, 0.0) - first, 0.0)
-    grad = grad + np.where(active & (zero == 1), np.maximum(np.maximum(rs - hide, 0.0) - idle, 0.0), 0.0)
+    z1_ag = first + np.maximum(comm.beside(np.maximum(ag - first, 0.0), windows.fwd_s, held)
+                               - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
+    grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
     ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
@@ -270,7 +247,8 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     last = np.minimum(np.maximum(bucket, embedding), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     floor = np.where(can_overlap, last_t, total)
-    return hidden([floor], [np.maximum(total - hide - floor, 0.0)], idle)[0]
+    held = np.where(can_overlap, comm.held_sms(mesh.dp, mesh.dp_per_node, hw), 0.0)
+    return hidden([floor], [comm.beside(np.maximum(total - floor, 0.0), hide, held)], idle)[0]
 
 
 def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: Any, zero: Any,
@@ -298,7 +276,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
 
 def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,
                                  ag: Any, layers: Any, windows: Windows, inline: LayerTimes,
-                                 roots: tuple[Any, Any] = (0.0, 0.0)) -> Any:
+                                 roots: tuple[Any, Any] = (0.0, 0.0), held: Any = 0.0) -> Any:
     """ZeRO-2/3 collectives per micro-batch beyond the compute they hide behind (the first layer's gather and
     the last layer's reduce-scatter are always exposed).
 
@@ -309,13 +287,16 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
     ``_root_post_backward_final_callback``, torch 2.13 _fully_shard/_fsdp_state.py; FSDP1's flat parameter holds the
     embedding, whose gradient backward produces last), behind the first layer's reduce-scatter. So the root's
     collectives are exposed at their own size (Llama 3's 128K-entry embedding and output layer are 4.8x a layer of
-    the 8B), not at a layer's average."""
+    the 8B), not at a layer's average. What overlaps holds ``held`` of the SMs from the compute (comm.beside)."""
     units = np.maximum(layers, 1.0)
     rs_root, ag_root = roots
     ag_unit, rs_unit = (ag - ag_root) / units, (rs - rs_root) / units
     floor_f, floor_b, floor_b3 = ag_unit + ag_root, rs_unit + rs_root, ag_unit + rs_unit + rs_root
-    need_f = np.maximum(ag - windows.fwd_s - floor_f, 0.0)
-    z2 = sum(hidden([floor_f, floor_b], [need_f, np.maximum(rs - windows.bwd_s - floor_b, 0.0)], windows.idle_s))
+
+    def need(c: Any, window: Any) -> Any:
+        return comm.beside(np.maximum(c, 0.0), window, held)
+    need_f = need(ag - floor_f, windows.fwd_s)
+    z2 = sum(hidden([floor_f, floor_b], [need_f, need(rs - floor_b, windows.bwd_s)], windows.idle_s))
     if not np.any(zero >= 3):
         return z2
     if w.stack.engine.zero3_overlap == "per_submodule":  # costed on the ZeRO-3 plans alone
@@ -327,14 +308,15 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
         rerun = mix(c.recompute, c.recompute_k, layers, v, w.model.n_layers).full  # checkpointed layers' share
         z = w.stack.engine.zero3_calls
         if z is None:  # one call per pass, shared out over the sub-modules
-            z3[on] = np.add(*zero3.deepspeed_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit)))
+            z3[on] = np.add(*zero3.deepspeed_exposed(w, sub, pick(layers), pick(rerun), pick(ag_unit), pick(rs_unit),
+                                                     pick(held)))
         else:  # call by call, as the stack's coordinator issues them (advisor.parallel.zero3)
             calls = zero3.submodule_calls(w, z, pick(mesh.tp), pick(mesh.dp_shard), pick(mesh.shard_per_node),
                                           pick(states.weight_bytes), pick(states.reduce_bytes),
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
-            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls))
+            z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls, pick(held)))
     else:
-        z3 = sum(hidden([floor_f, floor_b3], [need_f, np.maximum(ag + rs - windows.bwd_s - floor_b3, 0.0)], windows.idle_s))
+        z3 = sum(hidden([floor_f, floor_b3], [need_f, need(ag + rs - floor_b3, windows.bwd_s)], windows.idle_s))
     return np.where(zero >= 3, z3, z2)
 
 

@@ -133,12 +133,13 @@ def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: 
 
 
 def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
-            calls: SubModuleCalls) -> tuple[Any, Any]:
+            calls: SubModuleCalls, held: Any = 0.0) -> tuple[Any, Any]:
     """Exposed gather and reduce-scatter seconds per micro-batch (forward, backward) on the busiest stage; ``lt`` is
     one layer's GPU time with its TP collectives in line, ``rerun`` the checkpointed share of the layers (each
     gathers again while it is recomputed, over its own forward). Sub-module k's compute is its share of the layer's GEMM
     FLOPs (proportional to its weights), the first one also carrying the attention core and half the element-wise
-    work, the first MLP one the other half."""
+    work, the first MLP one the other half. A prefetched call beside a sub-module's compute takes ``held`` of the SMs
+    from it while it runs (advisor.comm.held_sms)."""
     params = np.array(list(w.layer.module_weights().values()), dtype=float)
     share = params / params.sum()
     n = len(share)
@@ -161,7 +162,7 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
             nxt = order[(i + 1) % n]
             comp = window * frac[k]
             beside = ag[nxt] + (rs[k] if backward and not z.device_sync_per_fetch else 0.0)
-            step = np.where(prefetch[k], np.maximum(comp, beside), comp + beside)
+            step = np.where(prefetch[k], np.maximum(comp + beside * held, beside), comp + beside)
             if backward and z.device_sync_per_fetch:
                 step = step + rs[k]
             t = t + step - comp
@@ -175,7 +176,7 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
 
 
 def deepspeed_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_layer: Any,
-                            rs_layer: Any) -> tuple[Any, Any]:
+                            rs_layer: Any, held: Any = 0.0) -> tuple[Any, Any]:
     """Exposed ZeRO-3 gather/reduce-scatter seconds per micro-batch (forward, backward) under DeepSpeed's
     parameter coordinator; ``lt`` is one layer's GPU time with its TP collectives in line.
 
@@ -189,6 +190,7 @@ def deepspeed_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_l
     reduce-scatter of the step just finished joins that gather in backward, on the same link). A checkpointed
     layer's recomputation is a forward: the hooks fire and gather its parameters again, so full recomputation
     makes three gathers per micro-batch (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 4).
+    A call beside a step's compute takes ``held`` of the SMs from it while it runs (advisor.comm.held_sms).
     Not modelled: parameters kept for reuse within ``stage3_max_reuse_distance`` elements.
     """
     params = np.array(list(w.layer.module_weights().values()), dtype=float)
@@ -202,7 +204,7 @@ def deepspeed_exposed(w: Workload, lt: LayerTimes, layers: Any, rerun: Any, ag_l
 
     def exposed(window: Any, comm_during: list) -> Any:
         """Seconds the four steps outlast their compute when step k runs beside comm_during[k]."""
-        return sum(np.maximum(window * x, y) - window * x for x, y in zip(share_c, comm_during))
+        return sum(np.maximum(window * x + y * held, y) - window * x for x, y in zip(share_c, comm_during))
 
     next_gather = [ag[(k + 1) % 4] for k in range(4)]
     fwd = exposed(lt.fwd_s, next_gather)

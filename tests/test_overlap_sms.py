@@ -1,0 +1,70 @@
+"""NCCL's thread blocks beside the compute: a collective runs one thread block per runtime channel, each holding an
+SM for the whole call (advisor.comm.held_sms), and the data-parallel collectives that overlap the compute take that
+share from it (advisor.parallel.data, advisor.parallel.zero3)."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from advisor import comm, estimate
+from advisor.hardware import load_hardware
+
+COMPUTE = ("compute/forward", "compute/backward", "compute/recompute")
+
+
+def _bare(name: str):
+    """The profile with no NCCL channels on either link: nothing held."""
+    hw = load_hardware(name)
+    return hw.model_copy(update={link: getattr(hw, link).model_copy(update={"nccl_channels": None})
+                                 for link in ("intra_node", "inter_node")})
+
+
+def test_channel_counts_follow_nccls_topology_search():
+    """reference/nccl_tuning_model.md s.4 and s.7: the A100's NVSwitch ring, 6 channels at 40 GB/s on 240 GB/s of
+    NVLink3, duplicated to 12 and doubled at run time: 24 of 108 SMs; across HDR nodes one channel per NIC, doubled:
+    16; p4d's four 100 Gb/s NICs: 8. NVLS on sm90: 16 of the H100's 132; H100 rings across nodes 8 -> 16 -> 32.
+    sm100 NVLS: 24 inside a node or NVLink domain, 32 across."""
+    cases = {("dgx-a100", 8, 8): 24 / 108, ("dgx-a100", 16, 8): 16 / 108, ("aws-p4d", 16, 8): 8 / 108,
+             ("aws-p4de", 32, 8): 8 / 108, ("dgx-h100", 8, 8): 16 / 132, ("dgx-h100", 64, 8): 32 / 132,
+             ("aws-p5", 16, 8): 32 / 132, ("aws-p6-b200", 8, 8): 24 / 148, ("dgx-b200", 32, 8): 32 / 148,
+             ("gb200-nvl72", 72, 4): 24 / 148, ("gb200-nvl72", 144, 4): 32 / 148, ("gb300-nvl72", 8, 4): 24 / 160}
+    for (name, n, per_node), share in cases.items():
+        assert float(comm.held_sms(n, per_node, load_hardware(name))) == pytest.approx(share), name
+    assert float(comm.held_sms(1, 1, load_hardware("dgx-h100"))) == 0.0  # no collective
+    for name in ("l4", "titan-rtx-nvlink", "gcp-a3-mega"):  # no channels derived (or no SM count): not costed
+        assert float(comm.held_sms(16, 8, load_hardware(name))) == 0.0, name
+
+
+def test_fsdp_gathers_take_their_sms_from_the_compute_they_overlap():
+    """Llama 3 8B under FSDP on 64 A100s (torchtitan's mid-2024 A100 table): the gathers and reduce-scatters cross
+    nodes and run beside most of the step. Holding 16 of 108 SMs while they run adds to the exposed collectives, never
+    to the compute parts, and at most the held share of the step the collectives run beside."""
+    kw = dict(model="llama3-8b", gpus=64, zero=3, micro_batch=1, seq=8192, recompute="selective", stack="torchtitan-0.2")
+    held, bare = estimate(hw=load_hardware("dgx-a100"), **kw), estimate(hw=_bare("dgx-a100"), **kw)
+    assert [held.breakdown[k] for k in COMPUTE] == [bare.breakdown[k] for k in COMPUTE]
+    extra = held.breakdown["comm/zero_params"] - bare.breakdown["comm/zero_params"]
+    assert 0.02 * bare.step_time_s < extra <= 16 / 108 * bare.step_time_s
+    assert held.step_time_s == pytest.approx(bare.step_time_s + extra, rel=1e-9)
+
+
+def test_ddp_bucket_all_reduces_hold_the_nvswitch_rings_sms():
+    """GPT-2 XL under DDP on one DGX A100: the bucketed all-reduce beside the backward holds NCCL's 24 ring channels."""
+    kw = dict(model="gpt2-xl", gpus=8, micro_batch=4, stack="hf-trainer")
+    held, bare = estimate(hw=load_hardware("dgx-a100"), **kw), estimate(hw=_bare("dgx-a100"), **kw)
+    extra = held.breakdown["comm/dp_grad"] - bare.breakdown["comm/dp_grad"]
+    assert 0.0 < extra <= 24 / 108 * bare.breakdown["compute/backward"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["dgx-a100", "dgx-h100", "aws-p4d", "gb200-nvl72"]), nodes=st.sampled_from([1, 2, 4]),
+       zero=st.sampled_from([0, 1, 2, 3]), micro_batch=st.sampled_from([1, 2, 4]),
+       stack=st.sampled_from(["torchtitan-0.2", "megatron-core", "deepspeed", "hf-trainer"]))
+def test_held_sms_never_shorten_a_step(name, nodes, zero, micro_batch, stack):
+    """Whatever the plan, the SMs a collective holds only lengthen the step, by no more than their share of it."""
+    hw = load_hardware(name)
+    if zero < 2 and stack == "torchtitan-0.2":
+        zero = 3  # torchtitan shards with FSDP2 (ZeRO-1 only under a pipeline; no DDP of its own without one)
+    kw = dict(model="llama3-8b", gpus=nodes * hw.gpus_per_node, zero=zero, micro_batch=micro_batch, seq=4096,
+              recompute="full", stack=stack)
+    held, bare = estimate(hw=hw, **kw), estimate(hw=_bare(name), **kw)
+    share = max(float(comm.held_sms(kw["gpus"], hw.gpus_per_node, hw)), float(comm.held_sms(8, 8, hw)))
+    assert bare.step_time_s <= held.step_time_s <= bare.step_time_s * (1.0 + share) + 1e-12
