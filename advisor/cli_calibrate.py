@@ -43,7 +43,8 @@ TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install 
 @click.option("--warmup", type=int, default=3, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="seconds without progress before a rank is declared hung")
-@click.option("--compute/--no-compute", default=True, help="also measure matmul, copy and optimizer rates")
+@click.option("--compute/--no-compute", default=True, help="also measure matmul, copy and optimizer rates, and a GEMM loop beside an all-gather (the SMs NCCL "
+              "holds)")
 @click.option("--judge-from", default="4M", show_default=True, help="size from which the fit is judged by its worst point")
 @click.option("--host", "host_only", is_flag=True,
               help="measure only the host side (CPU Adam rate, pinned host<->device copy, memory, cores) over --base")
@@ -166,9 +167,10 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
         click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)
     done = [(r["link"], r["collective"], r["n_ranks"], r["size_bytes"]) for r in
             (cal.read_results(results) if results.is_file() else []) if r.get("status") == "ok" and r.get("kind") == "collective"]
-    has_compute = results.is_file() and any(r.get("kind") == "matmul" for r in cal.read_results(results))
+    kinds = {r.get("kind") for r in cal.read_results(results)} if results.is_file() else set()
     cfg = cal.BenchConfig(sizes=cal.parse_sizes(sizes), warmup=warmup, iters=iters, backend=backend, out=str(results),
-                          compute=compute and not has_compute, timeout_s=timeout_s, skip=done)
+                          compute=compute and "matmul" not in kinds, overlap=compute and "overlap" not in kinds,
+                          timeout_s=timeout_s, skip=done)
     if done:
         click.echo(f"resuming: {len(done)} measurements already in {results}", err=True)
     try:

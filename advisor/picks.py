@@ -43,6 +43,16 @@ def held(hw: Hardware, n: float, per_node: float, overlapped: bool) -> str:
            "blocks)" if share > 0 else ""
 
 
+def _beside(w: Workload, coll: Collective, zero: int, overlapped: bool) -> bool:
+    """Whether advisor.parallel.data costs this ZeRO collective beside the compute: ZeRO-1's reduce-scatter beside the
+    backward where the gradients overlap, its gather beside the next forward where the stack overlaps it; ZeRO-2/3's
+    prefetched gathers and their reduce-scatters, except those a device sync per fetch serialises (DeepSpeed 0.3)."""
+    eng = w.stack.engine
+    if zero == 1:
+        return eng.param_gather_overlap if coll == Collective.all_gather else overlapped
+    return coll == Collective.all_gather or not (eng.zero3_calls is not None and eng.zero3_calls.device_sync_per_fetch)
+
+
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
     hw = w.hw
@@ -74,8 +84,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             body = (lambda n: (states.params - states.params_outside_layers) * n / states.params / units  # noqa: E731
                     if per_unit else n)
             out["zero"] = "; ".join(describe(x, shard, one(body(n) * b), hw, one(mesh.shard_per_node))
-                                    for x, b, n in states.zero_payloads(zero)) + held(hw, shard, one(mesh.shard_per_node),
-                                                                                     overlapped)
+                                    + held(hw, shard, one(mesh.shard_per_node), _beside(w, x, zero, overlapped))
+                                    for x, b, n in states.zero_payloads(zero))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
     ep = one(mesh.ep)

@@ -344,3 +344,47 @@ def test_world_fit_from_one_collective_predicts_the_others():
     for coll in ("all_gather", "all_to_all"):
         line = next(ln for ln in lines if f"world {coll} predicted by the all_reduce fit" in ln)
         assert float(line.split("max error ")[1].split("%")[0]) < 2.0, line
+
+
+def _overlap(link, n, size, compute, coll, both, sms, per_node=None):
+    row = {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
+           "compute_s": compute, "collective_s": coll, "time_s": both, "sm_count": sms, "status": "ok"}
+    return dict(row, per_node=per_node) if per_node else row
+
+
+def test_overlap_rows_fit_the_sms_nccl_holds():
+    """A GEMM loop that outlasts an all-gather started beside it ends later than alone by the collective's time x the
+    share of the SMs NCCL's thread blocks held (advisor.comm.beside). On an H100 (132 SMs): a 30 ms loop that takes
+    31.2 ms beside a 10 ms all-gather in the node lost 12% of it: 15.8 -> 16 channels (NVLS on sm90, the profile's);
+    32.4 ms beside one across nodes: 24% -> 32. A size where the loop ended first says nothing and is left out; the
+    fitted profile costs the share through advisor.comm.held_sms. On CPU (no SM count) the share is only reported."""
+    from advisor.comm import held_sms
+
+    base = load_hardware("dgx-h100").model_copy(update={"intra_node": load_hardware("dgx-h100").intra_node.model_copy(
+        update={"nccl_channels": None})})
+    rows = [_overlap("intra", 8, s, 0.030, 0.010, 0.0312, 132) for s in (64 * MiB, 128 * MiB, 256 * MiB)]
+    rows += [_overlap("intra", 8, 512 * MiB, 0.010, 0.020, 0.0205, 132),  # the loop ended first: left out
+             _overlap("world", 16, 256 * MiB, 0.030, 0.010, 0.0324, 132, per_node=8)]
+    hw, lines = cal.calibrate_profile(rows, base, "t", {"date": "x"})
+    assert (hw.intra_node.nccl_channels, hw.inter_node.nccl_channels) == (16, 32)
+    assert any("intra-node overlap: a GEMM loop ends 12.0% of the all-gather's time later beside it (3 sizes from 64 MiB)"
+               ": NCCL holds 16 of 132 SMs (nccl_channels None -> 16)" in ln for ln in lines), lines
+    assert float(held_sms(8, 8, hw)) == pytest.approx(16 / 132) and float(held_sms(16, 8, hw)) == pytest.approx(32 / 132)
+    assert {"intra_node.nccl_channels", "inter_node.nccl_channels"} <= set(hw.calibration["fitted"])
+    cpu = [dict(r, sm_count=None) for r in rows[:3]]
+    with pytest.raises(AdvisorError, match="no usable measurements"):  # a share without SMs fits nothing
+        cal.calibrate_profile(cpu, base, "t", {"date": "x"})
+    _, lines = cal.calibrate_profile(cpu + rows[-1:], base, "t", {"date": "x"})
+    assert any("no SMs to count (not a GPU): nccl_channels kept from the base profile" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sm_count": "132"}, "sm_count='132'"), ({"sm_count": 0}, "sm_count=0"), ({"compute_s": None}, "'compute_s'"),
+    ({"collective_s": -1.0}, "collective_s=-1.0"), ({"n_ranks": 1}, "at least 2 ranks"), ({"link": "rack"}, "unknown link")])
+def test_overlap_rows_are_checked(tmp_path, change, message):
+    import json
+
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps(dict(_overlap("intra", 8, 64 * MiB, 0.03, 0.01, 0.031, 132), **change)) + "\n")
+    with pytest.raises(AdvisorError, match=message.replace("(", r"\(")):
+        cal.read_results(p)

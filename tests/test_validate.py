@@ -250,7 +250,7 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # 2026-11-29 (7): the 26.06 rows take the recipes of megatron-bridge 0.6.0, the wheel of the 26.06 stack (they agree
     # with 0.6.2's): Qwen3-30B-A3B on two H100 nodes runs HybridEP's flex dispatcher there, -17% -> +50% (its all-to-alls
     # 20 s a step pairwise, 5 s sent once a node as DeepEP's design does; the measured step leaves ~14 s for them)
-    "bridge-moe tokens/s MAPE %": "24.6% (max 72%; 26.08 rows 9.2%, MXFP8 17%, FP8 36%, BF16 41%) in megatron-bridge-perf",
+    "bridge-moe tokens/s MAPE %": "24.8% (max 72%; 26.08 rows 9.5%, MXFP8 17%, FP8 37%, BF16 41%) in megatron-bridge-perf",
     # 2026-11-25, issue 17: 4 of 18 published plans in the top 5 (GPT-OSS on GB200 and GB300, MXFP8 and BF16). The
     # model ranks ZeRO-2/3 (Megatron-FSDP) with EP and no pipeline ahead of the published pipelines with the
     # distributed optimizer (DeepSeek-V3 on GB200: 12.8 s vs 16.7 s a step), and Qwen3-30B-A3B on 8 GPUs ZeRO-3 without

@@ -109,7 +109,7 @@ def repair_torn_tail(path: str | Path) -> int:
 
 
 _LINKS = ("intra", "inter", "world")  # world: all GPUs of several nodes, with per_node
-_KINDS = ("collective", "matmul", "copy", "optimizer", "sdpa_fwd")
+_KINDS = ("collective", "overlap", "matmul", "copy", "optimizer", "sdpa_fwd")
 
 # What no measurement of one rank can show; a row beyond these is a damaged or made-up file, refused by name.
 # 100 TB/s: 12x the fastest memory shipping (B200 HBM3e, 8 TB/s) and 55x NVLink 5's 1.8 TB/s per GPU.
@@ -133,6 +133,7 @@ def _check_row(row: dict, where: str) -> dict:
     if row.get("status", "ok") != "ok":
         return row
     need = {"collective": ("n_ranks", "size_bytes", "time_s"), "copy": ("bytes_moved", "time_s"),
+            "overlap": ("n_ranks", "size_bytes", "time_s", "compute_s", "collective_s"),
             "optimizer": ("params", "time_s"), "matmul": ("m", "n", "k", "time_s"), "sdpa_fwd": ("time_s",)}[kind]
     for key in need:
         val = row.get(key)
@@ -142,8 +143,11 @@ def _check_row(row: dict, where: str) -> dict:
             raise CalibrationError(f"{where}: {kind} row needs a number in {key!r} (got {val!r})") from None
         if not (np.isfinite(num) and num > 0):
             raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
-    if kind == "collective":
+    if kind in ("collective", "overlap"):
         _check_collective(row, where)
+    if kind == "overlap" and row.get("sm_count") is not None and not (
+            isinstance(row["sm_count"], int) and not isinstance(row["sm_count"], bool) and 1 <= row["sm_count"] <= 100_000):
+        raise CalibrationError(f"{where}: sm_count={row['sm_count']!r}: the GPU's SMs, a whole number (or null on CPU)")
     _check_physical(row, where)
     return row
 
@@ -172,7 +176,8 @@ def _check_physical(row: dict, where: str) -> None:
     if t < MIN_TIME_S:
         raise CalibrationError(f"{where}: time_s={row['time_s']!r} is shorter than any kernel or collective takes "
                                f"({MIN_TIME_S:g} s); check the file's units (seconds)")
-    nbytes = {"collective": lambda: float(row["size_bytes"]), "copy": lambda: float(row["bytes_moved"]),
+    nbytes = {"collective": lambda: float(row["size_bytes"]), "overlap": lambda: float(row["size_bytes"]),
+              "copy": lambda: float(row["bytes_moved"]),
               # a step reads every fp32 parameter at least once
               "optimizer": lambda: 4.0 * float(row["params"])}.get(kind)
     if nbytes is not None and nbytes() / t > MAX_BYTES_PER_S:

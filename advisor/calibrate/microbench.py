@@ -46,6 +46,7 @@ class BenchConfig:
     backend: str = "gloo"
     out: str = "results.jsonl"
     compute: bool = True
+    overlap: bool = True  # a GEMM loop beside a data-parallel collective: the SMs NCCL holds (overlap_plan)
     p2p: bool = True
     timeout_s: float = 120.0
     skip: list = field(default_factory=list)  # (link, collective, n, size) already measured (resume)
@@ -68,6 +69,75 @@ def measurement_plan(cfg: BenchConfig, world: int, local: int) -> list[tuple[str
             for size in cfg.sizes:
                 plan.append((link, ranks[:2], "send_recv", size))
     return plan
+
+
+def overlap_plan(cfg: BenchConfig, world: int, local: int) -> list[tuple[str, list[int], int]]:
+    """(link, ranks, size) of the overlap measurements: an all-gather (FSDP's and ZeRO-3's gather) over the groups data
+    parallelism runs, the whole node and, across nodes, every GPU, at the sizes from OVERLAP_FROM_BYTES (where the
+    collective runs on all its channels), else the largest swept."""
+    if not cfg.overlap or local < 2:
+        return []
+    sizes = [s for s in cfg.sizes if s >= OVERLAP_FROM_BYTES] or [max(cfg.sizes)]
+    groups = [("intra", list(range(local)))] + ([("world", list(range(world)))] if world > local else [])
+    return [(link, ranks, size) for link, ranks in groups for size in sizes]
+
+
+# 64 MiB: at and above it NCCL's rings run on every channel (bandwidth-bound; the fitted links' size ramps are spent
+# by then on every shipped profile), which is what the overlapped FSDP gathers of a layer (hundreds of MiB) hold
+OVERLAP_FROM_BYTES = 64 << 20
+# the GEMM loop lasts this many times the collective alone, so that the collective runs beside it from start to end
+OVERLAP_OUTLAST = 3.0
+
+
+def time_overlap(link: str, size: int, group, ranks: list[int], cfg: BenchConfig, device) -> dict:
+    """An all-gather of ``size`` started asynchronously (NCCL's own stream) with a GEMM loop queued behind it on the
+    compute stream: the seconds of the loop alone, the collective alone and the two together (each the slowest
+    rank's median). The loop, OVERLAP_OUTLAST times the collective, finishes last, so together - loop alone =
+    collective x the share of the SMs (or cores) its kernels held (advisor.comm.beside)."""
+    import torch
+    import torch.distributed as dist
+
+    n = len(ranks)
+    count = max(n, size // 4 // n * n)
+    out = torch.empty(count, dtype=torch.float32, device=device)
+    shard = torch.ones(count // n, dtype=torch.float32, device=device)
+    gpu = device.type == "cuda"
+    dim = 4096 if gpu else 256
+    a, b = (torch.randn(dim, dim, dtype=torch.bfloat16 if gpu else torch.float32, device=device) for _ in range(2))
+
+    def median_of(fn) -> float:
+        times = []
+        for i in range(cfg.warmup + cfg.iters):
+            dist.barrier(group=group)
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if i >= cfg.warmup:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def slowest(*values: float) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.tolist()
+
+    coll_s, mm_s = slowest(median_of(lambda: dist.all_gather_into_tensor(out, shard, group=group)), median_of(lambda: a @ b))
+    reps = max(1, int(OVERLAP_OUTLAST * coll_s / mm_s + 0.5))  # the same on every rank: both are the slowest rank's
+
+    def loop():
+        for _ in range(reps):
+            a @ b
+
+    def both():
+        work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True)
+        loop()
+        work.wait()
+
+    compute_s, both_s = slowest(median_of(loop), median_of(both))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
+    return {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
+            "time_s": both_s, "compute_s": compute_s, "collective_s": coll_s, "sm_count": sms, "status": "ok"}
 
 
 def _sync(device):
@@ -230,7 +300,7 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
     dist.init_process_group(cfg.backend, timeout=datetime.timedelta(seconds=cfg.timeout_s))
     plan = measurement_plan(cfg, world, local)
     groups = {}
-    for link, ranks, _, _ in plan:  # every rank creates every group, in the same order
+    for ranks in [e[1] for e in plan] + [e[1] for e in overlap_plan(cfg, world, local)]:  # every rank, in one order
         if tuple(ranks) not in groups:
             groups[tuple(ranks)] = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
     out = open(cfg.out, "a") if rank == 0 else None
@@ -248,6 +318,21 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
             except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
                 row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
                        "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        for j, (link, ranks, size) in enumerate(overlap_plan(cfg, world, local)):
+            if beat:  # a beat per measurement: the launcher takes a silent rank for a hung one
+                beat.write_text(f"{len(plan)} {len(plan)} {time.time()} overlap {j}")
+            if rank not in ranks:
+                continue
+            try:
+                row = time_overlap(link, size, groups[tuple(ranks)], ranks, cfg, device)
+            except RuntimeError as exc:
+                row = {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": len(ranks),
+                       "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
+            if link == "world":
+                row["per_node"] = local
             if out:
                 out.write(json.dumps(row) + "\n")
                 out.flush()

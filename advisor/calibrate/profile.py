@@ -4,7 +4,9 @@ profile (no torch here).
 - per link class (intra-node, inter-node) the CommFit of advisor.calibrate.links, from the all-reduce when it
   was measured (DDP gradients, the dominant collective), else the collective with the most points;
 - the inter-node link from collectives over every GPU of several nodes (advisor.calibrate.network);
-- ComputeEfficiency (advisor.calibrate.compute).
+- ComputeEfficiency (advisor.calibrate.compute);
+- per link class, the SMs NCCL's thread blocks hold beside the compute (``nccl_channels``), from a GEMM loop timed
+  alone and beside an all-gather (``overlap`` rows; advisor.comm.held_sms).
 
 Every fit reports its quality (R^2 of log time, max/mean relative error, points used) and its outliers
 (relative error > OUTLIER_REL) and failed sizes: nothing is dropped silently.
@@ -46,6 +48,8 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     world = _fit_world_rows(rows, base.model_copy(update=links_update(links)), judge_from_bytes, led)
     if world is not None:
         links["inter"] = world
+    for cls, key in (("intra", "intra"), ("world", "inter")):
+        links[key] = _fit_channels(rows, cls, links[key], led)
     with fitting_step("the compute efficiencies"):
         eff, eff_lines = fit_efficiency(rows, base, led)
     led.lines += eff_lines
@@ -116,6 +120,31 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
     led.fitted.append(f"{cls}_node from {chosen[0]}")
     led.lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(link.fit))
     return link
+
+
+def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger) -> Link:
+    """The link with the SMs its collectives hold beside the compute: a GEMM loop that outlasts an all-gather started
+    beside it ends later than alone by the collective's time x the share of the SMs NCCL's thread blocks held
+    (advisor.comm.beside), so channels = that share x the GPU's SMs (median over the sizes measured). Measured
+    on CPU (no SMs) the share is reported and the base profile's channels are kept."""
+    pts = [r for r in rows if r.get("kind") == "overlap" and r.get("link") == cls and r.get("status", "ok") == "ok"]
+    shares = [(r["time_s"] - r["compute_s"]) / r["collective_s"] for r in pts if r["compute_s"] >= r["collective_s"]]
+    what = f"{cls}-node overlap" if cls == "intra" else "world overlap (every GPU, across nodes)"
+    if not pts:
+        return link
+    if not shares:
+        led.lines.append(f"{what}: the GEMM loop never outlasted the all-gather beside it: nccl_channels kept")
+        return link
+    share, sms = float(np.clip(np.median(shares), 0.0, 1.0)), pts[0].get("sm_count")
+    text = (f"{what}: a GEMM loop ends {share:.1%} of the all-gather's time later beside it "
+            f"({len(shares)} size{'s' if len(shares) > 1 else ''} from {min(r['size_bytes'] for r in pts) / MiB:g} MiB)")
+    if not sms:
+        led.lines.append(text + ": no SMs to count (not a GPU): nccl_channels kept from the base profile")
+        return link
+    channels = int(np.clip(round(share * sms), 1, 64))
+    led.fitted.append(f"{'intra' if cls == 'intra' else 'inter'}_node.nccl_channels")
+    led.lines.append(text + f": NCCL holds {channels} of {sms} SMs (nccl_channels {link.nccl_channels} -> {channels})")
+    return link.model_copy(update={"nccl_channels": channels})
 
 
 def _with_low_latency(link: Link, coll: str, points: tuple, cls: str, led: Ledger) -> Link:

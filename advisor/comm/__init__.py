@@ -100,7 +100,8 @@ def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
     """The share of a GPU's SMs NCCL's kernels hold while a collective over ``n`` GPUs (``per_node`` of them in each
     node) runs: one thread block per runtime channel, the NVLink domain's channels for a group inside it, the
     network's for one across domains (every rank of a ring runs all of its channels). 0 where the profile does not
-    give its SM count or the link's channels."""
+    give its SM count or the link's channels. The link's count is its ring's (all-gather and reduce-scatter run no
+    other algorithm across nodes): an all-reduce NCCL runs as an NVLS-tree across nodes is charged the ring's too."""
     sms = hw.gpu.sm_count
     _, _, k = network.domain_groups(np.asarray(n, dtype=float), np.asarray(per_node, dtype=float), hw)
     chans = [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]

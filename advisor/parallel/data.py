@@ -191,8 +191,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     if w.layer.routed:  # the experts' own reduce-scatter and gather over the expert data-parallel group, on the same links
         ers, eag = expert.sharded_collectives(w, mesh, states, np.asarray(c.zero) >= 1)
         rs, ag = rs + ers, ag + eag
-    # NCCL's thread blocks hold SMs while a collective runs beside the compute (advisor.comm.held_sms)
-    held = np.where(can_overlap, comm.held_sms(mesh.dp_shard, mesh.shard_per_node, w.hw), 0.0)
+    # NCCL's thread blocks hold SMs while a collective runs beside the compute (advisor.comm.held_sms): wherever a
+    # window hides it (a collective nothing hides, hide = 0, is costed whole and holds nothing from anything)
+    held = comm.held_sms(mesh.dp_shard, mesh.shard_per_node, w.hw)
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
@@ -247,7 +248,7 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     last = np.minimum(np.maximum(bucket, embedding), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     floor = np.where(can_overlap, last_t, total)
-    held = np.where(can_overlap, comm.held_sms(mesh.dp, mesh.dp_per_node, hw), 0.0)
+    held = comm.held_sms(mesh.dp, mesh.dp_per_node, hw)  # without overlap hide is 0: beside() is the whole call
     return hidden([floor], [comm.beside(np.maximum(total - floor, 0.0), hide, held)], idle)[0]
 
 
