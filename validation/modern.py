@@ -26,7 +26,7 @@ from validation.validate import DatasetReport, Point, _estimate, _report, ape_st
 # performance.md rows with its mid-2024 code (the whole-sequence loss). Its norm is not knowable from what is here
 # (torchtitan's norm_type offered rmsnorm, compiled_rmsnorm and a Triton fused_rmsnorm; the 0.0.2 wheel ships no
 # code): costed as torchtitan-0.2, whose fused norm keeps what Llama 2 13B without checkpointing, which ran on 80 GB,
-# can keep; torchtitan-0.1's composite norm, 2.4% MAPE against 10.0% here, would call that run "does not fit"
+# can keep; torchtitan-0.1's composite norm, 1.9% MAPE against 7.2% here, would call that run "does not fit"
 STACKS = {"Composer": "llm-foundry-2023", "torchtitan": "torchtitan-0.2"}
 HARDWARE = {"NVIDIA A100 40GB": "mosaicml-a100-40gb", "NVIDIA A100 80GB": "dgx-a100"}
 RECOMPUTE = {"none": "none", "full": "full", "full (activation checkpointing)": "full", "selective op": "selective",
