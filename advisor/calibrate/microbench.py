@@ -106,16 +106,7 @@ def time_overlap(link: str, size: int, group, ranks: list[int], cfg: BenchConfig
     a, b = (torch.randn(dim, dim, dtype=torch.bfloat16 if gpu else torch.float32, device=device) for _ in range(2))
 
     def median_of(fn) -> float:
-        times = []
-        for i in range(cfg.warmup + cfg.iters):
-            dist.barrier(group=group)
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if i >= cfg.warmup:
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return statistics.median(_call_times(fn, group, cfg, device))
 
     def slowest(*values: float) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
@@ -138,6 +129,22 @@ def time_overlap(link: str, size: int, group, ranks: list[int], cfg: BenchConfig
     sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
     return {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
             "time_s": both_s, "compute_s": compute_s, "collective_s": coll_s, "sm_count": sms, "status": "ok"}
+
+
+def _call_times(fn, group, cfg: BenchConfig, device) -> list[float]:
+    """Seconds of each timed call of ``fn`` on this rank (``warmup`` untimed first), the group lined up before each."""
+    import torch.distributed as dist
+
+    times = []
+    for i in range(cfg.warmup + cfg.iters):
+        dist.barrier(group=group)
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        if i >= cfg.warmup:
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def _sync(device):
@@ -171,16 +178,7 @@ def time_collective(coll: str, size: int, group, ranks: list[int], cfg: BenchCon
     else:  # send_recv: ranks[0] sends to ranks[1]
         peer = ranks[1] if me == ranks[0] else ranks[0]
         call = (lambda: dist.send(x, peer)) if me == ranks[0] else (lambda: dist.recv(x, peer))  # noqa: E731
-    times = []
-    for i in range(cfg.warmup + cfg.iters):
-        dist.barrier(group=group)
-        _sync(device)
-        t0 = time.perf_counter()
-        call()
-        _sync(device)
-        if i >= cfg.warmup:
-            times.append(time.perf_counter() - t0)
-    t = torch.tensor(times, dtype=torch.float64, device=device)
+    t = torch.tensor(_call_times(call, group, cfg, device), dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
 
