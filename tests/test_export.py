@@ -95,6 +95,12 @@ CASES = {
     # DeepSeek-V2-Lite: multi-head latent attention (a full q projection), a dense first layer, shared experts
     "mla-moe": ("deepseek-v2-lite", "dgx-h100", 16, dict(dp=16, ep=8, zero=1),
                 dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # sigmoid routing with the choice bias, half of each head rotated (--rotary-percent 0.5)
+    "sigmoid-router-partial-rope": ("glm-4.5-air", "dgx-h100", 16, dict(dp=16, ep=16, zero=1),
+                                    dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # DeepSeek-V3's router: sigmoid, choice bias, x2.5, top 4 of 8 groups
+    "deepseek-v3-router": ("deepseek-v3", "dgx-h100", 64, dict(dp=64, ep=64, zero=1),
+                           dict(micro_batch=1, global_batch=64, seq_len=4096)),
     # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
     "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
@@ -104,7 +110,7 @@ MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
-                 "mla-moe", "sliding-window"}
+                 "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -136,7 +142,8 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
-             "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window"}
+             "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window", "sigmoid-router-partial-rope",
+             "deepseek-v3-router"}
 
 
 def stack_of(kind: str, case: str) -> str:
@@ -709,6 +716,26 @@ def test_multi_head_latent_attention_is_written_as_megatrons_mla_flags():
     assert [flag(k) for k in ("--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] == \
         ["512", "128", "64", "128"]
     assert flag("--moe-layer-freq") == "[" + ",".join(["0"] + ["1"] * 26) + "]"
+
+
+def test_routers_and_partial_rope_are_written_as_megatrons_flags():
+    """GLM-4.5-Air: sigmoid scores with the choice bias (e_score_correction_bias), half of each head rotated; DeepSeek-V3:
+    the same router x2.5 over the top 4 of 8 groups (tests/test_megatron_numerics.py checks the weights megatron-core
+    computes from them against transformers' routers); Megatron-Bridge writes the same as TransformerConfig fields."""
+    import yaml
+
+    args, _ = megatron_args(*inputs("sigmoid-router-partial-rope")[:5])
+    flag = lambda k: args[args.index(k) + 1]  # noqa: E731
+    assert flag("--moe-router-score-function") == "sigmoid" and "--moe-router-enable-expert-bias" in args
+    assert flag("--rotary-percent") == "0.5" and "--rotary-interleaved" not in args
+    assert "--moe-router-topk-scaling-factor" not in args and "--moe-router-pre-softmax" not in args
+    args, _ = megatron_args(*inputs("deepseek-v3-router")[:5])
+    assert [flag(k) for k in ("--moe-router-topk-scaling-factor", "--moe-router-num-groups", "--moe-router-group-topk")] \
+        == ["2.5", "8", "4"] and "--rotary-percent" not in args  # MLA: its RoPE width is --qk-pos-emb-head-dim
+    model, hw, plan, setup, ga, world = inputs("sigmoid-router-partial-rope")
+    bridge = yaml.safe_load(export("megatron-bridge", model, hw, plan, setup, ga, world, "megatron-core").text)["model"]
+    assert (bridge["moe_router_score_function"], bridge["moe_router_enable_expert_bias"], bridge["rotary_percent"]) == \
+        ("sigmoid", True, 0.5)
 
 
 def test_sliding_windows_are_written_as_megatrons_window_size():

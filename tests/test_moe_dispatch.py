@@ -383,12 +383,15 @@ def test_group_limited_routing_in_the_megatron_exports():
     --moe-router-group-topk): written where a model limits its routing to top groups."""
     import yaml
 
-    from advisor.export import export
+    from advisor.export import ExportError, export
     from advisor.hardware import load_hardware
     from advisor.model import load_model
 
     base = load_model("mixtral-8x7b")
-    grouped = base.model_copy(update={"experts": base.experts.model_copy(update={"groups": 4, "group_topk": 2})})
+    # 4 groups of 2 experts, the top 2 groups for top-4: megatron-core ranks a group by the sum of its top 4 // 2 = 2
+    # experts, DeepSeek-V3's rule (the spec's group_score default)
+    grouped = base.model_copy(update={"experts": base.experts.model_copy(update={"groups": 4, "group_topk": 2,
+                                                                                  "experts_per_token": 4})})
     args = (load_hardware("dgx-h100"), Plan(dp=8, zero=1, ep=8, etp=1), TrainingSetup(seq_len=4096, stack="megatron-core"),
             1, 8)
     text = export("megatron", grouped, *args).text
@@ -396,6 +399,11 @@ def test_group_limited_routing_in_the_megatron_exports():
     assert "--moe-router-num-groups" not in export("megatron", base, *args).text
     bridge = yaml.safe_load(export("megatron-bridge", grouped, *args).text)["model"]
     assert (bridge["moe_router_num_groups"], bridge["moe_router_group_topk"]) == (4, 2)
+    # DeepSeek-V2's group_limited_greedy ranks a group by its best expert: megatron-core's sum of the top two is another
+    # model (with top-2 of 2 groups, its top 2 // 2 = 1 would be the same)
+    v2 = grouped.model_copy(update={"experts": grouped.experts.model_copy(update={"group_score": "max"})})
+    with pytest.raises(ExportError, match="routing groups ranked by their best expert"):
+        export("megatron", v2, *args)
 
 
 # -- torchtitan's async tensor parallel: torch's symmetric-memory micro-pipeline ---------------------------------------

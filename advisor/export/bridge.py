@@ -27,7 +27,7 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
-from advisor.export.megatron_shape import nope_pattern, windows
+from advisor.export.megatron_shape import nope_pattern, router_fields, windows
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack
@@ -174,6 +174,9 @@ def _model_shape(model: ModelSpec) -> dict:
         m.update(window_size=list(size), **({} if skip is None else {"window_attn_skip_freq": skip}))
     if model.nope_layers:
         m["no_rope_freq"] = nope_pattern(model)
+    if model.position is PositionKind.rotary and model.latent is None:  # partial and interleaved RoPE
+        m.update({"rotary_percent": model.rotary_fraction} if model.rotary_fraction != 1.0 else {},
+                 **({"rotary_interleaved": True} if model.rotary_interleaved else {}))
     return m
 
 
@@ -193,6 +196,7 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
         m["moe_shared_expert_intermediate_size"] = e.d_ff_shared
     if e.groups > 1:  # group-limited routing (TransformerConfig moe_router_num_groups / moe_router_group_topk)
         m.update(moe_router_num_groups=e.groups, moe_router_group_topk=e.group_topk)
+    m.update(router_fields(e))  # score function, expert bias, pre-softmax, scaling (megatron_shape)
     m["moe_shared_expert_overlap"] = bool(overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1)
     if overlap == "batch" and plan.ep > 1:  # comm_overlap's field (training/comm_overlap.py CommOverlapConfig)
         notes.append("the all-to-alls were costed beside another micro-batch's compute: set "

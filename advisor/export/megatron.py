@@ -23,7 +23,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
-from advisor.export.megatron_shape import MLA, model_shape, unwritten_by
+from advisor.export.megatron_shape import MLA, model_shape, router_flags, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec, PositionKind
@@ -207,6 +207,7 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
           if dispatcher == "flex" else ["--moe-token-dispatcher-type", "alltoall"])
     a += ["--moe-shared-expert-intermediate-size", e.d_ff_shared] if e.d_ff_shared else []
     a += ["--moe-router-num-groups", e.groups, "--moe-router-group-topk", e.group_topk] if e.groups > 1 else []
+    a += router_flags(e)
     if overlap == "shared_experts" and e.d_ff_shared and plan.ep > 1:
         a.append("--moe-shared-expert-overlap")
     if overlap == "batch" and plan.ep > 1:

@@ -4,7 +4,7 @@ train another model: the Megatron exports refuse those models)."""
 
 from __future__ import annotations
 
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind
 
 MLA = "multi-head latent attention"
 
@@ -26,8 +26,40 @@ def unwritten(model: ModelSpec) -> list[str]:
              f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
              "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
-             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias}
+             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias,
+             **({} if model.experts is None else router_unwritten(model.experts))}
     return [name for name, present in found.items() if present]
+
+
+def router_unwritten(e: Experts) -> dict[str, bool]:
+    """What megatron-core 0.19's router (moe_utils.py topk_routing_with_score_function, group_limited_topk) cannot
+    weigh as the model does: its softmax takes the top k logits and renormalises them, or with --moe-router-pre-softmax
+    keeps the chosen probabilities of all experts (k = 1 needs the latter: transformer_config.py); its sigmoid always
+    renormalises k > 1 (with or without --moe-router-enable-expert-bias, which it refuses beside softmax); a group
+    scores the sum of its top k / group_topk experts."""
+    per_group = e.experts_per_token // e.group_topk
+    return {"PhiMoE's sparsemixer routing": e.score == "sparsemixer",
+            "a choice bias on softmax router scores": e.score == "softmax" and e.choice_bias,
+            "top-1 softmax routing renormalised to 1": e.score == "softmax" and e.top_k_norm and e.experts_per_token == 1,
+            "sigmoid router weights not renormalised": e.score == "sigmoid" and not e.top_k_norm and e.experts_per_token > 1,
+            "routing groups ranked by their best expert": e.groups > 1 and per_group != (1 if e.group_score == "max" else 2)}
+
+
+def router_fields(e: Experts) -> dict:
+    """The router's weighing as megatron-core's TransformerConfig fields, the defaults left out (router_unwritten()
+    lists what they cannot say)."""
+    m: dict = {}
+    if e.score == "sigmoid":
+        m.update(moe_router_score_function="sigmoid", **({"moe_router_enable_expert_bias": True} if e.choice_bias else {}))
+    elif not e.top_k_norm:  # softmax over every expert, the chosen k kept as they are
+        m["moe_router_pre_softmax"] = True
+    return {**m, **({"moe_router_topk_scaling_factor": e.scale} if e.scale != 1.0 else {})}
+
+
+def router_flags(e: Experts) -> list:
+    """router_fields() as Megatron-LM's flags (arguments.py builds them from TransformerConfig's fields)."""
+    return [x for k, v in router_fields(e).items()
+            for x in (["--" + k.replace("_", "-")] + ([] if v is True else [v]))]
 
 
 def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
@@ -54,6 +86,9 @@ def model_shape(model: ModelSpec) -> list:
         a.append("--swiglu")
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
           "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
+    if model.position is PositionKind.rotary and model.latent is None:  # MLA's RoPE width is --qk-pos-emb-head-dim
+        a += ["--rotary-percent", model.rotary_fraction] if model.rotary_fraction != 1.0 else []
+        a += ["--rotary-interleaved"] if model.rotary_interleaved else []
     if not model.linear_bias:
         a.append("--disable-bias-linear")
         if model.qkv_bias:

@@ -16,7 +16,7 @@ Deliberately left out: encoder-decoder models, multimodal towers, hybrid recurre
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -74,6 +74,17 @@ class Experts(Spec):
     # equal groups of consecutive experts; 1 of 1: unlimited
     groups: int = Field(default=1, ge=1, le=1_000_000)
     group_topk: int = Field(default=1, ge=1, le=1_000_000)
+    # how the router weighs the experts it picks (no parameters, no cost: another model if an export writes otherwise;
+    # transformers' routers, Megatron's --moe-router-* flags): softmax or sigmoid scores, the k chosen renormalised to
+    # sum to 1 (top_k_norm), a per-expert bias on the scores for the choice alone, kept by the load balancing and not
+    # trained (choice_bias: DeepSeek-V3's e_score_correction_bias, a buffer), the weights' factor (scale: DeepSeek's
+    # routed_scaling_factor), and a group's score for group-limited routing (the sum of its top two, DeepSeek-V3;
+    # its best expert, DeepSeek-V2's group_limited_greedy)
+    score: Literal["softmax", "sigmoid", "sparsemixer"] = "softmax"  # sparsemixer: PhiMoE's (modeling_phimoe.py)
+    top_k_norm: bool = True
+    choice_bias: bool = False
+    scale: float = Field(default=1.0, gt=0, le=1e4)
+    group_score: Literal["top2_sum", "max"] = "top2_sum"
 
     @model_validator(mode="after")
     def _top_k(self) -> "Experts":
@@ -136,6 +147,10 @@ class ModelSpec(Spec):
     # layers (0-based) that apply no rotary embedding to q and k (NoPE: Llama 4's and SmolLM3's no_rope_layers zeros):
     # no parameters and an element-wise pass less, but another model if an export writes RoPE there
     nope_layers: tuple[int, ...] = ()
+    # the share of each head's query/key width that RoPE rotates (GPT-NeoX's rotary_pct, partial_rotary_factor), and
+    # whether it rotates interleaved pairs (GPT-J, GLM-4: RoFormer's) rather than the two halves: no parameters
+    rotary_fraction: float = Field(default=1.0, gt=0, le=1)
+    rotary_interleaved: bool = False
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
     attention_sinks: bool = False  # one learned sink logit per head and layer (GPT-OSS)
@@ -253,6 +268,7 @@ class ModelSpec(Spec):
             "sliding-window attention": any(r.window for r in self.layer_runs),
             "chunked attention": any(r.chunk for r in self.layer_runs),
             "layers without RoPE": bool(self.nope_layers),
+            "partial RoPE": self.rotary_fraction != 1.0, "RoPE on interleaved pairs": self.rotary_interleaved,
             "soft-capping": self.attn_softcap is not None or self.logit_softcap is not None,
             "attention sinks": self.attention_sinks,
         }

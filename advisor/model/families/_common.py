@@ -34,6 +34,19 @@ def llama_base(c: Config, *, kv: Optional[int] = None, head_dim: Optional[int] =
         tied_embeddings=c.bool("tie_word_embeddings", tied), linear_bias=False)
 
 
+def partial_rope(c: Config, default: float, legacy: str = "partial_rotary_factor", interleaved: bool = False) -> dict:
+    """The share of each head that RoPE rotates, as transformers 5.23's configs read it: rope_parameters'
+    partial_rotary_factor, else the family's legacy top-level key (``legacy``: GPT-NeoX's rotary_pct), else its
+    default; a number in (0, 1]. ``interleaved``: the family rotates interleaved pairs (RoFormer's, GLM-4's)."""
+    inner = c.sub("rope_parameters").float("partial_rotary_factor", None)
+    top = c.float(legacy, None) if legacy != "partial_rotary_factor" else None
+    share = inner if inner is not None else top if top is not None else c.float("partial_rotary_factor", default)
+    if not 0.0 < share <= 1.0:
+        raise c.error(f"'partial_rotary_factor' (or {legacy!r}) must be in (0, 1], the share of a head RoPE rotates, "
+                      f"not {share:g}")
+    return dict(rotary_fraction=share, rotary_interleaved=interleaved)
+
+
 def attention_bias(c: Config, default: bool = False) -> dict:
     """Llama's ``attention_bias``: biases on q, k, v and o."""
     bias = c.bool("attention_bias", default)

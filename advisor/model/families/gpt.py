@@ -13,7 +13,7 @@ use_bias, a sliding window on every layer where sliding_window is set).
 
 from __future__ import annotations
 
-from advisor.model.families._common import runs
+from advisor.model.families._common import partial_rope, runs
 from advisor.model.families._config import Config
 from advisor.model.layer import MLPKind, NormKind
 from advisor.model.spec import PositionKind, QKNorm
@@ -43,8 +43,9 @@ def gpt_bigcode(c: Config) -> dict:
 
 def gptj(c: Config) -> dict:
     d = _gpt2_keys(c, 2048)
-    c.int("rotary_dim", default=None)  # rotary width: no parameters
-    return {**d, "position": PositionKind.rotary, "tied_embeddings": c.bool("tie_word_embeddings", False),
+    # GPTJConfig rotary_dim (default 64) of each head's width, rotated in interleaved pairs (rotate_every_two)
+    share = min(c.int("rotary_dim", default=64) / (d["d_model"] // d["n_heads"]), 1.0)
+    return {**d, "position": PositionKind.rotary, "rotary_fraction": share, "rotary_interleaved": True, "tied_embeddings": c.bool("tie_word_embeddings", False),
             "linear_bias": False, "mlp_bias": True, "lm_head_bias": True, "parallel_block": True, "norms_per_layer": 1}
 
 
@@ -54,7 +55,8 @@ def gpt_neox(c: Config) -> dict:
                 d_ff=c.int("intermediate_size"), vocab=c.int("vocab_size"),
                 max_positions=c.int("max_position_embeddings", default=2048), position=PositionKind.rotary,
                 tied_embeddings=c.bool("tie_word_embeddings", False), linear_bias=False, qkv_bias=bias, out_bias=bias,
-                mlp_bias=True, parallel_block=c.bool("use_parallel_residual", True), **PLAIN)
+                mlp_bias=True, parallel_block=c.bool("use_parallel_residual", True), **PLAIN,
+                **partial_rope(c, 0.25, legacy="rotary_pct"))
 
 
 def falcon(c: Config) -> dict:
@@ -110,7 +112,7 @@ def phi(c: Config) -> dict:
                 vocab=c.int("vocab_size"), max_positions=c.int("max_position_embeddings", default=2048),
                 position=PositionKind.rotary, tied_embeddings=c.bool("tie_word_embeddings", False), lm_head_bias=True,
                 parallel_block=True, norms_per_layer=1,
-                qk_norm=QKNorm.head if c.bool("qk_layernorm", False) else QKNorm.none, **PLAIN)
+                qk_norm=QKNorm.head if c.bool("qk_layernorm", False) else QKNorm.none, **PLAIN, **partial_rope(c, 0.5))
 
 
 def starcoder2(c: Config) -> dict:

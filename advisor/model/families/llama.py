@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from advisor.model.families._common import attention_bias, llama_base, rope_layers, runs, typed_windows
+from advisor.model.families._common import attention_bias, llama_base, partial_rope, rope_layers, runs, typed_windows
 from advisor.model.families._config import Config
 from advisor.model.layer import NormKind
 from advisor.model.spec import QKNorm
@@ -66,7 +66,7 @@ def qwen3(c: Config) -> dict:
 def phi3(c: Config) -> dict:
     d = llama_base(c, max_positions=4096)
     window = c.int("sliding_window", default=None)
-    return {**d, "layer_runs": runs([window] * d["n_layers"])}
+    return {**d, "layer_runs": runs([window] * d["n_layers"]), **partial_rope(c, 1.0)}
 
 
 def olmo(c: Config) -> dict:
@@ -131,7 +131,8 @@ def glm4(c: Config) -> dict:
     """transformers modeling_glm4.py: input, post-attention, post-self-attention and post-MLP RMSNorms (four a layer),
     q/k/v biased by attention_bias, o never; gate and up fused (the same parameters)."""
     d = llama_base(c, kv=2, head_dim=128, max_positions=131072)
-    return {**d, "qkv_bias": c.bool("attention_bias", True), "norms_per_layer": 4}
+    # half of each head rotated (Glm4Config's default), in interleaved pairs (modeling_glm4.py rotate_half)
+    return {**d, "qkv_bias": c.bool("attention_bias", True), "norms_per_layer": 4, **partial_rope(c, 0.5, interleaved=True)}
 
 
 def arcee(c: Config) -> dict:

@@ -21,7 +21,8 @@ dots.llm1 (dots1: DeepSeek-V3's experts on GQA attention with per-head q/k norms
 
 from __future__ import annotations
 
-from advisor.model.families._common import attention_bias, dense_layers, llama_base, rope_layers, runs, typed_windows
+from advisor.model.families._common import (attention_bias, dense_layers, llama_base, partial_rope, rope_layers, runs,
+                                             typed_windows)
 from advisor.model.families._config import Config
 from advisor.model.families.llama import qwen_windows
 from advisor.model.spec import PositionKind, QKNorm
@@ -33,6 +34,13 @@ def _experts(c: Config, n: int, k_default: int, d_ff: int, **extra) -> dict:
     experts (n = 0, which Qwen-MoE allows) every layer is dense and the keys of the experts are not read."""
     k = c.int("num_experts_per_tok", default=k_default)
     return dict(n_experts=max(n, 1), experts_per_token=k if n else 1, d_ff_expert=d_ff, **extra)
+
+
+def _sigmoid_router(c: Config, scale: float, norm: bool) -> dict:
+    """DeepSeek-V3's router as GLM-4.5 and dots.llm1 keep it: sigmoid scores, e_score_correction_bias (a buffer) for
+    the choice alone, norm_topk_prob, routed_scaling_factor (their config classes' defaults given)."""
+    return dict(score="sigmoid", choice_bias=True, top_k_norm=c.bool("norm_topk_prob", norm),
+                scale=c.float("routed_scaling_factor", scale))
 
 
 def _with_runs(d: dict, spans: list, dense: list[bool], key: str = "window") -> dict:
@@ -53,7 +61,8 @@ def qwen2_moe(c: Config) -> dict:
     d.update(qkv_bias=c.bool("qkv_bias", True))
     n = c.int("num_experts", default=60, minimum=0)
     d["experts"] = _experts(c, n, 4, c.int("moe_intermediate_size", default=1408),
-                            d_ff_shared=c.int("shared_expert_intermediate_size", default=5632, minimum=0), shared_gate=True)
+                            d_ff_shared=c.int("shared_expert_intermediate_size", default=5632, minimum=0), shared_gate=True,
+                            top_k_norm=c.bool("norm_topk_prob", False))
     windows = [r["window"] for r in qwen_windows(c, d["n_layers"], moe=True) for _ in range(r["count"])]
     return _with_runs(d, windows or [None] * d["n_layers"], dense_layers(c, d["n_layers"], n > 0))
 
@@ -62,7 +71,7 @@ def qwen3_moe(c: Config) -> dict:
     d = llama_base(c, kv=4, max_positions=32768)
     n = c.int("num_experts", default=128, minimum=0)
     d.update(attention_bias(c), qk_norm=QKNorm.head)
-    d["experts"] = _experts(c, n, 8, c.int("moe_intermediate_size", default=768))
+    d["experts"] = _experts(c, n, 8, c.int("moe_intermediate_size", default=768), top_k_norm=c.bool("norm_topk_prob", False))
     window = c.nullable_int("sliding_window", 4096) if c.bool("use_sliding_window", False) else None
     return _with_runs(d, [window] * d["n_layers"], dense_layers(c, d["n_layers"], n > 0))
 
@@ -70,7 +79,7 @@ def qwen3_moe(c: Config) -> dict:
 def olmoe(c: Config) -> dict:
     d = llama_base(c, max_positions=4096)
     d.update(attention_bias(c), qk_norm=QKNorm.full)
-    d["experts"] = _experts(c, c.int("num_experts", default=64), 8, d["d_ff"])
+    d["experts"] = _experts(c, c.int("num_experts", default=64), 8, d["d_ff"], top_k_norm=c.bool("norm_topk_prob", False))
     return d
 
 
@@ -102,10 +111,21 @@ def _deepseek(c: Config, v3: bool) -> dict:
                          v_head_dim=c.int("v_head_dim", default=128)),
              experts=dict(n_experts=c.int("n_routed_experts", default=256 if v3 else 64), experts_per_token=top_k,
                           d_ff_expert=moe_ff, d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
-                          groups=groups, group_topk=group_topk))
+                          groups=groups, group_topk=group_topk, **_deepseek_router(c, v3)))
     c.int("num_key_value_heads", default=None)  # MLA expands keys and values for every head: no parameters
     c.int("head_dim", default=None)
     return _with_runs(d, [None] * n, [i < first for i in range(n)])
+
+
+def _deepseek_router(c: Config, v3: bool) -> dict:
+    """V3 (DeepseekV3TopkRouter): sigmoid scores, e_score_correction_bias (a buffer) on them for the choice alone, the
+    chosen renormalised where norm_topk_prob, times routed_scaling_factor. V2 (DeepseekV2Moe): softmax scores, the
+    chosen never renormalised (5.23 reads norm_topk_prob into the config only), times routed_scaling_factor, groups
+    ranked by their best expert."""
+    norm = c.bool("norm_topk_prob", v3)
+    if v3:
+        return dict(score="sigmoid", choice_bias=True, top_k_norm=norm, scale=c.float("routed_scaling_factor", 2.5))
+    return dict(top_k_norm=False, scale=c.float("routed_scaling_factor", 1.0), group_score="max")
 
 
 def deepseek_v2(c: Config) -> dict:
@@ -146,7 +166,7 @@ def llama4_text(c: Config) -> dict:
     d.update(attention_bias(c), d_ff=c.int("intermediate_size_mlp", default=16384))
     c.bool("use_qk_norm", True)
     experts = c.int("num_local_experts", default=16)
-    d["experts"] = _experts(c, experts, 1, ff, d_ff_shared=ff)
+    d["experts"] = _experts(c, experts, 1, ff, d_ff_shared=ff, score="sigmoid", top_k_norm=False)  # Llama4Router
     step = c.int("interleave_moe_layer_step", default=1)
     moe = c.list("moe_layers", int)
     moe = list(range(step - 1, n, step)) if moe is None else moe
@@ -173,10 +193,11 @@ def glm4_moe(c: Config) -> dict:
     d = llama_base(c, kv=8, max_positions=131072)
     n, moe_ff = d["n_layers"], c.int("moe_intermediate_size", default=1408)
     d.update(qkv_bias=c.bool("attention_bias", False), qk_norm=QKNorm.head if c.bool("use_qk_norm", False) else QKNorm.none)
+    d.update(partial_rope(c, 0.5))  # Glm4MoeConfig's default half of each head, its two halves rotated
     groups = c.int("n_group", default=1)
     d["experts"] = _experts(c, c.int("n_routed_experts", default=128), 8, moe_ff,
                             d_ff_shared=moe_ff * c.int("n_shared_experts", default=1, minimum=0), groups=groups,
-                            group_topk=c.int("topk_group", default=1))
+                            group_topk=c.int("topk_group", default=1), **_sigmoid_router(c, 1.0, True))
     first = c.int("first_k_dense_replace", default=1, minimum=0)
     return _with_runs(d, [None] * n, [i < first for i in range(n)])
 
@@ -188,7 +209,10 @@ def minimax_m2(c: Config) -> dict:
     d = llama_base(c, kv=8, head_dim=128, max_positions=196608)
     c.bool("use_qk_norm", True)
     d.update(qk_norm=QKNorm.full)
-    d["experts"] = _experts(c, c.int("num_local_experts", default=256), 8, d["d_ff"])
+    # released checkpoints give rotary_dim (64 of head_dim 128), which MiniMaxM2Config turns into the factor
+    rotary = c.int("rotary_dim", default=None)
+    d.update(partial_rope(c, 1.0) if rotary is None else dict(rotary_fraction=min(rotary / (d["head_dim"] or 128), 1.0)))
+    d["experts"] = _experts(c, c.int("num_local_experts", default=256), 8, d["d_ff"], score="sigmoid", choice_bias=True)
     return d
 
 
@@ -198,7 +222,7 @@ def phimoe(c: Config) -> dict:
     bias-free router; lm_head_bias; a sliding window on every layer where sliding_window is set."""
     d = llama_base(c, kv=8, max_positions=4096 * 32)
     d.update(attention_bias(c), norm=NormKind.layernorm, lm_head_bias=c.bool("lm_head_bias", False))
-    d["experts"] = _experts(c, c.int("num_local_experts", default=16), 2, d["d_ff"])
+    d["experts"] = _experts(c, c.int("num_local_experts", default=16), 2, d["d_ff"], score="sparsemixer")
     return {**d, "layer_runs": runs([c.nullable_int("sliding_window", None)] * d["n_layers"])}
 
 
@@ -212,7 +236,7 @@ def ernie4_5_moe(c: Config) -> dict:
     d.update(linear_bias=bias, lm_head_bias=bias)
     moe_ff, experts = c.int("moe_intermediate_size", default=1536), c.int("moe_num_experts", "num_experts", default=64)
     k = c.int("moe_k", "num_experts_per_tok", default=6)
-    d["experts"] = dict(n_experts=experts, experts_per_token=k, d_ff_expert=moe_ff, router_bias=True,
+    d["experts"] = dict(n_experts=experts, experts_per_token=k, d_ff_expert=moe_ff, router_bias=True, choice_bias=True,
                         d_ff_shared=moe_ff * c.int("moe_num_shared_experts", default=2, minimum=0))
     start, interval = c.int("moe_layer_start_index", default=1, minimum=0), c.int("moe_layer_interval", default=1)
     end = c.int("moe_layer_end_index", default=-1, minimum=-1)
@@ -241,7 +265,8 @@ def dots1(c: Config) -> dict:
     n, moe_ff = d["n_layers"], c.int("moe_intermediate_size", default=1408)
     d.update(attention_bias(c), qk_norm=QKNorm.head)
     d["experts"] = _experts(c, c.int("n_routed_experts"), 8, moe_ff, groups=c.int("n_group", default=1),
-                            d_ff_shared=moe_ff * c.int("n_shared_experts", minimum=0), group_topk=c.int("topk_group", default=1))
+                            d_ff_shared=moe_ff * c.int("n_shared_experts", minimum=0), group_topk=c.int("topk_group", default=1),
+                            **_sigmoid_router(c, 1.0, False))
     window, first_window = c.nullable_int("sliding_window", 4096), c.int("max_window_layers", default=62, minimum=0)
     default = ["sliding_attention" if window is not None and i >= first_window else "full_attention" for i in range(n)]
     first = c.int("first_k_dense_replace", default=0, minimum=0)
