@@ -74,6 +74,13 @@ BAD = [
      ["model_type 'llama4' is not supported (a multimodal config: give its text model's config.json)"]),
     (_with(HUB_CONFIGS["llama4-scout"], attention_chunk_size="8192"), ["'attention_chunk_size' must be an integer"]),
     (_with(HUB_CONFIGS["llama4-scout"], no_rope_layers=[2] * 48), ["'no_rope_layers' must hold a 0 (NoPE) or 1 (RoPE)"]),
+    # the router's weighing and the share of a head RoPE rotates (no parameters; another model in an export)
+    (_with(HUB_CONFIGS["deepseek-v3"], routed_scaling_factor=-2.5), ["'routed_scaling_factor' must be a positive factor"]),
+    (_with(HUB_CONFIGS["deepseek-v3"], routed_scaling_factor="2.5"), ["'routed_scaling_factor' must be a finite number"]),
+    (_with(HUB_CONFIGS["glm-4.5-air"], norm_topk_prob="true"), ["'norm_topk_prob' must be true or false"]),
+    (_with(HUB_CONFIGS["glm-4.5-air"], partial_rotary_factor=0), ["'partial_rotary_factor' must be in (0, 1]"]),
+    (_with(HUB_CONFIGS["gpt-neox-20b"], rotary_pct=1.5), ["'partial_rotary_factor' (or 'rotary_pct') must be in (0, 1]"]),
+    (_with(HUB_CONFIGS["minimax-m2"], rotary_dim=512), ["'rotary_dim' = 512 exceeds the head's width 128"]),
 ]
 
 
@@ -116,3 +123,21 @@ def test_a_moe_config_with_every_layer_dense_is_a_dense_model(tmp_path):
     m = model_from_hf_config(f)
     assert not m.routed and m.experts is None
     assert estimate(m, "dgx-a100", gpus=1, seq=128).step_time_s > 0
+
+
+def test_router_and_rope_keys_are_read_as_transformers_reads_them():
+    """transformers 5.23: Qwen3MoeTopKRouter renormalises the top k only where norm_topk_prob (its config's default
+    false); DeepseekV3TopkRouter multiplies by routed_scaling_factor; rope_parameters' partial_rotary_factor wins over
+    the legacy top-level key (Glm4MoeConfig: kwargs.setdefault); GPT-NeoX's rotary_pct defaults to 0.25."""
+    from advisor.model.hf import model_from_hf_dict
+
+    def spec(base: str, **changes):
+        return model_from_hf_dict({**HUB_CONFIGS[base], **changes}, "t", "test")
+
+    assert spec("qwen3-30b-a3b").experts.top_k_norm and not spec("qwen3-30b-a3b", norm_topk_prob=False).experts.top_k_norm
+    assert not model_from_hf_dict({k: v for k, v in HUB_CONFIGS["qwen3-30b-a3b"].items() if k != "norm_topk_prob"},
+                                  "t", "test").experts.top_k_norm
+    assert spec("deepseek-v3", routed_scaling_factor=1.5).experts.scale == 1.5
+    assert spec("glm-4.5-air", rope_parameters={"partial_rotary_factor": 0.25, "rope_theta": 1e6}).rotary_fraction == 0.25
+    assert model_from_hf_dict({k: v for k, v in HUB_CONFIGS["gpt-neox-20b"].items() if k != "rotary_pct"},
+                              "t", "test").rotary_fraction == 0.25

@@ -42,9 +42,18 @@ def partial_rope(c: Config, default: float, legacy: str = "partial_rotary_factor
     top = c.float(legacy, None) if legacy != "partial_rotary_factor" else None
     share = inner if inner is not None else top if top is not None else c.float("partial_rotary_factor", default)
     if not 0.0 < share <= 1.0:
-        raise c.error(f"'partial_rotary_factor' (or {legacy!r}) must be in (0, 1], the share of a head RoPE rotates, "
-                      f"not {share:g}")
+        keys = "'partial_rotary_factor'" + (f" (or {legacy!r})" if legacy != "partial_rotary_factor" else "")
+        raise c.error(f"{keys} must be in (0, 1], the share of a head RoPE rotates, not {share:g}")
     return dict(rotary_fraction=share, rotary_interleaved=interleaved)
+
+
+def rotary_dim_share(c: Config, head_dim: int, default: Optional[int]) -> Optional[float]:
+    """``rotary_dim`` (GPT-J's, MiniMax-M2's legacy key) as a share of the head: None where absent and no default;
+    refused above the head's width, which RoPE cannot rotate."""
+    dim = c.int("rotary_dim", default=default)
+    if dim is not None and dim > head_dim:
+        raise c.error(f"'rotary_dim' = {dim} exceeds the head's width {head_dim}: RoPE rotates part of a head at most")
+    return None if dim is None else dim / head_dim
 
 
 def attention_bias(c: Config, default: bool = False) -> dict:

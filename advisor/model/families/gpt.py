@@ -13,7 +13,7 @@ use_bias, a sliding window on every layer where sliding_window is set).
 
 from __future__ import annotations
 
-from advisor.model.families._common import partial_rope, runs
+from advisor.model.families._common import partial_rope, rotary_dim_share, runs
 from advisor.model.families._config import Config
 from advisor.model.layer import MLPKind, NormKind
 from advisor.model.spec import PositionKind, QKNorm
@@ -44,7 +44,7 @@ def gpt_bigcode(c: Config) -> dict:
 def gptj(c: Config) -> dict:
     d = _gpt2_keys(c, 2048)
     # GPTJConfig rotary_dim (default 64) of each head's width, rotated in interleaved pairs (rotate_every_two)
-    share = min(c.int("rotary_dim", default=64) / (d["d_model"] // d["n_heads"]), 1.0)
+    share = rotary_dim_share(c, d["d_model"] // d["n_heads"], 64)
     return {**d, "position": PositionKind.rotary, "rotary_fraction": share, "rotary_interleaved": True, "tied_embeddings": c.bool("tie_word_embeddings", False),
             "linear_bias": False, "mlp_bias": True, "lm_head_bias": True, "parallel_block": True, "norms_per_layer": 1}
 

@@ -21,8 +21,8 @@ dots.llm1 (dots1: DeepSeek-V3's experts on GQA attention with per-head q/k norms
 
 from __future__ import annotations
 
-from advisor.model.families._common import (attention_bias, dense_layers, llama_base, partial_rope, rope_layers, runs,
-                                             typed_windows)
+from advisor.model.families._common import (attention_bias, dense_layers, llama_base, partial_rope, rope_layers,
+                                             rotary_dim_share, runs, typed_windows)
 from advisor.model.families._config import Config
 from advisor.model.families.llama import qwen_windows
 from advisor.model.spec import PositionKind, QKNorm
@@ -40,7 +40,15 @@ def _sigmoid_router(c: Config, scale: float, norm: bool) -> dict:
     """DeepSeek-V3's router as GLM-4.5 and dots.llm1 keep it: sigmoid scores, e_score_correction_bias (a buffer) for
     the choice alone, norm_topk_prob, routed_scaling_factor (their config classes' defaults given)."""
     return dict(score="sigmoid", choice_bias=True, top_k_norm=c.bool("norm_topk_prob", norm),
-                scale=c.float("routed_scaling_factor", scale))
+                scale=_scale(c, scale))
+
+
+def _scale(c: Config, default: float) -> float:
+    """routed_scaling_factor: the routed experts' weights multiplied by it (DeepSeek's routers)."""
+    s = c.float("routed_scaling_factor", default)
+    if not 0.0 < s <= 1e4:
+        raise c.error(f"'routed_scaling_factor' must be a positive factor on the routed experts' weights, not {s:g}")
+    return s
 
 
 def _with_runs(d: dict, spans: list, dense: list[bool], key: str = "window") -> dict:
@@ -124,8 +132,8 @@ def _deepseek_router(c: Config, v3: bool) -> dict:
     ranked by their best expert."""
     norm = c.bool("norm_topk_prob", v3)
     if v3:
-        return dict(score="sigmoid", choice_bias=True, top_k_norm=norm, scale=c.float("routed_scaling_factor", 2.5))
-    return dict(top_k_norm=False, scale=c.float("routed_scaling_factor", 1.0), group_score="max")
+        return dict(score="sigmoid", choice_bias=True, top_k_norm=norm, scale=_scale(c, 2.5))
+    return dict(top_k_norm=False, scale=_scale(c, 1.0), group_score="max")
 
 
 def deepseek_v2(c: Config) -> dict:
@@ -210,8 +218,8 @@ def minimax_m2(c: Config) -> dict:
     c.bool("use_qk_norm", True)
     d.update(qk_norm=QKNorm.full)
     # released checkpoints give rotary_dim (64 of head_dim 128), which MiniMaxM2Config turns into the factor
-    rotary = c.int("rotary_dim", default=None)
-    d.update(partial_rope(c, 1.0) if rotary is None else dict(rotary_fraction=min(rotary / (d["head_dim"] or 128), 1.0)))
+    share = rotary_dim_share(c, d["head_dim"] or 128, None)
+    d.update(partial_rope(c, 1.0) if share is None else dict(rotary_fraction=share))
     d["experts"] = _experts(c, c.int("num_local_experts", default=256), 8, d["d_ff"], score="sigmoid", choice_bias=True)
     return d
 
