@@ -1,5 +1,5 @@
-"""What the Megatron exports write against what transformers 5.23 computes, through megatron-core 0.19's own
-functions on CPU: the router (each family's TopKRouter from the catalogue's config.json, against
+"""What the Megatron exports write against what transformers 5.23 computes, through megatron-core's own functions on
+CPU (the environment's 0.16.1; 0.19.2, whose flags the exports write, computes the same in fp32 throughout): the router (each family's TopKRouter from the catalogue's config.json, against
 topk_routing_with_score_function under megatron_shape.router_fields: the same experts get the same weights, or the
 export refuses the model) and the rotary embedding (--rotary-percent, --rotary-interleaved: RotaryEmbedding and
 apply_rotary_pos_emb against each family's own)."""
