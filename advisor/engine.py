@@ -215,10 +215,10 @@ class Engine(Spec):
         default=False, description="tensor parallelism: in backward the column-parallel linear's input all-gather (SP) "
         "runs beside its dgrad GEMM and its input gradient's reduce-scatter or all-reduce beside its wgrad GEMM (Megatron's "
         "and Transformer Engine's async_op collectives), else every backward collective is exposed")
-    tp_gathers_quantised: bool = Field(
-        default=False, description="under a low-precision recipe with sequence parallelism the layers' all-gathers "
-                                   "(a column-parallel input, a row-parallel output gradient) carry the recipe's "
-                                   "quantised bytes (Transformer Engine), not the activations' dtype")
+    tp_gathers_quantised: bool | list[RecipeName] = Field(
+        default=False, description="under a low-precision recipe (true: any; a list: those) with sequence parallelism the "
+        "layers' all-gathers (a column-parallel input, a row-parallel output gradient) carry the recipe's quantised bytes "
+        "(Transformer Engine; torchao's Float8ColwiseParallel / Float8RowwiseParallel), not the activations' dtype")
     quantised_inputs: Optional[QuantisedInputs] = Field(
         default=None, description="under every low-precision recipe the linears keep their inputs for backward "
                                   "quantised (Transformer Engine); None: only where the recipe itself does (advisor."

@@ -19,7 +19,10 @@ Under a low-precision recipe with sequence parallelism, Transformer Engine quant
 column-parallel linear's input and a row-parallel linear's output gradient are all-gathered in the recipe's format
 (TE 2.10 module/linear.py: input_quantizer(inputmat) then gather_along_first_dim(..., quantizer=...);
 module/base.py grad_output_preprocess: gather_along_first_dim(grad_output, quantizer=...)), the reduce-scatters
-stay in the activations' dtype. Which stacks do so is their profile's ``engine.tp_gathers_quantised``.
+stay in the activations' dtype; torchao's Float8ColwiseParallel / Float8RowwiseParallel, which torchtitan 0.2 applies
+under tensorwise FP8 alone, cast a linear's input to e4m3 before its all-gather and its output gradient to e5m2 before
+the backward's (torchao float8/float8_tensor_parallel.py). Which stacks do so, under which recipes, is their profile's
+``engine.tp_gathers_quantised``.
 
 Under sequence parallelism a stack may pipeline the collectives with the GEMMs they feed (``tp_overlap``
 userbuffers: Megatron --tp-comm-overlap, Transformer Engine's ring-exchange and bulk overlaps): ``overlap_share``
@@ -110,8 +113,8 @@ def gathered_bytes_ratio(w: Workload) -> tuple[float, float]:
     """(forward, backward) bytes of a layer's sequence-parallel all-gathers over their activation-dtype bytes: the
     recipe's stored bytes where the stack quantises before gathering and the pass runs low (module docstring), the
     BF16 edge layers at 1, as a mean over the layers."""
-    r = w.precision.recipe
-    if r is None or not w.stack.engine.tp_gathers_quantised:
+    r, quantised = w.precision.recipe, w.stack.engine.tp_gathers_quantised
+    if r is None or not (quantised is True or (isinstance(quantised, list) and w.precision.value in quantised)):
         return 1.0, 1.0
     low = r.stored_bytes / w.act_bytes
     share = w.bf16_share
