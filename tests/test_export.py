@@ -736,6 +736,18 @@ def test_routers_and_partial_rope_are_written_as_megatrons_flags():
     bridge = yaml.safe_load(export("megatron-bridge", model, hw, plan, setup, ga, world, "megatron-core").text)["model"]
     assert (bridge["moe_router_score_function"], bridge["moe_router_enable_expert_bias"], bridge["rotary_percent"]) == \
         ("sigmoid", True, 0.5)
+    # top-1 sigmoid routing renormalised to 1 (GLM-4.5's router at k = 1): megatron-core renormalises k > 1 only
+    top1 = model.model_copy(update={"experts": model.experts.model_copy(update={"experts_per_token": 1})})
+    with pytest.raises(ExportError, match="sigmoid top-1 routing renormalised to 1"):
+        export("megatron", top1, hw, plan, setup, ga, world, "megatron-core")
+    # Llama 4 without chunks or NoPE layers: the router weight on the expert input and the weightless q/k L2 norm
+    from advisor.export.megatron_shape import model_shape, router_flags, unwritten
+
+    scout = load_model("llama4-scout")
+    plain = scout.model_copy(update={"layer_runs": (), "nope_layers": ()})
+    assert router_flags(plain.experts) == ["--moe-router-score-function", "sigmoid", "--moe-apply-probs-on-input"]
+    assert "--qk-l2-norm" in model_shape(plain) and unwritten(plain) == []
+    assert "L2 q/k norms on the RoPE layers alone" in unwritten(scout)  # megatron-core norms every layer's
 
 
 def test_sliding_windows_are_written_as_megatrons_window_size():

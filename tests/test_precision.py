@@ -406,9 +406,10 @@ def test_transformer_engine_gathers_sequence_parallel_inputs_in_the_recipes_form
     """TE 2.10 (module/linear.py, base.py grad_output_preprocess): under sequence parallelism a column-parallel input
     and a row-parallel output gradient are quantised, then all-gathered; the reduce-scatters stay in bf16. FP8
     current scaling stores 1 byte an element (0.5 of bf16), NVFP4 0.5 + 1/16 (0.28125), megatron-core's NVFP4 keeping
-    one BF16 layer at each end of Llama 3 70B's 80. torchtitan 0.2.2 gathers in FP8 under tensorwise scaling alone
-    (torchao's Float8ColwiseParallel, infra/parallelize.py enable_float8_tensorwise_tp), bf16 under rowwise; 0.3.0 has
-    rowwise recipes only (engine.tp_gathers_quantised)."""
+    one BF16 layer at each end of Llama 3 70B's 80. torchtitan 0.1.0 gathers in FP8 under tensorwise scaling alone
+    (torchao's Float8ColwiseParallel, infra/parallelize.py enable_float8_tensorwise_tp), bf16 under rowwise; 0.2.2's
+    test for that path looks for a converter named "float8" it no longer registers (bf16 always); 0.3.0 has rowwise
+    recipes only (engine.tp_gathers_quantised)."""
     import numpy as np
 
     from advisor import comm
@@ -428,8 +429,9 @@ def test_transformer_engine_gathers_sequence_parallel_inputs_in_the_recipes_form
     assert tensor.gathered_bytes_ratio(wl("megatron-core", "nvfp4")) == pytest.approx(
         (share + (1 - share) * 0.28125,) * 2, rel=1e-12)
     assert tensor.gathered_bytes_ratio(wl("megatron-bridge-perf", "nvfp4")) == (0.28125, 0.28125)
-    assert tensor.gathered_bytes_ratio(wl("torchtitan-0.2", "fp8-tensorwise")) == (0.5, 0.5)
-    assert tensor.gathered_bytes_ratio(wl("torchtitan-0.2", "fp8-rowwise")) == (1.0, 1.0)
+    assert tensor.gathered_bytes_ratio(wl("torchtitan-0.1", "fp8-tensorwise")) == (0.5, 0.5)
+    assert tensor.gathered_bytes_ratio(wl("torchtitan-0.1", "fp8-rowwise")) == (1.0, 1.0)
+    assert tensor.gathered_bytes_ratio(wl("torchtitan-0.2", "fp8-tensorwise")) == (1.0, 1.0)
     assert tensor.gathered_bytes_ratio(wl("torchtitan", "fp8-rowwise")) == (1.0, 1.0)
     assert tensor.gathered_bytes_ratio(wl("megatron-core", "bf16-mixed")) == (1.0, 1.0)
     # one layer's collective under TP 4 + SP, 8,192 tokens: a reduce-scatter in bf16 and an all-gather of half the bytes

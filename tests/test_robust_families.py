@@ -141,3 +141,14 @@ def test_router_and_rope_keys_are_read_as_transformers_reads_them():
     assert spec("glm-4.5-air", rope_parameters={"partial_rotary_factor": 0.25, "rope_theta": 1e6}).rotary_fraction == 0.25
     assert model_from_hf_dict({k: v for k, v in HUB_CONFIGS["gpt-neox-20b"].items() if k != "rotary_pct"},
                               "t", "test").rotary_fraction == 0.25
+    # GPTNeoXConfig's convert_rope_params_to_dict reads rotary_pct, never a top-level partial_rotary_factor;
+    # MiniMaxM2Config sets partial_rotary_factor from rotary_dim only where none is given (kwargs.setdefault)
+    assert spec("gpt-neox-20b", partial_rotary_factor=0.5).rotary_fraction == 0.25
+    assert spec("minimax-m2").rotary_fraction == 0.5 and spec("minimax-m2", partial_rotary_factor=1.0).rotary_fraction == 1.0
+    # DeepseekV3TopkRouter groups whatever topk_method says; DeepseekV2TopkRouter assigns no weights under noaux_tc
+    assert (spec("deepseek-v3", topk_method="greedy").experts.groups, spec("deepseek-v3").experts.group_topk) == (8, 4)
+    with pytest.raises(Exception, match="'topk_method' = 'noaux_tc' is not supported for deepseek_v2"):
+        spec("deepseek-v2-lite", topk_method="noaux_tc")
+    # Llama4TextMoe scales the tokens by the router's sigmoid before the experts; its q/k L2 norms have no weights
+    scout = load_model("llama4-scout")
+    assert scout.experts.weights_on_input and scout.qk_l2_norm and not spec("llama4-scout", use_qk_norm=False).qk_l2_norm

@@ -178,18 +178,19 @@ def test_ep_is_carved_from_the_sharded_ranks_only():
         assert p.plan.ep == 1 or (lay.dp_shard * p.plan.cp * p.plan.tp) % p.plan.ep == 0, p.plan.label()
 
 
-def test_torchtitan_02_gathers_tp_inputs_in_fp8_under_tensorwise_scaling_only():
-    """torchtitan 0.2.2 models/llama3/infra/parallelize.py apply_tp: enable_float8_tensorwise_tp = float8 and not
-    rowwise, which takes torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput: a linear's
-    input cast to e4m3 before its all-gather, its output gradient to e5m2 before the backward's, the reduce-scatters in
-    bf16. Llama 3 70B, TP 8 with SP on one DGX H100: each layer's all-gathers move half the bytes under tensorwise,
-    none less under rowwise; torchtitan 0.3.0 has no tensorwise recipe."""
+def test_torchtitan_01_gathers_tp_inputs_in_fp8_under_tensorwise_scaling_only():
+    """torchtitan 0.1.0 models/llama3/infra/parallelize.py: enable_float8_tensorwise_tp = ("float8" in converters, the
+    name 0.1.0 registers its converter under) and not rowwise, which takes torchao's Float8ColwiseParallel /
+    Float8RowwiseParallel / PrepareFloat8ModuleInput: a linear's input cast to e4m3 before its all-gather, its output
+    gradient to e5m2 before the backward's, the reduce-scatters in bf16. Llama 3 70B, TP 8 with SP on one DGX H100:
+    each layer's all-gathers move half the bytes under tensorwise, none less under rowwise. 0.2.2 still tests for
+    "float8" but registers "quantize.linear.float8": bf16 always; 0.3.0 has no tensorwise recipe."""
     from advisor.comm import Collective, collective_time
     from advisor.hardware import load_hardware
     from advisor.stack import load_stack
 
     kw = dict(model="llama3-70b", hw="dgx-h100", gpus=8, tp=8, sp=True, micro_batch=1, seq=8192, recompute="full",
-              stack="torchtitan-0.2")
+              stack="torchtitan-0.1")
     tp = {p: estimate(precision=p, **kw).breakdown["comm/tp"] for p in ("bf16-mixed", "fp8-tensorwise", "fp8-rowwise")}
     assert tp["fp8-rowwise"] == pytest.approx(tp["bf16-mixed"], rel=1e-9)
     # per layer: two sub-blocks (attention, MLP), each gathering in the forward, the recomputed forward and the
@@ -198,3 +199,4 @@ def test_torchtitan_02_gathers_tp_inputs_in_fp8_under_tensorwise_scaling_only():
     saved = collective_time(Collective.all_gather, 8, act, hw, 8) - collective_time(Collective.all_gather, 8, act / 2, hw, 8)
     assert tp["bf16-mixed"] - tp["fp8-tensorwise"] == pytest.approx(2 * 3 * 80 * saved, rel=1e-6)
     assert load_stack("torchtitan").engine.tp_gathers_quantised is False
+    assert load_stack("torchtitan-0.2").engine.tp_gathers_quantised is False

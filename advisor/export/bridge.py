@@ -177,6 +177,7 @@ def _model_shape(model: ModelSpec) -> dict:
     if model.position is PositionKind.rotary and model.latent is None:  # partial and interleaved RoPE
         m.update({"rotary_percent": model.rotary_fraction} if model.rotary_fraction != 1.0 else {},
                  **({"rotary_interleaved": True} if model.rotary_interleaved else {}))
+    m.update({"qk_l2_norm": True} if model.qk_l2_norm else {})
     return m
 
 

@@ -27,6 +27,8 @@ def unwritten(model: ModelSpec) -> list[str]:
              "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
              "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias,
+             # --qk-l2-norm puts megatron-core's L2Norm on every layer's q and k (gpt_layer_specs.py)
+             "L2 q/k norms on the RoPE layers alone": model.qk_l2_norm and bool(model.nope_layers),
              **({} if model.experts is None else router_unwritten(model.experts))}
     return [name for name, present in found.items() if present]
 
@@ -42,7 +44,10 @@ def router_unwritten(e: Experts) -> dict[str, bool]:
             "a choice bias on softmax router scores": e.score == "softmax" and e.choice_bias,
             "top-1 softmax routing renormalised to 1": e.score == "softmax" and e.top_k_norm and e.experts_per_token == 1,
             "sigmoid router weights not renormalised": e.score == "sigmoid" and not e.top_k_norm and e.experts_per_token > 1,
-            "routing groups ranked by their best expert": e.groups > 1 and per_group != (1 if e.group_score == "max" else 2)}
+            "sigmoid top-1 routing renormalised to 1": e.score == "sigmoid" and e.top_k_norm and e.experts_per_token == 1,
+            "routing groups ranked by their best expert": e.groups > 1 and per_group != (1 if e.group_score == "max" else 2),
+            # experts.py: moe_apply_probs_on_input "only works with moe_router_topk=1"
+            "router weights on the expert input beyond top-1": e.weights_on_input and e.experts_per_token > 1}
 
 
 def router_fields(e: Experts) -> dict:
@@ -53,6 +58,7 @@ def router_fields(e: Experts) -> dict:
         m.update(moe_router_score_function="sigmoid", **({"moe_router_enable_expert_bias": True} if e.choice_bias else {}))
     elif not e.top_k_norm:  # softmax over every expert, the chosen k kept as they are
         m["moe_router_pre_softmax"] = True
+    m.update({"moe_apply_probs_on_input": True} if e.weights_on_input else {})
     return {**m, **({"moe_router_topk_scaling_factor": e.scale} if e.scale != 1.0 else {})}
 
 
@@ -89,6 +95,7 @@ def model_shape(model: ModelSpec) -> list:
     if model.position is PositionKind.rotary and model.latent is None:  # MLA's RoPE width is --qk-pos-emb-head-dim
         a += ["--rotary-percent", model.rotary_fraction] if model.rotary_fraction != 1.0 else []
         a += ["--rotary-interleaved"] if model.rotary_interleaved else []
+    a += ["--qk-l2-norm"] if model.qk_l2_norm else []
     if not model.linear_bias:
         a.append("--disable-bias-linear")
         if model.qkv_bias:

@@ -85,6 +85,7 @@ class Experts(Spec):
     choice_bias: bool = False
     scale: float = Field(default=1.0, gt=0, le=1e4)
     group_score: Literal["top2_sum", "max"] = "top2_sum"
+    weights_on_input: bool = False  # the router's weight scales the expert's input, not its output (Llama 4)
 
     @model_validator(mode="after")
     def _top_k(self) -> "Experts":
@@ -151,6 +152,7 @@ class ModelSpec(Spec):
     # whether it rotates interleaved pairs (GPT-J, GLM-4: RoFormer's) rather than the two halves: no parameters
     rotary_fraction: float = Field(default=1.0, gt=0, le=1)
     rotary_interleaved: bool = False
+    qk_l2_norm: bool = False  # a weightless L2 norm of q and k on the RoPE layers (Llama 4's use_qk_norm): no parameters
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
     attention_sinks: bool = False  # one learned sink logit per head and layer (GPT-OSS)
@@ -269,6 +271,7 @@ class ModelSpec(Spec):
             "chunked attention": any(r.chunk for r in self.layer_runs),
             "layers without RoPE": bool(self.nope_layers),
             "partial RoPE": self.rotary_fraction != 1.0, "RoPE on interleaved pairs": self.rotary_interleaved,
+            "L2 q/k norms": self.qk_l2_norm,
             "soft-capping": self.attn_softcap is not None or self.logit_softcap is not None,
             "attention sinks": self.attention_sinks,
         }

@@ -36,11 +36,14 @@ def llama_base(c: Config, *, kv: Optional[int] = None, head_dim: Optional[int] =
 
 def partial_rope(c: Config, default: float, legacy: str = "partial_rotary_factor", interleaved: bool = False) -> dict:
     """The share of each head that RoPE rotates, as transformers 5.23's configs read it: rope_parameters'
-    partial_rotary_factor, else the family's legacy top-level key (``legacy``: GPT-NeoX's rotary_pct), else its
-    default; a number in (0, 1]. ``interleaved``: the family rotates interleaved pairs (RoFormer's, GLM-4's)."""
+    partial_rotary_factor, else the family's top-level key (``legacy``: partial_rotary_factor, GPT-NeoX's rotary_pct,
+    whose config reads no other: convert_rope_params_to_dict), else its default; a number in (0, 1].
+    ``interleaved``: the family rotates interleaved pairs (RoFormer's, GLM-4's)."""
     inner = c.sub("rope_parameters").float("partial_rotary_factor", None)
-    top = c.float(legacy, None) if legacy != "partial_rotary_factor" else None
-    share = inner if inner is not None else top if top is not None else c.float("partial_rotary_factor", default)
+    top = c.float(legacy, None)
+    if legacy != "partial_rotary_factor":
+        c.float("partial_rotary_factor", None)  # read, and ignored as the family's config ignores it
+    share = inner if inner is not None else top if top is not None else default
     if not 0.0 < share <= 1.0:
         keys = "'partial_rotary_factor'" + (f" (or {legacy!r})" if legacy != "partial_rotary_factor" else "")
         raise c.error(f"{keys} must be in (0, 1], the share of a head RoPE rotates, not {share:g}")

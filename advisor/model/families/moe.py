@@ -100,11 +100,12 @@ def _deepseek(c: Config, v3: bool) -> dict:
     first = c.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
     top_k = c.int("num_experts_per_tok", default=8) if v3 else c.int("num_experts_per_tok")
     moe_ff = c.int("moe_intermediate_size", default=2048 if v3 else 1407)
-    # group-limited routing: V3's noaux_tc and V2's group_limited_greedy pick the top topk_group of n_group groups
-    # first; V2's greedy ignores the groups (modeling_deepseek_v3.py / _v2.py get_topk_indices, MoEGate)
+    # group-limited routing: DeepseekV3TopkRouter always picks the top topk_group of n_group groups first, whatever
+    # topk_method says (it reads none); DeepseekV2TopkRouter does under group_limited_greedy, and greedy ignores the
+    # groups (its forward assigns no weights under any other method: refused)
     method = c.str("topk_method", default="noaux_tc" if v3 else "greedy",
-                   allowed=("greedy", "group_limited_greedy", "noaux_tc"))
-    limited = method in ("noaux_tc", "group_limited_greedy")
+                   allowed=("greedy", "group_limited_greedy", "noaux_tc") if v3 else ("greedy", "group_limited_greedy"))
+    limited = v3 or method == "group_limited_greedy"
     groups = c.int("n_group", default=8 if v3 else 1) if limited else 1
     group_topk = c.int("topk_group", default=4 if v3 else 1) if limited else 1
     d = dict(n_layers=n, d_model=c.int("hidden_size"), n_heads=c.int("num_attention_heads"),
@@ -172,9 +173,10 @@ def llama4_text(c: Config) -> dict:
     d = llama_base(c, kv=8, head_dim=128, max_positions=4096 * 32)
     n, ff = d["n_layers"], d["d_ff"]
     d.update(attention_bias(c), d_ff=c.int("intermediate_size_mlp", default=16384))
-    c.bool("use_qk_norm", True)
+    d["qk_l2_norm"] = c.bool("use_qk_norm", True)
     experts = c.int("num_local_experts", default=16)
-    d["experts"] = _experts(c, experts, 1, ff, d_ff_shared=ff, score="sigmoid", top_k_norm=False)  # Llama4Router
+    # Llama4Router: sigmoid of the chosen logits, unnormalised; Llama4TextMoe scales the tokens before the experts
+    d["experts"] = _experts(c, experts, 1, ff, d_ff_shared=ff, score="sigmoid", top_k_norm=False, weights_on_input=True)
     step = c.int("interleave_moe_layer_step", default=1)
     moe = c.list("moe_layers", int)
     moe = list(range(step - 1, n, step)) if moe is None else moe
@@ -217,9 +219,10 @@ def minimax_m2(c: Config) -> dict:
     d = llama_base(c, kv=8, head_dim=128, max_positions=196608)
     c.bool("use_qk_norm", True)
     d.update(qk_norm=QKNorm.full)
-    # released checkpoints give rotary_dim (64 of head_dim 128), which MiniMaxM2Config turns into the factor
+    # released checkpoints give rotary_dim (64 of head_dim 128), which MiniMaxM2Config turns into the factor where
+    # neither rope_parameters nor the top level sets partial_rotary_factor (kwargs.setdefault)
     share = rotary_dim_share(c, d["head_dim"] or 128, None)
-    d.update(partial_rope(c, 1.0) if share is None else dict(rotary_fraction=share))
+    d.update(partial_rope(c, 1.0 if share is None else share))
     d["experts"] = _experts(c, c.int("num_local_experts", default=256), 8, d["d_ff"], score="sigmoid", choice_bias=True)
     return d
 
