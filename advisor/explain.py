@@ -163,8 +163,10 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         # an EP group inside one NVLink domain (etp x ep ranks in a row) stays on NVLink, as a TP group does
         ep_inside = k == "comm/ep_alltoall" and e.layout.ep * e.layout.etp <= hw.domain_gpus
         # a group inside one NVLink domain (a node, or an NVL72 rack of trays) runs on NVLink
-        link = "intra-node" if e.world_size <= hw.domain_gpus or (k == "comm/tp") or ep_inside else "inter-node"
-        where = f" on {link} {hw.intra_node.kind.value if link == 'intra-node' else hw.inter_node.kind.value}" if k.startswith("comm") else ""
+        inside = e.world_size <= hw.domain_gpus or (k == "comm/tp") or ep_inside
+        domain = "intra-node" if hw.domain_gpus == hw.gpus_per_node else f"NVLink-domain ({hw.domain_gpus} GPUs)"
+        where = (f" on {domain} {hw.intra_node.kind.value}" if inside else f" on inter-node {hw.inter_node.kind.value}"
+                 ) if k.startswith("comm") else ""
         words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
     words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")
     if e.plan.offload.value != "none":
