@@ -165,11 +165,12 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
         raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
     if cal.repair_torn_tail(results):
         click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)
-    done = [(r["link"], r["collective"], r["n_ranks"], r["size_bytes"]) for r in
-            (cal.read_results(results) if results.is_file() else []) if r.get("status") == "ok" and r.get("kind") == "collective"]
-    kinds = {r.get("kind") for r in cal.read_results(results)} if results.is_file() else set()
+    earlier = cal.read_results(results) if results.is_file() else []
+    # measured already, as the sweep names them: a collective by its name, an overlap measurement as "overlap"
+    done = [(r["link"], r["collective"] if r.get("kind") == "collective" else "overlap", r["n_ranks"], r["size_bytes"])
+            for r in earlier if r.get("status") == "ok" and r.get("kind") in ("collective", "overlap")]
     cfg = cal.BenchConfig(sizes=cal.parse_sizes(sizes), warmup=warmup, iters=iters, backend=backend, out=str(results),
-                          compute=compute and "matmul" not in kinds, overlap=compute and "overlap" not in kinds,
+                          compute=compute and not any(r.get("kind") == "matmul" for r in earlier), overlap=compute,
                           timeout_s=timeout_s, skip=done)
     if done:
         click.echo(f"resuming: {len(done)} measurements already in {results}", err=True)

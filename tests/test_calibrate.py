@@ -376,11 +376,26 @@ def test_overlap_rows_fit_the_sms_nccl_holds():
         cal.calibrate_profile(cpu, base, "t", {"date": "x"})
     _, lines = cal.calibrate_profile(cpu + rows[-1:], base, "t", {"date": "x"})
     assert any("no SMs to count (not a GPU): nccl_channels kept from the base profile" in ln for ln in lines)
+    # noise is no count: a loop faster beside the gather than alone (a share below 0), or one that lost more than the
+    # gather's whole time (above 1), keeps the base's channels and says so; failed sizes are reported
+    for both in (0.0290, 0.0420):
+        noisy = [_overlap("intra", 8, 64 * MiB, 0.030, 0.010, both, 132), rows[-1],
+                 dict(_overlap("intra", 8, 128 * MiB, 0.030, 0.010, both, 132), status="failed", error="CUDA out of memory")]
+        hw, lines = cal.calibrate_profile(noisy, load_hardware("dgx-h100"), "t", {"date": "x"})
+        assert hw.intra_node.nccl_channels == 16 and any("(noise): nccl_channels kept" in ln for ln in lines)
+        assert any("1 size(s) failed, the first with: CUDA out of memory" in ln for ln in lines)
+    # an NVL72 rack: a world group of 8 GPUs on 4-GPU trays stays on the rack's NVLink, not the network
+    gb = load_hardware("gb200-nvl72")
+    hw, _ = cal.calibrate_profile([_overlap("world", 8, 256 * MiB, 0.030, 0.010, 0.0324, 148, per_node=4),
+                                   _overlap("intra", 4, 256 * MiB, 0.030, 0.010, 0.0318, 148)], gb, "t", {"date": "x"})
+    assert (hw.intra_node.nccl_channels, hw.inter_node.nccl_channels) == (27, gb.inter_node.nccl_channels)  # 18% of 148
 
 
 @pytest.mark.parametrize("change, message", [
     ({"sm_count": "132"}, "sm_count='132'"), ({"sm_count": 0}, "sm_count=0"), ({"compute_s": None}, "'compute_s'"),
-    ({"collective_s": -1.0}, "collective_s=-1.0"), ({"n_ranks": 1}, "at least 2 ranks"), ({"link": "rack"}, "unknown link")])
+    ({"collective_s": -1.0}, "collective_s=-1.0"), ({"n_ranks": 1}, "at least 2 ranks"), ({"link": "rack"}, "unknown link"),
+    ({"collective": "all_reduce"}, "times an all-gather"), ({"link": "inter"}, "not 'all_gather' over 'inter'"),
+    ({"collective_s": 1e-12}, "compute_s and collective_s must be at least")])
 def test_overlap_rows_are_checked(tmp_path, change, message):
     import json
 

@@ -91,9 +91,11 @@ OVERLAP_OUTLAST = 3.0
 
 def time_overlap(link: str, size: int, group, ranks: list[int], cfg: BenchConfig, device) -> dict:
     """An all-gather of ``size`` started asynchronously (NCCL's own stream) with a GEMM loop queued behind it on the
-    compute stream: the seconds of the loop alone, the collective alone and the two together (each the slowest
-    rank's median). The loop, OVERLAP_OUTLAST times the collective, finishes last, so together - loop alone =
-    collective x the share of the SMs (or cores) its kernels held (advisor.comm.beside)."""
+    compute stream: the seconds of the loop alone (``compute_s``), of the collective alone and of the loop beside the
+    collective (``time_s``), each the slowest rank's median. On a GPU the loop is timed by CUDA events around it on
+    the compute stream, so the host's issue of the collective before it is not counted; on CPU, the call. The loop,
+    OVERLAP_OUTLAST times the collective, ends last, so beside - alone = collective x the share of the SMs (or cores)
+    its kernels held (advisor.comm.beside)."""
     import torch
     import torch.distributed as dist
 
@@ -116,16 +118,26 @@ def time_overlap(link: str, size: int, group, ranks: list[int], cfg: BenchConfig
     coll_s, mm_s = slowest(median_of(lambda: dist.all_gather_into_tensor(out, shard, group=group)), median_of(lambda: a @ b))
     reps = max(1, int(OVERLAP_OUTLAST * coll_s / mm_s + 0.5))  # the same on every rank: both are the slowest rank's
 
-    def loop():
-        for _ in range(reps):
-            a @ b
+    def loop_s(beside: bool) -> float:
+        spans = []
 
-    def both():
-        work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True)
-        loop()
-        work.wait()
+        def call():
+            work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True) if beside else None
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if gpu else []
+            if ends:
+                ends[0].record()
+            for _ in range(reps):
+                a @ b
+            if ends:
+                ends[1].record()
+                spans.append(ends)
+            if work is not None:
+                work.wait()
 
-    compute_s, both_s = slowest(median_of(loop), median_of(both))
+        wall = _call_times(call, group, cfg, device)
+        return statistics.median([s.elapsed_time(e) / 1e3 for s, e in spans[cfg.warmup:]] if gpu else wall)
+
+    compute_s, both_s = slowest(loop_s(False), loop_s(True))
     sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
     return {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
             "time_s": both_s, "compute_s": compute_s, "collective_s": coll_s, "sm_count": sms, "status": "ok"}
@@ -322,7 +334,7 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
         for j, (link, ranks, size) in enumerate(overlap_plan(cfg, world, local)):
             if beat:  # a beat per measurement: the launcher takes a silent rank for a hung one
                 beat.write_text(f"{len(plan)} {len(plan)} {time.time()} overlap {j}")
-            if rank not in ranks:
+            if rank not in ranks or (link, "overlap", len(ranks), size) in skip:
                 continue
             try:
                 row = time_overlap(link, size, groups[tuple(ranks)], ranks, cfg, device)

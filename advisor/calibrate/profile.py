@@ -49,7 +49,7 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     if world is not None:
         links["inter"] = world
     for cls, key in (("intra", "intra"), ("world", "inter")):
-        links[key] = _fit_channels(rows, cls, links[key], led)
+        links[key] = _fit_channels(rows, cls, links[key], led, base.domain_gpus)
     with fitting_step("the compute efficiencies"):
         eff, eff_lines = fit_efficiency(rows, base, led)
     led.lines += eff_lines
@@ -122,26 +122,35 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
     return link
 
 
-def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger) -> Link:
+def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger, domain_gpus: int) -> Link:
     """The link with the SMs its collectives hold beside the compute: a GEMM loop that outlasts an all-gather started
     beside it ends later than alone by the collective's time x the share of the SMs NCCL's thread blocks held
-    (advisor.comm.beside), so channels = that share x the GPU's SMs (median over the sizes measured). Measured
-    on CPU (no SMs) the share is reported and the base profile's channels are kept."""
-    pts = [r for r in rows if r.get("kind") == "overlap" and r.get("link") == cls and r.get("status", "ok") == "ok"]
-    shares = [(r["time_s"] - r["compute_s"]) / r["collective_s"] for r in pts if r["compute_s"] >= r["collective_s"]]
-    what = f"{cls}-node overlap" if cls == "intra" else "world overlap (every GPU, across nodes)"
+    (advisor.comm.beside), so channels = that share x the GPU's SMs (median over the sizes measured). A share outside
+    (0, 1), or channels outside NCCL's 1..64, is noise, not a count: reported, the base's kept; so on CPU (no SMs).
+    World rows inside one NVLink domain (an NVL72 rack's trays) ran on its NVLink, not the network: left out."""
+    mine = [r for r in rows if r.get("kind") == "overlap" and r.get("link") == cls
+            and (cls == "intra" or float(r["n_ranks"]) > domain_gpus)]
+    what = f"{cls}-node overlap" if cls == "intra" else "world overlap (every GPU, across NVLink domains)"
+    failed = [r for r in mine if r.get("status", "ok") != "ok"]
+    if failed:
+        led.lines.append(f"{what}: {len(failed)} size(s) failed, the first with: {failed[0].get('error', 'no error given')}")
+    pts = [r for r in mine if r.get("status", "ok") == "ok" and r["compute_s"] >= r["collective_s"]]
     if not pts:
+        if len(mine) > len(failed):
+            led.lines.append(f"{what}: the GEMM loop never outlasted the all-gather beside it: nccl_channels kept")
         return link
-    if not shares:
-        led.lines.append(f"{what}: the GEMM loop never outlasted the all-gather beside it: nccl_channels kept")
-        return link
-    share, sms = float(np.clip(np.median(shares), 0.0, 1.0)), pts[0].get("sm_count")
+    share = float(np.median([(r["time_s"] - r["compute_s"]) / r["collective_s"] for r in pts]))
+    sms = next((r["sm_count"] for r in pts if r.get("sm_count")), None)
     text = (f"{what}: a GEMM loop ends {share:.1%} of the all-gather's time later beside it "
-            f"({len(shares)} size{'s' if len(shares) > 1 else ''} from {min(r['size_bytes'] for r in pts) / MiB:g} MiB)")
+            f"({len(pts)} size{'s' if len(pts) > 1 else ''} from {min(r['size_bytes'] for r in pts) / MiB:g} MiB)")
     if not sms:
         led.lines.append(text + ": no SMs to count (not a GPU): nccl_channels kept from the base profile")
         return link
-    channels = int(np.clip(round(share * sms), 1, 64))
+    channels = round(share * sms) if 0.0 < share < 1.0 else 0
+    if not 1 <= channels <= 64:
+        led.lines.append(text + f": not a share of {sms} SMs NCCL's 1..64 channels can hold (noise): nccl_channels "
+                         "kept from the base profile")
+        return link
     led.fitted.append(f"{'intra' if cls == 'intra' else 'inter'}_node.nccl_channels")
     led.lines.append(text + f": NCCL holds {channels} of {sms} SMs (nccl_channels {link.nccl_channels} -> {channels})")
     return link.model_copy(update={"nccl_channels": channels})
