@@ -10,12 +10,14 @@
 - profile.py       a whole profile refitted on a base profile, with a report line per fit
 - output.py        where the profile is written (atomically, never over a shipped profile), and the lock that
                    keeps two calibrations off one --out
+- timing.py        a call timed on every rank of a group alike
+- overlap.py       a GEMM loop alone and beside an all-gather: the SMs NCCL holds (torch inside its functions only)
 - microbench.py    the torch.distributed worker that measures (torch imported inside its functions only)
 - lifeline.py      a worker dies with the launcher that started it
 - progress.py      the time a sweep has left
 - launch.py        start local workers (bounded, isolated from the working directory), watch them, stop them
 
-Imports flow one way: measurements, fitting -> links, network, compute -> profile; output; lifeline ->
+Imports flow one way: measurements, fitting -> links, network, compute -> profile; output; lifeline, timing -> overlap ->
 microbench -> progress -> launch. torch is imported only inside microbench's functions, never at module level.
 """
 

@@ -1,0 +1,84 @@
+"""The overlap measurement of `advisor calibrate`: a GEMM loop timed alone and beside an all-gather started on NCCL's
+stream, over the groups data parallelism runs (the whole node; every GPU across nodes), so that
+advisor.calibrate.profile can fit the SMs NCCL's thread blocks hold beside the compute (a link's ``nccl_channels``,
+advisor.comm.held_sms). torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from advisor.calibrate.timing import call_times
+
+
+def overlap_plan(cfg: Any, world: int, local: int) -> list[tuple[str, list[int], int]]:
+    """(link, ranks, size) of the overlap measurements: an all-gather (FSDP's and ZeRO-3's gather) over the groups data
+    parallelism runs, the whole node and, across nodes, every GPU, at the sizes from OVERLAP_FROM_BYTES (where the
+    collective runs on all its channels), else the largest swept."""
+    if not cfg.overlap or local < 2:
+        return []
+    sizes = [s for s in cfg.sizes if s >= OVERLAP_FROM_BYTES] or [max(cfg.sizes)]
+    groups = [("intra", list(range(local)))] + ([("world", list(range(world)))] if world > local else [])
+    return [(link, ranks, size) for link, ranks in groups for size in sizes]
+
+
+# 64 MiB: at and above it NCCL's rings run on every channel (bandwidth-bound; the fitted links' size ramps are spent
+# by then on every shipped profile), which is what the overlapped FSDP gathers of a layer (hundreds of MiB) hold
+OVERLAP_FROM_BYTES = 64 << 20
+# the GEMM loop lasts this many times the collective alone, so that the collective runs beside it from start to end
+OVERLAP_OUTLAST = 3.0
+
+
+def time_overlap(link: str, size: int, group, ranks: list[int], cfg: Any, device) -> dict:
+    """An all-gather of ``size`` started asynchronously (NCCL's own stream) with a GEMM loop queued behind it on the
+    compute stream: the seconds of the loop alone (``compute_s``), of the collective alone and of the loop beside the
+    collective (``time_s``), each the slowest rank's median. On a GPU the loop is timed by CUDA events around it on
+    the compute stream, so the host's issue of the collective before it is not counted; on CPU, the call. The loop,
+    OVERLAP_OUTLAST times the collective, ends last, so beside - alone = collective x the share of the SMs (or cores)
+    its kernels held (advisor.comm.beside)."""
+    import torch
+    import torch.distributed as dist
+
+    n = len(ranks)
+    count = max(n, size // 4 // n * n)
+    out = torch.empty(count, dtype=torch.float32, device=device)
+    shard = torch.ones(count // n, dtype=torch.float32, device=device)
+    gpu = device.type == "cuda"
+    dim = 4096 if gpu else 256
+    a, b = (torch.randn(dim, dim, dtype=torch.bfloat16 if gpu else torch.float32, device=device) for _ in range(2))
+
+    def median_of(fn) -> float:
+        return statistics.median(call_times(fn, group, cfg, device))
+
+    def slowest(*values: float) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.tolist()
+
+    coll_s, mm_s = slowest(median_of(lambda: dist.all_gather_into_tensor(out, shard, group=group)), median_of(lambda: a @ b))
+    reps = max(1, int(OVERLAP_OUTLAST * coll_s / mm_s + 0.5))  # the same on every rank: both are the slowest rank's
+
+    def loop_s(beside: bool) -> float:
+        spans = []
+
+        def call():
+            work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True) if beside else None
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if gpu else []
+            if ends:
+                ends[0].record()
+            for _ in range(reps):
+                a @ b
+            if ends:
+                ends[1].record()
+                spans.append(ends)
+            if work is not None:
+                work.wait()
+
+        wall = call_times(call, group, cfg, device)
+        return statistics.median([s.elapsed_time(e) / 1e3 for s, e in spans[cfg.warmup:]] if gpu else wall)
+
+    compute_s, both_s = slowest(loop_s(False), loop_s(True))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
+    return {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
+            "time_s": both_s, "compute_s": compute_s, "collective_s": coll_s, "sm_count": sms, "status": "ok"}
