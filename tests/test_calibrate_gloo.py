@@ -105,3 +105,23 @@ def test_measurement_plan_adds_the_whole_world_across_nodes():
     assert not any(link == "world" for link, _ in {(link, r) for link, r in groups if len(r) <= 8})
     assert {link for link, _, _, _ in measurement_plan(cfg, 8, 8)} == {"intra"}
     assert collective_row("world", "all_reduce", 16, 1 << 20, [1e-3], 8)["per_node"] == 8
+
+
+# Rank 1 finds one measurement done that rank 0 does not (under torchrun on several nodes each rank reads its own copy
+# of the results file): without rank 0's decision shared, rank 0 would wait for ever on the all-reduce rank 1 skips.
+SPLIT = ("import json,os,sys; from advisor.calibrate.microbench import BenchConfig, run_worker; "
+         "c=json.loads(sys.argv[1]); c['skip']=[] if os.environ['RANK']=='0' else [['intra','all_reduce',2,1024]]; "
+         "run_worker(BenchConfig(**c), sys.argv[2])")
+
+
+@pytest.mark.slow
+def test_every_rank_walks_rank_0s_plan(tmp_path, monkeypatch):
+    from advisor.calibrate import BenchConfig, launch
+
+    monkeypatch.setattr(launch, "_WORKER", SPLIT)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = tmp_path / "r.jsonl"
+    launch.launch_local(BenchConfig(sizes=[1024], collectives=("all_reduce",), p2p=False, compute=False, overlap=False,
+                                    out=str(out), timeout_s=20), 2, progress=lambda *a: None)
+    rows = read_results(out)
+    assert [(r["collective"], r["size_bytes"]) for r in rows] == [("all_reduce", 1024)]

@@ -23,7 +23,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from advisor.calibrate.lifeline import bind_to_parent
@@ -215,6 +215,11 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
         device = torch.device("cpu")
         torch.set_num_threads(1)
     dist.init_process_group(cfg.backend, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    # what is left to measure, as rank 0 read it from its results file: under torchrun on several nodes each rank read
+    # its own copy (or none), and ranks that walk different plans wait on each other's collectives for ever
+    decided = [cfg.skip, cfg.overlap] if rank == 0 else [None, None]
+    dist.broadcast_object_list(decided, src=0)
+    cfg = replace(cfg, skip=decided[0], overlap=decided[1])
     plan = measurement_plan(cfg, world, local)
     groups = {}
     for ranks in [e[1] for e in plan] + [e[1] for e in overlap_plan(cfg, world, local)]:  # every rank, in one order
