@@ -102,13 +102,16 @@ def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
     network's for one across domains (every rank of a ring runs all of its channels). 0 where the profile does not
     give its SM count or the link's channels. The link's count is its ring's (all-gather and reduce-scatter run no
     other algorithm across nodes): an all-reduce NCCL runs as an NVLS-tree across nodes is charged the ring's too."""
-    sms = hw.gpu.sm_count
-    _, _, k = network.domain_groups(np.asarray(n, dtype=float), np.asarray(per_node, dtype=float), hw)
-    chans = [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
+    n, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(per_node, dtype=float))
+    sms, chans = hw.gpu.sm_count, [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
     if sms is None or chans == [None, None]:
-        return np.zeros(np.shape(k))
+        return np.zeros(n.shape)
+    if n.size >= DISTINCT_FROM:  # a search's plans share a handful of groups: each costed once
+        rows, inverse = distinct(n.ravel(), per_node.ravel())
+        return held_sms(n.ravel()[rows], per_node.ravel()[rows], hw)[inverse].reshape(n.shape)
+    _, _, k = network.domain_groups(n, per_node, hw)
     inside, across = ((c or 0) / sms for c in chans)
-    return np.where(np.asarray(n) <= 1, 0.0, np.where(k > 1, across, inside))
+    return np.where(n <= 1, 0.0, np.where(k > 1, across, inside))
 
 
 def p2p_time(size_bytes: Any, hw: Hardware, across_nodes: Any) -> Any:
