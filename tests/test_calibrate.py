@@ -386,9 +386,10 @@ def test_overlap_rows_fit_the_sms_nccl_holds():
         assert any("1 size(s) failed, the first with: CUDA out of memory" in ln for ln in lines)
     # an NVL72 rack: a world group of 8 GPUs on 4-GPU trays stays on the rack's NVLink, not the network
     gb = load_hardware("gb200-nvl72")
-    hw, _ = cal.calibrate_profile([_overlap("world", 8, 256 * MiB, 0.030, 0.010, 0.0324, 148, per_node=4),
+    hw, lines = cal.calibrate_profile([_overlap("world", 8, 256 * MiB, 0.030, 0.010, 0.0324, 148, per_node=4),
                                    _overlap("intra", 4, 256 * MiB, 0.030, 0.010, 0.0318, 148)], gb, "t", {"date": "x"})
     assert (hw.intra_node.nccl_channels, hw.inter_node.nccl_channels) == (27, gb.inter_node.nccl_channels)  # 18% of 148
+    assert any("1 row(s) of at most 72 GPUs left out: they ran inside one NVLink domain" in ln for ln in lines)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -81,3 +81,17 @@ def test_turning_overlap_off_never_makes_a_step_faster(stack, name, zero):
         return  # torchtitan shards only the optimizer under a pipeline
     kw = dict(model="llama3-8b", hw=name, gpus=64, zero=zero, micro_batch=1, seq=8192, recompute="selective", stack=stack)
     assert estimate(overlap_grad_reduce=True, **kw).step_time_s <= estimate(overlap_grad_reduce=False, **kw).step_time_s
+
+
+def test_held_sms_of_many_distinct_groups_equals_one_at_a_time():
+    """A search's arrays are costed once per distinct (n, per_node) from advisor.distinct's threshold on: 30,000
+    distinct groups (a review found the first version recursing for ever there) give what each gives alone."""
+    import numpy as np
+
+    hw = load_hardware("dgx-h100")
+    n = np.arange(1.0, 30001.0)
+    many = comm.held_sms(n, 8, hw)
+    assert many.shape == n.shape
+    for i in (0, 7, 8, 15, 29999):
+        assert many[i] == pytest.approx(float(comm.held_sms(n[i], 8, hw)))
+    assert (many[0], many[7], many[8]) == (0.0, pytest.approx(16 / 132), pytest.approx(32 / 132))

@@ -10,7 +10,8 @@ rank's (max over the group), and the median and spread (min, max) of the calls a
 Groups: inside a node, groups of 2, 4, ... ranks and the whole node; across nodes, one rank per node
 (the inter-node link alone) and every rank ("world": all-reduce, all-gather, reduce-scatter and all-to-all over
 every GPU of every node, what data, ZeRO and expert parallelism run). With one node only the intra-node link is
-measured.
+measured. Then the overlap measurements (advisor.calibrate.overlap: a GEMM loop beside an all-gather, the SMs NCCL
+holds), then rank 0's kernels. Every rank walks the plan rank 0 read from its results file (what is left).
 
 Started by ``advisor calibrate`` (advisor.calibrate.launch), or run in every rank under torchrun
 (``torchrun ... -m advisor.cli_calibrate``). Every row is appended and flushed to the results JSONL as soon as
@@ -51,7 +52,7 @@ class BenchConfig:
     overlap: bool = True  # a GEMM loop beside a data-parallel collective: the SMs NCCL holds (overlap_plan)
     p2p: bool = True
     timeout_s: float = 120.0
-    skip: list = field(default_factory=list)  # (link, collective, n, size) already measured (resume)
+    skip: list = field(default_factory=list)  # (link, collective or "overlap", n, size) already measured (resume)
 
 
 def measurement_plan(cfg: BenchConfig, world: int, local: int) -> list[tuple[str, list[int], str, int]]:

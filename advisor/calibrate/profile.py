@@ -128,9 +128,12 @@ def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger, domain_gp
     (advisor.comm.beside), so channels = that share x the GPU's SMs (median over the sizes measured). A share outside
     (0, 1), or channels outside NCCL's 1..64, is noise, not a count: reported, the base's kept; so on CPU (no SMs).
     World rows inside one NVLink domain (an NVL72 rack's trays) ran on its NVLink, not the network: left out."""
-    mine = [r for r in rows if r.get("kind") == "overlap" and r.get("link") == cls
-            and (cls == "intra" or float(r["n_ranks"]) > domain_gpus)]
+    ours = [r for r in rows if r.get("kind") == "overlap" and r.get("link") == cls]
+    mine = [r for r in ours if cls == "intra" or float(r["n_ranks"]) > domain_gpus]
     what = f"{cls}-node overlap" if cls == "intra" else "world overlap (every GPU, across NVLink domains)"
+    if len(mine) < len(ours):
+        led.lines.append(f"{what}: {len(ours) - len(mine)} row(s) of at most {domain_gpus} GPUs left out: they ran inside "
+                         "one NVLink domain, not across the network")
     failed = [r for r in mine if r.get("status", "ok") != "ok"]
     if failed:
         led.lines.append(f"{what}: {len(failed)} size(s) failed, the first with: {failed[0].get('error', 'no error given')}")

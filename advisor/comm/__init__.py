@@ -106,11 +106,15 @@ def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
     sms, chans = hw.gpu.sm_count, [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
     if sms is None or chans == [None, None]:
         return np.zeros(n.shape)
-    if n.size >= DISTINCT_FROM:  # a search's plans share a handful of groups: each costed once
-        rows, inverse = distinct(n.ravel(), per_node.ravel())
-        return held_sms(n.ravel()[rows], per_node.ravel()[rows], hw)[inverse].reshape(n.shape)
-    _, _, k = network.domain_groups(n, per_node, hw)
     inside, across = ((c or 0) / sms for c in chans)
+    if n.size < DISTINCT_FROM:
+        return _held(n, per_node, hw, inside, across)
+    rows, inverse = distinct(n.ravel(), per_node.ravel())  # a search's plans share a handful of groups: each once
+    return _held(n.ravel()[rows], per_node.ravel()[rows], hw, inside, across)[inverse].reshape(n.shape)
+
+
+def _held(n: Any, per_node: Any, hw: Hardware, inside: float, across: float) -> Any:
+    _, _, k = network.domain_groups(n, per_node, hw)
     return np.where(n <= 1, 0.0, np.where(k > 1, across, inside))
 
 
