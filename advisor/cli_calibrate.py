@@ -103,7 +103,8 @@ def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: flo
     except cal.CalibrationError as exc:
         raise cal.CalibrationError(f"{named}: {exc}") from exc
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
-              "# Datasheet figures come from the base; fitted: intra_node.fit, inter_node.fit (where measured), efficiency.\n")
+              "# Datasheet figures come from the base; fitted (where measured): intra_node.fit, inter_node.fit, efficiency,\n"
+              "# and the links' nccl_channels (calibration.fitted lists what this run fitted).\n")
     path = cal.write_profile(hw, out_path, header)
     for line in lines:
         click.echo(line)
