@@ -45,8 +45,9 @@ def gptj(c: Config) -> dict:
     d = _gpt2_keys(c, 2048)
     # GPTJConfig rotary_dim (default 64) of each head's width, rotated in interleaved pairs (rotate_every_two)
     share = rotary_dim_share(c, d["d_model"] // d["n_heads"], 64)
-    return {**d, "position": PositionKind.rotary, "rotary_fraction": share, "rotary_interleaved": True, "tied_embeddings": c.bool("tie_word_embeddings", False),
-            "linear_bias": False, "mlp_bias": True, "lm_head_bias": True, "parallel_block": True, "norms_per_layer": 1}
+    return {**d, "position": PositionKind.rotary, "rotary_fraction": share, "rotary_interleaved": True,
+            "tied_embeddings": c.bool("tie_word_embeddings", False), "linear_bias": False, "mlp_bias": True,
+            "lm_head_bias": True, "parallel_block": True, "norms_per_layer": 1}
 
 
 def gpt_neox(c: Config) -> dict:

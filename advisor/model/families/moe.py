@@ -131,9 +131,9 @@ def _deepseek_router(c: Config, v3: bool) -> dict:
     chosen renormalised where norm_topk_prob, times routed_scaling_factor. V2 (DeepseekV2Moe): softmax scores, the
     chosen never renormalised (5.23 reads norm_topk_prob into the config only), times routed_scaling_factor, groups
     ranked by their best expert."""
-    norm = c.bool("norm_topk_prob", v3)
     if v3:
-        return dict(score="sigmoid", choice_bias=True, top_k_norm=norm, scale=_scale(c, 2.5))
+        return _sigmoid_router(c, 2.5, True)
+    c.bool("norm_topk_prob", False)  # read, and ignored as DeepseekV2TopkRouter ignores it
     return dict(top_k_norm=False, scale=_scale(c, 1.0), group_score="max")
 
 
