@@ -27,7 +27,7 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
-from advisor.export.megatron_shape import nope_pattern, router_fields, windows
+from advisor.export.megatron_shape import nope_pattern, rope_fields, router_fields, windows
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
 from advisor.stack import Stack
@@ -174,11 +174,7 @@ def _model_shape(model: ModelSpec) -> dict:
         m.update(window_size=list(size), **({} if skip is None else {"window_attn_skip_freq": skip}))
     if model.nope_layers:
         m["no_rope_freq"] = nope_pattern(model)
-    if model.position is PositionKind.rotary and model.latent is None:  # partial and interleaved RoPE
-        m.update({"rotary_percent": model.rotary_fraction} if model.rotary_fraction != 1.0 else {},
-                 **({"rotary_interleaved": True} if model.rotary_interleaved else {}))
-    m.update({"qk_l2_norm": True} if model.qk_l2_norm else {})
-    return m
+    return {**m, **rope_fields(model)}  # partial and interleaved RoPE, q/k L2 norms (megatron_shape)
 
 
 def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str], stack: Stack) -> dict:

@@ -62,10 +62,25 @@ def router_fields(e: Experts) -> dict:
     return {**m, **({"moe_router_topk_scaling_factor": e.scale} if e.scale != 1.0 else {})}
 
 
+def rope_fields(model: ModelSpec) -> dict:
+    """Partial and interleaved RoPE and the weightless q/k L2 norm as TransformerConfig fields, the defaults left out
+    (MLA's RoPE width is its own: --qk-pos-emb-head-dim)."""
+    m: dict = {}
+    if model.position is PositionKind.rotary and model.latent is None:
+        m.update({"rotary_percent": model.rotary_fraction} if model.rotary_fraction != 1.0 else {},
+                 **({"rotary_interleaved": True} if model.rotary_interleaved else {}))
+    return {**m, **({"qk_l2_norm": True} if model.qk_l2_norm else {})}
+
+
+def as_flags(fields: dict) -> list:
+    """TransformerConfig fields as Megatron-LM's flags (arguments.py builds them from the dataclass: a true bool is
+    the bare flag)."""
+    return [x for k, v in fields.items() for x in (["--" + k.replace("_", "-")] + ([] if v is True else [v]))]
+
+
 def router_flags(e: Experts) -> list:
-    """router_fields() as Megatron-LM's flags (arguments.py builds them from TransformerConfig's fields)."""
-    return [x for k, v in router_fields(e).items()
-            for x in (["--" + k.replace("_", "-")] + ([] if v is True else [v]))]
+    """router_fields() as Megatron-LM's flags."""
+    return as_flags(router_fields(e))
 
 
 def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
@@ -92,10 +107,7 @@ def model_shape(model: ModelSpec) -> list:
         a.append("--swiglu")
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
           "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
-    if model.position is PositionKind.rotary and model.latent is None:  # MLA's RoPE width is --qk-pos-emb-head-dim
-        a += ["--rotary-percent", model.rotary_fraction] if model.rotary_fraction != 1.0 else []
-        a += ["--rotary-interleaved"] if model.rotary_interleaved else []
-    a += ["--qk-l2-norm"] if model.qk_l2_norm else []
+    a += as_flags(rope_fields(model))
     if not model.linear_bias:
         a.append("--disable-bias-linear")
         if model.qkv_bias:
