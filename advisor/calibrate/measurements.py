@@ -145,16 +145,23 @@ def _check_row(row: dict, where: str) -> dict:
             raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
     if kind in ("collective", "overlap"):
         _check_collective(row, where)
-    if kind == "overlap" and (row.get("collective") != "all_gather" or row.get("link") not in ("intra", "world")):
-        raise CalibrationError(f"{where}: an overlap row times an all-gather over the node (link intra) or every GPU "
-                               f"(link world), not {row.get('collective')!r} over {row.get('link')!r}")
-    if kind == "overlap" and min(float(row["compute_s"]), float(row["collective_s"])) < MIN_TIME_S:
-        raise CalibrationError(f"{where}: compute_s and collective_s must be at least {MIN_TIME_S:g} s (seconds)")
-    if kind == "overlap" and row.get("sm_count") is not None and not (
-            isinstance(row["sm_count"], int) and not isinstance(row["sm_count"], bool) and 1 <= row["sm_count"] <= 100_000):
-        raise CalibrationError(f"{where}: sm_count={row['sm_count']!r}: the GPU's SMs, a whole number (or null on CPU)")
+    if kind == "overlap":
+        _check_overlap(row, where)
     _check_physical(row, where)
     return row
+
+
+def _check_overlap(row: dict, where: str) -> None:
+    """A GEMM loop beside an all-gather (advisor.calibrate.overlap): over the node or every GPU, its times possible,
+    the GPU's SM count a whole number (null on CPU)."""
+    if row.get("collective") != "all_gather" or row.get("link") not in ("intra", "world"):
+        raise CalibrationError(f"{where}: an overlap row times an all-gather over the node (link intra) or every GPU "
+                               f"(link world), not {row.get('collective')!r} over {row.get('link')!r}")
+    if min(float(row["compute_s"]), float(row["collective_s"])) < MIN_TIME_S:
+        raise CalibrationError(f"{where}: compute_s and collective_s must be at least {MIN_TIME_S:g} s (seconds)")
+    sms = row.get("sm_count")
+    if sms is not None and not (isinstance(sms, int) and not isinstance(sms, bool) and 1 <= sms <= 100_000):
+        raise CalibrationError(f"{where}: sm_count={sms!r}: the GPU's SMs, a whole number (or null on CPU)")
 
 
 def _check_collective(row: dict, where: str) -> None:

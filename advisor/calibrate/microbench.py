@@ -229,6 +229,12 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
     out = open(cfg.out, "a") if rank == 0 else None
     skip = {tuple(s) for s in cfg.skip}
     beat = Path(progress_dir) / f"rank{rank}" if progress_dir else None
+
+    def emit(row: dict) -> None:  # rank 0 appends each row as it is measured
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+
     try:
         for i, (link, ranks, coll, size) in enumerate(plan):
             if beat:
@@ -241,9 +247,7 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
             except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
                 row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
                        "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
-            if out:
-                out.write(json.dumps(row) + "\n")
-                out.flush()
+            emit(row)
         for j, (link, ranks, size) in enumerate(overlap_plan(cfg, world, local)):
             if beat:  # a beat per measurement: the launcher takes a silent rank for a hung one
                 beat.write_text(f"{len(plan)} {len(plan)} {time.time()} overlap {j}")
@@ -256,13 +260,10 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
                        "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
             if link == "world":
                 row["per_node"] = local
-            if out:
-                out.write(json.dumps(row) + "\n")
-                out.flush()
+            emit(row)
         if cfg.compute and rank == 0:
             for row in compute_rows(device, cpu=device.type == "cpu"):
-                out.write(json.dumps(row) + "\n")
-                out.flush()
+                emit(row)
         if beat:
             beat.write_text(f"{len(plan)} {len(plan)} {time.time()} done")
         dist.barrier()

@@ -51,51 +51,42 @@ def time_overlap(link: str, size: int, group, ranks: list[int], cfg: Any, device
     def median_of(fn) -> float:
         return statistics.median(call_times(fn, group, cfg, device))
 
-    def events_or_call(fn) -> float:
-        """Median seconds of ``fn``: on a GPU by CUDA events around it on the current stream (a blocking collective's
-        wait is on that stream), as the loops below are timed, so that the host's issue is in none of them."""
-        if not gpu:
-            return median_of(fn)
+    def seconds(fn, before=lambda: None, after=lambda started: None) -> float:
+        """Median seconds of ``fn``, with ``before`` run before it in each call and ``after`` given what ``before``
+        returned after it: on a GPU by CUDA events around ``fn`` alone on the current stream (a blocking collective's
+        wait is on that stream), so that the host's issue of anything is in no figure; on CPU the whole call's."""
         spans = []
 
         def call():
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ends[0].record()
+            started = before()
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if gpu else []
+            if ends:
+                ends[0].record()
             fn()
-            ends[1].record()
-            spans.append(ends)
+            if ends:
+                ends[1].record()
+                spans.append(ends)
+            after(started)
 
-        call_times(call, group, cfg, device)
-        return statistics.median([s.elapsed_time(e) / 1e3 for s, e in spans[cfg.warmup:]])
+        wall = call_times(call, group, cfg, device)
+        return statistics.median([s.elapsed_time(e) / 1e3 for s, e in spans[cfg.warmup:]] if gpu else wall)
 
     def slowest(*values: float) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         return t.tolist()
 
-    coll_s, mm_s = slowest(events_or_call(lambda: dist.all_gather_into_tensor(out, shard, group=group)), median_of(lambda: a @ b))
+    coll_s, mm_s = slowest(seconds(lambda: dist.all_gather_into_tensor(out, shard, group=group)), median_of(lambda: a @ b))
     reps = max(1, int(OVERLAP_OUTLAST * coll_s / mm_s + 0.5))  # the same on every rank: both are the slowest rank's
 
-    def loop_s(beside: bool) -> float:
-        spans = []
+    def loop():
+        for _ in range(reps):
+            a @ b
 
-        def call():
-            work = dist.all_gather_into_tensor(out, shard, group=group, async_op=True) if beside else None
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if gpu else []
-            if ends:
-                ends[0].record()
-            for _ in range(reps):
-                a @ b
-            if ends:
-                ends[1].record()
-                spans.append(ends)
-            if work is not None:
-                work.wait()
+    def start():  # the all-gather on NCCL's stream, the loop queued behind it on the compute stream
+        return dist.all_gather_into_tensor(out, shard, group=group, async_op=True)
 
-        wall = call_times(call, group, cfg, device)
-        return statistics.median([s.elapsed_time(e) / 1e3 for s, e in spans[cfg.warmup:]] if gpu else wall)
-
-    compute_s, both_s = slowest(loop_s(False), loop_s(True))
+    compute_s, both_s = slowest(seconds(loop), seconds(loop, start, lambda work: work.wait()))
     sms = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
     return {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": n, "size_bytes": size,
             "time_s": both_s, "compute_s": compute_s, "collective_s": coll_s, "sm_count": sms, "status": "ok"}

@@ -49,7 +49,7 @@ def calibrate_profile(rows: list[dict], base: Hardware, name: str, provenance: d
     if world is not None:
         links["inter"] = world
     for cls, key in (("intra", "intra"), ("world", "inter")):
-        links[key] = _fit_channels(rows, cls, links[key], led, base.domain_gpus)
+        links[key] = _fit_channels(rows, cls, key, links[key], led, base.domain_gpus)
     with fitting_step("the compute efficiencies"):
         eff, eff_lines = fit_efficiency(rows, base, led)
     led.lines += eff_lines
@@ -122,7 +122,7 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
     return link
 
 
-def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger, domain_gpus: int) -> Link:
+def _fit_channels(rows: list[dict], cls: str, key: str, link: Link, led: Ledger, domain_gpus: int) -> Link:
     """The link with the SMs its collectives hold beside the compute: a GEMM loop that outlasts an all-gather started
     beside it ends later than alone by the collective's time x the share of the SMs NCCL's thread blocks held
     (advisor.comm.beside), so channels = that share x the GPU's SMs (median over the sizes measured). A share outside
@@ -154,7 +154,7 @@ def _fit_channels(rows: list[dict], cls: str, link: Link, led: Ledger, domain_gp
         led.lines.append(text + f": not a share of {sms} SMs NCCL's 1..64 channels can hold (noise): nccl_channels "
                          "kept from the base profile")
         return link
-    led.fitted.append(f"{'intra' if cls == 'intra' else 'inter'}_node.nccl_channels")
+    led.fitted.append(f"{key}_node.nccl_channels")
     led.lines.append(text + f": NCCL holds {channels} of {sms} SMs (nccl_channels {link.nccl_channels} -> {channels})")
     return link.model_copy(update={"nccl_channels": channels})
 
