@@ -71,7 +71,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
                           else "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
         grads = one(states.dp_params * states.grad_bytes)
-        overlapped = bool(c.overlap[0]) and hw.intra_node.kind.value != "pcie"  # as advisor.parallel.data costs them
+        overlapped = bool(np.asarray(data.overlaps(c, hw)).reshape(-1)[0])  # as advisor.parallel.data costs them
         if zero == 0:
             eng = w.stack.engine
             size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)

@@ -182,9 +182,7 @@ class DataParallelTime:
 def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: Any, windows: Windows,
          inline: LayerTimes, tokens: Any) -> DataParallelTime:
     active, zero = mesh.dp > 1, np.asarray(c.zero)
-    # Without peer-to-peer (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host
-    # memory with SM-driven copies that contend with the backward kernels for SMs and PCIe: no overlap.
-    can_overlap = np.asarray(c.overlap, dtype=bool) & (w.hw.intra_node.kind.value != "pcie")
+    can_overlap = overlaps(c, w.hw)
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag, roots = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
@@ -210,6 +208,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = exposed + unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
+
+
+def overlaps(c: Candidates, hw: Hardware) -> Any:
+    """Where the gradient reduction may overlap the backward: the plan asks for it, and peer-to-peer works. Without it
+    (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host memory with SM-driven
+    copies that contend with the backward kernels for SMs and PCIe: no overlap."""
+    return np.asarray(c.overlap, dtype=bool) & (hw.intra_node.kind.value != "pcie")
 
 
 def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
