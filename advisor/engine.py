@@ -136,17 +136,17 @@ class QuantisedInputs(Spec):
 class Engine(Spec):
     """How the training engine holds, reduces and gathers model states, and when it synchronises."""
 
-    master_weights: Literal["always", "with_zero", "with_shards"] = Field(
-        description="fp32 masters beside half weights and gradients: always, under ZeRO, or under ZeRO with ranks to shard")
+    master_weights: Literal["always", "with_zero", "with_shards", "never"] = Field(description="fp32 masters beside "
+        "half weights and gradients: always, under ZeRO, under ZeRO with ranks to shard, or never (autocast on fp32)")
     gradient_reduction: Literal["one_call", "buckets"] = Field(
         description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
     bucket_MiB: float = Field(gt=0, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
-    zero3_overlap: Literal["prefetch", "per_submodule"] = Field(
-        description="ZeRO-3 gathers hide behind the pass (prefetch) or behind one sub-module each (DeepSpeed)")
-    zero3_gathered: Literal["layer", "submodule"] = Field(
-        description="what ZeRO-3 holds gathered at once, twice (current and prefetched)")
+    zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(
+        description="ZeRO-3 gathers hide behind the pass (prefetch), the forward only (FSDP without backward "
+                    "prefetch: torch 1.11's default) or one sub-module each (DeepSpeed)")
+    zero3_gathered: Literal["layer", "submodule"] = Field(description="what ZeRO-3 holds gathered at once, twice")
     zero3_calls: Optional[Zero3Calls] = Field(
         default=None, description="per_submodule ZeRO-3: how its gathers and reduce-scatters are issued (None: one "
                                   "call per pass, as zero_collectives says, shared out over the sub-modules)")

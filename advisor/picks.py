@@ -46,11 +46,15 @@ def held(hw: Hardware, n: float, per_node: float, overlapped: bool) -> str:
 def _beside(w: Workload, coll: Collective, zero: int, overlapped: bool) -> bool:
     """Whether advisor.parallel.data costs this ZeRO collective beside the compute: ZeRO-1's reduce-scatter beside the
     backward where the gradients overlap, its gather beside the next forward where the stack overlaps it; ZeRO-2/3's
-    prefetched gathers and their reduce-scatters, except those a device sync per fetch serialises (DeepSpeed 0.3)."""
+    prefetched gathers and their reduce-scatters, except those a device sync per fetch serialises (DeepSpeed 0.3) and
+    ZeRO-3's reduce-scatters without backward prefetch (the forward's gathers alone beside the compute)."""
     eng = w.stack.engine
     if zero == 1:
         return eng.param_gather_overlap if coll == Collective.all_gather else overlapped
-    return coll == Collective.all_gather or not (eng.zero3_calls is not None and eng.zero3_calls.device_sync_per_fetch)
+    if coll == Collective.all_gather:
+        return True
+    return not (zero >= 3 and eng.zero3_overlap == "forward"
+                or eng.zero3_calls is not None and eng.zero3_calls.device_sync_per_fetch)
 
 
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:

@@ -86,7 +86,7 @@ def test_the_config_says_the_plan(case):
     # the launch line: CUDA_DEVICE_MAX_CONNECTIONS=1 exactly where async TP asserts it; every node's torchrun
     launch = out.text.splitlines()[1]
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in launch) is sp and "run_train.py --config-file" in launch
-    assert ("--nnodes 2 --nproc-per-node 8" in launch) is (world == 16)
+    assert ("--nnodes 2 --nproc_per_node 8" in launch) is (world == 16)
     assert all(f"# note: {n}" in out.text for n in out.notes) and any("placeholders" in n for n in out.notes)
 
 

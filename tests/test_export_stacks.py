@@ -667,5 +667,9 @@ def test_torchrun_says_the_model_parallel_degrees_are_the_scripts():
                  "hf-trainer")
     assert len(out.notes) == 1 and out.notes[0].startswith("the plan's tp=4 is not set by torchrun")
     assert f"# note: {out.notes[0]}" in out.text.splitlines()
-    plain = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1)), "hf-trainer")
+    plain = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=0), dict(micro_batch=1)), "hf-trainer")
     assert plain.notes == () and "note" not in plain.text
+    # a sharded plan likewise: torchrun's processes would train DDP replicas unless the script wraps the model
+    sharded = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1)), "hf-trainer")
+    assert sharded.notes == ("the plan's FSDP SHARD_GRAD_OP (ZeRO-2) is not set by torchrun either: train.py wraps the "
+                             "model, one unit per decoder layer as it was costed",)

@@ -15,12 +15,12 @@ from advisor.stack import list_stacks, load_stack
 # engine, litgpt's finetune_lora --quantize; LoRA without a quantised base in Megatron-Bridge's peft/, torchtitan
 # 0.3.0's components/lora.py; none in Megatron-DeepSpeed, nanotron 0.4, llm-foundry 0.1.0 (the 2023 sweep's era) or
 # torchtitan 0.1.0-0.2.2; llm-foundry 0.22's peft_config runs on its Hugging Face models, which its profile (probed on
-# MPT) cannot cost: full only there
+# MPT) cannot cost: full only there; torch 1.11 (March 2022) came before PEFT's first release (January 2023)
 METHODS = {"hf-trainer": ["full", "lora", "qlora"], "deepspeed": ["full", "lora", "qlora"],
            "litgpt": ["full", "lora", "qlora"], "megatron-core": ["full", "lora"],
            "megatron-bridge-perf": ["full", "lora"], "torchtitan": ["full", "lora"], "llm-foundry": ["full"],
            "llm-foundry-2023": ["full"], "megatron-deepspeed": ["full"], "nanotron": ["full"], "torchtitan-0.2": ["full"], "torchtitan-0.1": ["full"],
-           "litgpt-2023": ["full", "lora", "qlora"]}
+           "litgpt-2023": ["full", "lora", "qlora"], "torch-1.11": ["full"]}
 
 
 def test_every_shipped_stack_says_which_methods_it_runs():

@@ -113,9 +113,9 @@ def launch_formats(stack: Stack) -> tuple[str, ...]:
 
 
 def stacks_launching(kind: str) -> list[str]:
-    """The shipped stacks that launch ``kind``, those whose usual format it is first."""
-    found = [(load_stack(n).launch, n) for n in list_stacks()]
-    return [n for _, n in sorted((launch.index(kind), n) for launch, n in found if kind in launch)]
+    """The shipped stacks that launch ``kind``, those whose usual format it is first, dated profiles last."""
+    found = [(load_stack(n), n) for n in list_stacks()]
+    return [n for *_, n in sorted((s.superseded_by is not None, s.launch.index(kind), n) for s, n in found if kind in s.launch)]
 
 
 def launching(kind: str, auto_choice: Optional[Stack] = None) -> str:

@@ -10,13 +10,14 @@ from advisor.model import ModelSpec
 
 
 def torchrun_argv(hw: Hardware, world_size: int, script: str = "train.py") -> list[str]:
-    """torchrun arguments; multi-node uses c10d rendezvous on node 0 ($MASTER_ADDR), shared $JOB_ID."""
+    """torchrun arguments; multi-node uses c10d rendezvous on node 0 ($MASTER_ADDR), shared $JOB_ID. The flags in
+    their underscore forms, which every torchrun parses (torch 1.11's run.py has only those; 2.x adds the dashed)."""
     lay = node_layout(hw, world_size)
-    argv = ["torchrun", "--nnodes", str(lay.nnodes), "--nproc-per-node", str(lay.nproc_per_node)]
+    argv = ["torchrun", "--nnodes", str(lay.nnodes), "--nproc_per_node", str(lay.nproc_per_node)]
     if lay.nnodes == 1:
         argv.append("--standalone")
     else:
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}", "--rdzv-id", "$JOB_ID"]
+        argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"$MASTER_ADDR:{RDZV_PORT}", "--rdzv_id", "$JOB_ID"]
     return argv + [script]
 
 
@@ -33,6 +34,10 @@ def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     notes = ((f"the plan's {' and '.join(split)} {'is' if len(split) == 1 else 'are'} not set by torchrun, which only "
               f"starts the {world_size} processes: "
               "train.py builds them (for TP, transformers' from_pretrained(tp_plan='auto'))",) if split else ())
+    sharded = {1: "ZeRO-1 (optimizer states sharded)", 2: "FSDP SHARD_GRAD_OP (ZeRO-2)", 3: "FSDP FULL_SHARD (ZeRO-3)"}
+    if plan.zero in sharded:  # costed one unit per decoder layer (the stack's zero_collectives)
+        notes += (f"the plan's {sharded[plan.zero]} is not set by torchrun either: train.py wraps the model, one "
+                  "unit per decoder layer as it was costed",)
     text = (f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n"
             + "".join(f"# note: {n}\n" for n in notes) + f"{line}\n")
     return Exported("torchrun.sh", text, notes)

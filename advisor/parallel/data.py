@@ -11,8 +11,9 @@ Communication per step (nccl-tests bytes; advisor.comm):
 - ZeRO-1: reduce-scatter the gradients (overlapped as DDP's), all-gather the updated weights after the step.
 - ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
   in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
-  compute, except the first layer's (``zero3_overlap: prefetch``); DeepSpeed's coordinator gathers one
-  sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
+  compute, except the first layer's (``zero3_overlap: prefetch``); without backward prefetch (``forward``) only
+  the forward's gathers hide, each backward gather waiting in line behind the reduce-scatter before it; DeepSpeed's
+  coordinator gathers one sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
   per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
 - HSDP also all-reduces each shard across the replicas.
 - While a collective overlaps the compute, NCCL's thread blocks hold one SM per channel (advisor.comm.held_sms): the
@@ -111,7 +112,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
                         0.0) if w.layer.routed else 0.0)
     stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
-    master = (zero >= 1) | (eng.master_weights == "always")
+    master = (zero >= 1) & (eng.master_weights != "never") | (eng.master_weights == "always")
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
     # (where there is an FSDP group: at dp 1 torchtitan applies none)
@@ -321,6 +322,14 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
                                           pick(states.weight_bytes), pick(states.reduce_bytes),
                                           pick(states.params_outside_layers), w.tables.cpu_us_per_op)
             z3[on] = np.add(*zero3.exposed(w, z, sub, pick(layers), pick(rerun), calls, pick(held)))
+    elif w.stack.engine.zero3_overlap == "forward":
+        # FSDP without backward prefetch (torch 1.11's default, backward_prefetch=None; fully_sharded_data_parallel.py):
+        # the forward's gathers run ahead of the compute on their own stream, as the host issues them. In backward a
+        # unit's pre-backward hook issues its gather only when autograd reaches it, after the post-backward hook of the
+        # unit before has issued that unit's reduce-scatter, which waits for its backward; both run on the process
+        # group's one NCCL stream (ProcessGroupNCCL), so the gather waits for that compute and that reduce-scatter, and
+        # the unit's compute for the gather: every backward gather and reduce-scatter is exposed
+        z3 = hidden([floor_f], [need_f], windows.idle_forward_s)[0] + ag + rs
     else:
         z3 = sum(hidden([floor_f, floor_b3], [need_f, need(ag + rs - floor_b3, windows.bwd_s)], windows.idle_s))
     return np.where(zero >= 3, z3, z2)
