@@ -152,11 +152,13 @@ class Engine(Spec):
                                   "call per pass, as zero_collectives says, shared out over the sub-modules)")
     gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
     gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
-    device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(
-        description="the device is synchronised once per step (the host runs ahead across micro-batches), once per "
-                    "micro-batch, or after each micro-batch's forward and after its backward")
-    pipeline_scatter_gather: bool = Field(
-        description="pipeline sends split over the TP ranks and all-gathered on arrival (Megatron)")
+    device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(description="the device is synchronised "
+        "once a step (the host runs ahead across micro-batches), a micro-batch, or after each forward and backward")
+    pipeline_scatter_gather: bool = Field(description="pipeline sends split over the TP ranks, gathered on arrival")
+    adamw_step: Literal["foreach", "loop"] = Field(default="foreach", description="torch's AdamW step: foreach (a "
+        "temporary per parameter) or a loop over the tensors (F.adamw before 1.12: the largest tensor's)")
+    sharded_accumulation: bool = Field(default=True, description="ZeRO-2/3 accumulates gradients over micro-batches "
+        "(False: torch 1.11's FSDP, without no_sync, discards the sharded ones at the next backward: one a step)")
     reduce_dtype: Literal["compute", "fp32"] = Field(
         default="compute", description="gradients are reduced in the compute dtype, or upcast to fp32 first")
     unit_grad_buffer: bool = Field(
@@ -290,16 +292,14 @@ class Engine(Spec):
         default="zero_offload", description="how offloaded optimizer states travel: ZeRO-Offload's (ZeRO-2/3, every "
         "micro-batch's gradient partition down beside the backward), or Megatron's HybridDeviceOptimizer (under the "
         "distributed optimizer, ZeRO-1: the shard's gradients down and its parameters up once a step, around the step)")
-    moe_grouped_gemm: bool = Field(
-        default=False, description="mixture of experts: each routed-expert linear runs its local experts as one grouped "
-                                   "GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
+    moe_grouped_gemm: bool = Field(default=False, description="mixture of experts: each routed-expert linear runs "
+        "its local experts as one grouped GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
     ep_alltoall_overlap: Literal["none", "shared_experts", "batch"] = Field(
         default="none", description="by default, the expert-parallel dispatch and combine all-to-alls run exposed, "
                                     "beside the shared experts' GEMMs (Megatron --moe-shared-expert-overlap), or beside "
                                     "another micro-batch's compute (--overlap-moe-expert-parallel-comm)")
     ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
-        default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default "
-                                          "and none")
+        default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default")
     moe_output_bytes: Optional[float] = Field(
         default=None, ge=0, description="bytes per element of the expert outputs an MoE layer keeps to weigh them by "
         "the router's probabilities after the experts (None: the activation dtype's; 0 where the probabilities are "

@@ -161,7 +161,7 @@ class Stack(Spec):
                     "advisor.export.KINDS names them); none listed: advisor export refuses, naming this field")
     superseded_by: Optional[str] = Field(
         default=None, min_length=1, description="a dated profile (a release as published runs ran it): the shipped "
-        "stack that runs its code today, which an export in a format both launch takes when no stack is given")
+        "stack that runs its code today; an export given a format and no stack takes an undated stack first")
     # the --compile values the stack runs and has tables for (torchtitan's compile.components; the Trainer's
     # torch_compile, which compiles the model with its loss inside); empty: eager only
     compile: list[Literal["model", "loss", "model,loss"]] = Field(default_factory=list, max_length=3)

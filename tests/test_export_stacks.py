@@ -672,4 +672,7 @@ def test_torchrun_says_the_model_parallel_degrees_are_the_scripts():
     # a sharded plan likewise: torchrun's processes would train DDP replicas unless the script wraps the model
     sharded = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=2), dict(micro_batch=1)), "hf-trainer")
     assert sharded.notes == ("the plan's FSDP SHARD_GRAD_OP (ZeRO-2) is not set by torchrun either: train.py wraps the "
-                             "model, one unit per decoder layer as it was costed",)
+                             "model in FSDP, a unit per decoder layer as it was costed",)
+    zero1 = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1)), "hf-trainer")
+    assert zero1.notes == ("the plan's ZeRO-1 is not set by torchrun either: train.py shards the optimizer states "
+                           "(DeepSpeed's stage 1, torch's ZeroRedundancyOptimizer)",)

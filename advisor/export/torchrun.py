@@ -34,10 +34,13 @@ def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     notes = ((f"the plan's {' and '.join(split)} {'is' if len(split) == 1 else 'are'} not set by torchrun, which only "
               f"starts the {world_size} processes: "
               "train.py builds them (for TP, transformers' from_pretrained(tp_plan='auto'))",) if split else ())
-    sharded = {1: "ZeRO-1 (optimizer states sharded)", 2: "FSDP SHARD_GRAD_OP (ZeRO-2)", 3: "FSDP FULL_SHARD (ZeRO-3)"}
-    if plan.zero in sharded:  # costed one unit per decoder layer (the stack's zero_collectives)
-        notes += (f"the plan's {sharded[plan.zero]} is not set by torchrun either: train.py wraps the model, one "
-                  "unit per decoder layer as it was costed",)
+    sharded = {1: "ZeRO-1 is not set by torchrun either: train.py shards the optimizer states (DeepSpeed's stage 1, "
+                  "torch's ZeroRedundancyOptimizer)",
+               2: "FSDP SHARD_GRAD_OP (ZeRO-2) is not set by torchrun either: train.py wraps the model in FSDP",
+               3: "FSDP FULL_SHARD (ZeRO-3) is not set by torchrun either: train.py wraps the model in FSDP"}
+    if plan.zero in sharded:
+        notes += (f"the plan's {sharded[plan.zero]}"
+                  + (", a unit per decoder layer as it was costed" if plan.zero >= 2 else ""),)
     text = (f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n"
             + "".join(f"# note: {n}\n" for n in notes) + f"{line}\n")
     return Exported("torchrun.sh", text, notes)

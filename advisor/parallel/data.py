@@ -145,7 +145,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
         + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
-        step_temporaries=optimizer.step_temporaries(w, stepped),
+        step_temporaries=optimizer.step_temporaries(w, stepped, optimizer.largest_tensor(w, zero, shard, p_layer, outside, tp)),
         head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
         # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
@@ -298,6 +298,9 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
     units = np.maximum(layers, 1.0)
     rs_root, ag_root = roots
     ag_unit, rs_unit = (ag - ag_root) / units, (rs - rs_root) / units
+    outside, m = np.maximum(states.params_outside_layers, 1.0), w.model  # the root's share held into the backward
+    kept = {"none": 0.0, "output": np.minimum(m.vocab * m.d_model / mesh.tp, outside), "root": outside}  # is not
+    ag_bwd = ag - ag_root * kept[w.stack.engine.root_held] / outside  # gathered again (engine.root_held)
     floor_f, floor_b, floor_b3 = ag_unit + ag_root, rs_unit + rs_root, ag_unit + rs_unit + rs_root
 
     def need(c: Any, window: Any) -> Any:
@@ -329,9 +332,9 @@ def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states:
         # unit before has issued that unit's reduce-scatter, which waits for its backward; both run on the process
         # group's one NCCL stream (ProcessGroupNCCL), so the gather waits for that compute and that reduce-scatter, and
         # the unit's compute for the gather: every backward gather and reduce-scatter is exposed
-        z3 = hidden([floor_f], [need_f], windows.idle_forward_s)[0] + ag + rs
+        z3 = sum(hidden([floor_f, 0.0], [need_f, ag_bwd + rs], windows.idle_s))  # in line: the host's idle alone hides
     else:
-        z3 = sum(hidden([floor_f, floor_b3], [need_f, need(ag + rs - floor_b3, windows.bwd_s)], windows.idle_s))
+        z3 = sum(hidden([floor_f, floor_b3], [need_f, need(ag_bwd + rs - floor_b3, windows.bwd_s)], windows.idle_s))
     return np.where(zero >= 3, z3, z2)
 
 
