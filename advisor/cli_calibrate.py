@@ -164,9 +164,12 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
     _check_at_least_two(nproc)
     if backend == "nccl" and not under_torchrun and nproc > gpus:
         raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
-    if cal.repair_torn_tail(results):
+    # rank 0 alone writes the results and reads them to resume (advisor.calibrate.run_worker broadcasts what it read):
+    # under torchrun the other ranks leave the file alone, which on a shared filesystem is rank 0's own
+    leader = not _follower()
+    if leader and cal.repair_torn_tail(results):
         click.echo(f"note: {results}: cut a torn last line (a run stopped mid-write) before resuming", err=True)
-    earlier = cal.read_results(results) if results.is_file() else []
+    earlier = cal.read_results(results) if leader and results.is_file() else []
     # measured already, as the sweep names them: a collective by its name, an overlap measurement as "overlap"
     done = [(r["link"], r["collective"] if r.get("kind") == "collective" else "overlap", r["n_ranks"], r["size_bytes"])
             for r in earlier if r.get("status") == "ok" and r.get("kind") in ("collective", "overlap")]

@@ -392,3 +392,23 @@ def test_time_left_ignores_measurements_a_resumed_run_skips():
     cfg = BenchConfig(sizes=[1024, 2048], collectives=("all_reduce",), p2p=False, skip=[["intra", "all_reduce", 2, 1024]])
     clock = SweepClock.for_sweep(cfg, world=2, local=2)
     assert list(clock.calls) == [0, cfg.warmup + cfg.iters]
+
+
+def test_progress_counts_the_overlap_measurements_past_the_collectives():
+    """After the collectives, rank 0's beat reads "n n t overlap j" while it times compute beside a collective: the
+    line counts them on past the collectives (it printed n/n, done, once per overlap measurement before), and the
+    sweep is done at the last beat."""
+    from advisor.calibrate.launch import _shown
+    from advisor.calibrate.microbench import BenchConfig, measurement_plan
+    from advisor.calibrate.overlap import overlap_plan
+    from advisor.calibrate.progress import SweepClock
+
+    cfg = BenchConfig(sizes=[1 << 20, 1 << 26], collectives=("all_reduce", "all_gather"), p2p=False)
+    n, k = len(measurement_plan(cfg, 8, 8)), len(overlap_plan(cfg, 8, 8))
+    clock = SweepClock.for_sweep(cfg, 8, 8)
+    assert k > 0 and _shown("", clock, k, 0.0) is None
+    assert _shown(f"2 {n} 5.0", clock, k, 6.0)[:2] == (2, n + k)
+    shown = [_shown(f"{n} {n} {9.0 + j} overlap {j}", clock, k, 9.5 + j) for j in range(k)]
+    assert [s[:2] for s in shown] == [(n + j, n + k) for j in range(k)]  # never n + k (the line's end) before the last
+    assert shown[-1][2] == f"compute beside a collective, {k} of {k}"
+    assert _shown(f"{n} {n} 20.0 done", clock, k, 20.0)[:2] == (n + k, n + k)

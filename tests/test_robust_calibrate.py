@@ -222,3 +222,29 @@ def test_rerun_resumes_after_a_run_killed_mid_write(tmp_path):
     tried("calibrate")
     code, err, out = _resume(tmp_path, json.dumps(ROW)[:40])
     assert code == 0 and out.is_file(), err
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the sweep imports it)")
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_rank_0_alone_reads_and_repairs_the_results(rank, tmp_path, monkeypatch, capsys):
+    """On several nodes every rank runs the CLI; rank 0 alone writes the results, so it alone cuts a torn tail, reads
+    what is done and says it resumes (run_worker broadcasts its reading). A follower touching the file would race rank
+    0 on a shared filesystem, and each printed its own "resuming" line."""
+    import advisor.calibrate as cal
+    import advisor.cli_calibrate as cli
+
+    results = tmp_path / "r.jsonl"
+    text = "".join(json.dumps({**ROW, "size_bytes": s}) + "\n" for s in (1024, 2048)) + json.dumps(ROW)[:30]
+    results.write_text(text)
+    seen = {}
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(cal, "run_worker", lambda cfg: seen.setdefault("cfg", cfg))
+    cli._measure(results, None, "gloo", "1K:2K", 1, 0, 30.0, False)
+    err = capsys.readouterr().err
+    if rank == "0":
+        assert "resuming: 2 measurements" in err and "torn" in err and len(seen["cfg"].skip) == 2
+        assert results.read_text() == text[: text.rindex("\n") + 1]
+    else:
+        assert "resuming" not in err and "torn" not in err and seen["cfg"].skip == []
+        assert results.read_text() == text  # untouched

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from advisor.calibrate.lifeline import PARENT_ENV
 from advisor.calibrate.measurements import CalibrationError
+from advisor.calibrate.overlap import overlap_plan
 from advisor.calibrate.progress import SweepClock
 
 _WORKER = "import json,sys; from advisor.calibrate.microbench import BenchConfig, run_worker; " \
@@ -88,7 +89,8 @@ def launch_local(cfg, nproc: int, progress=None) -> None:
                 procs.append(subprocess.Popen([sys.executable, *ISOLATION, "-c", _WORKER, json.dumps(asdict(cfg)), beat_dir],
                                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=beat_dir, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
-            _watch(procs, logs, beat_dir, cfg.timeout_s, shown, SweepClock.for_sweep(cfg, nproc, nproc))
+            _watch(procs, logs, beat_dir, cfg.timeout_s, shown, SweepClock.for_sweep(cfg, nproc, nproc),
+                   len(overlap_plan(cfg, nproc, nproc)))
         finally:
             getattr(shown, "end", lambda: None)()
             for p in procs:
@@ -131,7 +133,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepClock) -> None:
+def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepClock, overlaps: int = 0) -> None:
+    """Wait for the workers, showing rank 0's place in the sweep: the collectives (with the clock's time left), then
+    the ``overlaps`` measurements of compute beside a collective, counted on past them."""
     start = last_change = time.time()
     last_beats: dict[int, str] = {}
     while True:
@@ -146,10 +150,9 @@ def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepC
         now = time.time()
         if beats != last_beats:
             last_beats, last_change = beats, now
-            done, total, at = _position(beats.get(0, ""))
-            if total:
-                clock.observe(done, at or now)
-                progress(done, total, now - start, clock.text(now))
+            shown = _shown(beats.get(0, ""), clock, overlaps, now)
+            if shown is not None:
+                progress(shown[0], shown[1], now - start, shown[2])
         elif now - last_change > timeout_s:
             lagging = min(range(len(procs)), key=lambda r: _position(beats.get(r, ""))[0])
             raise CalibrationError(f"calibrate: rank {lagging} made no progress for {timeout_s:.0f} s (hung); "
@@ -178,6 +181,20 @@ class _StderrProgress:
             sys.stderr.write("\n")
             sys.stderr.flush()
             self.open = False
+
+
+def _shown(beat: str, clock: SweepClock, overlaps: int, now: float) -> tuple[int, int, str] | None:
+    """(measurements done, of how many, the time-left text) from rank 0's beat ("i n t" in the collectives, then
+    "n n t overlap j" and "n n t done"); None before it has written one."""
+    done, total, at = _position(beat)
+    if not total:
+        return None
+    phase = beat.split()[3:5]
+    if phase[:1] == ["overlap"]:
+        j = int(phase[1]) if len(phase) > 1 and phase[1].isdigit() else 0
+        return total + j, total + overlaps, f"compute beside a collective, {j + 1} of {overlaps}"
+    clock.observe(done, at or now)
+    return (total + overlaps if phase[:1] == ["done"] else done), total + overlaps, clock.text(now)
 
 
 def _position(text: str) -> tuple[int, int, float]:
