@@ -123,17 +123,16 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
                                 mesh.tp)
     head = compute.head_times(w, tokens, mesh.tp)
-    # the busiest pipeline rank's layers, and whether its time holds the head (the last rank) and the embedding (the first)
-    layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,
-                                                          head.fwd_s + head.bwd_s)
+    # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
+    layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
              if w.tp_overlap != "none" or w.layer.routed or w.stack.engine.tp_backward_overlap else None)
     tp = tensor.time(w, c, mesh, tokens, layers, gemms)
-    # some busiest ranks hold no head (the first, a middle one) or no embedding (the last, a middle one)
-    head = head.on_ranks(on_head, on_embedding)
-    tp = replace(tp, embedding_s=on_embedding * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
+    if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
+        head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
+        tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     ep, moe = _expert_time(w, c, mesh, tokens, layers, lt, gemms)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
@@ -142,7 +141,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
-        frac = moe / np.maximum(layers, 1e-9)  # the routed share of the stage's layers (0 of 0: a head-only rank)
+        frac = moe / layers
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     idle_fwd, idle_rest = host.idle_per_micro_batch(w, mb)

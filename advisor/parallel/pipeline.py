@@ -106,49 +106,18 @@ def uneven(c: Candidates) -> Any:
     return (np.asarray(c.pp_split) == EDGES) & (np.asarray(c.pp) > 1)
 
 
-def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any) -> tuple[Any, Any, Any]:
-    """(layers of the busiest rank, 1.0 where its time also holds the head, 1.0 where it holds the word embedding's
-    lookup), from one layer's and the head's seconds per micro-batch; the last rank holds the head, the first the
-    embedding (one rank both without a pipeline).
-    Even split: at most v chunks of c = ceil(L / (pp v)) layers a rank, the last rank's ``last_stage_layers`` and the
-    head, or v c and the embedding (the first rank's; a middle one's v c where that is longer), whichever is longer. Uneven: a middle rank's
-    u = (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
-    pp = np.asarray(mesh.pp, dtype=float)
-    even = layers_per_stage(model, pp, mesh.v)
-    short = last_stage_layers(model.n_layers, pp, mesh.v)
-    first_busier = (pp > 1) & (even * layer_s > short * layer_s + head_s)
-    head = np.where(first_busier, 0.0, 1.0)
-    layers = np.where(first_busier, even, np.where(pp > 1, short, even))
-    embedding = np.where((pp > 1) & ~first_busier, 0.0, 1.0)
+def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any) -> tuple[Any, Any]:
+    """(layers of the busiest rank, 1.0 where its time also holds the head else 0.0), from one layer's and the
+    head's seconds per micro-batch. Even split: ceil(L / pp) layers and the head. Uneven: a middle rank's u =
+    (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
+    even = layers_per_stage(model, mesh.pp, mesh.v)
     edges = uneven(c)
     if not np.any(edges):
-        return layers, head, embedding
-    units = (model.n_layers + 2.0) / pp
-    last = np.where((units - 1.0) * layer_s + head_s > units * layer_s, 1.0, 0.0)  # the last rank (else a middle one)
-    return np.where(edges, units - last, layers), np.where(edges, last, head), np.where(edges, 0.0, embedding)
-
-
-def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0) -> Any:
-    """Layers of the last pipeline rank under the even split, as advisor.export.megatron lays them out where pp x v
-    does not divide L: interleaved, v chunks of c = ceil(L / (pp v)), the last chunk holding the rest
-    (``layout_fills``); without interleaving, ceil(L / pp) on the middle ranks and the rest over the first and the
-    last, the last no larger (--decoder-first/last-pipeline-num-layers) where that fits, else ceil(L / pp) on the
-    first ranks and one fewer on the rest (a layout)."""
-    pp, v, n = np.asarray(pp, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0), float(n_layers)
-    c = np.ceil(n / (pp * v))
-    interleaved = v * c - (pp * v * c - n)
-    _, last, fits = _first_last(n, pp)
-    one = np.where(fits, last, np.ceil(n / pp) - 1.0)
-    return np.where(n % (pp * v) == 0, n / pp, np.where(v > 1, interleaved, one))
-
-
-def _first_last(n: float, pp: Any) -> tuple[Any, Any, Any]:
-    """(first, last, whether they fit): the first and last ranks' layers with ceil(L / pp) on each middle one, the
-    last no larger than the first, the first no larger than the middle (megatron-core 0.16.1 transformer_config.py)."""
-    per = np.ceil(n / pp)
-    rest = n - per * (pp - 2.0)
-    first, last = np.where(pp == 2, per, rest - np.floor(rest / 2.0)), np.where(pp == 2, n - per, np.floor(rest / 2.0))
-    return first, last, (last >= 1) & (last <= first) & (first <= per)
+        return even, 1.0
+    units = (model.n_layers + 2.0) / mesh.pp
+    last_busier = (units - 1.0) * layer_s + head_s > units * layer_s
+    head = np.where(edges & ~last_busier, 0.0, 1.0)
+    return np.where(edges, units - head, even), head
 
 
 def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
@@ -161,19 +130,12 @@ def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
 
 
 def stage_counts(n_layers: int, pp: int, split: str = "even") -> list[int]:
-    """The layers of each pipeline rank, as Megatron builds them (a hand count for tests and the explanation); the
-    even split as advisor.export.megatron lays it out (``last_stage_layers``)."""
+    """The layers of each pipeline rank, as Megatron builds them (a hand count for tests and the explanation)."""
     if split == "edges":
         u = (n_layers + 2) // pp
         return [u - 1] + [u] * (pp - 2) + [u - 1] if pp > 1 else [n_layers]
-    if pp <= 1 or n_layers % pp == 0:
-        return [n_layers // max(pp, 1)] * max(pp, 1)
     per = -(-n_layers // pp)
-    first, last, fits = (int(x) for x in _first_last(float(n_layers), float(pp)))
-    if fits:
-        return [first] + [per] * (pp - 2) + [last]
-    full = n_layers - pp * (per - 1)  # a layout: ceil(L / pp) on the first ranks, one fewer on the rest
-    return [per] * full + [per - 1] * (pp - full)
+    return [min(per, max(n_layers - per * i, 0)) for i in range(pp)]
 
 
 def schedule_time(stage_s: list[float], m: int) -> tuple[float, float]:
