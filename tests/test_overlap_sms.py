@@ -95,3 +95,31 @@ def test_held_sms_of_many_distinct_groups_equals_one_at_a_time():
     for i in (0, 7, 8, 15, 29999):
         assert many[i] == pytest.approx(float(comm.held_sms(n[i], 8, hw)))
     assert (many[0], many[7], many[8]) == (0.0, pytest.approx(16 / 132), pytest.approx(32 / 132))
+
+
+def test_deepspeed_host_work_per_call_holds_no_sms():
+    """DeepSpeed 0.3's coordinator (megatron-deepspeed's zero3_calls) spends host time on every call, slicing per rank
+    in Python, while its fetch blocks; no NCCL thread block runs then. With every call all host (its collective free)
+    the held SMs add nothing; with the same seconds all collective they add at most the held share of them."""
+    import numpy as np
+
+    from advisor.compute import LayerTimes
+    from advisor.model import load_model
+    from advisor.parallel import zero3
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    stack = load_stack("megatron-deepspeed")
+    w = Workload.of(load_model("gpt2-xl"), load_hardware("dgx-a100"), stack, TrainingSetup(seq_len=1024, micro_batch=1))
+    n = len(w.layer.module_weights())
+    lt = LayerTimes(*(np.array([t]) for t in (4e-3, 1e-3, 1e-3, 6e-3, 12e-3, 0.0)))
+    calls = {k: [np.array([2e-3])] * n for k in ("gather_s", "reduce_s")}
+    one = dict(gathered=[np.array([1.0])] * n, root_gather_s=np.array([0.0]), root_reduce_s=np.array([0.0]))
+    host = zero3.SubModuleCalls(**calls, **one, gather_comm_s=[np.array([0.0])] * n, reduce_comm_s=[np.array([0.0])] * n)
+    coll = zero3.SubModuleCalls(**calls, **one)
+    z, layers, rerun = stack.engine.zero3_calls, np.array([1.0]), np.array([0.0])
+    bare = np.add(*zero3.exposed(w, z, lt, layers, rerun, host, 0.0))
+    assert np.add(*zero3.exposed(w, z, lt, layers, rerun, host, 0.25)) == pytest.approx(bare)
+    held = np.add(*zero3.exposed(w, z, lt, layers, rerun, coll, 0.25))
+    assert bare < held <= bare + 0.25 * 2 * n * 2 * 2e-3 + 1e-12  # gathers (two passes) and reduce-scatters

@@ -53,6 +53,8 @@ class SubModuleCalls:
     gathered: list
     root_gather_s: Any
     root_reduce_s: Any
+    gather_comm_s: Any = None  # of gather_s and reduce_s, the collectives' own seconds (the host's apart): what holds
+    reduce_comm_s: Any = None  # SMs beside the compute (None: all of them)
 
 
 def tensors(w: Workload, tp: Any) -> dict[str, list]:
@@ -100,9 +102,11 @@ def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: A
                                                                       root_params)))
     first, inverse = distinct(*(c.ravel() for c in cols))
     u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
+    bare = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), 0.0)  # the collectives without the host's ops
     back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))
     return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
-                          back(u.root_gather_s), back(u.root_reduce_s))
+                          back(u.root_gather_s), back(u.root_reduce_s), [back(x) for x in bare.gather_s],
+                          [back(x) for x in bare.reduce_s])
 
 
 def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: Any, weight_bytes: Any,
@@ -139,7 +143,7 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
     gathers again while it is recomputed, over its own forward). Sub-module k's compute is its share of the layer's GEMM
     FLOPs (proportional to its weights), the first one also carrying the attention core and half the element-wise
     work, the first MLP one the other half. A prefetched call beside a sub-module's compute takes ``held`` of the SMs
-    from it while it runs (advisor.comm.held_sms)."""
+    from it while its collective runs (advisor.comm.held_sms), not while the host issues it."""
     params = np.array(list(w.layer.module_weights().values()), dtype=float)
     share = params / params.sum()
     n = len(share)
@@ -154,6 +158,7 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
     total_f = sum(fwd_c)
     frac = [np.where(total_f > 0, c / np.where(total_f > 0, total_f, 1.0), 1.0 / n) for c in fwd_c]
     ag, rs, live = calls.gather_s, calls.reduce_s, calls.gathered
+    agc, rsc = calls.gather_comm_s or ag, calls.reduce_comm_s or rs
     prefetch = [g < z.max_live_elements for g in live]
 
     def one_pass(window: Any, order: list, backward: bool) -> Any:
@@ -161,8 +166,10 @@ def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
         for i, k in enumerate(order):
             nxt = order[(i + 1) % n]
             comp = window * frac[k]
-            beside = ag[nxt] + (rs[k] if backward and not z.device_sync_per_fetch else 0.0)
-            step = np.where(prefetch[k], np.maximum(comp + beside * held, beside), comp + beside)
+            with_rs = backward and not z.device_sync_per_fetch
+            beside = ag[nxt] + (rs[k] if with_rs else 0.0)
+            holding = agc[nxt] + (rsc[k] if with_rs else 0.0)  # the host's share of the calls holds no SM
+            step = np.where(prefetch[k], np.maximum(comp + holding * held, beside), comp + beside)
             if backward and z.device_sync_per_fetch:
                 step = step + rs[k]
             t = t + step - comp
