@@ -265,10 +265,20 @@ def pointwise_bytes(w: Workload, tp: Any, sp: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class HeadTimes:
-    """GPU seconds outside the layers for one micro-batch: embedding, final norm, logits and loss."""
+    """GPU seconds outside the layers for one micro-batch: embedding, final norm, logits and loss; of them the word
+    embedding's (its lookup, its gradient's zeroing and scatter-add), which a pipeline's first rank runs and the rest
+    its last."""
 
     fwd_s: Any
     bwd_s: Any
+    embedding_fwd_s: Any = 0.0
+    embedding_bwd_s: Any = 0.0
+
+    def on_ranks(self, head: Any, embedding: Any) -> "HeadTimes":
+        """What a rank holding the head (``head`` 1.0, else 0.0) and the embedding (``embedding``) runs of it."""
+        f, b = self.fwd_s - self.embedding_fwd_s, self.bwd_s - self.embedding_bwd_s
+        return HeadTimes(head * f + embedding * self.embedding_fwd_s, head * b + embedding * self.embedding_bwd_s,
+                         embedding * self.embedding_fwd_s, embedding * self.embedding_bwd_s)
 
 
 def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
@@ -287,7 +297,7 @@ def _head_times(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     ok = aligned(vocab / tp, math) | (t.vocab_padding > 0)
     logits_fwd = logits_fwd / np.where(ok, 1.0, UNALIGNED_GEMM_EFFICIENCY)
     logits = tokens * vocab / tp
-    emb_bytes = tokens * h * w.act_bytes * 4  # lookup (+ position add) and final norm
+    emb_bytes = tokens * h * w.act_bytes * 4  # lookup (+ position add) and final norm, half each
     fwd = logits_fwd + mem_time(hw, logits * t.loss_forward + emb_bytes)
     # Embedding backward: zero a V x h fp32 gradient, then scatter-add the token gradients.
     emb_bwd = mem_time(hw, vocab * h / tp * 4.0 + tokens * h * 8.0)
@@ -301,4 +311,5 @@ def _head_times(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     fwd = fwd + head_lora
     bwd = ((1.0 if frozen else 2.0) * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes)
            + (0.0 if frozen else emb_bwd) + 2.0 * head_lora)
-    return fwd, bwd
+    lookup = mem_time(hw, emb_bytes / 2.0)
+    return fwd, bwd, lookup, lookup + (0.0 if frozen else emb_bwd)

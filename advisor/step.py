@@ -29,7 +29,7 @@ counted FLOP is costed at no more than the GPU's peak.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -98,10 +98,37 @@ def evaluate(w: Workload, c: Candidates) -> Evaluation:
     alt = w.fsdp_variant()
     fsdp = (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
     if not fsdp.any():
-        return _evaluate(w, c)
+        return _staged(w, c)
     if fsdp.all():
-        return _evaluate(alt, c)
-    return _merge(_evaluate(w, c.take(np.nonzero(~fsdp)[0])), _evaluate(alt, c.take(np.nonzero(fsdp)[0])), fsdp)
+        return _staged(alt, c)
+    return _merge(_staged(w, c.take(np.nonzero(~fsdp)[0])), _staged(alt, c.take(np.nonzero(fsdp)[0])), fsdp)
+
+
+def _staged(w: Workload, c: Candidates) -> Evaluation:
+    """Where the even split leaves the last pipeline rank fewer layers (advisor.parallel.pipeline.two_ranks), the step
+    of the first rank (its layers and the embedding) and of the last (fewer, and the head), each with its layers'
+    collectives, the slower taken; the bubble is the first rank's in both (fill and drain pass through the ranks
+    before the last, which hold as many layers as the first)."""
+    two = pipeline.two_ranks(w.model, c, _layout(w))
+    if not two.any():
+        return _evaluate(w, c)
+    sub = c.take(np.nonzero(two)[0])
+    first, last = _evaluate(w, sub, "first"), _evaluate(w, sub, "last")
+    last = replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble))
+    busier = _pick(first, last, np.asarray(last.time.total > first.time.total))
+    return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
+
+
+def _layout(w: Workload) -> bool:
+    """Whether the stack lays out the layers pp x v does not divide as Megatron does (advisor.parallel.pipeline)."""
+    return "layout" in w.stack.engine.pipeline_splits
+
+
+def _pick(a: Any, b: Any, rows: Any) -> Any:
+    """``b`` where ``rows`` is True, else ``a``: two evaluations of the same plans, field by field."""
+    if is_dataclass(a):
+        return type(a)(**{f.name: _pick(getattr(a, f.name), getattr(b, f.name), rows) for f in fields(a)})
+    return np.where(rows, b, a)
 
 
 def _merge(a: Any, b: Any, rows: Any) -> Any:
@@ -113,7 +140,7 @@ def _merge(a: Any, b: Any, rows: Any) -> Any:
     return out
 
 
-def _evaluate(w: Workload, c: Candidates) -> Evaluation:
+def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluation:
     mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
@@ -123,16 +150,17 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
                                 mesh.tp)
     head = compute.head_times(w, tokens, mesh.tp)
-    # the busiest pipeline rank's layers, and whether its time holds the head (1.0 except an uneven split's middle rank)
-    layers, on_head = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s, head.fwd_s + head.bwd_s)
+    # the busiest pipeline rank's layers (or the ``rank`` asked), and whether it holds the head and the embedding
+    layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,
+                                                          head.fwd_s + head.bwd_s, rank, _layout(w))
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
              if w.tp_overlap != "none" or w.layer.routed or w.stack.engine.tp_backward_overlap else None)
     tp = tensor.time(w, c, mesh, tokens, layers, gemms)
-    if np.ndim(on_head):  # some busiest ranks (an uneven split's middle ones) hold no head
-        head = compute.HeadTimes(on_head * head.fwd_s, on_head * head.bwd_s)
-        tp = replace(tp, embedding_s=on_head * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
+    # some busiest ranks hold no head (the first, a middle one) or no embedding (the last, a middle one)
+    head = head.on_ranks(on_head, on_embedding)
+    tp = replace(tp, embedding_s=on_embedding * tp.embedding_s, lm_head_s=on_head * tp.lm_head_s, loss_s=on_head * tp.loss_s)
     ep, moe = _expert_time(w, c, mesh, tokens, layers, lt, gemms)
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
@@ -141,7 +169,7 @@ def _evaluate(w: Workload, c: Candidates) -> Evaluation:
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
-        frac = moe / layers
+        frac = moe / np.maximum(layers, 1e-9)  # the routed share of the stage's layers
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     idle_fwd, idle_rest = host.idle_per_micro_batch(w, mb)

@@ -141,3 +141,70 @@ def test_llama3_405b_on_16384_gpus_ranks_tp8_pp16_uneven_interleaved_dp128():
     assert rows and any(p.plan.cp > 1 for p in res.plans)
     reason = rows[0].reason
     assert "126 layers on 16 stages as 7/8/7" in reason and "vs best" in reason and "bubble" in reason
+
+
+def _inputs(**kw):
+    """(workload, one-row candidates) of an estimate's inputs."""
+    from advisor.api import build_inputs
+    from advisor.candidates import Candidates
+    from advisor.layout import resolve_grad_accum
+    from advisor.workload import Workload
+
+    spec, hw, stack, p, setup, _ = build_inputs(kw.pop("model"), kw.pop("hw"), **kw)
+    ga, _ = resolve_grad_accum(setup, p)
+    return Workload.of(spec, hw, stack, setup), Candidates.of_plan(p, setup, ga)
+
+
+def test_last_stage_as_the_megatron_export_lays_it_out():
+    """Where pp (x v) does not divide the layers the last rank holds what the Megatron export writes
+    (--decoder-first/last-pipeline-num-layers, else a --pipeline-model-parallel-layout: advisor.export.megatron);
+    a stack without Megatron's layouts puts the extra layers first (torchtitan 0.3.0 generate_llm_fqn_per_model_part:
+    floor(L / pp) on the last)."""
+    from advisor.export.megatron import layout_chunks, pipeline_edge_layers
+    from advisor.layout import Plan
+
+    for n in range(3, 130):
+        for pp in range(2, min(n, 33)):
+            chunks, edges = layout_chunks(n, Plan(dp=1, pp=pp)), pipeline_edge_layers(n, pp)
+            written = chunks or ([edges[0]] + [-(-n // pp)] * (pp - 2) + [edges[1]] if edges else [n // pp] * pp)
+            assert sum(written) == n and pipeline.last_stage_layers(n, pp) == written[-1], (n, pp)
+            assert pipeline.last_stage_layers(n, pp, layout=False) == n // pp if n % pp else n / pp
+            for v in (2, 3, 4):
+                if pipeline.layout_fills(n, pp * v):
+                    chunks = layout_chunks(n, Plan(dp=1, pp=pp, schedule="interleaved", virtual_stages=v))
+                    last = sum(chunks[pp - 1::pp]) if chunks else n / pp
+                    assert pipeline.last_stage_layers(n, pp, v) == last, (n, pp, v)
+    # DeepSeek-V3's 61 layers on 2 x 8 chunks of 4 (set_deepseek_v3_pipeline_model_parallel_layout): the last rank 7
+    # chunks of 4 and the one of 1
+    assert pipeline.last_stage_layers(61, 2, 8) == 29
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="kimi-k2", hw="gb300-nvl72", gpus=256, pp=4, ep=64, zero=1, schedule="interleaved", virtual_stages=4,
+         micro_batch=2, global_batch=4096, seq=4096, precision="mxfp8", stack="megatron-bridge-perf",
+         moe_dispatcher="flex", moe_overlap="batch"),
+    dict(model="gpt2", hw="aws-p4d", gpus=8, pp=8, zero=1, micro_batch=1, global_batch=64, seq=1024, stack="megatron-core"),
+    dict(model="bloom", hw="dgx-h100", gpus=96, tp=8, pp=12, zero=1, micro_batch=1, global_batch=96, seq=2048,
+         stack="megatron-deepspeed")], ids=["kimi-k2-layout", "gpt2-12-on-8", "bloom-70-on-12-extra-first"])
+def test_the_slower_of_the_first_and_last_rank_sets_the_step(kw):
+    """Where the last rank holds fewer layers than the first (two_ranks), each is costed whole, its layers'
+    collectives included, and the slower sets the step: never faster than the first rank alone, never slower than
+    the bound the even split costed before (the first rank's layers with the head as well)."""
+    from advisor import step
+
+    w, c = _inputs(**kw)
+    assert bool(pipeline.two_ranks(w.model, c)[0])
+    first, last, bound = (float(step._evaluate(w, c, r).time.total[0]) for r in ("first", "last", None))
+    got = float(step.evaluate(w, c).time.total[0])
+    assert max(first, min(last, bound)) <= got + 1e-9 and got <= bound + 1e-9 and first < bound
+
+
+def test_v_schedules_and_divisible_splits_keep_both_ends_on_the_busiest_rank():
+    """ZB-V's and DualPipeV's rank 0 holds the first chunk and the last (the embedding and the head), and they need
+    2 pp to divide the layers; a divisible even split costs its busiest rank with both ends, as before."""
+    from advisor import step
+
+    for kw in (dict(schedule="zb-v", grad_accum=8), dict(schedule="1f1b", grad_accum=8)):
+        w, c = _inputs(model="llama3-8b", hw="dgx-h100", gpus=8, pp=4, micro_batch=1, seq=4096, stack="torchtitan", **kw)
+        assert not bool(pipeline.two_ranks(w.model, c)[0])
+        assert float(step.evaluate(w, c).time.total[0]) == float(step._evaluate(w, c, None).time.total[0])

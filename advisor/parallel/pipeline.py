@@ -1,7 +1,11 @@
 """Pipeline parallelism: the layers split into pp stages, micro-batches flowing through them.
 
 - Stages: the even split gives each rank ceil(L / pp) layers, and the busiest is costed as also holding the
-  word embedding (the first stage) or the LM head (the last), V x h parameters, and the learned positions. The
+  word embedding (the first stage) and the LM head (the last), V x h parameters, and the learned positions. Where
+  pp (x v) does not divide L the last rank holds fewer (``last_stage_layers``: Megatron's layouts, or floor(L / pp)
+  where a stack puts the extra layers first): the first rank (its layers and the embedding) and the last (its
+  layers and the head) are then each costed whole, their layers' collectives in, and the slower sets the step
+  (``two_ranks``; advisor.step). The
   uneven split (``PipelineSplit.edges``) counts the embedding and the loss as one layer each (Megatron-Core
   0.16.1 transformer_block.py get_num_layers_to_build: (L + 2) / pp units per rank, one layer fewer on the
   first and on the last rank; torchtitan 0.3.0 pipeline_parallel.py generate_llm_fqn_per_model_part with
@@ -44,7 +48,7 @@ DeepSpeed's pipeline engine refuses them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -106,18 +110,54 @@ def uneven(c: Candidates) -> Any:
     return (np.asarray(c.pp_split) == EDGES) & (np.asarray(c.pp) > 1)
 
 
-def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any) -> tuple[Any, Any]:
-    """(layers of the busiest rank, 1.0 where its time also holds the head else 0.0), from one layer's and the
-    head's seconds per micro-batch. Even split: ceil(L / pp) layers and the head. Uneven: a middle rank's u =
-    (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
+def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any,
+                 rank: Optional[str] = None, layout: bool = True) -> tuple[Any, Any, Any]:
+    """(layers of the busiest rank, 1.0 where its time also holds the head, 1.0 where it holds the word embedding),
+    from one layer's and the head's seconds per micro-batch. Even split: ceil(L / pp) layers, the head and the
+    embedding (a bound: no rank holds both but a V schedule's first, or the only one), or, where the split leaves
+    the last rank fewer (``two_ranks``), the ``rank`` asked: the "first" (those layers and the embedding) or the
+    "last" (``last_stage_layers`` and the head), each costed whole by the step and the slower taken. Uneven: a middle
+    rank's u = (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
     even = layers_per_stage(model, mesh.pp, mesh.v)
+    if rank == "first":
+        return even, 0.0, 1.0
+    if rank == "last":
+        return last_stage_layers(model.n_layers, mesh.pp, mesh.v, layout), 1.0, 0.0
     edges = uneven(c)
     if not np.any(edges):
-        return even, 1.0
+        return even, 1.0, 1.0
     units = (model.n_layers + 2.0) / mesh.pp
     last_busier = (units - 1.0) * layer_s + head_s > units * layer_s
     head = np.where(edges & ~last_busier, 0.0, 1.0)
-    return np.where(edges, units - head, even), head
+    return np.where(edges, units - head, even), head, head  # the middle rank neither, the last as the even split
+
+
+def two_ranks(model: ModelSpec, c: Candidates, layout: bool = True) -> Any:
+    """Where the even split leaves the last pipeline rank fewer layers than the first (pp x v does not divide L; a V
+    schedule's rank 0 holds both ends, and pp x 2 divides L there): which of the two is the busiest depends on the
+    head and on each layer's collectives, so the step costs both (advisor.step)."""
+    pp, v = np.asarray(c.pp, dtype=float), np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
+    v_shape = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
+    short = last_stage_layers(model.n_layers, pp, v, layout)
+    return (pp > 1) & ~uneven(c) & ~v_shape & (short < layers_per_stage(model, pp, v))
+
+
+def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0, layout: bool = True) -> Any:
+    """Layers of the last pipeline rank under the even split where pp x v does not divide L: interleaved, v chunks of
+    c = ceil(L / (pp v)), the last chunk holding the rest (``layout_fills``). Without interleaving, as Megatron is
+    given it (``layout``: advisor.export.megatron) ceil(L / pp) on the middle ranks and the rest over the first and
+    the last, the last no larger (--decoder-first/last-pipeline-num-layers) where that fits, else ceil(L / pp) on
+    the first ranks and one fewer on the rest; elsewhere the extra layers on the first ranks (torchtitan 0.3.0
+    pipeline_parallel.py generate_llm_fqn_per_model_part): floor(L / pp) on the last."""
+    pp, v, n = np.asarray(pp, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0), float(n_layers)
+    c = np.ceil(n / (pp * v))
+    interleaved = v * c - (pp * v * c - n)
+    per = np.ceil(n / pp)
+    rest = n - per * (pp - 2.0)
+    first, last = np.where(pp == 2, per, rest - np.floor(rest / 2.0)), np.where(pp == 2, n - per, np.floor(rest / 2.0))
+    fits = (last >= 1) & (last <= first) & (first <= per)
+    one = np.where(fits, last, per - 1.0) if layout else np.floor(n / pp)
+    return np.where(n % (pp * v) == 0, n / pp, np.where(v > 1, interleaved, one))
 
 
 def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
