@@ -107,14 +107,17 @@ def evaluate(w: Workload, c: Candidates) -> Evaluation:
 def _staged(w: Workload, c: Candidates) -> Evaluation:
     """Where the even split leaves the last pipeline rank fewer layers (advisor.parallel.pipeline.two_ranks), the step
     of the first rank (its layers and the embedding) and of the last (fewer, and the head), each with its layers'
-    collectives, the slower taken; the bubble is the first rank's in both (fill and drain pass through the ranks
-    before the last, which hold as many layers as the first)."""
+    collectives and its checkpointing policy over its own layers (block's first k of fewer), the slower taken; the
+    bubble is the first rank's in both (fill and drain pass through the ranks before the last, which hold as many
+    layers as the first), and so is the memory."""
     two = pipeline.two_ranks(w.model, c, _layout(w))
     if not two.any():
         return _evaluate(w, c)
     sub = c.take(np.nonzero(two)[0])
     first, last = _evaluate(w, sub, "first"), _evaluate(w, sub, "last")
-    last = replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble))
+    # the memory is the first rank's (memory_layers) whichever sets the time
+    last = replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble), memory=first.memory,
+                   overhead=first.overhead, host_bytes=first.host_bytes)
     busier = _pick(first, last, np.asarray(last.time.total > first.time.total))
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
 
@@ -145,14 +148,14 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
     mem_layers = pipeline.memory_layers(w.model, c, mesh)
-    pol = policy_mix(w, c, mesh, mem_layers)  # the checkpointing policy over the busiest stage's layers
+    pol = policy_mix(w, c, mesh, pipeline.last_stage_layers(w.model.n_layers, mesh.pp, mesh.v) if rank == "last" else mem_layers)
     casts = compute.weight_cast_share(w, c.zero, ga)
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
                                 mesh.tp)
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers (or the ``rank`` asked), and whether it holds the head and the embedding
     layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,
-                                                          head.fwd_s + head.bwd_s, rank, _layout(w))
+                                                          head.fwd_s + head.bwd_s, rank)
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
@@ -165,7 +168,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
-    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe)
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe, np.maximum(on_head, on_embedding))
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
@@ -239,9 +242,11 @@ def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: An
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
                 tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, on_head: Any = 1.0, ep: Any = None,
-                moe: Any = 0.0) -> host.MicroBatch:
+                moe: Any = 0.0, outside: Any = None) -> host.MicroBatch:
     """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it (``on_head``:
-    1.0 where that stage issues the head's kernels; ``ep``: its MoE layers' all-to-alls)."""
+    1.0 where that stage issues the head's kernels; ``outside``: where it issues any op outside the layers, the
+    embedding's or the head's, default ``on_head``; ``ep``: its MoE layers' all-to-alls)."""
+    outside = on_head if outside is None else outside
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
     ep_fwd = 0.0
     if ep is not None:
@@ -250,7 +255,7 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
         gpu_s=gpu, gpu_fwd_s=layers * lt.fwd_s + head.fwd_s + tp.fwd_s + tp.embedding_s + tp.loss_s + ep_fwd,
         gpu_after_fwd_s=layers * (lt.bwd_s + lt.recompute_s) + tp.after_fwd_s + (ep.layers_s - ep_fwd if ep is not None else 0.0),
         head_fwd_s=head.fwd_s, head_bwd_s=head.bwd_s, loss_comm_s=tp.loss_s, host_layers_fwd_s=layers * hosts.fwd_s,
-        host_s=layers * hosts.total_s + on_head * host.head_host_time(w, mesh.tp),
+        host_s=layers * hosts.total_s + outside * host.head_host_time(w, mesh.tp),
         host_head_s=on_head * host.head_host_time(w, mesh.tp))
 
 

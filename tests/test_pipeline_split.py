@@ -157,9 +157,7 @@ def _inputs(**kw):
 
 def test_last_stage_as_the_megatron_export_lays_it_out():
     """Where pp (x v) does not divide the layers the last rank holds what the Megatron export writes
-    (--decoder-first/last-pipeline-num-layers, else a --pipeline-model-parallel-layout: advisor.export.megatron);
-    a stack without Megatron's layouts puts the extra layers first (torchtitan 0.3.0 generate_llm_fqn_per_model_part:
-    floor(L / pp) on the last)."""
+    (--decoder-first/last-pipeline-num-layers, else a --pipeline-model-parallel-layout: advisor.export.megatron)."""
     from advisor.export.megatron import layout_chunks, pipeline_edge_layers
     from advisor.layout import Plan
 
@@ -168,7 +166,6 @@ def test_last_stage_as_the_megatron_export_lays_it_out():
             chunks, edges = layout_chunks(n, Plan(dp=1, pp=pp)), pipeline_edge_layers(n, pp)
             written = chunks or ([edges[0]] + [-(-n // pp)] * (pp - 2) + [edges[1]] if edges else [n // pp] * pp)
             assert sum(written) == n and pipeline.last_stage_layers(n, pp) == written[-1], (n, pp)
-            assert pipeline.last_stage_layers(n, pp, layout=False) == n // pp if n % pp else n / pp
             for v in (2, 3, 4):
                 if pipeline.layout_fills(n, pp * v):
                     chunks = layout_chunks(n, Plan(dp=1, pp=pp, schedule="interleaved", virtual_stages=v))
@@ -184,8 +181,9 @@ def test_last_stage_as_the_megatron_export_lays_it_out():
          micro_batch=2, global_batch=4096, seq=4096, precision="mxfp8", stack="megatron-bridge-perf",
          moe_dispatcher="flex", moe_overlap="batch"),
     dict(model="gpt2", hw="aws-p4d", gpus=8, pp=8, zero=1, micro_batch=1, global_batch=64, seq=1024, stack="megatron-core"),
-    dict(model="bloom", hw="dgx-h100", gpus=96, tp=8, pp=12, zero=1, micro_batch=1, global_batch=96, seq=2048,
-         stack="megatron-deepspeed")], ids=["kimi-k2-layout", "gpt2-12-on-8", "bloom-70-on-12-extra-first"])
+    dict(model="llama3-70b", hw="dgx-h100", gpus=384, tp=8, pp=3, zero=1, sp=True, micro_batch=1, global_batch=512,
+         seq=8192, recompute="block", recompute_layers=2, stack="megatron-core")],
+    ids=["kimi-k2-layout", "gpt2-12-on-8", "llama3-70b-80-on-3-block"])
 def test_the_slower_of_the_first_and_last_rank_sets_the_step(kw):
     """Where the last rank holds fewer layers than the first (two_ranks), each is costed whole, its layers'
     collectives included, and the slower sets the step: never faster than the first rank alone, never slower than
@@ -193,10 +191,22 @@ def test_the_slower_of_the_first_and_last_rank_sets_the_step(kw):
     from advisor import step
 
     w, c = _inputs(**kw)
-    assert bool(pipeline.two_ranks(w.model, c)[0])
+    assert bool(pipeline.two_ranks(w.model, c, step._layout(w))[0])
     first, last, bound = (float(step._evaluate(w, c, r).time.total[0]) for r in ("first", "last", None))
     got = float(step.evaluate(w, c).time.total[0])
     assert max(first, min(last, bound)) <= got + 1e-9 and got <= bound + 1e-9 and first < bound
+
+
+def test_stacks_balancing_their_own_split_keep_the_bound():
+    """torchtitan puts the extra layers first, DeepSpeed's PipelineModule balances by parameters (its default
+    partition_method), nanotron by cost: for them the busiest rank stays the bound, ceil(L / pp) layers with both ends."""
+    from advisor import step
+
+    for stack in ("torchtitan", "megatron-deepspeed", "nanotron"):
+        w, c = _inputs(model="llama3-8b", hw="dgx-h100", gpus=24, pp=3, micro_batch=1, global_batch=64, seq=4096,
+                       stack=stack)
+        assert not bool(pipeline.two_ranks(w.model, c, step._layout(w))[0]), stack
+        assert float(step.evaluate(w, c).time.total[0]) == float(step._evaluate(w, c, None).time.total[0])
 
 
 def test_v_schedules_and_divisible_splits_keep_both_ends_on_the_busiest_rank():

@@ -2,10 +2,11 @@
 
 - Stages: the even split gives each rank ceil(L / pp) layers, and the busiest is costed as also holding the
   word embedding (the first stage) and the LM head (the last), V x h parameters, and the learned positions. Where
-  pp (x v) does not divide L the last rank holds fewer (``last_stage_layers``: Megatron's layouts, or floor(L / pp)
-  where a stack puts the extra layers first): the first rank (its layers and the embedding) and the last (its
-  layers and the head) are then each costed whole, their layers' collectives in, and the slower sets the step
-  (``two_ranks``; advisor.step). The
+  pp (x v) does not divide L, Megatron's layouts leave the last rank fewer (``last_stage_layers``): the first rank
+  (its layers and the embedding) and the last (its layers and the head) are then each costed whole, their layers'
+  collectives in, and the slower sets the step (``two_ranks``; advisor.step). Stacks that balance the split their
+  own way (torchtitan: the extra layers first; DeepSpeed's PipelineModule: by parameters; nanotron: by cost) keep the
+  bound of the busiest rank holding ceil(L / pp) layers, the head and the embedding. The
   uneven split (``PipelineSplit.edges``) counts the embedding and the loss as one layer each (Megatron-Core
   0.16.1 transformer_block.py get_num_layers_to_build: (L + 2) / pp units per rank, one layer fewer on the
   first and on the last rank; torchtitan 0.3.0 pipeline_parallel.py generate_llm_fqn_per_model_part with
@@ -111,7 +112,7 @@ def uneven(c: Candidates) -> Any:
 
 
 def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any,
-                 rank: Optional[str] = None, layout: bool = True) -> tuple[Any, Any, Any]:
+                 rank: Optional[str] = None) -> tuple[Any, Any, Any]:
     """(layers of the busiest rank, 1.0 where its time also holds the head, 1.0 where it holds the word embedding),
     from one layer's and the head's seconds per micro-batch. Even split: ceil(L / pp) layers, the head and the
     embedding (a bound: no rank holds both but a V schedule's first, or the only one), or, where the split leaves
@@ -122,7 +123,7 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
     if rank == "first":
         return even, 0.0, 1.0
     if rank == "last":
-        return last_stage_layers(model.n_layers, mesh.pp, mesh.v, layout), 1.0, 0.0
+        return last_stage_layers(model.n_layers, mesh.pp, mesh.v), 1.0, 0.0
     edges = uneven(c)
     if not np.any(edges):
         return even, 1.0, 1.0
@@ -134,21 +135,23 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
 
 def two_ranks(model: ModelSpec, c: Candidates, layout: bool = True) -> Any:
     """Where the even split leaves the last pipeline rank fewer layers than the first (pp x v does not divide L; a V
-    schedule's rank 0 holds both ends, and pp x 2 divides L there): which of the two is the busiest depends on the
-    head and on each layer's collectives, so the step costs both (advisor.step)."""
+    schedule's rank 0 holds both ends, and pp x 2 divides L there) as Megatron lays them out (``layout``: the stack
+    runs Megatron's layouts): which of the two is the busiest depends on the head and on each layer's collectives, so
+    the step costs both (advisor.step)."""
+    if not layout:  # where the stack balances the split its own way, the bound (module docstring)
+        return np.zeros(len(c), dtype=bool)
     pp, v = np.asarray(c.pp, dtype=float), np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
     v_shape = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
-    short = last_stage_layers(model.n_layers, pp, v, layout)
+    short = last_stage_layers(model.n_layers, pp, v)
     return (pp > 1) & ~uneven(c) & ~v_shape & (short < layers_per_stage(model, pp, v))
 
 
-def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0, layout: bool = True) -> Any:
-    """Layers of the last pipeline rank under the even split where pp x v does not divide L: interleaved, v chunks of
-    c = ceil(L / (pp v)), the last chunk holding the rest (``layout_fills``). Without interleaving, as Megatron is
-    given it (``layout``: advisor.export.megatron) ceil(L / pp) on the middle ranks and the rest over the first and
-    the last, the last no larger (--decoder-first/last-pipeline-num-layers) where that fits, else ceil(L / pp) on
-    the first ranks and one fewer on the rest; elsewhere the extra layers on the first ranks (torchtitan 0.3.0
-    pipeline_parallel.py generate_llm_fqn_per_model_part): floor(L / pp) on the last."""
+def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0) -> Any:
+    """Layers of the last pipeline rank under the even split where pp x v does not divide L, as Megatron is given it
+    (advisor.export.megatron): interleaved, v chunks of c = ceil(L / (pp v)), the last chunk holding the rest
+    (``layout_fills``); without interleaving, ceil(L / pp) on the middle ranks and the rest over the first and the
+    last, the last no larger (--decoder-first/last-pipeline-num-layers) where that fits, else ceil(L / pp) on the
+    first ranks and one fewer on the rest."""
     pp, v, n = np.asarray(pp, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0), float(n_layers)
     c = np.ceil(n / (pp * v))
     interleaved = v * c - (pp * v * c - n)
@@ -156,7 +159,7 @@ def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0, layout: bool = True)
     rest = n - per * (pp - 2.0)
     first, last = np.where(pp == 2, per, rest - np.floor(rest / 2.0)), np.where(pp == 2, n - per, np.floor(rest / 2.0))
     fits = (last >= 1) & (last <= first) & (first <= per)
-    one = np.where(fits, last, per - 1.0) if layout else np.floor(n / pp)
+    one = np.where(fits, last, per - 1.0)
     return np.where(n % (pp * v) == 0, n / pp, np.where(v > 1, interleaved, one))
 
 
