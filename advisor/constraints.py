@@ -187,8 +187,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
                 reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):
-                reason = (f"{reason}: {model.n_layers} layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers "
-                          "divide evenly: drop --pp-split)")
+                reason = (f"uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: {model.n_layers} "
+                          f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
             elif reason.startswith("tp spans"):
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):
@@ -200,4 +200,4 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                    else "no routed experts")
         reasons.append(f"ep={plan.ep}, etp={etp}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
                        "parallelism off)")
-    return reasons
+    return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once

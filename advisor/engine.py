@@ -230,13 +230,13 @@ class Engine(Spec):
         "(ZeRO-3 / FSDP) with every layer checkpointed, and on one device none checkpointed (litgpt's fine-tuning "
         "scripts)")
     methods: list[Literal[METHODS]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: ["full"], description="the fine-tuning methods it runs: full (every weight), lora "
+        default_factory=lambda: ["full"], min_length=1, description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "
         "runs full fine-tuning only, and the others are refused in one line")
     precisions: Optional[list[Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed", "fp8-mixed", "fp8-tensorwise",
                                       "fp8-delayed", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8",
                                       "nvfp4"]]] = Field(
-        default=None, description="the precisions and low-precision recipes it trains in (advisor's --precision names; "
+        default=None, min_length=1, description="the precisions and low-precision recipes it trains in (advisor's --precision names; "
         "None: every one advisor costs); another is refused in one line")
     expert_recipes: Optional[list[RecipeName]] = Field(
         default=None, description="the recipes it runs a mixture of experts in, routed grouped GEMMs included (None: "
@@ -246,7 +246,7 @@ class Engine(Spec):
         "in training (both orientations), per recipe where its kernels are not the recipe's own (advisor.precision "
         "quantise_bytes: Transformer Engine's), e.g. torchao's MXFP8, which casts along each dimension in its own kernel")
     optimizers: list[Literal["adamw", "adamw-fused", "sgd"]] = Field(
-        default_factory=lambda: ["adamw", "adamw-fused", "sgd"], description="the optimizers it trains with, its default "
+        default_factory=lambda: ["adamw", "adamw-fused", "sgd"], min_length=1, description="the optimizers it trains with, its default "
         "first (advisor's --optimizer names); another is refused in one line")
     nf4_dequant_dtype: Literal["compute", "fp16"] = Field(
         default="compute", description="the dtype bitsandbytes dequantises an NF4 weight into: the compute dtype "
@@ -260,7 +260,7 @@ class Engine(Spec):
         default="per_projection", description="what its LoRA adapts: any projection (PEFT, litgpt, torchtune: q, k and v "
         "apart), or whole fused modules (Megatron-Bridge: linear_qkv for q, k and v, linear_fc1 for gate and up)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
-        default=list(DEFAULT_OFFERS), description="the plan features the stack runs; the search proposes no other")
+        default=list(DEFAULT_OFFERS), min_length=1, description="the plan features the stack runs; the search proposes no other")
     allocator: Literal["caching", "expandable_segments"] = Field(
         default="caching", description="PyTorch's CUDA caching allocator as the stack launches it: its default segments, "
                                        "or expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF), which unmaps free pages "
@@ -276,7 +276,7 @@ class Engine(Spec):
         "on unless turned off (torchtitan 0.3.0's enable_sequence_parallel: True), or always on (the stack's TP plan "
         "shards the norms' sequence and has no switch); advisor estimate without --sp/--no-sp takes this default")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
-        default=["none", "selective", "full"], description="the activation checkpointing policies the stack runs "
+        default=["none", "selective", "full"], min_length=1, description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")
     activation_offload: Literal["every_layer", "first_k"] = Field(
         default="every_layer", description="what the offload checkpointing policy moves to host memory: every layer's "
@@ -308,7 +308,7 @@ class Engine(Spec):
         default="free", description="how it may split routed experts over TP ranks: free (Megatron's "
         "--expert-tensor-parallel-size, 1 or tp), or as attention without EP and whole with it (torchtitan)")
     moe_dispatchers: list[Literal["alltoall", "flex"]] = Field(
-        default_factory=lambda: ["alltoall"], description="the token dispatchers it runs, its default first: NCCL's "
+        default_factory=lambda: ["alltoall"], min_length=1, description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
         "domains once to each domain, then forwarded on NVLink)")
     lacks: list[Literal["parallel_blocks", "alibi", "beyond_llama", "llama4_experts", "chunked_attention"]] = Field(
@@ -321,7 +321,7 @@ class Engine(Spec):
     context_parallel: list[Literal["ring", "all-gather", "ulysses"]] = Field(
         default_factory=list, description="the context-parallel flavours the stack runs (advisor.parallel.context)")
     pipeline_splits: list[Literal["even", "edges", "layout"]] = Field(
-        default_factory=lambda: ["even"], description="how it may split layers over pipeline ranks: even (ceil), edges "
+        default_factory=lambda: ["even"], min_length=1, description="how it may split layers over pipeline ranks: even (ceil), edges "
         "(the embedding and the loss counted as layers), layout (interleaved chunks of ceil(L / (pp v)) layers, the "
         "rest in the last, where pp x v does not divide L: Megatron's --pipeline-model-parallel-layout)")
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(

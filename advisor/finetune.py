@@ -181,6 +181,10 @@ class FineTune(Spec):
                                  "--method full does not train: use --method lora or qlora, or drop them")
         if self.method is Method.full and self.dora:
             raise ValueError("--dora is a LoRA variant: use --method lora or qlora")
+        if self.method is Method.full and (self.optimizer_8bit or self.paged):  # costed on the adapters' states alone
+            flags = " and ".join(f for f, on in (("--optimizer-8bit", self.optimizer_8bit), ("--paged", self.paged)) if on)
+            raise ValueError(f"{flags}: bitsandbytes' optimizer is costed for LoRA and QLoRA adapters, not a full "
+                             "fine-tune: use --method lora or qlora, or drop it")
         if self.method is Method.full and self.offload in (Offload.optimizer, Offload.both):
             raise ValueError("--adapter-offload optimizer of a full fine-tune is not costed: use --offload optimizer-cpu "
                              "(ZeRO-Offload) or --method lora/qlora")

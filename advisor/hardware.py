@@ -281,6 +281,13 @@ class Hardware(Spec):
             raise ValueError(f"nvlink_domain_gpus={d} must be a whole number of nodes of gpus_per_node="
                              f"{self.gpus_per_node} GPUs (e.g. {self.gpus_per_node * max(1, d // self.gpus_per_node)}); "
                              "leave it out for one NVLink domain per node")
+        for name, link in (("intra_node", self.intra_node), ("inter_node", self.inter_node)):
+            if self.gpu.sm_count and link.nccl_channels and link.nccl_channels >= self.gpu.sm_count:
+                raise ValueError(f"{name}.nccl_channels={link.nccl_channels} leaves none of gpu.sm_count="
+                                 f"{self.gpu.sm_count} SMs to compute beside a collective: give fewer channels or more SMs")
+        if self.efficiency.framework_overhead_GiB >= self.gpu.memory_GiB:
+            raise ValueError(f"efficiency.framework_overhead_GiB={self.efficiency.framework_overhead_GiB} is not below the "
+                             f"{self.gpu.memory_GiB} GiB of gpu.memory_GiB: give the CUDA context's ~0.5-2 GiB")
         return self
 
     @property

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
@@ -162,6 +162,19 @@ class Stack(Spec):
     superseded_by: Optional[str] = Field(
         default=None, min_length=1, description="a dated profile (a release as published runs ran it): the shipped "
         "stack that runs its code today; an export given a format and no stack takes an undated stack first")
+    @field_validator("superseded_by")
+    @classmethod
+    def _a_shipped_successor(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in list_stacks():
+            raise ValueError(f"superseded_by {v!r} is no shipped stack: name one of {', '.join(list_stacks())}")
+        return v
+
+    @model_validator(mode="after")
+    def _not_its_own_successor(self) -> "Stack":
+        if self.superseded_by == self.name:
+            raise ValueError(f"superseded_by names the stack itself ({self.name}): name the stack that runs its code today")
+        return self
+
     # the --compile values the stack runs and has tables for (torchtitan's compile.components; the Trainer's
     # torch_compile, which compiles the model with its loss inside); empty: eager only
     compile: list[Literal["model", "loss", "model,loss"]] = Field(default_factory=list, max_length=3)

@@ -24,6 +24,7 @@ from advisor.model import ModelSpec
 from advisor.search import PlanSearch
 from advisor.options import MAX_WORLD
 from advisor.space import default_global_batch, layouts, pair_violations
+from advisor.stack import StackError
 from advisor.step import evaluate
 from advisor.training import Recompute
 from advisor.units import GiB
@@ -86,6 +87,15 @@ def _fits(s: PlanSearch, world: int, **kw) -> tuple[bool, float, Optional[str]]:
     return need <= hw.gpu.memory_bytes * (1.0 - s.memory_headroom), need, label
 
 
+def _compiled_fits(s: PlanSearch) -> bool:
+    """Whether the leanest plan fits compiled; False where the stack has no compiled tables for this model (its
+    profile compiles others: the tip is for a case it measured, never an error in place of the real answer)."""
+    try:
+        return _fits(s, s.world_size, compile="model,loss")[0]
+    except StackError:
+        return False
+
+
 def min_fitting_world(s: PlanSearch) -> Optional[tuple[int, str]]:
     """The fewest GPUs (whole nodes beyond one node) on which the leanest plan fits, by doubling then bisecting."""
     gpn = s.hardware.gpus_per_node
@@ -129,7 +139,7 @@ def suggest_fix(s: PlanSearch) -> str:
         # torch.compile where the stack compiles and the search did not: its fused kernels keep less (the compiled
         # loss 4 bytes a logit where eager keeps 14)
         if s.setup.compile == "none" and s.stack.compile_refusal("model,loss") is None \
-                and _fits(s, s.world_size, compile="model,loss")[0]:
+                and _compiled_fits(s):
             tips.append(f"--compile model,loss fits on {_gpus(s.world_size)}")
         seq = s.seq_len // 2
         while seq >= 128:

@@ -400,3 +400,13 @@ def test_a_group_strided_wider_than_a_node_has_its_share_of_a_domains_nodes():
     assert [float(x) for x in domain_groups(32, 0.5, hw)] == [1.0, 9.0, 4.0]
     assert [float(x) for x in domain_groups(144, 4, hw)] == [4.0, 72.0, 2.0]
     assert [float(x) for x in domain_groups(8, 1, load_hardware("dgx-h100"))] == [1.0, 1.0, 8.0]
+
+
+def test_a_pcie_node_is_not_called_nvlink():
+    """The path a collective inside a node takes is named by the node's link: PCIe through the host bridge on the
+    consumer and PCIe-card profiles (it said NVLink everywhere)."""
+    from advisor.comm import algorithm_name, network
+    from advisor.hardware import load_hardware
+
+    assert algorithm_name(network.IN_NODE, load_hardware("rtx-4090")) == "PCIe in one node"
+    assert algorithm_name(network.IN_NODE, load_hardware("dgx-a100")) == "NVLink in one node"

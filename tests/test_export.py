@@ -129,7 +129,7 @@ def exportable(kind: str, case: str) -> bool:
     return not (kind in ("torchrun", "deepspeed") and case == "megatron-block") and not (
         kind == "accelerate" and case in MODEL_PARALLEL | {"megatron-block"}) and not (
         kind == "deepspeed" and case == "3d-interleaved") and not (
-        kind == "megatron" and case in OFFLOAD) and not (
+        kind in ("megatron", "torchrun") and case in OFFLOAD) and not (
         kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme"))
 
 
@@ -232,6 +232,14 @@ def test_megatron_model_flags():
 def _torchrun_tokens(text: str) -> list[str]:
     line = next(x for x in text.splitlines() if x.startswith("torchrun"))
     return shlex.split(line.replace("$MASTER_ADDR", "node0").replace("$JOB_ID", "job"))[1:]
+
+
+@pytest.mark.parametrize("case", sorted(OFFLOAD))
+def test_torchrun_refuses_an_offloaded_plan(case):
+    """A launch line holds no engine configuration: an offloaded plan exported as one would run without its offload."""
+    model, hw, plan, setup, ga, world = inputs(case)
+    with pytest.raises(ExportError, match="offload is an engine's configuration: use --format deepspeed"):
+        export("torchrun", model, hw, plan, setup, ga, world, LEGACY_STACK["torchrun"])
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if exportable("torchrun", c)])

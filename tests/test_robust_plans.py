@@ -264,7 +264,28 @@ BAD_PLANS = [
     (dict(seq=0), "--seq must be at least 1 (got 0)"),
     (dict(seq=float("nan")), "--seq must be a finite number (got nan)"),
     (dict(micro_batch=float("inf")), "--micro-batch must be a finite number (got inf)"),
+    # a bitsandbytes optimizer on a full fine-tune was ignored (2026-11-30)
+    (dict(gpus=8, optimizer_8bit=True), "--optimizer-8bit: bitsandbytes' optimizer is costed for LoRA and QLoRA"),
+    (dict(gpus=8, paged=True), "--paged: bitsandbytes' optimizer"),
 ]
+
+
+def test_a_reason_two_checks_give_is_said_once():
+    """The uneven split's fix, named by two of its checks, once (it was printed twice)."""
+    m = ModelSpec(name="tiny", n_layers=4, d_model=96, n_heads=6, d_ff=384, vocab=1000, max_positions=4096)
+    with pytest.raises(AdvisorError) as exc:
+        build_inputs(m, "dgx-a100", gpus=4, pp=4, pp_split="edges")
+    assert str(exc.value).count("4 layers divide evenly over pp=4: drop --pp-split edges") == 1
+
+
+def test_a_no_fit_answer_survives_a_stack_without_compiled_tables_for_the_model():
+    """suggest's --compile tip evaluates the compiled plan; where the stack compiles other models only, the tip is left
+    out and the answer is the real one (deepspeed's compiled tables are Llama's in mixed precision: it said they
+    lacked a half-mode entry instead of why nothing fits)."""
+    from _robust import run_main
+
+    code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "rtx-4090", "--nodes", "2", "--stack", "deepspeed"])
+    assert code == 2 and err.startswith("error: no plan fits llama3-8b") and "compiled" not in err, err
 
 
 @pytest.mark.parametrize("kw,needle", BAD_PLANS, ids=[str(k) for k, _ in BAD_PLANS])

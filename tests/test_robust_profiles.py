@@ -103,6 +103,11 @@ BAD_PROFILES = [
      "algorithm: star}}", ["inter_node.fit.algorithm", "'ring' or 'tree'"]),
     ("name: x\ndescription: y\nbase: dgx-a100\nintra_node: {fit: {latency_us: 5, bandwidth_efficiency: 0.9, "
      "algorithm: ring}}", ["intra_node: fit.algorithm", "belongs to inter_node.fit"]),
+    # NCCL's channels on as many SMs as the GPU has held the whole GPU (a share over 1 once); a CUDA context as large as
+    # the memory (2026-11-30)
+    ("name: x\ndescription: y\nbase: dgx-a100\ngpu: {sm_count: 16}", ["intra_node.nccl_channels=24", "gpu.sm_count=16"]),
+    ("name: x\ndescription: y\nbase: dgx-a100\nefficiency: {framework_overhead_GiB: 500}",
+     ["framework_overhead_GiB=500", "gpu.memory_GiB"]),
 ]
 
 

@@ -56,6 +56,14 @@ def test_a_stack_round_trips_and_cites_its_sources(name):
     ("name: x\ndescription: d\nbase: megatron-core\nengine: {adapters_parallel: tensor}\n", "adapters_parallel"),
     ("name: x\ndescription: d\nbase: torchtitan\nmemory: {logits: [{held: 0, peak: 1, peak_per_token: {width: 2}}]}\n",
      "peak_per_token"),
+    # lists a plan needs one of (each read as [0]: an IndexError once), and a successor that is not shipped (2026-11-30)
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {optimizers: []}\n", "engine.optimizers: List should have at least 1"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {precisions: []}\n", "engine.precisions: List should have at least 1"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {methods: []}\n", "engine.methods: List should have at least 1"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: []}\n", "engine.offers: List should have at least 1"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nsuperseded_by: nowhere\n", "superseded_by 'nowhere' is no shipped stack"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nsuperseded_by: x\n", "is no shipped stack"),
+    ("name: torch-1.11\ndescription: d\nbase: hf-trainer\nsuperseded_by: torch-1.11\n", "names the stack itself"),
 ])
 def test_bad_stack_files_are_one_line_errors(text, needle, tmp_path):
     tried("profiles")

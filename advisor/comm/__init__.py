@@ -86,6 +86,8 @@ def algorithm_name(path: int, hw: Hardware) -> str:
     """The algorithm a path code stands for on this system (NCCL's tree is NVLS-tree where the NVSwitch reduces)."""
     if path == network.TREE and hw.intra_node.nvls:
         return "NVLS-tree across nodes"
+    if path == network.IN_NODE and hw.intra_node.kind.value == "pcie":  # through the host bridge, not NVLink
+        return "PCIe in one node"
     return PATH_NAMES[int(path)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from advisor.export.common import RDZV_PORT, Exported, Plan, TrainingSetup, check, header, node_layout
+from advisor.export.common import RDZV_PORT, Exported, ExportError, Plan, TrainingSetup, check, header, node_layout
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 
@@ -34,10 +34,14 @@ def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     notes = ((f"the plan's {' and '.join(split)} {'is' if len(split) == 1 else 'are'} not set by torchrun, which only "
               f"starts the {world_size} processes: "
               "train.py builds them (for TP, transformers' from_pretrained(tp_plan='auto'))",) if split else ())
+    if plan.offload.value != "none":  # a launch line holds no engine config
+        raise ExportError(f"torchrun starts the processes only; the plan's {plan.offload.value} offload is an engine's "
+                          "configuration: use --format deepspeed (ZeRO-Offload) or accelerate")
     sharded = {1: "ZeRO-1 is not set by torchrun either: train.py shards the optimizer states (DeepSpeed's stage 1, "
                   "torch's ZeroRedundancyOptimizer)",
                2: "FSDP SHARD_GRAD_OP (ZeRO-2) is not set by torchrun either: train.py wraps the model in FSDP",
-               3: "FSDP FULL_SHARD (ZeRO-3) is not set by torchrun either: train.py wraps the model in FSDP"}
+               3: f"FSDP {'HYBRID_SHARD (HSDP' if plan.hybrid_shard else 'FULL_SHARD (ZeRO-3'}) is not set by torchrun "
+                  "either: train.py wraps the model in FSDP"}
     if plan.zero in sharded:
         notes += (f"the plan's {sharded[plan.zero]}"
                   + (", a unit per decoder layer as it was costed" if plan.zero >= 2 else ""),)
