@@ -148,7 +148,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
     mem_layers = pipeline.memory_layers(w.model, c, mesh)
-    pol = policy_mix(w, c, mesh, pipeline.last_stage_layers(w.model.n_layers, mesh.pp, mesh.v) if rank == "last" else mem_layers)
+    pol = policy_mix(w, c, mesh, pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last")[0] if rank == "last" else mem_layers)
     casts = compute.weight_cast_share(w, c.zero, ga)
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
                                 mesh.tp)

@@ -120,14 +120,17 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
     "last" (``last_stage_layers`` and the head), each costed whole by the step and the slower taken. Uneven: a middle
     rank's u = (L + 2) / pp layers, or the last rank's u - 1 and the head, whichever is longer (module docstring)."""
     even = layers_per_stage(model, mesh.pp, mesh.v)
-    if rank == "first":
-        return even, 0.0, 1.0
+    edges, units = uneven(c), (model.n_layers + 2.0) / mesh.pp
+    if rank == "first":  # the uneven split's middle rank (its first, with the embedding, where pp is 2); the even
+        # split's first, or a middle one where --decoder-first-pipeline-num-layers leaves the first fewer
+        first = np.asarray(mesh.pp) <= 2
+        f, _, fits = _first_last(float(model.n_layers), np.asarray(mesh.pp, dtype=float))
+        middle = np.where(edges, ~first, fits & (f < np.ceil(model.n_layers / mesh.pp)) & (np.asarray(mesh.v) <= 1))
+        return np.where(edges, units - np.where(first, 1.0, 0.0), even), 0.0, np.where(middle, 0.0, 1.0)
     if rank == "last":
-        return last_stage_layers(model.n_layers, mesh.pp, mesh.v), 1.0, 0.0
-    edges = uneven(c)
+        return np.where(edges, units - 1.0, last_stage_layers(model.n_layers, mesh.pp, mesh.v)), 1.0, 0.0
     if not np.any(edges):
         return even, 1.0, 1.0
-    units = (model.n_layers + 2.0) / mesh.pp
     last_busier = (units - 1.0) * layer_s + head_s > units * layer_s
     head = np.where(edges & ~last_busier, 0.0, 1.0)
     return np.where(edges, units - head, even), head, head  # the middle rank neither, the last as the even split
@@ -136,14 +139,14 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
 def two_ranks(model: ModelSpec, c: Candidates, layout: bool = True) -> Any:
     """Where the even split leaves the last pipeline rank fewer layers than the first (pp x v does not divide L; a V
     schedule's rank 0 holds both ends, and pp x 2 divides L there) as Megatron lays them out (``layout``: the stack
-    runs Megatron's layouts): which of the two is the busiest depends on the head and on each layer's collectives, so
-    the step costs both (advisor.step)."""
-    if not layout:  # where the stack balances the split its own way, the bound (module docstring)
-        return np.zeros(len(c), dtype=bool)
+    runs Megatron's layouts), and under the uneven split (a middle rank's u layers, the last's u - 1 and the head):
+    which of the two is the busiest depends on the head and on each layer's collectives, so the step costs both
+    (advisor.step)."""
     pp, v = np.asarray(c.pp, dtype=float), np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
     v_shape = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
-    short = last_stage_layers(model.n_layers, pp, v)
-    return (pp > 1) & ~uneven(c) & ~v_shape & (short < layers_per_stage(model, pp, v))
+    short = last_stage_layers(model.n_layers, pp, v) < layers_per_stage(model, pp, v)
+    # where the stack balances the even split its own way, the bound (module docstring); the uneven split is one
+    return (pp > 1) & ~v_shape & (uneven(c) | (short & layout))
 
 
 def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0) -> Any:
@@ -155,12 +158,19 @@ def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0) -> Any:
     pp, v, n = np.asarray(pp, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0), float(n_layers)
     c = np.ceil(n / (pp * v))
     interleaved = v * c - (pp * v * c - n)
+    _, last, fits = _first_last(n, pp)
+    one = np.where(fits, last, np.ceil(n / pp) - 1.0)
+    return np.where(n % (pp * v) == 0, n / pp, np.where(v > 1, interleaved, one))
+
+
+def _first_last(n: float, pp: Any) -> tuple[Any, Any, Any]:
+    """(first, last, whether they fit): the first and last ranks' layers with ceil(L / pp) on each middle one, the
+    last no larger than the first, the first no larger than the middle (megatron-core 0.16.1 transformer_config.py:
+    --decoder-first/last-pipeline-num-layers, as advisor.export.megatron writes them)."""
     per = np.ceil(n / pp)
     rest = n - per * (pp - 2.0)
     first, last = np.where(pp == 2, per, rest - np.floor(rest / 2.0)), np.where(pp == 2, n - per, np.floor(rest / 2.0))
-    fits = (last >= 1) & (last <= first) & (first <= per)
-    one = np.where(fits, last, per - 1.0)
-    return np.where(n % (pp * v) == 0, n / pp, np.where(v > 1, interleaved, one))
+    return first, last, (last >= 1) & (last <= first) & (first <= per)
 
 
 def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
@@ -216,8 +226,9 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their
     collectives and send/recv); ``fwd_s``, ``bwd_s``, ``recompute_s``: its layers' compute, which the zero-bubble
     formulas split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring)."""
-    # fill and drain pass through the other ranks' layers: pp - 1 stages even, L / layers - 1 uneven
-    others = np.where(uneven(c), model.n_layers / np.maximum(layers, 1.0) - 1.0, mesh.pp - 1.0)
+    # fill and drain pass through the other ranks' layers, L - layers of them: pp - 1 busiest stages where pp divides
+    # the layers, fewer where the other ranks hold fewer (the uneven split's ends, a short last rank)
+    others = model.n_layers / np.maximum(layers, 1.0) - 1.0
     classic = np.where(mesh.pp > 1, others / mesh.v, 0.0) * body_s
     sched = np.asarray(c.schedule)
     zb = (sched == ZB_H1) | (sched == ZB_V) | (sched == DUALPIPE_V)
