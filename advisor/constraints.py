@@ -193,6 +193,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers"
+            elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
+                runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
+                reason = f"{reason} (it runs {runs}: use those, or another --stack)"
             reasons.append(reason)
     if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
         etp = plan.tp if plan.etp is None else plan.etp

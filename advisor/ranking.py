@@ -142,7 +142,7 @@ class PlanSearch:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
         else:
-            out.append(f"stack: every plan costed as {self.stack.name} runs it ({self.stack.description.split(',')[0]}); "
+            out.append(f"stack: every plan costed as {self.stack.name} runs it ({_gist(self.stack.description)}); "
                        "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")
             lacking = self.export_lacks()
             if lacking:
@@ -218,3 +218,13 @@ def first_per_plan(found: list, rows: Any) -> Any:
             cols[at, c] = np.broadcast_to(getattr(f.plans, name), (len(f.plans),))[idx]
     _, first = np.unique(cols, axis=0, return_index=True)
     return np.sort(first)
+
+
+def _gist(text: str) -> str:
+    """A description up to its first comma or semicolon outside parentheses (a cut inside one left it open)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",;" and depth == 0:
+            return text[:i]
+    return text

@@ -163,6 +163,9 @@ class TrainingSetup(Spec):
         if self.recompute_modules is not None and self.recompute is not Recompute.selective:
             raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} chooses what selective "
                              f"recomputation reruns: add --recompute selective (not {self.recompute.value})")
+        if self.recompute_layers != 1 and self.recompute in (Recompute.none, Recompute.selective):
+            raise ValueError(f"--recompute-layers {self.recompute_layers} counts the layers of full, block, every-k or "
+                             f"offload checkpointing: add one of them (not --recompute {self.recompute.value}) or drop it")
         if self.recompute_modules is not None and len(set(self.recompute_modules)) != len(self.recompute_modules):
             raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} names a module twice")
         return self

@@ -267,6 +267,7 @@ BAD_PLANS = [
     # a bitsandbytes optimizer on a full fine-tune was ignored (2026-11-30)
     (dict(gpus=8, optimizer_8bit=True), "--optimizer-8bit: bitsandbytes' optimizer is costed for LoRA and QLoRA"),
     (dict(gpus=8, paged=True), "--paged: bitsandbytes' optimizer"),
+    (dict(gpus=8, recompute_layers=4), "--recompute-layers 4 counts the layers of full, block, every-k or offload"),
 ]
 
 
