@@ -35,7 +35,7 @@ def render_estimate(e) -> str:
         *_method_lines(e),
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
-        f"throughput     {e.tokens_per_s:,.0f} tokens/s   {e.samples_per_s:,.2f} samples/s",
+        f"throughput     {_rate(e.tokens_per_s)} tokens/s   {_rate(e.samples_per_s, 2)} samples/s",
         f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: 3 x forward, causal attention, no embedding lookup; / peak)",
         f"HFU            {e.hfu * 100:.1f}%  (+ recomputation and eager attention's masked scores)",
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",
@@ -66,6 +66,12 @@ def render_estimate(e) -> str:
         lines.append(f"  {'host memory per node':22s} {fmt_bytes(e.host_memory_bytes):>12s}  (offloaded states and "
                      "activations of the node's ranks)" + ("" if e.fits else " -> DOES NOT FIT the host" if m.fits else ""))
     return "\n".join(lines)
+
+
+def _rate(x: float, decimals: int = 0) -> str:
+    """A rate with its thousands and ``decimals`` (1,234,567), or three significant figures below 10^(2 - decimals)
+    (not a 0 for 0.0017)."""
+    return f"{x:,.{decimals}f}" if x >= 10.0 ** (2 - decimals) else f"{x:.3g}"
 
 
 def policy(setup) -> str:

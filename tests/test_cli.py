@@ -64,3 +64,12 @@ def test_plan_json():
     assert data["candidates"] > 1000 and data["plans"] and isinstance(data["rejected"], dict)
     p = data["plans"][0]
     assert {"plan", "step_time_s", "memory", "breakdown", "reason"} <= set(p)
+
+
+def test_a_tiny_throughput_is_not_printed_as_zero():
+    """A rate under 100 tokens/s (or 1 sample/s) keeps three significant figures: a 10,000-layer model printed
+    'throughput 0 tokens/s   0.00 samples/s'."""
+    from advisor.render import _rate
+
+    assert (_rate(276555.4), _rate(270.07, 2), _rate(0.00169), _rate(8.23e-07, 2)) == ("276,555", "270.07", "0.00169",
+                                                                                        "8.23e-07")
