@@ -107,9 +107,10 @@ def evaluate(w: Workload, c: Candidates) -> Evaluation:
 def _staged(w: Workload, c: Candidates) -> Evaluation:
     """Where the even split leaves the last pipeline rank fewer layers (advisor.parallel.pipeline.two_ranks), the step
     of the first rank (its layers and the embedding) and of the last (fewer, and the head), each with its layers'
-    collectives and its checkpointing policy over its own layers (block's first k of fewer), the slower taken; the
-    bubble is the first rank's in both (fill and drain pass through the ranks before the last, which hold as many
-    layers as the first), and so is the memory."""
+    collectives, its checkpointing policy over its own layers (block's first k of fewer) and its own model states (the
+    data-parallel collectives and the optimizer step of fewer layers), the slower taken; the bubble is the first
+    rank's in both (fill and drain pass through the ranks before the last, which hold as many layers as the first),
+    and so is the memory."""
     two = pipeline.two_ranks(w.model, c, _layout(w))
     if not two.any():
         return _evaluate(w, c)
@@ -120,6 +121,14 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
                    overhead=first.overhead, host_bytes=first.host_bytes)
     busier = _pick(first, last, np.asarray(last.time.total > first.time.total))
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
+
+
+def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) -> Any:
+    """The layers whose states (and checkpointing) the rank costed holds: the last rank's own, else the busiest's by
+    memory (advisor.parallel.pipeline.memory_layers)."""
+    if rank == "last":
+        return pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last")[0]
+    return pipeline.memory_layers(w.model, c, mesh)
 
 
 def _layout(w: Workload) -> bool:
@@ -147,8 +156,8 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
     ga = c.grad_accum.astype(float)
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
-    mem_layers = pipeline.memory_layers(w.model, c, mesh)
-    pol = policy_mix(w, c, mesh, pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last")[0] if rank == "last" else mem_layers)
+    mem_layers = _held_layers(w, c, mesh, rank)
+    pol = policy_mix(w, c, mesh, mem_layers)
     casts = compute.weight_cast_share(w, c.zero, ga)
     lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
                                 mesh.tp)
