@@ -72,26 +72,28 @@ def tensors(w: Workload, tp: Any) -> dict[str, list]:
 
 
 def _per_tensor(hw: Any, coll: Collective, sizes: list, keep: list, owner: list, k: int, shard: Any, per_node: Any,
-                per_elem: Any, host_s: Any) -> list:
-    """Seconds of each sub-module's calls, one per kept tensor: every tensor costed in one vectorised call."""
-    S = np.stack(np.broadcast_arrays(*sizes))
-    t = comm.collective_time(coll, shard[None, ...], S * per_elem, hw, per_node[None, ...]) + host_s
-    t = np.where(np.stack(np.broadcast_arrays(*keep)), t, 0.0)
-    return [t[np.asarray(owner) == j].sum(axis=0) for j in range(k)]
+                per_elem: Any, host_s: Any) -> tuple[list, list]:
+    """(seconds of each sub-module's calls, of them the collectives'), one call per kept tensor: every tensor costed
+    in one vectorised call."""
+    S, K = np.stack(np.broadcast_arrays(*sizes)), np.stack(np.broadcast_arrays(*keep))
+    bare = np.where(K, comm.collective_time(coll, shard[None, ...], S * per_elem, hw, per_node[None, ...]), 0.0)
+    own = np.asarray(owner)
+    bare_j = [bare[own == j].sum(axis=0) for j in range(k)]
+    return [b + K[own == j].sum(axis=0) * host_s for j, b in enumerate(bare_j)], bare_j
 
 
 def _per_bucket(hw: Any, coll: Collective, bucket: float, sizes: list, keep: list, owner: list, k: int, shard: Any,
-                per_node: Any, per_elem: Any, host_s: Any) -> list:
-    """Seconds of each sub-module's calls, its kept tensors coalesced up to ``bucket`` elements a call (a larger
-    tensor is one call of its own)."""
+                per_node: Any, per_elem: Any, host_s: Any) -> tuple[list, list]:
+    """(seconds of each sub-module's calls, of them the collectives'), its kept tensors coalesced up to ``bucket``
+    elements a call (a larger tensor is one call of its own)."""
     S, K = np.stack(np.broadcast_arrays(*sizes)), np.stack(np.broadcast_arrays(*keep))
     own = np.asarray(owner)
     total = np.stack([np.where(K[own == j], S[own == j], 0.0).sum(axis=0) for j in range(k)])
     count = np.stack([K[own == j].sum(axis=0) for j in range(k)]).astype(float)
     calls = np.minimum(count, np.maximum(1.0, np.ceil(total / bucket))) if bucket > 0 else np.minimum(count, 1.0)
     one = comm.collective_time(coll, shard[None, ...], total * per_elem / np.maximum(calls, 1.0), hw, per_node[None, ...])
-    t = np.where(calls > 0, calls * (one + host_s), 0.0)
-    return list(t)
+    bare = np.where(calls > 0, calls * one, 0.0)
+    return list(bare + calls * host_s), list(bare)
 
 
 def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: Any, weight_bytes: Any,
@@ -102,11 +104,10 @@ def submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: A
                                                                       root_params)))
     first, inverse = distinct(*(c.ravel() for c in cols))
     u = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), cpu_us_per_op)
-    bare = _submodule_calls(w, z, *(c.ravel()[first] for c in cols), 0.0)  # the collectives without the host's ops
     back = (lambda x: np.broadcast_to(x, (len(first),))[inverse].reshape(cols[0].shape))
     return SubModuleCalls([back(x) for x in u.gather_s], [back(x) for x in u.reduce_s], [back(x) for x in u.gathered],
-                          back(u.root_gather_s), back(u.root_reduce_s), [back(x) for x in bare.gather_s],
-                          [back(x) for x in bare.reduce_s])
+                          back(u.root_gather_s), back(u.root_reduce_s), [back(x) for x in u.gather_comm_s],
+                          [back(x) for x in u.reduce_comm_s])
 
 
 def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: Any, weight_bytes: Any,
@@ -133,7 +134,7 @@ def _submodule_calls(w: Workload, z: Zero3Calls, tp: Any, shard: Any, per_node: 
     gathered = [sum(np.where(kp, s, 0.0) for s, kp, o in zip(sizes, keep, owner) if o == j) for j in range(k)]
     root_ag = comm.collective_time(Collective.all_gather, shard, root_params * weight_bytes, w.hw, per_node) + host_ag
     root_rs = comm.collective_time(Collective.reduce_scatter, shard, root_params * reduce_bytes, w.hw, per_node) + host_rs
-    return SubModuleCalls(gather, reduce, gathered, root_ag, root_rs)
+    return SubModuleCalls(gather[0], reduce[0], gathered, root_ag, root_rs, gather[1], reduce[1])
 
 
 def exposed(w: Workload, z: Zero3Calls, lt: LayerTimes, layers: Any, rerun: Any,
