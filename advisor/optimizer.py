@@ -59,16 +59,20 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any
 def step_temporaries(w: Workload, sharded_params: Any, largest: Any = None) -> Any:
     """Bytes the step allocates while it runs: torch.optim.AdamW's foreach implementation keeps one temporary
     per parameter in the states' dtype (the fused and SGD steps work in place); a step looping over the tensors
-    (engine.adamw_step ``loop``: F.adamw before torch 1.12, its ``denom``) one of the ``largest`` tensor's."""
+    (engine.adamw_step ``loop``: F.adamw before torch 1.12, its ``denom``) one of the ``largest`` tensor's, given
+    for such a step alone."""
     if w.optimizer is not Optimizer.adamw:
         return np.zeros(np.shape(sharded_params))
-    held = sharded_params if w.stack.engine.adamw_step == "foreach" or largest is None else np.minimum(sharded_params, largest)
+    held = sharded_params if largest is None else np.minimum(sharded_params, largest)
     return held * (2.0 if w.precision is Precision.bf16 else 4.0)
 
 
 def largest_tensor(w: Workload, zero: Any, shard: Any, p_layer: Any, outside: Any, tp: Any) -> Any:
     """Elements of the largest tensor the optimizer steps: a layer's largest sub-module or the V x h table, or under
-    ZeRO / FSDP the shard of the largest flat parameter (a layer's unit, or the root's)."""
+    ZeRO / FSDP the shard of the largest flat parameter (a layer's unit, or the root's); None where the step does not
+    loop over the tensors (engine.adamw_step), the only one that needs it (step_temporaries)."""
+    if w.stack.engine.adamw_step != "loop":
+        return None
     whole = np.maximum(w.layer.largest_module_weights(tp), w.model.vocab * w.model.d_model / tp)
     return np.where(np.asarray(zero) >= 1, np.maximum(p_layer, outside) / shard, whole)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
@@ -162,16 +162,13 @@ class Stack(Spec):
     superseded_by: Optional[str] = Field(
         default=None, min_length=1, description="a dated profile (a release as published runs ran it): the shipped "
         "stack that runs its code today; an export given a format and no stack takes an undated stack first")
-    @field_validator("superseded_by")
-    @classmethod
-    def _a_shipped_successor(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and v not in list_stacks():
-            raise ValueError(f"superseded_by {v!r} is no shipped stack: name one of {', '.join(list_stacks())}")
-        return v
 
     @model_validator(mode="after")
-    def _not_its_own_successor(self) -> "Stack":
-        if self.superseded_by == self.name:
+    def _a_shipped_successor(self) -> "Stack":
+        v = self.superseded_by
+        if v is not None and v not in list_stacks():  # the profile folders read only where a successor is named
+            raise ValueError(f"superseded_by {v!r} is no shipped stack: name one of {', '.join(list_stacks())}")
+        if v == self.name:
             raise ValueError(f"superseded_by names the stack itself ({self.name}): name the stack that runs its code today")
         return self
 

@@ -181,7 +181,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
                      recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
-        frac = moe / np.maximum(layers, 1e-9)  # the routed share of the stage's layers
+        frac = moe / layers
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
                          recompute_s=inline.recompute_s + pol.full * frac * ep.per_layer_fwd_s)
     idle_fwd, idle_rest = host.idle_per_micro_batch(w, mb)
@@ -251,11 +251,10 @@ def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: An
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
                 tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, on_head: Any = 1.0, ep: Any = None,
-                moe: Any = 0.0, outside: Any = None) -> host.MicroBatch:
+                moe: Any = 0.0, outside: Any = 1.0) -> host.MicroBatch:
     """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it (``on_head``:
     1.0 where that stage issues the head's kernels; ``outside``: where it issues any op outside the layers, the
-    embedding's or the head's, default ``on_head``; ``ep``: its MoE layers' all-to-alls)."""
-    outside = on_head if outside is None else outside
+    embedding's or the head's; ``ep``: its MoE layers' all-to-alls)."""
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
     ep_fwd = 0.0
     if ep is not None:
