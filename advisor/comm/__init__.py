@@ -17,7 +17,7 @@ import numpy as np
 
 from advisor.comm import network
 from advisor.comm.link import Collective, bus_factor, link_time, startup
-from advisor.distinct import DISTINCT_FROM, distinct
+from advisor.distinct import DISTINCT_FROM, distinct, on_distinct
 from advisor.hardware import Hardware
 
 PATH_NAMES = {network.IN_NODE: "NVLink in one node", network.IN_DOMAIN: "NVLink domain across nodes",
@@ -109,10 +109,8 @@ def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
     if sms is None or chans == [None, None]:
         return np.zeros(n.shape)
     inside, across = ((c or 0) / sms for c in chans)
-    if n.size < DISTINCT_FROM:
-        return _held(n, per_node, hw, inside, across)
-    rows, inverse = distinct(n.ravel(), per_node.ravel())  # a search's plans share a handful of groups: each once
-    return _held(n.ravel()[rows], per_node.ravel()[rows], hw, inside, across)[inverse].reshape(n.shape)
+    # a search's plans share a handful of groups: each costed once
+    return on_distinct(lambda g, p: _held(g, p, hw, inside, across), n, per_node)
 
 
 def _held(n: Any, per_node: Any, hw: Hardware, inside: float, across: float) -> Any:
