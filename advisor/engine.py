@@ -157,6 +157,8 @@ class Engine(Spec):
     pipeline_scatter_gather: bool = Field(description="pipeline sends split over the TP ranks, gathered on arrival")
     adamw_step: Literal["foreach", "loop"] = Field(default="foreach", description="torch's AdamW step: foreach (a "
         "temporary per parameter) or a loop over the tensors (F.adamw before 1.12: the largest tensor's)")
+    tied_pipeline: Literal["all_reduce", "untied", "refused"] = Field(default="all_reduce", description="tied embeddings "
+        "under PP: the end stages all-reduce the table's gradient a step (advisor.parallel.pipeline), keep it untied, or refuse")
     sharded_accumulation: bool = Field(default=True, description="ZeRO-2/3 accumulates gradients over micro-batches "
         "(False: torch 1.11's FSDP, without no_sync, discards the sharded ones at the next backward: one a step)")
     reduce_dtype: Literal["compute", "fp32"] = Field(
@@ -300,10 +302,8 @@ class Engine(Spec):
                                     "another micro-batch's compute (--overlap-moe-expert-parallel-comm)")
     ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
         default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default")
-    moe_output_bytes: Optional[float] = Field(
-        default=None, ge=0, description="bytes per element of the expert outputs an MoE layer keeps to weigh them by "
-        "the router's probabilities after the experts (None: the activation dtype's; 0 where the probabilities are "
-        "applied inside the experts)")
+    moe_output_bytes: Optional[float] = Field(default=None, ge=0, description="bytes per element of the expert outputs an MoE "
+        "layer keeps to weigh them by the router's probabilities (None: the activation dtype's; 0: weighed inside the experts)")
     expert_tp: Literal["free", "without_ep"] = Field(
         default="free", description="how it may split routed experts over TP ranks: free (Megatron's "
         "--expert-tensor-parallel-size, 1 or tp), or as attention without EP and whole with it (torchtitan)")

@@ -122,4 +122,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         across = bool(np.asarray(mesh.stage_crosses_domains).reshape(-1)[0])
         out["pp_p2p"] = ("send/recv between stages: " + ("the network, each GPU on its own NIC share" if across
                                                          else "NVLink (stages inside one NVLink domain)"))
+        on, size, per_node = pipeline.tied_sync(w, c, mesh, states.reduce_bytes)
+        if bool(np.asarray(on).reshape(-1)[0]):
+            out["pp_p2p"] += "; the tied embeddings' gradient " + describe(Collective.all_reduce, 2.0, one(size), hw,
+                                                                           one(per_node)) + " (the end stages, once a step)"
     return out

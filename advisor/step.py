@@ -221,7 +221,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
         compute_forward=ga * (layers * lt.fwd_s + head.fwd_s + off_f) + optimizer.autocast_cast_time(w, cast, states.master, ga),
         compute_backward=ga * (layers * lt.bwd_s + head.bwd_s + off_b), compute_recompute=ga * layers * lt.recompute_s,
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * windows.idle_s,
-        comm_pp_p2p=ga * p2p,
+        comm_pp_p2p=ga * p2p + pipeline.tied_sync_time(w, c, mesh, states.reduce_bytes),
         pipeline_bubble=pipeline.bubble_time(w.model, c, mesh, layers, body, layers * lt.fwd_s, layers * lt.bwd_s,
                                              layers * lt.recompute_s),
         comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,

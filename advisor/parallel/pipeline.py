@@ -40,6 +40,13 @@
   pipeline, on by default; the stack's ``pipeline_scatter_gather``): each TP rank sends 1/tp of the activation
   over its own link and the receiving stage all-gathers it on the intra-node link. Under sequence parallelism
   the activation is already split. A boundary leaves NVLink once a stage fills an NVLink domain (a node, or a rack).
+- Tied embeddings: the first stage's embedding and the last's head are then one V x h table held twice, and each
+  step, after the data-parallel reduction, the two end stages all-reduce its gradient (``tied_sync_time``;
+  megatron-core 0.16.1 distributed/finalize_model_grads.py _allreduce_embedding_grads over the embedding group,
+  DeepSpeed's PipelineModule _exec_reduce_tied_grads, nanotron's sync_tied_weights_gradients): exposed, every
+  TP and data-parallel rank beside its counterpart. A V schedule's rank 0 holds both ends: nothing to sync, and
+  untied, both tables (``params_outside_layers``). torchtitan 0.2 splits a deep copy of the model, so each end
+  keeps its own copy untied (no sync; distributed/pipeline_parallel.py pipeline_module_split); 0.3 refuses the plan.
 - In flight (Korthikanti et al. 2022, s.4.2.3): GPipe keeps all m micro-batches of its L/p layers, 1F1B
   min(p, m), interleaved 1F1B p micro-batches times (1 + (p - 1) / (p v)); the first stage holds the most.
 
@@ -54,7 +61,7 @@ from typing import Any, Optional
 import numpy as np
 
 from advisor import comm
-from advisor.candidates import Candidates, Mesh
+from advisor.candidates import Candidates, Mesh, members_per_node
 from advisor.comm import Collective
 from advisor.layout import PipelineSplit, Schedule
 from advisor.model import ModelSpec
@@ -100,10 +107,29 @@ def layers_per_stage(model: ModelSpec, pp: Any, v: Any = 1.0) -> Any:
     return np.ceil(model.n_layers / (pp * v)) * v
 
 
-def params_outside_layers(model: ModelSpec, pp: Any) -> Any:
-    """Parameters of the busiest stage outside its layers: all of them without a pipeline, else one V x h
-    table (the first stage's embedding or the last's LM head) and the learned positions."""
-    return np.where(pp > 1, model.vocab * model.d_model + model.position_params, model.embedding_params)
+def params_outside_layers(model: ModelSpec, pp: Any, schedule: Any = None) -> Any:
+    """Parameters of the busiest stage outside its layers: all of them without a pipeline or on a V schedule's rank
+    0 (``schedule``: the plans' schedule codes), else one V x h table (the first stage's embedding or the last's LM
+    head) and the learned positions."""
+    v_shape = np.isin(schedule, (ZB_V, DUALPIPE_V)) if schedule is not None else False
+    return np.where((pp > 1) & ~v_shape, model.vocab * model.d_model + model.position_params, model.embedding_params)
+
+
+def tied_sync_time(w: Workload, c: Candidates, mesh: Mesh, reduce_bytes: Any) -> Any:
+    """Seconds of a step's all-reduce of a tied V x h table's gradient (its TP share, ``reduce_bytes`` a parameter)
+    between the first and the last stage (module docstring), which sit (pp - 1) stages of tp x dp ranks apart."""
+    on, size, per_node = tied_sync(w, c, mesh, reduce_bytes)
+    return comm.collective_time(Collective.all_reduce, 2.0, size, w.hw, per_node, where=on)
+
+
+def tied_sync(w: Workload, c: Candidates, mesh: Mesh, reduce_bytes: Any) -> tuple[Any, Any, Any]:
+    """(where the end stages sync a tied table's gradient, its bytes, the pair's GPUs per node)."""
+    tied = w.model.tied_embeddings and w.stack.engine.tied_pipeline == "all_reduce" and not w.finetune.adapters
+    on = (mesh.pp > 1) & ~np.isin(c.schedule, (ZB_V, DUALPIPE_V)) & tied
+    # one node where the whole pipeline fits in it; else in nodes (pp - 1) x tp x dp ranks apart
+    apart, g = np.maximum(mesh.pp - 1.0, 1.0) * mesh.tp * mesh.dp, w.hw.gpus_per_node
+    per_node = np.where(mesh.pp * mesh.tp * mesh.dp <= g, 2.0, members_per_node(g, np.maximum(apart, g), 2.0))
+    return on, w.model.vocab * w.model.d_model / mesh.tp * np.asarray(reduce_bytes, dtype=float), per_node
 
 
 def uneven(c: Candidates) -> Any:
