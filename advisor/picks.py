@@ -36,9 +36,10 @@ def describe(coll: Collective, n: float, size: float, hw: Hardware, per_node: fl
     return f"{NAMES[coll]} of {fmt_bytes(size)} over {int(n)} GPUs ({where}): {comm.algorithm_name(int(path), hw)}"
 
 
-def held(hw: Hardware, n: float, per_node: float, overlapped: bool) -> str:
-    """'; beside the compute, holding 24 of 108 SMs (NCCL's thread blocks)' where an overlapped call holds any."""
-    share = float(comm.held_sms(n, per_node, hw)) if overlapped else 0.0
+def held(hw: Hardware, n: float, per_node: float, overlapped: bool, path: object = None) -> str:
+    """'; beside the compute, holding 24 of 108 SMs (NCCL's thread blocks)' where an overlapped call holds any
+    (``path``: the algorithm it ran, where it holds its own channels: advisor.comm.held_sms)."""
+    share = float(comm.held_sms(n, per_node, hw, path)) if overlapped else 0.0
     return f"; beside the compute, holding {round(share * hw.gpu.sm_count)} of {hw.gpu.sm_count} SMs (NCCL's thread " \
            "blocks)" if share > 0 else ""
 
@@ -79,8 +80,9 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         if zero == 0:
             eng = w.stack.engine
             size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)
+            path = comm.collective_time_and_path(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))[1]
             out["dp_grad"] = (describe(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))
-                              + held(hw, dp, one(mesh.dp_per_node), overlapped))
+                              + held(hw, dp, one(mesh.dp_per_node), overlapped, path))
         else:
             per_unit = zero >= 2 and w.stack.engine.zero_collectives == "per_unit"
             units = max(one(layers), 1.0) if per_unit else 1.0

@@ -56,6 +56,23 @@ def test_ddp_bucket_all_reduces_hold_the_nvswitch_rings_sms():
     assert 0.0 < extra <= 24 / 108 * bare.breakdown["compute/backward"]
 
 
+@pytest.mark.parametrize("name, channels", [("dgx-h100", 16), ("aws-p6-b200", 32)])
+def test_an_nvls_tree_all_reduce_holds_the_nvls_channels(name, channels):
+    """reference/nccl_tuning_model.md s.7 (ncclNvlsTuning): NVLS runs 16 channels on sm90 and 32 on sm100 across
+    nodes; the rings across nodes 32 (H100) and 16 (B200). An all-reduce NCCL runs as an NVLS-tree (the tree across
+    nodes where the NVSwitch reduces) holds the former, an all-gather the ring's; DDP's bucket across two nodes says
+    which it holds."""
+    from advisor.comm import network
+
+    hw = load_hardware(name)
+    assert float(comm.held_sms(16, 8, hw, network.TREE)) == pytest.approx(channels / hw.gpu.sm_count)
+    assert float(comm.held_sms(16, 8, hw, network.RING)) == pytest.approx(hw.inter_node.nccl_channels / hw.gpu.sm_count)
+    est = estimate(model="llama3-8b", hw=name, gpus=16, zero=0, micro_batch=1, seq=4096, recompute="full",
+                   stack="hf-trainer")
+    assert "NVLS-tree across nodes" in est.collectives["dp_grad"]
+    assert f"holding {channels} of {hw.gpu.sm_count} SMs" in est.collectives["dp_grad"]
+
+
 @settings(max_examples=25, deadline=None)
 @given(name=st.sampled_from(["dgx-a100", "dgx-h100", "aws-p4d", "gb200-nvl72"]), nodes=st.sampled_from([1, 2, 4]),
        zero=st.sampled_from([0, 1, 2, 3]), micro_batch=st.sampled_from([1, 2, 4]),
@@ -68,7 +85,8 @@ def test_held_sms_never_shorten_a_step(name, nodes, zero, micro_batch, stack):
     kw = dict(model="llama3-8b", gpus=nodes * hw.gpus_per_node, zero=zero, micro_batch=micro_batch, seq=4096,
               recompute="full", stack=stack)
     held, bare = estimate(hw=hw, **kw), estimate(hw=_bare(name), **kw)
-    share = max(float(comm.held_sms(kw["gpus"], hw.gpus_per_node, hw)), float(comm.held_sms(8, 8, hw)))
+    tree = comm.NVLS_TREE_CHANNELS[hw.gpu.block_scaling] / hw.gpu.sm_count if hw.intra_node.nvls else 0.0
+    share = max(float(comm.held_sms(kw["gpus"], hw.gpus_per_node, hw)), float(comm.held_sms(8, 8, hw)), tree)
     assert bare.step_time_s <= held.step_time_s <= bare.step_time_s * (1.0 + share) + 1e-12
 
 

@@ -36,14 +36,20 @@ def collective_time(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardwar
     """
     if where is None:
         return collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
+    return collective_time_and_path_where(coll, n, size_bytes, hw, per_node, where)[0]
+
+
+def collective_time_and_path_where(coll: Collective | str, n: Any, size_bytes: Any, hw: Hardware, per_node: Any,
+                                   where: Any) -> tuple[Any, Any]:
+    """collective_time_and_path costed only where ``where`` holds: elsewhere 0 seconds on path IN_NODE."""
     shape = np.broadcast_shapes(np.shape(where), np.shape(n), np.shape(size_bytes), np.shape(per_node))
     mask = np.broadcast_to(np.asarray(where, dtype=bool), shape)
-    out = np.zeros(shape)
+    out, path = np.zeros(shape), np.full(shape, network.IN_NODE)
     if mask.any():
         rows = np.nonzero(mask)  # indexing with these is cheaper than with the mask, three arguments over
         n, size_bytes, per_node = (np.broadcast_to(np.asarray(a, dtype=float), shape)[rows] for a in (n, size_bytes, per_node))
-        out[rows] = collective_time_and_path(coll, n, size_bytes, hw, per_node)[0]
-    return out
+        out[rows], path[rows] = collective_time_and_path(coll, n, size_bytes, hw, per_node)
+    return out, path
 
 
 # From DISTINCT_FROM entries on, a collective is costed once per distinct (n, size, per_node) and the result
@@ -98,19 +104,27 @@ def beside(comm_s: Any, compute_s: Any, held: Any) -> Any:
     return np.maximum(comm_s, compute_s + comm_s * held) - compute_s
 
 
-def held_sms(n: Any, per_node: Any, hw: Hardware) -> Any:
+# NVLS channels across nodes (ncclNvlsTuning; reference/nccl_tuning_model.md s.7): 16 on sm90, 32 on sm100 multi-node
+NVLS_TREE_CHANNELS = {False: 16, True: 32}  # keyed by GPU.block_scaling (Blackwell, sm_100+)
+
+
+def held_sms(n: Any, per_node: Any, hw: Hardware, path: Any = None) -> Any:
     """The share of a GPU's SMs NCCL's kernels hold while a collective over ``n`` GPUs (``per_node`` of them in each
     node) runs: one thread block per runtime channel, the NVLink domain's channels for a group inside it, the
     network's for one across domains (every rank of a ring runs all of its channels). 0 where the profile does not
     give its SM count or the link's channels. The link's count is its ring's (all-gather and reduce-scatter run no
-    other algorithm across nodes): an all-reduce NCCL runs as an NVLS-tree across nodes is charged the ring's too."""
+    other algorithm across nodes); an all-reduce whose ``path`` (collective_time_and_path's) is the tree on an
+    NVSwitch that reduces runs as NCCL's NVLS-tree, on the NVLS channels (NVLS_TREE_CHANNELS)."""
     n, per_node = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(per_node, dtype=float))
     sms, chans = hw.gpu.sm_count, [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
     if sms is None or chans == [None, None]:
         return np.zeros(n.shape)
     inside, across = ((c or 0) / sms for c in chans)
     # a search's plans share a handful of groups: each costed once
-    return on_distinct(lambda g, p: _held(g, p, hw, inside, across), n, per_node)
+    share = on_distinct(lambda g, p: _held(g, p, hw, inside, across), n, per_node)
+    if path is None or not hw.intra_node.nvls:
+        return share
+    return np.where(np.asarray(path) == network.TREE, NVLS_TREE_CHANNELS[hw.gpu.block_scaling] / sms, share)
 
 
 def _held(n: Any, per_node: Any, hw: Hardware, inside: float, across: float) -> Any:
@@ -136,4 +150,4 @@ def _p2p(size: Any, hw: Hardware, across: Any) -> Any:
 
 
 __all__ = ["Collective", "PATH_NAMES", "algorithm_name", "bus_factor", "collective_time", "collective_time_and_path",
-           "held_sms", "link_time", "p2p_time", "startup"]
+           "collective_time_and_path_where", "held_sms", "link_time", "p2p_time", "startup"]

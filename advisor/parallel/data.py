@@ -245,16 +245,15 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     hw, eng = w.hw, w.stack.engine
     size = states.dp_params * states.reduce_bytes
     bucket = eng.bucket_MiB * MiB
-    if eng.gradient_reduction == "one_call":
-        total = comm.collective_time(Collective.all_reduce, mesh.dp, size, hw, mesh.dp_per_node, where=ddp)
-    else:  # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
-        n = np.maximum(np.ceil(size / bucket), 1.0)
-        total = n * comm.collective_time(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, where=ddp)
+    # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
+    n = 1.0 if eng.gradient_reduction == "one_call" else np.maximum(np.ceil(size / bucket), 1.0)
+    call, path = comm.collective_time_and_path_where(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, ddp)
+    total = n * call
     embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes
     last = np.minimum(np.maximum(bucket, embedding), size)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     floor = np.where(can_overlap, last_t, total)
-    held = comm.held_sms(mesh.dp, mesh.dp_per_node, hw)  # without overlap hide is 0: beside() is the whole call
+    held = comm.held_sms(mesh.dp, mesh.dp_per_node, hw, path)  # without overlap hide is 0: beside() is the whole call
     return hidden([floor], [comm.beside(np.maximum(total - floor, 0.0), hide, held)], idle)[0]
 
 
