@@ -21,7 +21,7 @@ from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, StackError, list_stacks, load_stack
-from advisor.step import evaluate
+from advisor.step import evaluate, stage_note
 from advisor.training import Precision, Recompute, TrainingSetup
 from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not
 
@@ -330,8 +330,9 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
 def _estimate(spec: ModelSpec, hardware: Hardware, stack: Stack, plan: Plan, setup: TrainingSetup, world: int) -> Estimate:
     grad_accum, _ = resolve_grad_accum(setup, plan)
     w, c = Workload.of(spec, hardware, stack, setup), Candidates.of_plan(plan, setup, grad_accum)
-    return make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, evaluate(w, c),
-                         collectives=collective_picks(w, c))
+    est = make_estimate(spec, hardware, stack.name, plan, setup, world, grad_accum, evaluate(w, c),
+                        collectives=collective_picks(w, c))
+    return est.model_copy(update={"pipeline": stage_note(w, c)})
 
 
 def launch_config(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, format: Optional[str] = None,

@@ -42,6 +42,7 @@ def render_estimate(e) -> str:
         *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (profile price per GPU-hour)"]
           if e.usd_per_million_tokens is not None else []),
         *([e.moe] if e.moe else []),
+        *([e.pipeline] if getattr(e, "pipeline", "") else []),
         "",
         "time breakdown (per step):",
     ]

@@ -70,6 +70,8 @@ class Estimate(Result):
     host_memory_bytes: float = 0.0
     # mixture of experts: active parameters and how routing is costed (advisor.parallel.expert.moe_note); "" if dense
     moe: str = ""
+    # how the layers sit on the pipeline ranks and which rank set the step (advisor.step.stage_note): estimate only
+    pipeline: str = ""
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:

@@ -123,6 +123,31 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
 
 
+def stage_note(w: Workload, c: Candidates) -> str:
+    """How the plan (row 0 of ``c``) lays its layers over the pipeline ranks, and which rank's step ``evaluate`` took
+    ("" without a pipeline)."""
+    if int(c.pp[0]) <= 1:
+        return ""
+    alt = w.fsdp_variant()
+    w = alt if alt is not None and int(c.zero[0]) >= 2 and int(c.dp[0]) > 1 else w
+    mesh, model = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus), w.model
+    v = f" ({int(mesh.v[0])} chunks a rank)" if int(mesh.v[0]) > 1 else ""
+    head = f"{model.n_layers} layers on {int(c.pp[0])} ranks{v}"
+    if not pipeline.two_ranks(model, c, _layout(w))[0]:
+        layers = float(np.asarray(pipeline.stage_layers(model, c, mesh, 0.0, 0.0)[0]).reshape(-1)[0])
+        both = "rank 0 holds both ends" if int(c.schedule[0]) in (pipeline.ZB_V, pipeline.DUALPIPE_V) else "a bound"
+        return f"pipeline: {head}; costed as a rank of {layers:g} layers with the embedding and the head ({both})"
+    first, last = _evaluate(w, c, "first"), _evaluate(w, c, "last")
+    t_first = float(first.time.total[0])
+    t_last = float(replace(last.time, pipeline_bubble=first.time.pipeline_bubble).total[0])
+    n_first, n_last = (float(np.asarray(pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r)[0]).reshape(-1)[0])
+                       for r in ("first", "last"))
+    busy = "a middle rank" if bool(pipeline.uneven(c)[0]) and int(c.pp[0]) > 2 else "the first rank"
+    who = "the last rank's" if t_last > t_first else busy + "'s"
+    return (f"pipeline: {head}; {busy} {n_first:g} layers" + ("" if busy == "a middle rank" else " and the embedding")
+            + f" ({t_first:.4g} s a step), the last {n_last:g} and the head ({t_last:.4g} s): the step is {who}")
+
+
 def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) -> Any:
     """The layers whose states (and checkpointing) the rank costed holds: the last rank's own, else the busiest's by
     memory (advisor.parallel.pipeline.memory_layers)."""

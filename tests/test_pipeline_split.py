@@ -235,3 +235,22 @@ def test_the_same_layout_costs_the_same_under_either_split():
     kw = dict(model=m, hw="dgx-h100", gpus=8, pp=8, micro_batch=1, global_batch=32, seq=1024, stack="megatron-core")
     even, edges = estimate(**kw), estimate(**kw, pp_split="edges")
     assert edges.step_time_s == pytest.approx(even.step_time_s, rel=2e-3)
+
+
+def test_estimate_says_which_rank_set_the_step():
+    """Llama 3 8B's 32 layers on 3 megatron-core ranks: 11 on the first (and the embedding), 10 on the last (and the
+    head, whose 128,256-wide logits and loss outweigh a layer: the last sets the step); the estimate says so, with
+    both ranks' step times, the larger of which is the step. A divisible split says it costs a bound; a V schedule's
+    rank 0 holds both ends; no pipeline, no note."""
+    kw = dict(model="llama3-8b", hw="dgx-h100", global_batch=64, seq=4096)
+    est = estimate(**kw, gpus=6, pp=3, dp=2, stack="megatron-core")
+    note = est.pipeline
+    assert note.startswith("pipeline: 32 layers on 3 ranks; the first rank 11 layers and the embedding (")
+    assert "the last 10 and the head (" in note and note.endswith("the step is the last rank's")
+    last = float(note.split("the head (")[1].split(" s)")[0])
+    first = float(note.split("the embedding (")[1].split(" s a step")[0])
+    assert last > first and last == pytest.approx(est.step_time_s, rel=1e-3)
+    assert estimate(**kw, gpus=8, pp=4, dp=2, stack="megatron-core").pipeline.endswith("the embedding and the head (a bound)")
+    v = estimate(**kw, gpus=8, pp=2, dp=4, schedule="zb-v", stack="torchtitan").pipeline
+    assert v.endswith("(rank 0 holds both ends)") and "(2 chunks a rank)" in v
+    assert estimate(**kw, gpus=8, stack="megatron-core").pipeline == ""
