@@ -119,7 +119,9 @@ def held_sms(n: Any, per_node: Any, hw: Hardware, path: Any = None) -> Any:
     sms, chans = hw.gpu.sm_count, [link.nccl_channels for link in (hw.intra_node, hw.inter_node)]
     if sms is None or chans == [None, None]:
         return np.zeros(n.shape)
-    inside, across = ((c or 0) / sms for c in chans)
+    # a network whose channels the profile does not give holds the node's: a collective across nodes is never free
+    # beside the compute where one inside the node is not (its ring runs through the node's NVLink as well)
+    inside, across = (chans[0] or 0) / sms, (chans[1] if chans[1] is not None else chans[0] or 0) / sms
     # a search's plans share a handful of groups: each costed once
     share = on_distinct(lambda g, p: _held(g, p, hw, inside, across), n, per_node)
     if path is None or not hw.intra_node.nvls:
