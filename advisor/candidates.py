@@ -167,3 +167,14 @@ def members_per_node(gpus_per_node: int, stride: Any, n: Any) -> Any:
     stride = np.asarray(stride, dtype=float)
     share = np.where(stride >= gpus_per_node, gpus_per_node / stride, np.floor(gpus_per_node / stride))
     return np.minimum(share, np.maximum(np.asarray(n, dtype=float), 1.0))
+
+
+def concat(parts: list[Candidates]) -> Candidates:
+    """The rows of ``parts`` one after another (length-1 fields broadcast; the scalars are the first part's)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for f in fields(Candidates):
+        if f.name not in _SCALARS:
+            out[f.name] = np.concatenate([np.broadcast_to(getattr(p, f.name), (len(p),)) for p in parts])
+    return replace(parts[0], **out)

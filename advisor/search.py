@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from advisor import api
+from advisor.admissible import valid_candidates
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.candidates import Candidates
 from advisor.constraints import drop_setup_violations, violations
@@ -29,8 +30,7 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
-from advisor.space import (MAX_CANDIDATES, block_layers, count_candidates, default_global_batch, enumerate_candidates,
-                           layouts, offloads_of, pair_violations, policies_of, with_experts)
+from advisor.space import default_global_batch
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
@@ -242,8 +242,8 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
                   o: PlanOptions, model_parallel: Optional[bool] = None) -> _Found:
     """The plans of one GPU count in one stack: all of them, or (``model_parallel`` True / False) only those with /
     without TP or PP, which --stack auto costs in different stacks."""
-    valid, n, rejected = _valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
-                                           model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
+    valid, n, rejected = valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
+                                          model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
     valid = drop_setup_violations(valid, setup, stack, rejected)  # adapters beyond DP, an asked TP overlap without SP
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)
@@ -294,55 +294,3 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
                             int(f.plans.grad_accum[i]), f.out, i)
         ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack)))
     return ranked, best_by_kind, near
-
-
-def _round_world(world: int, hw: Hardware) -> int:
-    """A nearby GPU count with few divisors: whole nodes, a power of two of them."""
-    nodes = max(1, world // hw.gpus_per_node)
-    return hw.gpus_per_node * 2 ** (nodes.bit_length() - 1)
-
-
-def _valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
-                      stack: Stack, model_parallel: Optional[bool] = None, seq_len: int = 1, eager: bool = False,
-                      cp: Optional[int] = None) -> tuple[Candidates, int, dict[str, int]]:
-    """(the plans that break no constraint, how many were considered, rejections by reason); ``model_parallel``:
-    only the layouts with (True) or without (False) TP or PP."""
-    multi = world > hardware.gpus_per_node
-    # (tp, pp, cp) layouts that break a layout-only constraint (heads vs tp, layers vs pp, tp across nodes) are
-    # counted, not built: a highly composite world size has thousands of layouts x 5,760 rows each.
-    pairs = layouts(world, spec, seq_len, stack)
-    if model_parallel is not None:
-        pairs = pairs[np.asarray(api.model_parallel(pairs[:, 0], pairs[:, 1], pairs[:, 2]), dtype=bool) == model_parallel]
-    if cp is not None:
-        pairs = pairs[pairs[:, 2] == cp]
-    if cp is not None and not len(pairs):
-        raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
-                        f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")
-    pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack, seq_len, eager)
-    pair_reason = np.full(len(pairs), -1)
-    for j, mask in enumerate(pair_bad.values()):
-        pair_reason = np.where((pair_reason < 0) & mask, j, pair_reason)
-    policies, offloads = policies_of(stack), offloads_of(stack, hardware)
-    pruned_counts = count_candidates(world, pairs[pair_reason >= 0], gb, multi, stack, policies, offloads)
-    kept_pairs = pairs[pair_reason < 0]
-    rows = int(count_candidates(world, kept_pairs, gb, multi, stack, policies, offloads).sum())
-    if rows > MAX_CANDIDATES:
-        raise PlanError(f"{world:,} GPUs give {rows:,} candidate plans for {spec.name}, more than the {MAX_CANDIDATES:,} "
-                        f"one search evaluates; use a GPU count with fewer divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs, stack, policies, offloads), spec)
-    if len(cols) > MAX_CANDIDATES:
-        raise PlanError(f"{world:,} GPUs give {len(cols):,} candidate plans for {spec.name} with its expert-parallel "
-                        f"degrees, more than the {MAX_CANDIDATES:,} one search evaluates; use a GPU count with fewer "
-                        f"divisors (e.g. --gpus {_round_world(world, hardware)})")
-    cols = Candidates(**{**cols.__dict__, "allow_tp_across_nodes": allow_tp_across_nodes,
-                         "recompute_k": block_layers(spec, cols)})
-    bad = violations(cols, spec, hardware, world, stack, seq_len, eager)
-    pruned_by_reason = np.bincount(pair_reason[pair_reason >= 0], weights=pruned_counts, minlength=len(pair_bad))
-    rejected: dict[str, int] = {}
-    ok = np.ones(len(cols), dtype=bool)
-    for j, (reason, mask) in enumerate(bad.items()):
-        newly = int((mask & ok).sum()) + (int(pruned_by_reason[j]) if j < len(pruned_by_reason) else 0)
-        if newly:
-            rejected[reason] = newly
-        ok &= ~mask
-    return cols.take(np.nonzero(ok)[0]), len(cols) + int(pruned_counts.sum()), rejected
