@@ -54,7 +54,9 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
     h0 = next((e.matmul_half_dim[x] for x in (key, r.format, "bf16") if x in e.matmul_half_dim), 0.0)
     n = np.asarray(n, dtype=float)
     k = np.asarray(k, dtype=float)
-    eff = e.matmul_max[key] * n / (n + h0) * k / (k + h0)
+    # a format the profile gives no ceiling for runs at the BF16 kernels' (as the B200 and H200 fits assume for FP8)
+    top = next(e.matmul_max[x] for x in (key, r.format, "bf16", "fp32") if e.matmul_max.get(x) is not None)
+    eff = top * n / (n + h0) * k / (k + h0)
     fixed = next((e.matmul_fixed_us[x] for x in (key, r.format, "bf16") if x in e.matmul_fixed_us), 0.0) * 1e-6 * kernels
     return flops / (hw.gpu.peak_flops_per_s(r.format) * eff) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
@@ -242,7 +244,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     ops = w.selective_recomputes
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     if any(op in POINTWISE for op in ops):  # the pointwise ops a sub-module recomputation names apart
-        parts.update({op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp).items()})
+        parts.update({op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp, ep).items()})
     selective = selected(parts, ops, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
@@ -251,14 +253,14 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
 POINTWISE = ("norms", "mlp/act")  # pointwise_bytes' ops
 
 
-def pointwise_bytes(w: Workload, tp: Any, sp: Any) -> dict[str, Any]:
+def pointwise_bytes(w: Workload, tp: Any, sp: Any, ep: Any = None) -> dict[str, Any]:
     """Bytes per token one GPU moves rerunning the ops a sub-module recomputation names apart (engine.selective
     modules): "norms", the layer's d_model-wide norms (read and write h each, split under sequence parallelism);
     "mlp/act", the MLP activation (a gated one reads 2 f and writes f; f the layer's width, a routed layer's k x the
     experts'; split over TP), in the activation dtype."""
     layer, e = w.layer, w.act_bytes
     norms = 2.0 * e * w.model.d_model * sum(1 for _, width in layer.norms if width == w.model.d_model)
-    f = layer.d_ff * (expert.routed_copies(w) if layer.routed else 1.0)
+    f = layer.d_ff * (expert.routed_copies(w, ep) if layer.routed else 1.0)
     return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
             "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp}
 

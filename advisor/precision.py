@@ -158,8 +158,9 @@ def check_gpu(r: Recipe, gpu_name: str, peaks: dict, block_scaling: bool) -> Opt
     """Why a GPU cannot run a recipe (one line), or None."""
     if r.format not in peaks:
         need = "Hopper or Ada (sm_89+)" if r.format == "fp8" else "Blackwell (sm_100+)"
-        return f"--precision {r.name}: the {gpu_name} has no {r.format.upper()} tensor cores ({need} needed)"
+        return (f"--precision {r.name}: the {gpu_name} profile gives no {r.format} peak (gpu.peak_tflops.{r.format}: "
+                f"{r.format.upper()} tensor cores need {need})")
     if r.needs_block_scaling and not block_scaling:
         return (f"--precision {r.name}: the {gpu_name} has no block-scaled tensor cores ({r.granularity}: Blackwell, "
-                "sm_100+, needed); on Hopper use fp8-tensorwise, fp8-delayed, fp8-rowwise or fp8-blockwise")
+                "sm_100+, needed); on Hopper or Ada use fp8-tensorwise, fp8-delayed, fp8-rowwise or fp8-blockwise")
     return None

@@ -488,3 +488,21 @@ def test_torchaos_mxfp8_casts_each_tensor_twice():
     t, c = (cast_seconds(Workload.of(m, hw, load_stack(s), TrainingSetup(precision="mxfp8", seq_len=8192, stack=s)),
                          8192, 1) for s in ("torchtitan", "megatron-core"))
     assert t / c == pytest.approx(6.0625 / 4.0625)
+
+
+def test_ada_fp8_peaks_from_the_datasheets_and_a_profile_without_an_fp8_ceiling():
+    """The L4 and L40S datasheets give FP8 485 and 1,466 TFLOP/s with sparsity (242.5 and 733 dense): Ada's tensor
+    cores (sm_89) run the FP8 recipes. A profile that gives an FP8 peak but no FP8 GEMM ceiling runs its FP8 GEMMs at
+    the BF16 kernels' (a review found a KeyError there); one that gives no FP8 peak is refused naming the key."""
+    assert load_hardware("l4").gpu.peak_tflops["fp8"] == 242.5
+    assert load_hardware("l40s").gpu.peak_tflops["fp8"] == 733
+    kw = dict(model="llama3-8b", gpus=4, zero=3, micro_batch=1, seq=2048, global_batch=16)
+    l4 = load_hardware("l4")
+    assert "fp8" not in l4.efficiency.matmul_max  # borrowed from dgx-a100: no FP8 there
+    est = estimate(hw="l4", precision="fp8-tensorwise", **kw)
+    # costed: at twice BF16's peak, but its casts read and write 300 GB/s GDDR6 (the forward is no faster here)
+    assert est.step_time_s > 0 and est.breakdown["compute/forward"] != estimate(hw="l4", **kw).breakdown["compute/forward"]
+    with pytest.raises(PlanError, match=r"the RTX-4090-24GB profile gives no fp8 peak \(gpu.peak_tflops.fp8"):
+        estimate(hw="rtx-4090", precision="fp8-tensorwise", **kw)
+    with pytest.raises(PlanError, match="on Hopper or Ada use fp8-tensorwise"):
+        estimate(hw="l40s", precision="mxfp8", **kw)
