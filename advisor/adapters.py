@@ -54,7 +54,9 @@ def dequant_buffer(w: Workload) -> float:
         biggest = max(biggest, w.model.vocab * w.model.d_model)
     out = biggest * (4.0 if dequant_cast(w) else 2.0) if ft.base_quant is not Quant.none else 0.0
     if ft.dora:
-        out += max(n_in * n_out for _, n_in, n_out in target_shapes(w.layer, ft.target_set)) * 2.0
+        # the layers' adapted linears, and the head where adapted (DoRA on lm_head alone has no layer target)
+        head = w.model.vocab * w.model.d_model if "head" in ft.target_set else 0
+        out += max([n_in * n_out for _, n_in, n_out in target_shapes(w.layer, ft.target_set)] + [head]) * 2.0
     return out
 
 

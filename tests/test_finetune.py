@@ -158,7 +158,8 @@ def test_adapters_refuse_tensor_parallelism_where_the_stack_runs_them_data_paral
 
 
 @settings(max_examples=20, deadline=None)
-@given(method=st.sampled_from(["lora", "qlora"]), targets=st.sampled_from(["q_proj,v_proj", "all-linear", "all-linear+head"]),
+@given(method=st.sampled_from(["lora", "qlora"]), targets=st.sampled_from(["q_proj,v_proj", "all-linear", "all-linear+head",
+                                                                         "lm_head"]),
        dora=st.booleans(), bits8=st.booleans(), library=st.sampled_from(["peft", "litgpt", "torchtune"]),
        precision=st.sampled_from(["bf16", "bf16-mixed"]), recompute=st.sampled_from(["none", "selective", "full"]),
        dropout=st.sampled_from([0.0, 0.05]))
@@ -171,6 +172,14 @@ def test_every_option_costs_finite_parts_and_offload_never_costs_memory(method, 
     assert all(np.isfinite(v) and v >= 0 for v in e.breakdown.values())
     off = estimate("llama2-7b", "l40s", adapter_offload="optimizer+activations", **kw)
     assert off.memory.peak_bytes <= e.memory.peak_bytes and off.step_time_s >= e.step_time_s * (1 - 1e-9)
+
+
+def test_dora_on_the_head_alone_takes_the_heads_weight_norm():
+    """peft dora.py get_weight_norm builds W + s B A to take its column norm: adapting lm_head alone (no layer target),
+    the transient is the V x h head's, 32,000 x 4,096 in bf16 for Llama 2 7B (a review found max() of no targets)."""
+    kw = dict(gpus=1, seq=512, method="lora", lora_targets="lm_head", precision="bf16")
+    dora, lora = estimate("llama2-7b", "l40s", dora=True, **kw), estimate("llama2-7b", "l40s", **kw)
+    assert dora.memory.parts["transient"] - lora.memory.parts["transient"] == pytest.approx(32_000 * 4_096 * 2.0, rel=1e-9)
 
 
 def test_qlora_shards_the_quantised_base_under_fsdp():
