@@ -100,7 +100,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
-                 - module_frees(w, mesh.tp, sp))
+                 - module_frees(w, mesh.tp, sp, mesh.ep))
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)
         full = full + routed
@@ -113,14 +113,14 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     return kept, full
 
 
-def module_frees(w: Workload, tp: Any, sp: Any) -> Any:
+def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None) -> Any:
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
     (engine.selective.modules) at the layer's widths, in the activation dtype; d_model split under sequence
     parallelism, the rest over TP."""
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective
-    routed = layer.d_ff * expert.routed_copies(w) if layer.routed else 0.0
+    routed = layer.d_ff * expert.routed_copies(w, ep) if layer.routed else 0.0
     width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
     split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}

@@ -96,7 +96,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
     ep = one(mesh.ep)
     if ep > 1:  # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
-        size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp))
+        size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp, mesh.ep))
         out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
         if w.moe_dispatcher == "flex":
             x = w.model.experts

@@ -66,6 +66,10 @@ class Workload:
             if asked:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
+        elif setup.moe_imbalance > (most := model.experts.n_experts / model.experts.experts_per_token):
+            raise StackError(f"--moe-imbalance {setup.moe_imbalance:g}: a rank of {model.name}'s experts takes at most "
+                             f"E / k = {most:g}x the balanced share ({model.experts.n_experts} experts, top-"
+                             f"{model.experts.experts_per_token}): use a value from 1 to {most:g}")
         trains_in(stack, setup)
         experts = stack.engine.expert_recipes
         if model.experts is not None and setup.precision.recipe is not None and experts is not None \

@@ -83,6 +83,17 @@ def test_imbalance_scales_the_routed_parts_and_a_capacity_caps_it():
     assert "imbalance 1.5x" in hot.moe and "capacity factor 1.25" in capped.moe and "dropless" in base.moe
 
 
+def test_imbalance_is_what_a_rank_can_take():
+    """The busiest of ep ranks holds E / ep experts and takes at most min(k, E / ep) of a token's k copies, min(ep, E / k)
+    times its balanced share k / ep: one rank (ep 1) takes every copy, whatever the routing, and Mixtral's top-2 of 8
+    at most 4x. A review found --moe-imbalance 1000 accepted on one rank (a 150x slower step)."""
+    assert _mixtral(1, moe_imbalance=1.5).step_time_s == pytest.approx(_mixtral(1).step_time_s, rel=1e-12)
+    assert _mixtral(2, moe_imbalance=3.0).step_time_s == pytest.approx(_mixtral(2, moe_imbalance=2.0).step_time_s, rel=1e-12)
+    assert _mixtral(8, moe_imbalance=4.0).step_time_s > _mixtral(8, moe_imbalance=3.0).step_time_s
+    with pytest.raises(AdvisorError, match=r"--moe-imbalance 4.5: a rank of mixtral-8x7b's experts takes at most E / k = 4x"):
+        _mixtral(8, moe_imbalance=4.5)
+
+
 def test_alltoall_bytes_and_time_by_hand():
     """Per MoE layer and micro-batch: dispatch and combine forward, their gradients backward, each GPU sending its
     tokens x top-k hidden states in bf16 (under TP with SP, its sequence share)."""
@@ -368,7 +379,7 @@ def test_routed_activations_as_each_stack_keeps_them():
 
     def saved(stack, precision, **kw):
         w = Workload.of(model, hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision))
-        return float(expert.routed_saved(w, SimpleNamespace(tp=1), False, **kw))  # no TP: the mesh's tp alone
+        return float(expert.routed_saved(w, SimpleNamespace(tp=1, ep=8), False, **kw))  # no TP, EP 8 (balanced: ep unused)
 
     assert saved("megatron-core", "mxfp8") == pytest.approx(k * h * (1 + 1 / 32) + router)
     assert saved("megatron-core", "bf16-mixed") == pytest.approx(k * h * 2 + router)

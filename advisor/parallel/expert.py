@@ -105,12 +105,8 @@ def ep_choices(model: ModelSpec, dp: int, tp: int) -> list[tuple[int, int]]:
     if not model.routed:
         return [(1, tp)]
     n = model.experts.n_experts
-    out = []
-    for etp in sorted({1, tp}, reverse=True):
-        if model.experts.d_ff_expert % etp:
-            continue
-        out += [(ep, etp) for ep in range(1, n + 1) if n % ep == 0 and (dp * tp) % (ep * etp) == 0]
-    return out
+    return [(ep, etp) for etp in sorted({1, tp}, reverse=True) if model.experts.d_ff_expert % etp == 0
+            for ep in range(1, n + 1) if n % ep == 0 and (dp * tp) % (ep * etp) == 0]
 
 
 # --- the layer's parts --------------------------------------------------------------------------------------
@@ -150,9 +146,12 @@ def n_experts(layer: DecoderLayer) -> int:
     return max((lin.copies for lin in expert_linears(layer)), default=1)
 
 
-def load(w) -> float:
-    """The busiest rank's routed tokens over the balanced share: the imbalance, capped by the capacity factor."""
-    return min(w.moe_imbalance, w.moe_capacity_factor or w.moe_imbalance)  # (a capacity factor is > 0 or None)
+def load(w, ep: Any = None) -> Any:
+    """The busiest rank's routed tokens over the balanced share: the imbalance (at most E / k: advisor.workload refuses
+    more), capped by the capacity factor and by ``ep``: min(ep, E / k) is what a rank of E / ep experts can take (at
+    most min(k, E / ep) of a token's k copies, its balanced share k / ep), one rank taking every copy 1."""
+    asked = min(w.moe_imbalance, w.moe_capacity_factor or w.moe_imbalance)  # (a capacity factor is > 0 or None)
+    return asked if ep is None else np.minimum(asked, np.maximum(np.asarray(ep, dtype=float), 1.0))
 
 
 def moe_note(model: ModelSpec, setup) -> str:
@@ -182,7 +181,7 @@ def gemm_shape(w, lin: Linear, tokens: Any, tp: Any, ep: Any, etp: Any) -> tuple
     docstring)."""
     hw, math = w.hw, w.math
     tp, ep, etp = (np.asarray(x, dtype=float) for x in (tp, ep, etp))
-    busy = load(w)
+    busy = load(w, ep)
     flops = lin.flops_per_token * tokens / tp * busy
     n, k = (lin.n_out / etp, lin.n_in) if lin.split is Split.column else (lin.n_out, lin.n_in / etp)
     rows = tokens * lin.active * ep * etp / (tp * lin.copies) * busy
@@ -207,7 +206,7 @@ def permute_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any) -> tuple[Any, Any]:
     share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
     sorted_chunks = (np.asarray(ep) > 1) & (n_experts(layer) / np.asarray(ep, dtype=float) > 1)
     sort = np.where(sorted_chunks & (w.moe_dispatcher != "flex"), 4.0 * k, 0.0)
-    per_token = h * w.act_bytes * load(w) / share
+    per_token = h * w.act_bytes * load(w, ep) / share
     fwd = tokens * per_token * (2.0 * k + 2.0 + sort)
     return fwd, fwd + tokens * per_token * k
 
@@ -236,16 +235,16 @@ def batch_overlap_share(c: Candidates, mesh: Mesh) -> Any:
     return np.where(allowed, share, 0.0)
 
 
-def routed_copies(w) -> float:
-    """A token's routed copies as the busiest expert-parallel rank sees them: top-k x its load (``load``)."""
-    return top_k(w.layer) * load(w)
+def routed_copies(w, ep: Any = None) -> Any:
+    """A token's routed copies as the busiest of ``ep`` ranks sees them: top-k x its load (``load``)."""
+    return top_k(w.layer) * load(w, ep)
 
 
-def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any) -> Any:
+def alltoall_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any = None) -> Any:
     """Bytes one GPU sends in one dispatch (or combine): its tokens (its sequence-parallel share under TP) x top-k
-    hidden states in the activation dtype, at the busiest rank's load."""
+    hidden states in the activation dtype, at the busiest of ``ep`` ranks' load."""
     share = np.where(np.asarray(sp, dtype=bool), np.asarray(tp, dtype=float), 1.0)
-    return tokens / share * routed_copies(w) * w.model.d_model * w.act_bytes
+    return tokens / share * routed_copies(w, ep) * w.model.d_model * w.act_bytes
 
 
 def dispatch_time(w, mesh: Mesh, size: Any, on: Any) -> Any:
@@ -277,7 +276,7 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
     ``partners``: one layer's (attention forward, MLP forward, MLP backward, attention backward) seconds, what a
     combined step runs them beside under the batch overlap."""
     on = mesh.ep > 1
-    size = alltoall_bytes(w, tokens, mesh.tp, c.sp)
+    size = alltoall_bytes(w, tokens, mesh.tp, c.sp, mesh.ep)
     one = dispatch_time(w, mesh, size, on)
     etp_on = mesh.etp > 1  # the received tokens gathered over the etp ranks, the outputs reduce-scattered
     etp_per_node = np.minimum(mesh.etp, w.hw.gpus_per_node)
@@ -342,7 +341,7 @@ def routed_saved(w, mesh: Mesh, sp: Any, exchanged: bool = False) -> Any:
     sequence is (sequence parallelism, which EP with TP needs)."""
     eng, r, act = w.stack.engine, w.precision.recipe, w.act_bytes
     share = np.where(np.asarray(sp, dtype=bool), mesh.tp, 1.0)
-    copies = routed_copies(w) * w.model.d_model
+    copies = routed_copies(w, mesh.ep) * w.model.d_model
     if exchanged:
         return 2.0 * copies * act / share
     inputs = r.stored_bytes if (r is not None and eng.quantised_inputs is not None) else act
