@@ -386,3 +386,29 @@ def test_a_long_sequence_that_fits_only_split_is_told_the_gpus_that_fit_it():
     m = re.search(r"it fits on --gpus ([\d,]+) \(([^)]*CP=\d+[^)]*)\)", msg)
     assert m, msg
     assert plan(gpus=int(m.group(1).replace(",", "")), **kw).plans
+
+
+def test_out_never_overwrites_a_file_the_command_reads(tmp_path):
+    """--out naming the --hw profile, the --model config.json or the --stack profile (or a link to one) is refused
+    before anything is written: a review found `export --out` replacing the profile it read with a DeepSpeed JSON."""
+    from pathlib import Path
+
+    import advisor
+
+    tried("cli")
+    shipped = Path(advisor.__file__).parent.parent / "hardware_profiles" / "dgx-h100.yaml"
+    hw = tmp_path / "mine.yaml"
+    hw.write_text(shipped.read_text().replace("name: dgx-h100", "name: mine", 1))
+    before = hw.read_text()
+    (tmp_path / "link.yaml").symlink_to(hw)
+    for args, option in ((["export", "--format", "deepspeed", "--out", str(hw)], "--hw"),
+                         (["plan", "--top", "1", "--out", str(hw)], "--hw"),
+                         (["plan", "--top", "1", "--out", str(tmp_path / "link.yaml")], "--hw")):
+        assert_one_line_error([args[0], "--model", "gpt2", "--hw", str(hw), "--gpus", "8", *args[1:]],
+                              f"is the {option} file this command reads")
+    assert hw.read_text() == before
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 100, "n_positions": 64}')
+    assert_one_line_error(["plan", "--model", str(cfg), "--hw", "dgx-h100", "--out", str(cfg)], "is the --model file")
+    code, _, _ = run_main(["plan", "--model", str(cfg), "--hw", "dgx-h100", "--top", "1", "--out", str(tmp_path / "o.txt")])
+    assert code == 0 and (tmp_path / "o.txt").read_text().strip()  # elsewhere, the ranking is written
