@@ -57,6 +57,17 @@ NOTHING_USABLE = [
     ("a 1e18 FLOP/s matmul", [{"kind": "matmul", "math": "bf16", "m": 8192, "k": 8192, "n": 8192, "time_s": 1e-6, "status": "ok"}],
      ["1.1e+18 FLOP/s", "faster than any GPU"]),
     ("optimizer row without params", [{"kind": "adamw_step", "impl": "fused", "s": 1e-3}], ["params"]),
+    # JSON numbers only (a review found true read as 1 s, "8" as 8 ranks, and a 401-digit integer an OverflowError)
+    ("time_s true", [{**ROW, "size_bytes": 2**k, "time_s": True} for k in (10, 11, 12)],
+     ["r.jsonl:1", "needs a number in 'time_s' (got True)"]),
+    ("n_ranks as a string", [{**ROW, "n_ranks": "8", "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],
+     ["r.jsonl:1", "needs a number in 'n_ranks' (got '8')"]),
+    ("401-digit ranks", [{**ROW, "n_ranks": 10**400, "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],
+     ["r.jsonl:1", "needs a number in 'n_ranks' (got 1000000000"]),
+    ("sdpa shape as a string", [{"kind": "sdpa_fwd", "time_s": 1e-3, "b": "x", "heads": 8, "s": 1024, "d": 64}],
+     ["r.jsonl:1", "needs a number in 'b' (got 'x')"]),
+    ("an optimizer no profile has", [{"kind": "optimizer", "optimizer": "lion", "params": 10**6, "time_s": 1e-3}],
+     ["unknown optimizer 'lion' (known: adamw, adamw-fused, sgd)"]),
 ]
 
 

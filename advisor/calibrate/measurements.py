@@ -12,6 +12,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -108,6 +109,9 @@ def repair_torn_tail(path: str | Path) -> int:
     return len(data) - keep
 
 
+# the optimizer steps a row may time: what `advisor calibrate` times (advisor.calibrate.microbench) and the profiles'
+# optimizer_bandwidth keys (advisor.training.Optimizer)
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
 _LINKS = ("intra", "inter", "world")  # world: all GPUs of several nodes, with per_node
 _KINDS = ("collective", "overlap", "matmul", "copy", "optimizer", "sdpa_fwd")
 
@@ -135,20 +139,38 @@ def _check_row(row: dict, where: str) -> dict:
     need = {"collective": ("n_ranks", "size_bytes", "time_s"), "copy": ("bytes_moved", "time_s"),
             "overlap": ("n_ranks", "size_bytes", "time_s", "compute_s", "collective_s"),
             "optimizer": ("params", "time_s"), "matmul": ("m", "n", "k", "time_s"), "sdpa_fwd": ("time_s",)}[kind]
-    for key in need:
+    shape = ("b", "heads", "s", "d") if kind == "sdpa_fwd" and any(k in row for k in ("b", "heads", "s", "d")) else ()
+    for key in need + shape:
         val = row.get(key)
-        try:
-            num = float(val)
-        except (TypeError, ValueError):
-            raise CalibrationError(f"{where}: {kind} row needs a number in {key!r} (got {val!r})") from None
+        num = _number(val)
+        if num is None:  # JSON numbers only: true, "8" and 1e400-sized integers are a damaged or hand-made row
+            raise CalibrationError(f"{where}: {kind} row needs a number in {key!r} (got {_short(val)})")
         if not (np.isfinite(num) and num > 0):
-            raise CalibrationError(f"{where}: {key}={val!r} must be a positive finite number")
+            raise CalibrationError(f"{where}: {key}={_short(val)} must be a positive finite number")
+    if kind == "optimizer" and row.get("optimizer") not in OPTIMIZERS:
+        raise CalibrationError(f"{where}: unknown optimizer {_short(row.get('optimizer'))} (known: {', '.join(OPTIMIZERS)})")
     if kind in ("collective", "overlap"):
         _check_collective(row, where)
     if kind == "overlap":
         _check_overlap(row, where)
     _check_physical(row, where)
     return row
+
+
+def _number(val) -> Optional[float]:
+    """A JSON number as a float (None for anything else: a bool, a string, an integer too large for a float)."""
+    if isinstance(val, bool) or not isinstance(val, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        return float(val)
+    except OverflowError:
+        return None
+
+
+def _short(val) -> str:
+    """A value for a one-line message, cut where it is long (a 400-digit integer)."""
+    text = repr(val)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_overlap(row: dict, where: str) -> None:
