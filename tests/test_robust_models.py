@@ -86,6 +86,8 @@ BAD_CONFIGS = [
     (json.dumps(_cfg(LLAMA, intermediate_size=-1)), ["'intermediate_size'", "got -1"]),
     (json.dumps(_cfg(LLAMA, num_hidden_layers=None)), ["n_layers"]),
     (json.dumps(_cfg(LLAMA, max_position_embeddings="long")), ["'max_position_embeddings' must be an integer, not the string 'long'"]),
+    # past Python's 4,300-digit int conversion (a review found a bare ValueError)
+    (json.dumps(GPT2).replace('"vocab_size": 50257', '"vocab_size": ' + "9" * 5000), ["a number of thousands of digits"]),
 ]
 
 
@@ -96,6 +98,19 @@ def test_bad_config_json_is_one_line_exit_2(text, needles, tmp_path):
     f.write_text(text)
     for arg in (str(f), str(tmp_path)):  # the file, or the directory holding it
         assert_one_line_error(["estimate", "--model", arg, "--hw", "dgx-a100"], str(f), *needles)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_json(tmp_path):
+    """Windows editors save config.json with a UTF-8 byte-order mark: read as the same model (it was refused)."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(GPT2), encoding="utf-8-sig")
+    assert f.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert model_from_hf_config(f).n_params == model_from_hf_config(_write(tmp_path / "plain.json", GPT2)).n_params
+
+
+def _write(path, cfg: dict):
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 def test_binary_config(tmp_path):

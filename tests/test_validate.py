@@ -391,6 +391,15 @@ def test_cli_plot_writes_readable_pngs(tmp_path):
         assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
 
 
+def test_cli_plot_refuses_what_cannot_be_a_folder_before_the_run(tmp_path):
+    """A --plot that exists and is not a directory (a file, /dev/null: a review found FileExistsError) is one line."""
+    (tmp_path / "f").write_text("")
+    for target in (tmp_path / "f", "/dev/null", tmp_path / "f" / "below"):
+        res = CliRunner().invoke(validate_command, ["--dataset", "titan", "--plot", str(target)])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output  # click's own refusal for a file
+        assert "give a directory" in res.output or "is a file" in res.output, res.output
+
+
 def test_advisor_import_stays_light():
     """`advisor --help` must not pay for the validation stack (scipy, matplotlib, the datasets)."""
     code = "import sys, advisor.cli; print(sorted(m for m in ('validation', 'scipy', 'matplotlib') if m in sys.modules))"

@@ -68,6 +68,13 @@ def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[Path]) ->
     """Compare the model with measured runs (seeds, vTrain, nccl-tests, H100 steps, published tables)."""
     from validation import validate as v
 
+    if plot_dir is not None:  # made before the run: a --plot that cannot be a folder is one line, not a traceback
+        if plot_dir.exists() and not plot_dir.is_dir():
+            raise click.UsageError(f"--plot {plot_dir} exists and is not a directory: give a directory (it is created)")
+        try:
+            plot_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.UsageError(f"--plot {plot_dir}: {exc.strerror or exc}: give a directory (it is created)") from None
     report = v.run(list(names) or None)
     written = []
     if plot_dir is not None:

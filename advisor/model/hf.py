@@ -13,10 +13,16 @@ from advisor.model.spec import ModelError, ModelSpec
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face config.json offline: any family in advisor.model.families.FAMILIES."""
     origin = str(path)
+    # a byte-order mark (Windows editors write one) is not part of the JSON; an integer of more digits than Python
+    # converts (4,300) is no model's size: both named, not a ValueError
+    text = read_text(path, "Hugging Face config.json", ModelError).removeprefix("\ufeff")
     try:
-        cfg = json.loads(read_text(path, "Hugging Face config.json", ModelError))
+        cfg = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ModelError(f"{origin}: malformed JSON ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
+    except ValueError as exc:  # int() beyond sys.get_int_max_str_digits
+        raise ModelError(f"{origin}: a number of thousands of digits ({str(exc).splitlines()[0][:60]}): no model has "
+                         "one; check the file") from None
     if not isinstance(cfg, dict):
         raise ModelError(f"{origin}: config.json must be a JSON object")
     p = Path(path)

@@ -192,7 +192,8 @@ def llama4_text(c: Config) -> dict:
         raise c.error("'layer_types' has chunked_attention layers but 'attention_chunk_size' is null")
     d["nope_layers"] = tuple(i for i, r in enumerate(rope) if not r)
     chunks = [chunk if t == "chunked_attention" else None for t in types]
-    return _with_runs(d, chunks, [i not in moe for i in range(n)], key="chunk")
+    routed = set(moe)  # a set: a list made this quadratic in the layers (100,000 took a minute)
+    return _with_runs(d, chunks, [i not in routed for i in range(n)], key="chunk")
 
 
 def glm4_moe(c: Config) -> dict:
