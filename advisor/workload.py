@@ -66,6 +66,9 @@ class Workload:
             if asked:
                 raise StackError(f"{', '.join(asked)}: {model.name} has no routed experts (a dense model): drop "
                                  f"{'it' if len(asked) == 1 else 'them'}")
+        elif setup.moe_overlap == "shared_experts" and not model.experts.d_ff_shared:
+            raise StackError(f"--moe-overlap shared-experts: {model.name} has no shared experts to run beside the "
+                             "all-to-alls: use --moe-overlap none or batch")
         elif setup.moe_imbalance > (most := model.experts.n_experts / model.experts.experts_per_token):
             raise StackError(f"--moe-imbalance {setup.moe_imbalance:g}: a rank of {model.name}'s experts takes at most "
                              f"E / k = {most:g}x the balanced share ({model.experts.n_experts} experts, top-"

@@ -331,6 +331,7 @@ WRITE_SITES = {
     "advisor/io.py": ["os.fdopen(fd, \"w\", encoding=\"utf-8\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
     "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
+    "validation/cli.py": ["plot_dir.mkdir("],  # --plot DIR, made before the run
     # calibrate --out PROFILE.yaml: its folder created, its lock file beside it (removed at the end), then
     # advisor/io.py write_atomic; the results JSONL beside it is appended by the worker below
     "advisor/calibrate/output.py": ["path.parent.mkdir(", "os.unlink(lock)"],
