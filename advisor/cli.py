@@ -97,6 +97,9 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
 
     model, hw = kw.pop("model"), kw.pop("hw")
     _not_an_input(out, model, hw, kw.get("stack"))
+    if export_kind and as_json:  # as `advisor export` refuses it
+        _fail(f"--json does not apply with --export: the config is written in its own format (drop --json; or drop --export "
+              "for the ranking as JSON)")
     recipes = None
     if kw.get("precision") == "auto":  # every precision the GPU has, ranked by their best plans (advisor.search)
         from advisor.precision_search import rank_precisions

@@ -413,3 +413,9 @@ def test_out_never_overwrites_a_file_the_command_reads(tmp_path):
     assert_one_line_error(["plan", "--model", str(cfg), "--hw", "dgx-h100", "--out", str(cfg)], "is the --model file")
     code, _, _ = run_main(["plan", "--model", str(cfg), "--hw", "dgx-h100", "--top", "1", "--out", str(tmp_path / "o.txt")])
     assert code == 0 and (tmp_path / "o.txt").read_text().strip()  # elsewhere, the ranking is written
+
+
+def test_plan_export_refuses_json_as_export_does():
+    tried("cli")
+    assert_one_line_error(["plan", "--model", "gpt2", "--hw", "dgx-h100", "--gpus", "8", "--export", "deepspeed", "--json"],
+                          "--json does not apply with --export")
