@@ -276,3 +276,31 @@ def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
     second: host.cpu_adam_Gparams_per_s)."""
     shard = states.trained / dp_shard
     return shard * 2.0 * states.grad_bytes / host_link_bytes_per_s(w.hw)  # an adapter weight is held as its gradient is
+
+
+# Host work an adapted or quantised linear adds to a layer per pass, as (ops, GEMM calls) the host model (advisor.host)
+# prices, read from the code. A LoRA adapter (PEFT 0.21 tuners/lora/layer.py Linear.forward; litgpt lora.py
+# LoRALinear.forward): lora_A and lora_B (2 GEMM calls), the scaling's mul and the add, and the dropout where p > 0;
+# backward: each GEMM's input and weight gradients (4 calls), the mul's, the dropout's. A bitsandbytes 0.41.1 NF4 weight
+# (autograd/_functions.py MatMul4Bit, functional.py dequantize_4bit) in forward and again in backward: the autograd
+# Function's own dispatch, torch.empty, the ctypes kernel launch, .to(A.dtype), .t(): 5; double quantisation first
+# dequantises the absmax (dequantize_blockwise: torch.empty, code.to(device), its kernel; then absmax += offset): 4 more.
+# litgpt's QLoRA runs on the fine-tuning rows measured +28 us (Llama 2 7B), +27 (13B), +31 (Phi-1.5) and +23
+# (StableLM 3B) a dequantisation with double quantisation than without (validation/data/finetune_runs.yaml): 4 ops.
+# torchao's NF4 (torchtune) is not read here: its dequantisation's host work is not counted.
+LORA_HOST = ((2, 2), (2, 4))  # (forward ops, forward GEMM calls), (backward ops, backward GEMM calls) an adapter
+NF4_HOST_OPS, DOUBLE_QUANT_HOST_OPS = 5, 4
+
+
+def host_work(layer, ft) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward ops, forward GEMM calls), (backward ops, backward GEMM calls)) a layer's adapters and the
+    dequantisation of its quantised linears add to what the host issues (the comment above)."""
+    if not ft.adapters:
+        return (0.0, 0.0), (0.0, 0.0)
+    n = len(target_shapes(layer, ft.target_set))
+    drop = 1.0 if ft.lora_dropout > 0.0 else 0.0
+    (fo, fg), (bo, bg) = LORA_HOST
+    deq = 0.0
+    if ft.base_quant is Quant.nf4 and ft.library is not Library.torchtune:
+        deq = len(layer.linears) * (NF4_HOST_OPS + (DOUBLE_QUANT_HOST_OPS if ft.double_quant else 0))
+    return (n * (fo + drop) + deq, n * fg), (n * (bo + drop) + deq, n * bg)

@@ -212,3 +212,34 @@ def test_adapter_offload_copies_over_the_profiles_own_host_link():
     assert host_link_bytes_per_s(load_hardware("dgx-h100")) == pytest.approx(50e9)
     assert load_hardware("l40s").host is None and host_link_bytes_per_s(load_hardware("l40s")) == HOST_LINK_BYTES_PER_S
     assert HOST_LINK_BYTES_PER_S == pytest.approx(25.2e9)
+
+
+def test_adapters_and_dequantisation_add_host_work_read_from_their_code():
+    """Llama 2 7B (q, k, v fused as one linear of five a layer) with LoRA on q and v: each adapter issues 2 GEMM calls
+    and 2 ops forward, 4 calls and 2 ops backward (PEFT / litgpt LoRALinear); each NF4 linear 5 ops a dequantisation,
+    forward and backward (bitsandbytes 0.41.1 MatMul4Bit), 4 more under double quantisation (dequantize_blockwise,
+    absmax += offset). The host time double quantisation adds a layer is those 2 x 5 x 4 ops at the op's cost."""
+    from advisor import host
+    from advisor.adapters import host_work
+    from advisor.finetune import FineTune, Library, Method, Quant
+    from advisor.hardware import load_hardware
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    layer = load_model("llama2-7b").layer
+    assert len(layer.linears) == 5
+    qlora = FineTune(method=Method.qlora, targets="q,v", quant=Quant.nf4, library=Library.litgpt)
+    assert host_work(layer, qlora) == ((2 * 2 + 5 * 9, 2 * 2), (2 * 2 + 5 * 9, 2 * 4))
+    assert host_work(layer, qlora.model_copy(update={"double_quant": False})) == ((2 * 2 + 5 * 5, 4), (2 * 2 + 5 * 5, 8))
+    assert host_work(layer, qlora.model_copy(update={"library": Library.torchtune})) == ((4, 4), (4, 8))  # torchao: unread
+
+    def layer_host(ft):
+        w = Workload.of(load_model("llama2-7b"), load_hardware("a100-40gb-pcie"), load_stack("litgpt"),
+                        TrainingSetup(seq_len=512, precision="bf16", finetune=ft))
+        return w, host.layer_host_times(w, 1, 0)
+
+    w, dq = layer_host(qlora)
+    _, plain = layer_host(qlora.model_copy(update={"double_quant": False}))
+    launch, _ = host.op_costs(w)
+    assert float(dq.fwd_s - plain.fwd_s) == pytest.approx(5 * 4 * launch) and float(dq.bwd_s - plain.bwd_s) == pytest.approx(5 * 4 * launch)
