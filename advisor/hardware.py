@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 
 from advisor.errors import AdvisorError
 from advisor.host_side import Host
-from advisor.profiles import ProfileKind, to_yaml
+from advisor.profiles import ProfileKind, fitted_latency, to_yaml
 from advisor.spec import Spec
 from advisor.units import GB, TFLOP, Gbit, GiB
 
@@ -314,7 +314,8 @@ def profile_dirs() -> list[Path]:
     return [d for d in (PROFILE_DIR, _PACKAGED_PROFILE_DIR) if d.is_dir()]
 
 
-HARDWARE = ProfileKind("hardware profile", profile_dirs, HardwareError, "advisor profiles", whole=frozenset({"fit"}))
+HARDWARE = ProfileKind("hardware profile", profile_dirs, HardwareError, "advisor profiles", whole=frozenset({"fit"}),
+                       check=fitted_latency)
 
 
 def list_profiles() -> list[str]:

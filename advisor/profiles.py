@@ -38,6 +38,8 @@ class ProfileKind:
     error: type[AdvisorError]
     list_command: str  # the command that lists them ("advisor profiles")
     whole: frozenset[str] = frozenset()  # mapping keys a child replaces whole
+    # what a child may not change over its base's merged mapping: (base, child) -> why, or None
+    check: Optional[Callable[[dict, dict], Optional[str]]] = None
 
     def names(self) -> list[str]:
         found: set[str] = set()
@@ -147,7 +149,24 @@ class ProfileKind:
         if any(path.resolve() == seen for _, seen in chain[:-1]):
             raise self.error(f"{chain[0][0]}: base cycle {' -> '.join(shown for shown, _ in chain)}: "
                              "remove one of these base: keys")
-        return merge(self._data(base_text, chain, path.parent), data, self.whole)
+        merged_base = self._data(base_text, chain, path.parent)
+        why = self.check(merged_base, data) if self.check is not None else None
+        if why:
+            raise self._chain_error(chain[:-1], why)
+        return merge(merged_base, data, self.whole)
+
+
+def fitted_latency(base: dict, child: dict) -> Optional[str]:
+    """A hardware profile's link whose latency the child changes while it keeps the base's ``fit``: a link's
+    ``latency_us`` is its datasheet figure, and the fit's start-ups are what the model costs, so the change would cost
+    nothing, silently."""
+    for key in ("intra_node", "inter_node"):
+        link, inherited = child.get(key), base.get(key)
+        if (isinstance(link, dict) and "latency_us" in link and "fit" not in link and isinstance(inherited, dict)
+                and isinstance(inherited.get("fit"), dict) and link["latency_us"] != inherited.get("latency_us")):
+            return (f"{key}.latency_us {link['latency_us']!r} is not costed: the base's {key}.fit is (its start-up "
+                    f"fit.latency_us, measured): give {key}.fit, e.g. from advisor calibrate")
+    return None
 
 
 def merge(base: dict, child: dict, whole: frozenset[str] = frozenset()) -> dict:

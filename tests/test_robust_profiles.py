@@ -108,6 +108,9 @@ BAD_PROFILES = [
     ("name: x\ndescription: y\nbase: dgx-a100\ngpu: {sm_count: 16}", ["intra_node.nccl_channels=24", "gpu.sm_count=16"]),
     ("name: x\ndescription: y\nbase: dgx-a100\nefficiency: {framework_overhead_GiB: 500}",
      ["framework_overhead_GiB=500", "gpu.memory_GiB"]),
+    # a link's latency_us is its datasheet figure; the fit's start-up is costed: a changed one was silently ignored
+    ("name: x\ndescription: y\nbase: dgx-h100\ninter_node: {latency_us: 1000000}",
+     ["inter_node.latency_us 1000000 is not costed", "give inter_node.fit"]),
 ]
 
 
