@@ -196,6 +196,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers"
+            elif reason.startswith("interleaved schedule needs the micro-batch count"):
+                reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
+                          "--global-batch to micro-batch x dp x a multiple of pp)")
             elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
                 runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
                 reason = f"{reason} (it runs {runs}: use those, or another --stack)"
