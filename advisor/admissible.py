@@ -78,7 +78,7 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
     # the layouts' rows a slice at a time; the expert degrees multiply a slice's rows, which is halved until they fit
     todo = list(_slices(rows, MAX_CANDIDATES)) if spec.routed or rows.sum() > MAX_CANDIDATES else [np.arange(len(rows))]
     kept, considered, rejected = [], int(pruned_counts.sum()), {}
-    first = True
+    first, built = True, 0  # rows built and checked (the pruned layouts' are counted, never built)
     while todo:
         idx = todo.pop(0)
         cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs[idx], stack, policies, offloads), spec)
@@ -89,9 +89,9 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
             _too_many(world, len(cols), spec, hardware)
         ok = _admit(cols, spec, hardware, world, stack, seq_len, eager, allow_tp_across_nodes, rejected,
                     pruned if first else None)
-        first, considered = False, considered + len(cols)
-        if considered > SCANNED_SLICES * MAX_CANDIDATES:  # the expert degrees took the rows past it
-            _too_many(world, considered, spec, hardware)
+        first, considered, built = False, considered + len(cols), built + len(cols)
+        if built > SCANNED_SLICES * MAX_CANDIDATES:  # the expert degrees took the rows past it
+            _too_many(world, built, spec, hardware)
         kept.append(ok)
     for j, reason in enumerate(pair_bad):  # no layout left to build: the pruned ones counted alone
         if first and pruned[j]:
