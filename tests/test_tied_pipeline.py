@@ -77,3 +77,12 @@ def test_v_schedule_rank_0_holds_both_untied_tables():
     table = (128_256 * 4_096 + 4_096) * 2.0
     assert v.memory.parts["weights"] - one.memory.parts["weights"] == pytest.approx(table, rel=1e-9)
     assert v.memory.peak_bytes > one.memory.peak_bytes
+
+
+def test_torchtitan_0_2_v_schedule_rank_0_holds_both_copies_of_a_tied_table():
+    """torchtitan 0.2.2 builds each stage from a deep copy: a V schedule's rank 0 runs stage 0 (tok_embeddings) and the
+    last stage (output), two copies of SmolLM3's tied 128,256 x 2,048 table; 1F1B's first rank one. The weights
+    differ by a table and the final norm (2,048), in the bf16 weights the plan holds (a review found one table)."""
+    kw = dict(model="smollm3-3b", hw="dgx-h100", dp=2, pp=2, zero=1, global_batch=64, seq=2048, stack="torchtitan-0.2")
+    v, one = estimate(**kw, schedule="zb-v"), estimate(**kw, schedule="1f1b")
+    assert v.memory.parts["weights"] - one.memory.parts["weights"] == pytest.approx((128_256 * 2_048 + 2_048) * 2.0)

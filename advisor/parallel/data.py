@@ -102,7 +102,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     eng = w.stack.engine
     # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
     p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
-    outside = pipeline.params_outside_layers(m, mesh.pp, c.schedule) / tp
+    outside = pipeline.params_outside_layers(m, mesh.pp, c.schedule, eng.tied_pipeline == "untied") / tp
     # uneven split: ``layers`` is u - 1, and the busiest rank holds the first's embedding or a middle rank's u-th layer
     edges = pipeline.uneven(c)
     outside = np.where(edges, np.maximum(outside, p_layer), outside) if np.any(edges) else outside

@@ -41,12 +41,13 @@
   over its own link and the receiving stage all-gathers it on the intra-node link. Under sequence parallelism
   the activation is already split. A boundary leaves NVLink once a stage fills an NVLink domain (a node, or a rack).
 - Tied embeddings: the first stage's embedding and the last's head are then one V x h table held twice, and each
-  step, after the data-parallel reduction, the two end stages all-reduce its gradient (``tied_sync_time``;
-  megatron-core 0.16.1 distributed/finalize_model_grads.py _allreduce_embedding_grads over the embedding group,
-  DeepSpeed's PipelineModule _exec_reduce_tied_grads, nanotron's sync_tied_weights_gradients): exposed, every
-  TP and data-parallel rank beside its counterpart. A V schedule's rank 0 holds both ends: nothing to sync, and
-  untied, both tables (``params_outside_layers``). torchtitan 0.2 splits a deep copy of the model, so each end
-  keeps its own copy untied (no sync; distributed/pipeline_parallel.py pipeline_module_split); 0.3 refuses the plan.
+  step the two end stages all-reduce its gradient (``tied_sync_time``; megatron-core 0.16.1 distributed/
+  finalize_model_grads.py _allreduce_embedding_grads over the embedding group, after the data-parallel reduction;
+  DeepSpeed's pipeline schedule ReduceTiedGrads, before it; nanotron's sync_tied_weights_gradients): exposed
+  either way, every TP and data-parallel rank beside its counterpart. A V schedule's rank 0 holds both ends:
+  nothing to sync, and untied, both tables (``params_outside_layers``). torchtitan 0.2 builds each stage from a deep
+  copy of the model, so each end keeps its own copy untied (no sync; distributed/pipeline_parallel.py
+  pipeline_module_split), and a V schedule's rank 0 both copies; 0.3 refuses the plan.
 - In flight (Korthikanti et al. 2022, s.4.2.3): GPipe keeps all m micro-batches of its L/p layers, 1F1B
   min(p, m), interleaved 1F1B p micro-batches times (1 + (p - 1) / (p v)); the first stage holds the most.
 
@@ -107,12 +108,14 @@ def layers_per_stage(model: ModelSpec, pp: Any, v: Any = 1.0) -> Any:
     return np.ceil(model.n_layers / (pp * v)) * v
 
 
-def params_outside_layers(model: ModelSpec, pp: Any, schedule: Any = None) -> Any:
+def params_outside_layers(model: ModelSpec, pp: Any, schedule: Any = None, copies: bool = False) -> Any:
     """Parameters of the busiest stage outside its layers: all of them without a pipeline or on a V schedule's rank
-    0 (``schedule``: the plans' schedule codes), else one V x h table (the first stage's embedding or the last's LM
+    0 (``schedule``: the plans' schedule codes; ``copies``: the stack keeps a tied table as two untied copies, one
+    a stage, which that rank then holds both of), else one V x h table (the first stage's embedding or the last's LM
     head) and the learned positions."""
     v_shape = np.isin(schedule, (ZB_V, DUALPIPE_V)) if schedule is not None else False
-    return np.where((pp > 1) & ~v_shape, model.vocab * model.d_model + model.position_params, model.embedding_params)
+    both = model.embedding_params + (model.vocab * model.d_model if copies and model.tied_embeddings else 0)
+    return np.where((pp > 1) & ~v_shape, model.vocab * model.d_model + model.position_params, both)
 
 
 def tied_sync_time(w: Workload, c: Candidates, mesh: Mesh, reduce_bytes: Any) -> Any:
