@@ -93,8 +93,7 @@ class Evaluation:
 def evaluate(w: Workload, c: Candidates) -> Evaluation:
     """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised). Where the stack's FSDP
     runs the layers in half precision (Workload.fsdp_variant), its ZeRO-2/3 plans are costed with those tables."""
-    if w.stack.engine.master_weights == "with_shards":  # ZeRO without ranks to shard over is no ZeRO (torchtitan: no
-        c = replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), 0, c.zero))  # FSDP2 at dp_shard x cp 1, autocast)
+    c = _sharded_only(w, c)
     alt = w.fsdp_variant()
     fsdp = (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
     if not fsdp.any():
@@ -123,12 +122,20 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
 
 
+def _sharded_only(w: Workload, c: Candidates) -> Candidates:
+    """ZeRO without ranks to shard over is no ZeRO where the stack keeps master weights with its shards (torchtitan:
+    no FSDP2 at dp_shard x cp 1, autocast)."""
+    if w.stack.engine.master_weights != "with_shards":
+        return c
+    return replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), 0, c.zero))
+
+
 def stage_note(w: Workload, c: Candidates) -> str:
     """How the plan (row 0 of ``c``) lays its layers over the pipeline ranks, and which rank's step ``evaluate`` took
     ("" without a pipeline)."""
     if int(c.pp[0]) <= 1:
         return ""
-    alt = w.fsdp_variant()
+    c, alt = _sharded_only(w, c), w.fsdp_variant()  # the plan as evaluate costs it
     w = alt if alt is not None and int(c.zero[0]) >= 2 and int(c.dp[0]) > 1 else w
     mesh, model = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus), w.model
     v = f" ({int(mesh.v[0])} chunks a rank)" if int(mesh.v[0]) > 1 else ""
@@ -140,12 +147,13 @@ def stage_note(w: Workload, c: Candidates) -> str:
     first, last = _evaluate(w, c, "first"), _evaluate(w, c, "last")
     t_first = float(first.time.total[0])
     t_last = float(replace(last.time, pipeline_bubble=first.time.pipeline_bubble).total[0])
-    n_first, n_last = (float(np.asarray(pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r)[0]).reshape(-1)[0])
-                       for r in ("first", "last"))
-    busy = "a middle rank" if bool(pipeline.uneven(c)[0]) and int(c.pp[0]) > 2 else "the first rank"
+    one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
+    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r) for r in ("first", "last"))
+    # the rank costed beside the last: the first with the embedding, or a middle one where the first holds fewer
+    busy = "the first rank" if one(embedding) else "a middle rank"
     who = "the last rank's" if t_last > t_first else busy + "'s"
-    return (f"pipeline: {head}; {busy} {n_first:g} layers" + ("" if busy == "a middle rank" else " and the embedding")
-            + f" ({t_first:.4g} s a step), the last {n_last:g} and the head ({t_last:.4g} s): the step is {who}")
+    return (f"pipeline: {head}; {busy} {one(n_first):g} layers" + (" and the embedding" if one(embedding) else "")
+            + f" ({t_first:.4g} s a step), the last {one(n_last):g} and the head ({t_last:.4g} s): the step is {who}")
 
 
 def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) -> Any:

@@ -254,3 +254,17 @@ def test_estimate_says_which_rank_set_the_step():
     v = estimate(**kw, gpus=8, pp=2, dp=4, schedule="zb-v", stack="torchtitan").pipeline
     assert v.endswith("(rank 0 holds both ends)") and "(2 chunks a rank)" in v
     assert estimate(**kw, gpus=8, stack="megatron-core").pipeline == ""
+
+
+@pytest.mark.parametrize("kw, busy", [
+    # torchtitan-0.2 keeps no ZeRO at dp_shard 1 (evaluate's rewrite; a review found the note costing ZeRO-1 there)
+    (dict(model="gemma-3-1b", gpus=4, pp=4, dp=1, zero=1, pp_split="edges", stack="torchtitan-0.2"), "a middle rank 7"),
+    # Megatron's first of 5 ranks holds 6 of Llama 3 8B's 32 layers, a middle one 7 (--decoder-first-pipeline-num-layers)
+    (dict(model="llama3-8b", gpus=5, pp=5, dp=1, stack="megatron-core"), "a middle rank 7 layers ("),
+])
+def test_the_note_names_the_rank_costed_and_its_time_is_the_step(kw, busy):
+    est = estimate(hw="dgx-h100", global_batch=64, seq=2048, **kw)
+    note = est.pipeline
+    assert busy in note and "and the embedding" not in note
+    times = [float(part.split(" s")[0]) for part in note.split("(")[1:3]]
+    assert max(times) == pytest.approx(est.step_time_s, rel=1e-3)
