@@ -281,13 +281,16 @@ def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
 # Host work an adapted or quantised linear adds to a layer per pass, as (ops, GEMM calls) the host model (advisor.host)
 # prices, read from the code. A LoRA adapter (PEFT 0.21 tuners/lora/layer.py Linear.forward; litgpt lora.py
 # LoRALinear.forward): lora_A and lora_B (2 GEMM calls), the scaling's mul and the add, and the dropout where p > 0;
-# backward: each GEMM's input and weight gradients (4 calls), the mul's, the dropout's. A bitsandbytes 0.41.1 NF4 weight
+# backward: each GEMM's input and weight gradients (4 calls), the mul's and the add's, the dropout's. PEFT's QLoRA layer
+# (tuners/lora/bnb.py Linear4bit.forward) adds a clone and a cast, not counted. A bitsandbytes 0.41.1 NF4 weight
 # (autograd/_functions.py MatMul4Bit, functional.py dequantize_4bit) in forward and again in backward: the autograd
 # Function's own dispatch, torch.empty, the ctypes kernel launch, .to(A.dtype), .t(): 5; double quantisation first
 # dequantises the absmax (dequantize_blockwise: torch.empty, code.to(device), its kernel; then absmax += offset): 4 more.
 # litgpt's QLoRA runs on the fine-tuning rows measured +28 us (Llama 2 7B), +27 (13B), +31 (Phi-1.5) and +23
 # (StableLM 3B) a dequantisation with double quantisation than without (validation/data/finetune_runs.yaml): 4 ops.
-# torchao's NF4 (torchtune) is not read here: its dequantisation's host work is not counted.
+# torchao's NF4 (torchtune) is not read here: its dequantisation's host work is not counted. The quantised linears are
+# the layer table's (q, k and v fused as one): Hugging Face's models under PEFT quantise q, k and v apart, 2 more a
+# layer than counted; a mixture of experts' every expert, not counted apart either.
 LORA_HOST = ((2, 2), (2, 4))  # (forward ops, forward GEMM calls), (backward ops, backward GEMM calls) an adapter
 NF4_HOST_OPS, DOUBLE_QUANT_HOST_OPS = 5, 4
 

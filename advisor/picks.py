@@ -126,6 +126,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
                                                          else "NVLink (stages inside one NVLink domain)"))
         on, size, per_node = pipeline.tied_sync(w, c, mesh, states.reduce_bytes)
         if bool(np.asarray(on).reshape(-1)[0]):
+            # shown as a pair on two nodes (the cost spreads the pair as the ranks sit: pipeline.tied_sync)
             out["pp_p2p"] += "; the tied embeddings' gradient " + describe(Collective.all_reduce, 2.0, one(size), hw,
-                                                                           one(per_node)) + " (the end stages, once a step)"
+                                                                           max(one(per_node), 1.0)) + " (the end stages, once a step)"
     return out

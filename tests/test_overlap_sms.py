@@ -64,7 +64,8 @@ def test_ddp_bucket_all_reduces_hold_the_nvswitch_rings_sms():
 @pytest.mark.parametrize("name, channels", [("dgx-h100", 16), ("aws-p6-b200", 32)])
 def test_an_nvls_tree_all_reduce_holds_the_nvls_channels(name, channels):
     """reference/nccl_tuning_model.md s.7 (ncclNvlsTuning): NVLS runs 16 channels on sm90 and 32 on sm100 across
-    nodes; the rings across nodes 32 (H100) and 16 (B200). An all-reduce NCCL runs as an NVLS-tree (the tree across
+    nodes (the summary's SM100 NVLS-tree overrides by NIC bandwidth are not given: B200's is unverified); the rings
+    across nodes 32 (H100) and 16 (B200). An all-reduce NCCL runs as an NVLS-tree (the tree across
     nodes where the NVSwitch reduces) holds the former, an all-gather the ring's; DDP's bucket across two nodes says
     which it holds."""
     from advisor.comm import network

@@ -190,8 +190,9 @@ def travel(row: dict[str, Any]) -> tuple[str, str, Optional[str]]:
     recipe = RECIPES.get((row["model"], row["system"], row["precision"]))
     if (recipe is None or recipe[1] != tuple(row[k] for k in ("tp", "pp", "vp", "ep", "mbs"))
             or row["release"].split()[0] not in WHEELS):
-        # the shared experts' overlap where the model has shared experts to overlap (megatron-core refuses
-        # --moe-shared-expert-overlap without a shared expert size); none for Qwen3's and GPT-OSS's
+        # the shared experts' overlap where the model has shared experts to overlap (megatron-core's
+        # --moe-shared-expert-overlap is a no-op without a shared expert size: transformer_config.py); none for Qwen3's
+        # and GPT-OSS's, as advisor refuses the flag there
         shared = model_spec(row["model"]).experts.d_ff_shared
         return DEFAULT_TRAVEL[0], DEFAULT_TRAVEL[1] if shared else "none", None
     return recipe[2], recipe[3], recipe[0]

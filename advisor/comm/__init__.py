@@ -105,6 +105,7 @@ def beside(comm_s: Any, compute_s: Any, held: Any) -> Any:
 
 
 # NVLS channels across nodes (ncclNvlsTuning; reference/nccl_tuning_model.md s.7): 16 on sm90, 32 on sm100 multi-node
+# (the summary also names SM100 NVLS-tree overrides by NIC bandwidth, not given there: the B200 count is unverified)
 NVLS_TREE_CHANNELS = {False: 16, True: 32}  # keyed by GPU.block_scaling (Blackwell, sm_100+)
 
 

@@ -170,7 +170,7 @@ def routing_note(w) -> str:
     cap = w.moe_capacity_factor
     drop = f"capacity factor {cap:g}, tokens beyond it dropped" if cap is not None else "dropless"
     bal = ("balanced routing (the default, as the published MoE benchmarks force)" if w.moe_imbalance == 1.0
-           else f"routing imbalance {w.moe_imbalance:g}x on the busiest expert rank")
+           else f"routing imbalance {w.moe_imbalance:g}x on the busiest expert rank (at most ep x: one rank takes all)")
     return f"{bal}; {drop}"
 
 
