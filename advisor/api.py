@@ -16,12 +16,13 @@ from advisor.errors import AdvisorError, format_validation_error
 from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, TWO_CHUNK_SCHEDULES, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
-from advisor.options import DEFAULT_HEADROOM, EstimateOptions
+from advisor.options import DEFAULT_HEADROOM, EstimateOptions, modules_of, moe_setup, stack_name
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import evaluate, stage_note
+from advisor.spec import checked
 from advisor.training import Precision, Recompute, TrainingSetup
 from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not
 
@@ -199,7 +200,7 @@ def build_inputs(model, hw, **given):
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
                               recompute_modules=modules_of(o.recompute_modules),
-                              stack=_stack_name(o.stack), finetune=finetune_of(o),
+                              stack=stack_name(o.stack), finetune=finetune_of(o),
                               **moe_setup(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
@@ -207,10 +208,7 @@ def build_inputs(model, hw, **given):
                     allow_tp_across_nodes=o.allow_tp_across_nodes, offload=o.offload, ep=o.ep, etp=o.etp)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
-    check_seq(spec, seq)
-    if o.recompute_layers > spec.n_layers:
-        raise PlanError(f"--recompute-layers {o.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at most "
-                        f"{spec.n_layers}")
+    check_setup(spec, setup)
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
     resolved = plan_stack(o.stack, spec, hardware, setup, plan)
@@ -243,20 +241,12 @@ def check_seq(spec: ModelSpec, seq: int) -> None:
         raise PlanError(f"--seq {seq} exceeds {spec.name}'s {spec.max_positions} learned positions; use --seq <= {spec.max_positions}")
 
 
-def _stack_name(stack) -> str:
-    return stack if isinstance(stack, str) else getattr(stack, "name", str(stack))
-
-
-def moe_setup(o) -> dict:
-    """The routing, all-to-all, TP-overlap and torch.compile options of a TrainingSetup, from estimate's or plan's."""
-    overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
-    return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance, compile=o.compile,
-                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap)
-
-
-def modules_of(text: Optional[str]) -> Optional[tuple[str, ...]]:
-    """--recompute-modules' comma-separated names (validated by TrainingSetup)."""
-    return None if text is None else tuple(m.strip() for m in text.split(","))
+def check_setup(spec: ModelSpec, setup: TrainingSetup) -> None:
+    """What a setup asks of the model: a sequence its positions reach, no more checkpointed layers than it has."""
+    check_seq(spec, setup.seq_len)
+    if setup.recompute_layers > spec.n_layers:
+        raise PlanError(f"--recompute-layers {setup.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at "
+                        f"most {spec.n_layers}")
 
 
 def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], *, gpus: Optional[int] = None,
@@ -315,7 +305,15 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     """Estimate a typed Plan and TrainingSetup (e.g. a row of ``advisor.plan``'s result) on ``world_size`` GPUs
     (default: the plan's dp x tp x pp)."""
     spec, hardware = load_model(model), load_hardware(hw)
-    world = plan.world_size if world_size is None else world_size
+    if not isinstance(plan, Plan) or not isinstance(setup, TrainingSetup):
+        raise PlanError(f"estimate_plan takes an advisor.layout.Plan and an advisor.training.TrainingSetup (got "
+                        f"{type(plan).__name__} and {type(setup).__name__}): or call advisor.estimate with options")
+    plan, setup = checked(plan, PlanError, "plan"), checked(setup, PlanError, "setup")  # model_copy skips validation
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int)):
+        raise PlanError(f"world_size must be a whole number of GPUs (got {world_size!r})")
+    world = resolve_world(hardware, world_size, None, plan.world_size)  # whole nodes beyond one
+    resolve_precision(hardware, setup.precision.value)  # the GPU runs it
+    check_setup(spec, setup)
     stack = plan_stack(setup.stack, spec, hardware, setup, plan)
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 from advisor.errors import AdvisorError
 from advisor.host_side import Host
 from advisor.profiles import ProfileKind, fitted_latency, to_yaml
-from advisor.spec import Spec
+from advisor.spec import Spec, checked
 from advisor.units import GB, TFLOP, Gbit, GiB
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -324,8 +324,8 @@ def list_profiles() -> list[str]:
 
 def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     """Load a profile by built-in name (``dgx-a100``) or by path to a YAML file."""
-    if isinstance(name_or_path, Hardware):
-        return name_or_path
+    if isinstance(name_or_path, Hardware):  # one built in Python (model_copy skips validation): checked once
+        return checked(name_or_path, HardwareError, f"hardware profile {name_or_path.name}")
     return HARDWARE.load(name_or_path, Hardware)
 
 

@@ -217,3 +217,20 @@ def parse_count(text: str) -> float:
         return float(t[:-1] if t[-1:] in SUFFIXES else t) * scale
     except ValueError:
         raise ValueError(f"{text!r} is not a token count: give e.g. 1T, 300B, 2.5e12") from None
+
+
+def stack_name(stack) -> str:
+    """A --stack value's name (a Stack object's own)."""
+    return stack if isinstance(stack, str) else getattr(stack, "name", str(stack))
+
+
+def moe_setup(o) -> dict:
+    """The routing, all-to-all, TP-overlap and torch.compile options of a TrainingSetup, from estimate's or plan's."""
+    overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
+    return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance, compile=o.compile,
+                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap)
+
+
+def modules_of(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    """--recompute-modules' comma-separated names (validated by TrainingSetup)."""
+    return None if text is None else tuple(m.strip() for m in text.split(","))

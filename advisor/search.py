@@ -27,7 +27,7 @@ from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import ModelSpec, load_model
-from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions
+from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, moe_setup, stack_name
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import default_global_batch
@@ -208,9 +208,9 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
                         "(the `advisor plan --precision auto` command), or name one precision here")
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
-                             optimizer=o.optimizer, attention=o.attention, stack=api._stack_name(o.stack),
+                             optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),
                              finetune=api.finetune_of(o),
-                             **api.moe_setup(o))
+                             **moe_setup(o))
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 

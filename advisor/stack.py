@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
-from advisor.spec import Spec
+from advisor.spec import Spec, checked
 from advisor.training import compile_parts
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
@@ -302,8 +302,8 @@ def list_stacks() -> list[str]:
 
 def load_stack(name_or_path: str | Path | Stack) -> Stack:
     """A stack profile by built-in name (``megatron-deepspeed``) or by path to a YAML file."""
-    if isinstance(name_or_path, Stack):
-        return name_or_path
+    if isinstance(name_or_path, Stack):  # one built in Python (model_copy skips validation): checked once
+        return checked(name_or_path, StackError, f"stack {name_or_path.name}")
     return STACKS.load(name_or_path, Stack)
 
 

@@ -16,6 +16,7 @@ from advisor.model.hf import model_from_hf_config, model_from_hf_dict
 from advisor.model.hub_configs import HUB_CONFIGS
 from advisor.model.layer import MLPKind, NormKind
 from advisor.model.spec import ModelError, ModelSpec, PositionKind
+from advisor.spec import checked
 
 
 def gpt2_like(name: str, n_layers: int, d_model: int, n_heads: int, vocab: int = 50257,
@@ -73,8 +74,8 @@ def list_models() -> list[str]:
 
 def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     """A catalogue name (``gpt2-xl``), or a path to a Hugging Face ``config.json``."""
-    if isinstance(name_or_path, ModelSpec):
-        return name_or_path
+    if isinstance(name_or_path, ModelSpec):  # one built in Python (model_copy skips validation): checked once
+        return checked(name_or_path, ModelError, f"model {name_or_path.name}")
     text = str(name_or_path)
     key = ALIASES.get(text.lower(), text.lower())
     if key in CATALOGUE:

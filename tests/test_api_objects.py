@@ -1,0 +1,65 @@
+"""The Python API takes models, profiles, stacks, plans and setups as objects too: pydantic's model_copy(update=...)
+skips validation, so each is validated again as if read from its file, and estimate_plan asks of a typed plan what
+estimate asks of its options (a review found an empty peak table hanging the API, zero bandwidths costing NaN, a
+negative one a negative step, and estimate_plan costing FP8 on an A100 and 12 GPUs of 8-GPU nodes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor import api, estimate
+from advisor.errors import AdvisorError
+from advisor.hardware import load_hardware
+from advisor.layout import Plan
+from advisor.model import load_model
+from advisor.stack import load_stack
+from advisor.training import TrainingSetup
+
+H100 = load_hardware("dgx-h100")
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(hw=H100.model_copy(update={"gpu": H100.gpu.model_copy(update={"peak_tflops": {}})})),
+     "hardware profile dgx-h100: gpu.peak_tflops: peak_tflops needs at least fp32"),
+    (dict(hw=H100.model_copy(update={"gpu": H100.gpu.model_copy(update={"memory_bandwidth_GBps": -1})})),
+     "gpu.memory_bandwidth_GBps: Input should be greater than or equal to 1"),
+    (dict(hw=H100.model_copy(update={"gpus_per_node": 0})), "gpus_per_node: Input should be greater than or equal to 1"),
+    (dict(model=load_model("gpt2").model_copy(update={"n_heads": 0})), "model gpt2: n_heads"),
+    (dict(model=load_model("gpt2").model_copy(update={"n_layers": "12"})), "n_layers: must be a number, not the string"),
+    (dict(stack=load_stack("megatron-core").model_copy(update={"engine": load_stack("megatron-core").engine.model_copy(
+        update={"optimizers": []})})), "stack megatron-core: engine.optimizers"),
+])
+def test_objects_built_in_python_are_validated_as_files_are(kw, says):
+    kw = {"model": "gpt2", "hw": "dgx-h100", **kw}
+    with pytest.raises(AdvisorError, match=says.replace("(", r"\(").replace(")", r"\)")) as exc:
+        estimate(gpus=8, **kw)
+    assert "\n" not in str(exc.value)
+
+
+def test_valid_objects_cost_what_their_names_cost():
+    """A loaded object handed back (or copied unchanged) gives the numbers its name gives."""
+    named = estimate("llama3-8b", "dgx-h100", gpus=8, stack="megatron-core")
+    objs = estimate(load_model("llama3-8b").model_copy(), H100.model_copy(), gpus=8,
+                    stack=load_stack("megatron-core").model_copy())
+    assert objs.step_time_s == named.step_time_s and objs.memory.peak_bytes == named.memory.peak_bytes
+
+
+@pytest.mark.parametrize("args, kw, says", [
+    (("dgx-a100", Plan(dp=8), TrainingSetup(precision="fp8-mixed")), {}, "has no fp8 math"),
+    (("dgx-h100", Plan(dp=8), TrainingSetup(seq_len=4096)), {}, "exceeds gpt2's 1024 learned positions"),
+    (("dgx-h100", Plan(dp=8), TrainingSetup(recompute="full", recompute_layers=50)), {}, "gpt2 has 12 layers"),
+    (("dgx-h100", Plan(dp=12), TrainingSetup()), {}, "not a whole number of 8-GPU nodes"),
+    (("dgx-h100", Plan(dp=8), TrainingSetup()), {"world_size": True}, "world_size must be a whole number"),
+    (("dgx-h100", {"dp": 8}, TrainingSetup()), {}, "estimate_plan takes an advisor.layout.Plan"),
+    (("dgx-h100", Plan(dp=8), TrainingSetup().model_copy(update={"micro_batch": 0})), {}, "setup: micro_batch"),
+])
+def test_estimate_plan_asks_what_estimate_asks(args, kw, says):
+    with pytest.raises(AdvisorError, match=says):
+        api.estimate_plan("gpt2", *args, **kw)
+
+
+def test_estimate_plan_takes_a_setup_field_in_its_serialised_form():
+    """precision as the string a JSON round trip gives: validated into the enum, the same step as the setup's own."""
+    copied = TrainingSetup().model_copy(update={"precision": "bf16-mixed"})
+    assert (api.estimate_plan("gpt2", "dgx-h100", Plan(dp=8), copied).step_time_s
+            == api.estimate_plan("gpt2", "dgx-h100", Plan(dp=8), TrainingSetup()).step_time_s)
