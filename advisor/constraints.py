@@ -152,6 +152,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
             & ((n_layers % np.maximum(np.asarray(c.pp) * c.virtual_stages, 1)) != 0))
     if PipelineSplit.edges.value not in eng.pipeline_splits:
         out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
+    if "even" not in eng.pipeline_splits:  # a custom profile's: every shipped stack splits evenly by default
+        out[f"{stack.name} does not split pipelines evenly: --pp-split edges"] = (
+            (np.asarray(c.pp) > 1) & (c.pp_split != PipelineSplit.edges.code))
     if eng.distributed == "fsdp_checkpointed":
         many = (np.asarray(c.dp) > 1) & (not layout_only)
         out[f"{stack.name} runs several devices only sharded (ZeRO-3 / FSDP)"] = many & (np.asarray(c.zero) < 3)

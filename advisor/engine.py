@@ -140,7 +140,7 @@ class Engine(Spec):
         "half weights and gradients: always, under ZeRO, under ZeRO with ranks to shard, or never (autocast on fp32)")
     gradient_reduction: Literal["one_call", "buckets"] = Field(
         description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
-    bucket_MiB: float = Field(gt=0, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
+    bucket_MiB: float = Field(ge=0.01, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(
@@ -302,7 +302,7 @@ class Engine(Spec):
                                     "another micro-batch's compute (--overlap-moe-expert-parallel-comm)")
     ep_alltoall_overlaps: list[Literal["none", "shared_experts", "batch"]] = Field(
         default_factory=list, description="the overlaps it also runs when asked (--moe-overlap), beyond its default")
-    moe_output_bytes: Optional[float] = Field(default=None, ge=0, description="bytes per element of the expert outputs an MoE "
+    moe_output_bytes: Optional[float] = Field(default=None, ge=0, le=8, description="bytes per element of the expert outputs an MoE "
         "layer keeps to weigh them by the router's probabilities (None: the activation dtype's; 0: weighed inside the experts)")
     expert_tp: Literal["free", "without_ep"] = Field(
         default="free", description="how it may split routed experts over TP ranks: free (Megatron's "

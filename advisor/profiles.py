@@ -38,6 +38,7 @@ class ProfileKind:
     error: type[AdvisorError]
     list_command: str  # the command that lists them ("advisor profiles")
     whole: frozenset[str] = frozenset()  # mapping keys a child replaces whole
+    reserved: frozenset[str] = frozenset()  # names that mean something else where a profile is named (--stack auto)
     # what a child may not change over its base's merged mapping: (base, child) -> why, or None
     check: Optional[Callable[[dict, dict], Optional[str]]] = None
 
@@ -96,6 +97,14 @@ class ProfileKind:
         if key in _CACHE:
             return _CACHE[key]
         profile = self.from_yaml(text, model, origin=str(path), path=path)
+        name, shipped = getattr(profile, "name", None), self.shipped(str(getattr(profile, "name", "")))
+        # output names a profile by its name: a file that changes a built-in under its name would be reported as it
+        if name in self.reserved:
+            raise self.error(f"{path}: name {name!r} means something else where a {self.what} is named: give the file "
+                             "a name of its own (name: ...)")
+        if shipped is not None and shipped.resolve() != path.resolve() and self.load(shipped, model) != profile:
+            raise self.error(f"{path}: name {name!r} is a built-in {self.what}'s and this one differs from it: give the "
+                             "file a name of its own (name: ...)")
         if "base" not in text:
             if len(_CACHE) >= _CACHE_SIZE:
                 _CACHE.pop(next(iter(_CACHE)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -225,3 +226,21 @@ def test_stack_activation_coefficients_are_bounded(tmp_path, value):
     path.write_text(yaml.safe_dump(doc))
     assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-a100", "--gpus", "8", "--stack", str(path)],
                           "memory.saved.0.layer.sequence.d_model")
+
+
+def test_a_file_that_changes_a_built_in_under_its_name_or_a_reserved_name_is_refused(tmp_path):
+    """Output names a profile by its name: a file named megatron-core with other settings was reported as
+    megatron-core, and one named auto as --stack auto (a review). A verbatim copy of a built-in still loads."""
+    tried("profiles", 3)
+    changed = tmp_path / "mc.yaml"
+    changed.write_text("base: megatron-core\nname: megatron-core\ndescription: t\nengine: {bucket_MiB: 1}\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(changed)],
+                          "name 'megatron-core' is a built-in stack profile's and this one differs")
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("base: megatron-core\nname: auto\ndescription: t\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(auto)], "name 'auto' means")
+    import advisor
+
+    verbatim = tmp_path / "verbatim.yaml"
+    verbatim.write_text((Path(advisor.__file__).parent.parent / "hardware_profiles" / "dgx-h100.yaml").read_text())
+    assert run_main(["estimate", "--model", "gpt2", "--hw", str(verbatim), "--gpus", "8"])[0] == 0

@@ -177,7 +177,9 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
         if exc.instead is None or exc.instead in stack_.launch:
             raise
         out, _ = _first_written([f for f in launch_formats(stack_) if f != first], *args)
-        hint = f"use --format {out.kind}" if out is not None else _elsewhere(stack_, (exc.instead,))
+        # the stack named too: without one, a format picks the stack that launches it first, which may not run the plan
+        hint = (f"use --stack {stack_.name} --format {out.kind}" if out is not None
+                else _elsewhere(stack_, (exc.instead,)))
         raise ExportError(f"{exc.reason}: {hint}") from None
 
 
