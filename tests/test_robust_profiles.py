@@ -244,3 +244,22 @@ def test_a_file_that_changes_a_built_in_under_its_name_or_a_reserved_name_is_ref
     verbatim = tmp_path / "verbatim.yaml"
     verbatim.write_text((Path(advisor.__file__).parent.parent / "hardware_profiles" / "dgx-h100.yaml").read_text())
     assert run_main(["estimate", "--model", "gpt2", "--hw", str(verbatim), "--gpus", "8"])[0] == 0
+
+
+@pytest.mark.parametrize("engine, says", [
+    ("{moe_output_bytes: 1e300}", "engine.moe_output_bytes"),  # printed Infinity into --json before (a review)
+    ("{bucket_MiB: 1e-300}", "engine.bucket_MiB"),  # a 300-digit step before
+])
+def test_stack_engine_values_past_any_stack_are_refused(tmp_path, engine, says):
+    tried("profiles")
+    f = tmp_path / "s.yaml"
+    f.write_text(f"base: megatron-core\nname: s\ndescription: t\nengine: {engine}\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(f)], says)
+
+
+def test_a_stack_without_the_even_split_refuses_even_pipelines(tmp_path):
+    tried("profiles")
+    f = tmp_path / "edgy.yaml"
+    f.write_text("base: megatron-core\nname: edgy\ndescription: t\nengine: {pipeline_splits: [edges]}\n")
+    assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--pp", "3", "--gpus", "3", "--stack",
+                           str(f)], "edgy does not split pipelines evenly: --pp-split edges")
