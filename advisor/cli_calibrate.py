@@ -30,6 +30,17 @@ from advisor.errors import AdvisorError
 TORCH_HINT = "torch is not installed: pip install 'advisor[calibrate]' (install the torch build for your machine first)"
 
 
+def _own_name(name, out_path) -> str:
+    """The profile's name: --name, else the --out file's stem, with -calibrated added where that is a built-in's (a file
+    under a built-in's name that differs from it is refused where it is loaded: advisor.profiles)."""
+    from advisor.hardware import HARDWARE
+
+    if name is not None and (HARDWARE.shipped(name) is not None or name in HARDWARE.reserved):
+        raise AdvisorError(f"--name {name}: a built-in hardware profile's name; give the measured profile its own")
+    stem = out_path.stem
+    return name or (f"{stem}-calibrated" if HARDWARE.shipped(stem) is not None else stem)
+
+
 @click.command("calibrate")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="profile YAML to write")
 @click.option("--from", "from_", type=click.Path(), multiple=True,
@@ -57,6 +68,7 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
 
     out_path = cal.refuse_shipped(out)
     base_hw = load_hardware(base)
+    name = _own_name(name, out_path)  # before a sweep: a built-in's name on a measured profile would not load back
     if host_only:
         with lock_output(out_path):
             _calibrate_host(out_path, base, base_hw, name)

@@ -153,8 +153,8 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
     if PipelineSplit.edges.value not in eng.pipeline_splits:
         out[f"{stack.name} does not split pipelines unevenly"] = c.pp_split == PipelineSplit.edges.code
     if "even" not in eng.pipeline_splits:  # a custom profile's: every shipped stack splits evenly by default
-        out[f"{stack.name} does not split pipelines evenly: --pp-split edges"] = (
-            (np.asarray(c.pp) > 1) & (c.pp_split != PipelineSplit.edges.code))
+        out[f"{stack.name} lists no even pipeline split (engine.pipeline_splits): add even to its profile, or use "
+            "--pp-split edges where the layers + 2 divide pp"] = (np.asarray(c.pp) > 1) & (c.pp_split != PipelineSplit.edges.code)
     if eng.distributed == "fsdp_checkpointed":
         many = (np.asarray(c.dp) > 1) & (not layout_only)
         out[f"{stack.name} runs several devices only sharded (ZeRO-3 / FSDP)"] = many & (np.asarray(c.zero) < 3)

@@ -91,10 +91,10 @@ class Zero3Calls(Spec):
     group (advisor.comm), and a call made with per-rank tensor lists also pays host ops per rank."""
 
     gathers: Literal["per_tensor", "per_bucket"]
-    gather_bucket_elements: float = Field(default=0, ge=0, le=1e13, description="per_bucket: elements one gather "
+    gather_bucket_elements: float = Field(default=0.0, ge=0, le=1e13, description="per_bucket: elements one gather "
                                           "call carries at most (stage3_prefetch_bucket_size); a larger tensor is one call")
     reduces: Literal["per_tensor", "per_bucket"]
-    reduce_bucket_elements: float = Field(default=0, ge=0, le=1e13, description="per_bucket: elements one "
+    reduce_bucket_elements: float = Field(default=0.0, ge=0, le=1e13, description="per_bucket: elements one "
                                           "reduce-scatter call carries (reduce_bucket_size)")
     persistence_elements: float = Field(ge=0, le=1e13, description="tensors with fewer elements are never "
                                         "partitioned, so never gathered (stage3_param_persistence_threshold)")

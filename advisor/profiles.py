@@ -171,10 +171,10 @@ def fitted_latency(base: dict, child: dict) -> Optional[str]:
     nothing, silently."""
     for key in ("intra_node", "inter_node"):
         link, inherited = child.get(key), base.get(key)
-        if (isinstance(link, dict) and "latency_us" in link and "fit" not in link and isinstance(inherited, dict)
+        if (isinstance(link, dict) and link.get("latency_us") is not None and "fit" not in link and isinstance(inherited, dict)
                 and isinstance(inherited.get("fit"), dict) and link["latency_us"] != inherited.get("latency_us")):
             return (f"{key}.latency_us {link['latency_us']!r} is not costed: the base's {key}.fit is (its start-up "
-                    f"fit.latency_us, measured): give {key}.fit, e.g. from advisor calibrate")
+                    f"fit.latency_us, measured): give a whole {key}.fit of your own, e.g. from advisor calibrate")
     return None
 
 

@@ -70,33 +70,21 @@ class Spec(BaseModel):
         return v
 
 
-# Objects the API was handed and has checked once, by id (each kept alive here, so that an id is never reused while
-# listed): a model, profile or stack built by model_copy(update=...) skips validation, and one with an empty peak table
-# or a zero bandwidth hung or costed NaN; the loaders' own results pass once, then cost a dictionary lookup.
-_CHECKED: dict[int, Any] = {}
-_CHECKED_MAX = 512
-
-
 def checked(obj: Any, error: type, what: str) -> Any:
     """``obj`` (a Spec handed to the API) validated again as if read from its file: the validated equal, or a one-line
-    ``error`` naming ``what`` and the field where it breaks a rule."""
-    seen = _CHECKED.get(id(obj))
-    if seen is not None and seen[0] is obj:
-        return seen[1]
+    ``error`` naming ``what`` and the field where it breaks a rule. pydantic's model_copy(update=...) skips validation
+    (an empty peak table hung the API, a zero bandwidth costed NaN), and a frozen model's nested dicts stay mutable: each
+    call checks afresh (0.2 ms a profile or model, 1.5 ms a stack, against ~5 ms an estimate)."""
+    import warnings
+
     from pydantic import ValidationError
 
     from advisor.errors import format_validation_error
 
-    import warnings
-
     try:
         with warnings.catch_warnings():  # pydantic warns as it serialises the wrong type it is about to refuse
             warnings.simplefilter("ignore")
-            data = obj.model_dump(mode="json", exclude_none=True)
-        valid = type(obj).model_validate(data)  # a value of the right type in the wrong form (a str for an enum) too
+            data = obj.model_dump(exclude_none=True)  # Python objects: numpy scalars dump as they are
+        return type(obj).model_validate(data)  # a value of the right type in the wrong form (a str for an enum) too
     except ValidationError as exc:
         raise error(f"{what}: {format_validation_error(exc)}") from None
-    if len(_CHECKED) >= _CHECKED_MAX:
-        _CHECKED.clear()
-    _CHECKED[id(obj)] = (obj, valid)
-    return valid

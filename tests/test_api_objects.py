@@ -63,3 +63,17 @@ def test_estimate_plan_takes_a_setup_field_in_its_serialised_form():
     copied = TrainingSetup().model_copy(update={"precision": "bf16-mixed"})
     assert (api.estimate_plan("gpt2", "dgx-h100", Plan(dp=8), copied).step_time_s
             == api.estimate_plan("gpt2", "dgx-h100", Plan(dp=8), TrainingSetup()).step_time_s)
+
+
+def test_numpy_scalars_and_changes_in_place_are_costed_as_given():
+    """A numpy integer in a copied plan validates (pydantic takes it; a JSON dump did not), and an object changed in
+    place after one estimate is costed as changed, not as first seen (a review found both, in an id cache)."""
+    import numpy as np
+
+    plan = Plan(dp=8).model_copy(update={"dp": np.int64(8)})
+    assert api.estimate_plan("gpt2", "dgx-h100", plan, TrainingSetup()).step_time_s == pytest.approx(
+        api.estimate_plan("gpt2", "dgx-h100", Plan(dp=8), TrainingSetup()).step_time_s)
+    hw = load_hardware("dgx-h100").model_copy(deep=True)
+    before = estimate("llama3-8b", hw, gpus=8).step_time_s
+    hw.gpu.peak_tflops["bf16"] /= 2  # a frozen model's dicts stay mutable
+    assert estimate("llama3-8b", hw, gpus=8).step_time_s > 1.5 * before

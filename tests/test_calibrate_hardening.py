@@ -423,3 +423,17 @@ def test_progress_counts_the_overlap_measurements_past_the_collectives():
     assert [s[:2] for s in shown] == [(n + j, n + k) for j in range(k)]  # never n + k (the line's end) before the last
     assert shown[-1][2] == f"compute beside a collective, {k} of {k}"
     assert _shown(f"{n} {n} 20.0 done", clock, k, 20.0)[:2] == (n + k, n + k)
+
+
+def test_a_measured_profile_never_takes_a_built_in_name(tmp_path):
+    """--out dgx-a100.yaml names the measured profile dgx-a100-calibrated (a file that differs from a built-in under
+    its name is refused where it is loaded); --name of a built-in is refused before any sweep."""
+    tried("calibrate", 2)
+    src = _jsonl(tmp_path / "r.jsonl", _sweep_rows(lambda s: 20e-6 + s / 100e9, n=8))
+    out = tmp_path / "dgx-a100.yaml"
+    code, _, err = run_main(["calibrate", "--from", str(src), "--base", "dgx-a100", "--out", str(out)])
+    assert code == 0, err
+    assert "name: dgx-a100-calibrated" in out.read_text()
+    assert run_main(["estimate", "--model", "gpt2", "--hw", str(out), "--gpus", "8"])[0] == 0
+    assert_one_line_error(["calibrate", "--from", str(src), "--out", str(tmp_path / "y.yaml"), "--name", "dgx-h100"],
+                          "--name dgx-h100: a built-in hardware profile's name")

@@ -111,7 +111,7 @@ BAD_PROFILES = [
      ["framework_overhead_GiB=500", "gpu.memory_GiB"]),
     # a link's latency_us is its datasheet figure; the fit's start-up is costed: a changed one was silently ignored
     ("name: x\ndescription: y\nbase: dgx-h100\ninter_node: {latency_us: 1000000}",
-     ["inter_node.latency_us 1000000 is not costed", "give inter_node.fit"]),
+     ["inter_node.latency_us 1000000 is not costed", "give a whole inter_node.fit"]),
 ]
 
 
@@ -262,4 +262,4 @@ def test_a_stack_without_the_even_split_refuses_even_pipelines(tmp_path):
     f = tmp_path / "edgy.yaml"
     f.write_text("base: megatron-core\nname: edgy\ndescription: t\nengine: {pipeline_splits: [edges]}\n")
     assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--pp", "3", "--gpus", "3", "--stack",
-                           str(f)], "edgy does not split pipelines evenly: --pp-split edges")
+                           str(f)], "edgy lists no even pipeline split (engine.pipeline_splits): add even")

@@ -32,6 +32,7 @@ parser requires them, as llm-foundry's and nanotron's do, the file carries place
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Optional, Union
 
 from advisor.export.accelerate import ACCELERATE_PRECISION, accelerate_config, accelerate_dict
@@ -178,8 +179,8 @@ def export(kind: Optional[str], model: ModelSpec, hw: Hardware, plan: Plan, setu
             raise
         out, _ = _first_written([f for f in launch_formats(stack_) if f != first], *args)
         # the stack named too: without one, a format picks the stack that launches it first, which may not run the plan
-        hint = (f"use --stack {stack_.name} --format {out.kind}" if out is not None
-                else _elsewhere(stack_, (exc.instead,)))
+        given = stack if isinstance(stack, (str, Path)) else stack_.name  # a profile file by the path given
+        hint = f"use --stack {given} --format {out.kind}" if out is not None else _elsewhere(stack_, (exc.instead,))
         raise ExportError(f"{exc.reason}: {hint}") from None
 
 
