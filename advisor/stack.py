@@ -171,6 +171,16 @@ class Stack(Spec):
             raise ValueError(f"superseded_by {v!r} is no shipped stack: name one of {', '.join(list_stacks())}")
         if v == self.name:
             raise ValueError(f"superseded_by names the stack itself ({self.name}): name the stack that runs its code today")
+        eng, needs = self.engine, {"sp": "tp", "gpipe": "pp", "interleaved": "pp"}  # a feature that runs on another
+        lacking = [f"{f} without {n}" for f, n in needs.items() if f in eng.offers and n not in eng.offers]
+        if eng.zero_bubble and "pp" not in eng.offers:
+            lacking.append(f"zero_bubble {', '.join(eng.zero_bubble)} without pp")
+        if eng.sequence_parallel == "always" and "tp" in eng.offers and "sp" not in eng.offers:
+            lacking.append("sequence_parallel always without sp")  # every TP plan would be refused
+        if "selective" in eng.checkpointing and eng.selective is None:
+            lacking.append("checkpointing selective without engine.selective (what it reruns)")
+        if lacking:  # loaded, the search would drop the plans without a word
+            raise ValueError(f"engine offers {'; '.join(lacking)}: add what it needs, or drop it")
         return self
 
     # the --compile values the stack runs and has tables for (torchtitan's compile.components; the Trainer's

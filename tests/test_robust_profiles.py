@@ -263,3 +263,17 @@ def test_a_stack_without_the_even_split_refuses_even_pipelines(tmp_path):
     f.write_text("base: megatron-core\nname: edgy\ndescription: t\nengine: {pipeline_splits: [edges]}\n")
     assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--pp", "3", "--gpus", "3", "--stack",
                            str(f)], "edgy lists no even pipeline split (engine.pipeline_splits): add even")
+
+
+@pytest.mark.parametrize("engine, says", [
+    ("{offers: [ddp, sp]}", "sp without tp"),
+    ("{offers: [ddp, interleaved, gpipe]}", "gpipe without pp; interleaved without pp"),
+    ("{offers: [ddp], zero_bubble: [zb-v]}", "zero_bubble zb-v without pp"),
+    ("{offers: [ddp, tp], sequence_parallel: always}", "sequence_parallel always without sp"),
+])
+def test_an_engine_offering_a_feature_without_what_it_runs_on_is_refused(tmp_path, engine, says):
+    """Loaded, the search dropped every such plan without a word (a review of custom stack profiles)."""
+    tried("profiles")
+    f = tmp_path / "s.yaml"
+    f.write_text(f"base: megatron-core\nname: s\ndescription: t\nengine: {engine}\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(f)], says)
