@@ -59,7 +59,7 @@ class Spec(BaseModel):
             raise ValueError(f"must be a number, not {str(v).lower()}")
         if v is not None and not isinstance(v, bool) and _bool_only(annotation):  # pydantic would read "no", "yes", 0, 1
             raise ValueError(f"must be true or false, not {v!r}")
-        if isinstance(v, str) and _numbers_only(annotation):
+        if isinstance(v, (str, bytes)) and _numbers_only(annotation):
             raise ValueError(f"must be a number, not the string {v!r} (write it without quotes)")
         if isinstance(v, dict) and get_origin(annotation) is dict and _numbers_only(get_args(annotation)[1]):
             for key, val in v.items():
