@@ -246,34 +246,9 @@ def test_a_file_that_changes_a_built_in_under_its_name_or_a_reserved_name_is_ref
     assert run_main(["estimate", "--model", "gpt2", "--hw", str(verbatim), "--gpus", "8"])[0] == 0
 
 
-@pytest.mark.parametrize("engine, says", [
-    ("{moe_output_bytes: 1e300}", "engine.moe_output_bytes"),  # printed Infinity into --json before (a review)
-    ("{bucket_MiB: 1e-300}", "engine.bucket_MiB"),  # a 300-digit step before
-])
-def test_stack_engine_values_past_any_stack_are_refused(tmp_path, engine, says):
-    tried("profiles")
-    f = tmp_path / "s.yaml"
-    f.write_text(f"base: megatron-core\nname: s\ndescription: t\nengine: {engine}\n")
-    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(f)], says)
-
-
 def test_a_stack_without_the_even_split_refuses_even_pipelines(tmp_path):
     tried("profiles")
     f = tmp_path / "edgy.yaml"
     f.write_text("base: megatron-core\nname: edgy\ndescription: t\nengine: {pipeline_splits: [edges]}\n")
     assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--pp", "3", "--gpus", "3", "--stack",
                            str(f)], "edgy lists no even pipeline split (engine.pipeline_splits): add even")
-
-
-@pytest.mark.parametrize("engine, says", [
-    ("{offers: [ddp, sp]}", "sp without tp"),
-    ("{offers: [ddp, interleaved, gpipe]}", "gpipe without pp; interleaved without pp"),
-    ("{offers: [ddp], zero_bubble: [zb-v]}", "zero_bubble zb-v without pp"),
-    ("{offers: [ddp, tp], sequence_parallel: always}", "sequence_parallel always without sp"),
-])
-def test_an_engine_offering_a_feature_without_what_it_runs_on_is_refused(tmp_path, engine, says):
-    """Loaded, the search dropped every such plan without a word (a review of custom stack profiles)."""
-    tried("profiles")
-    f = tmp_path / "s.yaml"
-    f.write_text(f"base: megatron-core\nname: s\ndescription: t\nengine: {engine}\n")
-    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(f)], says)

@@ -64,6 +64,16 @@ def test_a_stack_round_trips_and_cites_its_sources(name):
     ("name: x\ndescription: d\nbase: torch-1.11\nsuperseded_by: nowhere\n", "superseded_by 'nowhere' is no shipped stack"),
     ("name: x\ndescription: d\nbase: torch-1.11\nsuperseded_by: x\n", "is no shipped stack"),
     ("name: torch-1.11\ndescription: d\nbase: hf-trainer\nsuperseded_by: torch-1.11\n", "names the stack itself"),
+    # values past any stack (Infinity in --json; a 300-digit step), and features offered without the one they run on,
+    # whose plans the search dropped without a word (a review of custom stack profiles, 2026-11-30 (15))
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {moe_output_bytes: 1e300}\n", "engine.moe_output_bytes"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {bucket_MiB: 1e-300}\n", "engine.bucket_MiB"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: [ddp, sp]}\n", "sp without tp"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: [ddp, interleaved, gpipe]}\n",
+     "gpipe without pp; interleaved without pp"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: [ddp], zero_bubble: [zb-v]}\n", "zb-v without pp"),
+    ("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: [ddp, tp], sequence_parallel: always}\n",
+     "sequence_parallel always without sp"),
 ])
 def test_bad_stack_files_are_one_line_errors(text, needle, tmp_path):
     tried("profiles")
