@@ -112,10 +112,19 @@ class PlanSearch:
         t, price = self.train_time_s(e), self.hardware.price_per_gpu_hour_usd
         return None if t is None or price is None else price * e.world_size * t / 3600.0
 
+    def _default_batch_words(self) -> str:
+        """How the default global batch was chosen (advisor.space.default_global_batch), with its tokens where rounding
+        up to a multiple of the GPU count took it far past the half million it aims at."""
+        tokens = self.global_batch * self.seq_len
+        if tokens <= 1.5 * 2**19:
+            return "~0.5M tokens, a multiple of the GPU count"
+        return (f"~0.5M tokens rounded up to a multiple of the GPU count: {tokens / 1e6:,.0f}M tokens a step, which "
+                "shrinks the pipeline bubble and the gradient syncs per token; --global-batch sets yours")
+
     def header(self) -> str:
         gpus = (f"{self.worlds[0]:,}" if len(self.worlds) == 1 else
                 f"{min(self.worlds):,}-{max(self.worlds):,} ({', '.join(f'{w:,}' for w in self.worlds)})")
-        gb = f"global batch {self.global_batch}" + (" (default: ~0.5M tokens, a multiple of the GPU count)" if self.global_batch_defaulted else "")
+        gb = f"global batch {self.global_batch}" + (f" (default: {self._default_batch_words()})" if self.global_batch_defaulted else "")
         seq = f"seq {self.seq_len}" + (" (default: the model's context length, at most 8192)" if self.seq_defaulted else "")
         budget = f", budget {self.tokens:.3g} tokens" if self.tokens is not None else ""
         ft = self.setup.finetune

@@ -386,3 +386,13 @@ def test_a_range_from_one_gpu_costs_that_gpu_in_autos_one_gpu_stack():
     assert one and {e.stack for e in one} == {"hf-trainer"}
     e = one[0]
     assert _again(res, e, stack="auto").step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
+
+
+def test_a_default_batch_rounded_far_past_half_a_million_tokens_says_how_far():
+    """The default global batch is ~0.5M tokens rounded up to a multiple of the GPU count (every pure-DP plan divides
+    it): 512 x 1,024 tokens for GPT-2 XL on 8 GPUs, as aimed; 16,384 x 8,192 = 134M tokens for Llama 3 405B on 16,384
+    GPUs, which the header now says (Meta trained it at 16M tokens a step: Dubey et al. 2024 s.3.4.1)."""
+    small = plan("gpt2-xl", "dgx-a100", top=1).header()
+    assert "global batch 512 (default: ~0.5M tokens, a multiple of the GPU count)" in small
+    big = plan("llama3-405b", "dgx-h100", gpus=16_384, top=1).header()
+    assert "global batch 16384" in " ".join(big.split()) and "134M tokens a step" in " ".join(big.split())
