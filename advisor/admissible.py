@@ -77,8 +77,7 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
         _too_many(world, int(rows.sum()), spec, hardware)
     # the layouts' rows a slice at a time; the expert degrees multiply a slice's rows, which is halved until they fit
     todo = list(_slices(rows, MAX_CANDIDATES)) if spec.routed or rows.sum() > MAX_CANDIDATES else [np.arange(len(rows))]
-    kept, considered, rejected = [], int(pruned_counts.sum()), {}
-    first, built = True, 0  # rows built and checked (the pruned layouts' are counted, never built)
+    kept, rejected, built = [], {}, 0  # rows built and checked (the pruned layouts' are counted, never built)
     while todo:
         idx = todo.pop(0)
         cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs[idx], stack, policies, offloads), spec)
@@ -87,20 +86,20 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
             continue
         if len(cols) > MAX_CANDIDATES:
             _too_many(world, len(cols), spec, hardware)
-        ok = _admit(cols, spec, hardware, world, stack, seq_len, eager, allow_tp_across_nodes, rejected,
-                    pruned if first else None)
-        first, considered, built = False, considered + len(cols), built + len(cols)
+        # the pruned layouts' rows counted with the first slice's, under their reasons
+        kept.append(_admit(cols, spec, hardware, world, stack, seq_len, eager, allow_tp_across_nodes, rejected,
+                           None if kept else pruned))
+        built += len(cols)
         if built > SCANNED_SLICES * MAX_CANDIDATES:  # the expert degrees took the rows past it
             _too_many(world, built, spec, hardware)
-        kept.append(ok)
     for j, reason in enumerate(pair_bad):  # no layout left to build: the pruned ones counted alone
-        if first and pruned[j]:
+        if not kept and pruned[j]:
             rejected[reason] = int(pruned[j])
     valid = concat(kept) if kept else with_experts(enumerate_candidates(world, gb, multi, kept_pairs[:0], stack, policies,
                                                                         offloads), spec)
     if len(valid) > MAX_CANDIDATES:
         _too_many(world, len(valid), spec, hardware, " that break no constraint")
-    return valid, considered, rejected
+    return valid, built + int(pruned_counts.sum()), rejected
 
 
 def _admit(cols: Candidates, spec: ModelSpec, hardware: Hardware, world: int, stack: Stack, seq_len: int, eager: bool,

@@ -96,7 +96,9 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     from advisor.search import plan as run_plan
 
     model, hw = kw.pop("model"), kw.pop("hw")
-    _not_an_input(out, model, hw, kw.get("stack"))
+    from advisor.cli_export import refuse_out_over_an_input
+
+    refuse_out_over_an_input(out, model, hw, kw.get("stack"))
     if export_kind and as_json:  # as `advisor export` refuses it
         _fail(f"--json does not apply with --export: the config is written in its own format (drop --json; or drop --export "
               "for the ranking as JSON)")
@@ -148,15 +150,6 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         _emit(out, text, "the ranking")
     if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
         _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {suggestion}")
-
-
-def _not_an_input(out, model, hw, stack) -> None:
-    """Refuse an --out that is one of the files the command reads (it would be overwritten by its own output)."""
-    from advisor.cli_export import input_named
-
-    option = input_named(out, {"--model": model, "--hw": hw, "--stack": stack})
-    if option:
-        _fail(f"--out {out} is the {option} file this command reads: write the output elsewhere")
 
 
 def _emit(out, text: str, what: str) -> None:

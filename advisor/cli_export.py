@@ -26,19 +26,17 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def input_named(out, inputs: dict[str, object]) -> Optional[str]:
-    """The option of ``inputs`` (option -> the value given) whose file ``out`` is, where an output would overwrite an
-    input (a model's config.json, a profile), or None."""
+def refuse_out_over_an_input(out, model, hw, stack) -> None:
+    """Refuse an --out that is the --model, --hw or --stack file the command reads (its output would overwrite it)."""
     import os
 
     from advisor.io import is_file
 
     if out is None or str(out) == "-" or not is_file(out):
-        return None
-    for option, value in inputs.items():
+        return
+    for option, value in (("--model", model), ("--hw", hw), ("--stack", stack)):
         if isinstance(value, (str, os.PathLike)) and is_file(value) and os.path.samefile(out, value):
-            return option
-    return None
+            _fail(f"--out {out} is the {option} file this command reads: write the output elsewhere")
 
 
 @click.command("export")
@@ -59,9 +57,7 @@ def export_command(as_json: bool, kind: str, out: Optional[Path], **kw) -> None:
 
     if out is not None and str(out) == "-":  # --out - : stdout, as without --out
         out = None
-    option = input_named(out, {"--model": kw.get("model"), "--hw": kw.get("hw"), "--stack": kw.get("stack")})
-    if option:  # the output would overwrite a file this command reads
-        _fail(f"--out {out} is the {option} file this command reads: write the output elsewhere")
+    refuse_out_over_an_input(out, kw.get("model"), kw.get("hw"), kw.get("stack"))
     if as_json:
         _fail("--json does not apply to export: the config is written in its own format (--format deepspeed is JSON)")
     try:

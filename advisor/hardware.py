@@ -324,7 +324,7 @@ def list_profiles() -> list[str]:
 
 def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     """Load a profile by built-in name (``dgx-a100``) or by path to a YAML file."""
-    if isinstance(name_or_path, Hardware):  # one built in Python (model_copy skips validation): checked once
+    if isinstance(name_or_path, Hardware):  # built in Python (model_copy skips validation): checked again
         return checked(name_or_path, HardwareError, f"hardware profile {name_or_path.name}")
     return HARDWARE.load(name_or_path, Hardware)
 

@@ -97,7 +97,8 @@ class ProfileKind:
         if key in _CACHE:
             return _CACHE[key]
         profile = self.from_yaml(text, model, origin=str(path), path=path)
-        name, shipped = getattr(profile, "name", None), self.shipped(str(getattr(profile, "name", "")))
+        name = profile.name
+        shipped = self.shipped(name)
         # output names a profile by its name: a file that changes a built-in under its name would be reported as it
         if name in self.reserved:
             raise self.error(f"{path}: name {name!r} means something else where a {self.what} is named: give the file "

@@ -313,7 +313,7 @@ def list_stacks() -> list[str]:
 
 def load_stack(name_or_path: str | Path | Stack) -> Stack:
     """A stack profile by built-in name (``megatron-deepspeed``) or by path to a YAML file."""
-    if isinstance(name_or_path, Stack):  # one built in Python (model_copy skips validation): checked once
+    if isinstance(name_or_path, Stack):  # built in Python (model_copy skips validation): checked again
         return checked(name_or_path, StackError, f"stack {name_or_path.name}")
     return STACKS.load(name_or_path, Stack)
 

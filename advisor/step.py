@@ -94,8 +94,7 @@ def evaluate(w: Workload, c: Candidates) -> Evaluation:
     """Every time part (seconds) and memory part (bytes) of the plans in ``c`` (vectorised). Where the stack's FSDP
     runs the layers in half precision (Workload.fsdp_variant), its ZeRO-2/3 plans are costed with those tables."""
     c = _sharded_only(w, c)
-    alt = w.fsdp_variant()
-    fsdp = (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
+    alt, fsdp = _fsdp_rows(w, c)
     if not fsdp.any():
         return _staged(w, c)
     if fsdp.all():
@@ -113,13 +112,17 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
     two = pipeline.two_ranks(w.model, c, _layout(w))
     if not two.any():
         return _evaluate(w, c)
-    sub = c.take(np.nonzero(two)[0])
-    first, last = _evaluate(w, sub, "first"), _evaluate(w, sub, "last")
-    # the memory is the first rank's (memory_layers) whichever sets the time
-    last = replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble), memory=first.memory,
-                   overhead=first.overhead, host_bytes=first.host_bytes)
+    first, last = _first_and_last(w, c.take(np.nonzero(two)[0]))
     busier = _pick(first, last, np.asarray(last.time.total > first.time.total))
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
+
+
+def _first_and_last(w: Workload, c: Candidates) -> tuple[Evaluation, Evaluation]:
+    """The first rank's evaluation and the last's, which takes the first's bubble (fill and drain pass through the
+    fuller ranks) and memory (memory_layers), whichever sets the time."""
+    first, last = _evaluate(w, c, "first"), _evaluate(w, c, "last")
+    return first, replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble), memory=first.memory,
+                          overhead=first.overhead, host_bytes=first.host_bytes)
 
 
 def _sharded_only(w: Workload, c: Candidates) -> Candidates:
@@ -130,24 +133,29 @@ def _sharded_only(w: Workload, c: Candidates) -> Candidates:
     return replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), 0, c.zero))
 
 
+def _fsdp_rows(w: Workload, c: Candidates) -> tuple[Optional[Workload], Any]:
+    """(the workload the stack's FSDP runs as, or None: Workload.fsdp_variant; the plans that run as it, ZeRO-2/3)."""
+    alt = w.fsdp_variant()
+    return alt, (c.zero >= 2) & (c.dp > 1) if alt is not None else np.zeros(len(c), dtype=bool)
+
+
 def stage_note(w: Workload, c: Candidates) -> str:
     """How the plan (row 0 of ``c``) lays its layers over the pipeline ranks, and which rank's step ``evaluate`` took
     ("" without a pipeline)."""
     if int(c.pp[0]) <= 1:
         return ""
-    c, alt = _sharded_only(w, c), w.fsdp_variant()  # the plan as evaluate costs it
-    w = alt if alt is not None and int(c.zero[0]) >= 2 and int(c.dp[0]) > 1 else w
+    c = _sharded_only(w, c)  # the plan as evaluate costs it, in the workload it costs it in
+    alt, fsdp = _fsdp_rows(w, c)
+    w = alt if bool(fsdp[0]) else w
     mesh, model = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus), w.model
+    one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
     v = f" ({int(mesh.v[0])} chunks a rank)" if int(mesh.v[0]) > 1 else ""
     head = f"{model.n_layers} layers on {int(c.pp[0])} ranks{v}"
     if not pipeline.two_ranks(model, c, _layout(w))[0]:
-        layers = float(np.asarray(pipeline.stage_layers(model, c, mesh, 0.0, 0.0)[0]).reshape(-1)[0])
+        layers = one(pipeline.stage_layers(model, c, mesh, 0.0, 0.0)[0])
         both = "rank 0 holds both ends" if int(c.schedule[0]) in (pipeline.ZB_V, pipeline.DUALPIPE_V) else "a bound"
         return f"pipeline: {head}; costed as a rank of {layers:g} layers with the embedding and the head ({both})"
-    first, last = _evaluate(w, c, "first"), _evaluate(w, c, "last")
-    t_first = float(first.time.total[0])
-    t_last = float(replace(last.time, pipeline_bubble=first.time.pipeline_bubble).total[0])
-    one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
+    t_first, t_last = (one(e.time.total) for e in _first_and_last(w, c))
     (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r) for r in ("first", "last"))
     # the rank costed beside the last: the first with the embedding, or a middle one where the first holds fewer
     busy = "the first rank" if one(embedding) else "a middle rank"

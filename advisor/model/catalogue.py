@@ -74,7 +74,7 @@ def list_models() -> list[str]:
 
 def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     """A catalogue name (``gpt2-xl``), or a path to a Hugging Face ``config.json``."""
-    if isinstance(name_or_path, ModelSpec):  # one built in Python (model_copy skips validation): checked once
+    if isinstance(name_or_path, ModelSpec):  # built in Python (model_copy skips validation): checked again
         return checked(name_or_path, ModelError, f"model {name_or_path.name}")
     text = str(name_or_path)
     key = ALIASES.get(text.lower(), text.lower())
