@@ -240,7 +240,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
         ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf), ew_bwd + frac * mem_time(hw, pb)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
-    # selective recomputation reruns what the stack's profile names (advisor.stack.Selective)
+    # selective recomputation reruns what the stack's profile names (advisor.selective.Selective)
     ops = w.selective_recomputes
     parts = {**gemms, "attention/core": attn_fwd, "elementwise": ew_fwd}
     if any(op in POINTWISE for op in ops):  # the pointwise ops a sub-module recomputation names apart

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
+from advisor.selective import Selective
 from advisor.spec import Spec
 
 # advisor's low-precision recipes by --precision name (advisor.precision)
@@ -16,71 +17,9 @@ PLAN_FEATURES = ("ddp", "dataparallel", "zero1", "zero2", "zero3", "hsdp", "tp",
 # what a profile that does not say ``offers`` runs: every feature but expert parallelism, which a stack must name
 # (Hugging Face's Trainer has none; advisor.parallel.expert)
 DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
-# besides the layer table's linear layers, by name; "attention/k" is the key projection's share of attention/qkv, for
-# a stack whose blocks run wq, wk and wv apart (advisor.recompute.selected)
-RECOMPUTED = ("attention/core", "elementwise", "attention/k", "norms", "mlp/act")
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
 METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base
-
-
-def recomputable(linears: tuple) -> set[str]:
-    """The op names a selective policy can rerun in a layer of these linears: theirs and RECOMPUTED."""
-    return {lin.name for lin in linears} | set(RECOMPUTED)
-
-
-class RecomputeModule(Spec):
-    """One sub-module a selective policy may rerun (Megatron's --recompute-modules): the ops rerun (names as
-    ``Selective.recomputes``; "norms" is the layer's norms, "mlp/act" its MLP activation, each costed by the bytes it
-    moves) and the activations it stops keeping, in elements per token by width: d_model (split under sequence
-    parallelism), q_dim and kv_dim (split over TP), d_ff (a dense MLP layer's width) and routed_d_ff (k x the routed
-    experts' width), kept at the activation dtype."""
-
-    recomputes: list[str] = Field(default_factory=list)
-    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff"],
-                Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = Field(default_factory=dict)
-    needs: Optional[Literal["routed", "latent", "dense"]] = None  # the layer it applies to (else refused)
-    source: Optional[str] = None
-
-
-class Selective(Spec):
-    """What the stack's selective recomputation reruns in backward: linear layers of the layer table by name
-    (advisor.model.layer: attention/qkv, attention/out, mlp/fc, mlp/proj, mlp/gate, mlp/up, mlp/down), the
-    attention core, and "elementwise" (every pointwise op of the layer's forward)."""
-
-    recomputes: list[str] = Field(min_length=1)
-    # torchtitan's per-op SAC (distributed/activation_checkpoint.py SelectiveAC): the linear layers are not listed but
-    # counted in forward order, and every second one rerun; the grouped GEMMs of routed experts (torch._grouped_mm,
-    # not in its save list) always rerun, uncounted; so do the linears named in ``force_recompute`` (its
-    # force_recompute_mm_shapes_by_fqns), uncounted
-    every_second_linear: bool = False
-    force_recompute: list[str] = Field(default_factory=list)
-    # what an MoE layer keeps of its routed path (advisor.parallel.expert routed_saved): everything, where the policy
-    # reruns none of it (Megatron's core attention), or only what the all-to-alls delivered, where it reruns the rest
-    # and saves communication outputs (torchtitan's SelectiveAC)
-    routed: Literal["kept", "exchanged"] = "kept"
-    # --recompute-modules: the sub-modules it may rerun instead of its default policy (``recomputes``, keeping what the
-    # profile's selective table says)
-    modules: dict[str, RecomputeModule] = Field(default_factory=dict)
-    source: Optional[str] = None
-
-    def ops(self, linears: tuple, modules: Optional[tuple[str, ...]] = None) -> tuple[str, ...]:
-        """What it reruns in a layer of these linears (advisor.model.layer.Linear, in forward order): with
-        ``modules`` (--recompute-modules) the ops of each that the layer has, else its own policy."""
-        if modules is not None:
-            has = recomputable(linears)
-            return tuple(dict.fromkeys(op for m in modules for op in self.modules[m].recomputes if op in has))
-        if not self.every_second_linear:
-            return tuple(self.recomputes)
-        out, count = list(self.recomputes), 0
-        for lin in linears:
-            if lin.copies > 1 or lin.name in self.force_recompute:
-                out.append(lin.name)
-                continue
-            count += 1
-            if count % 2 == 0:
-                out.append(lin.name)
-        return tuple(dict.fromkeys(out))
 
 
 class Zero3Calls(Spec):

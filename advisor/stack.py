@@ -143,8 +143,7 @@ class Memory(Spec):
 
 
 # the engine's part of a profile lives in advisor.engine; these names are read from here too
-from advisor.engine import (CHECKPOINTING, DEFAULT_OFFERS, OFFLOADS, PLAN_FEATURES, RECOMPUTED, Engine,  # noqa: E402,F401
-                            Selective, Zero3Calls)
+from advisor.engine import PLAN_FEATURES, Engine, Zero3Calls  # noqa: E402,F401
 
 
 # the --precision values each activation mode of the tables serves (advisor.precision: half is bf16 / fp16 throughout,

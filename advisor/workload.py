@@ -14,7 +14,7 @@ from advisor.finetune import FULL, FineTune, Library, half_base, trainable_param
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec, PositionKind
 from advisor.parallel import expert
-from advisor.engine import recomputable
+from advisor.selective import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
 from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup, compile_parts
 

@@ -252,3 +252,28 @@ def test_a_stack_without_the_even_split_refuses_even_pipelines(tmp_path):
     f.write_text("base: megatron-core\nname: edgy\ndescription: t\nengine: {pipeline_splits: [edges]}\n")
     assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--pp", "3", "--gpus", "3", "--stack",
                            str(f)], "edgy lists no even pipeline split (engine.pipeline_splits): add even")
+
+
+@pytest.mark.parametrize("where", ["selective: {recomputes: [attention/core, mlp/gate_proj]}",
+                                   "selective: {recomputes: [norms], modules: {core_attn: {recomputes: [attn/core]}}}"])
+def test_a_selective_policy_naming_an_unknown_op_is_refused(tmp_path, where):
+    """A typo in what selective recomputation reruns (mlp/gate_proj for mlp/gate) reran nothing, silently: the step
+    and the memory were a policy the profile did not say. Every name is a layer's linear or one of advisor's ops."""
+    tried("profiles")
+    f = tmp_path / "typo.yaml"
+    f.write_text(f"base: megatron-core\nname: typo\ndescription: t\nengine: {{{where}}}\n")
+    bad = "mlp/gate_proj" if "gate_proj" in where else "attn/core"
+    assert_one_line_error(["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", str(f)],
+                          f"unknown op '{bad}'")
+
+
+def test_every_catalogue_layer_names_its_linears_from_the_known_set():
+    """advisor.selective.LINEAR_NAMES is the vocabulary profiles are checked against: a layer with a linear outside
+    it could not be named by a selective policy."""
+    from advisor.model import list_models, load_model
+    from advisor.selective import LINEAR_NAMES
+
+    for name in list_models():
+        spec = load_model(name)
+        for layer in spec.layers:
+            assert {lin.name for lin in layer.linears} <= set(LINEAR_NAMES), name
