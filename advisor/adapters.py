@@ -289,13 +289,17 @@ def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
 # litgpt's QLoRA runs on the fine-tuning rows measured +28 us (Llama 2 7B), +27 (13B), +31 (Phi-1.5) and +23
 # (StableLM 3B) a dequantisation with double quantisation than without (validation/data/finetune_runs.yaml): 4 ops.
 # torchao's NF4 (torchtune) is not read here: its dequantisation's host work is not counted. The quantised linears are
-# the layer table's (q, k and v fused as one): Hugging Face's models under PEFT quantise q, k and v apart, 2 more a
-# layer than counted; a mixture of experts' every expert, not counted apart either.
+# the layer table's, except that most of Hugging Face's models (PEFT) hold q, k and v as three modules (q_proj, k_proj,
+# v_proj: each its own Linear4bit) where the table and litgpt fuse them; HF_FUSED_QKV are the families whose modeling
+# files keep one (transformers 5: GPT-2's and GPTBigCode's c_attn, GPT-NeoX's, Falcon's and BLOOM's query_key_value,
+# MPT's Wqkv, Phi-3's qkv_proj; "gpt" is the catalogue's GPT-2 and GPT-3). A mixture of experts' every expert is not
+# counted apart (transformers 5 holds them as fused 3-D parameters, which bitsandbytes does not quantise).
 LORA_HOST = ((2, 2), (2, 4))  # (forward ops, forward GEMM calls), (backward ops, backward GEMM calls) an adapter
 NF4_HOST_OPS, DOUBLE_QUANT_HOST_OPS = 5, 4
+HF_FUSED_QKV = frozenset({"gpt", "gpt2", "gpt_bigcode", "gpt_neox", "falcon", "bloom", "mpt", "phi3"})
 
 
-def host_work(layer, ft) -> tuple[tuple[float, float], tuple[float, float]]:
+def host_work(layer, ft, family: str = "gpt") -> tuple[tuple[float, float], tuple[float, float]]:
     """((forward ops, forward GEMM calls), (backward ops, backward GEMM calls)) a layer's adapters and the
     dequantisation of its quantised linears add to what the host issues (the comment above)."""
     if not ft.adapters:
@@ -305,5 +309,7 @@ def host_work(layer, ft) -> tuple[tuple[float, float], tuple[float, float]]:
     (fo, fg), (bo, bg) = LORA_HOST
     deq = 0.0
     if ft.base_quant is Quant.nf4 and ft.library is not Library.torchtune:
-        deq = len(layer.linears) * (NF4_HOST_OPS + (DOUBLE_QUANT_HOST_OPS if ft.double_quant else 0))
+        apart = ft.library is Library.peft and family not in HF_FUSED_QKV  # q_proj, k_proj, v_proj
+        modules = sum(3 if apart and lin.name == "attention/qkv" else 1 for lin in layer.linears)
+        deq = modules * (NF4_HOST_OPS + (DOUBLE_QUANT_HOST_OPS if ft.double_quant else 0))
     return (n * (fo + drop) + deq, n * fg), (n * (bo + drop) + deq, n * bg)

@@ -149,3 +149,21 @@ def test_own_config_json_equals_the_catalogue(name):
 def test_catalogue_entries_from_cited_configs():
     for name, cfg in HUB_CONFIGS.items():
         assert CATALOGUE[name].n_params == HUB_PARAMS[name], name
+
+
+@pytest.mark.parametrize("model_type", sorted(SMALL))
+def test_which_families_keep_q_k_and_v_as_one_module(model_type):
+    """advisor.adapters.HF_FUSED_QKV (the QLoRA host work counts a Linear4bit per module): the families whose
+    modeling file keeps one fused projection, against the modules transformers builds, on the meta device."""
+    from advisor.adapters import HF_FUSED_QKV
+
+    cfg = dict(SMALL[model_type][0])
+    cfg.pop("architectures", None)
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **cfg))
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    apart = {"q_proj", "k_proj", "v_proj"} <= leaves
+    latent = "kv_a_proj_with_mqa" in leaves  # multi-head latent attention: its own projections, none fused
+    assert apart or latent or model_type in HF_FUSED_QKV
+    assert not (apart and model_type in HF_FUSED_QKV)
