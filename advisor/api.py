@@ -301,9 +301,11 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
 
 
 def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware], plan: Plan,
-                  setup: TrainingSetup, world_size: Optional[int] = None) -> Estimate:
+                  setup: TrainingSetup, world_size: Optional[int] = None,
+                  stack: Union[str, Path, Stack, None] = None) -> Estimate:
     """Estimate a typed Plan and TrainingSetup (e.g. a row of ``advisor.plan``'s result) on ``world_size`` GPUs
-    (default: the plan's dp x tp x pp)."""
+    (default: the plan's dp x tp x pp), in ``stack`` (a Stack, name or path; default: the setup's, by name: a row
+    of a search run on a Stack read from a file takes that Stack here)."""
     spec, hardware = load_model(model), load_hardware(hw)
     if not isinstance(plan, Plan) or not isinstance(setup, TrainingSetup):
         raise PlanError(f"estimate_plan takes an advisor.layout.Plan and an advisor.training.TrainingSetup (got "
@@ -314,7 +316,7 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     world = resolve_world(hardware, world_size, None, plan.world_size)  # whole nodes beyond one
     resolve_precision(hardware, setup.precision.value)  # the GPU runs it
     check_setup(spec, setup)
-    stack = plan_stack(setup.stack, spec, hardware, setup, plan)
+    stack = plan_stack(setup.stack if stack is None else stack, spec, hardware, setup, plan)
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))

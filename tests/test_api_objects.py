@@ -77,3 +77,19 @@ def test_numpy_scalars_and_changes_in_place_are_costed_as_given():
     before = estimate("llama3-8b", hw, gpus=8).step_time_s
     hw.gpu.peak_tflops["bf16"] /= 2  # a frozen model's dicts stay mutable
     assert estimate("llama3-8b", hw, gpus=8).step_time_s > 1.5 * before
+
+
+def test_a_row_of_a_search_in_a_stack_from_a_file_is_estimated_again_in_that_stack(tmp_path):
+    """A search run on a Stack read from a file names it in each row's setup; estimate_plan looked that name up among
+    the built-ins and refused it. ``stack=`` hands the Stack back, and the row's numbers come again."""
+    from advisor.search import plan
+    from advisor.stack import StackError
+
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: megatron-core\nname: mine\ndescription: a bigger bucket\nengine: {bucket_MiB: 100}\n")
+    mine = load_stack(str(f))
+    row = plan("llama3-8b", "dgx-h100", gpus=8, stack=mine, top=1).plans[0].estimate
+    with pytest.raises(StackError, match="unknown stack profile 'mine'"):
+        api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup)
+    again = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, stack=mine)
+    assert (again.stack, again.step_time_s, again.memory.peak_bytes) == ("mine", row.step_time_s, row.memory.peak_bytes)
