@@ -156,7 +156,7 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
         out[f"{stack.name} lists no even pipeline split (engine.pipeline_splits): add even to its profile, or use "
             "--pp-split edges where the layers + 2 divide pp"] = (np.asarray(c.pp) > 1) & (c.pp_split != PipelineSplit.edges.code)
     if eng.distributed == "fsdp_checkpointed":
-        many = (np.asarray(c.dp) > 1) & (not layout_only)
+        many = (np.asarray(c.world) > 1) & (not layout_only)  # a pipeline or context group is several devices too
         out[f"{stack.name} runs several devices only sharded (ZeRO-3 / FSDP)"] = many & (np.asarray(c.zero) < 3)
         out[f"{stack.name} checkpoints every layer on several devices and none on one"] = (not layout_only) & np.where(
             many, c.recompute != Recompute.full.code, c.recompute != Recompute.none.code)

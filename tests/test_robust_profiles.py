@@ -277,3 +277,13 @@ def test_every_catalogue_layer_names_its_linears_from_the_known_set():
         spec = load_model(name)
         for layer in spec.layers:
             assert {lin.name for lin in layer.linears} <= set(LINEAR_NAMES), name
+
+
+def test_a_stack_that_runs_several_devices_only_sharded_counts_pipeline_ranks_as_devices(tmp_path):
+    """engine.distributed fsdp_checkpointed (litgpt's scripts): several devices run only ZeRO-3 with every layer
+    checkpointed. A custom profile offering pipelines passed a ZeRO-1 pipeline of one data-parallel rank, unchecked."""
+    tried("profiles")
+    f = tmp_path / "pipe.yaml"
+    f.write_text("base: litgpt\nname: pipe\ndescription: t\nengine: {offers: [ddp, zero1, zero3, pp]}\n")
+    assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--gpus", "2", "--pp", "2",
+                           "--zero", "1", "--stack", str(f)], "pipe runs several devices only sharded (ZeRO-3 / FSDP)")
