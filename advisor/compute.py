@@ -26,7 +26,7 @@ Deliberately left out: CUDA graphs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -234,10 +234,11 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
     # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
     # adapters and dequantisation add their own (advisor.adapters.with_adapters)
-    if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share
-        frac = w.layer.count / w.model.n_layers
+    if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share,
+        frac = w.layer.count / w.model.n_layers  # and what the stack runs of the routed MLP unfused
         pf, pb = expert.permute_bytes(w, tokens, tp, sp, ep)
-        ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf), ew_bwd + frac * mem_time(hw, pb)
+        uf, ub = routed_unfused(w, tp, ep)[:2]
+        ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf + uf * tokens), ew_bwd + frac * mem_time(hw, pb + ub * tokens)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
     # selective recomputation reruns what the stack's profile names (advisor.selective.Selective)
@@ -261,8 +262,34 @@ def pointwise_bytes(w: Workload, tp: Any, sp: Any, ep: Any = None) -> dict[str, 
     layer, e = w.layer, w.act_bytes
     norms = 2.0 * e * w.model.d_model * sum(1 for _, width in layer.norms if width == w.model.d_model)
     f = layer.d_ff * (expert.routed_copies(w, ep) if layer.routed else 1.0)
+    clamp = routed_unfused(w, tp, ep).clamp_forward if layer.routed else 0.0  # the clamp reruns with the activation
     return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
-            "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp}
+            "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp + clamp}
+
+
+class Unfused(NamedTuple):
+    """Bytes per token of a routed layer's unfused steps (routed_unfused)."""
+
+    forward: Any
+    backward: Any
+    clamp_forward: Any  # rerun with the activation
+    clamp_kept: Any  # kept for backward by the clamp; not kept where the activation is recomputed
+    bias_kept: Any
+
+
+def routed_unfused(w: Workload, tp: Any, ep: Any) -> Unfused:
+    """Bytes per token one GPU's routed layer moves, and keeps, in the steps its stack runs outside fused kernels
+    (kernels.routed_unfused: GPT-OSS's clamp and expert bias in megatron-core), at the busiest rank's load, over TP
+    as pointwise_bytes' "mlp/act"."""
+    u, x, r = w.stack.kernels.routed_unfused, w.model.experts, w.precision.recipe
+    if x is None or (r is not None and r.name in u.fused_under):
+        return Unfused(0.0, 0.0, 0.0, 0.0, 0.0)
+    copies = expert.routed_copies(w, ep) * w.act_bytes / tp
+    clamp = copies * w.layer.d_ff * (x.act_clamp is not None)  # bytes per element of the activation output
+    bias = copies * w.model.d_model * x.expert_bias  # of the experts' output
+    return Unfused(clamp * u.clamp.forward + bias * u.expert_bias.forward,
+                   clamp * u.clamp.backward + bias * u.expert_bias.backward,
+                   clamp * u.clamp.forward, clamp * u.clamp.saved, bias * u.expert_bias.saved)
 
 
 @dataclass(frozen=True)

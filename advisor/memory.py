@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor import adapters
+from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
 from advisor.parallel import context, expert, pipeline
 from advisor.parallel.data import ModelStates
@@ -101,12 +101,13 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  - module_frees(w, mesh.tp, sp, mesh.ep))
-    if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
-        routed = expert.routed_saved(w, mesh, sp)
-        full = full + routed
+    if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert), and
+        routed = expert.routed_saved(w, mesh, sp)  # what the routed MLP's unfused steps keep (compute.routed_unfused)
+        unfused = compute.routed_unfused(w, mesh.tp, mesh.ep)
+        full = full + routed + unfused.clamp_kept + unfused.bias_kept
         sel = w.stack.engine.selective
         if sel is not None and sel.routed == "kept":  # a policy that reruns none of the routed path keeps them all
-            selective = selective + routed
+            selective = selective + routed + unfused.clamp_kept + unfused.bias_kept
         elif sel is not None:  # only what the all-to-alls delivered
             selective = selective + np.where(mesh.ep > 1, expert.routed_saved(w, mesh, sp, exchanged=True), 0.0)
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), selective)
@@ -124,8 +125,11 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None) -> Any:
     width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
     split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}
-    return w.act_bytes * sum(n * width[k] / split.get(k, tp) for m in w.recompute_modules
-                             for k, n in sel.modules[m].frees.items())
+    # a module rerunning the routed activation reruns its unfused clamp, whose copies it then does not keep either
+    clamp = compute.routed_unfused(w, tp, ep).clamp_kept if layer.routed else 0.0
+    return sum(w.act_bytes * n * width[k] / split.get(k, tp) for m in w.recompute_modules
+               for k, n in sel.modules[m].frees.items()) + clamp * sum(
+        "mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules)
 
 
 def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:

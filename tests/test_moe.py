@@ -505,3 +505,47 @@ def test_recompute_modules_in_the_megatron_exports():
 
     bridge = yaml.safe_load(export("megatron-bridge", *args).text)["model"]
     assert bridge["recompute_granularity"] == "selective" and bridge["recompute_modules"] == ["core_attn", "moe_act"]
+
+
+def test_gpt_oss_clamp_and_expert_bias_cost_what_megatron_core_runs_unfused():
+    """GPT-OSS (k = 4, h = d_ff_expert = 2880, swiglu_limit 7.0) in megatron-core without Transformer Engine's op
+    fuser: the clamp and cat before the fused quick-GeGLU (fusions/fused_bias_geglu.py) move 8 elements per element
+    of the activation's output forward and 10 backward and keep the cat's output (2 more); fc2's bias added per expert
+    scaled by the probabilities (experts.py _apply_bias) moves 6 and 8 per output element. bf16: 2 bytes an element.
+    Megatron-Bridge's full-iteration MXFP8 recipes run the expert MLP fused (none of it); a model without the clamp
+    or the biases (Qwen3-30B-A3B) runs none of it either."""
+    from advisor import compute
+    from advisor.stack import RoutedUnfused, load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    hw, k, h = load_hardware("gb200-nvl72"), 4, 2880
+
+    def unfused(model, stack, precision, tp=1):
+        w = Workload.of(load_model(model), hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision))
+        return compute.routed_unfused(w, tp, 8)
+
+    u = unfused("gpt-oss-120b", "megatron-core", "bf16-mixed")
+    assert load_model("gpt-oss-120b").experts.act_clamp == 7.0
+    assert (u.forward, u.backward) == (k * h * 2 * (8 + 6), k * h * 2 * (10 + 8))
+    assert (u.clamp_forward, u.clamp_kept, u.bias_kept) == (k * h * 2 * 8, k * h * 2 * 2, 0.0)
+    assert unfused("gpt-oss-120b", "megatron-core", "bf16-mixed", tp=2).forward == u.forward / 2
+    assert unfused("gpt-oss-120b", "megatron-bridge-perf", "bf16-mixed") == u
+    assert unfused("gpt-oss-120b", "megatron-bridge-perf", "mxfp8") == (0.0,) * 5
+    assert unfused("qwen3-30b-a3b", "megatron-core", "bf16-mixed") == (0.0,) * 5
+    # the step: 36 routed layers x 4 x 16,384 tokens a micro-batch at the GB200's element-wise rate; the clamp's
+    # copies not kept where moe_act reruns (the activation reruns its clamp)
+    kw = dict(gpus=64, dp=64, zero=1, ep=64, etp=1, micro_batch=4, global_batch=1280, seq=4096, stack="megatron-core",
+              precision="bf16-mixed", moe_dispatcher="alltoall", moe_overlap="none")
+    with_ = estimate("gpt-oss-120b", "gb200-nvl72", **kw)
+    mc = load_stack("megatron-core")
+    none = mc.model_copy(update={"kernels": mc.kernels.model_copy(update={"routed_unfused": RoutedUnfused()})})
+    without = estimate("gpt-oss-120b", "gb200-nvl72", **{**kw, "stack": none})
+    per_micro = 36 * 16384 * k * h * 2 * (8 + 6 + 10 + 8)
+    assert with_.step_time_s - without.step_time_s == pytest.approx(
+        5 * float(compute.mem_time(hw, per_micro)), rel=0.02)
+    assert with_.memory.parts["activations"] - without.memory.parts["activations"] == pytest.approx(
+        36 * 16384 * k * h * 2 * 2, rel=0.01)
+    moe_act = dict(recompute="selective", recompute_modules="moe_act")
+    a, b = (estimate("gpt-oss-120b", "gb200-nvl72", **{**kw, "stack": s, **moe_act}) for s in ("megatron-core", none))
+    assert a.memory.parts["activations"] == pytest.approx(b.memory.parts["activations"], rel=1e-9)

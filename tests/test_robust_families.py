@@ -63,6 +63,8 @@ BAD = [
     (_with(HUB_CONFIGS["deepseek-v3"], q_lora_rank=0), ["'q_lora_rank' must be at least 1, got 0"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], experts_per_token=2), ["'experts_per_token' = 2 is not supported",
                                                                 "num_experts_per_tok (4)"]),
+    (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit=-7.0), ["'swiglu_limit' must be a positive clamp"]),
+    (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit="7"), ["'swiglu_limit' must be a finite number"]),
     (_with(HUB_CONFIGS["mixtral-8x7b"], num_experts_per_tok=16), ["experts_per_token=16 exceeds n_experts=8"]),
     (_with(HUB_CONFIGS["qwen3-30b-a3b"], mlp_only_layers=["0"]), ["'mlp_only_layers' must be a list of integers"]),
     ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,

@@ -86,6 +86,10 @@ class Experts(Spec):
     scale: float = Field(default=1.0, gt=0, le=1e4)
     group_score: Literal["top2_sum", "max"] = "top2_sum"
     weights_on_input: bool = False  # the router's weight scales the expert's input, not its output (Llama 4)
+    # GPT-OSS's swiglu_limit: the experts clamp both halves of the GLU input before the activation (transformers
+    # modeling_gpt_oss.py GptOssExperts; Megatron's --activation-func-clamp-value); no parameters, element-wise work
+    # where a stack runs it outside its fused activation (the profile's kernels.routed_unfused)
+    act_clamp: Optional[float] = Field(default=None, gt=0, le=1e6)
 
     @model_validator(mode="after")
     def _top_k(self) -> "Experts":

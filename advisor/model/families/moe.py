@@ -153,8 +153,11 @@ def gpt_oss(c: Config) -> dict:
     n, bias = d["n_layers"], c.bool("attention_bias", True)
     window = c.nullable_int("sliding_window", 128)
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    clamp = c.float("swiglu_limit", 7.0)  # GptOssConfig's default
+    if clamp is not None and not 0.0 < clamp <= 1e6:
+        raise c.error(f"'swiglu_limit' must be a positive clamp on the experts' GLU input, not {clamp:g}")
     d["experts"] = _experts(c, c.int("num_local_experts", default=128), 4, d["d_ff"], router_bias=True,
-                            expert_bias=True)
+                            expert_bias=True, act_clamp=clamp)
     return {**d, "qkv_bias": bias, "out_bias": bias, "attention_sinks": True,
             "layer_runs": runs(typed_windows(c, n, window, default))}
 
