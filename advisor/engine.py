@@ -125,6 +125,9 @@ class Engine(Spec):
         default="storage", description="half: under mixed precision, ZeRO-2/3 (FSDP) gathers the parameters in the half "
                                        "type, so its plans run the layers as pure half precision does (the half mode's "
                                        "tables); storage: as the run's precision says")
+    half_from_zero: int = Field(default=2, ge=1, le=3, description="the lowest ZeRO stage whose plans run as "
+                                "fsdp_param_dtype says: 2 (FSDP's), or 1 where the stack's ZeRO-1 is DeepSpeed's engine, "
+                                "which casts the module to bf16 (deepspeed 0.19.8 runtime/engine.py _configure_distributed_model)")
     module_dtype: Literal["storage", "half"] = Field(
         default="storage", description="half: under mixed precision the engine casts the whole model to the half type "
                                        "(DeepSpeed's bf16 / fp16 modes), so every plan runs the layers as pure half "

@@ -142,8 +142,9 @@ def why_faster(e: Estimate, stack: Stack, other: tuple[dict, int], name: str) ->
     saved = sorted([(compute, "compute")] + [(v, PART_WORDS.get(k, k)) for k, v in gap.items()], reverse=True)[:2]
     said = [(f"{v:.3g} s less {what}", what) for v, what in saved if v > 0.05 * max(saved[0][0], 1e-30)]
     engine = stack.engine
-    if e.plan.zero >= 2 and engine.fsdp_param_dtype == "half" and e.setup.precision.mode is Mode.mixed:
-        cause = f"{e.stack} runs ZeRO-2/3 on half-precision weights, {name} under autocast on fp32 ones"
+    if e.plan.zero >= engine.half_from_zero and engine.fsdp_param_dtype == "half" and e.setup.precision.mode is Mode.mixed:
+        stages = "/".join(str(z) for z in range(engine.half_from_zero, 4))
+        cause = f"{e.stack} runs ZeRO-{stages} on half-precision weights, {name} under autocast on fp32 ones"
     else:
         cause = f"micro batch {e.setup.micro_batch} vs {micro_batch}" if micro_batch != e.setup.micro_batch else ""
     return ", ".join(f"{s} ({cause})" if what == "compute" and cause else s for s, what in said) + f" than {name}'s best"

@@ -154,3 +154,29 @@ def test_dated_profiles_name_a_shipped_successor():
                      "torchtitan-0.1": "torchtitan-0.2", "torchtitan-0.2": "torchtitan"}
     assert set(dated.values()) <= set(list_stacks())
     assert launching("torchrun") == "hf-trainer"
+
+
+@pytest.mark.parametrize("model", ["gpt2", "gpt2-xl"])
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_hf_trainer_fsdp_layers_run_alike_at_dp1_and_dp2(model, zero, attention):
+    """hf-trainer's ZeRO-2/3 (accelerate's FSDP) computes on bf16 parameters at any world size: at one rank torch's
+    FSDP runs NO_SHARD and keeps MixedPrecision's bf16 copy for the compute. One GPU was costed as autocast on fp32
+    weights (2x the element-wise bytes), and going to 2 GPUs made each GPU 1.24-1.50x faster. A micro-batch costs
+    the same compute and keeps the same activations at dp 1 and 2; the only per-GPU gain is the optimizer's half.
+    ZeRO-1 runs through accelerate's DeepSpeed plugin, whose bf16 engine casts the module: the same layers as ZeRO-2's,
+    where DDP (ZeRO-0) runs autocast on fp32 weights."""
+    kw = dict(zero=zero, stack="hf-trainer", micro_batch=4, global_batch=16, attention=attention)
+    one, two = (estimate(model, "dgx-a100", gpus=g, **kw) for g in (1, 2))
+
+    def per_micro_batch(e):
+        b = e.breakdown
+        return (b["compute/forward"] + b["compute/backward"] + b["compute/recompute"]) / e.grad_accum
+
+    assert per_micro_batch(one) == pytest.approx(per_micro_batch(two), rel=1e-9)
+    assert one.memory.parts["activations"] == pytest.approx(two.memory.parts["activations"], rel=1e-9)
+    saved = one.breakdown["optimizer"] - two.breakdown["optimizer"]
+    assert 2 * two.step_time_s >= one.step_time_s - 2 * saved
+    zero2, ddp = (estimate(model, "dgx-a100", gpus=2, **{**kw, "zero": z}) for z in (2, 0))
+    assert per_micro_batch(two) == pytest.approx(per_micro_batch(zero2), rel=1e-9)
+    assert per_micro_batch(ddp) > 1.1 * per_micro_batch(two)

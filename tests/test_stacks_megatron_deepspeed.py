@@ -105,8 +105,10 @@ def test_deepspeed_runs_an_hf_model_in_half_precision_throughout():
     assert w.tables == ours  # bf16-mixed asks the half mode's tables (advisor.workload, engine.module_dtype)
     kw = dict(gpus=8, micro_batch=1, seq=2048, precision="bf16-mixed", recompute="none")
     d0 = estimate("llama2-7b", "dgx-h100", stack="deepspeed", zero=1, **kw)
-    h0 = estimate("llama2-7b", "dgx-h100", stack="hf-trainer", zero=1, **kw)
+    h0 = estimate("llama2-7b", "dgx-h100", stack="hf-trainer", zero=0, **kw)  # DDP: autocast on fp32 weights
     assert d0.memory.parts["activations"] < h0.memory.parts["activations"]  # no fp32 residual stream under autocast
+    h1 = estimate("llama2-7b", "dgx-h100", stack="hf-trainer", zero=1, **kw)  # its ZeRO-1 is DeepSpeed's bf16 engine
+    assert d0.memory.parts["activations"] == h1.memory.parts["activations"]
 
 
 @pytest.mark.parametrize("name", ["megatron-core", "deepspeed"])
