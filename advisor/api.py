@@ -12,7 +12,9 @@ from typing import Optional, Union
 
 from advisor.candidates import Candidates
 from advisor.constraints import plan_errors
-from advisor.errors import AdvisorError, format_validation_error
+from advisor.auto import (AUTO_LARGE, AUTO_MODEL_PARALLEL, AUTO_NEITHER, AUTO_RULE, AUTO_SMALL, ONE_STACK,  # noqa: F401
+                          auto_runs, fits_one_gpu, model_parallel, plan_stack, resolve_stack)
+from advisor.errors import AdvisorError, PlanError, format_validation_error  # noqa: F401 (PlanError: read from here too)
 from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, TWO_CHUNK_SCHEDULES, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
@@ -26,29 +28,6 @@ from advisor.spec import checked
 from advisor.training import Precision, Recompute, TrainingSetup
 from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not
 
-# ``--stack auto``: the stack a user of the plan's kind most likely runs (issue 15), one rule for plan, estimate and
-# export. Tensor and pipeline parallelism are what Megatron-LM, NeMo and Megatron-Bridge are for (megatron-core);
-# data-parallel plans (DDP, ZeRO, FSDP) of a model that fits one GPU are what the Hugging Face Trainer / accelerate
-# run; a model too large for one GPU is trained with Megatron's kernels (megatron-core, its distributed optimizer or
-# Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
-# megatron-deepspeed, which they ran.
-AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL, AUTO_NEITHER = "hf-trainer", "megatron-core", "megatron-core", "torchtitan-0.2"
-ONE_STACK = ("--stack any ranks every stack's plans in advisor plan; one plan is costed in one stack: name it (the "
-             "row's stack, advisor stacks) or use --stack auto")
-AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
-             f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
-             f"ZeRO-Offload) or {AUTO_LARGE} does not run the fine-tuning method or build and export the model, else in "
-             f"{AUTO_LARGE}; a model neither builds and exports (Llama 4) in {AUTO_NEITHER}")
-
-
-def model_parallel(tp, pp, cp=1):
-    """Whether a plan (or each of a table's plans) is of the kinds --stack auto costs in AUTO_MODEL_PARALLEL: tensor,
-    pipeline or context parallelism."""
-    return (tp > 1) | (pp > 1) | (cp > 1)
-
-
-class PlanError(AdvisorError):
-    pass
 
 
 def resolve_world(hw: Hardware, gpus: Optional[int], nodes: Optional[int], plan_product: Optional[int]) -> int:
@@ -91,79 +70,6 @@ def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
         raise PlanError(f"--precision {precision}: the {gpu.name} of profile {hardware.name} has no {math} math "
                         f"(it lists {', '.join(sorted(gpu.peak_tflops))}); use {default}")
     return precision
-
-
-def auto_runs(stack: Stack, model: ModelSpec) -> bool:
-    """Whether --stack auto may cost the model in ``stack``: its model code builds the decoder (engine.lacks) and
-    one of its launch formats writes it (advisor.export.unwritable: Gemma's GeGLU and soft-capping, OLMo 2's
-    full-width q/k norms and GPT-OSS's attention sinks have no Megatron-LM flag), so every plan it ranks exports."""
-    from advisor.export import unwritable
-
-    return runs_model(stack, model) and not unwritable(stack, model)
-
-
-def plan_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
-               plan: Plan) -> Stack:
-    """The stack one plan is costed in: the one named, or auto's for this plan; ``any`` (a search's) is refused."""
-    if str(name) == "any":
-        raise PlanError(ONE_STACK)
-    return load_stack(name) if str(name) != "auto" else resolve_stack("auto", model, hw, setup, plan, DEFAULT_HEADROOM)[0]
-
-
-def fits_one_gpu(model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup, headroom: float = 0.0) -> bool:
-    """Whether the model trains on one GPU at all: micro batch 1, full recomputation, nothing sharded, with the
-    fraction ``headroom`` of its memory kept free (a search's --memory-headroom: the answer its plans agree with)."""
-    lean = setup.model_copy(update={"micro_batch": 1, "grad_accum": 1, "global_batch": None, "recompute": Recompute.full})
-    out = evaluate(Workload.of(model, hw, stack, lean), Candidates.of_plan(Plan(), lean, 1))
-    return bool(out.memory.peak[0] + out.overhead.total[0] <= hw.gpu.memory_bytes * (1.0 - headroom))
-
-
-def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
-                  plan: Optional[Plan] = None, headroom: float = 0.0, gpus: Optional[int] = None) -> tuple[Stack, bool]:
-    """(the stack, whether the model fits on one GPU in it): the stack profile named, or for ``auto`` the one a
-    user of this plan's kind most likely runs (AUTO_RULE): AUTO_MODEL_PARALLEL for a plan with TP or PP, else
-    AUTO_SMALL where the model fits on one GPU in it (``headroom`` of its memory kept free) or AUTO_LARGE does not run
-    the fine-tuning method (engine.methods), else AUTO_LARGE. Without a plan (a search), the stack of its
-    data-parallel plans; the search costs its TP and PP plans in AUTO_MODEL_PARALLEL. On one GPU (``gpus``, or the
-    plan's world) AUTO_SMALL: the seeds' single-GPU answer is DeepSpeed's ZeRO-Offload, and AUTO_LARGE's optimizer
-    offload (Megatron's HybridDeviceOptimizer) keeps the whole gradient buffer on the GPU. For ``any`` (a search over
-    every stack), auto's where it runs the setup's choices, else the first stack that does."""
-    if str(name) == "any":
-        try:
-            stack, fits = resolve_stack("auto", model, hw, setup, plan, headroom, gpus)
-        except StackError:
-            stack = None
-        if stack is not None and stack_runs(stack, setup) and auto_runs(stack, model):
-            return stack, fits
-        for stack in (load_stack(n) for n in list_stacks()):
-            if stack_runs(stack, setup) and auto_runs(stack, model):
-                return stack, fits_one_gpu(model, hw, stack, setup, headroom)
-        raise StackError(f"no stack profile runs {model.name} with what was asked (advisor stacks)")
-    if isinstance(name, Stack) or str(name) != "auto":
-        stack = load_stack(name)
-        return stack, fits_one_gpu(model, hw, stack, setup, headroom)
-    small = load_stack(AUTO_SMALL)
-    large = load_stack(AUTO_MODEL_PARALLEL if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else AUTO_LARGE)
-    why = why_not(small, setup)
-    if why and why_not(large, setup):  # a choice neither runs (torchtitan's async TP): say who does
-        others = [n for n in list_stacks() if stack_runs(load_stack(n), setup)]
-        raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({why}); "
-                         + (f"--stack {' or '.join(others)} runs it" if others else "no stack profile runs it"))
-    if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
-        pick = small if auto_runs(small, model) else load_stack(AUTO_NEITHER)  # neither: Llama 4's experts and chunks
-        return pick, fits_one_gpu(model, hw, pick, setup, headroom)
-    # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher
-    # or a TP overlap (megatron-core)
-    if not stack_runs(small, setup) and stack_runs(large, setup):
-        return large, fits_one_gpu(model, hw, large, setup, headroom)
-    fits = fits_one_gpu(model, hw, small, setup, headroom)
-    if fits or (plan.world_size if plan is not None else gpus) == 1:
-        if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp):
-            return load_stack(AUTO_MODEL_PARALLEL), True
-        return small, fits
-    if not stack_runs(large, setup):
-        return small, False
-    return large, fits_one_gpu(model, hw, large, setup, headroom)  # its kernels' peak differs: it may fit where small's does not
 
 
 def finetune_of(o, method: Optional[str] = None):

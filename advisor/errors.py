@@ -7,6 +7,10 @@ class AdvisorError(ValueError):
     """Any input problem the CLI reports as a single line with exit code 2."""
 
 
+class PlanError(AdvisorError):
+    """A plan or search that cannot be costed as asked (advisor.api, advisor.search)."""
+
+
 def format_validation_error(exc: Exception) -> str:
     """Turn a pydantic ValidationError into one line: 'field.path: message (got VALUE)'."""
     errors = getattr(exc, "errors", None)

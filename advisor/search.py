@@ -12,6 +12,7 @@ stack named or under ``--stack auto`` in its kind's (api.AUTO_RULE, as ``estimat
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -20,12 +21,14 @@ import numpy as np
 from advisor import api
 from advisor.admissible import valid_candidates
 from advisor.api import PlanError, resolve_precision, resolve_world
+from advisor.auto import offloads_only
 from advisor.candidates import Candidates
 from advisor.constraints import drop_setup_violations, violations
 from advisor.errors import format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
+from advisor.layout import Offload
 from advisor.model import ModelSpec, load_model
 from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, moe_setup, stack_name
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
@@ -98,6 +101,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     if one is not None:
         found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, stack_setup(setup, one)), 1, o, None))
         stacks += [] if any(st.name == one.name for st in stacks) else [one]
+    if o.stack == "auto" and not any(f.fits.any() for f in found):  # DeepSpeed's ZeRO-Infinity, where nothing else fits
+        more = _offloaded(spec, hardware, setup, setups, worlds, o, stacks)
+        found, stacks = found + more, stacks + [f.stack for f in more][:1]
     stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
     ft = setup.finetune
     tree = decision_tree(spec, hardware, max(worlds), fits_one, ft.method.value + (
@@ -107,10 +113,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
     ranked, best_by_kind, near = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
     setup = setups[chosen.name] if o.stack != "any" else setup
-    rejected: dict[str, int] = {}
-    for f in found:
-        for reason, n in f.rejected.items():
-            rejected[reason] = rejected.get(reason, 0) + n
+    rejected = dict(sum((Counter(f.rejected) for f in found), Counter()))
     return PlanSearch(spec, hardware, stacks, setup, worlds, o.global_batch is None, o.objective,
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
@@ -128,6 +131,27 @@ def _one_gpu_stack(o: PlanOptions, spec: ModelSpec, hardware: Hardware, setup: T
     if o.stack != "auto" or not min(worlds) == 1 < max(worlds):
         return None
     return api.resolve_stack("auto", spec, hardware, setup, headroom=o.memory_headroom, gpus=1)[0]
+
+
+def _offloaded(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, setups: dict[str, TrainingSetup],
+               worlds: list[int], o: PlanOptions, stacks: list[Stack]) -> list["_Found"]:
+    """--stack auto where no plan fits in its stacks: AUTO_SMALL's data-parallel plans with an offload AUTO_LARGE lacks
+    (parameters on the CPU or NVMe), the plans api.resolve_stack costs there; none where it already searched."""
+    small, large = load_stack(api.AUTO_SMALL), load_stack(api.AUTO_LARGE)
+    lacking = [Offload(x).code for x in offloads_only(small, large)]
+    if any(st.name == small.name for st in stacks) or not lacking or not api.auto_runs(small, spec) \
+            or not stack_runs(small, setup):
+        return []
+    out = []
+    for w in worlds:
+        f = _search_world(spec, hardware, small, setups.setdefault(small.name, stack_setup(setup, small)), w, o, False)
+        keep = np.isin(np.broadcast_to(f.plans.offload, f.fits.shape), lacking)
+        if (f.fits & ~keep).any():
+            f.rejected[f"--stack auto: {small.name}'s plans without ZeRO-Infinity's offload are {large.name}'s"] = int(
+                (f.fits & ~keep).sum())
+        f.fits = f.fits & keep
+        out.append(f)
+    return out
 
 
 def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: Hardware,

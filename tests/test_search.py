@@ -144,11 +144,11 @@ def test_fits_one_gpu_is_asked_again_only_when_the_stack_changed(monkeypatch):
     """The auto stack asks whether the model fits one GPU in the hf-trainer stack; when it does, the decision
     tree reuses that answer (the same question). When it does not, the tree asks again in megatron-core (auto's
     stack then), whose memory peak differs: gpt2 (bf16-mixed) fits a 3.04 GiB GPU in neither."""
-    from advisor import api, search
+    from advisor import auto, search
     from advisor.hardware import load_hardware
 
-    calls, real = [], api.fits_one_gpu
-    monkeypatch.setattr(api, "fits_one_gpu", lambda m, hw, st, su, h=0.0: calls.append(st.name) or real(m, hw, st, su, h))
+    calls, real = [], auto.fits_one_gpu
+    monkeypatch.setattr(auto, "fits_one_gpu", lambda m, hw, st, su, h=0.0: calls.append(st.name) or real(m, hw, st, su, h))
     res = search.plan("gpt2-xl", "dgx-a100", top=1)
     assert calls == ["hf-trainer"] and res.tree["fits_one_gpu"]
     calls.clear()
@@ -396,3 +396,21 @@ def test_a_default_batch_rounded_far_past_half_a_million_tokens_says_how_far():
     assert "global batch 512 (default: ~0.5M tokens, a multiple of the GPU count)" in small
     big = plan("llama3-405b", "dgx-h100", gpus=16_384, top=1).header()
     assert "global batch 16384" in " ".join(big.split()) and "134M tokens a step" in " ".join(big.split())
+
+
+def test_auto_ranks_zero_infinity_where_nothing_else_fits_and_estimate_agrees():
+    """Mixtral-8x7B on 2 H100s: --stack auto costs a model this large in megatron-core, which offloads no parameters,
+    and said "no plan fits" (its hint: 16 GPUs) though one GPU found hf-trainer's ZeRO-3 with parameters on the CPU and
+    --stack hf-trainer found it on 2. Where none of megatron-core's plans fits, auto ranks hf-trainer's ZeRO-Infinity
+    plans (the offloads megatron-core lacks), and estimate costs such a plan there too."""
+    res = plan("mixtral-8x7b", "dgx-h100", gpus=2, top=3)
+    assert res.plans, "a ZeRO-Infinity plan fits"
+    top = res.plans[0].estimate
+    assert (top.stack, top.plan.zero, top.plan.offload.value) == ("hf-trainer", 3, "params-cpu")
+    again = estimate(model="mixtral-8x7b", hw="dgx-h100", gpus=2, zero=3, offload="params-cpu",
+                     micro_batch=top.setup.micro_batch, global_batch=top.setup.global_batch,
+                     recompute=top.setup.recompute.value, recompute_layers=top.setup.recompute_layers)
+    assert (again.stack, again.step_time_s, again.memory.peak_bytes) == ("hf-trainer", top.step_time_s,
+                                                                        top.memory.peak_bytes)
+    # where megatron-core's plans fit, they are auto's: no ZeRO-Infinity row is searched
+    assert {p.estimate.stack for p in plan("mixtral-8x7b", "dgx-h100", gpus=8, top=5).plans} == {"megatron-core"}
