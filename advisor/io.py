@@ -198,6 +198,9 @@ def _int_1_2(loader, node):
     text = loader.construct_scalar(node).replace("_", "")
     sign = -1 if text.startswith("-") else 1
     digits = text.lstrip("+-")
+    if len(digits) > 100:  # int() refuses 4,300 digits with a ValueError; no profile holds a 100-digit count
+        raise YAMLRefused(f"line {node.start_mark.line + 1}: an integer of {len(digits):,} digits: no value of a "
+                          "profile has one; check the file")
     if digits.startswith(("0x", "0o")):
         return sign * int(digits[2:], 16 if digits[1] == "x" else 8)
     return sign * int(digits, 10)

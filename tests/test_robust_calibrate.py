@@ -50,6 +50,10 @@ BAD_FROM = [
     ("array.jsonl", "[1, 2]\n", ["array.jsonl:1", "'kind'"]),
     ("all_reduce_xgpu.csv", "1,2,3\n", ["expected a name like all_reduce_<n>gpu.csv"]),
     ("one.jsonl", json.dumps(ROW) + "\n", ["need at least 3"]),
+    # the same size three times is one point: a three-parameter fit of it came out "R^2 1.0000" and was written
+    ("same.jsonl", (json.dumps(ROW) + "\n") * 3, ["1 distinct measured sizes (3 rows), need at least 3"]),
+    ("bigint.jsonl", rows() + '{"kind": "copy", "bytes_moved": ' + "9" * 5000 + ', "time_s": 1}\n',
+     ["bigint.jsonl:4", "a number of thousands of digits"]),
     pytest.param("nosize.jsonl", rows(size_bytes=None), ["size_bytes"]),
     pytest.param("nan.jsonl", rows(time_s=float("nan")), ["nan.jsonl", "time_s"]),
     pytest.param("neg.jsonl", rows(time_s=-1.0), ["neg.jsonl", "time_s"]),

@@ -63,6 +63,9 @@ BAD = [
     (_with(HUB_CONFIGS["deepseek-v3"], q_lora_rank=0), ["'q_lora_rank' must be at least 1, got 0"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], experts_per_token=2), ["'experts_per_token' = 2 is not supported",
                                                                 "num_experts_per_tok (4)"]),
+    # a per-layer list of 10^20 entries was built before n_layers' bound was checked (OverflowError, or no end)
+    (_with(HUB_CONFIGS["gemma-3-1b"], num_hidden_layers=10**20), ["'num_hidden_layers' must be at most 100,000"]),
+    (_with(LLAMA, model_type="mistral", num_hidden_layers=10**9), ["'num_hidden_layers' must be at most 100,000"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit=-7.0), ["'swiglu_limit' must be a positive clamp"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit="7"), ["'swiglu_limit' must be a finite number"]),
     (_with(HUB_CONFIGS["mixtral-8x7b"], num_experts_per_tok=16), ["experts_per_token=16 exceeds n_experts=8"]),

@@ -287,3 +287,14 @@ def test_a_stack_that_runs_several_devices_only_sharded_counts_pipeline_ranks_as
     f.write_text("base: litgpt\nname: pipe\ndescription: t\nengine: {offers: [ddp, zero1, zero3, pp]}\n")
     assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-h100", "--gpus", "2", "--pp", "2",
                            "--zero", "1", "--stack", str(f)], "pipe runs several devices only sharded (ZeRO-3 / FSDP)")
+
+
+def test_an_integer_of_thousands_of_digits_in_a_profile_is_one_line(tmp_path):
+    """int() refuses 4,300 digits with a ValueError, which reached the user as 'ValueError: Exceeds the limit'."""
+    tried("profiles", 2)
+    hw = tmp_path / "big.yaml"
+    hw.write_text("base: dgx-h100\nname: big\ngpus_per_node: " + "9" * 5000 + "\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", str(hw)], "line 3: an integer of 5,000 digits")
+    st = tmp_path / "bigst.yaml"
+    st.write_text("base: megatron-core\nname: bigst\ndescription: t\nengine: {bucket_MiB: " + "9" * 5000 + "}\n")
+    assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(st)], "an integer of 5,000")

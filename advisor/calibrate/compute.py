@@ -53,10 +53,11 @@ def fit_matmul(rows: list[dict], hw: Hardware, skipped: Optional[list[str]] = No
         if math not in ("fp32", "tf32", "bf16", "fp16", "fp8") and math not in RECIPES:
             raise CalibrationError(f"matmul rows with math {math!r}: expected fp32, tf32, bf16, fp16, fp8 or a recipe "
                                    f"({', '.join(RECIPES)})")
-        if len(rs) < MIN_MATMUL_POINTS:
+        shapes = len({tuple(float(r.get(c, 0)) for c in ("m", "k", "n")) for r in rs})  # a repeated shape: one point
+        if shapes < MIN_MATMUL_POINTS:
             if skipped is not None:
-                skipped.append(f"matmul {math}: {len(rs)} point{'s' if len(rs) > 1 else ''}, need at least "
-                               f"{MIN_MATMUL_POINTS} to fit max and half_dim; kept from the base profile")
+                skipped.append(f"matmul {math}: {shapes} distinct shape{'s' if shapes > 1 else ''} ({len(rs)} rows), "
+                               f"need at least {MIN_MATMUL_POINTS} to fit max and half_dim; kept from the base profile")
             continue
         out[math] = _fit_matmul_math(math, rs, hw.gpu.peak_flops_per_s(RECIPES[math].format if math in RECIPES else math))
     return out
@@ -146,8 +147,8 @@ def fit_attention(rows: list[dict], hw: Hardware, fixed_us: float) -> Optional[t
 
     rs = [r for r in rows if r.get("kind") == "sdpa_fwd" and r.get("status", "ok") == "ok"
           and all(c in r for c in ("b", "heads", "s", "d"))]
-    if len(rs) < 3:  # two parameters: a third shape is the first that checks them
-        return None
+    if len({tuple(float(r[c]) for c in ("b", "heads", "s", "d")) for r in rs}) < 3:  # two parameters: a third
+        return None  # distinct shape is the first that checks them
     b, h, sq, d = (np.array([float(r[c]) for r in rs]) for c in ("b", "heads", "s", "d"))
     t = np.array([float(r["time_s"]) for r in rs])
     F = 4.0 * b * h * sq * sq * d / 2.0

@@ -71,8 +71,9 @@ def fit_link(link: Link, collective: str, n: np.ndarray, S: np.ndarray, t: np.nd
     """
     from advisor.comm import link_time
 
-    if len(S) < 3:
-        raise CalibrationError(f"{collective}: {len(S)} measured sizes, need at least 3 to fit a link")
+    if len(set(zip(np.asarray(n).tolist(), np.asarray(S).tolist()))) < 3:  # a repeated size is one point
+        raise CalibrationError(f"{collective}: {len(set(np.asarray(S).tolist()))} distinct measured sizes ({len(S)} rows), "
+                               "need at least 3 to fit a link")
     several_n = len(np.unique(n)) > 1
     free = [f for f in _FREE if several_n or f[0] not in _NEEDS_SEVERAL_N]
     names = [f[0] for f in free]

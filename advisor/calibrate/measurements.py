@@ -89,6 +89,9 @@ def read_results(path: str | Path) -> list[dict]:
             if i == last and rows:
                 continue
             raise CalibrationError(f"{p}:{i}: not a JSON object: fix or remove that line") from None
+        except ValueError:  # int() beyond sys.get_int_max_str_digits: no measurement has a number of 4,300 digits
+            raise CalibrationError(f"{p}:{i}: a number of thousands of digits: no measurement has one; fix or remove "
+                                   "that line") from None
         rows.append(_check_row(_normalise(raw, f"{p}:{i}"), f"{p}:{i}"))
     return rows
 

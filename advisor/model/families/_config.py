@@ -30,6 +30,10 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# ModelSpec's bound on n_layers; any other integer of a config (a width, a vocabulary, a count of experts) at most 10^12
+LAYER_COUNT_KEYS, LAYER_COUNT_MAX, INT_MAX = ("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 100_000, 10**12
+
+
 class Config:
     def __init__(self, raw: dict, origin: str, family: str, prefix: str = ""):
         self.raw, self.origin, self.family, self.prefix = raw, origin, family, prefix
@@ -60,6 +64,9 @@ class Config:
             raise self.error(f"{self._name(key)} must be an integer, not {_show(value)}")
         if value < minimum:
             raise self.error(f"{self._name(key)} must be at least {minimum}, got {value}")
+        most = LAYER_COUNT_MAX if key in LAYER_COUNT_KEYS else INT_MAX
+        if value > most:  # checked before any per-layer list is built from it (a 10^20-layer list never ends)
+            raise self.error(f"{self._name(key)} must be at most {most:,}, got {value:.3g}")
         return value
 
     def nullable_int(self, key: str, absent: Optional[int], minimum: int = 1) -> Optional[int]:
