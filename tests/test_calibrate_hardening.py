@@ -45,7 +45,7 @@ NOTHING_USABLE = [
     ("all failed", [{**ROW, "size_bytes": 2**k, "status": "failed", "error": "CUDA out of memory"} for k in (10, 11, 12)],
      ["no usable measurements", "every size failed (3)", "CUDA out of memory"]),
     ("one matmul", [{"kind": "matmul", "math": "fp32", "m": 512, "k": 512, "n": 512, "time_s": 1e-3, "status": "ok"}],
-     ["no usable measurements", "matmul fp32: 1 point"]),
+     ["no usable measurements", "matmul fp32: 1 distinct shape (1 rows)"]),
     ("1e30 ranks", [{**ROW, "n_ranks": 1e30, "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],
      ["n_ranks=1e+30", "at most 1048576"]),
     ("2.5 ranks", [{**ROW, "n_ranks": 2.5, "size_bytes": 2**k, "time_s": 1e-3} for k in (10, 11, 12)],

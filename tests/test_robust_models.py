@@ -72,7 +72,7 @@ BAD_CONFIGS = [
     (json.dumps(_cfg(GPT2, n_layer="twelve")), ["'n_layer'", "the string 'twelve'"]),
     (json.dumps(_cfg(GPT2, n_layer=True)), ["'n_layer' must be an integer, not true"]),  # was read as 1 layer
     (json.dumps(_cfg(GPT2, n_layer=[12])), ["'n_layer' must be an integer"]),
-    (json.dumps(_cfg(GPT2, n_layer=10**30)), ["n_layers"]),
+    (json.dumps(_cfg(GPT2, n_layer=10**30)), ["'n_layer' must be at most 100,000"]),
     (json.dumps(_cfg(GPT2, n_embd=float("nan"))), ["'n_embd' must be an integer, not nan"]),  # Python's json writes NaN
     (json.dumps(_cfg(GPT2, n_embd=float("inf"))), ["'n_embd' must be an integer, not inf"]),
     (json.dumps(_cfg(GPT2, n_embd=250)), ["d_model=250 is not divisible by n_heads=8"]),
