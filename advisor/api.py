@@ -47,14 +47,17 @@ def resolve_world(hw: Hardware, gpus: Optional[int], nodes: Optional[int], plan_
     return world
 
 
-def resolve_precision(hardware: Hardware, precision: Optional[str]) -> str:
+def resolve_precision(hardware: Hardware, precision: Optional[str], stack: Union[str, Path, Stack, None] = None) -> str:
     """The precision to train in: the one asked for (a stack's own recipe name, e.g. Float8CurrentScaling or
     Megatron's ``--fp8-recipe tensorwise``, means advisor's: advisor.precision), if the GPU runs it (a one-line error
-    otherwise), or by default bf16-mixed where the GPU has bf16 (Ampere and later), else fp16-mixed."""
+    otherwise), or by default bf16-mixed where the GPU has bf16 (Ampere and later), else fp16-mixed; in a named
+    ``stack`` that trains in neither, the first of its own the GPU runs (litgpt's bf16-true)."""
     gpu = hardware.gpu
     default = "bf16-mixed" if gpu.runs("bf16") else ("fp16-mixed" if gpu.runs("fp16") else "fp32")
     if precision is None:
-        return default
+        held = load_stack(stack).engine.precisions if stack is not None and str(stack) not in ("auto", "any") else None
+        own = [p for p in held or () if gpu.runs(Precision(p).math) and Precision(p).recipe is None]
+        return own[0] if held and default not in held and own else default
     precision = canonical(precision)
     try:
         p = Precision(precision)
@@ -87,7 +90,7 @@ def build_inputs(model, hw, **given):
     """Validate every option (advisor.options) and return (model spec, hardware, stack, plan, setup, world)."""
     o = EstimateOptions.of(given, {}, "estimate")
     spec, hardware = load_model(model), load_hardware(hw)
-    precision = resolve_precision(hardware, o.precision)
+    precision = resolve_precision(hardware, o.precision, o.stack)
     zero = FSDP_TO_ZERO[o.fsdp] if o.fsdp is not None else (o.zero or 0)
     # without --gpus or --nodes the plan's own degrees say how many GPUs: dp (default 1) x tp x pp
     world = resolve_world(hardware, o.gpus, o.nodes, (o.dp or 1) * o.tp * o.pp * o.cp)

@@ -14,13 +14,14 @@ from advisor.stack import load_stack
 from advisor.workload import Workload
 
 
-def auto_precisions(hardware: Hardware) -> list[str]:
-    """What ``--precision auto`` compares on a GPU: its default half precision and every low-precision recipe it
-    runs (advisor.precision; the legacy fp8-mixed switch is left out: the recipes say what it meant)."""
+def auto_precisions(hardware: Hardware, stack=None) -> list[str]:
+    """What ``--precision auto`` compares on a GPU: its default half precision (in a named stack, the stack's own:
+    api.resolve_precision) and every low-precision recipe it runs (advisor.precision; the legacy fp8-mixed switch is
+    left out: the recipes say what it meant)."""
     from advisor.precision import RECIPES, check_gpu
 
     gpu = hardware.gpu
-    out = [resolve_precision(hardware, None)]
+    out = [resolve_precision(hardware, None, stack)]
     return out + [name for name, r in RECIPES.items() if check_gpu(r, gpu.name, gpu.peak_tflops, gpu.block_scaling) is None]
 
 
@@ -34,7 +35,7 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
     hardware = load_hardware(hw)
     runs: list[tuple[str, Optional[PlanSearch], str]] = []
     errors: list[AdvisorError] = []
-    for name in auto_precisions(hardware):
+    for name in auto_precisions(hardware, kw.get("stack")):
         try:
             runs.append((name, plan(model, hardware, precision=name, **kw), ""))
         except AdvisorError as exc:

@@ -231,7 +231,7 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
         raise PlanError("precision='auto' ranks every precision the GPU runs: call advisor.search.rank_precisions "
                         "(the `advisor plan --precision auto` command), or name one precision here")
     try:
-        return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision),
+        return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision, o.stack),
                              optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),
                              finetune=api.finetune_of(o),
                              **moe_setup(o))

@@ -1,10 +1,8 @@
 """A training stack's profile: what the stack's kernels move, what its layers save for backward, and how its
 training engine holds and reduces model states, read as data (YAML in stack_profiles/, like hardware profiles).
 
-Two stacks ship today: ``hf-trainer`` (Hugging Face transformers modules under torch.autocast, run by the
-Trainer/accelerate with PyTorch DDP or FSDP, or DeepSpeed ZeRO-1) and ``megatron-deepspeed`` (Megatron's
-fused kernels under the DeepSpeed engine, as the vTrain and SC21 runs used them). The cost model reads a
-stack's numbers and choices; it never asks which stack it is.
+Each stack is one file (``advisor stacks`` lists those shipped; ``base:`` inherits another's); the cost model reads
+a stack's numbers and choices and never asks which stack it is.
 
 Measured tables are keyed by what they depend on: ``mode`` (how activations are held: fp32, mixed, half;
 advisor.training.Mode), ``attention`` (sdpa, eager), ``mlp`` (gelu, swiglu) and ``compile`` (eager, or the
@@ -26,12 +24,12 @@ from typing import Annotated, Any, Literal, Optional
 import numpy as np
 from pydantic import Field, model_validator
 
-from advisor.engine import RecipeName
+from advisor.engine import PLAN_FEATURES, Engine, RecipeName, Zero3Calls  # noqa: F401 (the engine's part; read from here too)
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
 from advisor.spec import Spec, checked
-from advisor.training import compile_parts
+from advisor.training import Precision, compile_parts
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
 _PACKAGED_STACK_DIR = Path(__file__).resolve().parent / "stack_profiles"
@@ -165,13 +163,9 @@ class Memory(Spec):
     logits: list[Logits]
 
 
-# the engine's part of a profile lives in advisor.engine; these names are read from here too
-from advisor.engine import PLAN_FEATURES, Engine, Zero3Calls  # noqa: E402,F401
-
-
 # the --precision values each activation mode of the tables serves (advisor.precision: half is bf16 / fp16 throughout,
 # mixed the -mixed recipes and the low-precision ones, fp32 fp32)
-PRECISIONS_OF_MODE = {"half": "bf16 (or fp16)", "mixed": "bf16-mixed", "fp32": "fp32"}
+PRECISIONS_OF_MODE = {"half": "bf16", "mixed": "bf16-mixed", "fp32": "fp32"}
 
 
 class Stack(Spec):
@@ -201,6 +195,10 @@ class Stack(Spec):
             lacking.append("sequence_parallel always without sp")  # every TP plan would be refused
         if "selective" in eng.checkpointing and eng.selective is None:
             lacking.append("checkpointing selective without engine.selective (what it reruns)")
+        for p in eng.precisions or ():  # a precision whose mode no table measures would be refused on every plan
+            mode = "half" if (m := Precision(p).mode.value) == "mixed" and eng.module_dtype == "half" else m
+            if not all(any(e.mode in (mode, "any") for e in es) for es in (self.kernels.elementwise, self.memory.saved)):
+                lacking.append(f"precision {p} without kernels.elementwise and memory.saved entries for mode {mode}")
         if lacking:  # loaded, the search would drop the plans without a word
             raise ValueError(f"engine offers {'; '.join(lacking)}: add what it needs, or drop it")
         return self

@@ -123,8 +123,7 @@ BAD_OPTIONS = [
     (["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "torchtitan", "--precision", "fp8-tensorwise"],
      ["stack torchtitan does not train in fp8-tensorwise", "use --precision bf16-mixed"]),
     (["plan", "--model", "mpt-7b", "--hw", "dgx-h100", "--stack", "llm-foundry", "--precision", "fp8-rowwise"],
-     ["stack llm-foundry does not train in fp8-rowwise (it trains in fp32, bf16-mixed, fp16-mixed, fp8-mixed, "
-      "fp8-delayed)"]),
+     ["stack llm-foundry does not train in fp8-rowwise (it trains in bf16-mixed, fp16-mixed, fp8-mixed, fp8-delayed)"]),
     # torchtitan 0.3.0 builds Adam, AdamW and DistMuon only (components/optimizer/optimizer.py)
     (["plan", "--model", "llama3-8b", *P[3:], "--stack", "torchtitan", "--optimizer", "sgd"],
      ["stack torchtitan does not train with sgd (it trains with adamw-fused, adamw): use --optimizer adamw-fused"]),
