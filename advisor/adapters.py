@@ -289,17 +289,30 @@ def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
 # litgpt's QLoRA runs on the fine-tuning rows measured +28 us (Llama 2 7B), +27 (13B), +31 (Phi-1.5) and +23
 # (StableLM 3B) a dequantisation with double quantisation than without (validation/data/finetune_runs.yaml): 4 ops.
 # torchao's NF4 (torchtune) is not read here: its dequantisation's host work is not counted. The quantised linears are
-# the layer table's, except that most of Hugging Face's models (PEFT) hold q, k and v as three modules (q_proj, k_proj,
-# v_proj: each its own Linear4bit) where the table and litgpt fuse them; HF_FUSED_QKV are the families whose modeling
-# files keep one (transformers 5: GPT-2's and GPTBigCode's c_attn, GPT-NeoX's, Falcon's and BLOOM's query_key_value,
-# MPT's Wqkv, Phi-3's qkv_proj; "gpt" is the catalogue's GPT-2 and GPT-3). A mixture of experts' every expert is not
-# counted apart (transformers 5 holds them as fused 3-D parameters, which bitsandbytes does not quantise).
+# the layer table's where the stack's model code fuses projections as the table does (engine.base_modules fused:
+# litgpt's qkv); transformers' modeling files (hf-trainer) hold q, k and v as three modules (q_proj, k_proj, v_proj:
+# each its own Linear4bit) except in HF_FUSED_QKV (transformers 5: GPT-2's and GPTBigCode's c_attn, GPT-NeoX's,
+# Falcon's and BLOOM's query_key_value, MPT's Wqkv, Phi-3's qkv_proj; "gpt" is the catalogue's GPT-2 and GPT-3), and
+# gate and up as two but in HF_FUSED_GATE_UP (Phi-3's and GLM-4's gate_up_proj); checked on the meta device
+# (tests/test_hf_families.py). A mixture of experts' every expert is not counted apart (transformers 5 holds them as
+# fused 3-D parameters, which bitsandbytes does not quantise).
 LORA_HOST = ((2, 2), (2, 4))  # (forward ops, forward GEMM calls), (backward ops, backward GEMM calls) an adapter
 NF4_HOST_OPS, DOUBLE_QUANT_HOST_OPS = 5, 4
 HF_FUSED_QKV = frozenset({"gpt", "gpt2", "gpt_bigcode", "gpt_neox", "falcon", "bloom", "mpt", "phi3"})
+HF_FUSED_GATE_UP = frozenset({"phi3", "glm4"})
 
 
-def host_work(layer, ft, family: str = "gpt") -> tuple[tuple[float, float], tuple[float, float]]:
+def base_modules(layer, family: str, held: str) -> int:
+    """The modules a layer's quantised base is held in: its table's linears (``held`` fused), or transformers'
+    modules for the family (``held`` transformers: the comment above)."""
+    if held == "fused":
+        return len(layer.linears)
+    apart = family not in HF_FUSED_QKV
+    return sum(3 if apart and lin.name == "attention/qkv" else 0 if lin.name == "mlp/up" and family in HF_FUSED_GATE_UP
+               else 1 for lin in layer.linears)
+
+
+def host_work(layer, ft, family: str = "gpt", held: str = "fused") -> tuple[tuple[float, float], tuple[float, float]]:
     """((forward ops, forward GEMM calls), (backward ops, backward GEMM calls)) a layer's adapters and the
     dequantisation of its quantised linears add to what the host issues (the comment above)."""
     if not ft.adapters:
@@ -309,7 +322,5 @@ def host_work(layer, ft, family: str = "gpt") -> tuple[tuple[float, float], tupl
     (fo, fg), (bo, bg) = LORA_HOST
     deq = 0.0
     if ft.base_quant is Quant.nf4 and ft.library is not Library.torchtune:
-        apart = ft.library is Library.peft and family not in HF_FUSED_QKV  # q_proj, k_proj, v_proj
-        modules = sum(3 if apart and lin.name == "attention/qkv" else 1 for lin in layer.linears)
-        deq = modules * (NF4_HOST_OPS + (DOUBLE_QUANT_HOST_OPS if ft.double_quant else 0))
+        deq = base_modules(layer, family, held) * (NF4_HOST_OPS + (DOUBLE_QUANT_HOST_OPS if ft.double_quant else 0))
     return (n * (fo + drop) + deq, n * fg), (n * (bo + drop) + deq, n * bg)

@@ -225,12 +225,13 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     world = resolve_world(hardware, world_size, None, plan.world_size)  # whole nodes beyond one
     resolve_precision(hardware, setup.precision.value)  # the GPU runs it
     check_setup(spec, setup)
-    stack = plan_stack(setup.stack if stack is None else stack, spec, hardware, setup, plan)
+    asked = setup.stack if stack is None else stack
+    auto = not isinstance(asked, Stack) and str(asked) == "auto"
+    stack = plan_stack(asked, spec, hardware, setup, plan)
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    auto = setup.stack == "auto"
-    if auto:
+    if setup.stack != stack.name:  # the setup names the stack it was costed in, as a search's rows do
         setup = setup.model_copy(update={"stack": stack.name})
     est = _estimate(spec, hardware, stack, plan, setup, world)
     return est.model_copy(update={"stack_rule": AUTO_RULE}) if auto else est

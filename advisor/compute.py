@@ -237,7 +237,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share,
         frac = w.layer.count / w.model.n_layers  # and what the stack runs of the routed MLP unfused
         pf, pb = expert.permute_bytes(w, tokens, tp, sp, ep)
-        uf, ub = routed_unfused(w, tp, ep)[:2]
+        uf, ub = routed_unfused(w, tp, ep, etp)[:2]
         ew_fwd, ew_bwd = ew_fwd + frac * mem_time(hw, pf + uf * tokens), ew_bwd + frac * mem_time(hw, pb + ub * tokens)
     fwd = gemm_fwd + attn_fwd + ew_fwd
     bwd = gemm_bwd + attn_bwd + ew_bwd
@@ -277,19 +277,21 @@ class Unfused(NamedTuple):
     bias_kept: Any
 
 
-def routed_unfused(w: Workload, tp: Any, ep: Any) -> Unfused:
+def routed_unfused(w: Workload, tp: Any, ep: Any, etp: Any = 1.0) -> Unfused:
     """Bytes per token one GPU's routed layer moves, and keeps, in the steps its stack runs outside fused kernels
     (kernels.routed_unfused: GPT-OSS's clamp and expert bias in megatron-core), at the busiest rank's load, over TP
-    as pointwise_bytes' "mlp/act"."""
+    as pointwise_bytes' "mlp/act": the clamp on the rank's d_ff / etp share of the routed rows it gathered over ETP
+    (etp x as many: the same elements), the bias on those rows' whole d_model-wide output (etp x), in fp32 where the
+    dispatcher hands the router's probabilities over in fp32 (expert_bias_fp32: the flex dispatchers)."""
     u, x, r = w.stack.kernels.routed_unfused, w.model.experts, w.precision.recipe
     if x is None or (r is not None and r.name in u.fused_under):
         return Unfused(0.0, 0.0, 0.0, 0.0, 0.0)
     copies = expert.routed_copies(w, ep) * w.act_bytes / tp
     clamp = copies * w.layer.d_ff * (x.act_clamp is not None)  # bytes per element of the activation output
-    bias = copies * w.model.d_model * x.expert_bias  # of the experts' output
-    return Unfused(clamp * u.clamp.forward + bias * u.expert_bias.forward,
-                   clamp * u.clamp.backward + bias * u.expert_bias.backward,
-                   clamp * u.clamp.forward, clamp * u.clamp.saved, bias * u.expert_bias.saved)
+    bias = copies * w.model.d_model * x.expert_bias * np.asarray(etp, dtype=float)  # of the experts' output
+    b = u.expert_bias_fp32 if w.moe_dispatcher == "flex" else u.expert_bias
+    return Unfused(clamp * u.clamp.forward + bias * b.forward, clamp * u.clamp.backward + bias * b.backward,
+                   clamp * u.clamp.forward, clamp * u.clamp.saved, bias * b.saved)
 
 
 @dataclass(frozen=True)

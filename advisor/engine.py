@@ -203,6 +203,10 @@ class Engine(Spec):
     adapter_modules: Literal["per_projection", "fused"] = Field(
         default="per_projection", description="what its LoRA adapts: any projection (PEFT, litgpt, torchtune: q, k and v "
         "apart), or whole fused modules (Megatron-Bridge: linear_qkv for q, k and v, linear_fc1 for gate and up)")
+    base_modules: Literal["fused", "transformers"] = Field(
+        default="fused", description="the modules its model code holds a layer's linears in (a quantised base's: one "
+        "per module): one per fused projection (litgpt's qkv, Megatron's linear_qkv), or as transformers' modeling "
+        "file for the family does (q_proj, k_proj and v_proj apart, but where advisor.adapters HF_FUSED_QKV)")
     offers: list[Literal[PLAN_FEATURES]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_OFFERS), min_length=1, description="the plan features the stack runs; the search proposes no other")
     allocator: Literal["caching", "expandable_segments"] = Field(

@@ -56,7 +56,7 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     g_fwd = len(w.layer.linears) + (1 if w.attention is Attention.sdpa else 2)
     fwd, bwd = t.host_forward_ops * launch + g_fwd * extra, t.host_backward_ops * launch + 2 * g_fwd * extra
     # a fine-tune's adapters and dequantisation: ops, and GEMM calls at a GEMM's cost (advisor.adapters.host_work)
-    (fo, fg), (bo, bg) = host_work(w.layer, w.finetune, w.model.family)
+    (fo, fg), (bo, bg) = host_work(w.layer, w.finetune, w.model.family, w.stack.engine.base_modules)
     fwd, bwd = fwd + fo * launch + fg * (launch + extra), bwd + bo * launch + bg * (launch + extra)
     # Tensor parallelism adds two collective calls per layer forward and two backward (all-reduces, or all-gather
     # + reduce-scatter under sequence parallelism), which the probe (run at TP=1, where Megatron skips them) did

@@ -103,7 +103,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
                  - module_frees(w, mesh.tp, sp, mesh.ep))
     if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert), and
         routed = expert.routed_saved(w, mesh, sp)  # what the routed MLP's unfused steps keep (compute.routed_unfused)
-        unfused = compute.routed_unfused(w, mesh.tp, mesh.ep)
+        unfused = compute.routed_unfused(w, mesh.tp, mesh.ep, mesh.etp)
         full = full + routed + unfused.clamp_kept + unfused.bias_kept
         sel = w.stack.engine.selective
         if sel is not None and sel.routed == "kept":  # a policy that reruns none of the routed path keeps them all
@@ -126,10 +126,11 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None) -> Any:
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
     split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}
     # a module rerunning the routed activation reruns its unfused clamp, whose copies it then does not keep either
-    clamp = compute.routed_unfused(w, tp, ep).clamp_kept if layer.routed else 0.0
+    # (once, whichever modules name it; kept at all only where the policy keeps the routed path: saved_per_token)
+    rerun = any("mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules) and sel.routed == "kept"
+    clamp = compute.routed_unfused(w, tp, ep).clamp_kept if layer.routed and rerun else 0.0
     return sum(w.act_bytes * n * width[k] / split.get(k, tp) for m in w.recompute_modules
-               for k, n in sel.modules[m].frees.items()) + clamp * sum(
-        "mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules)
+               for k, n in sel.modules[m].frees.items()) + clamp
 
 
 def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:

@@ -29,6 +29,14 @@ def _known_ops(names: list[str]) -> list[str]:
                          f"({', '.join(LINEAR_NAMES)}) or one of {', '.join(RECOMPUTED)}")
     return names
 
+def _linear_ops(names: list[str]) -> list[str]:
+    """A profile's linear layers by name (LINEAR_NAMES; one line otherwise)."""
+    bad = [n for n in names if n not in LINEAR_NAMES]
+    if bad:
+        raise ValueError(f"unknown linear {', '.join(map(repr, bad))}: use one of {', '.join(LINEAR_NAMES)}")
+    return names
+
+
 def recomputable(linears: tuple) -> set[str]:
     """The op names a selective policy can rerun in a layer of these linears: theirs and RECOMPUTED."""
     return {lin.name for lin in linears} | set(RECOMPUTED)
@@ -59,7 +67,7 @@ class Selective(Spec):
     # not in its save list) always rerun, uncounted; so do the linears named in ``force_recompute`` (its
     # force_recompute_mm_shapes_by_fqns), uncounted
     every_second_linear: bool = False
-    force_recompute: Annotated[list[str], AfterValidator(_known_ops)] = Field(default_factory=list)
+    force_recompute: Annotated[list[str], AfterValidator(_linear_ops)] = Field(default_factory=list)
     # what an MoE layer keeps of its routed path (advisor.parallel.expert routed_saved): everything, where the policy
     # reruns none of it (Megatron's core attention), or only what the all-to-alls delivered, where it reruns the rest
     # and saves communication outputs (torchtitan's SelectiveAC)

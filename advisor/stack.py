@@ -139,6 +139,7 @@ class RoutedUnfused(Spec):
 
     clamp: Passes = Field(default_factory=Passes)
     expert_bias: Passes = Field(default_factory=Passes)
+    expert_bias_fp32: Passes = Field(default_factory=Passes)  # the same where the probabilities come in fp32 (flex)
     fused_under: list[RecipeName] = Field(default_factory=list)
     source: Optional[str] = None
 

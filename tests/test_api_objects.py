@@ -93,3 +93,11 @@ def test_a_row_of_a_search_in_a_stack_from_a_file_is_estimated_again_in_that_sta
         api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup)
     again = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, stack=mine)
     assert (again.stack, again.step_time_s, again.memory.peak_bytes) == ("mine", row.step_time_s, row.memory.peak_bytes)
+    # the returned setup names the stack it was costed in, and only auto's choice carries auto's rule
+    named = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup.model_copy(update={"stack": "auto"}),
+                              stack="megatron-core")
+    assert (named.stack, named.setup.stack, named.stack_rule) == ("megatron-core", "megatron-core", None)
+    other = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, stack=load_stack("megatron-core"))
+    assert other.setup.stack == "megatron-core"
+    auto = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, stack="auto")
+    assert auto.stack_rule is not None and auto.setup.stack == auto.stack

@@ -233,11 +233,13 @@ def test_adapters_and_dequantisation_add_host_work_read_from_their_code():
     assert host_work(layer, qlora) == ((2 * 2 + 5 * 9, 2 * 2), (2 * 2 + 5 * 9, 2 * 4))
     assert host_work(layer, qlora.model_copy(update={"double_quant": False})) == ((2 * 2 + 5 * 5, 4), (2 * 2 + 5 * 5, 8))
     assert host_work(layer, qlora.model_copy(update={"library": Library.torchtune})) == ((4, 4), (4, 8))  # torchao: unread
-    # Hugging Face's Llama (PEFT) quantises q_proj, k_proj and v_proj apart: 7 Linear4bit modules a layer; its GPT-NeoX
-    # keeps one query_key_value (transformers 5 modeling files, checked on the meta device in tests/test_hf_families.py)
-    peft = qlora.model_copy(update={"library": Library.peft})
-    assert host_work(layer, peft, "llama") == ((2 * 2 + 7 * 9, 4), (2 * 2 + 7 * 9, 8))
-    assert host_work(layer, peft, "gpt_neox") == host_work(layer, qlora)
+    # transformers' Llama (hf-trainer: engine.base_modules transformers) quantises q_proj, k_proj and v_proj apart: 7
+    # Linear4bit modules a layer; its GPT-NeoX keeps one query_key_value, its Phi-3 one gate_up_proj (checked on the
+    # meta device in tests/test_hf_families.py); litgpt's model fuses qkv whatever library is named
+    assert host_work(layer, qlora, "llama", "transformers") == ((2 * 2 + 7 * 9, 4), (2 * 2 + 7 * 9, 8))
+    assert host_work(layer, qlora, "gpt_neox", "transformers") == host_work(layer, qlora)
+    assert host_work(layer, qlora, "phi3", "transformers") == ((2 * 2 + 4 * 9, 4), (2 * 2 + 4 * 9, 8))
+    assert host_work(layer, qlora.model_copy(update={"library": Library.peft}), "llama") == host_work(layer, qlora)
 
     def layer_host(ft):
         w = Workload.of(load_model("llama2-7b"), load_hardware("a100-40gb-pcie"), load_stack("litgpt"),

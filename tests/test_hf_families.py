@@ -155,7 +155,7 @@ def test_catalogue_entries_from_cited_configs():
 def test_which_families_keep_q_k_and_v_as_one_module(model_type):
     """advisor.adapters.HF_FUSED_QKV (the QLoRA host work counts a Linear4bit per module): the families whose
     modeling file keeps one fused projection, against the modules transformers builds, on the meta device."""
-    from advisor.adapters import HF_FUSED_QKV
+    from advisor.adapters import HF_FUSED_GATE_UP, HF_FUSED_QKV
 
     cfg = dict(SMALL[model_type][0])
     cfg.pop("architectures", None)
@@ -167,3 +167,5 @@ def test_which_families_keep_q_k_and_v_as_one_module(model_type):
     latent = "kv_a_proj_with_mqa" in leaves  # multi-head latent attention: its own projections, none fused
     assert apart or latent or model_type in HF_FUSED_QKV
     assert not (apart and model_type in HF_FUSED_QKV)
+    dense_mlp = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if ".mlp." in name and "expert" not in name}
+    assert ("gate_up_proj" in dense_mlp) == (model_type in HF_FUSED_GATE_UP), sorted(dense_mlp)

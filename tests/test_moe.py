@@ -521,15 +521,21 @@ def test_gpt_oss_clamp_and_expert_bias_cost_what_megatron_core_runs_unfused():
 
     hw, k, h = load_hardware("gb200-nvl72"), 4, 2880
 
-    def unfused(model, stack, precision, tp=1):
-        w = Workload.of(load_model(model), hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision))
-        return compute.routed_unfused(w, tp, 8)
+    def unfused(model, stack, precision, tp=1, etp=1, **setup):
+        w = Workload.of(load_model(model), hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision,
+                                                                               **setup))
+        return compute.routed_unfused(w, tp, 8, etp)
 
     u = unfused("gpt-oss-120b", "megatron-core", "bf16-mixed")
     assert load_model("gpt-oss-120b").experts.act_clamp == 7.0
     assert (u.forward, u.backward) == (k * h * 2 * (8 + 6), k * h * 2 * (10 + 8))
     assert (u.clamp_forward, u.clamp_kept, u.bias_kept) == (k * h * 2 * 8, k * h * 2 * 2, 0.0)
     assert unfused("gpt-oss-120b", "megatron-core", "bf16-mixed", tp=2).forward == u.forward / 2
+    # ETP 2: a rank gathers twice the routed rows, the clamp on half their width, the bias on their whole output
+    assert unfused("gpt-oss-120b", "megatron-core", "bf16-mixed", tp=2, etp=2).forward == k * h * (8 + 2 * 6)
+    # the flex dispatchers hand the probabilities over in fp32 (token_dispatcher.py .float()): the bias runs in fp32
+    flex = unfused("gpt-oss-120b", "megatron-core", "bf16-mixed", moe_dispatcher="flex")
+    assert (flex.forward, flex.backward) == (k * h * 2 * (8 + 14), k * h * 2 * (10 + 19))
     assert unfused("gpt-oss-120b", "megatron-bridge-perf", "bf16-mixed") == u
     assert unfused("gpt-oss-120b", "megatron-bridge-perf", "mxfp8") == (0.0,) * 5
     assert unfused("qwen3-30b-a3b", "megatron-core", "bf16-mixed") == (0.0,) * 5
