@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# a profile's name, as output prints it and files carry it: one to 100 characters, none of them a control character
+# (a newline or an escape sequence would forge lines of the output)
+ProfileName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 def _members(annotation: Any) -> tuple[Any, Optional[list]]:

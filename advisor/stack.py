@@ -28,7 +28,7 @@ from advisor.engine import PLAN_FEATURES, Engine, RecipeName, Zero3Calls  # noqa
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
-from advisor.spec import Spec, checked
+from advisor.spec import ProfileName, Spec, checked
 from advisor.training import Precision, compile_parts
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
@@ -170,7 +170,7 @@ PRECISIONS_OF_MODE = {"half": "bf16", "mixed": "bf16-mixed", "fp32": "fp32"}
 
 
 class Stack(Spec):
-    name: str = Field(min_length=1)
+    name: ProfileName
     description: str = ""
     source: str = Field(min_length=1, description="the library versions and files the numbers come from")
     launch: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")]] = Field(

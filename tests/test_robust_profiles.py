@@ -93,6 +93,13 @@ BAD_PROFILES = [
     (yaml.safe_dump(mutated("efficiency.kernel_launch_us", -1)), ["kernel_launch_us"]),
     (yaml.safe_dump(mutated("price_per_gpu_hour_usd", 0)), ["price_per_gpu_hour_usd"]),
     (yaml.safe_dump(mutated("name", 42)), ["name", "valid string"]),
+    # keys read by nothing were taken silently (matmul_max.int4, optimizer_bandwidth.lion), and a name that output
+    # prints could be empty or forge lines with a newline and an escape sequence (2026-11-30 (16))
+    (yaml.safe_dump(mutated("efficiency.matmul_max.int4", 0.5)), ["unknown key 'int4' in matmul_max", "fp8-tensorwise"]),
+    (yaml.safe_dump(mutated("efficiency.optimizer_bandwidth.lion", 0.5)), ["unknown key 'lion' in optimizer_bandwidth"]),
+    (yaml.safe_dump(mutated("efficiency.matmul_half_dim.int4", 100)), ["unknown key 'int4' in matmul_half_dim"]),
+    (yaml.safe_dump(mutated("name", "")), ["name: String should have at least 1 character"]),
+    (yaml.safe_dump(mutated("name", "x\n\x1b[31m")), ["name: String should match pattern"]),
     (yaml.safe_dump(mutated("bogus_key", 1)), ["bogus_key: unknown key"]),
     ("name: x\ndescription: y\nbase: dgx-a10", ["base: unknown hardware profile 'dgx-a10'", "did you mean dgx-a100"]),
     ("name: x\ndescription: y\nbase: none.yaml", ["base: hardware profile file 'none.yaml' not found in"]),

@@ -437,3 +437,9 @@ def test_lowprec_rows_take_the_torchtitan_of_their_torch():
     assert stacks["tt-h100-l8b-8gpu-bf16-eager"] == "torchtitan-0.1"  # Dec 2024's nightly
     assert stacks["ao-b200-l8b-bf16"] == "torchtitan-0.2"  # torch 2.9.0.dev20250815
     assert stacks["tt-gb200-l8b-bf16"] == "torchtitan"
+
+
+def test_an_empty_plot_directory_is_refused():
+    """--plot "" was Path(""), the working directory: the figures landed wherever the command ran."""
+    res = CliRunner().invoke(validate_command, ["--dataset", "titan", "--plot", ""])
+    assert res.exit_code == 2 and "--plot needs a directory name" in res.output

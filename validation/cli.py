@@ -62,13 +62,16 @@ def render(report, goals: dict) -> str:
 @click.option("--dataset", "names", type=click.Choice(DATASETS), multiple=True,
               help="validate only these datasets (repeatable) [default: all]")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="write PNG figures into this directory")
-def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[Path]) -> None:
+def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[str]) -> None:
     """Compare the model with measured runs (seeds, vTrain, nccl-tests, H100 steps, published tables)."""
     from validation import validate as v
 
     if plot_dir is not None:  # made before the run: a --plot that cannot be a folder is one line, not a traceback
+        if not plot_dir.strip():  # Path("") is "." : the figures would land wherever one stands
+            raise click.UsageError("--plot needs a directory name (it is created), e.g. --plot figures")
+        plot_dir = Path(plot_dir)
         if plot_dir.exists() and not plot_dir.is_dir():
             raise click.UsageError(f"--plot {plot_dir} exists and is not a directory: give a directory (it is created)")
         try:
