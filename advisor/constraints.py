@@ -43,6 +43,15 @@ def overlap_without_sp(setup: TrainingSetup, tp: Any, sp: Any) -> Any:
     return (setup.tp_overlap in ("userbuffers", "async")) & (np.asarray(tp) > 1) & ~np.asarray(sp, dtype=bool)
 
 
+def fp32_without_fsdp(setup: TrainingSetup, stack: Stack) -> str:
+    """Why the stack's TP or PP plans without FSDP are refused under a mixed precision: it runs them in fp32
+    (engine.mixed_without_fsdp), which its tables do not cost; "" where it runs them mixed."""
+    if stack.engine.mixed_without_fsdp == "any" or setup.precision.mode.value != "mixed":
+        return ""
+    return (f"{stack.name} trains TP or PP without FSDP in fp32 (no autocast there), which it does not cost: shard the "
+            "data-parallel ranks (--zero 1, 2 or 3 over dp > 1) or use another --stack")
+
+
 def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]) -> dict[str, Any]:
     """What the setup's explicit choices refuse of the candidates (the search's reasons; plan_errors says them in full):
     TP and PP where the stack runs adapters with data parallelism only; TP without SP under an asked TP overlap."""
@@ -50,6 +59,8 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
     if setup.tp_overlap in ("userbuffers", "async"):
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
+    if stack is not None and (why := fp32_without_fsdp(setup, stack)):
+        out[why] = ((c.tp > 1) | (c.pp > 1)) & ~(((np.asarray(c.zero) >= 1) & (c.dp > 1)) | (c.cp > 1))
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 
@@ -174,6 +185,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
                        f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
                        "--tp-overlap none")
+    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and (plan.tp > 1 or plan.pp > 1) and not (
+            (plan.zero >= 1 and plan.dp > 1) or plan.cp > 1):  # FSDP over the data-parallel or the CP ranks
+        reasons.append(why)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean

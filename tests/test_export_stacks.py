@@ -281,7 +281,7 @@ TITAN_TOML = {
                          compile="model,loss")),
     "hsdp-pure-bf16": ("llama3-70b", "dgx-h100", 32, dict(dp=32, zero=3, hybrid_shard=True),
                        dict(micro_batch=1, global_batch=64, precision="bf16", recompute="full")),
-    "pp-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, sp=True, schedule="interleaved",
+    "pp-interleaved": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, zero=1, sp=True, schedule="interleaved",
                                                           virtual_stages=2),
                        dict(micro_batch=1, global_batch=256, recompute="full")),
     "405b-pp-edges": ("llama3-405b", "dgx-h100", 256, dict(dp=8, tp=8, pp=4, sp=True, zero=1, pp_split="edges"),

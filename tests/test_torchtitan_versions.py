@@ -189,7 +189,7 @@ def test_torchtitan_01_gathers_tp_inputs_in_fp8_under_tensorwise_scaling_only():
     from advisor.hardware import load_hardware
     from advisor.stack import load_stack
 
-    kw = dict(model="llama3-70b", hw="dgx-h100", gpus=8, tp=8, sp=True, micro_batch=1, seq=8192, recompute="full",
+    kw = dict(model="llama3-70b", hw="dgx-h100", gpus=16, dp=2, zero=3, tp=8, sp=True, micro_batch=1, seq=8192, recompute="full",
               stack="torchtitan-0.1")
     tp = {p: estimate(precision=p, **kw).breakdown["comm/tp"] for p in ("bf16-mixed", "fp8-tensorwise", "fp8-rowwise")}
     assert tp["fp8-rowwise"] == pytest.approx(tp["bf16-mixed"], rel=1e-9)
@@ -200,3 +200,19 @@ def test_torchtitan_01_gathers_tp_inputs_in_fp8_under_tensorwise_scaling_only():
     assert tp["bf16-mixed"] - tp["fp8-tensorwise"] == pytest.approx(2 * 3 * 80 * saved, rel=1e-6)
     assert load_stack("torchtitan").engine.tp_gathers_quantised is False
     assert load_stack("torchtitan-0.2").engine.tp_gathers_quantised is False
+
+
+def test_torchtitan_02_trains_tp_or_pp_without_fsdp_in_fp32_and_refuses_it_under_mixed():
+    """torchtitan 0.2.2 distributed/utils.py maybe_enable_amp: with FSDP (dp_shard or CP > 1) the mixed precision is
+    fully_shard's; without it autocast runs on DDP or one device only ("Mixed precision training with TP or PP is only
+    supported when FSDP/HSDP/CP is enabled"): a TP or PP plan without FSDP trains in fp32, which its tables do not
+    cost. Refused under bf16-mixed in one line; with FSDP, or in 0.3.0 (fully_shard's policy on every plan), costed."""
+    from _robust import assert_one_line_error
+
+    base = ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "2"]
+    assert_one_line_error(base + ["--dp", "4", "--stack", "torchtitan-0.2"],
+                          "torchtitan-0.2 trains TP or PP without FSDP in fp32 (no autocast there)")
+    assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, dp=4, zero=3, stack="torchtitan-0.2").fits
+    assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, dp=4, zero=3, stack="torchtitan").fits
+    found = plan("llama3-8b", "dgx-h100", gpus=8, stack="torchtitan-0.2", top=50).plans
+    assert all(p.plan.tp == p.plan.pp == 1 or (p.plan.zero >= 1 and p.plan.dp > 1) or p.plan.cp > 1 for p in found)
