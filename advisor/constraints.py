@@ -169,7 +169,8 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
     if eng.distributed == "fsdp_checkpointed":
         many = (np.asarray(c.world) > 1) & (not layout_only)  # a pipeline or context group is several devices too
         out[f"{stack.name} runs several devices only sharded (ZeRO-3 / FSDP)"] = many & (np.asarray(c.zero) < 3)
-        out[f"{stack.name} checkpoints every layer on several devices and none on one"] = (not layout_only) & np.where(
+        out[f"{stack.name} checkpoints every layer on several devices and none on one: --recompute full on several, "
+            "none on one"] = (not layout_only) & np.where(
             many, c.recompute != Recompute.full.code, c.recompute != Recompute.none.code)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
