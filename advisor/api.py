@@ -55,9 +55,13 @@ def resolve_precision(hardware: Hardware, precision: Optional[str], stack: Union
     gpu = hardware.gpu
     default = "bf16-mixed" if gpu.runs("bf16") else ("fp16-mixed" if gpu.runs("fp16") else "fp32")
     if precision is None:
-        held = load_stack(stack).engine.precisions if stack is not None and str(stack) not in ("auto", "any") else None
+        named = load_stack(stack) if stack is not None and str(stack) not in ("auto", "any") else None
+        held = named.engine.precisions if named is not None else None
         own = [p for p in held or () if gpu.runs(Precision(p).math) and Precision(p).recipe is None]
-        return own[0] if held and default not in held and own else default
+        if held and default not in held and not own:
+            raise PlanError(f"stack {named.name} trains in {', '.join(held)}, which the {gpu.name} of profile "
+                            f"{hardware.name} does not run: use another --stack")
+        return own[0] if held and default not in held else default
     precision = canonical(precision)
     try:
         p = Precision(precision)

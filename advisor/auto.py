@@ -111,7 +111,8 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     # DeepSpeed's ZeRO-Infinity; Megatron offloads the optimizer only)
     if not stack_runs(small, setup) and stack_runs(large, setup):
         return large, fits_one_gpu(model, hw, large, setup, headroom)
-    if plan is not None and plan.offload.value in offloads_only(small, large) and stack_runs(small, setup):
+    if plan is not None and plan.offload.value in offloads_only(small, large) and stack_runs(small, setup) \
+            and not model_parallel(plan.tp, plan.pp, plan.cp):  # TP/PP/CP plans stay AUTO_MODEL_PARALLEL's
         return small, fits_one_gpu(model, hw, small, setup, headroom)
     fits = fits_one_gpu(model, hw, small, setup, headroom)
     if fits or (plan.world_size if plan is not None else gpus) == 1:

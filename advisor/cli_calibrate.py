@@ -38,7 +38,11 @@ def _own_name(name, out_path) -> str:
     if name is not None and (HARDWARE.shipped(name) is not None or name in HARDWARE.reserved):
         raise AdvisorError(f"--name {name}: a built-in hardware profile's name; give the measured profile its own")
     stem = out_path.stem
-    return name or (f"{stem}-calibrated" if HARDWARE.shipped(stem) is not None else stem)
+    own = name or (f"{stem}-calibrated" if HARDWARE.shipped(stem) is not None else stem)
+    if not 1 <= len(own) <= 100 or not own.isprintable():  # advisor.spec.ProfileName, checked before any measuring
+        raise AdvisorError(f"profile name {own[:40]!r}{'...' if len(own) > 40 else ''}: 1 to 100 printable characters; "
+                           "give --name, or an --out file with a shorter stem")
+    return own
 
 
 @click.command("calibrate")

@@ -48,8 +48,8 @@ def fp32_without_fsdp(setup: TrainingSetup, stack: Stack) -> str:
     (engine.mixed_without_fsdp), which its tables do not cost; "" where it runs them mixed."""
     if stack.engine.mixed_without_fsdp == "any" or setup.precision.mode.value != "mixed":
         return ""
-    return (f"{stack.name} trains TP or PP without FSDP in fp32 (no autocast there), which it does not cost: shard the "
-            "data-parallel ranks (--zero 1, 2 or 3 over dp > 1) or use another --stack")
+    return (f"{stack.name} trains TP or PP without FSDP in fp32 (no autocast there), which it does not cost: add "
+            "data-parallel ranks it shards (--dp 2 or more, --zero 1, 2 or 3), or use another --stack")
 
 
 def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
     if stack is not None and (why := fp32_without_fsdp(setup, stack)):
-        out[why] = ((c.tp > 1) | (c.pp > 1)) & ~(((np.asarray(c.zero) >= 1) & (c.dp > 1)) | (c.cp > 1))
+        out[why] = ((c.tp > 1) | (c.pp > 1)) & (c.dp == 1) & (c.cp == 1)  # at dp > 1: FSDP, or DDP (stack_violations)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 
@@ -117,6 +117,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
     if tied and stack.engine.tied_pipeline == "refused":  # torchtitan 0.3.0 models/common/decoder.py:139
         out[f"{stack.name} does not run pipeline parallelism on tied embeddings: --pp 1, or another --stack"] = used["pp"]
+    if stack.engine.mixed_without_fsdp == "data_parallel_only":  # torchtitan 0.2.2 models/llama3/infra/parallelize.py
+        out[f"{stack.name} runs no DDP beside TP or PP (\"DDP has not supported > 1D parallelism\"): shard the "
+            "data-parallel ranks (--zero 1, 2 or 3)"] = (used["tp"] | used["pp"]) & used["ddp"] & (c.cp == 1) & (not layout_only)
     if stack.engine.zero1 == "fsdp_under_pipeline":
         out[f"{stack.name} shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp"] = (
             used["zero1"] & (c.pp == 1))
@@ -186,8 +189,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
                        f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
                        "--tp-overlap none")
-    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and (plan.tp > 1 or plan.pp > 1) and not (
-            (plan.zero >= 1 and plan.dp > 1) or plan.cp > 1):  # FSDP over the data-parallel or the CP ranks
+    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and (plan.tp > 1 or plan.pp > 1) \
+            and plan.dp == 1 and plan.cp == 1:  # no FSDP over data-parallel or CP ranks
         reasons.append(why)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing

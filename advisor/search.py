@@ -101,9 +101,9 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     if one is not None:
         found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, stack_setup(setup, one)), 1, o, None))
         stacks += [] if any(st.name == one.name for st in stacks) else [one]
-    if o.stack == "auto" and not any(f.fits.any() for f in found):  # DeepSpeed's ZeRO-Infinity, where nothing else fits
-        more = _offloaded(spec, hardware, setup, setups, worlds, o, stacks)
-        found, stacks = found + more, stacks + [f.stack for f in more][:1]
+    if o.stack == "auto":  # DeepSpeed's ZeRO-Infinity on the GPU counts where nothing else fits
+        more = _offloaded(spec, hardware, setup, setups, found, o)
+        found, stacks = found + more, stacks + [f.stack for f in more if f.stack.name not in {s.name for s in stacks}][:1]
     stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
     ft = setup.finetune
     tree = decision_tree(spec, hardware, max(worlds), fits_one, ft.method.value + (
@@ -134,16 +134,19 @@ def _one_gpu_stack(o: PlanOptions, spec: ModelSpec, hardware: Hardware, setup: T
 
 
 def _offloaded(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, setups: dict[str, TrainingSetup],
-               worlds: list[int], o: PlanOptions, stacks: list[Stack]) -> list["_Found"]:
-    """--stack auto where no plan fits in its stacks: AUTO_SMALL's data-parallel plans with an offload AUTO_LARGE lacks
-    (parameters on the CPU or NVMe), the plans api.resolve_stack costs there; none where it already searched."""
+               found: list["_Found"], o: PlanOptions) -> list["_Found"]:
+    """--stack auto on each GPU count where no plan of ``found`` fits and AUTO_SMALL has not searched: its
+    data-parallel plans with an offload AUTO_LARGE lacks (parameters on the CPU or NVMe), the plans
+    api.resolve_stack costs there."""
     small, large = load_stack(api.AUTO_SMALL), load_stack(api.AUTO_LARGE)
     lacking = [Offload(x).code for x in offloads_only(small, large)]
-    if any(st.name == small.name for st in stacks) or not lacking or not api.auto_runs(small, spec) \
-            or not stack_runs(small, setup):
+    if not lacking or not api.auto_runs(small, spec) or not stack_runs(small, setup):
         return []
+    done = {f.world for f in found if f.stack.name == small.name}
     out = []
-    for w in worlds:
+    for w in dict.fromkeys(f.world for f in found if f.world not in done):
+        if any(f.fits.any() for f in found if f.world == w):
+            continue
         f = _search_world(spec, hardware, small, setups.setdefault(small.name, stack_setup(setup, small)), w, o, False)
         keep = np.isin(np.broadcast_to(f.plans.offload, f.fits.shape), lacking)
         if (f.fits & ~keep).any():

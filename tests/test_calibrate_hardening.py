@@ -437,3 +437,13 @@ def test_a_measured_profile_never_takes_a_built_in_name(tmp_path):
     assert run_main(["estimate", "--model", "gpt2", "--hw", str(out), "--gpus", "8"])[0] == 0
     assert_one_line_error(["calibrate", "--from", str(src), "--out", str(tmp_path / "y.yaml"), "--name", "dgx-h100"],
                           "--name dgx-h100: a built-in hardware profile's name")
+
+
+def test_a_profile_name_too_long_is_refused_before_anything_is_measured(tmp_path):
+    """A 101-character --out stem failed after the fit, blaming the measurements (advisor.spec.ProfileName)."""
+    from _robust import assert_one_line_error
+
+    rows = tmp_path / "r.jsonl"
+    rows.write_text("")
+    assert_one_line_error(["calibrate", "--from", str(rows), "--out", str(tmp_path / ("x" * 101 + ".yaml"))],
+                          "1 to 100 printable characters; give --name")

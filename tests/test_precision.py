@@ -164,6 +164,10 @@ def test_plan_auto_in_a_stack_of_one_precision_ranks_that_one():
     assert "bf16;" in out.split("\n# plan")[0], out
     code, out, err = run_main(["plan", "--model", "gpt2", "--hw", "dgx-a100", "--stack", "litgpt", "--top", "1"])
     assert code == 0 and "bf16;" in out.split("\n# plan")[0], err
+    # a GPU without bf16 (Turing): one line that names the stack's precisions, not a hint that leads back here
+    from _robust import assert_one_line_error
+    assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "titan-rtx-nvlink", "--gpus", "1", "--stack",
+                           "litgpt", "--method", "lora"], "stack litgpt trains in bf16, which the Titan-RTX")
 
 
 def test_calibrate_fits_a_recipe_against_its_format_peak():

@@ -66,6 +66,7 @@ BAD = [
     # a per-layer list of 10^20 entries was built before n_layers' bound was checked (OverflowError, or no end)
     (_with(HUB_CONFIGS["gemma-3-1b"], num_hidden_layers=10**20), ["'num_hidden_layers' must be at most 100,000"]),
     (_with(LLAMA, model_type="mistral", num_hidden_layers=10**9), ["'num_hidden_layers' must be at most 100,000"]),
+    (_with(LLAMA, num_hidden_layers=int("9" * 400)), ["'num_hidden_layers' must be at most 100,000, got a number of 400"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit=-7.0), ["'swiglu_limit' must be a positive clamp"]),
     (_with(HUB_CONFIGS["gpt-oss-120b"], swiglu_limit="7"), ["'swiglu_limit' must be a finite number"]),
     (_with(HUB_CONFIGS["mixtral-8x7b"], num_experts_per_tok=16), ["experts_per_token=16 exceeds n_experts=8"]),

@@ -412,5 +412,13 @@ def test_auto_ranks_zero_infinity_where_nothing_else_fits_and_estimate_agrees():
                      recompute=top.setup.recompute.value, recompute_layers=top.setup.recompute_layers)
     assert (again.stack, again.step_time_s, again.memory.peak_bytes) == ("hf-trainer", top.step_time_s,
                                                                         top.memory.peak_bytes)
+    # a range from one GPU (hf-trainer's, ZeRO-Offload) searches ZeRO-Infinity on the counts nothing else fits: 2
+    ranged = plan("mixtral-8x7b", "dgx-h100", gpus="1:2", top=1).plans[0].estimate
+    assert (ranged.world_size, ranged.step_time_s) == (2, top.step_time_s)
+    # a TP/PP/CP plan with parameters offloaded stays megatron-core's, which refuses it in one line
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match="megatron-core does not offload params-cpu"):
+        estimate(model="llama3-70b", hw="dgx-h100", gpus=8, dp=4, tp=2, zero=3, offload="params-cpu")
     # where megatron-core's plans fit, they are auto's: no ZeRO-Infinity row is searched
     assert {p.estimate.stack for p in plan("mixtral-8x7b", "dgx-h100", gpus=8, top=5).plans} == {"megatron-core"}

@@ -209,10 +209,16 @@ def test_torchtitan_02_trains_tp_or_pp_without_fsdp_in_fp32_and_refuses_it_under
     cost. Refused under bf16-mixed in one line; with FSDP, or in 0.3.0 (fully_shard's policy on every plan), costed."""
     from _robust import assert_one_line_error
 
-    base = ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "2"]
-    assert_one_line_error(base + ["--dp", "4", "--stack", "torchtitan-0.2"],
+    base = ["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--tp", "2", "--stack", "torchtitan-0.2"]
+    assert_one_line_error(base + ["--gpus", "2", "--dp", "1"],
                           "torchtitan-0.2 trains TP or PP without FSDP in fp32 (no autocast there)")
+    # and DDP beside TP or PP raises at start-up in any precision (models/llama3/infra/parallelize.py)
+    for precision in ("bf16-mixed", "bf16"):
+        assert_one_line_error(base + ["--gpus", "8", "--dp", "4", "--precision", precision],
+                              "torchtitan-0.2 runs no DDP beside TP or PP (\"DDP has not supported > 1D parallelism\")")
     assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, dp=4, zero=3, stack="torchtitan-0.2").fits
     assert estimate(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, dp=4, zero=3, stack="torchtitan").fits
-    found = plan("llama3-8b", "dgx-h100", gpus=8, stack="torchtitan-0.2", top=50).plans
-    assert all(p.plan.tp == p.plan.pp == 1 or (p.plan.zero >= 1 and p.plan.dp > 1) or p.plan.cp > 1 for p in found)
+    for precision in ("bf16-mixed", "bf16"):
+        found = plan("llama3-8b", "dgx-h100", gpus=8, stack="torchtitan-0.2", precision=precision, top=50).plans
+        assert all(p.plan.tp == p.plan.pp == 1 or (p.plan.zero >= 1 and p.plan.dp > 1) or p.plan.cp > 1
+                   or (precision == "bf16" and p.plan.dp == 1) for p in found)

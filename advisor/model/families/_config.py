@@ -66,7 +66,8 @@ class Config:
             raise self.error(f"{self._name(key)} must be at least {minimum}, got {value}")
         most = LAYER_COUNT_MAX if key in LAYER_COUNT_KEYS else INT_MAX
         if value > most:  # checked before any per-layer list is built from it (a 10^20-layer list never ends)
-            raise self.error(f"{self._name(key)} must be at most {most:,}, got {value:.3g}")
+            got = f"{value:.3g}" if value < 10**300 else f"a number of {len(str(value)):,} digits"
+            raise self.error(f"{self._name(key)} must be at most {most:,}, got {got}")
         return value
 
     def nullable_int(self, key: str, absent: Optional[int], minimum: int = 1) -> Optional[int]:
