@@ -206,7 +206,7 @@ class Engine(Spec):
     mixed_without_fsdp: Literal["any", "data_parallel_only"] = Field(
         default="any", description="where its mixed precision runs on a plan without FSDP: on any, or on data-parallel "
         "plans only (torchtitan 0.2.2 distributed/utils.py maybe_enable_amp: TP or PP without FSDP or CP runs no "
-        "autocast, and trains in fp32)")
+        "autocast, and trains in fp32; and its parallelize functions raise on DDP beside TP or PP)")
     base_modules: Literal["fused", "transformers"] = Field(
         default="fused", description="the modules its model code holds a layer's linears in (a quantised base's: one "
         "per module): one per fused projection (litgpt's qkv, Megatron's linear_qkv), or as transformers' modeling "
