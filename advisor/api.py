@@ -54,14 +54,16 @@ def resolve_precision(hardware: Hardware, precision: Optional[str], stack: Union
     ``stack`` that trains in neither, the first of its own the GPU runs (litgpt's bf16-true)."""
     gpu = hardware.gpu
     default = "bf16-mixed" if gpu.runs("bf16") else ("fp16-mixed" if gpu.runs("fp16") else "fp32")
-    if precision is None:
-        named = load_stack(stack) if stack is not None and str(stack) not in ("auto", "any") else None
-        held = named.engine.precisions if named is not None else None
-        own = [p for p in held or () if gpu.runs(Precision(p).math) and Precision(p).recipe is None]
-        if held and default not in held and not own:
+    named = load_stack(stack) if stack is not None and str(stack) not in ("auto", "any") else None
+    held = named.engine.precisions if named is not None else None
+    own = [p for p in held or () if gpu.runs(Precision(p).math) and Precision(p).recipe is None]
+    if held and default not in held:  # the stack's own, where it lacks the GPU's
+        if not own:
             raise PlanError(f"stack {named.name} trains in {', '.join(held)}, which the {gpu.name} of profile "
                             f"{hardware.name} does not run: use another --stack")
-        return own[0] if held and default not in held else default
+        default = own[0]
+    if precision is None:
+        return default
     precision = canonical(precision)
     try:
         p = Precision(precision)

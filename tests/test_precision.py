@@ -166,8 +166,9 @@ def test_plan_auto_in_a_stack_of_one_precision_ranks_that_one():
     assert code == 0 and "bf16;" in out.split("\n# plan")[0], err
     # a GPU without bf16 (Turing): one line that names the stack's precisions, not a hint that leads back here
     from _robust import assert_one_line_error
-    assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "titan-rtx-nvlink", "--gpus", "1", "--stack",
-                           "litgpt", "--method", "lora"], "stack litgpt trains in bf16, which the Titan-RTX")
+    for asked in ([], ["--precision", "bf16"]):  # asked or not: the bf16 hint sent the user to fp16-mixed and back
+        assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "titan-rtx-nvlink", "--gpus", "1", "--stack",
+                               "litgpt", "--method", "lora"] + asked, "stack litgpt trains in bf16, which the Titan-RTX")
 
 
 def test_calibrate_fits_a_recipe_against_its_format_peak():
