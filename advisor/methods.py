@@ -22,12 +22,21 @@ LADDER = (("full", {}), ("lora", {}), ("qlora", {}), ("qlora+offload", {"adapter
 MAX_SEQ_SEARCH = 1 << 20  # the longest sequence the search for it tries (1M tokens)
 
 
+# how many plans a rung's search keeps, so that its best plan without offload is among them (an offloaded plan can be
+# the faster one: a larger micro-batch in the memory it frees)
+RUNG_TOP = 200
+
+
 def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, Any]):
     """The PlanSearch of the method the rule picks (each searched by ``plan``: advisor.search.plan), with
-    ``method_choice`` saying what fit and why."""
-    results, steps = {}, {}
+    ``method_choice`` saying what fit and why. Offload comes last (issue 22: "full if it fits, else LoRA, else QLoRA,
+    else offload"): a rung fits where a plan without offloaded model states fits; only where none does, the first
+    rung whose offloaded plans fit (ZeRO-Offload / ZeRO-Infinity, and QLoRA with its optimizer and activations
+    offloaded, the last rung)."""
+    results, steps, plain = {}, {}, {}
+    top = int(given.get("top") or 10)
     for name, extra in LADDER:
-        kw = {**given, **extra, "method": name.split("+")[0]}
+        kw = {**given, **extra, "method": name.split("+")[0], "top": max(top, RUNG_TOP)}
         if name == "full":  # the adapters' options are the LoRA rungs'; a full fine-tune refuses them
             kw = {k: v for k, v in kw.items() if not k.startswith("lora_") or k == "lora_library"}
         try:
@@ -37,7 +46,14 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
             continue
         results[name] = res
         steps[name] = res.plans[0].estimate.step_time_s if res.plans else None
-    fitting = [n for n, _ in LADDER if isinstance(steps.get(n), float)]
+        kept = [p for p in res.plans if p.estimate.plan.offload.value == "none"]
+        plain[name] = kept[0].estimate.step_time_s if kept and "+" not in name else None
+    unloaded = [n for n, _ in LADDER if isinstance(plain.get(n), float)]
+    fitting = unloaded or [n for n, _ in LADDER if isinstance(steps.get(n), float)]
+    for name, res in results.items():  # the answer's rows as the rule counts them, at the top asked
+        if unloaded and name in unloaded:
+            res.plans = [p for p in res.plans if p.estimate.plan.offload.value == "none"]
+        res.plans = res.plans[:top]
     if not fitting:
         last = results[list(results)[-1]] if results else None
         if last is None:
@@ -46,6 +62,9 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
         last.method_choice = {"chosen": None, "steps_s": steps,
                               "lines": ["method auto: nothing fits, not even QLoRA with CPU offload"]}
         return last
+    if unloaded:  # each rung's best step without offload; one that fits only offloaded said so
+        steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({s:.3g} s)"
+                 if isinstance(s, float) and "+" not in n else s for n, s in steps.items()}
     chosen, fastest = fitting[0], min(fitting, key=lambda n: steps[n])
     res = results[chosen]
     best = res.plans[0].estimate
@@ -55,6 +74,9 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
                    "adapters on a frozen base do",
            "qlora": "neither full fine-tuning nor LoRA on a half-precision base fits; an NF4 base does",
            "qlora+offload": "only with the optimizer and the activations on the CPU does QLoRA fit"}[chosen]
+    if not unloaded and chosen != "qlora+offload":
+        why = (f"no method fits without offloaded model states; {chosen} fits with {best_offload(res)} on the CPU or "
+               "NVMe (offload last, as the rule goes)")
     def fmt(n: str) -> str:
         s = steps.get(n)
         return f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None else f"{n} {s}"
@@ -65,6 +87,13 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
     res.method_choice = {"chosen": chosen, "fastest": fastest, "steps_s": steps, "largest_micro_batch": mb,
                          "longest_seq": seq, "lines": lines}
     return res
+
+
+def best_offload(res) -> str:
+    """What the best plan of a search offloads, in words."""
+    return {"optimizer-cpu": "the optimizer states", "optimizer-nvme": "the optimizer states",
+            "params-cpu": "the parameters and optimizer states", "params-nvme": "the parameters and optimizer states"}.get(
+        res.plans[0].estimate.plan.offload.value, "model states") if res.plans else "model states"
 
 
 def _fits(model, hw, est, **update) -> bool:

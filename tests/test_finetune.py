@@ -250,3 +250,17 @@ def test_adapters_and_dequantisation_add_host_work_read_from_their_code():
     _, plain = layer_host(qlora.model_copy(update={"double_quant": False}))
     launch, _ = host.op_costs(w)
     assert float(dq.fwd_s - plain.fwd_s) == pytest.approx(5 * 4 * launch) and float(dq.bwd_s - plain.bwd_s) == pytest.approx(5 * 4 * launch)
+
+
+def test_plan_auto_puts_offload_last():
+    """Issue 22's rule: "full if it fits, else LoRA, else QLoRA, else offload". Llama 2 70B on 2 A100s: full
+    fine-tuning fits only with its parameters on the CPU (DeepSpeed's ZeRO-Infinity, which --stack auto ranks where
+    nothing else fits); LoRA fits without offloading model states, so LoRA is the answer, and full is said to fit only
+    offloaded."""
+    from advisor.search import plan
+
+    res = plan("llama2-70b", "dgx-a100", gpus=2, method="auto", top=3)
+    choice = res.method_choice
+    assert choice["chosen"] == "lora", choice["lines"]
+    assert str(choice["steps_s"]["full"]).startswith("fits only offloaded (")
+    assert all(p.estimate.plan.offload.value == "none" for p in res.plans) and len(res.plans) <= 3
