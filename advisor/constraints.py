@@ -189,8 +189,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
                        f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
                        "--tp-overlap none")
-    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and (plan.tp > 1 or plan.pp > 1) \
-            and plan.dp == 1 and plan.cp == 1:  # no FSDP over data-parallel or CP ranks
+    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and bool(
+            setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)[why][0]):
         reasons.append(why)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing

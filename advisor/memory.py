@@ -99,11 +99,12 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     full = full - less + delta
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
+    # what a routed MLP's unfused steps keep (compute.routed_unfused)
+    unfused = compute.routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
-                 - module_frees(w, mesh.tp, sp, mesh.ep))
-    if w.layer.routed:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert), and
-        routed = expert.routed_saved(w, mesh, sp)  # what the routed MLP's unfused steps keep (compute.routed_unfused)
-        unfused = compute.routed_unfused(w, mesh.tp, mesh.ep, mesh.etp)
+                 - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0))
+    if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
+        routed = expert.routed_saved(w, mesh, sp)
         full = full + routed + unfused.clamp_kept + unfused.bias_kept
         sel = w.stack.engine.selective
         if sel is not None and sel.routed == "kept":  # a policy that reruns none of the routed path keeps them all
@@ -114,10 +115,11 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     return kept, full
 
 
-def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None) -> Any:
+def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0) -> Any:
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
     (engine.selective.modules) at the layer's widths, in the activation dtype; d_model split under sequence
-    parallelism, the rest over TP."""
+    parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
+    (compute.routed_unfused), where a module reruns the activation."""
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective
@@ -128,9 +130,8 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None) -> Any:
     # a module rerunning the routed activation reruns its unfused clamp, whose copies it then does not keep either
     # (once, whichever modules name it; kept at all only where the policy keeps the routed path: saved_per_token)
     rerun = any("mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules) and sel.routed == "kept"
-    clamp = compute.routed_unfused(w, tp, ep).clamp_kept if layer.routed and rerun else 0.0
     return sum(w.act_bytes * n * width[k] / split.get(k, tp) for m in w.recompute_modules
-               for k, n in sel.modules[m].frees.items()) + clamp
+               for k, n in sel.modules[m].frees.items()) + (clamp_kept if rerun else 0.0)
 
 
 def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:

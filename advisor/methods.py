@@ -46,13 +46,13 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
             continue
         results[name] = res
         steps[name] = res.plans[0].estimate.step_time_s if res.plans else None
-        kept = [p for p in res.plans if p.estimate.plan.offload.value == "none"]
+        kept = _unloaded(res.plans)
         plain[name] = kept[0].estimate.step_time_s if kept and "+" not in name else None
     unloaded = [n for n, _ in LADDER if isinstance(plain.get(n), float)]
     fitting = unloaded or [n for n, _ in LADDER if isinstance(steps.get(n), float)]
     for name, res in results.items():  # the answer's rows as the rule counts them, at the top asked
         if unloaded and name in unloaded:
-            res.plans = [p for p in res.plans if p.estimate.plan.offload.value == "none"]
+            res.plans = _unloaded(res.plans)
         res.plans = res.plans[:top]
     if not fitting:
         last = results[list(results)[-1]] if results else None
@@ -87,6 +87,11 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
     res.method_choice = {"chosen": chosen, "fastest": fastest, "steps_s": steps, "largest_micro_batch": mb,
                          "longest_seq": seq, "lines": lines}
     return res
+
+
+def _unloaded(plans: list) -> list:
+    """The ranked plans that offload no model states."""
+    return [p for p in plans if p.estimate.plan.offload.value == "none"]
 
 
 def best_offload(res) -> str:

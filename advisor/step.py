@@ -135,9 +135,10 @@ def _sharded_only(w: Workload, c: Candidates) -> Candidates:
 
 def _fsdp_rows(w: Workload, c: Candidates) -> tuple[Optional[Workload], Any]:
     """(the workload the stack's FSDP runs as, or None: Workload.fsdp_variant; the plans that run as it, ZeRO-2/3
-    (and ZeRO-1 where the stack's is DeepSpeed's bf16 engine: engine.half_from_zero), on one rank too: torch's FSDP at world size 1 runs NO_SHARD and keeps its MixedPrecision's bf16 parameters for
-    the compute (torch 2.13 fsdp/_init_utils.py, _flat_param.py _use_low_precision_shard), as accelerate's launcher
-    wraps the model whatever --num_processes is)."""
+    (and ZeRO-1 where the stack's is DeepSpeed's bf16 engine: engine.half_from_zero), on one rank too: torch's FSDP
+    at world size 1 runs NO_SHARD and keeps its MixedPrecision's bf16 parameters for the compute (torch 2.13
+    fsdp/_init_utils.py, _flat_param.py _use_low_precision_shard), as accelerate's launcher wraps the model whatever
+    --num_processes is)."""
     alt = w.fsdp_variant()
     return alt, (c.zero >= w.stack.engine.half_from_zero) if alt is not None else np.zeros(len(c), dtype=bool)
 
