@@ -24,9 +24,14 @@ from advisor.workload import Workload, runs_model, stack_runs, why_not
 # Megatron-FSDP) even where a plan of it is data-parallel only. The vTrain and SC21 validations name
 # megatron-deepspeed, which they ran.
 AUTO_SMALL, AUTO_LARGE, AUTO_MODEL_PARALLEL, AUTO_NEITHER = "hf-trainer", "megatron-core", "megatron-core", "torchtitan-0.2"
+# TP and PP plans of a model megatron-core's code does not build (ALiBi: BLOOM, MPT) go to the Megatron stack whose code
+# does: Megatron-DeepSpeed, BLOOM-176B's own (BigScience's fork, TP 4 x PP 12, --position-embedding-type alibi), ahead of
+# AUTO_SMALL, which runs no pipeline
+AUTO_MODEL_PARALLEL_ELSE = "megatron-deepspeed"
 ONE_STACK = ("--stack any ranks every stack's plans in advisor plan; one plan is costed in one stack: name it (the "
              "row's stack, advisor stacks) or use --stack auto")
-AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL}; data-parallel plans "
+AUTO_RULE = (f"--stack auto: plans with tensor, pipeline or context parallelism in {AUTO_MODEL_PARALLEL} "
+             f"({AUTO_MODEL_PARALLEL_ELSE} where {AUTO_MODEL_PARALLEL} cannot build the model: BLOOM's ALiBi); data-parallel plans "
              f"(DDP, ZeRO, FSDP) in {AUTO_SMALL} where the model fits one GPU in it, the world is one GPU (DeepSpeed's "
              f"ZeRO-Offload), the plan offloads parameters or NVMe (ZeRO-Infinity, which {AUTO_LARGE} lacks: a search ranks those "
              f"plans where none of {AUTO_LARGE}'s fits) or {AUTO_LARGE} does "
@@ -48,6 +53,20 @@ def auto_runs(stack: Stack, model: ModelSpec) -> bool:
     from advisor.export import unwritable
 
     return runs_model(stack, model) and not unwritable(stack, model)
+
+
+def model_parallel_stack(model: ModelSpec, setup: TrainingSetup) -> Optional[Stack]:
+    """The stack --stack auto costs the model's TP, PP and CP plans in: AUTO_MODEL_PARALLEL where its code builds and
+    its formats write the model, else AUTO_MODEL_PARALLEL_ELSE where Megatron's flags describe all but the positions
+    (ALiBi: its DeepSpeed JSON launches BLOOM), each where it runs the setup's choices (None: neither)."""
+    from advisor.export.megatron_shape import unwritten_by
+
+    first, other = load_stack(AUTO_MODEL_PARALLEL), load_stack(AUTO_MODEL_PARALLEL_ELSE)
+    if auto_runs(first, model) and stack_runs(first, setup):
+        return first
+    if auto_runs(other, model) and not unwritten_by(model, "megatron") and stack_runs(other, setup):
+        return other
+    return None
 
 
 def plan_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,
@@ -104,6 +123,9 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({said}); "
                          + (f"--stack {' or '.join(others)} runs it" if others else "no stack profile runs it"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
+        other = model_parallel_stack(model, setup) if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else None
+        if other is not None:  # BLOOM's TP/PP plans: Megatron-DeepSpeed
+            return other, fits_one_gpu(model, hw, other, setup, headroom)
         pick = small if auto_runs(small, model) else load_stack(AUTO_NEITHER)  # neither: Llama 4's experts and chunks
         return pick, fits_one_gpu(model, hw, pick, setup, headroom)
     # a choice only one of them runs picks it: QLoRA (the data-parallel stack, sharded or not), a flex token dispatcher

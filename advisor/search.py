@@ -21,7 +21,7 @@ import numpy as np
 from advisor import api
 from advisor.admissible import valid_candidates
 from advisor.api import PlanError, resolve_precision, resolve_world
-from advisor.auto import offloads_only
+from advisor.auto import model_parallel_stack, offloads_only
 from advisor.candidates import Candidates
 from advisor.constraints import drop_setup_violations, violations
 from advisor.errors import format_validation_error
@@ -88,10 +88,10 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
-    elif o.stack == "auto" and chosen.name != api.AUTO_MODEL_PARALLEL and not setup.finetune.adapters and api.auto_runs(
-            mp := load_stack(api.AUTO_MODEL_PARALLEL), spec) and stack_runs(mp, setup):  # adapters: DP only
+    elif o.stack == "auto" and not setup.finetune.adapters and (mp := model_parallel_stack(spec, setup)) is not None \
+            and chosen.name != mp.name:  # adapters: DP only
         stacks = [chosen, mp]
-        parts = {chosen.name: False, api.AUTO_MODEL_PARALLEL: True}
+        parts = {chosen.name: False, mp.name: True}
     else:
         stacks = [chosen]
     setups = {st.name: stack_setup(setup, st) for st in stacks}  # each names its stack and runs its default optimizer
@@ -104,7 +104,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     if o.stack == "auto":  # DeepSpeed's ZeRO-Infinity on the GPU counts where nothing else fits
         more = _offloaded(spec, hardware, setup, setups, found, o)
         found, stacks = found + more, stacks + [f.stack for f in more if f.stack.name not in {s.name for s in stacks}][:1]
-    stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o) if parts else None
+    stack_note = _model_parallel_that_pays(found, spec, hardware, setups, o, next(n for n, tp_pp in parts.items() if tp_pp)) if parts else None
     ft = setup.finetune
     tree = decision_tree(spec, hardware, max(worlds), fits_one, ft.method.value + (
         f" with the {ft.offload} on the CPU" if ft.offload.value != "none" else ""))
@@ -158,12 +158,11 @@ def _offloaded(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, setups
 
 
 def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: Hardware,
-                              setups: dict[str, TrainingSetup], o: PlanOptions) -> Optional[str]:
-    """--stack auto over two stacks (the model fits one GPU): AUTO_MODEL_PARALLEL's TP/PP/CP plans are ranked where they
+                              setups: dict[str, TrainingSetup], o: PlanOptions, name: str) -> Optional[str]:
+    """--stack auto over two stacks: ``name``'s TP/PP/CP plans (auto.model_parallel_stack's) are ranked where they
     beat that stack's own best data-parallel plan on the same GPUs, else left out (rejected), lest one rank for its
     stack's kernels, not its parallelism (GPT-2 XL on a DGX A100: megatron-core's ZeRO-1 dp=4 x PP=2, 4.34 s, above
     hf-trainer's ZeRO-2, 5.18 s, where megatron-core's ZeRO-1 dp=8 takes 3.99 s). Returns the line that says so."""
-    name = api.AUTO_MODEL_PARALLEL
     bests, kept = [], 0
     for f in found:
         if f.stack.name != name or not f.fits.any():  # no TP/PP/CP plan fits (or none exists on these GPUs): nothing to say

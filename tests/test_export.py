@@ -107,6 +107,8 @@ CASES = {
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
+# what the Hugging Face Trainer does not run (a pipeline, SP): their DeepSpeed JSON is Megatron-DeepSpeed's
+BEYOND_TRAINER = {c for c, v in CASES.items() if v[3].get("pp", 1) > 1 or v[3].get("sp")}
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
@@ -128,6 +130,7 @@ def exportable(kind: str, case: str) -> bool:
         return kind == "megatron"
     return not (kind in ("torchrun", "deepspeed") and case == "megatron-block") and not (
         kind == "accelerate" and case in MODEL_PARALLEL | {"megatron-block"}) and not (
+        kind == "torchrun" and case in BEYOND_TRAINER) and not (
         kind == "deepspeed" and case == "3d-interleaved") and not (
         kind in ("megatron", "torchrun") and case in OFFLOAD) and not (
         kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme"))
@@ -147,6 +150,10 @@ CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", 
 
 
 def stack_of(kind: str, case: str) -> str:
+    """The stack a case is costed in: the DeepSpeed JSON of a pipelined or sequence-parallel plan is
+    Megatron-DeepSpeed's (the Trainer runs TP as DeepSpeed's AutoTP only: stack_profiles/hf-trainer.yaml offers)."""
+    if kind == "deepspeed" and case in BEYOND_TRAINER:
+        return "megatron-deepspeed"
     return "megatron-core" if case in CORE_ONLY else LEGACY_STACK[kind]
 ALL = [(k, c) for k in LEGACY for c in CASES if exportable(k, c)]
 
@@ -188,7 +195,7 @@ def test_batch_identity(case):
 
 
 @pytest.mark.parametrize("kind,case,message", [
-    ("accelerate", "3d-interleaved", "accelerate cannot express tp=8 x pp=4"),
+    ("accelerate", "3d-interleaved", "hf-trainer does not run sequence parallelism"),  # nor a pipeline: the stack first
     ("deepspeed", "3d-interleaved", "no interleaved schedule"),
     ("megatron", "zero-offload-1gpu", "use --format deepspeed"),
     ("accelerate", "zero-infinity-nvme", "offloads parameters to the CPU only"),
@@ -342,7 +349,7 @@ def test_deepspeed_config_loads(case, monkeypatch):
     import deepspeed.runtime.config as ds_config
 
     model, hw, plan, setup, ga, world = inputs(case)
-    cfg = json.loads(export("deepspeed", model, hw, plan, setup, ga, world, LEGACY_STACK["deepspeed"]).text)
+    cfg = json.loads(export("deepspeed", model, hw, plan, setup, ga, world, stack_of("deepspeed", case)).text)
 
     class MPU:  # the data-parallel size DeepSpeed divides the batch by, without a process group
         def get_data_parallel_world_size(self):

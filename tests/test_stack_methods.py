@@ -89,14 +89,29 @@ def test_hf_llama_layer_saves_what_peft_lora_keeps(precision, method, probed):
 
 def test_a_decoder_megatron_core_cannot_build_is_costed_where_it_runs():
     """megatron-core 0.19's TransformerLayer runs the MLP on the attention's output (transformer_layer.py forward):
-    Falcon-7B's parallel attention + MLP blocks are not its model. Asked for, a one-line error; under --stack auto its
-    plans go to hf-trainer, TP and PP plans included (none that hf-trainer runs)."""
+    Falcon-7B's parallel attention + MLP blocks are not its model, nor Megatron-DeepSpeed's. Asked for, a one-line
+    error; under --stack auto its plans go to hf-trainer, which runs no pipeline (DeepSpeed's AutoTP its only TP)."""
     with pytest.raises(AdvisorError, match=r"stack megatron-core's model code does not build falcon-7b, which has "
                                         r"parallel attention \+ MLP blocks: use --stack deepspeed or hf-trainer or "
                                         r"llm-foundry$"):
         estimate(model="falcon-7b", hw="dgx-h100", gpus=8, zero=1, stack="megatron-core")
     res = plan("falcon-7b", "aws-p4d", nodes=2, top=5)
     assert res.plans and {p.estimate.setup.stack for p in res.plans} == {"hf-trainer"}
+    assert all(p.plan.pp == 1 and not p.plan.sp for p in plan("falcon-7b", "aws-p4d", nodes=2, top=100_000).plans)
+
+
+def test_blooms_tensor_and_pipeline_plans_are_megatron_deepspeeds():
+    """BLOOM-176B trained in BigScience's Megatron-DeepSpeed at TP 4 x PP 12 with ALiBi, which megatron-core's code has
+    not: --stack auto costs its TP/PP plans there (auto.AUTO_MODEL_PARALLEL_ELSE), not in hf-trainer, whose Trainer
+    runs no pipeline (accelerate 1.15's ParallelismConfig has no stage axis) and whose export could not write one."""
+    res = plan("bloom-176b", "dgx-a100", gpus=384, global_batch=384, seq=2048, top=5)
+    assert {p.estimate.setup.stack for p in res.plans} == {"megatron-deepspeed"}
+    assert all(p.plan.pp > 1 for p in res.plans)
+    est = estimate(model="bloom-176b", hw="dgx-a100", gpus=384, tp=4, pp=12, micro_batch=1, global_batch=384, seq=2048)
+    assert est.setup.stack == "megatron-deepspeed"
+    with pytest.raises(AdvisorError, match=r"^invalid plan: hf-trainer does not run pipeline parallelism \(it runs DDP, "
+                                           r"nn.DataParallel, ZeRO-1, .*tensor parallelism: use those, or another --stack\)$"):
+        estimate(model="bloom-176b", hw="dgx-a100", gpus=384, tp=4, pp=12, micro_batch=1, seq=2048, stack="hf-trainer")
 
 
 def test_llama4_is_costed_where_its_experts_run_routed():
