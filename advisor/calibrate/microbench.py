@@ -120,7 +120,10 @@ def compute_rows(device, cpu: bool) -> list[dict]:
 
     rows = []
     shapes = MATMUL_SHAPES[:3] if cpu else MATMUL_SHAPES
-    precisions = [("fp32", torch.float32, False)] + ([] if cpu else [("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)])
+    # fp16 measured beside bf16, not assumed equal: the same tensor-core peak on every GPU since Ampere, but a cuBLAS
+    # heuristic or a clock can part them, and a refit of bf16 alone left fp16-mixed plans on the base profile's rate
+    precisions = [("fp32", torch.float32, False)] + ([] if cpu else [("tf32", torch.float32, True), ("bf16", torch.bfloat16, False),
+                                                                    ("fp16", torch.float16, False)])
     for math, dtype, tf32 in precisions:
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = tf32
