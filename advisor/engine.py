@@ -207,6 +207,12 @@ class Engine(Spec):
         default="any", description="where its mixed precision runs on a plan without FSDP: on any, or on data-parallel "
         "plans only (torchtitan 0.2.2 distributed/utils.py maybe_enable_amp: TP or PP without FSDP or CP runs no "
         "autocast, and trains in fp32; and its parallelize functions raise on DDP beside TP or PP)")
+    fsdp_at_one: bool = Field(
+        default=False, description="where it shards over no rank (dp_shard x cp = 1) it still wraps every unit in FSDP2 "
+        "on a one-rank mesh, whose MixedPrecisionPolicy casts the fp32 parameters to bf16 (torchtitan 0.3.0: no DDP, no "
+        "autocast): costed as ZeRO-3 over one rank (under a pipeline its FSDP-under-pipeline ZeRO-1), and replicas over "
+        "it (HSDP of one-rank shards) as DDP with fp32 masters and the unit copies; False: no FSDP there (DDP or autocast "
+        "on the fp32 weights, torchtitan 0.2.2)")
     base_modules: Literal["fused", "transformers"] = Field(
         default="fused", description="the modules its model code holds a layer's linears in (a quantised base's: one "
         "per module): one per fused projection (litgpt's qkv, Megatron's linear_qkv), or as transformers' modeling "

@@ -126,11 +126,15 @@ def _first_and_last(w: Workload, c: Candidates) -> tuple[Evaluation, Evaluation]
 
 
 def _sharded_only(w: Workload, c: Candidates) -> Candidates:
-    """ZeRO without ranks to shard over is no ZeRO where the stack keeps master weights with its shards (torchtitan:
-    no FSDP2 at dp_shard x cp 1, autocast)."""
-    if w.stack.engine.master_weights != "with_shards":
+    """Where the stack keeps master weights with its shards and has no rank to shard over (dp_shard x cp 1): no ZeRO
+    (torchtitan 0.2.2: no FSDP2 there, autocast), or where it wraps every unit in FSDP2 whatever (engine.fsdp_at_one,
+    torchtitan 0.3.0) ZeRO-3 over one rank, under a pipeline its ZeRO-1 (reshard_after_forward False: the stage's bf16
+    parameters and fp32 gradients held across the micro-batches, advisor.parallel.data)."""
+    eng = w.stack.engine
+    if eng.master_weights != "with_shards":
         return c
-    return replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), 0, c.zero))
+    alone = np.where(np.asarray(c.pp) > 1, 1, 3) if eng.fsdp_at_one else 0
+    return replace(c, zero=np.where((c.dp == 1) & (c.cp == 1), alone, c.zero))
 
 
 def _fsdp_rows(w: Workload, c: Candidates) -> tuple[Optional[Workload], Any]:

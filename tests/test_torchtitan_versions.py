@@ -222,3 +222,25 @@ def test_torchtitan_02_trains_tp_or_pp_without_fsdp_in_fp32_and_refuses_it_under
         found = plan("llama3-8b", "dgx-h100", gpus=8, stack="torchtitan-0.2", precision=precision, top=50).plans
         assert all(p.plan.tp == p.plan.pp == 1 or (p.plan.zero >= 1 and p.plan.dp > 1) or p.plan.cp > 1
                    or (precision == "bf16" and p.plan.dp == 1) for p in found)
+
+
+def test_torchtitan_03_runs_fsdp2_on_one_rank_where_nothing_shards():
+    """0.3.0 always calls apply_fsdp_to_decoder ("with shard_degree=1 it is a no-op for the all-gather but still
+    installs the MixedPrecisionPolicy", models/llama3/parallelize.py:69) and has no autocast or replicate(): at dp 1 a
+    TP plan keeps fp32 shards, Adam and bf16 gradients (16 bytes a parameter, no autocast copy of the weights) and pays
+    the one-rank unit copies; 0.2.2 ran autocast on fp32 weights there (and refuses that TP plan under mixed)."""
+    kw = dict(gpus=8, tp=8, micro_batch=1, seq=8192, precision="bf16-mixed")
+    new = estimate("llama3-8b", "dgx-h100", stack="torchtitan", **kw)
+    per_rank = new.params / 8  # every linear, the embedding and the head split over the TP ranks (8.03B / 8)
+    parts = new.memory.parts
+    assert parts["weights"] + parts["gradients"] + parts["optimizer_states"] == pytest.approx(16 * per_rank, rel=0.01)
+    assert parts["transient"] < 0.2 * 2 * per_rank  # the unit's gradient buffers, not a 2-byte copy of every weight
+    # the cast and copy of each unit, twice a micro-batch (reshard_after_forward without PP), reading and writing bf16
+    copies = new.breakdown["comm/zero_params"]
+    assert 0.5 * 2 * 4 * per_rank / 3.35e12 < copies < 3 * 2 * 4 * per_rank / 3.35e12  # H100's 3.35 TB/s (datasheet)
+    with pytest.raises(AdvisorError, match="trains TP or PP without FSDP in fp32"):
+        estimate("llama3-8b", "dgx-h100", stack="torchtitan-0.2", **kw)
+    # its replicas at dp_shard 1 (HSDP of one-rank shards): no autocast copy either, 0.2.2's DDP keeps one
+    ddp = dict(gpus=8, dp=8, micro_batch=1, seq=4096, precision="bf16-mixed", model="llama3-8b", hw="dgx-h100")
+    r3, r2 = estimate(stack="torchtitan", **ddp), estimate(stack="torchtitan-0.2", **ddp)
+    assert r2.memory.parts["transient"] - r3.memory.parts["transient"] > 0.9 * 2 * r3.params

@@ -112,11 +112,12 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
                         0.0) if w.layer.routed else 0.0)
     stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
-    master = (zero >= 1) & (eng.master_weights != "never") | (eng.master_weights == "always")
+    master = (zero >= 1) & (eng.master_weights != "never") | (eng.master_weights == "always") | eng.fsdp_at_one
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
-    # (where there is an FSDP group: at dp 1 torchtitan applies none)
-    fp32 = (eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & (shard > 1) | (eng.main_grads == "fp32")
+    # (where there is an FSDP group: at dp 1 torchtitan 0.2.2 applies none, 0.3.0 a one-rank one: engine.fsdp_at_one)
+    fp32 = ((eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & ((shard > 1) | eng.fsdp_at_one)
+            | (eng.main_grads == "fp32"))
     gb = np.where(fp32, np.maximum(gb, 4.0), gb)
     r = w.precision.recipe
     if r is not None and eng.low_precision_params:  # the layers' weights held (and gathered) in the recipe's format
@@ -206,8 +207,12 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
     ag = np.where(zero == 1, z1_ag, ag)
-    exposed = exposed + unit_copy_seconds(w, states, zero)
+    copies = unit_copy_seconds(w, states, zero)
+    exposed = exposed + copies
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
+    if w.stack.engine.fsdp_at_one:  # a one-rank FSDP2 gathers nothing but still casts and copies each unit, replicas too
+        params = params + c.grad_accum * (np.where(~active & (zero >= 2), copies, 0.0) + np.where(
+            active & (zero == 0), unit_copy_seconds(w, states, np.where(np.asarray(c.pp) > 1, 2, 3)), 0.0))
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
 
@@ -219,17 +224,13 @@ def overlaps(c: Candidates, hw: Hardware) -> Any:
 
 
 def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
-    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives, on the compute
-    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): after each all-gather,
-    ``foreach_all_gather_copy_out`` (called from ``FSDPParamGroup.wait_for_unshard`` on the current stream) copies the
-    gathered bytes out of the all-gather buffer into the parameters with ``split_with_sizes_copy`` (read + write of
-    every gathered weight byte); before each reduce-scatter ``foreach_reduce`` (the post-backward hook, current stream)
-    builds the reduce-scatter input with ``chunk_cat`` from the unsharded gradients, cast to the reduce dtype on the
-    way (read the gradient bytes, write the reduce bytes), and only then switches to the reduce-scatter stream.
-    ZeRO-3 gathers each unit twice per micro-batch (reshard_after_forward=True: forward, then again for backward;
-    torchtitan's fsdp_reshard_after_forward "default" without PP, distributed/fsdp.py), ZeRO-2 once. The all-gather
-    copy-in (the local shard cast to param_dtype and copied into the gather input) moves 1/dp_shard of that and runs on
-    its own stream: left out. A recomputed forward reuses the backward's gather (the unit is already unsharded)."""
+    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives on the compute
+    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): ``foreach_all_gather_copy_out`` (from
+    ``FSDPParamGroup.wait_for_unshard``) copies each gathered byte into the parameters (split_with_sizes_copy: read +
+    write), and ``foreach_reduce`` builds the reduce-scatter input with ``chunk_cat`` (read the gradient, write it in
+    the reduce dtype) before it switches streams. ZeRO-3 gathers a unit twice per micro-batch (reshard_after_forward
+    without PP: torchtitan's fsdp_reshard_after_forward "default", distributed/fsdp.py), ZeRO-2 once; the copy-in
+    (1/dp_shard of it, its own stream) is left out, and a recomputed forward reuses the backward's gather."""
     if not w.stack.engine.unit_copies or w.stack.engine.zero_collectives != "per_unit":
         return 0.0
     gathers = np.where(zero >= 3, 2.0, 1.0)
