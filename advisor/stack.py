@@ -112,14 +112,15 @@ class Saved(Entry):
 
 
 class Logits(Entry):
-    """Bytes per logit of the logits and the loss's buffers: alive at the end of forward, and at the peak; and
-    what the loss holds per token besides, as a linear form (a chunked loss's copies of the hidden states and its
-    gradient accumulator: neither divided by tensor parallelism)."""
+    """Bytes per logit of the logits and the loss's buffers: alive at the end of forward, and at the peak; per token
+    besides, a linear form (a chunked loss's hidden-state copies and gradient accumulator: not divided by TP); and at
+    the peak per element of a TP rank's LM head (a chunked loss's unsharded head gradient and reduce-scatter input)."""
 
     held: float = Field(ge=0, le=1e3)
     peak: float = Field(ge=0, le=1e3)
     held_per_token: Form = Field(default_factory=dict)
     peak_per_token: Form = Field(default_factory=dict)
+    peak_per_head_weight: float = Field(default=0.0, ge=0, le=100)
 
 
 class Passes(Spec):
@@ -258,7 +259,7 @@ class Stack(Spec):
             loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
             k.attention_efficiency, form_value(saved.norm_weight_inputs, layer), form_value(lg.held_per_token, layer),
-            form_value(lg.peak_per_token, layer))
+            form_value(lg.peak_per_token, layer), lg.peak_per_head_weight)
 
 
 def form_value(form: Form, layer: DecoderLayer) -> float:
@@ -319,6 +320,7 @@ class StackTables:
     saved_norm_weight_inputs: float = 0.0  # per token and layer: kept only for trainable norm weights
     logits_held_per_token: float = 0.0  # the loss's bytes per token besides the logits (not split by TP)
     logits_peak_per_token: float = 0.0
+    logits_peak_head: float = 0.0  # per element of the LM head's weight on a TP rank
 
 
 def stack_dirs() -> list[Path]:
