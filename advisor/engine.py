@@ -213,6 +213,9 @@ class Engine(Spec):
         "autocast): costed as ZeRO-3 over one rank (under a pipeline its FSDP-under-pipeline ZeRO-1), and replicas over "
         "it (HSDP of one-rank shards) as DDP with fp32 masters and the unit copies; False: no FSDP there (DDP or autocast "
         "on the fp32 weights, torchtitan 0.2.2)")
+    replica_all_reduce: Literal["per_step", "per_micro_batch"] = Field(
+        default="per_step", description="HSDP's all-reduce over the replicas: once a step after the last micro-batch, or "
+        "in every micro-batch's post-backward behind each unit's reduce-scatter (FSDP2: advisor.parallel.fsdp2)")
     base_modules: Literal["fused", "transformers"] = Field(
         default="fused", description="the modules its model code holds a layer's linears in (a quantised base's: one "
         "per module): one per fused projection (litgpt's qkv, Megatron's linear_qkv), or as transformers' modeling "

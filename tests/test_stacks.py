@@ -214,7 +214,7 @@ def test_fsdp2_copies_gathered_weights_out_and_gradients_in_on_the_compute_strea
     import numpy as np
 
     from advisor.compute import mem_time
-    from advisor.parallel.data import unit_copy_seconds
+    from advisor.parallel.fsdp2 import unit_copy_seconds
 
     w = _titan_workload("torchtitan")
     p = 8.03e9

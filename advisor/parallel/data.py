@@ -35,7 +35,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import expert, pipeline, zero3
+from advisor.parallel import expert, fsdp2, pipeline, zero3
 from advisor.parallel.overlap import Windows, hidden
 from advisor.recompute import mix
 from advisor.units import MiB
@@ -194,9 +194,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     # NCCL's thread blocks hold SMs while a collective runs beside the compute (advisor.comm.held_sms): wherever a
     # window hides it (a collective nothing hides, hide = 0, is costed whole and holds nothing from anything)
     held = comm.held_sms(mesh.dp_shard, mesh.shard_per_node, w.hw)
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
+    rs, roots, hsdp = fsdp2.replicas_per_micro_batch(w, states, rs, roots, hsdp)
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)  # DDP's group is dp, not dp_shard
     # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
@@ -207,12 +208,9 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
     ag = np.where(zero == 1, z1_ag, ag)
-    copies = unit_copy_seconds(w, states, zero)
-    exposed = exposed + copies
+    exposed = exposed + fsdp2.unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
-    if w.stack.engine.fsdp_at_one:  # a one-rank FSDP2 gathers nothing but still casts and copies each unit, replicas too
-        params = params + c.grad_accum * (np.where(~active & (zero >= 2), copies, 0.0) + np.where(
-            active & (zero == 0), unit_copy_seconds(w, states, np.where(np.asarray(c.pp) > 1, 2, 3)), 0.0))
+    params = params + c.grad_accum * fsdp2.one_rank_copies(w, c, states, zero, active)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
 
@@ -221,22 +219,6 @@ def overlaps(c: Candidates, hw: Hardware) -> Any:
     (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host memory with SM-driven
     copies that contend with the backward kernels for SMs and PCIe: no overlap."""
     return np.asarray(c.overlap, dtype=bool) & (hw.intra_node.kind.value != "pcie")
-
-
-def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
-    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives on the compute
-    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): ``foreach_all_gather_copy_out`` (from
-    ``FSDPParamGroup.wait_for_unshard``) copies each gathered byte into the parameters (split_with_sizes_copy: read +
-    write), and ``foreach_reduce`` builds the reduce-scatter input with ``chunk_cat`` (read the gradient, write it in
-    the reduce dtype) before it switches streams. ZeRO-3 gathers a unit twice per micro-batch (reshard_after_forward
-    without PP: torchtitan's fsdp_reshard_after_forward "default", distributed/fsdp.py), ZeRO-2 once; the copy-in
-    (1/dp_shard of it, its own stream) is left out, and a recomputed forward reuses the backward's gather."""
-    if not w.stack.engine.unit_copies or w.stack.engine.zero_collectives != "per_unit":
-        return 0.0
-    gathers = np.where(zero >= 3, 2.0, 1.0)
-    gathered = states.params * states.weight_bytes * 2.0 * gathers
-    reduced = states.trained * (states.grad_bytes + states.reduce_bytes)
-    return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
 
 
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any,

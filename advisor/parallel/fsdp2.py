@@ -1,0 +1,57 @@
+"""What an FSDP2 stack (torch's fully_shard, as torchtitan runs it) does around each unit's collectives that the
+collectives themselves do not say: the copies on the compute stream, FSDP2 on a one-rank mesh, and HSDP's all-reduce
+of the replicas in every micro-batch (advisor.parallel.data costs the collectives and their overlap)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from advisor.candidates import Candidates
+from advisor.compute import mem_time
+from advisor.workload import Workload
+
+if TYPE_CHECKING:
+    from advisor.parallel.data import ModelStates
+
+
+def unit_copy_seconds(w: Workload, states: "ModelStates", zero: Any) -> Any:
+    """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives on the compute
+    stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): ``foreach_all_gather_copy_out`` (from
+    ``FSDPParamGroup.wait_for_unshard``) copies each gathered byte into the parameters (split_with_sizes_copy: read +
+    write), and ``foreach_reduce`` builds the reduce-scatter input with ``chunk_cat`` (read the gradient, write it in
+    the reduce dtype) before it switches streams. ZeRO-3 gathers a unit twice per micro-batch (reshard_after_forward
+    without PP: torchtitan's fsdp_reshard_after_forward "default", distributed/fsdp.py), ZeRO-2 once; the copy-in
+    (1/dp_shard of it, its own stream) is left out, and a recomputed forward reuses the backward's gather."""
+    if not w.stack.engine.unit_copies or w.stack.engine.zero_collectives != "per_unit":
+        return 0.0
+    gathers = np.where(zero >= 3, 2.0, 1.0)
+    gathered = states.params * states.weight_bytes * 2.0 * gathers
+    reduced = states.trained * (states.grad_bytes + states.reduce_bytes)
+    return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
+
+
+def one_rank_copies(w: Workload, c: Candidates, states: "ModelStates", zero: Any, active: Any) -> Any:
+    """Per micro-batch, the unit copies of a stack that wraps every unit in FSDP2 where nothing shards
+    (engine.fsdp_at_one): a one-rank FSDP2 skips the all-gather but casts and copies each unit's parameters on the
+    compute stream (torch 2.13 _fsdp_param_group.py wait_for_unshard), its replicas' too (HSDP of one-rank shards,
+    costed as DDP plans: twice a micro-batch without PP, once under it, where reshard_after_forward is False)."""
+    if not w.stack.engine.fsdp_at_one:
+        return 0.0
+    alone = np.where(~np.asarray(active, dtype=bool) & (zero >= 2), unit_copy_seconds(w, states, zero), 0.0)
+    replicas = unit_copy_seconds(w, states, np.where(np.asarray(c.pp) > 1, 2, 3))
+    return alone + np.where(np.asarray(active, dtype=bool) & (zero == 0), replicas, 0.0)
+
+
+def replicas_per_micro_batch(w: Workload, states: "ModelStates", rs: Any, roots: tuple[Any, Any],
+                             hsdp: Any) -> tuple[Any, tuple[Any, Any], Any]:
+    """(the reduce-scatters of a pass, their roots, HSDP's all-reduce left for once a step): an FSDP2 stack's HSDP
+    all-reduces each unit's reduced shard over the replicas in every micro-batch's post-backward, behind its
+    reduce-scatter on the same stream (torch 2.13 _fsdp_collectives.py foreach_reduce; torchtitan never calls
+    set_requires_all_reduce(False)), so it hides behind the backward as they do, once per micro-batch
+    (engine.replica_all_reduce "per_micro_batch"); else (FSDP1's no_sync accumulation) once a step, exposed."""
+    if w.stack.engine.replica_all_reduce != "per_micro_batch":
+        return rs, roots, hsdp
+    root_share = states.params_outside_layers / np.maximum(states.params, 1.0)
+    return rs + hsdp, (roots[0] + hsdp * root_share, roots[1]), 0.0
