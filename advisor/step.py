@@ -317,14 +317,18 @@ def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, he
 
 
 def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[Any, Any]:
-    """(model FLOPs, hardware FLOPs) per step (module docstring)."""
+    """(model FLOPs, hardware FLOPs) per step (module docstring). Tokens beyond an expert's capacity skip it (the
+    residual only), computed by no one: under balanced routing a share 1 - cf of every routed linear's tokens."""
     m, layer = w.model, w.layer
-    per_layer = sum(layer.flops_per_token(w.seq_len, causal=True).values())
-    if len(m.layers) == 1:
-        model = 3.0 * (m.n_layers * per_layer + 2.0 * m.d_model * m.vocab) * tokens_per_step
-    else:  # dense first layers beside routed ones: each layer at its own FLOPs (routed experts at top-k)
-        layers_flops = sum(k.count * sum(k.flops_per_token(w.seq_len, causal=True).values()) for k in m.layers)
-        model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    kept = min(1.0, w.moe_capacity_factor or 1.0)
+
+    def per_token(k) -> float:  # a layer's FLOPs per token, its routed linears at the tokens they keep
+        return sum(k.flops_per_token(w.seq_len, causal=True).values()) - (1.0 - kept) * sum(
+            lin.flops_per_token for lin in expert.expert_linears(k))
+    per_layer = per_token(layer)
+    # dense first layers beside routed ones: each layer at its own FLOPs (routed experts at top-k)
+    layers_flops = m.n_layers * per_layer if len(m.layers) == 1 else sum(k.count * per_token(k) for k in m.layers)
+    model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab) * tokens_per_step
     ft = w.finetune
     if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
         from advisor.finetune import adapter_params_per_layer, head_adapter_params
@@ -336,7 +340,7 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
     executed = {"attention/core": executed_core, "elementwise": 0.0, "norms": 0.0, "mlp/act": 0.0,
-                **{lin.name: lin.flops_per_token for lin in layer.linears}}
+                **{lin.name: lin.flops_per_token * (kept if lin.copies > 1 else 1.0) for lin in layer.linears}}
     selective = selected(executed, w.selective_recomputes, layer)
     rc = rerun(pol, executed_layer, selective)
     return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step
