@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from advisor.candidates import Candidates
-from advisor.constraints import stack_violations
+from advisor.constraints import setup_violations, stack_violations
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.search import PlanSearch
@@ -35,11 +35,19 @@ def _gpus(n: int) -> str:
     return f"{n:,} GPU{'' if n == 1 else 's'}"
 
 
+def lean_recompute(stack) -> Recompute:
+    """The checkpointing policy of the least memory the stack runs: full, else selective, else none (nanotron's)."""
+    eng = stack.engine
+    return (Recompute.full if "full" in eng.checkpointing else
+            Recompute.selective if eng.selective is not None and "selective" in eng.checkpointing else Recompute.none)
+
+
 def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: bool, stack,
-                  seq: int) -> Optional[Candidates]:
-    """The least-memory corner of the search space for one world size: micro batch 1, full recomputation, every
-    (tp, pp, cp) layout that passes the layout constraints (context parallelism in each flavour the stack runs, where
-    the sequence splits: a long sequence fits only so), every ZeRO stage it allows, SP on and off."""
+                  seq: int, setup=None) -> Optional[Candidates]:
+    """The least-memory corner of the search space for one world size: micro batch 1, the stack's leanest
+    recomputation, every (tp, pp, cp) layout that passes the layout constraints (context parallelism in each flavour
+    the stack runs, where the sequence splits: a long sequence fits only so), every ZeRO stage it allows, SP on and
+    off; none the stack or the setup's choices refuse (adapters under TP where the stack runs them data-parallel)."""
     lays = layouts(world, spec, seq, stack)
     lays = lays[lays[:, 4] == 0]  # the even pipeline split: the uneven one holds no less on its busiest rank
     bad = np.zeros(len(lays), dtype=bool)
@@ -59,10 +67,23 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
     cols = Candidates(dp=a[:, 0], tp=a[:, 1], pp=a[:, 2], zero=a[:, 3], hybrid=np.zeros(n, bool), sp=a[:, 4] == 1,
                       schedule=np.ones(n, int), virtual_stages=np.ones(n, int), dp_kind=np.zeros(n, int),
                       overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0],
-                      recompute=np.full(n, Recompute.full.code), allow_tp_across_nodes=allow_tp, cp=a[:, 5],
+                      recompute=np.full(n, lean_recompute(stack).code), allow_tp_across_nodes=allow_tp, cp=a[:, 5],
                       cp_comm=a[:, 6])
-    runs = ~np.any([m for m in stack_violations(cols, stack).values()] or [np.zeros(n, bool)], axis=0)
+    refused = [*stack_violations(cols, stack).values(), *(setup_violations(cols, setup, stack).values() if setup else ())]
+    runs = ~np.any(refused or [np.zeros(n, bool)], axis=0)
     return cols.take(np.nonzero(runs)[0]) if runs.any() else None
+
+
+def _stacks(s: PlanSearch, world: int, hw: Hardware) -> list:
+    """The stacks a search on ``world`` GPUs costs its plans in: the one it ran, or under --stack auto the stack auto
+    picks for that many GPUs (one GPU's may not be many's) beside the one of its TP/PP/CP plans."""
+    if s.stack_rule is None:
+        return [s.stack]
+    from advisor.auto import model_parallel_stack, resolve_stack
+
+    out = [resolve_stack("auto", s.model_spec, hw, s.setup, gpus=world)[0]]
+    mp = model_parallel_stack(s.model_spec, s.setup) if world > 1 and not s.setup.finetune.adapters else None
+    return out + ([mp] if mp is not None and mp.name != out[0].name else [])
 
 
 def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
@@ -71,14 +92,21 @@ def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
     hw = hw or s.hardware
     seq = seq or s.seq_len
     gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
-    cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, s.stack, seq)
-    if cols is None:
-        return float("inf"), None
-    setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb, "compile": compile or s.setup.compile})
-    out = evaluate(Workload.of(s.model_spec, hw, s.stack, setup), cols)
-    need = out.memory.peak + out.overhead.total
-    i = int(np.argmin(need))
-    return float(need[i]), cols.plan(i).label()
+    best: tuple[float, Optional[str]] = (float("inf"), None)
+    for stack in _stacks(s, world, hw):
+        setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb, "compile": compile or s.setup.compile,
+                                           "stack": stack.name})
+        cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, stack, seq, setup)
+        if cols is None:
+            continue
+        out = evaluate(Workload.of(s.model_spec, hw, stack, setup), cols)
+        need = out.memory.peak + out.overhead.total
+        i = int(np.argmin(need))
+        if float(need[i]) < best[0]:
+            label = cols.plan(i).label() + (f" in {stack.name}" if s.stack_rule is not None else "")
+            rc = lean_recompute(stack)
+            best = (float(need[i]), f"{label}, {'no' if rc is Recompute.none else rc.value} recomputation")
+    return best
 
 
 def _fits(s: PlanSearch, world: int, **kw) -> tuple[bool, float, Optional[str]]:
@@ -129,11 +157,11 @@ def suggest_fix(s: PlanSearch) -> str:
         cap = s.hardware.gpu.memory_bytes * (1.0 - s.memory_headroom)
         ok, need, label = _fits(s, s.world_size)
         if label:
-            tips.append(f"even the leanest plan on {_gpus(s.world_size)} ({label}, full recomputation, micro batch 1) needs "
+            tips.append(f"even the leanest plan on {_gpus(s.world_size)} ({label}, micro batch 1) needs "
                         f"{need / GiB:,.1f} GiB per GPU, more than the {cap / GiB:,.1f} GiB usable")
         found = min_fitting_world(s)
         if found:
-            tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, full recomputation, micro batch 1)")
+            tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, micro batch 1)")
         else:
             tips.append(f"no GPU count up to {MAX_WORLD:,} fits it on {s.hardware.name}")
         # torch.compile where the stack compiles and the search did not: its fused kernels keep less (the compiled
