@@ -65,8 +65,17 @@ def model_parallel_stack(model: ModelSpec, setup: TrainingSetup) -> Optional[Sta
     if auto_runs(first, model) and stack_runs(first, setup):
         return first
     if auto_runs(other, model) and not unwritten_by(model, "megatron") and stack_runs(other, setup):
-        return other
+        return deepspeed_launched(other)  # Megatron-LM's flags have no ALiBi (advisor.export.megatron)
     return None
+
+
+def deepspeed_launched(stack: Stack) -> Stack:
+    """``stack`` as its DeepSpeed JSON launches it, so that every plan auto ranks exports: DeepSpeed's PipelineModule
+    runs 1F1B over an even split, and the JSON writes no context or expert parallelism (advisor.export)."""
+    eng = stack.engine
+    narrowed = eng.model_copy(update={"offers": [f for f in eng.offers if f not in ("interleaved", "gpipe", "ep")],
+                                      "pipeline_splits": ["even"], "context_parallel": [], "zero_bubble": []})
+    return load_stack(stack.model_copy(update={"engine": narrowed, "launch": ["deepspeed"]}))
 
 
 def plan_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware, setup: TrainingSetup,

@@ -104,9 +104,20 @@ def test_blooms_tensor_and_pipeline_plans_are_megatron_deepspeeds():
     """BLOOM-176B trained in BigScience's Megatron-DeepSpeed at TP 4 x PP 12 with ALiBi, which megatron-core's code has
     not: --stack auto costs its TP/PP plans there (auto.AUTO_MODEL_PARALLEL_ELSE), not in hf-trainer, whose Trainer
     runs no pipeline (accelerate 1.15's ParallelismConfig has no stage axis) and whose export could not write one."""
+    from advisor.export import export
+    from advisor.hardware import load_hardware
+    from advisor.model.catalogue import load_model
+
     res = plan("bloom-176b", "dgx-a100", gpus=384, global_batch=384, seq=2048, top=5)
     assert {p.estimate.setup.stack for p in res.plans} == {"megatron-deepspeed"}
-    assert all(p.plan.pp > 1 for p in res.plans)
+    assert any(p.plan.pp > 1 for p in res.plans)
+    # each exports: Megatron-LM's flags have no ALiBi, so auto ranks what its DeepSpeed JSON writes (PipelineModule's
+    # 1F1B over an even split; no interleaving, CP or EP), where the top rows were uneven interleaved pipelines
+    for p in res.plans:
+        e = p.estimate
+        assert p.plan.schedule.value == "1f1b" and p.plan.pp_split.value == "even" and p.plan.cp == 1
+        assert export(None, load_model("bloom-176b"), load_hardware("dgx-a100"), e.plan, e.setup, e.grad_accum,
+                      e.world_size, e.stack).kind == "deepspeed"
     est = estimate(model="bloom-176b", hw="dgx-a100", gpus=384, tp=4, pp=12, micro_batch=1, global_batch=384, seq=2048)
     assert est.setup.stack == "megatron-deepspeed"
     with pytest.raises(AdvisorError, match=r"^invalid plan: hf-trainer does not run pipeline parallelism \(it runs DDP, "
