@@ -52,6 +52,10 @@ def fp32_without_fsdp(setup: TrainingSetup, stack: Stack) -> str:
             "data-parallel ranks it shards (--dp 2 or more, --zero 1, 2 or 3), or use another --stack")
 
 
+BATCH_OVERLAP = ("--moe-overlap batch (--overlap-moe-expert-parallel-comm) runs with EP, virtual stages under a pipeline "
+                 "and no full, block or every-k recomputation or moe recompute module (megatron-core asserts)")
+
+
 def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]) -> dict[str, Any]:
     """What the setup's explicit choices refuse of the candidates (the search's reasons; plan_errors says them in full):
     TP and PP where the stack runs adapters with data parallelism only; TP without SP under an asked TP overlap."""
@@ -59,6 +63,10 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
     if setup.tp_overlap in ("userbuffers", "async"):
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
+    if setup.moe_overlap == "batch":  # megatron-core 0.19 transformer_config.py asserts these away
+        out[BATCH_OVERLAP] = (((c.pp > 1) & (c.virtual_stages <= 1)) | (np.asarray(c.ep) <= 1) | np.isin(
+            c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | (
+            "moe" in (setup.recompute_modules or ())))
     if stack is not None and (why := fp32_without_fsdp(setup, stack)):
         out[why] = ((c.tp > 1) | (c.pp > 1)) & (c.dp == 1) & (c.cp == 1)  # at dp > 1: FSDP, or DDP (stack_violations)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
@@ -189,9 +197,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
                        f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
                        "--tp-overlap none")
-    if stack is not None and (why := fp32_without_fsdp(setup, stack)) and bool(
-            setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)[why][0]):
-        reasons.append(why)
+    refused = setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)
+    for why in ([fp32_without_fsdp(setup, stack)] if stack is not None else []) + [BATCH_OVERLAP]:
+        if why and why in refused and bool(refused[why][0]):
+            reasons.append(why)
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean

@@ -576,3 +576,18 @@ def test_dropped_tokens_count_no_flops(cf):
     # the model FLOPs lose the routed linears' share (1 - cf) of 3 x forward per token
     lost = 3.0 * (1.0 - cf) * routed * full.tokens_per_step
     assert model_flops(full) - model_flops(dropping) == pytest.approx(lost, rel=1e-6)
+
+
+@pytest.mark.parametrize("plan_kw", [dict(gpus=16, tp=4, pp=2, ep=2, sp=True),  # a pipeline without virtual stages
+                                     dict(gpus=8, dp=8, ep=8, zero=1, recompute="full"),
+                                     dict(gpus=8, dp=8, ep=8, zero=1, recompute="block", recompute_layers=4),
+                                     dict(gpus=8, dp=8, ep=1, zero=1)])
+def test_the_batch_overlap_is_refused_where_megatron_core_asserts(plan_kw):
+    """megatron-core 0.19.2 transformer_config.py (overlap_moe_expert_parallel_comm): virtual stages under a pipeline,
+    EP, no full recomputation nor a recompute method; such plans were ranked, exported and refused by megatron."""
+    from advisor import estimate
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match=r"--moe-overlap batch \(--overlap-moe-expert-parallel-comm\) runs with EP"):
+        estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", **plan_kw)
+    assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1).step_time_s > 0
