@@ -217,6 +217,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"
             elif reason.startswith("sequence not divisible"):
                 reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
+            elif reason.startswith("sequence parallelism needs"):
+                reason = (f"{reason}: --seq {setup.seq_len}{f' / cp={plan.cp}' if plan.cp > 1 else ''} over tp={plan.tp} "
+                          "(choose --seq a multiple of tp x cp, or --no-sp)")
             elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
                 reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):

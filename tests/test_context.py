@@ -227,3 +227,16 @@ def test_a_plan_row_without_cp_names_no_cp_comm_and_passes_back_to_estimate():
     # a Plan recorded with the old "ring" at cp=1 still loads, as the same plan; one with CP and no flavour runs a ring
     assert Plan(dp=8, cp=1, cp_comm="ring") == Plan(dp=8) and Plan(dp=8).cp_comm is None
     assert Plan(dp=4, cp=2).cp_comm.value == "ring"
+
+
+def test_sequence_parallelism_needs_the_sequence_divisible_by_tp():
+    """megatron-core tensor_parallel/mappings.py _split_along_first_dim asserts "First dimension of the tensor should be
+    divisible by tensor parallel size": a seq of 8191 on TP 2 with SP was ranked second and exported."""
+    from advisor import estimate, plan
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match=r"divisible by tp: --seq 8191 over tp=8 \(choose --seq a multiple"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, tp=8, sp=True, seq=8191)
+    ranked = plan("llama3-8b", "dgx-h100", seq=8191, top=100_000).plans
+    assert ranked and not any(p.plan.sp for p in ranked)
+    assert estimate("llama3-8b", "dgx-h100", gpus=8, tp=8, sp=False, seq=8191).step_time_s > 0

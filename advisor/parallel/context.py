@@ -72,6 +72,11 @@ def violations(c: Candidates, model: ModelSpec, seq_len: Optional[int] = None, e
     }
     if seq_len is not None:
         out["sequence not divisible into 2 x cp load-balancing chunks"] = on & ((seq_len % (2 * cp)) != 0)
+        # sequence parallelism scatters a rank's s / cp tokens over the TP ranks: Megatron's _split_along_first_dim
+        # asserts they divide (megatron-core tensor_parallel/mappings.py "First dimension of the tensor should be
+        # divisible by tensor parallel size")
+        out["sequence parallelism needs the sequence (per CP rank) divisible by tp"] = np.asarray(c.sp, dtype=bool) & (
+            ((seq_len // cp) % c.tp) != 0)
     return out
 
 
