@@ -138,7 +138,7 @@ def build_inputs(model, hw, **given):
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    setup = stack_setup(setup, resolved)  # the stack auto chose, and its default optimizer where none was asked
+    setup = stack_setup(setup, resolved, spec)  # the stack auto chose, its default optimizer, PEFT's modules
     return spec, hardware, resolved, plan, setup, world
 
 
@@ -157,7 +157,8 @@ def check_seq(spec: ModelSpec, seq: int) -> None:
 
 
 def check_setup(spec: ModelSpec, setup: TrainingSetup) -> None:
-    """What a setup asks of the model: a sequence its positions reach, no more checkpointed layers than it has."""
+    """What a setup asks of the model: a sequence its positions reach, no more checkpointed layers than it has, LoRA
+    """
     check_seq(spec, setup.seq_len)
     if setup.recompute_layers > spec.n_layers:
         raise PlanError(f"--recompute-layers {setup.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at "
@@ -237,6 +238,8 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
+    setup = stack_setup(setup, stack, spec).model_copy(update={"optimizer": setup.optimizer}) if setup.finetune.adapters \
+        else setup  # PEFT's modules (a search's row has them already)
     if setup.stack != stack.name:  # the setup names the stack it was costed in, as a search's rows do
         setup = setup.model_copy(update={"stack": stack.name})
     est = _estimate(spec, hardware, stack, plan, setup, world)

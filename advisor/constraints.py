@@ -15,6 +15,7 @@ from advisor.hardware import Hardware
 from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
 from advisor.parallel import context, data, expert, offload, pipeline, tensor
+from advisor.peft_modules import PeftTargetError, peft_targets, runs_peft
 from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
@@ -201,6 +202,11 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     for why in ([fp32_without_fsdp(setup, stack)] if stack is not None else []) + [BATCH_OVERLAP]:
         if why and why in refused and bool(refused[why][0]):
             reasons.append(why)
+    if stack is not None and runs_peft(setup.finetune, stack):  # LoRA targets its transformers modules hold apart
+        try:
+            peft_targets(model, setup.finetune, stack)
+        except PeftTargetError as exc:
+            reasons.append(str(exc))
     if plan.sp and plan.tp == 1:
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean

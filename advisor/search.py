@@ -94,12 +94,12 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         parts = {chosen.name: False, mp.name: True}
     else:
         stacks = [chosen]
-    setups = {st.name: stack_setup(setup, st) for st in stacks}  # each names its stack and runs its default optimizer
+    setups = {st.name: stack_setup(setup, st, spec) for st in stacks}  # each names its stack and runs its default optimizer
     one = _one_gpu_stack(o, spec, hardware, setup, worlds)
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds
              if w > 1 or one is None]
     if one is not None:
-        found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, stack_setup(setup, one)), 1, o, None))
+        found.append(_search_world(spec, hardware, one, setups.setdefault(one.name, stack_setup(setup, one, spec)), 1, o, None))
         stacks += [] if any(st.name == one.name for st in stacks) else [one]
     if o.stack == "auto":  # DeepSpeed's ZeRO-Infinity on the GPU counts where nothing else fits
         more = _offloaded(spec, hardware, setup, setups, found, o)
@@ -147,7 +147,7 @@ def _offloaded(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, setups
     for w in dict.fromkeys(f.world for f in found if f.world not in done):
         if any(f.fits.any() for f in found if f.world == w):
             continue
-        f = _search_world(spec, hardware, small, setups.setdefault(small.name, stack_setup(setup, small)), w, o, False)
+        f = _search_world(spec, hardware, small, setups.setdefault(small.name, stack_setup(setup, small, spec)), w, o, False)
         keep = np.isin(np.broadcast_to(f.plans.offload, f.fits.shape), lacking)
         if (f.fits & ~keep).any():
             f.rejected[f"--stack auto: {small.name}'s plans without ZeRO-Infinity's offload are {large.name}'s"] = int(

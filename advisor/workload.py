@@ -231,13 +231,20 @@ def lacked(stack, model: ModelSpec) -> list[str]:
     return list(dict.fromkeys(w for k in stack.engine.lacks for w in has[k]()))
 
 
-def stack_setup(setup: TrainingSetup, stack) -> TrainingSetup:
-    """The setup as the stack runs it: the stack named where auto or any chose it, and its default optimizer (the first
+def stack_setup(setup: TrainingSetup, stack, model: Optional[ModelSpec] = None) -> TrainingSetup:
+    """The setup as the stack runs it: the stack named where auto or any chose it, its default optimizer (the first
     of engine.optimizers: transformers 5.23's adamw_torch_fused, torchtitan's "fused", Megatron's FusedAdam; torch's
-    foreach AdamW in litgpt, llm-foundry, nanotron) where none was asked."""
+    foreach AdamW in litgpt, llm-foundry, nanotron) where none was asked, and with the model, LoRA targets as PEFT
+    adapts its transformers modules where the stack runs PEFT (advisor.peft_modules; a one-line PlanError)."""
     update = {"stack": stack.name} if setup.stack in ("auto", "any") else {}
     if setup.optimizer is None:
         update["optimizer"] = Optimizer(stack.engine.optimizers[0])
+    if model is not None:
+        from advisor.peft_modules import peft_targets
+
+        ft = peft_targets(model, setup.finetune, stack)
+        if ft is not setup.finetune:
+            update["finetune"] = ft
     return setup.model_copy(update=update) if update else setup
 
 

@@ -264,3 +264,28 @@ def test_plan_auto_puts_offload_last():
     assert choice["chosen"] == "lora", choice["lines"]
     assert str(choice["steps_s"]["full"]).startswith("fits only offloaded (")
     assert all(p.estimate.plan.offload.value == "none" for p in res.plans) and len(res.plans) <= 3
+
+
+@pytest.mark.parametrize("model_type, targets", [("gpt2", "all-linear"), ("gpt2", "c_attn,c_proj"),
+                                                 ("gpt_neox", "all-linear+head"), ("llama", "all-linear+head"),
+                                                 ("phi", "all-linear"), ("mistral", "attention")])
+def test_the_exported_peft_names_train_what_was_costed(model_type, targets):
+    """The target_modules an export writes (advisor.peft_modules, the family's transformers names) given back to PEFT on
+    the meta-device model train the parameters advisor costed: Llama's names on GPT-2 matched nothing (PEFT raises)."""
+    from advisor.peft_modules import peft_targets, target_modules
+    from advisor.stack import load_stack
+
+    spec = model_from_hf_dict({"model_type": model_type, **CONFIGS[model_type]}, model_type)
+    ft = peft_targets(spec, FineTune(method="lora", lora_rank=8, targets=targets), load_stack("hf-trainer"))
+    assert trainable_params(spec, ft) == _peft_trainable(model_type, target_modules(spec, ft.target_set), 8, False)
+
+
+@pytest.mark.parametrize("model, targets, message", [
+    ("gpt2", "q_proj,v_proj", "holds q, k and v in one c_attn"), ("llama3-8b", "qkv", "holds q_proj, k_proj and v_proj apart"),
+    ("phi-3-mini", "up_proj", "one module, gate_up_proj"), ("gpt2", "o_proj", "one module, c_proj")])
+def test_targets_a_family_holds_fused_are_refused_in_one_line(model, targets, message):
+    from advisor import estimate
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match=message):
+        estimate(model, "dgx-h100", gpus=8, dp=8, zero=3, method="lora", lora_targets=targets, stack="hf-trainer")

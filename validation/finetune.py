@@ -64,8 +64,12 @@ def model_spec(name: str) -> ModelSpec | None:
     return load_model(cfg) if isinstance(cfg, str) else model_from_hf_dict(dict(cfg), name)
 
 
-def _targets(text: str) -> str:
-    return "q_proj,v_proj" if "query,value" in text or "query and value" in text else "q_proj,v_proj"
+def _targets(text: str, spec: ModelSpec) -> str:
+    """The run's LoRA targets: litgpt's query and value, else PEFT's default for the family (advisor.peft_modules:
+    PEFT's own mapping, query_key_value for BLOOM) where the row states none."""
+    from advisor.peft_modules import default_targets
+
+    return "q_proj,v_proj" if "query,value" in text or "query and value" in text else default_targets(spec)
 
 
 def estimate_kwargs(run: dict) -> tuple[dict | None, str]:
@@ -93,7 +97,7 @@ def estimate_kwargs(run: dict) -> tuple[dict | None, str]:
     if n > 1:
         kw["fsdp"] = "full-shard"
     if method["kind"] != "full":
-        kw.update(method=method["kind"], lora_rank=method["lora_rank"], lora_targets=_targets(str(method["target_modules"])))
+        kw.update(method=method["kind"], lora_rank=method["lora_rank"], lora_targets=_targets(str(method["target_modules"]), spec))
         if litgpt:
             kw.update(lora_library="litgpt", lora_dropout=LITGPT_DROPOUT)
         if method["kind"] == "qlora":

@@ -298,7 +298,7 @@ def bridge_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     """The overrides file of one plan; ``stack``: the stack it was costed in (None: ``setup.stack``, a shipped name)."""
     check(model, hw, plan, setup, grad_accum, world_size)
     overrides, notes = bridge_overrides(model, hw, plan, setup, grad_accum, stack)
-    lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+    lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# Megatron-Bridge ConfigContainer overrides (megatron-bridge 0.6.2): merge onto a pretrain recipe with",
              "#   process_config_with_overrides(cfg, config_filepath=THIS_FILE, cli_overrides=[...])",
              "#   (megatron/bridge/training/utils/omegaconf_utils.py): it merges this YAML, then Hydra key=value overrides.",

@@ -121,7 +121,7 @@ def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, gra
            world_size: int, peft: bool = True) -> str:
     """One line saying what was exported: model, plan, GPUs and the batch, as every format's first comment; with
     ``peft``, what a LoRA/QLoRA script must build (a format that writes its own adapters says method= only)."""
-    method = (finetune_note(setup) if peft else f"method={setup.finetune.method}") if setup.finetune.adapters else ""
+    method = (finetune_note(setup, model) if peft else f"method={setup.finetune.method}") if setup.finetune.adapters else ""
     return (f"advisor export: {model.name}, {plan.label()} on {world_size} GPUs ({hw.name}); "
             f"micro_batch={setup.micro_batch} grad_accum={grad_accum} "
             f"global_batch={global_batch(plan, setup, grad_accum)} seq_len={setup.seq_len} "
@@ -131,18 +131,15 @@ def header(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, gra
             + (f"; stack {setup.stack}" if setup.stack not in ("auto", "any") else ""))
 
 
-# advisor's canonical targets as Llama-style Hugging Face modules name them (a fused qkv as GPT-NeoX/Falcon/BLOOM)
-PEFT_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "query_key_value", "o": "o_proj",
-              "gate": "gate_proj", "up": "up_proj", "down": "down_proj", "head": "lm_head"}
-
-
-def finetune_note(setup: TrainingSetup) -> str:
+def finetune_note(setup: TrainingSetup, model: ModelSpec) -> str:
     """What the script must build for a LoRA/QLoRA plan: PEFT's LoraConfig (and bitsandbytes' quantisation config)
-    with the options the plan was costed with (the launcher configs cannot say it)."""
+    with the options the plan was costed with (the launcher configs cannot say it), its target_modules as the model's
+    family names them in transformers (advisor.peft_modules)."""
     ft = setup.finetune
     from advisor.finetune import Quant
+    from advisor.peft_modules import target_modules
 
-    targets = ", ".join(repr(PEFT_NAMES[t]) for t in ft.target_set)
+    targets = ", ".join(repr(name) for name in target_modules(model, ft.target_set))
     out = (f"method={ft.method}: wrap the model with peft.get_peft_model(model, LoraConfig(r={ft.lora_rank}, "
            f"lora_alpha={ft.lora_alpha:g}, lora_dropout={ft.lora_dropout:g}, target_modules=[{targets}]"
            f"{', use_dora=True' if ft.dora else ''}))")

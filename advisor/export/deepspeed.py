@@ -130,6 +130,6 @@ def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     if setup.finetune.adapters:
         from advisor.export.common import finetune_note
 
-        notes.append(finetune_note(setup))
+        notes.append(finetune_note(setup, model))
     cfg[NOTES_KEY] = notes
     return Exported("ds_config.json", json.dumps(cfg, indent=2) + "\n", tuple(notes))

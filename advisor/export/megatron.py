@@ -298,7 +298,7 @@ def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     check(model, hw, plan, setup, grad_accum, world_size)
     args, notes = megatron_args(model, hw, plan, setup, grad_accum, stack)
     env = megatron_env(plan, notes)
-    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# Megatron-LM arguments (megatron/training/arguments.py); data, optimizer and checkpoint flags are yours.",
              f"# vocab: the tokenizer sets it ({model.vocab} here; Megatron pads it to a multiple of 128 x tp):",
              "#   e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model PATH,",

@@ -222,7 +222,7 @@ def nanotron_config(model, hw, plan, setup, grad_accum: int, world_size: int) ->
     cfg, notes = nanotron_dict(run)
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if cfg["parallelism"]["tp_linear_async_communication"] else ""
     launch = " ".join(torchrun_argv(hw, world_size, "run_train.py"))
-    head = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+    head = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
             f"# launch: {env}{launch} --config-file nanotron_config.yaml (nanotron {VERSION}'s run_train.py; on "
             "several nodes, on each)"]
     if env:

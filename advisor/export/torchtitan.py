@@ -247,7 +247,7 @@ def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int, 
     check(model, hw, plan, setup, grad_accum, world_size)
     run = Run(model, hw, plan, setup, grad_accum, world_size)
     args, notes = torchtitan_args(run, stack)
-    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+    lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
              "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",
              "# the allocator torchtitan's own launcher (run_train.sh) sets, which the memory estimate assumes",

@@ -123,7 +123,7 @@ def torchtitan_toml_config(model, hw, plan, setup, grad_accum: int, world_size: 
     body = sections(run)
     said = notes(run, stack)
     launch = " ".join(torchrun_argv(hw, world_size, "-m"))
-    lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size)}",
+    lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# torchtitan 0.2 job file (config/job_config.py); data, tokenizer (hf_assets_path), optimizer and "
              "checkpoint keys are yours. Launch:",
              f"#   {ALLOC} {launch} torchtitan.train --job.config_file torchtitan_job.toml"]
