@@ -677,3 +677,13 @@ def test_torchrun_says_the_model_parallel_degrees_are_the_scripts():
     zero1 = export("torchrun", *inputs("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1)), "hf-trainer")
     assert zero1.notes == ("the plan's ZeRO-1 is not set by torchrun either: train.py shards the optimizer states "
                            "(DeepSpeed's stage 1, torch's ZeroRedundancyOptimizer)",)
+
+
+def test_an_export_its_stack_cannot_cost_says_so_in_the_file():
+    """llm-foundry's profile has no SwiGLU tables: estimate refuses Llama 3 8B there, and export wrote the YAML as if it
+    were a costed plan; now the file and its notes say it is the layout alone."""
+    from advisor.api import launch_config
+
+    out = launch_config("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=3, stack="llm-foundry")
+    assert out.notes[-1].startswith("not a costed plan: stack llm-foundry has no kernels.elementwise entry")
+    assert f"# note: {out.notes[-1]}" in out.text

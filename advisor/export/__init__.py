@@ -32,6 +32,7 @@ parser requires them, as llm-foundry's and nanotron's do, the file carries place
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Optional, Union
 
@@ -60,8 +61,8 @@ from advisor.export.torchtitan_toml import FLAVORS as TORCHTITAN_FLAVORS, torcht
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
-from advisor.stack import Stack, list_stacks, load_stack
-from advisor.workload import stack_setup
+from advisor.stack import Stack, StackError, list_stacks, load_stack
+from advisor.workload import Workload, stack_setup
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
@@ -221,7 +222,22 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     # compare its loss with 0.3.0's (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
            if kind in TAKE_STACK else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
+    try:  # what estimate costs it with: where the stack's tables do not describe the setup, the file says so
+        Workload.of(model, hw, stack_, setup)
+    except StackError as exc:
+        out = _noted(out, f"not a costed plan: {exc} (advisor estimate refuses it; the file writes the layout alone)")
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
+
+
+def _noted(out: Exported, note: str) -> Exported:
+    """``out`` with one more note, in its notes and its text: the DeepSpeed JSON's notes key, else a comment line."""
+    if out.text.lstrip().startswith("{"):
+        cfg = json.loads(out.text)
+        cfg[NOTES_KEY] = [*cfg.get(NOTES_KEY, []), note]
+        text = json.dumps(cfg, indent=2) + "\n"
+    else:
+        text = out.text + f"# note: {note}\n"
+    return dataclasses.replace(out, text=text, notes=out.notes + (note,))
 
 
 def _elsewhere(stack: Stack, formats: tuple[str, ...]) -> str:
