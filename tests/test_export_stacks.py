@@ -687,3 +687,11 @@ def test_an_export_its_stack_cannot_cost_says_so_in_the_file():
     out = launch_config("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=3, stack="llm-foundry")
     assert out.notes[-1].startswith("not a costed plan: stack llm-foundry has no kernels.elementwise entry")
     assert f"# note: {out.notes[-1]}" in out.text
+
+
+def test_a_format_two_dated_profiles_write_picks_the_newer():
+    """torchtitan-0.1 and torchtitan-0.2 both write torchtitan's TOML and are both superseded: the tie went to 0.1 by
+    name, costing the file's plan in the older torchtitan."""
+    from advisor.export import stacks_launching
+
+    assert stacks_launching("torchtitan-toml")[0] == "torchtitan-0.2"

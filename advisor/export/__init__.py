@@ -115,9 +115,12 @@ def launch_formats(stack: Stack) -> tuple[str, ...]:
 
 
 def stacks_launching(kind: str) -> list[str]:
-    """The shipped stacks that launch ``kind``, those whose usual format it is first, dated profiles last."""
+    """The shipped stacks that launch ``kind``, those whose usual format it is first, a profile superseded by another
+    that launches it last (torchtitan-0.1 after 0.2, whose TOML format both write)."""
     found = [(load_stack(n), n) for n in list_stacks()]
-    return [n for *_, n in sorted((s.superseded_by is not None, s.launch.index(kind), n) for s, n in found if kind in s.launch)]
+    launching = {n for s, n in found if kind in s.launch}
+    return [n for *_, n in sorted((s.superseded_by in launching, s.superseded_by is not None, s.launch.index(kind), n)
+                                  for s, n in found if kind in s.launch)]
 
 
 def launching(kind: str, auto_choice: Optional[Stack] = None) -> str:
