@@ -42,8 +42,11 @@ def probe_command(stack, model, out):
         import torch  # noqa: F401
     except ImportError:
         raise AdvisorError(TORCH_HINT) from None
-    from advisor.io import write_atomic
+    from advisor.io import writable, write_atomic
     from advisor.probe import adapter_for
+
+    if out != "-":
+        writable(out)  # before the probe's minutes, not after
     from advisor.probe.core import probe
     from advisor.probe.fragment import to_yaml
     from advisor.stack import StackError, load_stack

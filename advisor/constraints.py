@@ -16,7 +16,7 @@ from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Pla
 from advisor.model import ModelSpec
 from advisor.parallel import context, data, expert, offload, pipeline, tensor
 from advisor.peft_modules import PeftTargetError, peft_targets, runs_peft
-from advisor.stack import PLAN_FEATURES, Stack
+from advisor.stack import PLAN_FEATURES, Stack, list_stacks, load_stack
 from advisor.training import Recompute, TrainingSetup
 
 WORLD = "dp x tp x pp != world size"
@@ -238,6 +238,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("interleaved schedule needs the micro-batch count"):
                 reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
                           "--global-batch to micro-batch x dp x a multiple of pp)")
+            elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
+                what = reason.rsplit(" ", 1)[-1]
+                others = [n for n in list_stacks() if what in load_stack(n).engine.offloads]
+                reason = f"{reason}: --stack {' or '.join(others)} offload{'s' if len(others) == 1 else ''} it" if others else reason
             elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
                 runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
                 reason = f"{reason} (it runs {runs}: use those, or another --stack)"

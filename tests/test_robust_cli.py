@@ -338,8 +338,8 @@ SOURCES = sorted([*REPO.glob("advisor/**/*.py"), *REPO.glob("validation/*.py")])
 # test until it is checked and listed (calibration output must go through advisor/io.py write_atomic).
 WRITE_SITES = {
     "advisor/render.py": ["shutil.get_terminal_size("],  # reads the terminal's width, writes nothing
-    "advisor/io.py": ["os.fdopen(fd, \"w\", encoding=\"utf-8\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
-    "advisor/cli_export.py": [],  # --out PATH goes through advisor/io.py write_atomic
+    "advisor/atomic.py": ["os.fdopen(fd, \"w\", encoding=\"utf-8\")", "os.replace(tmp, target)", "os.unlink(tmp)", "tempfile.mkstemp"],
+    "advisor/cli_export.py": [],  # --out PATH goes through advisor/atomic.py write_atomic
     "validation/plots.py": ["fig.savefig(path", "out_dir.mkdir("],  # --plot DIR
     "validation/cli.py": ["plot_dir.mkdir("],  # --plot DIR, made before the run
     # calibrate --out PROFILE.yaml: its folder created, its lock file beside it (removed at the end), then

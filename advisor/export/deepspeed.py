@@ -109,7 +109,7 @@ def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, 
         notes.append("fp8: the JSON enables bf16; FP8 GEMMs come from Transformer Engine layers in the model")
     if p.recipe is not None:
         notes.append(f"{p.value}: the JSON enables bf16; the {p.recipe.format.upper()} GEMMs come from the model's "
-                     f"Transformer Engine or torchao layers under that recipe ({p.recipe.source.split(';')[0]})")
+                     f"Transformer Engine or torchao layers under that recipe ({_first_clause(p.recipe.source)})")
         return {"bf16": {"enabled": True}}
     if p in (Precision.bf16_mixed, Precision.fp8_mixed):
         return {"bf16": {"enabled": True}}
@@ -133,3 +133,13 @@ def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
         notes.append(finetune_note(setup, model))
     cfg[NOTES_KEY] = notes
     return Exported("ds_config.json", json.dumps(cfg, indent=2) + "\n", tuple(notes))
+
+
+def _first_clause(text: str) -> str:
+    """``text`` up to its first ';' outside parentheses (a recipe's first source: its parentheses kept whole)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == ";" and depth == 0:
+            return text[:i]
+    return text

@@ -1,0 +1,34 @@
+"""One-line errors that name the value and the fix (a sweep of bad inputs found these said less, or the wrong thing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor import estimate
+from advisor.errors import AdvisorError
+
+
+def test_an_empty_out_is_named_as_empty_not_as_the_working_directory():
+    from advisor.io import write_atomic
+
+    with pytest.raises(AdvisorError, match="^cannot write to an empty file name: give --out a file name"):
+        write_atomic("", "x")
+
+
+def test_an_offload_the_stack_lacks_names_the_stacks_that_run_it():
+    with pytest.raises(AdvisorError, match=r"megatron-core does not offload params-cpu: --stack .*hf-trainer.* offload it"):
+        estimate("llama3-70b", "dgx-h100", gpus=8, tp=2, dp=4, zero=3, offload="params-cpu", stack="megatron-core")
+
+
+def test_no_plan_fits_says_offload_was_not_costed_on_a_profile_without_a_host_side():
+    from advisor import plan
+    from advisor.suggest import suggest_fix
+
+    found = plan("llama3-70b", "meta-grand-teton-h100", gpus=1)
+    assert not found.plans and "no CPU offload was costed: profile meta-grand-teton-h100 has no host: section" in suggest_fix(found)
+
+
+def test_a_recipe_source_in_a_note_keeps_its_parentheses_whole():
+    from advisor.export.deepspeed import _first_clause
+
+    assert _first_clause("TE NVFP4BlockScaling (E2M1; 2D 16x16); Megatron --fp4-recipe") == "TE NVFP4BlockScaling (E2M1; 2D 16x16)"
