@@ -61,6 +61,9 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
         pairs = pairs[np.asarray(api.model_parallel(pairs[:, 0], pairs[:, 1], pairs[:, 2]), dtype=bool) == model_parallel]
     if cp is not None:
         pairs = pairs[pairs[:, 2] == cp]
+    if cp is not None and cp > 1 and not stack.engine.context_parallel:  # layouts() proposes none: say why
+        raise PlanError(f"--cp {cp}: {stack.name} runs no context parallelism; use --cp 1 or another --stack "
+                        "(advisor stacks: context_parallel)")
     if cp is not None and not len(pairs):
         raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
                         f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")

@@ -32,3 +32,11 @@ def test_a_recipe_source_in_a_note_keeps_its_parentheses_whole():
     from advisor.export.deepspeed import _first_clause
 
     assert _first_clause("TE NVFP4BlockScaling (E2M1; 2D 16x16); Megatron --fp4-recipe") == "TE NVFP4BlockScaling (E2M1; 2D 16x16)"
+
+
+def test_cp_on_a_stack_without_context_parallelism_says_so():
+    """--cp 2 --stack hf-trainer blamed the layout ("8 GPUs hold no layout with cp=2 ... cp must divide ...")."""
+    from advisor import plan
+
+    with pytest.raises(AdvisorError, match="^--cp 2: hf-trainer runs no context parallelism; use --cp 1 or another --stack"):
+        plan("llama3-8b", "dgx-h100", cp=2, stack="hf-trainer")
