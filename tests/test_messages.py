@@ -40,3 +40,15 @@ def test_cp_on_a_stack_without_context_parallelism_says_so():
 
     with pytest.raises(AdvisorError, match="^--cp 2: hf-trainer runs no context parallelism; use --cp 1 or another --stack"):
         plan("llama3-8b", "dgx-h100", cp=2, stack="hf-trainer")
+
+
+def test_a_config_json_value_out_of_bounds_is_named_by_its_config_key(tmp_path):
+    """pydantic named ModelSpec's own fields ("vocab: Input should be ..."), which the user never wrote."""
+    import json
+
+    cfg = dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+               intermediate_size=14336, vocab_size=10**12, max_position_embeddings=8192)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(AdvisorError, match=r"config.json: vocab_size \(vocab\): Input should be less than or equal to"):
+        estimate(str(path), "dgx-h100", gpus=8)

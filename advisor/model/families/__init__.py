@@ -9,6 +9,8 @@ where the family's adapter never read it (a Llama config with "num_experts": 8 w
 
 from __future__ import annotations
 
+import re
+
 from typing import Any, Callable
 
 from advisor.errors import format_validation_error
@@ -78,8 +80,18 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
     check_unread(c)
     try:
         return ModelSpec(name=name, family=mtype, **fields)
-    except Exception as exc:  # pydantic's validation of the values read
-        raise ModelError(f"{origin}: {format_validation_error(exc)}") from None
+    except Exception as exc:  # pydantic's validation of the values read, named by the config keys they came from
+        text = format_validation_error(exc)
+        for field, key in CONFIG_KEYS.items():
+            text = re.sub(rf"(^|; ){field}: ", rf"\g<1>{key} ({field}): ", text)
+        raise ModelError(f"{origin}: {text}") from None
+
+
+# ModelSpec's fields as config.json names them (the Llama-style key first; GPT-2's and others' own besides)
+CONFIG_KEYS = {"vocab": "vocab_size", "d_model": "hidden_size / n_embd", "n_layers": "num_hidden_layers / n_layer",
+               "n_heads": "num_attention_heads / n_head", "n_kv_heads": "num_key_value_heads",
+               "d_ff": "intermediate_size / n_inner / ffn_hidden_size", "max_positions": "max_position_embeddings / n_positions",
+               "head_dim": "head_dim"}
 
 
 def _decoder_only(cfg: dict, mtype: str, origin: str) -> None:
