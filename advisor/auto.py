@@ -128,9 +128,13 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
     why, why_large = why_not(small, setup), why_not(large, setup)
     if why and why_large:  # a choice neither runs (torchtitan's async TP): say who does, and why each does not
         others = [n for n in list_stacks() if stack_runs(load_stack(n), setup)]
+        compiled = setup.model_copy(update={"compile": "model"})  # torchtitan's async TP needs its compiled blocks
+        with_compile = [n for n in list_stacks() if not others and stack_runs(load_stack(n), compiled)]
         said = why_large if why_large.startswith(why[:40]) else f"{why}; {why_large}"
         raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({said}); "
-                         + (f"--stack {' or '.join(others)} runs it" if others else "no stack profile runs it"))
+                         + (f"--stack {' or '.join(others)} runs it" if others else
+                            f"--stack {' or '.join(with_compile)} runs it with --compile model" if with_compile else
+                            "no stack profile runs it"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
         other = model_parallel_stack(model, setup) if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else None
         if other is not None:  # BLOOM's TP/PP plans: Megatron-DeepSpeed
