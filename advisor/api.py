@@ -81,13 +81,14 @@ def resolve_precision(hardware: Hardware, precision: Optional[str], stack: Union
     return precision
 
 
-def finetune_of(o, method: Optional[str] = None):
-    """The options' FineTune, or a one-line PlanError naming the option ("auto" is plan's only)."""
+def finetune_of(o, method: Optional[str] = None, model: Optional[ModelSpec] = None):
+    """The options' FineTune (PEFT's default targets for ``model``'s family where none are given), or a one-line
+    PlanError naming the option ("auto" is plan's only)."""
     if (method or o.method) == "auto":
         raise PlanError("--method auto picks a method by searching: use it with advisor plan (estimate and export "
                         "cost one method: full, lora or qlora)")
     try:
-        return o.finetune(method)
+        return o.finetune(method, model)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 
@@ -115,7 +116,7 @@ def build_inputs(model, hw, **given):
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
                               recompute_modules=modules_of(o.recompute_modules),
-                              stack=stack_name(o.stack), finetune=finetune_of(o),
+                              stack=stack_name(o.stack), finetune=finetune_of(o, model=spec),
                               **moe_setup(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
@@ -157,8 +158,7 @@ def check_seq(spec: ModelSpec, seq: int) -> None:
 
 
 def check_setup(spec: ModelSpec, setup: TrainingSetup) -> None:
-    """What a setup asks of the model: a sequence its positions reach, no more checkpointed layers than it has, LoRA
-    """
+    """What a setup asks of the model: a sequence its positions reach, no more checkpointed layers than it has."""
     check_seq(spec, setup.seq_len)
     if setup.recompute_layers > spec.n_layers:
         raise PlanError(f"--recompute-layers {setup.recompute_layers}: {spec.name} has {spec.n_layers} layers; give at "

@@ -71,9 +71,10 @@ def model_parallel_stack(model: ModelSpec, setup: TrainingSetup) -> Optional[Sta
 
 def deepspeed_launched(stack: Stack) -> Stack:
     """``stack`` as its DeepSpeed JSON launches it, so that every plan auto ranks exports: DeepSpeed's PipelineModule
-    runs 1F1B over an even split, and the JSON writes no context or expert parallelism (advisor.export)."""
+    runs 1F1B over an even split, the JSON writes no context or expert parallelism, and its TP is AutoTP's, which
+    shards no sequence (advisor.export.deepspeed)."""
     eng = stack.engine
-    narrowed = eng.model_copy(update={"offers": [f for f in eng.offers if f not in ("interleaved", "gpipe", "ep")],
+    narrowed = eng.model_copy(update={"offers": [f for f in eng.offers if f not in ("interleaved", "gpipe", "ep", "sp")],
                                       "pipeline_splits": ["even"], "context_parallel": [], "zero_bubble": []})
     return load_stack(stack.model_copy(update={"engine": narrowed, "launch": ["deepspeed"]}))
 

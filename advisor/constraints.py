@@ -224,8 +224,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("sequence not divisible"):
                 reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
             elif reason.startswith("sequence parallelism needs"):
+                no_sp = "" if stack is not None and stack.engine.sequence_parallel == "always" else ", or --no-sp"
                 reason = (f"{reason}: --seq {setup.seq_len}{f' / cp={plan.cp}' if plan.cp > 1 else ''} over tp={plan.tp} "
-                          "(choose --seq a multiple of tp x cp, or --no-sp)")
+                          f"(choose --seq a multiple of tp x cp{no_sp})")
             elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
                 reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):
@@ -239,12 +240,18 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
                           "--global-batch to micro-batch x dp x a multiple of pp)")
             elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
-                what = reason.rsplit(" ", 1)[-1]
-                others = [n for n in list_stacks() if what in load_stack(n).engine.offloads]
+                what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
+                others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and what in
+                          st.engine.offloads and not any(bool(np.asarray(v).any()) for v in stack_violations(one, st).values())]
                 reason = f"{reason}: --stack {' or '.join(others)} offload{'s' if len(others) == 1 else ''} it" if others else reason
             elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
+                from advisor.workload import runs_model  # (workload imports the parallel modules this one does)
+
                 runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
-                reason = f"{reason} (it runs {runs}: use those, or another --stack)"
+                feature = next(f for f, w in FEATURE_WORDS.items() if reason.endswith(f"does not run {w}"))
+                others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and n != stack.name
+                          and feature in st.engine.offers and runs_model(st, model)]
+                reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
             reasons.append(reason)
     if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
         etp = plan.tp if plan.etp is None else plan.etp

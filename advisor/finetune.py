@@ -99,7 +99,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # PEFT / Hugging Face module names (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING and
     # the modeling files' nn.Linear names); "all-linear" = every linear but the output layer (peft tuners_utils.py)
     "q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",), "gate_proj": ("gate",), "up_proj": ("up",),
-    "down_proj": ("down",), "lm_head": ("head",), "c_attn": ("qkv",), "query_key_value": ("qkv",), "W_pack": ("qkv",),
+    "down_proj": ("down",), "lm_head": ("head",), "c_attn": ("qkv",), "query_key_value": ("qkv",), "W_pack": ("qkv",), "Wqkv": ("qkv",),
     "qkv_proj": ("qkv",), "dense": ("o",), "out_proj": ("o",), "c_fc": ("up",), "fc1": ("up",), "fc2": ("down",),
     "c_proj": ("o", "down"),  # GPT-2 names both attn.c_proj and mlp.c_proj so: PEFT's suffix match takes both
     "dense_h_to_4h": ("up",), "dense_4h_to_h": ("down",), "gate_up_proj": ("gate", "up"),

@@ -185,7 +185,9 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     last = kept * tokens * layers + outside  # the last holds the logits
     logits = tokens * w.model.vocab / mesh.tp
     held = logits * t.logits_held + tokens * t.logits_held_per_token
-    at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token + t.logits_peak_head * w.model.vocab * w.model.d_model / mesh.tp
+    # the head's own gradient where it trains (a frozen base's head has none: LoRA)
+    head_trains = 0.0 if w.finetune.adapters else t.logits_peak_head
+    at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token + head_trains * w.model.vocab * w.model.d_model / mesh.tp
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
     # while a checkpoint is rerun its group's layers hold their full activations; under every layer's activation

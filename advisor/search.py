@@ -24,7 +24,7 @@ from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.auto import model_parallel_stack, offloads_only
 from advisor.candidates import Candidates
 from advisor.constraints import drop_setup_violations, violations
-from advisor.errors import format_validation_error
+from advisor.errors import AdvisorError, format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
@@ -94,7 +94,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
         parts = {chosen.name: False, mp.name: True}
     else:
         stacks = [chosen]
-    setups = {st.name: stack_setup(setup, st, spec) for st in stacks}  # each names its stack and runs its default optimizer
+    setups = _stack_setups(spec, setup, stacks, keep_going=o.stack == "any")
+    stacks = [st for st in stacks if st.name in setups]
     one = _one_gpu_stack(o, spec, hardware, setup, worlds)
     found = [_search_world(spec, hardware, st, setups[st.name], w, o, parts.get(st.name)) for st in stacks for w in worlds
              if w > 1 or one is None]
@@ -122,6 +123,23 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
+
+
+def _stack_setups(spec: ModelSpec, setup: TrainingSetup, stacks: list[Stack], keep_going: bool) -> dict[str, TrainingSetup]:
+    """Each stack's setup (its name, default optimizer, PEFT's modules: workload.stack_setup); under --stack any a stack
+    whose adapters cannot take the LoRA targets is left out (the others may: litgpt's fused qkv), else its one line."""
+    out: dict[str, TrainingSetup] = {}
+    first: Optional[AdvisorError] = None
+    for st in stacks:
+        try:
+            out[st.name] = stack_setup(setup, st, spec)
+        except AdvisorError as exc:
+            if not keep_going:
+                raise
+            first = first or exc
+    if not out and first is not None:
+        raise first
+    return out
 
 
 def _one_gpu_stack(o: PlanOptions, spec: ModelSpec, hardware: Hardware, setup: TrainingSetup,
@@ -235,7 +253,7 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision, o.stack),
                              optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),
-                             finetune=api.finetune_of(o),
+                             finetune=api.finetune_of(o, model=spec),
                              **moe_setup(o))
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None

@@ -21,6 +21,7 @@ from advisor.candidates import Candidates
 from advisor.constraints import setup_violations, stack_violations
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
+from advisor.parallel import expert
 from advisor.search import PlanSearch
 from advisor.options import MAX_WORLD
 from advisor.space import default_global_batch, layouts, pair_violations
@@ -59,7 +60,8 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
         if b or gb % dp:
             continue
         for zero in ((0,) if dp * cp == 1 else (0, 1, 2, 3) if pp == 1 else (0, 1)):
-            rows.extend((dp, tp, pp, zero, sp, cp, kind) for sp in ((0, 1) if tp > 1 else (0,)))
+            rows.extend((dp, tp, pp, zero, sp, cp, kind, ep, etp) for sp in ((0, 1) if tp > 1 else (0,))
+                        for ep, etp in expert.ep_choices(spec, dp, tp))  # experts split: less memory
     if not rows:
         return None
     a = np.array(rows, dtype=np.int64)
@@ -68,7 +70,7 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
                       schedule=np.ones(n, int), virtual_stages=np.ones(n, int), dp_kind=np.zeros(n, int),
                       overlap=np.ones(n, bool), micro_batch=np.ones(n, int), grad_accum=gb // a[:, 0],
                       recompute=np.full(n, lean_recompute(stack).code), allow_tp_across_nodes=allow_tp, cp=a[:, 5],
-                      cp_comm=a[:, 6])
+                      cp_comm=a[:, 6], ep=a[:, 7], etp=a[:, 8])
     refused = [*stack_violations(cols, stack).values(), *(setup_violations(cols, setup, stack).values() if setup else ())]
     runs = ~np.any(refused or [np.zeros(n, bool)], axis=0)
     return cols.take(np.nonzero(runs)[0]) if runs.any() else None
@@ -94,8 +96,10 @@ def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
     gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
     best: tuple[float, Optional[str]] = (float("inf"), None)
     for stack in _stacks(s, world, hw):
+        # the batch all-to-all overlap changes no memory, and its rules (EP, no full recomputation) refuse the lean corner
         setup = s.setup.model_copy(update={"seq_len": seq, "global_batch": gb, "compile": compile or s.setup.compile,
-                                           "stack": stack.name})
+                                           "stack": stack.name, "moe_overlap": None if s.setup.moe_overlap == "batch"
+                                           else s.setup.moe_overlap})
         cols = _lean_columns(world, s.model_spec, hw, gb, s.allow_tp_across_nodes, stack, seq, setup)
         if cols is None:
             continue

@@ -289,3 +289,14 @@ def test_targets_a_family_holds_fused_are_refused_in_one_line(model, targets, me
 
     with pytest.raises(AdvisorError, match=message):
         estimate(model, "dgx-h100", gpus=8, dp=8, zero=3, method="lora", lora_targets=targets, stack="hf-trainer")
+
+
+@pytest.mark.parametrize("model, targets, module", [("falcon-7b", None, "query_key_value"), ("gpt2", None, "c_attn"),
+                                                    ("mpt-7b", "Wqkv", "Wqkv"), ("llama3-8b", None, "q_proj")])
+def test_without_targets_peft_takes_its_own_default_for_the_family(model, targets, module):
+    """PEFT's default target_modules per family (peft 0.21 TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: falcon
+    query_key_value, gpt2 c_attn, llama q_proj and v_proj): without --lora-targets a fused family's LoRA was refused."""
+    from advisor.api import launch_config
+
+    kw = dict(gpus=8, dp=8, zero=3, method="lora", stack="hf-trainer", **({"lora_targets": targets} if targets else {}))
+    assert f"'{module}'" in launch_config(model, "dgx-h100", format="accelerate", **kw).text

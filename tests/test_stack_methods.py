@@ -108,20 +108,22 @@ def test_blooms_tensor_and_pipeline_plans_are_megatron_deepspeeds():
     from advisor.hardware import load_hardware
     from advisor.model.catalogue import load_model
 
-    res = plan("bloom-176b", "dgx-a100", gpus=384, global_batch=384, seq=2048, top=5)
-    assert {p.estimate.setup.stack for p in res.plans} == {"megatron-deepspeed"}
+    res = plan("bloom-176b", "dgx-a100", gpus=384, global_batch=384, seq=2048, top=10)
+    assert {p.estimate.setup.stack for p in res.plans if p.plan.tp > 1 or p.plan.pp > 1} == {"megatron-deepspeed"}
     assert any(p.plan.pp > 1 for p in res.plans)
     # each exports: Megatron-LM's flags have no ALiBi, so auto ranks what its DeepSpeed JSON writes (PipelineModule's
-    # 1F1B over an even split; no interleaving, CP or EP), where the top rows were uneven interleaved pipelines
+    # 1F1B over an even split; no interleaving, CP, EP or SP), where the top rows were uneven interleaved pipelines
     for p in res.plans:
         e = p.estimate
         assert p.plan.schedule.value == "1f1b" and p.plan.pp_split.value == "even" and p.plan.cp == 1
-        assert export(None, load_model("bloom-176b"), load_hardware("dgx-a100"), e.plan, e.setup, e.grad_accum,
-                      e.world_size, e.stack).kind == "deepspeed"
+        assert not p.plan.sp  # AutoTP, which the JSON writes, shards no sequence
+        out = export(None, load_model("bloom-176b"), load_hardware("dgx-a100"), e.plan, e.setup, e.grad_accum,
+                     e.world_size, e.stack)
+        assert out.kind == "deepspeed" if e.stack == "megatron-deepspeed" else out.kind in ("accelerate", "deepspeed")
     est = estimate(model="bloom-176b", hw="dgx-a100", gpus=384, tp=4, pp=12, micro_batch=1, global_batch=384, seq=2048)
     assert est.setup.stack == "megatron-deepspeed"
     with pytest.raises(AdvisorError, match=r"^invalid plan: hf-trainer does not run pipeline parallelism \(it runs DDP, "
-                                           r"nn.DataParallel, ZeRO-1, .*tensor parallelism: use those, or another --stack\)$"):
+                                           r"nn.DataParallel, ZeRO-1, .*tensor parallelism: use those, or --stack megatron-deepspeed\)$"):
         estimate(model="bloom-176b", hw="dgx-a100", gpus=384, tp=4, pp=12, micro_batch=1, seq=2048, stack="hf-trainer")
 
 

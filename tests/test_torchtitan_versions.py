@@ -262,3 +262,20 @@ def test_fsdp2s_hsdp_all_reduces_the_replicas_in_every_micro_batch():
     for stack in ("torchtitan", "torchtitan-0.2"):
         assert params_s(stack, 4) == pytest.approx(4 * params_s(stack, 1), rel=0.01)
     assert params_s("hf-trainer", 4) < 1.5 * params_s("hf-trainer", 1)
+
+
+def test_torchtitan_03_replicas_and_pipelines_where_nothing_shards():
+    """At dp_shard 1 0.3.0's replicas are HSDP over one-rank shards: their gradients all-reduce in every micro-batch's
+    post-backward (foreach_reduce); under a pipeline torch's pipelining defers the unshard and the reduce to the last
+    micro-batch (pipelining/stage.py set_reshard_after_backward(False), set_requires_gradient_sync(False)): the
+    one-rank copies are paid once a step there. LoRA freezes the head: no head gradient at the chunked loss's peak."""
+    def part(name, **kw):
+        return estimate("llama3-8b", "dgx-h100", gpus=8, stack="torchtitan", seq=4096, **kw).breakdown[name]
+    assert part("comm/dp_grad", dp=8, zero=0, global_batch=64) == pytest.approx(8 * part("comm/dp_grad", dp=8, zero=0,
+                                                                                         global_batch=8), rel=0.01)
+    piped = dict(dp=2, zero=0, tp=2, pp=2)
+    assert part("comm/zero_params", global_batch=64, **piped) == pytest.approx(
+        part("comm/zero_params", global_batch=16, **piped), rel=0.01)
+    kw = dict(gpus=8, dp=8, zero=3, seq=4096, stack="torchtitan")
+    lora, full = estimate("llama3-8b", "dgx-h100", method="lora", **kw), estimate("llama3-8b", "dgx-h100", **kw)
+    assert full.memory.parts["logits_loss"] - lora.memory.parts["logits_loss"] == pytest.approx(8 * VOCAB * D_MODEL, rel=1e-6)

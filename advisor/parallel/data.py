@@ -199,7 +199,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     rs, roots, hsdp = fsdp2.replicas_per_micro_batch(w, states, rs, roots, hsdp)
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
-    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle), 0.0)  # DDP's group is dp, not dp_shard
+    grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle) * fsdp2.replica_passes(w, c), 0.0)
     # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
     # (else all of it exposed); the backward's idle, before the optimizer step, hides the reduce-scatter only
     first = (ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
@@ -210,7 +210,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + fsdp2.unit_copy_seconds(w, states, zero)
     params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
-    params = params + c.grad_accum * fsdp2.one_rank_copies(w, c, states, zero, active)
+    params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
 

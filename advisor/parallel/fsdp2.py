@@ -33,15 +33,28 @@ def unit_copy_seconds(w: Workload, states: "ModelStates", zero: Any) -> Any:
 
 
 def one_rank_copies(w: Workload, c: Candidates, states: "ModelStates", zero: Any, active: Any) -> Any:
-    """Per micro-batch, the unit copies of a stack that wraps every unit in FSDP2 where nothing shards
-    (engine.fsdp_at_one): a one-rank FSDP2 skips the all-gather but casts and copies each unit's parameters on the
-    compute stream (torch 2.13 _fsdp_param_group.py wait_for_unshard), its replicas' too (HSDP of one-rank shards,
-    costed as DDP plans: twice a micro-batch without PP, once under it, where reshard_after_forward is False)."""
+    """Per step, the unit copies of a stack that wraps every unit in FSDP2 where nothing shards (engine.fsdp_at_one):
+    a one-rank FSDP2 skips the all-gather but casts and copies each unit's parameters on the compute stream (torch
+    2.13 _fsdp_param_group.py wait_for_unshard), its replicas' too (HSDP of one-rank shards, costed as DDP plans):
+    twice a micro-batch without PP; under a pipeline once a step, where torch's pipelining keeps the units unsharded and
+    their gradients unreduced until the last micro-batch (pipelining/stage.py set_reshard_after_backward(False),
+    set_requires_gradient_sync(False))."""
     if not w.stack.engine.fsdp_at_one:
         return 0.0
-    alone = np.where(~np.asarray(active, dtype=bool) & (zero >= 2), unit_copy_seconds(w, states, zero), 0.0)
-    replicas = unit_copy_seconds(w, states, np.where(np.asarray(c.pp) > 1, 2, 3))
-    return alone + np.where(np.asarray(active, dtype=bool) & (zero == 0), replicas, 0.0)
+    active, piped = np.asarray(active, dtype=bool), np.asarray(c.pp) > 1
+    per_pass = unit_copy_seconds(w, states, np.where(piped, 2, 3))
+    one_rank = (~active & (zero >= 1)) | (active & (zero == 0))
+    return np.where(one_rank, np.where(piped, 1.0, c.grad_accum) * per_pass, 0.0)
+
+
+def replica_passes(w: Workload, c: Candidates) -> Any:
+    """How many times a step the DDP-costed replicas of an FSDP2-everywhere stack all-reduce their gradients: each
+    micro-batch's post-backward (replica_all_reduce per_micro_batch; HSDP of one-rank shards), once under a pipeline
+    (its last micro-batch), else once (DDP's no_sync accumulation)."""
+    eng = w.stack.engine
+    if not eng.fsdp_at_one or eng.replica_all_reduce != "per_micro_batch":
+        return 1.0
+    return np.where(np.asarray(c.pp) > 1, 1.0, c.grad_accum)
 
 
 def replicas_per_micro_batch(w: Workload, states: "ModelStates", rs: Any, roots: tuple[Any, Any],
