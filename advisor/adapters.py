@@ -81,7 +81,8 @@ def _module_inputs(w: Workload) -> dict[str, tuple[int, int]]:
     return {k: (width, n if mixed else 1) for k, (width, n) in out.items()}
 
 
-TARGET_MODULE = {"q": "qkv", "k": "qkv", "v": "qkv", "qkv": "qkv", "o": "out", "gate": "fc1", "up": "fc1", "down": "fc2"}
+TARGET_MODULE = {"q": "qkv", "k": "qkv", "v": "qkv", "qkv": "qkv", "o": "out", "gate": "fc1", "up": "fc1", "gate_up": "fc1",
+                 "down": "fc2"}
 DROPOUT_MASK_BYTES = 1.0  # torch.native_dropout's mask is bool, one byte per element
 
 

@@ -93,7 +93,7 @@ class Library(str, Enum):
 # The canonical targets: q, k, v (parts of a fused qkv, each with its own adapter), qkv (a fused projection as one
 # linear: GPT-2's c_attn, GPT-NeoX/Falcon/BLOOM's query_key_value), o (attention output), gate, up (Llama's up_proj,
 # or a plain MLP's first linear), down (the MLP's last linear), head (the LM head).
-LAYER_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down")
+LAYER_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "gate_up")  # gate_up: one fused linear (Phi-3)
 ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
 ALIASES: dict[str, tuple[str, ...]] = {
     # PEFT / Hugging Face module names (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING and
@@ -247,7 +247,9 @@ def target_shapes(layer: DecoderLayer, targets: tuple[str, ...]) -> list[tuple[s
     for t in targets:
         if t == "head":
             continue
-        if t in slices:
+        if t == "gate_up" and found["gate"] is not None and up is not None:  # gate and up as one linear, one adapter
+            out.append((t, up.n_in, found["gate"].n_out + up.n_out))
+        elif t in slices:
             out.append((t, qkv.n_in, slices[t]))
         elif found.get(t) is not None:
             lin = found[t]

@@ -25,10 +25,10 @@ NAMES: dict[str, dict[str, str]] = {
     "gpt": _GPT2, "gpt2": _GPT2, "gpt_bigcode": _GPT2,
     "gpt_neox": _NEOX, "falcon": _NEOX, "bloom": _NEOX,
     "mpt": {"qkv": "Wqkv", "o": "out_proj", "up": "up_proj", "down": "down_proj", "head": "lm_head"},
-    "phi3": {"qkv": "qkv_proj", "o": "o_proj", "gate": "gate_up_proj", "up": "gate_up_proj", "down": "down_proj",
-             "head": "lm_head"},
+    "phi3": {"qkv": "qkv_proj", "o": "o_proj", "gate": "gate_up_proj", "up": "gate_up_proj", "gate_up": "gate_up_proj",
+             "down": "down_proj", "head": "lm_head"},
     "phi": {**LLAMA, "o": "dense", "up": "fc1", "down": "fc2"},
-    "glm4": {**LLAMA, "gate": "gate_up_proj", "up": "gate_up_proj"},
+    "glm4": {**LLAMA, "gate": "gate_up_proj", "up": "gate_up_proj", "gate_up": "gate_up_proj"},
 }
 # canonical targets that one module holds together: PEFT adapts all of them or none
 _TOGETHER = (("o", "down"), ("gate", "up"))
@@ -75,12 +75,14 @@ def runs_peft(ft, stack) -> bool:
 def peft_targets(model, ft, stack):
     """``ft`` (advisor.finetune.FineTune) as PEFT runs it on ``model``'s transformers modules in ``stack``: on a family
     whose q, k and v are one module, all three (``all-linear``, PEFT's keyword, takes every linear) are that module, one
-    adapter; then checked (target_modules). Other stacks, libraries and full fine-tuning pass unchanged."""
+    adapter, as gate and up where they are one (Phi-3's and GLM-4's gate_up_proj); then checked (target_modules). Other stacks, libraries and full fine-tuning pass unchanged."""
     if not runs_peft(ft, stack):
         return ft
-    targets = ft.target_set
-    if "qkv" in NAMES.get(model.family, LLAMA) and {"q", "k", "v"} <= set(targets):
-        targets = tuple(sorted({t for t in targets if t not in ("q", "k", "v")} | {"qkv"}))
+    targets, names = ft.target_set, NAMES.get(model.family, LLAMA)
+    for parts, fused in ((("q", "k", "v"), "qkv"), (("gate", "up"), "gate_up")):  # one module, one adapter
+        if fused in names and set(parts) <= set(targets):
+            targets = tuple(sorted({t for t in targets if t not in parts} | {fused}))
+    if targets != ft.target_set:
         ft = ft.model_copy(update={"targets": ",".join(targets)})
     target_modules(model, targets)
     return ft

@@ -26,7 +26,8 @@ transformers = pytest.importorskip("transformers")
 
 B = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=1000)
 CONFIGS = {  # model_type -> a small config switching on GQA, fused qkv, plain MLPs, untied heads
-    "llama": dict(B, num_key_value_heads=2),
+    "llama": dict(B, num_key_value_heads=2), "phi3": dict(B, num_key_value_heads=2, pad_token_id=0),
+    "glm4": dict(B, num_key_value_heads=2, pad_token_id=0),
     "gpt2": dict(n_layer=2, n_embd=64, n_head=4, n_inner=96, vocab_size=1000, n_positions=128),
     "gpt_neox": dict(B),
     "phi": dict(B, num_key_value_heads=2),
@@ -268,7 +269,8 @@ def test_plan_auto_puts_offload_last():
 
 @pytest.mark.parametrize("model_type, targets", [("gpt2", "all-linear"), ("gpt2", "c_attn,c_proj"),
                                                  ("gpt_neox", "all-linear+head"), ("llama", "all-linear+head"),
-                                                 ("phi", "all-linear"), ("mistral", "attention")])
+                                                 ("phi", "all-linear"), ("mistral", "attention"),
+                                                 ("phi3", "all-linear"), ("glm4", "all-linear")])
 def test_the_exported_peft_names_train_what_was_costed(model_type, targets):
     """The target_modules an export writes (advisor.peft_modules, the family's transformers names) given back to PEFT on
     the meta-device model train the parameters advisor costed: Llama's names on GPT-2 matched nothing (PEFT raises)."""
