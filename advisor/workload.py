@@ -235,7 +235,8 @@ def stack_setup(setup: TrainingSetup, stack, model: Optional[ModelSpec] = None) 
     """The setup as the stack runs it: the stack named where auto or any chose it, its default optimizer (the first
     of engine.optimizers: transformers 5.23's adamw_torch_fused, torchtitan's "fused", Megatron's FusedAdam; torch's
     foreach AdamW in litgpt, llm-foundry, nanotron) where none was asked, and with the model, LoRA targets as PEFT
-    adapts its transformers modules where the stack runs PEFT (advisor.peft_modules; a one-line PlanError)."""
+    adapts its transformers modules where the stack runs PEFT (advisor.peft_modules; a one-line PlanError), gate and up
+    as one adapter where the stack's modules fuse them (engine.adapter_modules: Megatron's linear_fc1)."""
     update = {"stack": stack.name} if setup.stack in ("auto", "any") else {}
     if setup.optimizer is None:
         update["optimizer"] = Optimizer(stack.engine.optimizers[0])
@@ -243,6 +244,9 @@ def stack_setup(setup: TrainingSetup, stack, model: Optional[ModelSpec] = None) 
         from advisor.peft_modules import peft_targets
 
         ft = peft_targets(model, setup.finetune, stack)
+        t = set(ft.target_set)
+        if ft.adapters and stack.engine.adapter_modules == "fused" and {"gate", "up"} <= t:  # Megatron's linear_fc1
+            ft = ft.model_copy(update={"targets": ",".join(sorted(t - {"gate", "up"} | {"gate_up"}))})
         if ft is not setup.finetune:
             update["finetune"] = ft
     return setup.model_copy(update=update) if update else setup

@@ -72,3 +72,12 @@ def test_a_megatron_lora_plan_under_tp_exports_bridges_peft_section():
         launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **{**kw, "lora_targets": "q_proj,v_proj"})
     with pytest.raises(ExportError, match="gate and up projections fused"):
         launch_config("llama3-70b", "dgx-h100", format="megatron-bridge", **{**kw, "lora_targets": "qkv,up_proj"})
+
+
+def test_megatrons_fused_fc1_takes_one_adapter_for_gate_and_up():
+    """megatron-core holds the gate and up projections in one linear_fc1 (ColumnParallelLinear of 2 x ffn), which
+    Bridge's LoRA adapts as one module: r x (h + 2 ffn) a layer, not two adapters' r x (2 h + 2 ffn). Llama 3 70B,
+    r 8, every linear: 80 x 8 x ((8192 + 10240) + (8192 + 8192) + (8192 + 57344) + (28672 + 8192))."""
+    est = estimate("llama3-70b", "dgx-h100", gpus=8, tp=2, pp=4, sp=True, micro_batch=1, global_batch=32, seq=4096,
+                   method="lora", lora_targets="qkv,o_proj,gate_proj,up_proj,down_proj", stack="megatron-core")
+    assert est.trainable_params == 80 * 8 * ((8192 + 10240) + (8192 + 8192) + (8192 + 57344) + (28672 + 8192)) == 87_818_240

@@ -85,7 +85,8 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
 # advisor's canonical LoRA targets -> megatron-core's module names (megatron-bridge 0.6.2 peft/lora.py LoRA.target_modules:
 # linear_qkv, linear_proj, linear_fc1, linear_fc2): one linear_qkv holds q, k and v, and a gated MLP's linear_fc1 its
 # gate and up projections
-BRIDGE_LORA_MODULES = (("qkv", "linear_qkv"), ("o", "linear_proj"), ("up", "linear_fc1"), ("down", "linear_fc2"))
+BRIDGE_LORA_MODULES = (("qkv", "linear_qkv"), ("o", "linear_proj"), ("up", "linear_fc1"), ("gate_up", "linear_fc1"),
+                       ("down", "linear_fc2"))
 
 
 def _peft(model: ModelSpec, setup: TrainingSetup, notes: list[str]) -> dict:
