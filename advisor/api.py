@@ -19,6 +19,7 @@ from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, TWO_CHUNK_SCHEDULES, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
 from advisor.options import DEFAULT_HEADROOM, EstimateOptions, modules_of, moe_setup, stack_name
+from advisor.peft_modules import targets_as_run
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
@@ -238,8 +239,7 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     errors = plan_errors(plan, setup, spec, hardware, world, stack)
     if errors:
         raise PlanError("invalid plan: " + "; ".join(errors))
-    setup = stack_setup(setup, stack, spec).model_copy(update={"optimizer": setup.optimizer}) if setup.finetune.adapters \
-        else setup  # PEFT's modules (a search's row has them already)
+    setup = setup.model_copy(update={"finetune": targets_as_run(spec, setup.finetune, stack)})  # a search's row: as they are
     if setup.stack != stack.name:  # the setup names the stack it was costed in, as a search's rows do
         setup = setup.model_copy(update={"stack": stack.name})
     est = _estimate(spec, hardware, stack, plan, setup, world)

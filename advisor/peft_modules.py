@@ -78,11 +78,23 @@ def peft_targets(model, ft, stack):
     adapter, as gate and up where they are one (Phi-3's and GLM-4's gate_up_proj); then checked (target_modules). Other stacks, libraries and full fine-tuning pass unchanged."""
     if not runs_peft(ft, stack):
         return ft
-    targets, names = ft.target_set, NAMES.get(model.family, LLAMA)
-    for parts, fused in ((("q", "k", "v"), "qkv"), (("gate", "up"), "gate_up")):  # one module, one adapter
-        if fused in names and set(parts) <= set(targets):
-            targets = tuple(sorted({t for t in targets if t not in parts} | {fused}))
-    if targets != ft.target_set:
-        ft = ft.model_copy(update={"targets": ",".join(targets)})
-    target_modules(model, targets)
+    names = NAMES.get(model.family, LLAMA)
+    for parts, whole in ((("q", "k", "v"), "qkv"), (("gate", "up"), "gate_up")):  # one module, one adapter
+        if whole in names:
+            ft = _fused(ft, parts, whole)
+    target_modules(model, ft.target_set)
     return ft
+
+
+def targets_as_run(model, ft, stack):
+    """``ft``'s LoRA targets as ``stack``'s adapter code takes them: PEFT's on transformers modules (peft_targets), or
+    whole fused modules (engine.adapter_modules fused: Megatron's linear_fc1 holds gate and up, one adapter)."""
+    if runs_peft(ft, stack):
+        return peft_targets(model, ft, stack)
+    return _fused(ft, ("gate", "up"), "gate_up") if ft.adapters and stack.engine.adapter_modules == "fused" else ft
+
+
+def _fused(ft, parts: tuple[str, ...], whole: str):
+    """``ft`` with the targets ``parts``, where it names them all, as the one target ``whole``."""
+    t = set(ft.target_set)
+    return ft.model_copy(update={"targets": ",".join(sorted(t - set(parts) | {whole}))}) if set(parts) <= t else ft

@@ -241,12 +241,9 @@ def stack_setup(setup: TrainingSetup, stack, model: Optional[ModelSpec] = None) 
     if setup.optimizer is None:
         update["optimizer"] = Optimizer(stack.engine.optimizers[0])
     if model is not None:
-        from advisor.peft_modules import peft_targets
+        from advisor.peft_modules import targets_as_run
 
-        ft = peft_targets(model, setup.finetune, stack)
-        t = set(ft.target_set)
-        if ft.adapters and stack.engine.adapter_modules == "fused" and {"gate", "up"} <= t:  # Megatron's linear_fc1
-            ft = ft.model_copy(update={"targets": ",".join(sorted(t - {"gate", "up"} | {"gate_up"}))})
+        ft = targets_as_run(model, setup.finetune, stack)
         if ft is not setup.finetune:
             update["finetune"] = ft
     return setup.model_copy(update=update) if update else setup
