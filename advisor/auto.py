@@ -69,6 +69,13 @@ def model_parallel_stack(model: ModelSpec, setup: TrainingSetup) -> Optional[Sta
     return None
 
 
+def model_parallel_partner(chosen: Stack, model: ModelSpec, setup: TrainingSetup) -> Optional[Stack]:
+    """The stack --stack auto costs the TP, PP and CP plans in beside ``chosen``, the one of its data-parallel plans
+    (model_parallel_stack); None where that is ``chosen`` itself, or for adapters, which auto runs data-parallel."""
+    mp = None if setup.finetune.adapters else model_parallel_stack(model, setup)
+    return mp if mp is not None and mp.name != chosen.name else None
+
+
 def deepspeed_launched(stack: Stack) -> Stack:
     """``stack`` as its DeepSpeed JSON launches it, so that every plan auto ranks exports: DeepSpeed's PipelineModule
     runs 1F1B over an even split, the JSON writes no context or expert parallelism, and its TP is AutoTP's, which

@@ -187,6 +187,11 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
 
 
+def _current_stacks(runs) -> list[str]:
+    """The shipped stacks no newer profile supersedes for which ``runs(stack)`` holds (a refusal's hint)."""
+    return [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and runs(st)]
+
+
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
                 stack: Optional[Stack] = None) -> list[str]:
     """One-line reasons a single plan is invalid (empty when valid)."""
@@ -241,16 +246,16 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                           "--global-batch to micro-batch x dp x a multiple of pp)")
             elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
                 what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
-                others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and what in
-                          st.engine.offloads and not any(bool(np.asarray(v).any()) for v in stack_violations(one, st).values())]
+                others = _current_stacks(lambda st: what in st.engine.offloads and not any(
+                    bool(np.asarray(v).any()) for v in stack_violations(one, st).values()))
                 reason = f"{reason}: --stack {' or '.join(others)} offload{'s' if len(others) == 1 else ''} it" if others else reason
             elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
                 from advisor.workload import runs_model  # (workload imports the parallel modules this one does)
 
                 runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
                 feature = next(f for f, w in FEATURE_WORDS.items() if reason.endswith(f"does not run {w}"))
-                others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and n != stack.name
-                          and feature in st.engine.offers and runs_model(st, model)]
+                others = _current_stacks(lambda st: st.name != stack.name and feature in st.engine.offers
+                                         and runs_model(st, model))
                 reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
             reasons.append(reason)
     if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):

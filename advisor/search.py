@@ -21,7 +21,7 @@ import numpy as np
 from advisor import api
 from advisor.admissible import valid_candidates
 from advisor.api import PlanError, resolve_precision, resolve_world
-from advisor.auto import model_parallel_stack, offloads_only
+from advisor.auto import model_parallel_partner, offloads_only
 from advisor.candidates import Candidates
 from advisor.constraints import drop_setup_violations, violations
 from advisor.errors import AdvisorError, format_validation_error
@@ -88,8 +88,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
     if o.stack == "any":
         stacks = _describing(spec, hardware, setup)
-    elif o.stack == "auto" and not setup.finetune.adapters and (mp := model_parallel_stack(spec, setup)) is not None \
-            and chosen.name != mp.name:  # adapters: DP only
+    elif o.stack == "auto" and (mp := model_parallel_partner(chosen, spec, setup)) is not None:
         stacks = [chosen, mp]
         parts = {chosen.name: False, mp.name: True}
     else:

@@ -81,11 +81,11 @@ def _stacks(s: PlanSearch, world: int, hw: Hardware) -> list:
     picks for that many GPUs (one GPU's may not be many's) beside the one of its TP/PP/CP plans."""
     if s.stack_rule is None:
         return [s.stack]
-    from advisor.auto import model_parallel_stack, resolve_stack
+    from advisor.auto import model_parallel_partner, resolve_stack
 
-    out = [resolve_stack("auto", s.model_spec, hw, s.setup, gpus=world)[0]]
-    mp = model_parallel_stack(s.model_spec, s.setup) if world > 1 and not s.setup.finetune.adapters else None
-    return out + ([mp] if mp is not None and mp.name != out[0].name else [])
+    chosen = resolve_stack("auto", s.model_spec, hw, s.setup, gpus=world)[0]
+    mp = model_parallel_partner(chosen, s.model_spec, s.setup) if world > 1 else None  # one GPU: no TP/PP/CP plan
+    return [chosen] + ([mp] if mp is not None else [])
 
 
 def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
