@@ -270,9 +270,11 @@ class Engine(Spec):
         default_factory=lambda: ["alltoall"], min_length=1, description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "
         "domains once to each domain, then forwarded on NVLink)")
-    lacks: list[Literal["parallel_blocks", "alibi", "beyond_llama", "llama4_experts", "chunked_attention"]] = Field(
+    lacks: list[Literal["parallel_blocks", "alibi", "learned_positions", "beyond_llama", "llama4_experts",
+                       "chunked_attention"]] = Field(
         default_factory=list, description="decoder shapes its model code cannot build: parallel_blocks (GPT-J/NeoX, "
-        "Falcon's attention beside the MLP), alibi (BLOOM / MPT's positions), beyond_llama (what a Llama decoder lacks: "
+        "Falcon's attention beside the MLP), alibi (BLOOM / MPT's positions), learned_positions (GPT-2 / OPT's position "
+        "table), beyond_llama (what a Llama decoder lacks: "
         "ModelSpec.llama_departures), llama4_experts (run on every token), chunked_attention (Llama 4's chunks)")
     flex_dispatcher_sms: Optional[int] = Field(
         default=None, ge=1, le=100_000, description="SMs the flex dispatcher's kernels (DeepEP / HybridEP) hold while they "

@@ -224,6 +224,7 @@ def lacked(stack, model: ModelSpec) -> list[str]:
     """What of the model's decoder the stack's model code cannot build (engine.lacks), in words."""
     has = {"parallel_blocks": lambda: ["parallel attention + MLP blocks"] if model.parallel_block else [],
            "alibi": lambda: ["ALiBi positions"] if model.position is PositionKind.alibi else [],
+           "learned_positions": lambda: ["learned positions"] if model.position is PositionKind.learned else [],
            "beyond_llama": model.llama_departures,
            "chunked_attention": lambda: ["chunked attention"] if any(r.chunk for r in model.layer_runs) else [],
            "llama4_experts": lambda: (["Llama 4's routed experts as routed (transformers 5.23 Llama4TextExperts runs every "
