@@ -30,11 +30,11 @@ import yaml
 from click.testing import CliRunner
 
 from advisor.cli_export import export_command
-from advisor.export import KINDS, ExportError, export, launch_formats, resolve_launch, stacks_launching
+from advisor.export import EXPORTERS, KINDS, ExportError, export, launch_formats, resolve_launch, stacks_launching
 from advisor.hardware import load_hardware
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.model import load_model
-from advisor.stack import list_stacks, load_stack, stack_from_yaml
+from advisor.stack import StackError, list_stacks, load_stack, stack_from_yaml
 from advisor.training import TrainingSetup
 from advisor.workload import stack_setup
 
@@ -77,9 +77,14 @@ def test_a_profile_without_launch_formats_says_which_field(tmp_path):
     stack = stack_from_yaml(yaml.safe_dump(text))
     with pytest.raises(ExportError, match="lists no launch format: add launch:"):
         launch_formats(stack)
-    bad = stack.model_copy(update={"launch": ["slurm"]})
-    with pytest.raises(ExportError, match="lists launch format 'slurm'"):
-        launch_formats(bad)
+    # a format advisor does not write is refused as the profile loads, naming the field and the formats it takes
+    text["launch"] = ["slurm"]
+    with pytest.raises(StackError, match=r"launch\.0: Input should be 'accelerate', .* \(got 'slurm'\)"):
+        stack_from_yaml(yaml.safe_dump(text))
+
+
+def test_every_launch_format_a_profile_may_name_has_a_writer():
+    assert set(KINDS) == set(EXPORTERS)
 
 
 BASE = ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--zero", "3", "--micro-batch", "2", "--seq", "8192"]
