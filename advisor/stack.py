@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from advisor.engine import PLAN_FEATURES, Engine, RecipeName, Zero3Calls  # noqa: F401 (the engine's part; read from here too)
 from advisor.errors import AdvisorError
+from advisor.launch import LaunchFormat
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
 from advisor.spec import ProfileName, Spec, checked
@@ -38,13 +39,6 @@ Dim = Literal["d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant
 # a coefficient of a layer dimension (bytes per token per unit of it): at least 0, and at most a million bytes, beyond
 # any tensor a layer keeps (a GPT-3 layer keeps ~34 bytes per token of d_model: Korthikanti et al. 2022, Table 2)
 Form = dict[Dim, Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]]
-
-
-# The launch formats advisor export writes (advisor.export.EXPORTERS holds a writer for each, tests/test_export_stacks.py
-# checks it): a profile naming another is refused as it loads, not at its first export
-LaunchFormat = Literal["accelerate", "deepspeed", "megatron", "megatron-bridge", "torchrun", "torchtitan",
-                       "torchtitan-toml", "llm-foundry", "litgpt", "nanotron"]
-LAUNCH_FORMATS: tuple[str, ...] = get_args(LaunchFormat)
 
 
 class StackError(AdvisorError):
@@ -181,10 +175,8 @@ class Stack(Spec):
     name: ProfileName
     description: str = ""
     source: str = Field(min_length=1, description="the library versions and files the numbers come from")
-    launch: list[LaunchFormat] = Field(
-        default_factory=list, max_length=16,
-        description="the launch formats the stack is started with, its usual one first (advisor export --format); "
-                    "none listed: advisor export refuses, naming this field")
+    launch: list[LaunchFormat] = Field(default_factory=list, max_length=16, description="the launch formats the stack "
+                                       "is started with, its usual one first (advisor export --format); none listed: advisor export refuses")
     superseded_by: Optional[str] = Field(
         default=None, min_length=1, description="a dated profile (a release as published runs ran it): the shipped "
         "stack that runs its code today; an export given a format and no stack takes an undated stack first")

@@ -61,7 +61,8 @@ from advisor.export.torchtitan_toml import FLAVORS as TORCHTITAN_FLAVORS, torcht
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
-from advisor.stack import LAUNCH_FORMATS, Stack, StackError, list_stacks, load_stack
+from advisor.launch import LAUNCH_FORMATS
+from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.workload import Workload, stack_setup
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
@@ -70,7 +71,7 @@ __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC",
            "megatron_env", "node_layout", "torchrun_argv", "torchrun_command", "torchtitan_args", "torchtitan_config", "torchtitan_toml_config",
            "foundry_config", "foundry_dict", "litgpt_config", "litgpt_dict", "nanotron_config", "nanotron_dict", "launch_formats", "launching", "resolve_launch", "stacks_launching"]
 
-KINDS = LAUNCH_FORMATS  # the formats a stack profile may list (advisor.stack.LaunchFormat)
+KINDS = LAUNCH_FORMATS  # the formats a stack profile may list (advisor.launch.LaunchFormat)
 EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "megatron": megatron_config,
              "megatron-bridge": bridge_config,
              "torchrun": torchrun_command, "torchtitan": torchtitan_config, "torchtitan-toml": torchtitan_toml_config,
@@ -102,7 +103,7 @@ def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
 
 
 def launch_formats(stack: Stack) -> tuple[str, ...]:
-    """The formats a stack is launched with (its profile's ``launch``, each one advisor writes: advisor.stack
+    """The formats a stack is launched with (its profile's ``launch``, each one advisor writes: advisor.launch
     LaunchFormat), its usual one first."""
     if not stack.launch:
         raise ExportError(f"stack {stack.name} lists no launch format: add launch: [...] ({', '.join(KINDS)}) "
