@@ -26,7 +26,7 @@ Deliberately left out: CUDA graphs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from advisor.parallel import expert
 from advisor.precision import PASSES, Recipe
 from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
+from advisor.unfused import rotary_bytes, routed_unfused
 from advisor.workload import Workload
 
 
@@ -230,8 +231,9 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
                                   for k in w.model.layers) / w.model.n_layers for j in (0, 1))
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
-    ew_fwd = mem_time(hw, t.elementwise_forward.per_gpu(tp, sp) * tokens)
-    ew_bwd = mem_time(hw, t.elementwise_backward.per_gpu(tp, sp) * tokens)
+    rf, rb = rotary_bytes(w, tp)  # RoPE where the tables leave it out (advisor.unfused)
+    ew_fwd = mem_time(hw, (t.elementwise_forward.per_gpu(tp, sp) + rf) * tokens)
+    ew_bwd = mem_time(hw, (t.elementwise_backward.per_gpu(tp, sp) + rb) * tokens)
     # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);
     # adapters and dequantisation add their own (advisor.adapters.with_adapters)
     if w.layer.routed:  # tokens put in expert order and back (advisor.parallel.expert), in the routed layers' share,
@@ -265,33 +267,6 @@ def pointwise_bytes(w: Workload, tp: Any, sp: Any, ep: Any = None) -> dict[str, 
     clamp = routed_unfused(w, tp, ep).clamp_forward if layer.routed else 0.0  # the clamp reruns with the activation
     return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
             "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp + clamp}
-
-
-class Unfused(NamedTuple):
-    """Bytes per token of a routed layer's unfused steps (routed_unfused)."""
-
-    forward: Any
-    backward: Any
-    clamp_forward: Any  # rerun with the activation
-    clamp_kept: Any  # kept for backward by the clamp; not kept where the activation is recomputed
-    bias_kept: Any
-
-
-def routed_unfused(w: Workload, tp: Any, ep: Any, etp: Any = 1.0) -> Unfused:
-    """Bytes per token one GPU's routed layer moves, and keeps, in the steps its stack runs outside fused kernels
-    (kernels.routed_unfused: GPT-OSS's clamp and expert bias in megatron-core), at the busiest rank's load, over TP
-    as pointwise_bytes' "mlp/act": the clamp on the rank's d_ff / etp share of the routed rows it gathered over ETP
-    (etp x as many: the same elements), the bias on those rows' whole d_model-wide output (etp x), in fp32 where the
-    dispatcher hands the router's probabilities over in fp32 (expert_bias_fp32: the flex dispatchers)."""
-    u, x, r = w.stack.kernels.routed_unfused, w.model.experts, w.precision.recipe
-    if x is None or (r is not None and r.name in u.fused_under):
-        return Unfused(0.0, 0.0, 0.0, 0.0, 0.0)
-    copies = expert.routed_copies(w, ep) * w.act_bytes / tp
-    clamp = copies * w.layer.d_ff * (x.act_clamp is not None)  # bytes per element of the activation output
-    bias = copies * w.model.d_model * x.expert_bias * np.asarray(etp, dtype=float)  # of the experts' output
-    b = u.expert_bias_fp32 if w.moe_dispatcher == "flex" else u.expert_bias
-    return Unfused(clamp * u.clamp.forward + bias * b.forward, clamp * u.clamp.backward + bias * b.backward,
-                   clamp * u.clamp.forward, clamp * u.clamp.saved, bias * b.saved)
 
 
 @dataclass(frozen=True)

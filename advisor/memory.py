@@ -29,6 +29,7 @@ from advisor.parallel import context, expert, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
+from advisor.unfused import routed_unfused
 from advisor.workload import Workload
 
 # NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
@@ -99,8 +100,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     full = full - less + delta
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
-    # what a routed MLP's unfused steps keep (compute.routed_unfused)
-    unfused = compute.routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
+    # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)
+    unfused = routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
@@ -119,7 +120,7 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any 
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
     (engine.selective.modules) at the layer's widths, in the activation dtype; d_model split under sequence
     parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
-    (compute.routed_unfused), where a module reruns the activation."""
+    (advisor.unfused.routed_unfused), where a module reruns the activation."""
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective

@@ -29,6 +29,7 @@ from advisor.errors import AdvisorError
 from advisor.launch import LaunchFormat
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
+from advisor.unfused import Passes, RoutedUnfused, Rotary  # noqa: F401 (the profile's parts; read from here too)
 from advisor.spec import ProfileName, Spec, checked
 from advisor.training import Precision, compile_parts
 
@@ -124,28 +125,6 @@ class Logits(Entry):
     peak_per_head_weight: float = Field(default=0.0, ge=0, le=100)
 
 
-class Passes(Spec):
-    """Elements one unfused element-wise step moves per element of its tensor, in the activation dtype: forward,
-    backward, and kept for backward beyond what the stack's tables keep."""
-
-    forward: float = Field(default=0.0, ge=0, le=100)
-    backward: float = Field(default=0.0, ge=0, le=100)
-    saved: float = Field(default=0.0, ge=0, le=100)
-
-
-class RoutedUnfused(Spec):
-    """What a routed MLP runs outside its fused kernels, where the model has it: the GLU input's clamp (per element of
-    the k x d_ff_expert activation output; advisor.model Experts.act_clamp), and the experts' output bias scaled by
-    the router's probabilities (per element of the k x d_model output; Experts.expert_bias). None of it under the
-    low-precision recipes in ``fused_under``, whose expert MLP the stack runs through fused kernels."""
-
-    clamp: Passes = Field(default_factory=Passes)
-    expert_bias: Passes = Field(default_factory=Passes)
-    expert_bias_fp32: Passes = Field(default_factory=Passes)  # the same where the probabilities come in fp32 (flex)
-    fused_under: list[RecipeName] = Field(default_factory=list)
-    source: Optional[str] = None
-
-
 class Kernels(Spec):
     vocab_padding: int = Field(default=0, ge=0, le=1_000_000, description="the vocabulary is padded to a multiple of "
                                "this x tp (0: not padded): its logits GEMM runs aligned; the padded rows themselves (under "
@@ -159,6 +138,7 @@ class Kernels(Spec):
     attention_scores: list[PerElement]
     loss: list[PerElement]
     routed_unfused: RoutedUnfused = Field(default_factory=RoutedUnfused)
+    rotary: Rotary = Field(default_factory=Rotary)
 
 
 class Memory(Spec):

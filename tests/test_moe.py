@@ -517,6 +517,7 @@ def test_gpt_oss_clamp_and_expert_bias_cost_what_megatron_core_runs_unfused():
     from advisor import compute
     from advisor.stack import RoutedUnfused, load_stack
     from advisor.training import TrainingSetup
+    from advisor.unfused import routed_unfused
     from advisor.workload import Workload
 
     hw, k, h = load_hardware("gb200-nvl72"), 4, 2880
@@ -524,7 +525,7 @@ def test_gpt_oss_clamp_and_expert_bias_cost_what_megatron_core_runs_unfused():
     def unfused(model, stack, precision, tp=1, etp=1, **setup):
         w = Workload.of(load_model(model), hw, load_stack(stack), TrainingSetup(seq_len=4096, precision=precision,
                                                                                **setup))
-        return compute.routed_unfused(w, tp, 8, etp)
+        return routed_unfused(w, tp, 8, etp)
 
     u = unfused("gpt-oss-120b", "megatron-core", "bf16-mixed")
     assert load_model("gpt-oss-120b").experts.act_clamp == 7.0

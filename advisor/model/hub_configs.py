@@ -3,7 +3,7 @@ key's comment), read by the catalogue (advisor.model.catalogue) through the same
 counted against transformers' own model in tests/test_hf_families.py.
 
 Left out of each: keys that change neither the parameters nor the cost (token ids, dtype, initializer range,
-dropout, rope scaling, transformers_version, auto_map), and the weights' quantization_config (DeepSeek-V3's fp8,
+dropout, rope scaling but YaRN's where its attention factor is not 1, transformers_version, auto_map), and the weights' quantization_config (DeepSeek-V3's fp8,
 GPT-OSS's mxfp4 blocks: the parameters are the same; transformers would try to quantize on loading). Llama 4's
 repositories publish a multimodal config.json (model_type llama4): its ``text_config``, the language model, is
 what is kept here (the vision tower and projector are not a decoder-only model's).
@@ -118,7 +118,9 @@ HUB_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
         "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128, "rms_norm_eps": 1e-05,
         "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
-        "vocab_size": 201088},
+        "vocab_size": 201088, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                               "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                               "truncate": False}},
     # meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E, config.json text_config: one shape, 16 or 128
     # experts, every layer or every second one MoE, q/k norms or none, the context they publish
     "llama4-scout": {**_LLAMA4_TEXT, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760,

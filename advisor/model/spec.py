@@ -156,6 +156,9 @@ class ModelSpec(Spec):
     # whether it rotates interleaved pairs (GPT-J, GLM-4: RoFormer's) rather than the two halves: no parameters
     rotary_fraction: float = Field(default=1.0, gt=0, le=1)
     rotary_interleaved: bool = False
+    # YaRN's attention factor on RoPE's cos and sin (GPT-OSS: 0.1 ln 32 + 1 = 1.347; 1 without YaRN): no parameters,
+    # but megatron-core runs RoPE unfused where it is not 1 (advisor.unfused.rotary_bytes)
+    rope_attention_factor: float = Field(default=1.0, gt=0, le=100)
     qk_l2_norm: bool = False  # a weightless L2 norm of q and k on the RoPE layers (Llama 4's use_qk_norm): no parameters
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
