@@ -78,7 +78,7 @@ def _module_inputs(w: Workload) -> dict[str, tuple[int, int]]:
     for lin in w.layer.linears:
         width, n = out.get(lin.module, (lin.n_in, 0))
         out[lin.module] = (width, n + 1)
-    mixed = w.precision.autocast and not half_base(w.finetune, w.precision)
+    mixed = w.precision.autocast and not half_base(w.finetune, w.precision, w.stack)
     return {k: (width, n if mixed else 1) for k, (width, n) in out.items()}
 
 
@@ -190,11 +190,13 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     ft, m = w.finetune, w.model
     zero, shard = np.asarray(c.zero), mesh.dp_shard
     wb, gb = full.weight_bytes, full.grad_bytes
-    half = half_base(ft, w.precision)
+    half = half_base(ft, w.precision, w.stack)
     # the frozen base's bytes per weight: half precision, or the recipe's format where the stack holds weights in it
     # (Megatron's fp8 parameters: full.weight_bytes); the adapters keep wb (fp32 under autocast)
     low = w.precision.recipe is not None and bool(w.stack.engine.low_precision_params)
-    base_wb = wb if low else (2.0 if half else wb)
+    # a base in the parameters' own dtype (engine.adapter_base params: torchtitan's fp32 under FSDP2), gathered in bf16
+    own = w.stack.engine.adapter_base == "params" and w.precision.autocast and not low
+    base_wb = wb if low else (2.0 if half else 4.0 if own else wb)
     if low:  # the adapters themselves stay in the parameters' own dtype
         wb = optimizer.weight_grad_bytes(w.precision, full.master)[0]
     n_params = full.params  # this rank's: its stage's layers, split over the TP ranks
@@ -206,7 +208,8 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     # adapter counted on every stage (a few vocab x r weights)
     trainable = (layers * per_layer + head_adapter_params(m, ft)) / mesh.tp
     base = (n_params - quant) * base_wb + quant * qb
-    stored = base / n_params  # bytes per base parameter as held (and as ZeRO-3 gathers it)
+    stored = base / n_params  # bytes per base parameter as held (and as ZeRO-3 gathers it, but the own dtype's: bf16)
+    gathers = np.where(own, 2.0, stored)
     z3 = np.where(zero >= 3, shard, 1.0)
     if ft.offloads_optimizer:
         states = np.zeros(np.shape(z3))
@@ -215,7 +218,9 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     else:
         states = trainable * optimizer.state_bytes(w, full.master) / shard
     p_layer = float(m.layer.n_params) / mesh.tp
-    gathered = np.where(zero >= 3, np.minimum(2.0 * p_layer * stored, base * (1.0 - 1.0 / shard)), 0.0)
+    # two units gathered (current + prefetch); bf16 copies of an fp32 base are new tensors even on one rank
+    gathered = np.where(zero >= 3, np.where(own, 2.0 * p_layer * gathers,
+                                            np.minimum(2.0 * p_layer * gathers, base * (1.0 - 1.0 / shard))), 0.0)
     if ft.library is Library.litgpt:
         # litgpt's finetune scripts load the checkpoint after fabric.setup_module: Fabric's FSDP load_raw loads a full
         # state dict under _get_full_state_dict_context(rank0_only=False) (lightning/fabric/strategies/fsdp.py
@@ -226,7 +231,7 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     grads = trainable * gb / np.where(zero >= 2, shard, 1.0)
     ddp = np.asarray(full.bucket_copy) > 0
     return replace(
-        full, grad_params=trainable, weight_bytes=stored, weights=(base + trainable * wb) / z3, grads=grads,
+        full, grad_params=trainable, weight_bytes=gathers, weights=(base + trainable * wb) / z3, grads=grads,
         optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
         grad_buffer=np.where(zero >= 2, per_layer / mesh.tp * gb, 0.0),
         bucket_copy=np.where(ddp, trainable * gb, 0.0),

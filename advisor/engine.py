@@ -200,6 +200,10 @@ class Engine(Spec):
         default="data", description="where LoRA adapters run: data parallelism only (PEFT under accelerate/DeepSpeed, "
         "torchtune, litgpt: DDP, FSDP, ZeRO), or also under tensor and pipeline parallelism (Megatron-Bridge's "
         "ParallelLinearAdapter: each adapter split over the TP ranks like its linear, on its layer's stage)")
+    adapter_base: Literal["half", "params"] = Field(
+        default="half", description="the dtype a LoRA's frozen base is held in under a mixed recipe: half (PEFT and "
+        "torchtune load it in bf16), or the parameters' own (torchtitan 0.3.0 builds the model in training.dtype, fp32, "
+        "and its FSDP2 shards keep it so, gathering bf16 copies)")
     adapter_modules: Literal["per_projection", "fused"] = Field(
         default="per_projection", description="what its LoRA adapts: any projection (PEFT, litgpt, torchtune: q, k and v "
         "apart), or whole fused modules (Megatron-Bridge: linear_qkv for q, k and v, linear_fc1 for gate and up)")

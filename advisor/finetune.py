@@ -311,13 +311,15 @@ def quant_bytes_per_weight(ft: FineTune, n_in: int = 4096) -> float:
     return 0.0
 
 
-def half_base(ft: FineTune, precision: Any) -> bool:
+def half_base(ft: FineTune, precision: Any, stack: Any = None) -> bool:
     """Whether a mixed-precision adapter run holds its frozen base in half precision: PEFT's recipes load the model
     with ``torch_dtype=torch.bfloat16`` and train the adapters in fp32 under autocast (peft ``autocast_adapter_dtype``
     casts them up), torchtune loads bf16; litgpt's bf16-mixed keeps fp32 weights (Lightning's MixedPrecision casts
-    nothing: its tutorial's bf16-mixed LoRA rows use ~2.8x the memory of bf16-true). Activations then flow in half
-    precision as in the stack's half mode (the residual stream is the base's dtype)."""
-    return ft.adapters and precision.autocast and ft.library is not Library.litgpt
+    nothing: its tutorial's bf16-mixed LoRA rows use ~2.8x the memory of bf16-true), and so does a ``stack`` whose
+    engine.adapter_base is "params" (torchtitan 0.3.0's base in training.dtype float32). Activations
+    then flow in half precision as in the stack's half mode (the residual stream is the base's dtype)."""
+    own = stack is not None and stack.engine.adapter_base == "params"
+    return ft.adapters and precision.autocast and ft.library is not Library.litgpt and not own
 
 
 def head_quantised(ft: FineTune) -> bool:

@@ -263,7 +263,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
         off_f, off_b = adapters.activation_offload_exposed(w, kept * tokens * layers, layers * lt.fwd_s,
                                                            layers * (lt.bwd_s + lt.recompute_s))
-    cast = states.trained if half_base(w.finetune, w.precision) else states.params  # a half base is not re-cast
+    cast = states.trained if half_base(w.finetune, w.precision, w.stack) else states.params  # a half base is not re-cast
     # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
     stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params
     time = TimeBreakdown(

@@ -87,7 +87,7 @@ class Workload:
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             adapter_targets(stack, setup)
-            if half_base(ft, setup.precision):  # a half-precision base: its activations as the half mode's
+            if half_base(ft, setup.precision, stack):  # a half-precision base: its activations as the half mode's
                 tables = stack.tables(Mode.half.value, setup.attention.value, expert.table_layer(layer), setup.compile)
             tables = chunked_loss(tables, ft, setup.precision.activation_bytes)
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,

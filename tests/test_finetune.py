@@ -302,3 +302,20 @@ def test_without_targets_peft_takes_its_own_default_for_the_family(model, target
 
     kw = dict(gpus=8, dp=8, zero=3, method="lora", stack="hf-trainer", **({"lora_targets": targets} if targets else {}))
     assert f"'{module}'" in launch_config(model, "dgx-h100", format="accelerate", **kw).text
+
+
+def test_torchtitan_lora_keeps_its_frozen_base_in_training_dtype():
+    """torchtitan 0.3.0 builds the model under set_default_dtype(training.dtype) (trainer.py; float32 unless pure bf16)
+    and its LoRA converter freezes the base there: FSDP2 shards the fp32 weights and gathers bf16 units
+    (mixed_precision_param). PEFT loads the base in bf16 (torch_dtype): half the bytes."""
+    kw = dict(micro_batch=1, seq=4096, method="lora")
+    one = estimate("llama3-8b", "dgx-h100", gpus=1, stack="torchtitan", **kw)
+    peft = estimate("llama3-8b", "dgx-h100", gpus=1, stack="hf-trainer", **kw)
+    frozen = 8_030_261_248  # Llama 3 8B, its adapters apart
+    assert one.memory.parts["weights"] == pytest.approx(4 * frozen, rel=0.001)
+    assert peft.memory.parts["weights"] == pytest.approx(2 * frozen, rel=0.001)
+    # ZeRO-3 over 8: an eighth of the fp32 base, and two bf16 layer units gathered (218,112,000 weights each)
+    eight = estimate("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=3, stack="torchtitan", **kw)
+    assert eight.memory.parts["weights"] == pytest.approx(4 * frozen / 8, rel=0.001)
+    pure = estimate("llama3-8b", "dgx-h100", gpus=1, stack="torchtitan", precision="bf16", **kw)
+    assert pure.memory.parts["weights"] == pytest.approx(2 * frozen, rel=0.001)  # training.dtype bfloat16
