@@ -262,8 +262,17 @@ def launch_config(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     does. A format the stack does not launch, or a plan it cannot express, is an ExportError of one line."""
     from advisor.export import export, launching
 
-    spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **options)
-    if format is not None and str(options.get("stack", "auto")) == "auto" and format not in stack_.launch:
+    auto = format is not None and str(options.get("stack", "auto")) == "auto"
+    try:
+        spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **options)
+    except AdvisorError as refused:  # a plan auto's stack refuses may run in the one that launches the format
+        if not auto:
+            raise
+        try:
+            spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **{**options, "stack": launching(format)})
+        except AdvisorError:
+            raise refused from None  # refused by both: estimate's words
+    if auto and format not in stack_.launch:
         spec, hardware, stack_, plan, setup, world = build_inputs(model, hw, **{**options, "stack": launching(format, stack_)})
     grad_accum, _ = resolve_grad_accum(setup, plan)  # build_inputs has refused a batch that does not resolve
     return export(format, spec, hardware, plan, setup, grad_accum, world, stack_)

@@ -47,8 +47,6 @@ class Workload:
             hint = f"use --stack {' or '.join(others[:3])}" if others else "no shipped stack builds it"
             raise StackError(f"stack {stack.name}'s model code does not build {model.name}, which has "
                              f"{', '.join(lacked(stack, model))}: {hint}")
-        mode = _mode(stack, setup)
-        tables = stack.tables(mode.value, setup.attention.value, expert.table_layer(layer), setup.compile)
         sel = stack.engine.selective
         if sel is not None:
             known = recomputable(layer.linears)
@@ -84,6 +82,8 @@ class Workload:
             others = [n for n in runs_method(ft.kind) if runs_model(load_stack(n), model)]  # that build the model too
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs {', '.join(stack.engine.methods)})"
                              + (f": use --stack {' or '.join(others)}" if others else f"; no shipped stack runs it on {model.name}"))
+        # the tables last: what the stack does not run is said before what advisor has not measured (NoTable)
+        tables = stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(layer), setup.compile)
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model
             adapter_targets(stack, setup)

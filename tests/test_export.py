@@ -799,3 +799,27 @@ def test_the_plans_a_search_ranks_export_in_their_stacks_format(model, hw, gpus)
         out = export(None, load_model(model), load_hardware(hw), rp.plan, rp.setup, ga, rp.estimate.world_size,
                      rp.setup.stack)
         assert out.text and out.stack == rp.setup.stack
+
+
+def test_a_format_costs_the_plan_in_the_stack_that_launches_it():
+    """Without --stack, a plan megatron-core (auto's choice for it) refuses is exported in the stack whose format was
+    asked: DeepSpeed's ZeRO-2 with the optimizer on the CPU, hf-trainer's every-k recomputation."""
+    from _robust import run_main
+
+    code, out, err = run_main(["export", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--zero", "2",
+                               "--offload", "optimizer-cpu", "--format", "deepspeed", "--out", "-"])
+    assert code == 0 and json.loads(out)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    code, out, err = run_main(["export", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--recompute",
+                               "every-k", "--recompute-layers", "4", "--format", "torchrun", "--out", "-"])
+    assert code == 0 and "activation_checkpointing_enable(every_n_layers=4)" in out
+
+
+def test_an_export_never_drops_the_fine_tuning_method():
+    """A stack that trains every weight would run another plan: refused in one line naming the stacks that run it."""
+    from _robust import run_main
+
+    for fmt in ("torchtitan-toml", "llm-foundry"):
+        code, out, err = run_main(["export", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "1", "--method",
+                                   "qlora", "--format", fmt, "--out", "-"])
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert "does not run qlora fine-tuning (it runs full): --stack deepspeed or hf-trainer" in err

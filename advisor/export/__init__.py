@@ -63,7 +63,7 @@ from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
 from advisor.launch import LAUNCH_FORMATS
 from advisor.stack import Stack, StackError, list_stacks, load_stack
-from advisor.workload import Workload, stack_setup
+from advisor.workload import Workload, runs_method, stack_setup
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
@@ -222,6 +222,10 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     # compare its loss with 0.3.0's (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
            if kind in TAKE_STACK else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
+    if setup.finetune.kind not in stack_.engine.methods:  # a file without the adapters would train every weight
+        raise ExportError(f"--method {setup.finetune.method}: stack {stack_.name} does not run {setup.finetune.kind} "
+                          f"fine-tuning (it runs {', '.join(stack_.engine.methods)}): --stack "
+                          f"{' or '.join(runs_method(setup.finetune.kind))}, or --method full")
     try:  # what estimate costs it with: where the stack's tables do not describe the setup, the file says so
         Workload.of(model, hw, stack_, setup)
     except StackError as exc:

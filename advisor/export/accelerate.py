@@ -21,6 +21,7 @@ from advisor.export.common import (
     check,
     commented_yaml,
     header,
+    hf_recompute_note,
     node_layout,
 )
 from advisor.hardware import Hardware
@@ -67,17 +68,9 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
                               "(dynamo_config): export --compile model,loss")
         cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": "default", "dynamo_use_fullgraph": False,
                                 "dynamo_use_dynamic": False}
-    if setup.recompute.value in ("block", "every-k", "offload"):
-        notes.append({"block": f"block recompute: checkpoint the first {setup.recompute_layers} layers in the script",
-                      "every-k": f"every-k recompute: model.gradient_checkpointing_enable() with every_n_layers="
-                                 f"{setup.recompute_layers} (Hugging Face) in the script",
-                      "offload": "activation offload: wrap the forward in torch.autograd.graph.save_on_cpu(pin_memory=True) "
-                                 "(Hugging Face gradient_checkpointing_enable offload) in the script"}[setup.recompute.value])
-    if setup.recompute == "selective":
-        notes.append("selective recompute is chosen in the model code (checkpoint the attention core); "
-                     "accelerate has no switch for it")
-    if setup.recompute == "full" and cfg["distributed_type"] != "FSDP":
-        notes.append("full recompute: call model.gradient_checkpointing_enable() (Hugging Face) in the script")
+    recompute = hf_recompute_note(setup)  # under FSDP its fsdp_activation_checkpointing sets full recomputation
+    if recompute is not None and not (setup.recompute == "full" and cfg["distributed_type"] == "FSDP"):
+        notes.append(recompute)
     cfg.update({"num_machines": lay.nnodes, "num_processes": world_size, "machine_rank": 0,
                 "main_training_function": "main", "rdzv_backend": "static" if lay.nnodes == 1 else "c10d",
                 "same_network": True, "use_cpu": False})

@@ -153,3 +153,20 @@ def finetune_note(setup: TrainingSetup, model: ModelSpec) -> str:
     if ft.offload.value != "none":
         out += f"; offload {ft.offload} to CPU (DeepSpeed offload_optimizer / torchtune enable_activation_offloading)"
     return out
+
+
+def hf_recompute_note(setup: TrainingSetup) -> Optional[str]:
+    """What a script training a Hugging Face model calls for the plan's recomputation, which no launcher config sets
+    (transformers 5.23 PreTrainedModel.activation_checkpointing_enable(every_n_layers, offload); its older name
+    gradient_checkpointing_enable is a deprecated alias); None without recomputation."""
+    k = setup.recompute_layers
+    return {"full": "full recompute: call model.activation_checkpointing_enable() (transformers) in the script",
+            "every-k": f"every-k recompute: model.activation_checkpointing_enable(every_n_layers={k}) (transformers) in "
+                       "the script",
+            "block": f"block recompute: checkpoint the first {k} layers in the script",
+            "selective": "selective recompute is chosen in the model code (checkpoint the attention core); no launcher "
+                         "config has a switch for it",
+            "offload": "activation offload: wrap the forward in torch.autograd.graph.save_on_cpu(pin_memory=True) in the "
+                       "script (every saved tensor on the host, nothing recomputed; transformers' "
+                       "activation_checkpointing_enable(offload=True) also recomputes: another plan)",
+            }.get(setup.recompute.value)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from advisor.export.common import RDZV_PORT, Exported, ExportError, Plan, TrainingSetup, check, header, node_layout
+from advisor.export.common import (RDZV_PORT, Exported, ExportError, Plan, TrainingSetup, check, header, hf_recompute_note,
+                                   node_layout)
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 
@@ -45,6 +46,8 @@ def torchrun_command(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
     if plan.zero in sharded:
         notes += (f"the plan's {sharded[plan.zero]}"
                   + (", a unit per decoder layer as it was costed" if plan.zero >= 2 else ""),)
+    if (recompute := hf_recompute_note(setup)) is not None:
+        notes += (recompute,)
     text = (f"# {header(model, hw, plan, setup, grad_accum, world_size)}\n# run on {where}\n"
             + "".join(f"# note: {n}\n" for n in notes) + f"{line}\n")
     return Exported("torchrun.sh", text, notes)
