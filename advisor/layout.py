@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import Field, model_validator
 
-from advisor.spec import Spec
+from advisor.spec import ApiSpec, Spec
 from advisor.training import Coded, TrainingSetup
 
 
@@ -124,7 +124,7 @@ def shard_degree(dp: Any, zero: Any, hybrid: Any, gpus_per_node: int) -> Any:
     return np.where(np.asarray(zero) >= 1, sharded, 1)
 
 
-class Plan(Spec):
+class Plan(ApiSpec):
     dp: int = Field(default=1, ge=1, le=10_000_000)
     tp: int = Field(default=1, ge=1, le=1_000_000)
     pp: int = Field(default=1, ge=1, le=1_000_000)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from advisor.errors import AdvisorError, format_validation_error
 
 # a profile's name, as output prints it and files carry it: one to 100 characters, none of them a control character
 # (a newline or an escape sequence would forge lines of the output)
@@ -49,6 +51,18 @@ def _bool_only(annotation: Any) -> bool:
     return annotation is bool or (get_origin(annotation) is not tuple and args == [bool])
 
 
+class SpecError(AdvisorError):
+    """A typed input built in Python that breaks a rule (``Plan(dp=0)``): one line naming the class and the field, with
+    pydantic's ``errors()`` kept for the callers that name the field as their own input spells it (advisor.options)."""
+
+    def __init__(self, kind: str, exc: ValidationError):
+        super().__init__(f"{kind}: {format_validation_error(exc)}")
+        self.validation = exc
+
+    def errors(self) -> list:
+        return self.validation.errors()
+
+
 class Spec(BaseModel):
     """Base for every typed input: frozen, unknown keys rejected, finite numbers only."""
 
@@ -72,6 +86,23 @@ class Spec(BaseModel):
                 if isinstance(val, str):
                     raise ValueError(f"{key} must be a number, not the string {val!r} (write it without quotes)")
         return v
+
+
+class _OneLine(type(BaseModel)):  # pydantic's model metaclass
+    """Calling the class (``Plan(dp=0)``) refuses a bad value as a SpecError. Only the call: an __init__ of its own
+    would make pydantic validate nested and loaded models through it too (its custom_init), wrapping the error."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            raise SpecError(cls.__name__, exc) from None
+
+
+class ApiSpec(Spec, metaclass=_OneLine):
+    """A typed input users build in Python (advisor.Plan, TrainingSetup, ModelSpec): built with a bad value, a one-line
+    SpecError (an AdvisorError, as the API's every other refusal), not pydantic's multi-line report. model_validate,
+    which the loaders call, raises pydantic's ValidationError as before (their callers put it in one line)."""
 
 
 def checked(obj: Any, error: type, what: str) -> Any:

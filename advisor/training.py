@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from advisor.finetune import FULL, FineTune
 from advisor.precision import Recipe, recipe
-from advisor.spec import Spec
+from advisor.spec import ApiSpec, Spec
 
 
 class Name(str, Enum):
@@ -120,7 +120,7 @@ class Recompute(Coded):
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
-class TrainingSetup(Spec):
+class TrainingSetup(ApiSpec):
     seq_len: int = Field(default=1024, ge=1, le=10_000_000)
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
     global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000_000)

@@ -101,3 +101,16 @@ def test_a_row_of_a_search_in_a_stack_from_a_file_is_estimated_again_in_that_sta
     assert other.setup.stack == "megatron-core"
     auto = api.estimate_plan("llama3-8b", "dgx-h100", row.plan, row.setup, stack="auto")
     assert auto.stack_rule is not None and auto.setup.stack == auto.stack
+
+
+@pytest.mark.parametrize("build, says", [
+    (lambda: Plan(dp=0), "Plan: dp: Input should be greater than or equal to 1 (got 0)"),
+    (lambda: Plan(dp=1, tp="x"), "Plan: tp: must be a number, not the string 'x'"),
+    (lambda: TrainingSetup(seq_len=-1), "TrainingSetup: seq_len: Input should be greater than or equal to 1 (got -1)"),
+    (lambda: TrainingSetup(micro_batch=2, colour="red"), "TrainingSetup: colour: unknown key"),
+])
+def test_inputs_built_in_python_refuse_bad_values_in_one_line(build, says):
+    """README: the Python API's bad input is a one-line AdvisorError, as the CLI's; pydantic's report is several."""
+    with pytest.raises(AdvisorError) as exc:
+        build()
+    assert str(exc.value).startswith(says) and "\n" not in str(exc.value)

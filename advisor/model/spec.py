@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from advisor.errors import AdvisorError
 from advisor.model.layer import DecoderLayer, MLPKind, NormKind
-from advisor.spec import Spec
+from advisor.spec import ApiSpec, Spec
 
 
 class PositionKind(str, Enum):
@@ -123,7 +123,7 @@ class LayerRun(Spec):
         return self
 
 
-class ModelSpec(Spec):
+class ModelSpec(ApiSpec):
     name: str
     n_layers: int = Field(ge=1, le=100_000)
     d_model: int = Field(ge=1, le=10_000_000)
