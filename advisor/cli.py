@@ -149,7 +149,9 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
                 f"  {i}. {name:18s} {why}\n" for i, (name, _, why) in enumerate(recipes, 1))
         _emit(out, text, "the ranking")
     if not result.plans:  # a cluster no plan fits is an input problem: say what would fit, exit 2
-        _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}: {suggestion}")
+        method = getattr(result, "method_choice", None)  # --method auto: the method the suggestion is for
+        said = f" ({method['lines'][0].removeprefix('method auto: ')})" if method and method.get("lines") else ""
+        _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}{said}: {suggestion}")
 
 
 def _emit(out, text: str, what: str) -> None:

@@ -55,12 +55,19 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
             res.plans = _unloaded(res.plans)
         res.plans = res.plans[:top]
     if not fitting:
-        last = results[list(results)[-1]] if results else None
-        if last is None:
+        if not results:
             raise AdvisorError("--method auto: no method could be costed for this model: " + "; ".join(
                 f"{n}: {s}" for n, s in steps.items()))
+        from advisor.suggest import min_fitting_world  # (it imports the search, which imports this module)
+
+        # the search answered with the method that fits on the fewest GPUs, whose suggestion the user is shown (a
+        # data-parallel-only QLoRA may need thousands where a full fine-tune with TP and CP needs hundreds)
+        worlds = {n: w for n, r in results.items() if (w := min_fitting_world(r)) is not None}
+        pick = min(worlds, key=lambda n: worlds[n][0]) if worlds else list(results)[-1]
+        last = results[pick]
+        fewest = f"; the fewest GPUs: {pick} on --gpus {worlds[pick][0]:,}" if worlds else ""
         last.method_choice = {"chosen": None, "steps_s": steps,
-                              "lines": ["method auto: nothing fits, not even QLoRA with CPU offload"]}
+                              "lines": [f"method auto: nothing fits, not even QLoRA with CPU offload{fewest}"]}
         return last
     if unloaded:  # each rung's best step without offload; one that fits only offloaded said so
         steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({s:.3g} s)"

@@ -41,3 +41,14 @@ def test_adapters_are_not_suggested_under_tensor_parallelism_where_the_stack_ref
     -173.6 GiB 'needed')."""
     msg = _suggestion(model="llama2-70b", hw="rtx-4090", gpus=2, method="qlora")
     assert "TP=" not in msg and "needs -" not in msg
+
+
+def test_method_auto_suggests_the_method_that_fits_on_the_fewest_gpus():
+    """--method auto where no method fits answered with its last rung (QLoRA offloaded, data-parallel only): Llama 3
+    405B on RTX 4090s "fits on --gpus 4,732", where a full fine-tune with TP and CP fits on 704 (a sweep of bad
+    inputs found it). The suggestion is now the fewest GPUs of any method, and says which."""
+    found = plan("llama3-405b", "rtx-4090", gpus=1, method="auto")
+    assert not found.plans and "the fewest GPUs: full on --gpus 704" in found.method_choice["lines"][0]
+    from advisor.suggest import suggest_fix
+
+    assert "it fits on --gpus 704 (" in suggest_fix(found)
