@@ -58,7 +58,7 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
         if not results:
             raise AdvisorError("--method auto: no method could be costed for this model: " + "; ".join(
                 f"{n}: {s}" for n, s in steps.items()))
-        from advisor.suggest import min_fitting_world  # (it imports the search, which imports this module)
+        from advisor.suggest import min_fitting_world  # (it imports the step, which this module needs not)
 
         # the search answered with the method that fits on the fewest GPUs, whose suggestion the user is shown (a
         # data-parallel-only QLoRA may need thousands where a full fine-tune with TP and CP needs hundreds)

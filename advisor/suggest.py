@@ -22,7 +22,7 @@ from advisor.constraints import setup_violations, stack_violations
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.parallel import expert
-from advisor.search import PlanSearch
+from advisor.ranking import PlanSearch
 from advisor.options import MAX_WORLD
 from advisor.space import default_global_batch, layouts, pair_violations
 from advisor.stack import StackError

@@ -105,7 +105,7 @@ def test_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_package_modules_and_function_level_imports():
     assert {"parallel.data", "parallel.tensor", "model.layer", "calibrate.links", "export.megatron"} <= set(FILES)
     assert {"comm", "candidates", "parallel.pipeline"} <= GRAPH["parallel.data"][0]
-    assert "model.layer" in GRAPH["stack"][0] and "search" in GRAPH["suggest"][0]
+    assert "model.layer" in GRAPH["stack"][0] and "ranking" in GRAPH["suggest"][0]
 
 
 def test_core_modules_sit_below_the_search_and_the_cli():
