@@ -20,7 +20,7 @@ from advisor.candidates import Candidates, concat
 from advisor.constraints import violations
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.space import (MAX_CANDIDATES, block_layers, count_candidates, enumerate_candidates, layouts, offloads_of,
+from advisor.space import (MAX_CANDIDATES, MIN_TOKENS_PER_CP_RANK, block_layers, count_candidates, enumerate_candidates, layouts, offloads_of,
                            pair_violations, policies_of, with_experts)
 from advisor.stack import Stack
 
@@ -61,12 +61,16 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
         pairs = pairs[np.asarray(api.model_parallel(pairs[:, 0], pairs[:, 1], pairs[:, 2]), dtype=bool) == model_parallel]
     if cp is not None:
         pairs = pairs[pairs[:, 2] == cp]
-    if cp is not None and cp > 1 and not stack.engine.context_parallel:  # layouts() proposes none: say why
+    if cp is not None and cp > 1 and model_parallel is False:
+        pairs = pairs[:0]  # --stack auto costs CP plans in its model-parallel stack, searched beside this one
+    elif cp is not None and cp > 1 and not stack.engine.context_parallel:  # layouts() proposes none: say why
         raise PlanError(f"--cp {cp}: {stack.name} runs no context parallelism; use --cp 1 or another --stack "
                         "(advisor stacks: context_parallel)")
-    if cp is not None and not len(pairs):
+    if cp is not None and not len(pairs) and model_parallel is not False:
         raise PlanError(f"--cp {cp}: {world:,} GPUs hold no layout with cp={cp} for --seq {seq_len} (cp must divide "
-                        f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks, and be a power of two <= 32)")
+                        f"the GPUs left by tp x pp, split the sequence into 2 x cp chunks of at least "
+                        f"{MIN_TOKENS_PER_CP_RANK // 2:,} tokens, the search's floor, and be a power of two <= 32; "
+                        "advisor estimate costs any cp)")
     pair_bad = pair_violations(world, pairs, spec, hardware, allow_tp_across_nodes, stack, seq_len, eager)
     pair_reason = np.full(len(pairs), -1)
     for j, mask in enumerate(pair_bad.values()):

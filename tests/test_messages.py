@@ -52,3 +52,17 @@ def test_a_config_json_value_out_of_bounds_is_named_by_its_config_key(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(AdvisorError, match=r"config.json: vocab_size \(vocab\): Input should be less than or equal to"):
         estimate(str(path), "dgx-h100", gpus=8)
+
+
+def test_cp_under_auto_is_costed_in_its_model_parallel_stack_and_the_search_floor_is_named():
+    """--cp 2 under --stack auto stopped at the data-parallel stack ("hf-trainer runs no context parallelism") though
+    auto costs CP plans in megatron-core; and a sequence too short for the search's 2,048 tokens a CP rank was blamed
+    on divisibility that held (a sweep of bad inputs found both)."""
+    from advisor import plan
+
+    found = plan("llama3-8b", "dgx-h100", cp=2, seq=8192)
+    assert found.plans and all(p.estimate.plan.cp == 2 for p in found.plans)
+    assert {p.estimate.stack for p in found.plans} == {"megatron-core"}
+    with pytest.raises(AdvisorError, match="2 x cp chunks of at least 1,024 tokens, the search's floor.*advisor estimate "
+                                           "costs any cp"):
+        plan("gpt2", "dgx-a100", cp=2)
