@@ -102,6 +102,11 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     if export_kind and as_json:  # as `advisor export` refuses it
         _fail(f"--json does not apply with --export: the config is written in its own format (drop --json; or drop --export "
               "for the ranking as JSON)")
+    if export_kind and str(kw.get("stack")) == "any":  # a ranking over every stack, a file for one of them
+        from advisor.export import stacks_launching
+
+        _fail(f"--stack any ranks every stack's plans, and {export_kind} launches only some: --export {export_kind} "
+              f"with --stack {' or '.join(stacks_launching(export_kind))} (or none: the format picks its stack)")
     recipes = None
     if kw.get("precision") == "auto":  # every precision the GPU has, ranked by their best plans (advisor.search)
         from advisor.precision_search import rank_precisions
@@ -123,16 +128,29 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
 
         suggestion = suggest_fix(result)
     if export_kind:
+        from advisor.errors import AdvisorError
         from advisor.export import export as export_plan
 
         if not result.plans:
             _fail("no plan fits, nothing to export: " + suggestion)
-        best = result.plans[0].estimate
-        out_cfg = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
-                              best.grad_accum, best.world_size,
-                              best.stack if str(kw.get("stack") or "auto") in ("auto", "any") else kw["stack"])
-        _emit(out, out_cfg.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
-        for note in out_cfg.notes:
+        # the best ranked plan the format writes (a TP plan accelerate cannot, a stack that does not launch it: the next)
+        first_error, written = None, None
+        for rank, row in enumerate(result.plans, 1):
+            best = row.estimate
+            try:
+                written = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
+                                      best.grad_accum, best.world_size,
+                                      best.stack if str(kw.get("stack") or "auto") in ("auto", "any") else kw["stack"])
+                break
+            except AdvisorError as exc:
+                first_error = first_error or exc
+        if written is None:
+            _fail(f"{first_error} (none of the {len(result.plans)} plans ranked exports as {export_kind})")
+        _emit(out, written.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
+        if rank > 1:
+            click.echo(f"note: plan {rank} of the ranking, the best {export_kind} writes (plan 1, "
+                       f"{result.plans[0].estimate.label}: {first_error})", err=True)
+        for note in written.notes:
             click.echo(f"note: {note}", err=True)
         return
     from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens

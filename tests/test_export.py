@@ -823,3 +823,19 @@ def test_an_export_never_drops_the_fine_tuning_method():
                                    "qlora", "--format", fmt, "--out", "-"])
         assert code == 2 and out == "" and err.count("\n") == 1
         assert "does not run qlora fine-tuning (it runs full): --stack deepspeed or hf-trainer" in err
+
+
+def test_plan_export_writes_the_best_plan_the_format_writes(tmp_path):
+    """Gemma 2 9B on 8 H100s in hf-trainer ranks DeepSpeed AutoTP plans first, which accelerate's config cannot say:
+    plan --export accelerate failed on plan 1 where a later plan writes; --stack any with --export is refused up front
+    (its best plans may be in stacks that do not launch the format)."""
+    from _robust import run_main
+
+    out = tmp_path / "a.yaml"
+    code, _, err = run_main(["plan", "--model", "gemma-2-9b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "hf-trainer",
+                             "--export", "accelerate", "--out", str(out)])
+    assert code == 0 and out.exists() and "TP=" not in err.splitlines()[0]
+    assert "of the ranking, the best accelerate writes (plan 1, ZeRO-2 dp=4 x TP=2: accelerate cannot express tp=2" in err
+    code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "any",
+                             "--export", "deepspeed", "--out", str(tmp_path / "d.json")])
+    assert code == 2 and err.startswith("error: --stack any ranks every stack's plans, and deepspeed launches only some")
