@@ -70,6 +70,13 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     from advisor.calibrate.output import lock_output
     from advisor.hardware import load_hardware
 
+    given = _given_options()
+    sweep = [flag for name, flag in given.items() if name not in ("out", "base", "name", "host_only")]
+    if host_only and sweep:  # a sweep's options would be ignored: say so
+        raise AdvisorError(f"--host measures the host side only (CPU Adam, pinned copies, memory, cores): drop "
+                           f"{', '.join(sweep)}, or drop --host for the collectives")
+    if "nproc" in given and nproc < 2:  # 0 is the default's placeholder, not a count to ask for
+        raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks (leave --nproc out: the GPUs, or 2 on CPU)")
     out_path = cal.refuse_shipped(out)
     base_hw = load_hardware(base)
     name = _own_name(name, out_path)  # before a sweep: a built-in's name on a measured profile would not load back
@@ -154,6 +161,15 @@ def _under_torchrun() -> bool:
 
 def _follower() -> bool:
     return _under_torchrun() and os.environ["RANK"] != "0"
+
+
+def _given_options() -> dict[str, str]:
+    """The options given on the command line (not left at their defaults): parameter name -> the flag as spelt."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {p.name: (p.secondary_opts or p.opts)[0] if ctx.params.get(p.name) is False else p.opts[0]
+            for p in ctx.command.params if ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE}
 
 
 def _check_at_least_two(nproc: int) -> None:

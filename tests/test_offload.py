@@ -333,3 +333,18 @@ def test_one_gpu_auto_plans_offload_as_deepspeed_does():
     13B's 52 GB of fp32 gradients on the GPU)."""
     res = plan("llama2-13b", "dgx-h100", gpus=1, top=3)
     assert res.plans and all(p.estimate.setup.stack == "hf-trainer" for p in res.plans)
+
+
+def test_calibrate_refuses_options_it_would_ignore(tmp_path):
+    """--host measures the host side only: a sweep's options beside it were silently dropped (--from a file that did
+    not even parse), and --nproc 0 started the default workers while -2 was refused."""
+    from _robust import run_main
+
+    out = str(tmp_path / "me.yaml")
+    code, _, err = run_main(["calibrate", "--out", out, "--host", "--from", "bad.jsonl", "--no-compute"])
+    assert code == 2 and err == ("error: --host measures the host side only (CPU Adam, pinned copies, memory, cores): "
+                                 "drop --from, --no-compute, or drop --host for the collectives\n")
+    for n in ("0", "-2"):
+        code, _, err = run_main(["calibrate", "--out", out, "--nproc", n])
+        assert code == 2 and err.startswith(f"error: --nproc {n}: collectives need at least 2 ranks (leave --nproc out")
+    assert not (tmp_path / "me.yaml").exists()
