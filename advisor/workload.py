@@ -314,10 +314,14 @@ def adapter_targets(stack, setup) -> None:
 def trains_in(stack, setup) -> None:
     """The setup's precision and optimizer where the stack does not train in them (engine.precisions,
     engine.optimizers), as a one-line StackError."""
-    held, optimizers = stack.engine.precisions, stack.engine.optimizers
-    if held is not None and setup.precision.value not in held:
-        raise StackError(f"stack {stack.name} does not train in {setup.precision.value} (it trains in "
-                         f"{', '.join(held)}): use --precision {held[0]} or another --stack")
+    held, optimizers, asked = stack.engine.precisions, stack.engine.optimizers, setup.precision.value
+    if held is not None and asked not in held:
+        kin = [p for p in held if p.split("-")[0] == asked.split("-")[0] and p != "fp8-mixed"]  # the same kind first
+        instead = kin[0] if kin else "bf16-mixed" if "bf16-mixed" in held else held[0]
+        others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None
+                  and (st.engine.precisions is None or asked in st.engine.precisions)]
+        raise StackError(f"stack {stack.name} does not train in {asked} (it trains in {', '.join(held)}): use --precision "
+                         f"{instead}, or --stack {' or '.join(others) or 'another'}")
     if setup.optimizer is not None and setup.optimizer.value not in optimizers:
         raise StackError(f"stack {stack.name} does not train with {setup.optimizer.value} (it trains with "
                          f"{', '.join(optimizers)}): use --optimizer {optimizers[0]}")

@@ -122,7 +122,7 @@ BAD_OPTIONS = [
     # the precisions each stack trains in (engine.precisions): torchtitan 0.3.0's Float8LinearConverter takes rowwise or
     # rowwise_with_gw_hp only (components/quantization/float8.py); Composer's amp_fp8 is delayed scaling
     (["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--stack", "torchtitan", "--precision", "fp8-tensorwise"],
-     ["stack torchtitan does not train in fp8-tensorwise", "use --precision bf16-mixed"]),
+     ["stack torchtitan does not train in fp8-tensorwise", "use --precision fp8-rowwise, or --stack"]),
     (["plan", "--model", "mpt-7b", "--hw", "dgx-h100", "--stack", "llm-foundry", "--precision", "fp8-rowwise"],
      ["stack llm-foundry does not train in fp8-rowwise (it trains in bf16-mixed, fp16-mixed, fp8-mixed, fp8-delayed)"]),
     # torchtitan 0.3.0 builds Adam, AdamW and DistMuon only (components/optimizer/optimizer.py)
