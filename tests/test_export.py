@@ -104,6 +104,8 @@ CASES = {
     # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
     "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
+    # Qwen3-8B: RoPE base 1000000 and RMSNorm epsilon 1e-06 beside Megatron's defaults (10000, 1e-5)
+    "qwen3-rope-eps": ("qwen3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=4096)),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
@@ -112,7 +114,7 @@ BEYOND_TRAINER = {c for c, v in CASES.items() if v[3].get("pp", 1) > 1 or v[3].g
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
-                 "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router"}
+                 "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -405,7 +407,9 @@ TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_pos
                  "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "fp8_format", "normalization",
                  "ckpt_format", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                  "num_virtual_stages_per_pipeline_rank",
-                 "num_experts"}  # arguments.py _add_moe_args; argument_utils maps it to TransformerConfig.num_moe_experts
+                 "num_experts",  # arguments.py _add_moe_args; argument_utils maps it to TransformerConfig.num_moe_experts
+                 "norm_epsilon",  # TransformerConfig.layernorm_epsilon's flag (its argparse_meta arg_names)
+                 "use_rope_scaling"}  # GPTModel's rope_scaling (argument_utils.py gpt_config_from_args)
 
 
 @pytest.mark.slow
@@ -444,7 +448,10 @@ def test_megatron_args_build_core_configs(case):
         vpp_chunks = PipelineParallelLayerLayout.get_num_stages_from_str(layout.strip("'")) // pp
     mla = f.get("multi_latent_attention")  # arguments.py builds an MLATransformerConfig: its widths from the flags
     latent = dict(q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"), qk_head_dim=opt("qk_head_dim"),
-                  qk_pos_emb_head_dim=opt("qk_pos_emb_head_dim"), v_head_dim=opt("v_head_dim")) if mla else {}
+                  qk_pos_emb_head_dim=opt("qk_pos_emb_head_dim"), v_head_dim=opt("v_head_dim"),
+                  rotary_base=int(f.get("rotary_base", 10000)),  # YaRN's: arguments.py's "mla" group defaults
+                  **{k: float(f.get(k, d)) for k, d in (("rotary_scaling_factor", 1.0), ("mscale", 1.0),
+                                                        ("mscale_all_dim", 0.0))}) if mla else {}
     tc = (MLATransformerConfig if mla else TransformerConfig)(**latent,
         num_layers=n_layers, hidden_size=int(f["hidden_size"]), num_attention_heads=int(f["num_attention_heads"]),
         num_query_groups=opt("num_query_groups") if f.get("group_query_attention") else None,
@@ -459,8 +466,9 @@ def test_megatron_args_build_core_configs(case):
         bf16=bool(f.get("bf16")), fp16=bool(f.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
         fp8=f.get("fp8_format"), normalization=f["normalization"], add_bias_linear=not f.get("disable_bias_linear"),
         add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu,
-        activation_func=F.silu if swiglu else F.gelu,
+        activation_func=F.silu if swiglu else F.gelu, layernorm_epsilon=float(f.get("norm_epsilon", 1e-5)),
     )
+    assert tc.layernorm_epsilon == (model.norm_eps or 1e-5)
     assert (tc.qk_head_dim + tc.qk_pos_emb_head_dim if mla else tc.kv_channels) * tc.num_attention_heads == model.q_dim
     assert (tc.num_query_groups or tc.num_attention_heads) == model.kv_heads
     assert tc.tensor_model_parallel_size * pp * tc.context_parallel_size * plan.dp == world
@@ -763,6 +771,46 @@ def test_routers_and_partial_rope_are_written_as_megatrons_flags():
     assert router_flags(plain.experts) == ["--moe-router-score-function", "sigmoid", "--moe-apply-probs-on-input"]
     assert "--qk-l2-norm" in model_shape(plain) and unwritten(plain) == []
     assert "L2 q/k norms on the RoPE layers alone" in unwritten(scout)  # megatron-core norms every layer's
+
+
+def test_rope_base_scaling_and_norm_epsilon_are_written_as_megatrons_flags():
+    """Megatron-LM's defaults (megatron/training/arguments.py --rotary-base 10000, an int; transformer_config.py
+    layernorm_epsilon 1e-5, flag --norm-epsilon) are another model for most: meta-llama/Meta-Llama-3-8B's config.json
+    has "rope_theta": 500000.0 and "rms_norm_eps": 1e-05, Qwen/Qwen3-8B's "rope_theta": 1000000 and
+    "rms_norm_eps": 1e-06; Llama-3.1-405B's rope_scaling (llama3: factor 8, low 1, high 4, original 8192) is
+    megatron-core's fixed --use-rope-scaling; DeepSeek-V3's YaRN (factor 40, mscale 1, mscale_all_dim 1) its MLA flags."""
+    def flags(case):
+        args, notes = megatron_args(*inputs(case)[:5])
+        return (lambda k: args[args.index(k) + 1] if k in args else None), args, notes
+
+    flag, args, notes = flags("zero3-fp8")  # llama3-8b
+    assert (flag("--rotary-base"), flag("--norm-epsilon")) == ("500000", "1e-05") and "--use-rope-scaling" not in args
+    flag, args, notes = flags("qwen3-rope-eps")
+    assert (flag("--rotary-base"), flag("--norm-epsilon")) == ("1000000", "1e-06") and notes == []
+    flag, args, _ = flags("uneven-first-last")  # llama3-405b, as Llama 3.1
+    assert flag("--rotary-base") == "500000" and "--use-rope-scaling" in args
+    flag, args, _ = flags("deepseek-v3-router")
+    assert [flag(k) for k in ("--rotary-base", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim")] == \
+        ["10000", "40.0", "1.0", "1.0"]
+    flag, args, notes = flags("tp-pp-1f1b-fp16")  # GPT-3: learned positions, an epsilon the paper does not give
+    assert flag("--rotary-base") is None and flag("--norm-epsilon") is None
+    assert any("norm epsilon is not known" in n for n in notes)
+    # what no flag written says is a note, not silence: Kimi K2's YaRN betas (1, 1: MLA's are fixed at 32, 1), a base
+    # --rotary-base (type=int) cannot take, a base not known
+    from advisor.export.megatron_shape import constant_flags
+
+    assert "kimi-k2 scales RoPE (yarn" in constant_flags(load_model("kimi-k2"))[1][0]
+    llama = load_model("llama3-8b")
+    assert "cannot take" in constant_flags(llama.model_copy(update={"rope_theta": 12345.5}))[1][0]
+    assert "RoPE base is not known" in constant_flags(llama.model_copy(update={"rope_theta": None}))[1][0]
+    # a config.json in transformers 5's form: rope_parameters, with a linear scaling by a whole factor
+    from advisor.model import model_from_hf_dict
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "intermediate_size": 128, "vocab_size": 100, "rms_norm_eps": 1e-06,
+           "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 250000.0}}
+    assert constant_flags(model_from_hf_dict(cfg, "tiny")) == (
+        ["--norm-epsilon", "1e-06", "--rotary-base", 250000, "--rotary-seq-len-interpolation-factor", 4], [])
 
 
 def test_sliding_windows_are_written_as_megatrons_window_size():

@@ -443,8 +443,9 @@ _VALIDATE = textwrap.dedent('''
         os.environ.update(case["env"])
         sys.argv = ["pretrain_gpt.py", *case["argv"]]
         try:
-            A.validate_args(A.parse_args())
-            out.append("ok")
+            args = A.validate_args(A.parse_args())
+            got = {k: getattr(args, k) for k in case["expect"]}
+            out.append("ok" if got == case["expect"] else f"parsed {got}, not {case['expect']}")
         except (AssertionError, SystemExit, ValueError) as exc:
             out.append(f"{type(exc).__name__}: {exc}")
     print(json.dumps(out))
@@ -470,8 +471,13 @@ def test_megatron_exports_pass_megatron_lms_validate_args(tmp_path):
         text = export("megatron", model, hw, plan, setup, ga, world).text
         argv, env = _run_megatron_script(text, tmp_path, {})
         argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab - 1), "--mock-data"]
+        # the model's RoPE base, norm epsilon and Llama 3.1 scaling as Megatron-LM parses them (its defaults 10000, 1e-5)
+        rope = model.position.value == "rotary"
+        expect = {"rotary_base": int(model.rope_theta) if rope and model.rope_theta else 10000,
+                  "layernorm_epsilon": model.norm_eps or 1e-5,
+                  "use_rope_scaling": rope and getattr(model.rope_scaling, "kind", None) == "llama3"}
         cases.append({"argv": argv, "env": {**env, "WORLD_SIZE": str(world), "RANK": "0"},
-                      "arch": ARCH[hw.gpu.name[:4].upper()]})
+                      "arch": ARCH[hw.gpu.name[:4].upper()], "expect": expect})
     run = subprocess.run([sys.executable, "-c", _VALIDATE], input=json.dumps(cases), capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
                          timeout=600)

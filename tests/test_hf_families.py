@@ -169,3 +169,53 @@ def test_which_families_keep_q_k_and_v_as_one_module(model_type):
     assert not (apart and model_type in HF_FUSED_QKV)
     dense_mlp = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if ".mlp." in name and "expert" not in name}
     assert ("gate_up_proj" in dense_mlp) == (model_type in HF_FUSED_GATE_UP), sorted(dense_mlp)
+
+
+def _transformers_config(cfg: dict):
+    cfg = dict(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
+
+
+@pytest.mark.parametrize("cfg", CASES + [pytest.param(c, id=n) for n, c in sorted(HUB_CONFIGS.items())])
+def test_rope_base_scaling_and_norm_epsilon_are_transformers_own(cfg):
+    """ModelSpec.rope_theta, rope_scaling and norm_eps (what the exports write: advisor.export.megatron_shape) equal
+    what transformers' config class makes of the same config.json: the epsilon its modeling file reads
+    (advisor.model.families._constants.NORM_EPS), rope_parameters' rope_theta (per layer type where nested: one base,
+    or None where the model's layer types rotate with two) and rope_type; GPT-J's base is modeling_gptj.py's 10000."""
+    from advisor.model.families._constants import NORM_EPS
+
+    spec, t = model_from_hf_dict(cfg, "x"), _transformers_config(cfg)
+    key, eps = NORM_EPS[cfg["model_type"]]
+    assert spec.norm_eps == (getattr(t, key) if key else eps)
+    if spec.position.value != "rotary":
+        assert spec.rope_theta is None and spec.rope_scaling is None
+        return
+    if cfg["model_type"] == "gptj":
+        assert spec.rope_theta == 10000.0 and spec.rope_scaling is None
+        return
+    params = t.rope_parameters
+    types = set(getattr(t, "layer_types", None) or ()) & set(params)
+    bases = {params[k]["rope_theta"] for k in types} or {params["rope_theta"]}
+    assert spec.rope_theta == (bases.pop() if len(bases) == 1 else None)
+    scaled = params.get("full_attention", params) if types else params
+    kind = scaled.get("rope_type", "default")
+    assert (spec.rope_scaling.kind if spec.rope_scaling else "default") == kind
+    if kind != "default":
+        assert spec.rope_scaling.factor == scaled.get("factor")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_theta": "1e6"}, "'rope_theta' must be a finite number, not the string"),
+    ({"rope_parameters": {"rope_theta": -1.0}}, "'rope_theta' must be positive"),
+    ({"rms_norm_eps": True}, "'rms_norm_eps' must be a finite number, not true"),
+    ({"rms_norm_eps": 0}, r"rms_norm_eps / layer_norm_eps .*\(norm_eps\)"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": "8"}}, "'rope_scaling.factor' must be a finite number"),
+])
+def test_rope_base_and_norm_epsilon_of_the_wrong_type_are_refused_in_one_line(change, message):
+    from advisor.model import ModelError
+
+    with pytest.raises(ModelError, match=message) as err:
+        model_from_hf_dict({"model_type": "llama", **B, **change}, "x")
+    assert "\n" not in str(err.value)

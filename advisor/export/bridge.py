@@ -159,7 +159,14 @@ def _recompute(setup: TrainingSetup) -> dict:
 
 
 def _model_shape(model: ModelSpec) -> dict:
-    """The model's shape as the provider's TransformerConfig fields (activation_func by its activation_map name)."""
+    """The model's shape as the provider's TransformerConfig fields (activation_func by its activation_map name).
+
+    RoPE's base and scaling and the norms' epsilon are not overridden: megatron-bridge 0.6.2's recipes build their
+    provider from the model's Hugging Face config (AutoBridge.from_hf_pretrained(...).to_megatron_provider, as all but
+    a few hand-built ones do), which maps rms_norm_eps to layernorm_epsilon and rope_theta to rotary_base
+    (models/conversion/model_bridge.py CONFIG_MAPPING, rope_theta_from_hf), YaRN's rope_scaling
+    (YARN_ROPE_SCALING_MAPPING, MLA_ROPE_SCALING_MAPPING) and Llama 3.1's (models/llama/llama_bridge.py): the
+    model's own recipe already carries them (the header asks for it)."""
     m = {"num_layers": model.n_layers, "hidden_size": model.d_model, "ffn_hidden_size": model.d_ff,
          "num_attention_heads": model.n_heads, "num_query_groups": model.kv_heads,
          "gated_linear_unit": model.mlp is MLPKind.swiglu,

@@ -1,6 +1,7 @@
 """Megatron-LM: a bash script with pretrain_gpt.py's arguments (megatron/training/arguments.py spelling).
 
-Model shape (and a mixture of experts' --num-experts, --moe-*), parallel degrees (with
+Model shape (and a mixture of experts' --num-experts, --moe-*; RoPE's base and scaling and the norms' epsilon, a note
+where one is not known), parallel degrees (with
 --expert-model-parallel-size), batch, precision, recompute and data parallelism (distributed optimizer for ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
 optimizer and checkpoint paths stay the user's. The environment Megatron-LM's validate_args checks
 (CUDA_DEVICE_MAX_CONNECTIONS) is set in the script. The notes are written into the script as comments.
@@ -23,7 +24,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
-from advisor.export.megatron_shape import MLA, model_shape, router_flags, unwritten_by
+from advisor.export.megatron_shape import MLA, constant_flags, model_shape, router_flags, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec, PositionKind
@@ -82,7 +83,9 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a += _recompute(model, plan, setup)
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
-    a += model_shape(model) + _experts(model, plan, setup, notes, stack)
+    constants, unknown = constant_flags(model)  # RoPE's base and scaling, the norms' epsilon
+    a += model_shape(model) + constants + _experts(model, plan, setup, notes, stack)
+    notes += unknown
     a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
     a += ["--clip-grad", GRADIENT_CLIP]
     if setup.attention.value == "eager":

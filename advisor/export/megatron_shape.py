@@ -1,10 +1,12 @@
 """Megatron-LM's model-shape flags (megatron/training/arguments.py spelling): the architecture of a catalogue or
 config.json model as pretrain_gpt.py's flags, and the features no flag here describes (a script without them would
-train another model: the Megatron exports refuse those models)."""
+train another model: the Megatron exports refuse those models). RoPE's base and scaling and the norms' epsilon, which
+change neither parameters nor cost, are flags too (constant_flags), with a note where one is not known or not
+written."""
 
 from __future__ import annotations
 
-from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind, RopeScaling
 
 MLA = "multi-head latent attention"
 
@@ -145,3 +147,64 @@ def window_flags(model: ModelSpec) -> list:
     nope = nope_pattern(model)  # Megatron-LM's no_rope_freq_type evaluates a "[...]" pattern
     a += [] if nope is None else ["--no-rope-freq", "[" + ",".join(map(str, nope)) + "]"]
     return a + ([] if skip is None else ["--window-attn-skip-freq", "[" + ",".join(map(str, skip)) + "]"])
+
+
+# megatron-core 0.19.2's Llama 3.1 scaling (rotary_pos_embedding.py RotaryEmbedding._apply_scaling): low_freq_factor 1,
+# high_freq_factor 4 and original_max_position_embeddings 8192 fixed, its factor GPTModelConfig.rope_scaling_factor's
+# 8.0 (megatron/training/models/gpt.py; argument_utils.py gpt_config_from_args passes --use-rope-scaling, not
+# --rope-scaling-factor)
+MEGATRON_LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_positions": 8192}
+
+
+def constant_flags(model: ModelSpec) -> tuple[list, list[str]]:
+    """RoPE's base and scaling and the norms' epsilon as Megatron-LM's flags (arguments.py: --rotary-base, type=int,
+    default 10000, which GPTModel's RotaryEmbedding and MLATransformerConfig.rotary_base take; --norm-epsilon,
+    TransformerConfig.layernorm_epsilon's flag, default 1e-5, every LayerNorm / RMSNorm), and a note for each value
+    the model does not give (Megatron's default runs) or the flags cannot say."""
+    a: list = []
+    notes: list[str] = []
+    if model.norm_eps is None:
+        notes.append(f"{model.name}'s norm epsilon is not known here: Megatron's default --norm-epsilon 1e-5 runs; add "
+                     "--norm-epsilon with the model's own")
+    else:
+        a += ["--norm-epsilon", repr(model.norm_eps)]
+    if model.position is not PositionKind.rotary:
+        return a, notes
+    theta = model.rope_theta
+    if theta is None:
+        notes.append(f"{model.name}'s RoPE base is not known here (or not one value): Megatron's default --rotary-base "
+                     "10000 runs; add --rotary-base with the model's rope_theta")
+    elif theta != int(theta):
+        notes.append(f"{model.name} rotates with base {theta:g}, which Megatron-LM's --rotary-base (an integer) cannot "
+                     "take: the run's RoPE differs")
+    else:
+        a += ["--rotary-base", int(theta)]
+    scaling, why = rope_scaling_flags(model)
+    return a + scaling, notes + ([why] if why else [])
+
+
+def rope_scaling_flags(model: ModelSpec) -> tuple[list, str]:
+    """RoPE's scaling as Megatron-LM's flags, or why none are written (a note): Llama 3.1's as --use-rope-scaling where
+    its parameters are megatron-core's fixed ones (MEGATRON_LLAMA3_SCALING); linear interpolation by a whole factor as
+    --rotary-seq-len-interpolation-factor (type=int; RotaryEmbedding divides the positions by it); under MLA, YaRN as
+    --rotary-scaling-factor, --mscale and --mscale-all-dim (the "mla" group; MLATransformerConfig's rope_type yarn,
+    original_max_position_embeddings 4096, beta_fast 32, beta_slow 1 have no flag there)."""
+    s: RopeScaling | None = model.rope_scaling
+    if s is None:
+        return [], ""
+    mla = model.latent is not None
+    if s.kind == "llama3" and not mla and all(getattr(s, k) == v for k, v in MEGATRON_LLAMA3_SCALING.items()):
+        return ["--use-rope-scaling"], ""
+    if s.kind == "linear" and not mla and s.factor is not None and s.factor == int(s.factor):
+        return ["--rotary-seq-len-interpolation-factor", int(s.factor)], ""
+    if (s.kind == "yarn" and mla and s.factor is not None and s.original_max_positions == 4096
+            and s.beta_fast in (None, 32.0) and s.beta_slow in (None, 1.0)
+            and (s.mscale is None) == (s.mscale_all_dim is None)):
+        # both mscales or neither: megatron-core's _yarn_get_concentration_factor and MLA's softmax scale then equal
+        # transformers' (get_mscale(factor) where either is absent, which --mscale 1 and --mscale-all-dim 0 give)
+        mscales = [] if s.mscale is None else ["--mscale", s.mscale, "--mscale-all-dim", s.mscale_all_dim]
+        return ["--rotary-scaling-factor", s.factor, *mscales], ""
+    told = ", ".join(f"{k} {v:g}" for k, v in s.model_dump(exclude_none=True).items() if k != "kind")
+    return [], (f"{model.name} scales RoPE ({s.kind}: {told}), which the Megatron-LM flags advisor writes cannot say "
+                "(megatron_shape.rope_scaling_flags): the run rotates unscaled")

@@ -39,7 +39,6 @@ from advisor.export.common import (
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import Schedule
 from advisor.model import ModelSpec
-from advisor.model.hub_configs import HUB_CONFIGS
 
 VERSION = "0.4"
 # pp_engine names (config/utils_config.py:94-100 cast_str_to_pipeline_engine): AllForwardAllBackward is GPipe
@@ -48,9 +47,9 @@ PP_ENGINES = {Schedule.gpipe: "afab", Schedule.one_f_one_b: "1f1b"}
 # nanotron's RotaryEmbedding and flash_attn's FlashRotaryEmbedding rotate with base 10000, not configurable in 0.4
 # (models/llama.py:57, :324)
 ROPE_BASE = 10000.0
-# (rms_norm_eps, rope_theta) of the catalogue's Llamas, from their config.json (meta-llama/Llama-2-*-hf: 1e-5,
-# 10000; Meta-Llama-3-* and 3.1: 1e-5, 500000); the other models' eps from advisor.model.hub_configs
-LLAMA_CONSTANTS = {"llama2-": (1e-5, 10000.0), "llama3-": (1e-5, 500000.0)}
+# rms_norm_eps written, with a note, where the model's (ModelSpec.norm_eps) is not known: Llama 2's and 3's 1e-5
+# (LlamaConfig's own default is 1e-6, config/models_config.py:38)
+DEFAULT_EPS = 1e-5
 # Placeholders: what a run needs and the plan does not say (the project leaves optimizer, schedule, steps, data and
 # checkpoints to the user): usual Llama pretraining values (AdamW 0.9/0.95, weight decay 0.1, lr 3e-4 to 3e-5 cosine
 # after a linear warm-up), which 0.4's parser requires present
@@ -131,9 +130,9 @@ def stage_layers(model: ModelSpec, pp: int, tp: int = 1) -> list[int]:
 
 
 def _model_config(m: ModelSpec) -> tuple[dict[str, Any], Optional[float]]:
-    """LlamaConfig (config/models_config.py:18-47) of the model, and its RoPE base where advisor knows it."""
-    eps, theta = next((v for k, v in LLAMA_CONSTANTS.items() if m.name.startswith(k)), (None, None))
-    eps = HUB_CONFIGS.get(m.name, {}).get("rms_norm_eps") or eps or 1e-5
+    """LlamaConfig (config/models_config.py:18-47) of the model, and its RoPE base where advisor knows it (the
+    catalogue's and config.json's rope_theta and rms_norm_eps: ModelSpec.rope_theta, norm_eps)."""
+    eps, theta = m.norm_eps if m.norm_eps is not None else DEFAULT_EPS, m.rope_theta
     return {
         "is_llama_config": True,  # the field that makes dacite pick LlamaConfig in NanotronConfigs' Union
         "hidden_size": m.d_model,
@@ -205,6 +204,9 @@ def nanotron_dict(r: Run) -> tuple[dict[str, Any], list[str]]:
         if len(set(layers)) > 1:
             notes.append(f"nanotron places layers by its cost balance, the LM head counted (models/base.py:180-198): "
                          f"stages hold {layers} layers, not the estimate's {m.n_layers / p.pp:g} each")
+    if m.norm_eps is None:
+        notes.append(f"{m.name}'s norm epsilon is not known here: rms_norm_eps {DEFAULT_EPS:g} is written; set the "
+                     "model's own")
     if theta != ROPE_BASE:
         known = f"{m.name}'s is {theta:g}" if theta else f"check {m.name}'s rope_theta"
         notes.append(f"nanotron {VERSION} rotates with base {ROPE_BASE:g} (models/llama.py:57, :324; no rope_theta "

@@ -20,40 +20,53 @@ from advisor.spec import checked
 
 
 def gpt2_like(name: str, n_layers: int, d_model: int, n_heads: int, vocab: int = 50257,
-              max_positions: int = 1024, d_ff: Optional[int] = None, tied: bool = True) -> ModelSpec:
+              max_positions: int = 1024, d_ff: Optional[int] = None, tied: bool = True,
+              norm_eps: Optional[float] = None) -> ModelSpec:
     return ModelSpec(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                      d_ff=d_ff or 4 * d_model, vocab=vocab, max_positions=max_positions,
-                     tied_embeddings=tied, family="gpt")
+                     tied_embeddings=tied, norm_eps=norm_eps, family="gpt")
 
 
 def llama_like(name: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
-               vocab: int, max_positions: int, tied: bool = False) -> ModelSpec:
+               vocab: int, max_positions: int, tied: bool = False, rope_theta: Optional[float] = None,
+               norm_eps: Optional[float] = None, rope_scaling: Optional[dict] = None) -> ModelSpec:
     return ModelSpec(name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, d_ff=d_ff, vocab=vocab, max_positions=max_positions,
                      mlp=MLPKind.swiglu, norm=NormKind.rmsnorm, position=PositionKind.rotary,
-                     tied_embeddings=tied, linear_bias=False, family="llama")
+                     tied_embeddings=tied, linear_bias=False, rope_theta=rope_theta, norm_eps=norm_eps,
+                     rope_scaling=rope_scaling, family="llama")
+
+
+# RoPE's base and the RMSNorms' epsilon of the Llamas, from their config.json: meta-llama/Llama-2-*-hf rms_norm_eps
+# 1e-05 and no rope_theta (LlamaConfig's 10000); Meta-Llama-3-8B / -70B and Llama-3.1-405B rope_theta 500000.0,
+# rms_norm_eps 1e-05; Llama-3.1-405B's rope_scaling (rope_type llama3), which the catalogue's 405B keeps
+LLAMA2, LLAMA3 = dict(rope_theta=10000.0, norm_eps=1e-5), dict(rope_theta=500000.0, norm_eps=1e-5)
+LLAMA31_SCALING = {"kind": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_positions": 8192}
+GPT2_EPS = 1e-5  # openai-community/gpt2* config.json layer_norm_epsilon
 
 
 # Shapes from each model's Hugging Face config.json (openai-community/gpt2*, meta-llama/*) and papers.
 CATALOGUE: dict[str, ModelSpec] = {
     m.name: m
     for m in [
-        gpt2_like("gpt2", 12, 768, 12),
-        gpt2_like("gpt2-medium", 24, 1024, 16),
-        gpt2_like("gpt2-large", 36, 1280, 20),
-        gpt2_like("gpt2-xl", 48, 1600, 25),
-        llama_like("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-        llama_like("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-        llama_like("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-        llama_like("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        llama_like("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        llama_like("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
-        # GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d_model 12288, 96 heads, 2048 context).
+        gpt2_like("gpt2", 12, 768, 12, norm_eps=GPT2_EPS),
+        gpt2_like("gpt2-medium", 24, 1024, 16, norm_eps=GPT2_EPS),
+        gpt2_like("gpt2-large", 36, 1280, 20, norm_eps=GPT2_EPS),
+        gpt2_like("gpt2-xl", 48, 1600, 25, norm_eps=GPT2_EPS),
+        llama_like("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, **LLAMA2),
+        llama_like("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, **LLAMA2),
+        llama_like("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, **LLAMA2),
+        llama_like("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, **LLAMA3),
+        llama_like("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, **LLAMA3),
+        llama_like("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, **LLAMA3, rope_scaling=LLAMA31_SCALING),
+        # GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d_model 12288, 96 heads, 2048 context); the paper gives
+        # no LayerNorm epsilon (norm_eps None: the exports say so).
         gpt2_like("gpt3-175b", 96, 12288, 96, vocab=50257, max_positions=2048),
-        # BLOOM-176B: bigscience/bloom config.json (ALiBi, embedding LayerNorm, 250880 vocab).
+        # BLOOM-176B: bigscience/bloom config.json (ALiBi, embedding LayerNorm, 250880 vocab, layer_norm_epsilon 1e-05).
         ModelSpec(name="bloom-176b", n_layers=70, d_model=14336, n_heads=112, d_ff=4 * 14336,
                   vocab=250880, max_positions=2048, position=PositionKind.alibi,
-                  embedding_norm=True, family="bloom"),
+                  embedding_norm=True, norm_eps=1e-5, family="bloom"),
     ] + [model_from_hf_dict(cfg, name, f"advisor.model.hub_configs[{name!r}]") for name, cfg in HUB_CONFIGS.items()]
 }
 ALIASES = {

@@ -10,6 +10,8 @@ SwiGLU); BLOOM-176B 176,247,271,424; Mixtral-8x7B 46,702,792,704 (every expert; 
 Besides the dense shape: per-linear biases, the norms in a layer and q/k norms, parallel attention + MLP blocks,
 multi-head latent attention (``latent``), routed and shared experts (``experts``), and runs of layers that
 differ in their attention window or chunk or in being dense (``layer_runs``), soft-capping and attention sinks.
+Beside the shape, what changes neither the parameters nor the cost but that an export must write, or it trains
+another model: RoPE's base (``rope_theta``) and scaling (``rope_scaling``), and the norms' epsilon (``norm_eps``).
 Deliberately left out: encoder-decoder models, multimodal towers, hybrid recurrent / linear-attention layers.
 """
 
@@ -123,6 +125,23 @@ class LayerRun(Spec):
         return self
 
 
+class RopeScaling(Spec):
+    """RoPE's frequencies scaled for a longer context (config.json's rope_parameters, rope_scaling before transformers 5;
+    transformers 5.23 modeling_rope_utils.py): its rope_type, its factor, the context the model was first trained on,
+    Llama 3.1's low and high frequency factors, YaRN's betas and DeepSeek's mscales, each None where the config gives
+    none. No parameters, no cost (YaRN's attention factor: ModelSpec.rope_attention_factor)."""
+
+    kind: str = Field(min_length=1, max_length=40, pattern=r"^[^\x00-\x1f\x7f]+$")  # linear, dynamic, yarn, llama3, ...
+    factor: Optional[float] = Field(default=None, gt=0, le=1e6)
+    original_max_positions: Optional[int] = Field(default=None, ge=1, le=100_000_000)
+    low_freq_factor: Optional[float] = Field(default=None, gt=0, le=1e6)
+    high_freq_factor: Optional[float] = Field(default=None, gt=0, le=1e6)
+    beta_fast: Optional[float] = Field(default=None, gt=0, le=1e6)
+    beta_slow: Optional[float] = Field(default=None, gt=0, le=1e6)
+    mscale: Optional[float] = Field(default=None, ge=0, le=1e6)
+    mscale_all_dim: Optional[float] = Field(default=None, ge=0, le=1e6)
+
+
 class ModelSpec(ApiSpec):
     name: str
     n_layers: int = Field(ge=1, le=100_000)
@@ -163,6 +182,14 @@ class ModelSpec(ApiSpec):
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
     attention_sinks: bool = False  # one learned sink logit per head and layer (GPT-OSS)
+    # RoPE's base (config.json's rope_theta, rope_parameters' under transformers 5) and the norms' epsilon (rms_norm_eps,
+    # layer_norm_eps, layer_norm_epsilon, norm_epsilon: the family's key), the config class's default where absent; None
+    # where not known (a catalogue shape without its config.json), not one value (Gemma 3's local and global bases), or
+    # without RoPE. No parameters, no cost, but another model where an export writes another value (Megatron's
+    # --rotary-base default 10000, --norm-epsilon 1e-5): advisor.export.megatron_shape writes them
+    rope_theta: Optional[float] = Field(default=None, gt=0, le=1e15)
+    norm_eps: Optional[float] = Field(default=None, gt=0, le=1)
+    rope_scaling: Optional[RopeScaling] = None  # None: RoPE unscaled (rope_type default), or no RoPE
     family: str = "gpt"  # informational: the config.json model_type it was read from
 
     @model_validator(mode="after")

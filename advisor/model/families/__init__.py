@@ -1,6 +1,7 @@
 """One adapter per config.json ``model_type``: it reads that family's keys, with the defaults of its transformers
 config class, into a ModelSpec that describes what transformers' model builds (tests/test_hf_families.py counts
-every family's parameters against transformers' own model on the meta device).
+every family's parameters against transformers' own model on the meta device); RoPE's base and scaling and the norms'
+epsilon, which the exports write, are read for every family alike (advisor.model.families._constants).
 
 Refused, in one line naming the key: an unknown model_type (listing the supported ones), an encoder or an
 encoder-decoder, a value of the wrong JSON type, a missing shape key, and any key that changes the parameters
@@ -17,6 +18,7 @@ from advisor.errors import format_validation_error
 from advisor.model.families import gemma, gpt, llama, moe
 from advisor.model.families._common import yarn_attention_factor
 from advisor.model.families._config import Config, _show
+from advisor.model.families._constants import constants
 from advisor.model.spec import ModelError, ModelSpec, PositionKind
 
 FAMILIES: dict[str, Callable[[Config], dict]] = {
@@ -80,6 +82,7 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
     fields = adapter(c)
     if fields.get("position") is PositionKind.rotary:
         fields.setdefault("rope_attention_factor", yarn_attention_factor(c))
+    fields.update(constants(c, fields))  # RoPE's base and scaling, the norms' epsilon: what an export must write
     check_unread(c)
     try:
         return ModelSpec(name=name, family=mtype, **fields)
@@ -94,7 +97,8 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
 CONFIG_KEYS = {"vocab": "vocab_size", "d_model": "hidden_size / n_embd", "n_layers": "num_hidden_layers / n_layer",
                "n_heads": "num_attention_heads / n_head", "n_kv_heads": "num_key_value_heads",
                "d_ff": "intermediate_size / n_inner / ffn_hidden_size", "max_positions": "max_position_embeddings / n_positions",
-               "head_dim": "head_dim"}
+               "head_dim": "head_dim", "norm_eps": "rms_norm_eps / layer_norm_eps / layer_norm_epsilon / norm_epsilon",
+               "rope_theta": "rope_theta", "rope_scaling": "rope_parameters / rope_scaling"}
 
 
 def _decoder_only(cfg: dict, mtype: str, origin: str) -> None:
