@@ -18,6 +18,7 @@ Deliberately left out: encoder-decoder models, multimodal towers, hybrid recurre
 from __future__ import annotations
 
 from enum import Enum
+import math
 from typing import Literal, Optional
 
 from pydantic import Field, model_validator
@@ -129,7 +130,7 @@ class RopeScaling(Spec):
     """RoPE's frequencies scaled for a longer context (config.json's rope_parameters, rope_scaling before transformers 5;
     transformers 5.23 modeling_rope_utils.py): its rope_type, its factor, the context the model was first trained on,
     Llama 3.1's low and high frequency factors, YaRN's betas and DeepSeek's mscales, each None where the config gives
-    none. No parameters, no cost (YaRN's attention factor: ModelSpec.rope_attention_factor)."""
+    none. No parameters; YaRN's attention factor (ModelSpec.rope_attention_factor) decides how megatron-core runs RoPE."""
 
     kind: str = Field(min_length=1, max_length=40, pattern=r"^[^\x00-\x1f\x7f]+$")  # linear, dynamic, yarn, llama3, ...
     factor: Optional[float] = Field(default=None, gt=0, le=1e6)
@@ -140,6 +141,7 @@ class RopeScaling(Spec):
     beta_slow: Optional[float] = Field(default=None, gt=0, le=1e6)
     mscale: Optional[float] = Field(default=None, ge=0, le=1e6)
     mscale_all_dim: Optional[float] = Field(default=None, ge=0, le=1e6)
+    attention_factor: Optional[float] = Field(default=None, gt=0, le=100)  # YaRN's, where the config states it
 
 
 class ModelSpec(ApiSpec):
@@ -175,9 +177,6 @@ class ModelSpec(ApiSpec):
     # whether it rotates interleaved pairs (GPT-J, GLM-4: RoFormer's) rather than the two halves: no parameters
     rotary_fraction: float = Field(default=1.0, gt=0, le=1)
     rotary_interleaved: bool = False
-    # YaRN's attention factor on RoPE's cos and sin (GPT-OSS: 0.1 ln 32 + 1 = 1.347; 1 without YaRN): no parameters,
-    # but megatron-core runs RoPE unfused where it is not 1 (advisor.unfused.rotary_bytes)
-    rope_attention_factor: float = Field(default=1.0, gt=0, le=100)
     qk_l2_norm: bool = False  # a weightless L2 norm of q and k on the RoPE layers (Llama 4's use_qk_norm): no parameters
     attn_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(scores / c) c (Gemma 2)
     logit_softcap: Optional[float] = Field(default=None, gt=0)  # tanh(logits / c) c (Gemma 2)
@@ -280,6 +279,25 @@ class ModelSpec(ApiSpec):
     def embedding_params(self) -> int:
         """Parameters outside the transformer layers (embeddings, final norm, untied head)."""
         return self.n_params - self.param_breakdown()["layers"]
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """YaRN's attention factor on RoPE's cos and sin (transformers 5.23 _compute_yarn_parameters): the config's
+        attention_factor, else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) where both are set
+        (DeepSeek-V3's 1 / 1), else get_mscale(factor) = 0.1 ln(factor) + 1 (GPT-OSS: 1.347), 1 where factor <= 1,
+        factor defaulting to max positions / the original context; 1 without YaRN. No parameters, but megatron-core
+        runs RoPE unfused where it is not 1 (advisor.unfused.rotary_bytes)."""
+        r = self.rope_scaling
+        if r is None or r.kind != "yarn":
+            return 1.0
+        if r.attention_factor is not None:
+            return r.attention_factor
+        factor = r.factor if r.factor is not None else self.max_positions / (r.original_max_positions or self.max_positions)
+
+        def mscale(m: float = 1.0) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+        return mscale(r.mscale) / mscale(r.mscale_all_dim) if r.mscale and r.mscale_all_dim else mscale()
 
     @property
     def position_params(self) -> int:

@@ -16,10 +16,9 @@ from typing import Any, Callable
 
 from advisor.errors import format_validation_error
 from advisor.model.families import gemma, gpt, llama, moe
-from advisor.model.families._common import yarn_attention_factor
 from advisor.model.families._config import Config, _show
 from advisor.model.families._constants import constants
-from advisor.model.spec import ModelError, ModelSpec, PositionKind
+from advisor.model.spec import ModelError, ModelSpec
 
 FAMILIES: dict[str, Callable[[Config], dict]] = {
     "gpt2": gpt.gpt2, "gpt_bigcode": gpt.gpt_bigcode, "gptj": gpt.gptj, "gpt_neox": gpt.gpt_neox,
@@ -80,8 +79,6 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
         raise ModelError(f"{origin}: model_type {mtype[:60]!r} is not supported{hint}; supported: {supported()}")
     c = Config(cfg, origin, mtype)
     fields = adapter(c)
-    if fields.get("position") is PositionKind.rotary:
-        fields.setdefault("rope_attention_factor", yarn_attention_factor(c))
     fields.update(constants(c, fields))  # RoPE's base and scaling, the norms' epsilon: what an export must write
     check_unread(c)
     try:

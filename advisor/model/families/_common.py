@@ -3,7 +3,6 @@ layers attend over a sliding window, which are dense) and the experts' keys."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from advisor.model.families._config import Config
@@ -49,32 +48,6 @@ def partial_rope(c: Config, default: float, legacy: str = "partial_rotary_factor
         keys = "'partial_rotary_factor'" + (f" (or {legacy!r})" if legacy != "partial_rotary_factor" else "")
         raise c.error(f"{keys} must be in (0, 1], the share of a head RoPE rotates, not {share:g}")
     return dict(rotary_fraction=share, rotary_interleaved=interleaved)
-
-
-def yarn_attention_factor(c: Config) -> float:
-    """YaRN's attention factor on RoPE's cos and sin, as transformers 5.23 modeling_rope_utils
-    _compute_yarn_parameters derives it from rope_parameters (the legacy rope_scaling where absent): its
-    attention_factor where set; else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) where both are
-    set (DeepSeek-V3's: 1); else get_mscale(factor), with get_mscale(s, m) = 0.1 m ln(s) + 1 (1 where s <= 1) and
-    factor, where absent, max_position_embeddings / original_max_position_embeddings. 1 for any other rope type, and
-    where the parameters are given per layer type (Gemma 3's: no rope_type of their own)."""
-    p = c.sub("rope_parameters") if c.raw.get("rope_parameters") is not None else c.sub("rope_scaling")
-    if p.raw.get("rope_type", p.raw.get("type")) != "yarn":
-        return 1.0
-    factor = p.float("factor", None)
-    if factor is None:
-        factor = c.int("max_position_embeddings") / p.int("original_max_position_embeddings")
-    if factor <= 0:
-        raise p.error(f"{p._name('factor')} must be positive, YaRN's context extension, not {factor:g}")
-
-    def mscale(m: float = 1.0) -> float:
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-    att, m, m_all = p.float("attention_factor", None), p.float("mscale", None), p.float("mscale_all_dim", None)
-    att = att if att is not None else mscale(m) / mscale(m_all) if m and m_all else mscale()
-    if not 0.0 < att <= 100.0:
-        raise p.error(f"YaRN's attention factor must be in (0, 100], not {att:g}: check 'attention_factor', 'mscale'")
-    return att
 
 
 def rotary_dim_share(c: Config, head_dim: int, default: Optional[int]) -> Optional[float]:

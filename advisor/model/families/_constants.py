@@ -30,7 +30,8 @@ FIXED_THETA = {"gptj": 10000.0}  # modeling_gptj.py create_sinusoidal_positions:
 LEGACY_THETA = {"gpt_neox": "rotary_emb_base"}  # configuration_gpt_neox.py: its top-level key, not rope_theta
 # The rope types' numeric keys a RopeScaling keeps under the same names (modeling_rope_utils.py: linear and dynamic's
 # factor, llama3's low and high frequency factors, YaRN's betas and mscales); longrope's factor lists are not kept
-SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                "attention_factor")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE's scaling where a config class gives one without rope_parameters or rope_scaling (configuration_gpt_oss.py)
 DEFAULT_SCALING = {"gpt_oss": {"kind": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
