@@ -706,3 +706,16 @@ def test_a_format_two_dated_profiles_write_picks_the_newer():
     from advisor.export import stacks_launching
 
     assert stacks_launching("torchtitan-toml")[0] == "torchtitan-0.2"
+
+
+def test_an_fsdp_costed_zero3_exported_as_deepspeed_says_it_runs_otherwise():
+    """hf-trainer launches DeepSpeed too, but costs ZeRO-3 as accelerate's FSDP does (a layer a unit, prefetched):
+    the DeepSpeed JSON it writes starts stage 3's per-sub-module gathers instead, which --stack deepspeed costs."""
+    from advisor import api
+
+    kw = dict(gpus=8, zero=3, format="deepspeed")
+    hf = api.launch_config("llama3-8b", "dgx-h100", stack="hf-trainer", **kw)
+    assert any(n.startswith("costed as hf-trainer runs ZeRO-3") and n.endswith("--stack deepspeed costs it so")
+               for n in hf.notes)
+    ds = api.launch_config("llama3-8b", "dgx-h100", stack="deepspeed", **kw)
+    assert not any("costed as" in n for n in ds.notes)

@@ -222,6 +222,11 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     # compare its loss with 0.3.0's (a profile file has no name to load it back by)
     out = (EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size, stack_)
            if kind in TAKE_STACK else EXPORTERS[kind](model, hw, plan, setup, grad_accum, world_size))
+    if kind == "deepspeed" and plan.zero == 3 and stack_.engine.zero3_overlap != "per_submodule":
+        deepspeed = stacks_launching("deepspeed")[0]
+        out = _noted(out, f"costed as {stack_.name} runs ZeRO-3 (a decoder layer a unit, its gathers prefetched); "
+                          f"DeepSpeed's stage 3 this file starts gathers and frees sub-module by sub-module: --stack "
+                          f"{deepspeed} costs it so")
     if setup.finetune.kind not in stack_.engine.methods:  # a file without the adapters would train every weight
         raise ExportError(f"--method {setup.finetune.method}: stack {stack_.name} does not run {setup.finetune.kind} "
                           f"fine-tuning (it runs {', '.join(stack_.engine.methods)}): --stack "
