@@ -93,7 +93,7 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     that depend on the rest are kept, all False, so that the keys are those of a full check, in its order."""
     ones = np.ones(len(c), dtype=bool)
     # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
-    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager),
+    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
            **expert.violations(c, model),
            **(stack_violations(c, stack, layout_only, model.n_layers, model.tied_embeddings) if stack is not None else {})}
@@ -230,8 +230,9 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
             elif reason.startswith("sequence parallelism needs"):
                 no_sp = "" if stack is not None and stack.engine.sequence_parallel == "always" else ", or --no-sp"
+                joint = stack is not None and stack.engine.sequence_split == "tp_times_cp" and plan.cp > 1
                 reason = (f"{reason}: --seq {setup.seq_len}{f' / cp={plan.cp}' if plan.cp > 1 else ''} over tp={plan.tp} "
-                          f"(choose --seq a multiple of tp x cp{no_sp})")
+                          f"(choose --seq a multiple of tp x {'2 x cp' if joint else 'cp'}{no_sp})")
             elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
                 reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):

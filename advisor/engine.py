@@ -240,6 +240,10 @@ class Engine(Spec):
         default="opt_in", description="sequence parallelism under TP: off unless asked (Megatron's --sequence-parallel), "
         "on unless turned off (torchtitan 0.3.0's enable_sequence_parallel: True), or always on (the stack's TP plan "
         "shards the norms' sequence and has no switch); advisor estimate without --sp/--no-sp takes this default")
+    sequence_split: Literal["cp_then_tp", "tp_times_cp"] = Field(
+        default="cp_then_tp", description="how it asks the sequence to divide under CP and SP: into 2 x cp chunks, "
+        "each CP rank's share over the TP ranks (Megatron), or by tp x 2 cp at once (torchtitan 0.3.0 trainer.py: "
+        "seq_len_divisor)")
     checkpointing: list[Literal[CHECKPOINTING]] = Field(  # type: ignore[valid-type]
         default=["none", "selective", "full"], min_length=1, description="the activation checkpointing policies the stack runs "
         "(advisor/recompute.py; selective also needs `selective`)")

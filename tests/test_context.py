@@ -240,3 +240,16 @@ def test_sequence_parallelism_needs_the_sequence_divisible_by_tp():
     ranked = plan("llama3-8b", "dgx-h100", seq=8191, top=100_000).plans
     assert ranked and not any(p.plan.sp for p in ranked)
     assert estimate("llama3-8b", "dgx-h100", gpus=8, tp=8, sp=False, seq=8191).step_time_s > 0
+
+
+def test_torchtitan_asks_the_sequence_to_divide_by_tp_times_two_cp():
+    """torchtitan 0.3.0 trainer.py raises unless seq_len % (tp x 2 cp) == 0 under SP and CP; Megatron splits the
+    sequence into 2 cp chunks, then each CP rank's share over TP: --seq 8 on TP 4 x CP 2 runs there (8 / 2 = 4 over
+    4 ranks), not in torchtitan (8 % 16)."""
+    from advisor import estimate
+
+    kw = dict(gpus=8, tp=4, cp=2, seq=8)
+    assert estimate("llama3-8b", "dgx-h100", stack="megatron-core", **kw).fits
+    with pytest.raises(AdvisorError, match=r"choose --seq a multiple of tp x 2 x cp, or --no-sp"):
+        estimate("llama3-8b", "dgx-h100", stack="torchtitan", **kw)
+    assert estimate("llama3-8b", "dgx-h100", stack="torchtitan", **{**kw, "seq": 16}).fits

@@ -58,8 +58,9 @@ RING, ALL_GATHER, ULYSSES = (k.code for k in ContextParallel)
 MAX_CP = 32
 
 
-def violations(c: Candidates, model: ModelSpec, seq_len: Optional[int] = None, eager: bool = False) -> dict[str, Any]:
-    """Constraint -> where a plan breaks it (module docstring)."""
+def violations(c: Candidates, model: ModelSpec, seq_len: Optional[int] = None, eager: bool = False,
+               split: str = "cp_then_tp") -> dict[str, Any]:
+    """Constraint -> where a plan breaks it (module docstring); ``split``: the stack's engine.sequence_split."""
     cp = np.asarray(c.cp)
     on, uly = cp > 1, (cp > 1) & (c.cp_comm == ULYSSES)
     group = c.tp * cp
@@ -75,8 +76,10 @@ def violations(c: Candidates, model: ModelSpec, seq_len: Optional[int] = None, e
         # sequence parallelism scatters a rank's s / cp tokens over the TP ranks: Megatron's _split_along_first_dim
         # asserts they divide (megatron-core tensor_parallel/mappings.py "First dimension of the tensor should be
         # divisible by tensor parallel size")
+        # torchtitan 0.3.0 checks seq_len % (tp x 2 cp) at once (trainer.py), which (s / cp) % tp does not imply
+        per = (seq_len // cp) % c.tp if split == "cp_then_tp" else seq_len % (c.tp * np.where(on, 2 * cp, 1))
         out["sequence parallelism needs the sequence (per CP rank) divisible by tp"] = np.asarray(c.sp, dtype=bool) & (
-            ((seq_len // cp) % c.tp) != 0)
+            per != 0)
     return out
 
 
