@@ -30,7 +30,7 @@ RUNG_TOP = 200
 def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, Any]):
     """The PlanSearch of the method the rule picks (each searched by ``plan``: advisor.search.plan), with
     ``method_choice`` saying what fit and why. Offload comes last (issue 22: "full if it fits, else LoRA, else QLoRA,
-    else offload"): a rung fits where a plan without offloaded model states fits; only where none does, the first
+    else offload"): a rung fits where a plan offloading nothing (model states or activations) fits; only where none does, the first
     rung whose offloaded plans fit (ZeRO-Offload / ZeRO-Infinity, and QLoRA with its optimizer and activations
     offloaded, the last rung)."""
     results, steps, plain = {}, {}, {}
@@ -82,7 +82,7 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
            "qlora": "neither full fine-tuning nor LoRA on a half-precision base fits; an NF4 base does",
            "qlora+offload": "only with the optimizer and the activations on the CPU does QLoRA fit"}[chosen]
     if not unloaded and chosen != "qlora+offload":
-        why = (f"no method fits without offloaded model states; {chosen} fits with {best_offload(res)} on the CPU or "
+        why = (f"no method fits without offload; {chosen} fits with {best_offload(res)} on the CPU or "
                "NVMe (offload last, as the rule goes)")
     def fmt(n: str) -> str:
         s = steps.get(n)
@@ -97,15 +97,21 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
 
 
 def _unloaded(plans: list) -> list:
-    """The ranked plans that offload no model states."""
-    return [p for p in plans if p.estimate.plan.offload.value == "none"]
+    """The ranked plans that offload nothing: no model states (ZeRO-Offload / -Infinity) and no activations (--recompute
+    offload's saved tensors on the host count as offload too: the rule's last resort)."""
+    return [p for p in plans if p.estimate.plan.offload.value == "none" and p.estimate.setup.recompute.value != "offload"]
 
 
 def best_offload(res) -> str:
     """What the best plan of a search offloads, in words."""
+    if not res.plans:
+        return "model states"
+    est = res.plans[0].estimate
+    if est.plan.offload.value == "none" and est.setup.recompute.value == "offload":
+        return "the activations"
     return {"optimizer-cpu": "the optimizer states", "optimizer-nvme": "the optimizer states",
             "params-cpu": "the parameters and optimizer states", "params-nvme": "the parameters and optimizer states"}.get(
-        res.plans[0].estimate.plan.offload.value, "model states") if res.plans else "model states"
+        est.plan.offload.value, "model states")
 
 
 def _fits(model, hw, est, **update) -> bool:
