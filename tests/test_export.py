@@ -870,7 +870,10 @@ def test_an_export_never_drops_the_fine_tuning_method():
         code, out, err = run_main(["export", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "1", "--method",
                                    "qlora", "--format", fmt, "--out", "-"])
         assert code == 2 and out == "" and err.count("\n") == 1
-        assert "does not run qlora fine-tuning (it runs full): --stack deepspeed or hf-trainer" in err
+        # the stacks that run QLoRA, each with a format that writes its adapters (torchtitan-toml's and llm-foundry's
+        # launchers run none: the deepspeed stack's own format, not --stack deepspeed with this one)
+        assert "does not run qlora fine-tuning (it runs full): --stack deepspeed --format deepspeed or --stack " \
+               "hf-trainer --format accelerate or --stack litgpt --format litgpt, or --method full" in err
 
 
 def test_plan_export_writes_the_best_plan_the_format_writes(tmp_path):

@@ -130,7 +130,7 @@ def test_stage_layers_follow_nanotrons_cost_balance():
     ("llama3-8b-tp4-sp-zero1", {}, dict(precision="bf16"), None, "--precision bf16: nanotron trains bf16 weights"),
     ("llama3-8b-tp4-sp-zero1", {}, dict(optimizer="sgd"), None, "builds torch.optim.AdamW only"),
     ("llama3-8b-tp4-sp-zero1", dict(dp=8, tp=1, sp=False), dict(method="lora"), None,
-     "--method lora: nanotron trains every weight"),
+     "--method lora: stack nanotron does not run lora fine-tuning (it runs full): --stack deepspeed --format"),
     ("llama3-8b-sp-pp4-1f1b", {}, dict(grad_accum=2), None, "1F1B needs at least pp - 1 = 3 micro-batches"),
     ("tiny-ddp", dict(dp=1, tp=4), {}, None, "the 4 query and 2 key/value heads over TP ranks"),
     ("llama3-8b-tp4-sp-zero1", {}, {}, "gpt2", "gpt2 has a gelu MLP, layernorm norms, learned positions, biases"),

@@ -63,7 +63,7 @@ from advisor.model import ModelSpec
 from advisor.constraints import plan_errors
 from advisor.launch import LAUNCH_FORMATS
 from advisor.stack import Stack, StackError, list_stacks, load_stack
-from advisor.workload import Workload, runs_method, stack_setup
+from advisor.workload import Workload, runs_model, stack_setup
 
 __all__ = ["ACCELERATE_PRECISION", "EXPORTERS", "bridge_config", "FP16_DYNAMIC", "GRADIENT_CLIP", "KINDS", "NOTES_KEY", "RDZV_PORT",
            "ExportError", "Exported", "Layout", "accelerate_config", "accelerate_dict", "deepspeed_config",
@@ -84,6 +84,9 @@ EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "me
 MEGATRON_FORMATS = ("megatron", "megatron-bridge")
 # the formats that run a model of torchtitan's registries only: the catalogue models each has a config for
 REGISTRIES = {"torchtitan": TORCHTITAN_CONFIGS, "torchtitan-toml": TORCHTITAN_FLAVORS}
+# the formats that write no LoRA adapters (Megatron-LM's pretrain_gpt.py has none; no torchtitan override reaches its
+# LoRAConverter): their exporters refuse an adapter plan, whatever the stack runs
+NO_ADAPTERS = ("megatron", "torchtitan")
 # the formats whose exporter takes the costed stack itself (the others read setup.stack's name only)
 TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml")
 
@@ -202,6 +205,10 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     if errors:
         raise ExportError(f"plan {plan.label()} is invalid under stack {stack_.name}: {errors[0]}")
     setup = setup.model_copy(update={"stack": stack_.name})  # the header names the stack
+    if setup.finetune.kind not in stack_.engine.methods:  # a file without the adapters would train every weight
+        raise ExportError(f"--method {setup.finetune.method}: stack {stack_.name} does not run {setup.finetune.kind} "
+                          f"fine-tuning (it runs {', '.join(stack_.engine.methods)}): "
+                          f"{_running(kind, model, setup.finetune.kind)}, or --method full")
     if kind in ("accelerate", "deepspeed") and (plan.cp > 1 or plan.pp_split.value != "even" or plan.schedule.value in ZERO_BUBBLE):
         what = (f"context parallelism (cp={plan.cp})" if plan.cp > 1 else f"the {plan.schedule.value} schedule"
                 if plan.schedule.value in ZERO_BUBBLE else "an uneven pipeline split")
@@ -227,15 +234,26 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
         out = _noted(out, f"costed as {stack_.name} runs ZeRO-3 (a decoder layer a unit, its gathers prefetched); "
                           f"DeepSpeed's stage 3 this file starts gathers and frees sub-module by sub-module: --stack "
                           f"{deepspeed} costs it so")
-    if setup.finetune.kind not in stack_.engine.methods:  # a file without the adapters would train every weight
-        raise ExportError(f"--method {setup.finetune.method}: stack {stack_.name} does not run {setup.finetune.kind} "
-                          f"fine-tuning (it runs {', '.join(stack_.engine.methods)}): --stack "
-                          f"{' or '.join(runs_method(setup.finetune.kind))}, or --method full")
     try:  # what estimate costs it with: where the stack's tables do not describe the setup, the file says so
         Workload.of(model, hw, stack_, setup)
     except StackError as exc:
         out = _noted(out, f"not a costed plan: {exc} (advisor estimate refuses it; the file writes the layout alone)")
     return dataclasses.replace(out, kind=kind, stack=stack_.name)
+
+
+def _running(kind: str, model: ModelSpec, method: str) -> str:
+    """The current stacks that launch ``kind`` and run ``method`` on ``model`` (--stack ...), else those that run it
+    with their usual format (--stack ... --format ...)."""
+    def runs(name: str) -> bool:
+        st = load_stack(name)
+        return st.superseded_by is None and method in st.engine.methods and runs_model(st, model)
+
+    same = [n for n in stacks_launching(kind) if runs(n) and kind not in NO_ADAPTERS]
+    if same:
+        return f"--stack {' or '.join(same)}"
+    other = [f"--stack {n} --format {f}" for n in list_stacks() if runs(n)
+             for f in [next((f for f in load_stack(n).launch if f not in NO_ADAPTERS), None)] if f]
+    return " or ".join(other) or f"no shipped stack runs {method} on {model.name}"
 
 
 def _noted(out: Exported, note: str) -> Exported:
