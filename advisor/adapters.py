@@ -221,6 +221,11 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     # two units gathered (current + prefetch); bf16 copies of an fp32 base are new tensors even on one rank
     gathered = np.where(zero >= 3, np.where(own, 2.0 * p_layer * gathers,
                                             np.minimum(2.0 * p_layer * gathers, base * (1.0 - 1.0 / shard))), 0.0)
+    # an own-dtype base under FSDP2 that keeps its units gathered from forward to backward (ZeRO-2, and ZeRO-1 where
+    # the stack runs it as FSDP under a pipeline): the fp32 shards, and every unit's bf16 copy held at the peak
+    kept = own & ((zero == 2) | ((zero == 1) & (w.stack.engine.zero1 == "fsdp_under_pipeline")))
+    gathered = np.where(kept, (n_params - quant) * 2.0, gathered)
+    base_shard = np.where(kept, shard, z3)
     if ft.library is Library.litgpt:
         # litgpt's finetune scripts load the checkpoint after fabric.setup_module: Fabric's FSDP load_raw loads a full
         # state dict under _get_full_state_dict_context(rank0_only=False) (lightning/fabric/strategies/fsdp.py
@@ -231,7 +236,7 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     grads = trainable * gb / np.where(zero >= 2, shard, 1.0)
     ddp = np.asarray(full.bucket_copy) > 0
     return replace(
-        full, grad_params=trainable, weight_bytes=gathers, weights=(base + trainable * wb) / z3, grads=grads,
+        full, grad_params=trainable, weight_bytes=gathers, weights=base / base_shard + trainable * wb / z3, grads=grads,
         optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
         grad_buffer=np.where(zero >= 2, per_layer / mesh.tp * gb, 0.0),
         bucket_copy=np.where(ddp, trainable * gb, 0.0),

@@ -319,5 +319,9 @@ def test_torchtitan_lora_keeps_its_frozen_base_in_training_dtype():
     # ZeRO-3 over 8: an eighth of the fp32 base, and two bf16 layer units gathered (218,112,000 weights each)
     eight = estimate("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=3, stack="torchtitan", **kw)
     assert eight.memory.parts["weights"] == pytest.approx(4 * frozen / 8, rel=0.001)
+    # ZeRO-2 (FSDP2 without resharding after forward): the fp32 shards, and every unit's bf16 copy held to backward
+    two = estimate("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=2, stack="torchtitan", **kw)
+    assert two.memory.parts["weights"] == pytest.approx(4 * frozen / 8, rel=0.005)  # + the unsharded adapters
+    assert two.memory.parts["transient"] >= 2 * frozen
     pure = estimate("llama3-8b", "dgx-h100", gpus=1, stack="torchtitan", precision="bf16", **kw)
     assert pure.memory.parts["weights"] == pytest.approx(2 * frozen, rel=0.001)  # training.dtype bfloat16
