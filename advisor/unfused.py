@@ -49,12 +49,14 @@ class RoutedUnfused(Spec):
 
 
 class Rotary(Spec):
-    """RoPE where the stack's element-wise tables leave it out, per element of q and k it rotates: ``plain`` the
-    stack's kernel, ``scaled`` where cos and sin carry YaRN's attention factor (ModelSpec.rope_attention_factor
-    != 1). All zero (the default): the tables hold it, measured on a RoPE model."""
+    """RoPE where the stack's element-wise tables leave it out: ``plain`` the stack's kernel, per element of the q and
+    k heads (a fused kernel writes the heads whole, their unrotated part copied); where cos and sin carry YaRN's
+    attention factor (ModelSpec.rope_attention_factor != 1), ``scaled`` per rotated element and ``scaled_whole`` per
+    element of the heads. All zero (the default): the tables hold it, measured on a RoPE model."""
 
     plain: Passes = Field(default_factory=Passes)
     scaled: Passes = Field(default_factory=Passes)
+    scaled_whole: Passes = Field(default_factory=Passes)
     source: Optional[str] = None
 
 
@@ -88,15 +90,17 @@ def routed_unfused(w: "Workload", tp: Any, ep: Any, etp: Any = 1.0) -> Unfused:
 
 
 def rotary_bytes(w: "Workload", tp: Any) -> tuple[Any, Any]:
-    """(forward, backward) bytes per token one GPU's layer moves applying RoPE beyond its tables (kernels.rotary): the
-    rotated share of its q heads (split over TP) and k heads (over min(tp, kv heads), as Megatron replicates them
-    beyond), on the model's mean layer (NoPE layers rotate nothing). MLA's decoupled rope parts are not counted:
+    """(forward, backward) bytes per token one GPU's layer moves applying RoPE beyond its tables (kernels.rotary): its q
+    heads (split over TP) and k heads (over min(tp, kv heads), as Megatron replicates them beyond), their rotated share
+    where the step counts it so, on the model's mean layer (NoPE layers rotate nothing). MLA's decoupled rope parts are not counted:
     megatron-core rotates them in its fused MLA kernels, a few percent of q and k."""
     m, r = w.model, w.stack.kernels.rotary
     if m.position is not PositionKind.rotary or m.latent is not None:
         return 0.0, 0.0
-    p = r.scaled if m.rope_attention_factor != 1.0 else r.plain
     layer = w.layer
-    rotated = m.rotary_fraction * (layer.q_dim / tp + layer.kv_heads * layer.d_head / np.minimum(tp, layer.kv_heads))
-    per = rotated * w.act_bytes * (1.0 - len(m.nope_layers) / m.n_layers)
-    return p.forward * per, p.backward * per
+    heads = layer.q_dim / tp + layer.kv_heads * layer.d_head / np.minimum(tp, layer.kv_heads)  # q and k elements
+    per = heads * w.act_bytes * (1.0 - len(m.nope_layers) / m.n_layers)
+    if m.rope_attention_factor == 1.0:
+        return r.plain.forward * per, r.plain.backward * per
+    f = m.rotary_fraction
+    return (f * r.scaled.forward + r.scaled_whole.forward) * per, (f * r.scaled.backward + r.scaled_whole.backward) * per

@@ -7,7 +7,7 @@ import pytest
 
 from advisor import estimate
 from advisor.hardware import load_hardware
-from advisor.model import ModelError, load_model
+from advisor.model import ModelError, RopeScaling, load_model
 from advisor.stack import load_stack
 from advisor.training import TrainingSetup
 from advisor.unfused import rotary_bytes
@@ -68,6 +68,15 @@ def test_megatron_core_rotary_bytes_per_token():
     assert _bytes("llama3-8b", "megatron-core", tp=8) == pytest.approx((2 * 2 * 640, 2 * 2 * 640))
     # GPT-OSS-120B: q 64 x 64, k 8 x 64
     assert _bytes("gpt-oss-120b", "megatron-bridge-perf") == pytest.approx((12 * 2 * 4608, 13 * 2 * 4608))
+    # partial RoPE (GLM-4-9B rotates half of each 128-wide head): the fused kernel still writes the heads whole
+    # (its output is t's shape, the pass-through copied), the unfused path's cat and slice run over them whole
+    glm = load_model("glm-4-9b")
+    assert glm.rotary_fraction == 0.5
+    heads = glm.n_heads * glm.layer.d_head + glm.kv_heads * glm.layer.d_head
+    assert _bytes("glm-4-9b", "megatron-core") == pytest.approx((2 * 2 * heads, 2 * 2 * heads))
+    yarn = glm.model_copy(update={"rope_scaling": RopeScaling(kind="yarn", factor=4.0)})
+    w = Workload.of(yarn, load_hardware("gb200-nvl72"), load_stack("megatron-core"), TrainingSetup(seq_len=4096))
+    assert tuple(float(x) for x in rotary_bytes(w, 1)) == pytest.approx(((0.5 * 10 + 2) * 2 * heads, (0.5 * 10 + 3) * 2 * heads))
     # stacks whose tables were probed on their own RoPE code, models without RoPE, MLA's fused rope parts: nothing
     assert _bytes("llama3-8b", "hf-trainer") == _bytes("gpt-oss-120b", "torchtitan") == (0.0, 0.0)
     assert _bytes("gpt2-xl", "megatron-core") == _bytes("deepseek-v3", "megatron-core") == (0.0, 0.0)
