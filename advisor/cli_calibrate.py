@@ -75,6 +75,10 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     if host_only and sweep:  # a sweep's options would be ignored: say so
         raise AdvisorError(f"--host measures the host side only (CPU Adam, pinned copies, memory, cores): drop "
                            f"{', '.join(sweep)}, or drop --host for the collectives")
+    measuring = [given[o] for o in ("nproc", "backend", "sizes", "iters", "warmup", "timeout_s", "compute") if o in given]
+    if from_ and measuring:  # a refit measures nothing
+        raise AdvisorError(f"--from refits saved measurements, it runs no sweep: drop {', '.join(measuring)}, or drop "
+                           "--from to measure")
     if "nproc" in given and nproc < 2:  # 0 is the default's placeholder, not a count to ask for
         raise AdvisorError(f"--nproc {nproc}: collectives need at least 2 ranks (leave --nproc out: the GPUs, or 2 on CPU)")
     out_path = cal.refuse_shipped(out)

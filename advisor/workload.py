@@ -71,7 +71,7 @@ class Workload:
             raise StackError(f"--moe-imbalance {setup.moe_imbalance:g}: a rank of {model.name}'s experts takes at most "
                              f"E / k = {most:g}x the balanced share ({model.experts.n_experts} experts, top-"
                              f"{model.experts.experts_per_token}): use a value from 1 to {most:g}")
-        trains_in(stack, setup)
+        trains_in(stack, setup, model)
         experts = stack.engine.expert_recipes
         if model.experts is not None and setup.precision.recipe is not None and experts is not None \
                 and setup.precision.value not in experts:
@@ -311,15 +311,15 @@ def adapter_targets(stack, setup) -> None:
                          "wanted), or --stack hf-trainer")
 
 
-def trains_in(stack, setup) -> None:
+def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:
     """The setup's precision and optimizer where the stack does not train in them (engine.precisions,
-    engine.optimizers), as a one-line StackError."""
+    engine.optimizers), as a one-line StackError naming the stacks that do (and build ``model``)."""
     held, optimizers, asked = stack.engine.precisions, stack.engine.optimizers, setup.precision.value
     if held is not None and asked not in held:
         kin = [p for p in held if p.split("-")[0] == asked.split("-")[0] and p != "fp8-mixed"]  # the same kind first
         instead = kin[0] if kin else "bf16-mixed" if "bf16-mixed" in held else held[0]
-        others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None
-                  and (st.engine.precisions is None or asked in st.engine.precisions)]
+        others = [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and (model is None or runs_model(
+                  st, model)) and (st.engine.precisions is None or asked in st.engine.precisions)]
         raise StackError(f"stack {stack.name} does not train in {asked} (it trains in {', '.join(held)}): use --precision "
                          f"{instead}, or --stack {' or '.join(others) or 'another'}")
     if setup.optimizer is not None and setup.optimizer.value not in optimizers:

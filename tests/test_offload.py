@@ -347,4 +347,8 @@ def test_calibrate_refuses_options_it_would_ignore(tmp_path):
     for n in ("0", "-2"):
         code, _, err = run_main(["calibrate", "--out", out, "--nproc", n])
         assert code == 2 and err.startswith(f"error: --nproc {n}: collectives need at least 2 ranks (leave --nproc out")
+    # a refit runs no sweep: its options are refused too, and --nproc there is not a rank count to check
+    for extra in (["--nproc", "4", "--sizes", "1K:2K"], ["--nproc", "1"]):
+        code, _, err = run_main(["calibrate", "--out", out, "--from", "f.jsonl", *extra])
+        assert code == 2 and err.startswith(f"error: --from refits saved measurements, it runs no sweep: drop {extra[0]}")
     assert not (tmp_path / "me.yaml").exists()
