@@ -15,8 +15,8 @@ Under a low-precision recipe (advisor.precision) each linear's three GEMMs (fpro
 recipe's rate where the recipe runs them low (the profile's ``matmul_max[<recipe>]``, calibrated from per-GEMM
 microbenchmarks against BF16 on the same harness), in BF16 otherwise; the quantisation kernels (amax, cast,
 transposes, scales) are memory-bound: the input and the weight once per micro-batch in forward, the output
-gradient once in backward, at the recipe's bytes per element. The legacy ``fp8-mixed`` switch runs every GEMM at
-the fp8 peak and costs no cast kernels, as before.
+gradient once in backward, at the recipe's bytes per element. ``fp8-mixed`` reaches here as fp8-delayed (the recipe
+every stack's FP8 switch launches: advisor.training TrainingSetup).
 
 The host's side of the same kernels (issuing them) is advisor.host. torch.compile (--compile) changes the tables,
 not these formulas: the stack's compiled element-wise bytes, kernel launches and saves (advisor.probe.compiled).

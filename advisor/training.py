@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from advisor.finetune import FULL, FineTune
 from advisor.precision import Recipe, recipe
@@ -52,7 +52,7 @@ class Precision(Name):
     bf16_mixed = "bf16-mixed"
     fp16_mixed = "fp16-mixed"
     bf16 = "bf16"
-    fp8_mixed = "fp8-mixed"  # the one FP8 switch before issue 21: every GEMM in FP8, no cast kernels costed
+    fp8_mixed = "fp8-mixed"  # the one FP8 switch before issue 21: a TrainingSetup takes it as fp8-delayed (_fp8_switch)
     # low-precision recipes as the stacks run them (advisor.precision: which GEMMs run low, scaling, cast kernels)
     fp8_tensorwise = "fp8-tensorwise"
     fp8_delayed = "fp8-delayed"
@@ -155,6 +155,14 @@ class TrainingSetup(ApiSpec):
     recompute_modules: Optional[tuple[Literal[RECOMPUTE_MODULES], ...]] = Field(  # type: ignore[valid-type]
         default=None, max_length=len(RECOMPUTE_MODULES), description="selective recomputation: the sub-modules "
         "rerun (Megatron's --recompute-modules); None: the stack's selective policy")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _fp8_switch(cls, v):
+        """fp8-mixed, the one FP8 switch before recipes were inputs, is what every stack's FP8 switch launches:
+        Transformer Engine's default recipe, DelayedScaling (accelerate's fp8 with the TE backend, Megatron-LM's
+        --fp8-format without --fp8-recipe, Composer's amp_fp8), costed and exported as fp8-delayed."""
+        return Precision.fp8_delayed if v in (Precision.fp8_mixed, "fp8-mixed") else v
 
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":

@@ -45,7 +45,7 @@ def test_valid_objects_cost_what_their_names_cost():
 
 
 @pytest.mark.parametrize("args, kw, says", [
-    (("dgx-a100", Plan(dp=8), TrainingSetup(precision="fp8-mixed")), {}, "has no fp8 math"),
+    (("dgx-a100", Plan(dp=8), TrainingSetup(precision="fp8-mixed")), {}, "gives no fp8 peak"),
     (("dgx-h100", Plan(dp=8), TrainingSetup(seq_len=4096)), {}, "exceeds gpt2's 1024 learned positions"),
     (("dgx-h100", Plan(dp=8), TrainingSetup(recompute="full", recompute_layers=50)), {}, "gpt2 has 12 layers"),
     (("dgx-h100", Plan(dp=12), TrainingSetup()), {}, "not a whole number of 8-GPU nodes"),

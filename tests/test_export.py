@@ -293,12 +293,12 @@ def test_accelerate_config_loads(case, tmp_path, monkeypatch):
     cfg = load_config_from_file(str(path))
     assert cfg.num_processes == world and cfg.num_machines == -(-world // hw.gpus_per_node)
     assert cfg.mixed_precision == {"fp32": "no", "bf16": "bf16" if plan.zero == 1 else "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16",
-                                   "fp8-mixed": "fp8"}[setup.precision.value]
+                                   "fp8-mixed": "fp8", "fp8-delayed": "fp8"}[setup.precision.value]
     kind = {0: "MULTI_GPU", 1: "DEEPSPEED", 2: "FSDP", 3: "FSDP"}[plan.zero] if world > 1 else "NO"
     assert cfg.distributed_type.value == kind
     if kind == "NO":
         return
-    if setup.precision.value == "fp8-mixed":  # the launcher checks an FP8 backend (Transformer Engine) is installed
+    if setup.precision.value in ("fp8-mixed", "fp8-delayed"):  # the launcher checks an FP8 backend (TE) is installed
         monkeypatch.setattr("accelerate.utils.launch.is_fp8_available", lambda: True)
     env = _accelerate_launch_env(path)
     for key, value in env.items():
@@ -367,7 +367,7 @@ def test_deepspeed_config_loads(case, monkeypatch):
     assert parsed.zero_optimization_stage == plan.zero and parsed.gradient_clipping == 1.0
     p = setup.precision.value
     assert parsed.float16_config.enabled == (p == "fp16-mixed")
-    assert parsed.bfloat16_config.enabled == (p in ("bf16", "bf16-mixed", "fp8-mixed"))
+    assert parsed.bfloat16_config.enabled == (p in ("bf16", "bf16-mixed", "fp8-mixed", "fp8-delayed"))
     if p == "fp16-mixed":
         assert parsed.float16_config.loss_scale == 0  # 0 = dynamic loss scaling
     if p == "bf16" and plan.zero:
