@@ -19,9 +19,11 @@ from advisor.finetune import (
     half_base,
     head_adapter_params,
     head_quantised,
+    paged_params,
     quant_bytes_per_weight,
     quantised_weights,
     target_shapes,
+    trainable_params,
 )
 from advisor.model.layer import Split
 from advisor.peft_modules import NAMES as PEFT_NAMES
@@ -217,6 +219,8 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
         states = trainable * (2.0 * STATE_8BIT_BYTES + np.where(full.master, 4.0, 0.0)) / shard
     else:
         states = trainable * optimizer.state_bytes(w, full.master) / shard
+    if ft.paged:  # a paged optimizer's large states live in unified memory, outside the allocator's peak (finetune.py)
+        states = states * (1.0 - paged_params(m, ft) / max(trainable_params(m, ft), 1))
     p_layer = float(m.layer.n_params) / mesh.tp
     # two units gathered (current + prefetch); bf16 copies of an fp32 base are new tensors even on one rank
     gathered = np.where(zero >= 3, np.where(own, 2.0 * p_layer * gathers,

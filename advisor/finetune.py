@@ -222,7 +222,6 @@ class FineTune(Spec):
 FULL = FineTune()
 
 
-# --- parameters ------------------------------------------------------------------------------------------------
 def _linear(layer: DecoderLayer, *names: str):
     for lin in layer.linears:
         if lin.name in names:
@@ -276,6 +275,20 @@ def adapter_params_per_layer(layer: DecoderLayer, ft: FineTune) -> int:
     return sum(r * (n_in + n_out) + (n_out if ft.dora else 0) for _, n_in, n_out in target_shapes(layer, ft.target_set))
 
 
+# bitsandbytes pages a state only for a tensor of >= 1e5 elements (optim/optimizer.py Optimizer8bit.get_state_buffer),
+# in CUDA unified memory (functional.get_paged: cudaMallocManaged), outside PyTorch's allocator and max_memory_allocated
+PAGED_MIN_ELEMENTS = 100_000
+
+
+def paged_params(model: ModelSpec, ft: FineTune) -> int:
+    """The adapters' parameters whose states a paged optimizer (--paged) keeps in unified memory, evicted to the host
+    under memory pressure: each A (r x in) and B (out x r) of at least PAGED_MIN_ELEMENTS elements."""
+    r, big = ft.lora_rank, lambda n: n if n >= PAGED_MIN_ELEMENTS else 0
+    per = sum(big(r * n_in) + big(r * n_out) for _, n_in, n_out in target_shapes(model.layer, ft.target_set))
+    head = big(r * model.d_model) + big(r * model.vocab) if "head" in ft.target_set else 0
+    return model.n_layers * per + head if ft.adapters and ft.paged else 0
+
+
 def head_adapter_params(model: ModelSpec, ft: FineTune) -> int:
     if "head" not in ft.target_set:
         return 0
@@ -327,13 +340,10 @@ def head_quantised(ft: FineTune) -> bool:
 
 
 # bitsandbytes' 8-bit optimizers hold each state in 8 bits with one fp32 absmax per block of 2048 elements
-# (bitsandbytes/optim/optimizer.py Optimizer8bit, ``percentile_clipping``-free blockwise update:
-# functional.optimizer_update_8bit_blockwise, blocksize 2048)
+# (optim/optimizer.py Optimizer8bit; functional.optimizer_update_8bit_blockwise, blocksize 2048)
 STATE_8BIT_BYTES = 1.0 + 4.0 / 2048
 
 
-# --- memory ------------------------------------------------------------------------------------------------------
-# --- time --------------------------------------------------------------------------------------------------------
 def weight_grad_share(w: Workload) -> float:
     """The base GEMMs' weight gradients: 1 (a full fine-tune computes them) or 0 (frozen)."""
     return 0.0 if w.finetune.adapters else 1.0
