@@ -129,7 +129,9 @@ def build_inputs(model, hw, **given):
     if o.cp > 1:  # before the stack: --stack auto costs a CP plan where CP runs (AUTO_RULE)
         plan = plan.model_copy(update={"cp": o.cp})
     resolved = plan_stack(o.stack, spec, hardware, setup, plan)
-    if o.sp is None and o.tp > 1 and resolved.engine.sequence_parallel != "opt_in":  # the stack's own default
+    # the stack's own default; SP under a routed model's TP where the stack's MoE layer needs it (megatron-core)
+    if o.sp is None and o.tp > 1 and (resolved.engine.sequence_parallel != "opt_in" or (
+            resolved.engine.moe_tp_needs_sp and spec.routed)):
         plan = plan.model_copy(update={"sp": True})
     if o.cp > 1:  # the flavour asked for, or the first the stack runs
         flavours = resolved.engine.context_parallel

@@ -96,7 +96,8 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
            **expert.violations(c, model),
-           **(stack_violations(c, stack, layout_only, model.n_layers, model.tied_embeddings) if stack is not None else {})}
+           **(stack_violations(c, stack, layout_only, model.n_layers, model.tied_embeddings, model.routed)
+              if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
 
 
@@ -117,13 +118,16 @@ def features(c: Candidates) -> dict[str, Any]:
             "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
 
 
-def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False,
-                     n_layers: Optional[int] = None, tied: bool = False) -> dict[str, Any]:
+def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_layers: Optional[int] = None,
+                     tied: bool = False, routed: bool = False) -> dict[str, Any]:
     """The plan features the stack does not run, and selective recomputation where it offers none; a stack that runs
     several devices only sharded and checkpointed (engine.distributed), the rest (not where ``layout_only``);
     ``tied``: the model ties its embeddings."""
     used = features(c)
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
+    if routed and stack.engine.moe_tp_needs_sp:  # megatron-core's MoELayer.forward raises in training
+        out[f"{stack.name}'s MoE layer needs sequence parallelism under TP: add --sp"] = (c.tp > 1) & ~np.asarray(
+            c.sp, dtype=bool)
     if tied and stack.engine.tied_pipeline == "refused":  # torchtitan 0.3.0 models/common/decoder.py:139
         out[f"{stack.name} does not run pipeline parallelism on tied embeddings: --pp 1, or another --stack"] = used["pp"]
     if stack.engine.mixed_without_fsdp == "data_parallel_only":  # torchtitan 0.2.2 models/llama3/infra/parallelize.py

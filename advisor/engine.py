@@ -240,6 +240,9 @@ class Engine(Spec):
         default="opt_in", description="sequence parallelism under TP: off unless asked (Megatron's --sequence-parallel), "
         "on unless turned off (torchtitan 0.3.0's enable_sequence_parallel: True), or always on (the stack's TP plan "
         "shards the norms' sequence and has no switch); advisor estimate without --sp/--no-sp takes this default")
+    moe_tp_needs_sp: bool = Field(
+        default=False, description="whether its MoE layer refuses tensor parallelism without sequence parallelism "
+        "(megatron-core 0.19.2 moe_layer.py: a ValueError in training)")
     sequence_split: Literal["cp_then_tp", "tp_times_cp"] = Field(
         default="cp_then_tp", description="how it asks the sequence to divide under CP and SP: into 2 x cp chunks, "
         "each CP rank's share over the TP ranks (Megatron), or by tp x 2 cp at once (torchtitan 0.3.0 trainer.py: "

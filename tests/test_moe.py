@@ -592,3 +592,22 @@ def test_the_batch_overlap_is_refused_where_megatron_core_asserts(plan_kw):
     with pytest.raises(AdvisorError, match=r"--moe-overlap batch \(--overlap-moe-expert-parallel-comm\) runs with EP"):
         estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", **plan_kw)
     assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1).step_time_s > 0
+
+
+def test_experts_split_by_tp_without_sp_move_the_tokens_once_and_megatron_refuses_it():
+    """megatron-core's MoELayer.forward raises under TP without SP (moe_layer.py: "performance may degrade if MoE and
+    tensor parallelism are enabled without also enabling sequence parallelism"): refused, and its estimate turns SP on
+    by default for a routed model. Where a stack runs it, every TP rank already holds every token: the experts split
+    over the TP ranks reduce their outputs as a dense TP MLP's, the same bytes as SP's gather and reduce-scatter; they
+    were charged tp times that (a sweep found 60% of a Qwen3-30B-A3B step)."""
+    from advisor.errors import AdvisorError
+    from advisor.stack import load_stack
+
+    kw = dict(gpus=8, tp=4, zero=1, seq=4096, global_batch=32)
+    with pytest.raises(AdvisorError, match="megatron-core's MoE layer needs sequence parallelism under TP: add --sp"):
+        estimate("mixtral-8x7b", "dgx-h100", stack="megatron-core", sp=False, **kw)
+    assert estimate("mixtral-8x7b", "dgx-h100", stack="megatron-core", **kw).plan.sp  # SP by default
+    mc = load_stack("megatron-core")
+    lax = mc.model_copy(update={"engine": mc.engine.model_copy(update={"moe_tp_needs_sp": False})})
+    with_sp, without = (estimate("mixtral-8x7b", "dgx-h100", stack=lax, sp=sp, **kw) for sp in (True, False))
+    assert without.breakdown["comm/ep_alltoall"] == pytest.approx(with_sp.breakdown["comm/ep_alltoall"], rel=1e-6)

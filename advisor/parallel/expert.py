@@ -6,8 +6,7 @@ their own over the same ranks, ``tp=etp, ep=ep, dp=edp, pp=pp`` in the order tp-
 ``edp = world / (etp x ep x pp)``: EP is carved from the dense layers' dp x tp (x cp) ranks of a pipeline stage,
 not a factor of the world size. So ep x etp divides dp x tp; the experts split over ep (n_experts / ep local
 experts each, Megatron-LM arguments.py: num_experts % ep == 0) and each expert's FFN over etp; the expert ranks sit
-etp fastest, then ep, so ep_per_node = min(ep, g / etp). With tp > 1 and EP, Megatron needs sequence parallelism
-(arguments.py: "When using expert parallelism and tensor parallelism, sequence parallelism must be used").
+etp fastest, then ep, so ep_per_node = min(ep, g / etp) (TP without SP: engine.moe_tp_needs_sp).
 
 Work (balanced routing): the dense layers' dp x tp ranks of a stage hold dp micro-batches of tokens; every
 token goes to top-k experts, and the dp x tp = edp x ep x etp ranks share that expert work evenly: one GPU does
@@ -280,7 +279,9 @@ def time(w, c: Candidates, mesh: Mesh, tokens: Any, moe_layers: Any, shared_fwd_
     one = dispatch_time(w, mesh, size, on)
     etp_on = mesh.etp > 1  # the received tokens gathered over the etp ranks, the outputs reduce-scattered
     etp_per_node = np.minimum(mesh.etp, w.hw.gpus_per_node)
-    gathered = size * mesh.etp
+    # the etp ranks gather the tokens they hold a 1 / etp share of under SP; without SP each holds them all, and the
+    # split experts' outputs are reduced as a dense TP MLP's (an all-reduce: AG + RS of the tokens)
+    gathered = size * np.where(np.asarray(c.sp, dtype=bool), mesh.etp, 1.0)
     one = one + (comm.collective_time(Collective.all_gather, mesh.etp, gathered, w.hw, etp_per_node, where=etp_on)
                  + comm.collective_time(Collective.reduce_scatter, mesh.etp, gathered, w.hw, etp_per_node,
                                         where=etp_on)) / 2.0
