@@ -141,9 +141,22 @@ def build_inputs(model, hw, **given):
         plan = plan.model_copy(update={"pp_split": PipelineSplit(o.pp_split)})
     errors = plan_errors(plan, setup, spec, hardware, world, resolved)
     if errors:
-        raise PlanError("invalid plan: " + "; ".join(errors))
+        raise PlanError("invalid plan: " + "; ".join(errors) + _auto_said(o.stack, spec, resolved, plan))
     setup = stack_setup(setup, resolved, spec)  # the stack auto chose, its default optimizer, PEFT's modules
     return spec, hardware, resolved, plan, setup, world
+
+
+def _auto_said(asked: str, spec: ModelSpec, resolved: Stack, plan: Plan) -> str:
+    """Why --stack auto costed a model-parallel plan outside AUTO_MODEL_PARALLEL, where that is why it is refused."""
+    large = load_stack(AUTO_MODEL_PARALLEL)
+    if str(asked) != "auto" or resolved.name == large.name or not model_parallel(plan.tp, plan.pp, plan.cp):
+        return ""
+    from advisor.export import unwritable
+    from advisor.workload import lacked
+
+    why = lacked(large, spec) or unwritable(large, spec)
+    return (f" (--stack auto costs {spec.name} in {resolved.name}: {large.name}'s code or formats lack "
+            f"{', '.join(why)}; --stack {large.name} costs the plan, its export refused)") if why else ""
 
 
 # The default sequence length: the model's context length, at most Llama 3's 8,192 pretraining sequence (a

@@ -66,3 +66,14 @@ def test_cp_under_auto_is_costed_in_its_model_parallel_stack_and_the_search_floo
     with pytest.raises(AdvisorError, match="2 x cp chunks of at least 1,024 tokens, the search's floor.*advisor estimate "
                                            "costs any cp"):
         plan("gpt2", "dgx-a100", cp=2)
+
+
+def test_auto_says_why_a_model_parallel_plan_went_to_its_data_parallel_stack():
+    """GPT-OSS's attention sinks have no Megatron-LM flag, so --stack auto costs its plans in hf-trainer, which has no
+    pipeline: the refusal named hf-trainer, a stack the user never picked, without saying why (a sweep found it)."""
+    from advisor import estimate
+
+    with pytest.raises(AdvisorError, match=r"\(--stack auto costs gpt-oss-120b in hf-trainer: megatron-core's code or "
+                                           r"formats lack .*attention sinks; --stack megatron-core costs the plan, its "
+                                           r"export refused\)$"):
+        estimate("gpt-oss-120b", "dgx-b200", gpus=16, ep=8, pp=2, seq=4096, global_batch=64)
