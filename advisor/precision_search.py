@@ -64,7 +64,10 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
                     + f"; attention and the output layer in BF16; casts {100 * _cast_share(w, res, e):.1f}% of the step")
         vs = ""
         if base is not None and name != runs[0][0]:
-            vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}, peak memory "
+            # another stack's best (a recipe only torchtitan runs against megatron-core's BF16) says so: the ratio
+            # is the stacks' as much as the recipes'
+            other = f" (in {base.stack}; this in {e.stack})" if e.stack != base.stack else ""
+            vs = (f"; x{e.tokens_per_s / base.tokens_per_s:.2f} the tokens/s of {runs[0][0]}{other}, peak memory "
                   f"{e.memory.peak_bytes / base.memory.peak_bytes:.2f}x")
         ranked.append((name, res, f"{e.tokens_per_s / e.world_size:,.0f} tokens/s per GPU ({e.label}): {what}{vs}"))
     ranked.sort(key=lambda t: -(best(t[1]).tokens_per_s if best(t[1]) is not None else -1.0))
