@@ -152,6 +152,9 @@ def test_plan_auto_ranks_recipes():
                                    "--precision", "auto"])
     assert res.exit_code == 0, res.output
     assert "mxfp8" not in res.output and "fp8-tensorwise" in res.output
+    # a recipe whose best plan is another stack's than the half-precision best says so (the ratio is the stacks' too)
+    rowwise = next(line for line in res.output.splitlines() if " fp8-rowwise " in line)
+    assert "the tokens/s of bf16-mixed (in megatron-core; this in " in rowwise
 
 
 def test_plan_auto_in_a_stack_of_one_precision_ranks_that_one():
