@@ -410,3 +410,15 @@ def test_a_pcie_node_is_not_called_nvlink():
 
     assert algorithm_name(network.IN_NODE, load_hardware("rtx-4090")) == "PCIe in one node"
     assert algorithm_name(network.IN_NODE, load_hardware("dgx-a100")) == "NVLink in one node"
+
+
+def test_tp_groups_straddle_an_nvlink_domain_only_where_the_job_spans_more_than_one():
+    """GB200 NVL72: 72 GPUs a domain. TP 16 on 64 of them keeps every group in the domain (TP 8 was accepted, TP 16
+    refused as "would straddle nodes"); on 144 GPUs the group of ranks 64-79 crosses into the second rack."""
+    from advisor import estimate
+    from advisor.errors import AdvisorError
+
+    kw = dict(tp=16, sp=True, seq=8192, global_batch=64, zero=1, recompute="full")
+    assert estimate("llama3-70b", "gb200-nvl72", gpus=64, **kw).fits
+    with pytest.raises(AdvisorError, match="tp does not divide the GPUs per node"):
+        estimate("llama3-70b", "gb200-nvl72", gpus=144, **{**kw, "global_batch": 72})

@@ -68,7 +68,10 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware) -> dict[str, Any]:
         "tp > KV heads does not divide evenly": (c.tp > kv) & ((c.tp % kv) != 0),
         "tp spans nodes (TP needs the intra-node link; pass --allow-tp-across-nodes to force)": (
             (c.tp > g) & (not c.allow_tp_across_nodes)),
-        "tp does not divide the GPUs per node (TP groups would straddle nodes)": (c.tp <= g) & ((g % c.tp) != 0),
+        # consecutive groups straddle a domain boundary only where the job spans more than one domain (TP 16 on 64 of
+        # an NVL72's 72 GPUs stays in it)
+        "tp does not divide the GPUs per node (TP groups would straddle nodes)": (c.tp <= g) & ((g % c.tp) != 0) & (
+            c.world > g),
     }
 
 
