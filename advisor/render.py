@@ -8,6 +8,9 @@ import textwrap
 from advisor.units import fmt_bytes, fmt_duration, fmt_seconds
 
 
+RECIPE_PEAK = ", the recipe's GEMM format"  # MFU under a low-precision recipe: against its format's peak
+
+
 def _method_lines(e) -> list[str]:
     """The fine-tuning method and its trainable parameters (PEFT's print_trainable_parameters() line)."""
     ft = e.setup.finetune
@@ -36,7 +39,8 @@ def render_estimate(e) -> str:
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {_rate(e.tokens_per_s)} tokens/s   {_rate(e.samples_per_s, 2)} samples/s",
-        f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: 3 x forward, causal attention, no embedding lookup; / peak)",
+        f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: 3 x forward, causal attention, no embedding lookup; / the "
+        f"{e.setup.precision.math} peak{RECIPE_PEAK if e.setup.precision.recipe else ''})",
         f"HFU            {e.hfu * 100:.1f}%  (+ recomputation and eager attention's masked scores)",
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",
         *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (profile price per GPU-hour)"]
