@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -106,6 +107,9 @@ CASES = {
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
     # Qwen3-8B: RoPE base 1000000 and RMSNorm epsilon 1e-06 beside Megatron's defaults (10000, 1e-5)
     "qwen3-rope-eps": ("qwen3-8b", "dgx-h100", 8, dict(dp=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # Qwen3-8B with the YaRN rope_scaling its model card gives for 131,072 tokens (factor 4, original 32,768)
+    "qwen3-yarn": (str(Path(__file__).parent / "configs" / "qwen3-8b-yarn.json"), "dgx-h100", 8, dict(dp=8, zero=1),
+                   dict(micro_batch=1, global_batch=64, seq_len=4096)),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
@@ -114,7 +118,8 @@ BEYOND_TRAINER = {c for c, v in CASES.items() if v[3].get("pp", 1) > 1 or v[3].g
 MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp", "uneven-first-last",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
-                 "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps"}
+                 "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps",
+                 "qwen3-yarn"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -409,7 +414,10 @@ TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_pos
                  "num_virtual_stages_per_pipeline_rank",
                  "num_experts",  # arguments.py _add_moe_args; argument_utils maps it to TransformerConfig.num_moe_experts
                  "norm_epsilon",  # TransformerConfig.layernorm_epsilon's flag (its argparse_meta arg_names)
-                 "use_rope_scaling"}  # GPTModel's rope_scaling (argument_utils.py gpt_config_from_args)
+                 "use_rope_scaling",  # GPTModel's rope_scaling (argument_utils.py gpt_config_from_args)
+                 # a non-MLA YaRN's, set on the config as yarn_* attributes (argument_utils.py _apply_yarn_config_from_args)
+                 "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+                 "yarn_correction_range_round_to_int"}
 
 
 @pytest.mark.slow
@@ -787,6 +795,10 @@ def test_rope_base_scaling_and_norm_epsilon_are_written_as_megatrons_flags():
     assert (flag("--rotary-base"), flag("--norm-epsilon")) == ("500000", "1e-05") and "--use-rope-scaling" not in args
     flag, args, notes = flags("qwen3-rope-eps")
     assert (flag("--rotary-base"), flag("--norm-epsilon")) == ("1000000", "1e-06") and notes == []
+    flag, args, notes = flags("qwen3-yarn")  # a non-MLA YaRN: Megatron-LM's yarn position embedding and its flags
+    assert [flag(k) for k in ("--position-embedding-type", "--rotary-scaling-factor",
+                              "--yarn-original-max-position-embeddings", "--yarn-beta-fast", "--yarn-beta-slow")] == \
+        ["yarn", "4.0", "32768", "32.0", "1.0"] and "--mscale" not in args and notes == []
     flag, args, _ = flags("uneven-first-last")  # llama3-405b, as Llama 3.1
     assert flag("--rotary-base") == "500000" and "--use-rope-scaling" in args
     flag, args, _ = flags("deepseek-v3-router")

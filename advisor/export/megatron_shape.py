@@ -108,7 +108,8 @@ def model_shape(model: ModelSpec) -> list:
     if model.mlp is MLPKind.swiglu:
         a.append("--swiglu")
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
-          "--position-embedding-type", "rope" if model.position is PositionKind.rotary else "learned_absolute"]
+          "--position-embedding-type", "learned_absolute" if model.position is not PositionKind.rotary else
+          "yarn" if _yarn_flags(model) else "rope"]
     a += as_flags(rope_fields(model))
     if not model.linear_bias:
         a.append("--disable-bias-linear")
@@ -198,6 +199,8 @@ def rope_scaling_flags(model: ModelSpec) -> tuple[list, str]:
         return ["--use-rope-scaling"], ""
     if s.kind == "linear" and not mla and s.factor is not None and s.factor == int(s.factor):
         return ["--rotary-seq-len-interpolation-factor", int(s.factor)], ""
+    if s.kind == "yarn" and not mla and _yarn_flags(model):
+        return _yarn_flags(model), ""
     if (s.kind == "yarn" and mla and s.factor is not None and s.original_max_positions == 4096
             and s.beta_fast in (None, 32.0) and s.beta_slow in (None, 1.0)
             and (s.mscale is None) == (s.mscale_all_dim is None)):
@@ -208,3 +211,20 @@ def rope_scaling_flags(model: ModelSpec) -> tuple[list, str]:
     told = ", ".join(f"{k} {v:g}" for k, v in s.model_dump(exclude_none=True).items() if k != "kind")
     return [], (f"{model.name} scales RoPE ({s.kind}: {told}), which the Megatron-LM flags advisor writes cannot say "
                 "(megatron_shape.rope_scaling_flags): the run rotates unscaled")
+
+
+def _yarn_flags(model: ModelSpec) -> list:
+    """A non-MLA model's YaRN as Megatron-LM's flags (--position-embedding-type yarn: argument_utils.py
+    _apply_yarn_config_from_args, defaults original 4096, betas 32 / 1, mscale 1, mscale_all_dim 0, rounded correction
+    range), where they say what transformers computes: its factor (or max positions / the original context), no stated
+    attention_factor (megatron-core's _yarn_get_concentration_factor has none), the mscales only where both are set
+    (transformers takes their ratio then, else get_mscale(factor), which Megatron's defaults give); [] otherwise."""
+    s = model.rope_scaling
+    if s is None or s.kind != "yarn" or model.latent is not None or s.attention_factor is not None:
+        return []
+    original = s.original_max_positions or 4096
+    factor = s.factor if s.factor is not None else model.max_positions / original
+    a = ["--rotary-scaling-factor", factor, "--yarn-original-max-position-embeddings", original,
+         "--yarn-beta-fast", s.beta_fast or 32.0, "--yarn-beta-slow", s.beta_slow or 1.0]
+    a += ["--mscale", s.mscale, "--mscale-all-dim", s.mscale_all_dim] if s.mscale and s.mscale_all_dim else []
+    return a + (["--no-yarn-correction-range-round-to-int"] if s.truncate is False else [])

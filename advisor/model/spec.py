@@ -142,6 +142,7 @@ class RopeScaling(Spec):
     mscale: Optional[float] = Field(default=None, ge=0, le=1e6)
     mscale_all_dim: Optional[float] = Field(default=None, ge=0, le=1e6)
     attention_factor: Optional[float] = Field(default=None, gt=0, le=100)  # YaRN's, where the config states it
+    truncate: Optional[bool] = None  # YaRN's correction range rounded to integers (transformers' default: True)
 
 
 class ModelSpec(ApiSpec):

@@ -103,4 +103,5 @@ def rope_scaling(c: Config) -> Optional[dict]:
         return None
     out = {key: p.float(key, None) for key in SCALING_KEYS}
     out["original_max_positions"] = p.int("original_max_position_embeddings", default=None)
+    out["truncate"] = p.bool("truncate", None)
     return {"kind": kind, **{k: v for k, v in out.items() if v is not None}}
