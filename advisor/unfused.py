@@ -4,9 +4,10 @@
 - ``routed_unfused``: a routed MLP's steps around its fused activation (GPT-OSS's clamp on the GLU input, the experts'
   output bias scaled by the router's probabilities: megatron-core's TEGroupedMLP without Transformer Engine's op fuser);
 - ``rotary``: RoPE, where the tables were measured on a model without it (megatron-core's come from a GPT layer with
-  learned positions): its fused kernel, or the unfused path a stack takes where cos and sin carry YaRN's attention
-  factor (megatron-core's apply_rotary_pos_emb falls back to _apply_rotary_pos_emb_bshd on mscale != 1,
-  models/common/embeddings/rope_utils.py).
+  learned positions): its fused kernel, or the unfused path a stack takes for YaRN (megatron-core's apply_rotary_pos_emb
+  falls back to _apply_rotary_pos_emb_bshd on mscale != 1, models/common/embeddings/rope_utils.py; Megatron-LM's
+  arguments.py and Megatron-Bridge's validate_rope_fusion_compatibility turn fusion off for any position embedding
+  type but rope, so for --position-embedding-type yarn whatever its mscale).
 
 Counts are Passes: elements moved per element of the tensor, in the activation dtype.
 """
@@ -50,9 +51,10 @@ class RoutedUnfused(Spec):
 
 class Rotary(Spec):
     """RoPE where the stack's element-wise tables leave it out: ``plain`` the stack's kernel, per element of the q and
-    k heads (a fused kernel writes the heads whole, their unrotated part copied); where cos and sin carry YaRN's
-    attention factor (ModelSpec.rope_attention_factor != 1), ``scaled`` per rotated element and ``scaled_whole`` per
-    element of the heads. All zero (the default): the tables hold it, measured on a RoPE model."""
+    k heads (a fused kernel writes the heads whole, their unrotated part copied); for a YaRN model (cos and sin carry
+    its attention factor, and Megatron's yarn position embedding turns RoPE fusion off), ``scaled`` per rotated element
+    and ``scaled_whole`` per element of the heads. All zero (the default): the tables hold it, measured on a RoPE
+    model."""
 
     plain: Passes = Field(default_factory=Passes)
     scaled: Passes = Field(default_factory=Passes)
@@ -100,7 +102,7 @@ def rotary_bytes(w: "Workload", tp: Any) -> tuple[Any, Any]:
     layer = w.layer
     heads = layer.q_dim / tp + layer.kv_heads * layer.d_head / np.minimum(tp, layer.kv_heads)  # q and k elements
     per = heads * w.act_bytes * (1.0 - len(m.nope_layers) / m.n_layers)
-    if m.rope_attention_factor == 1.0:
+    if m.rope_scaling is None or m.rope_scaling.kind != "yarn":
         return r.plain.forward * per, r.plain.backward * per
     f = m.rotary_fraction
     return (f * r.scaled.forward + r.scaled_whole.forward) * per, (f * r.scaled.backward + r.scaled_whole.backward) * per

@@ -77,6 +77,12 @@ def test_megatron_core_rotary_bytes_per_token():
     yarn = glm.model_copy(update={"rope_scaling": RopeScaling(kind="yarn", factor=4.0)})
     w = Workload.of(yarn, load_hardware("gb200-nvl72"), load_stack("megatron-core"), TrainingSetup(seq_len=4096))
     assert tuple(float(x) for x in rotary_bytes(w, 1)) == pytest.approx(((0.5 * 10 + 2) * 2 * heads, (0.5 * 10 + 3) * 2 * heads))
+    # a YaRN whose attention factor is 1 (both mscales 1) runs unfused too: its position embedding type, yarn, turns
+    # fusion off (Megatron-LM arguments.py, Bridge's validate_rope_fusion_compatibility)
+    one = glm.model_copy(update={"rope_scaling": RopeScaling(kind="yarn", factor=4.0, mscale=1.0, mscale_all_dim=1.0)})
+    assert one.rope_attention_factor == 1.0
+    w = Workload.of(one, load_hardware("gb200-nvl72"), load_stack("megatron-core"), TrainingSetup(seq_len=4096))
+    assert float(rotary_bytes(w, 1)[0]) == pytest.approx((0.5 * 10 + 2) * 2 * heads)
     # stacks whose tables were probed on their own RoPE code, models without RoPE, MLA's fused rope parts: nothing
     assert _bytes("llama3-8b", "hf-trainer") == _bytes("gpt-oss-120b", "torchtitan") == (0.0, 0.0)
     assert _bytes("gpt2-xl", "megatron-core") == _bytes("deepseek-v3", "megatron-core") == (0.0, 0.0)

@@ -130,7 +130,7 @@ class RopeScaling(Spec):
     """RoPE's frequencies scaled for a longer context (config.json's rope_parameters, rope_scaling before transformers 5;
     transformers 5.23 modeling_rope_utils.py): its rope_type, its factor, the context the model was first trained on,
     Llama 3.1's low and high frequency factors, YaRN's betas and DeepSeek's mscales, each None where the config gives
-    none. No parameters; YaRN's attention factor (ModelSpec.rope_attention_factor) decides how megatron-core runs RoPE."""
+    none. No parameters; a YaRN runs megatron-core's RoPE unfused (advisor.unfused.rotary_bytes)."""
 
     kind: str = Field(min_length=1, max_length=40, pattern=r"^[^\x00-\x1f\x7f]+$")  # linear, dynamic, yarn, llama3, ...
     factor: Optional[float] = Field(default=None, gt=0, le=1e6)
@@ -286,8 +286,8 @@ class ModelSpec(ApiSpec):
         """YaRN's attention factor on RoPE's cos and sin (transformers 5.23 _compute_yarn_parameters): the config's
         attention_factor, else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) where both are set
         (DeepSeek-V3's 1 / 1), else get_mscale(factor) = 0.1 ln(factor) + 1 (GPT-OSS: 1.347), 1 where factor <= 1,
-        factor defaulting to max positions / the original context; 1 without YaRN. No parameters, but megatron-core
-        runs RoPE unfused where it is not 1 (advisor.unfused.rotary_bytes)."""
+        factor defaulting to max positions / the original context; 1 without YaRN. No parameters (what an export's
+        YaRN flags must reproduce)."""
         r = self.rope_scaling
         if r is None or r.kind != "yarn":
             return 1.0
