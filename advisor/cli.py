@@ -140,12 +140,14 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
             try:
                 written = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
                                       best.grad_accum, best.world_size,
-                                      best.stack if str(kw.get("stack") or "auto") in ("auto", "any") else kw["stack"])
+                                      best.stack if str(kw.get("stack") or "auto") == "auto" else kw["stack"])
                 break
             except AdvisorError as exc:
                 first_error = first_error or exc
         if written is None:
-            _fail(f"{first_error} (none of the {len(result.plans)} plans ranked exports as {export_kind})")
+            said = str(first_error).replace("--format ", "--export ")  # plan's flag for the format
+            _fail(f"{said} (none of the {len(result.plans)} plans ranked exports as {export_kind}: --top "
+                  f"{4 * len(result.plans)} ranks more)")
         _emit(out, written.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
         if rank > 1:
             click.echo(f"note: plan {rank} of the ranking, the best {export_kind} writes (plan 1, "

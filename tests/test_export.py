@@ -899,6 +899,10 @@ def test_plan_export_writes_the_best_plan_the_format_writes(tmp_path):
                              "--export", "accelerate", "--out", str(out)])
     assert code == 0 and out.exists() and "TP=" not in err.splitlines()[0]
     assert "of the ranking, the best accelerate writes (plan 1, ZeRO-2 dp=4 x TP=2: accelerate cannot express tp=2" in err
+    code, _, err = run_main(["plan", "--model", "gemma-2-9b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "hf-trainer",
+                             "--export", "accelerate", "--top", "2", "--out", str(out)])
+    assert code == 2 and "use --stack hf-trainer --export deepspeed (none of the 2 plans ranked exports as accelerate: " \
+                         "--top 8 ranks more)" in err  # plan's own flags in the advice
     code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "any",
                              "--export", "deepspeed", "--out", str(tmp_path / "d.json")])
     assert code == 2 and err.startswith("error: --stack any ranks every stack's plans, and deepspeed launches only some")
