@@ -128,33 +128,9 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
 
         suggestion = suggest_fix(result)
     if export_kind:
-        from advisor.errors import AdvisorError
-        from advisor.export import export as export_plan
-
         if not result.plans:
             _fail("no plan fits, nothing to export: " + suggestion)
-        # the best ranked plan the format writes (a TP plan accelerate cannot, a stack that does not launch it: the next)
-        first_error, written = None, None
-        for rank, row in enumerate(result.plans, 1):
-            best = row.estimate
-            try:
-                written = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
-                                      best.grad_accum, best.world_size,
-                                      best.stack if str(kw.get("stack") or "auto") == "auto" else kw["stack"])
-                break
-            except AdvisorError as exc:
-                first_error = first_error or exc
-        if written is None:
-            said = str(first_error).replace("--format ", "--export ")  # plan's flag for the format
-            _fail(f"{said} (none of the {len(result.plans)} plans ranked exports as {export_kind}: --top "
-                  f"{4 * len(result.plans)} ranks more)")
-        _emit(out, written.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
-        if rank > 1:
-            click.echo(f"note: plan {rank} of the ranking, the best {export_kind} writes (plan 1, "
-                       f"{result.plans[0].estimate.label}: {first_error})", err=True)
-        for note in written.notes:
-            click.echo(f"note: {note}", err=True)
-        return
+        return _export_best(result, export_kind, kw, out)
     from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens
 
     travel = faster_travel(result, kw.get("moe_dispatcher"), kw.get("moe_overlap")) if (as_json or result.plans) else None
@@ -172,6 +148,34 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         method = getattr(result, "method_choice", None)  # --method auto: the method the suggestion is for
         said = f" ({method['lines'][0].removeprefix('method auto: ')})" if method and method.get("lines") else ""
         _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}{said}: {suggestion}")
+
+
+def _export_best(result, export_kind: str, kw: dict, out) -> None:
+    """plan --export: the best ranked plan the format writes (a TP plan accelerate cannot, a stack that does not
+    launch it: the next), said where it is not plan 1; where none does, the first refusal in plan's own flags."""
+    from advisor.errors import AdvisorError
+    from advisor.export import export as export_plan
+
+    first_error, written = None, None
+    for rank, row in enumerate(result.plans, 1):
+        best = row.estimate
+        try:
+            written = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
+                                  best.grad_accum, best.world_size,
+                                  best.stack if str(kw.get("stack") or "auto") == "auto" else kw["stack"])
+            break
+        except AdvisorError as exc:
+            first_error = first_error or exc
+    if written is None:
+        said = str(first_error).replace("--format ", "--export ")  # plan's flag for the format
+        _fail(f"{said} (none of the {len(result.plans)} plans ranked exports as {export_kind}: --top "
+              f"{4 * len(result.plans)} ranks more)")
+    _emit(out, written.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
+    if rank > 1:
+        click.echo(f"note: plan {rank} of the ranking, the best {export_kind} writes (plan 1, "
+                   f"{result.plans[0].estimate.label}: {first_error})", err=True)
+    for note in written.notes:
+        click.echo(f"note: {note}", err=True)
 
 
 def _emit(out, text: str, what: str) -> None:
