@@ -20,8 +20,8 @@ from advisor.candidates import Candidates, concat
 from advisor.constraints import violations
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.space import (MAX_CANDIDATES, MIN_TOKENS_PER_CP_RANK, block_layers, count_candidates, enumerate_candidates, layouts, offloads_of,
-                           pair_violations, policies_of, with_experts)
+from advisor.space import (MAX_CANDIDATES, MIN_TOKENS_PER_CP_RANK, block_layers, count_candidates, enumerate_candidates,
+                           layouts, offloads_of, pair_violations, policies_of, with_experts)
 from advisor.stack import Stack
 
 

@@ -296,7 +296,7 @@ def head_times(w: Workload, tokens: Any, tp: Any) -> HeadTimes:
 def _head_times(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     hw, h, vocab = w.hw, w.model.d_model, w.model.vocab
     t = w.tables
-    # a recipe leaves the output layer in BF16 (advisor.precision); the legacy fp8-mixed ran it at its math
+    # a recipe leaves the output layer in BF16 (advisor.precision); fp8-mixed is costed as fp8-delayed (TrainingSetup)
     math = "bf16" if w.precision.recipe is not None else w.math
     logits_fwd = gemm_time(hw, math, 2.0 * h * vocab * tokens / tp, vocab / tp, h)
     # a stack that pads the vocabulary to a multiple of 128 x tp (Megatron's --make-vocab-size-divisible-by) is aligned

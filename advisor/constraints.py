@@ -93,7 +93,8 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     that depend on the rest are kept, all False, so that the keys are those of a full check, in its order."""
     ones = np.ones(len(c), dtype=bool)
     # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
-    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
+    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(
+               c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
            **expert.violations(c, model),
            **(stack_violations(c, stack, layout_only, model.n_layers, model.tied_embeddings, model.routed)

@@ -30,9 +30,9 @@ RUNG_TOP = 200
 def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, Any]):
     """The PlanSearch of the method the rule picks (each searched by ``plan``: advisor.search.plan), with
     ``method_choice`` saying what fit and why. Offload comes last (issue 22: "full if it fits, else LoRA, else QLoRA,
-    else offload"): a rung fits where a plan offloading nothing (model states or activations) fits; only where none does, the first
-    rung whose offloaded plans fit (ZeRO-Offload / ZeRO-Infinity, and QLoRA with its optimizer and activations
-    offloaded, the last rung)."""
+    else offload"): a rung fits where a plan offloading nothing (model states or activations) fits; only where none
+    does, the first rung whose offloaded plans fit (ZeRO-Offload / ZeRO-Infinity, and QLoRA with its optimizer and
+    activations offloaded, the last rung)."""
     results, steps, plain = {}, {}, {}
     top = int(given.get("top") or 10)
     for name, extra in LADDER:

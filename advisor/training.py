@@ -162,7 +162,7 @@ class TrainingSetup(ApiSpec):
         """fp8-mixed, the one FP8 switch before recipes were inputs, is what every stack's FP8 switch launches:
         Transformer Engine's default recipe, DelayedScaling (accelerate's fp8 with the TE backend, Megatron-LM's
         --fp8-format without --fp8-recipe, Composer's amp_fp8), costed and exported as fp8-delayed."""
-        return Precision.fp8_delayed if v in (Precision.fp8_mixed, "fp8-mixed") else v
+        return Precision.fp8_delayed if v == Precision.fp8_mixed else v  # (a str Enum: "fp8-mixed" as well)
 
     @model_validator(mode="after")
     def _batch(self) -> "TrainingSetup":

@@ -82,7 +82,7 @@ class Workload:
             others = [n for n in runs_method(ft.kind) if runs_model(load_stack(n), model)]  # that build the model too
             raise StackError(f"stack {stack.name} does not run {ft.kind} fine-tuning (it runs {', '.join(stack.engine.methods)})"
                              + (f": use --stack {' or '.join(others)}" if others else f"; no shipped stack runs it on {model.name}"))
-        # the tables last: what the stack does not run is said before what advisor has not measured (NoTable)
+        # the tables last: what the stack does not run is said before what advisor has not measured
         tables = stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(layer), setup.compile)
         if ft.adapters:
             trainable_params(model, ft)  # a one-line error where no target exists in this model

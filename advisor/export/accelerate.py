@@ -28,7 +28,7 @@ from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 
 ACCELERATE_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16", Precision.fp16_mixed: "fp16",
-                        Precision.bf16: "no", Precision.fp8_mixed: "fp8"}
+                        Precision.bf16: "no"}
 
 
 # accelerate 1.15's fp8_config backends (utils/dataclasses.py): TERecipeKwargs (Transformer Engine's DelayedScaling,
@@ -57,9 +57,7 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     elif setup.precision is Precision.bf16:
         notes.append("pure bf16: mixed_precision is 'no'; cast the model with model.to(torch.bfloat16) "
                      "before accelerator.prepare")
-    if setup.precision is Precision.fp8_mixed:
-        cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
-    elif recipe is not None:
+    if recipe is not None:
         cfg["fp8_config"] = dict(ACCELERATE_FP8[recipe.name])
     cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
     if setup.compile != "none":  # accelerate's TorchDynamoPlugin compiles the prepared model whole, its loss inside

@@ -270,10 +270,6 @@ def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
             notes.append(f"{name} {extra}")
         _reduce_note(name, eng, stack.name, notes)
         return name
-    if p is Precision.fp8_mixed:
-        notes.append("fp8 maps to bf16_with_fp8_delayed_scaling_mixed (Megatron-LM's default delayed scaling), which "
-                     "gathers FP8 parameters (fp8_param_gather)")
-        return "bf16_with_fp8_delayed_scaling_mixed"
     if p is Precision.fp16_mixed:
         return "fp16_mixed"
     if p is Precision.bf16:

@@ -105,13 +105,11 @@ def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, 
     p = setup.precision
     if p is Precision.fp16_mixed:
         return {"fp16": dict(FP16_DYNAMIC)}
-    if p is Precision.fp8_mixed:
-        notes.append("fp8: the JSON enables bf16; FP8 GEMMs come from Transformer Engine layers in the model")
     if p.recipe is not None:
         notes.append(f"{p.value}: the JSON enables bf16; the {p.recipe.format.upper()} GEMMs come from the model's "
                      f"Transformer Engine or torchao layers under that recipe ({_first_clause(p.recipe.source)})")
         return {"bf16": {"enabled": True}}
-    if p in (Precision.bf16_mixed, Precision.fp8_mixed):
+    if p is Precision.bf16_mixed:
         return {"bf16": {"enabled": True}}
     if p is Precision.bf16:
         if plan.zero >= 1:

@@ -19,9 +19,9 @@ from advisor.export.common import Exported, ExportError, Precision, Run, check, 
 from advisor.model import MLPKind, NormKind, PositionKind
 
 # Composer's Precision enum (composer/core/precision.py); its AMP_FP8 is Transformer Engine's fp8_autocast with a
-# DelayedScaling recipe (mosaicml 0.32.1 get_precision_context): fp8-delayed, and the generic fp8-mixed
+# DelayedScaling recipe (mosaicml 0.32.1 get_precision_context): fp8-delayed (which fp8-mixed is: TrainingSetup)
 PRECISION = {Precision.fp32: "fp32", Precision.bf16_mixed: "amp_bf16", Precision.fp16_mixed: "amp_fp16",
-             Precision.fp8_mixed: "amp_fp8", Precision.fp8_delayed: "amp_fp8"}
+             Precision.fp8_delayed: "amp_fp8"}
 SHARDING = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 # Placeholders for what a run needs but the plan does not say, as in llm-foundry's scripts/train/yamls/pretrain/
 # mpt-125m.yaml (tokenizer, data, optimizer, schedule): yours to replace
@@ -130,7 +130,7 @@ def foundry_dict(r: Run) -> tuple[dict[str, Any], list[str]]:
     if not _is_mpt(r):
         notes.append(f"{r.model.name} is not an MPT shape: hf_causal_lm builds it from its Hugging Face config; "
                      "set pretrained_model_name_or_path")
-    if r.setup.precision is Precision.fp8_mixed:
+    if PRECISION.get(r.setup.precision) == "amp_fp8":
         notes.append("amp_fp8 runs FP8 only in Transformer Engine layers: set model.fc_type: te")
     if r.plan.zero == 0 and r.plan.dp > 1:
         notes.append("no fsdp_config: Composer wraps the model in PyTorch DDP")

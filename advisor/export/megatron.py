@@ -237,8 +237,6 @@ def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:
         return ["--bf16"] + MEGATRON_RECIPES[p.value]
     if p is Precision.fp16_mixed:
         return ["--fp16"]  # no --loss-scale: dynamic loss scaling (Megatron's default)
-    if p is Precision.fp8_mixed:
-        return ["--bf16", "--fp8-format", "hybrid"]  # Transformer Engine: e4m3 forward, e5m2 gradients
     if p is Precision.bf16:
         # arguments.py: --main-params-dtype takes fp32 or fp16 only; --megatron-fsdp-main-params-dtype also bf16
         notes.append("pure bf16 was costed (no fp32 master weights): Megatron's --bf16 keeps fp32 main params "

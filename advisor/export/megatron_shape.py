@@ -199,8 +199,8 @@ def rope_scaling_flags(model: ModelSpec) -> tuple[list, str]:
         return ["--use-rope-scaling"], ""
     if s.kind == "linear" and not mla and s.factor is not None and s.factor == int(s.factor):
         return ["--rotary-seq-len-interpolation-factor", int(s.factor)], ""
-    if s.kind == "yarn" and not mla and _yarn_flags(model):
-        return _yarn_flags(model), ""
+    if s.kind == "yarn" and not mla and (yarn := _yarn_flags(model)):
+        return yarn, ""
     if (s.kind == "yarn" and mla and s.factor is not None and s.original_max_positions == 4096
             and s.beta_fast in (None, 32.0) and s.beta_slow in (None, 1.0)
             and (s.mscale is None) == (s.mscale_all_dim is None)):

@@ -152,7 +152,7 @@ RECOMPUTE = {"none": "activation-checkpoint:none", "full": "activation-checkpoin
 
 def refuse_common(r: Run, release: str, recompute: tuple[str, ...]) -> None:
     """What neither torchtitan release runs (fp16, ZeRO-1 outside a pipeline, SGD) or ``release`` does not checkpoint."""
-    if r.setup.precision in (Precision.fp16_mixed, Precision.fp8_mixed):
+    if r.setup.precision is Precision.fp16_mixed:
         raise ExportError(f"torchtitan has no {r.setup.precision.value} setting (its dtypes are bfloat16 and float32; "
                           "float8 is a model converter): use --precision bf16-mixed or a recipe")
     if r.plan.zero == 1 and r.plan.pp == 1:
