@@ -47,6 +47,22 @@ class Zero3Calls(Spec):
     source: Optional[str] = None
 
 
+class ZeroBuffers(Spec):
+    """An optimizer-sharding ZeRO engine's own buffers and gradient reduction beyond its model states, read from its
+    source (DeepSpeed's DeepSpeedZeroOptimizer for stages 1/2, DeepSpeedZeroOptimizer_Stage3)."""
+
+    ipg_elements: float = Field(gt=0, le=1e13, description="the IPG bucket (reduce_bucket_size), a flat buffer in the "
+                                "gradients' dtype: ZeRO-1/2 allocate it for each backward (twice under overlap_comm) "
+                                "and all-reduce a flat copy of each filled bucket; ZeRO-3 allocates one for good")
+    grad_all_reduce: bool = Field(description="ZeRO-1/2 all-reduce each bucket (use_multi_rank_bucket_allreduce) where "
+                                  "a reduce-scatter would move half the bytes")
+    zero2_gather_per_step: bool = Field(description="ZeRO-2 keeps the half-precision weights whole: it all-gathers "
+                                        "the updated partitions once a step after the optimizer step, as ZeRO-1")
+    sub_group_elements: float = Field(gt=0, le=1e15, description="ZeRO-3 steps its partition in sub-groups of this "
+                                      "many elements (sub_group_size), each flattened and upcast to fp32 in turn")
+    source: Optional[str] = None
+
+
 class UserBuffers(Spec):
     """How Transformer Engine's userbuffers pipeline the sequence-parallel collectives with their GEMMs (Megatron
     --tp-comm-overlap), per the layer's GEMM passes. Defaults: TE 2.13 module/base.py initialize_ub, whose
@@ -89,6 +105,8 @@ class Engine(Spec):
     zero3_calls: Optional[Zero3Calls] = Field(
         default=None, description="per_submodule ZeRO-3: how its gathers and reduce-scatters are issued (None: one "
                                   "call per pass, as zero_collectives says, shared out over the sub-modules)")
+    zero_buffers: Optional[ZeroBuffers] = Field(default=None, description="an optimizer-sharding ZeRO engine's "
+                                                "buckets and step copies (None: none costed beyond the states)")
     gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
     gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
     device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(description="the device is synchronised "

@@ -9,6 +9,8 @@ Communication per step (nccl-tests bytes; advisor.comm):
   overlapped with the last micro-batch's backward; the last bucket (at least the input embedding's gradient,
   the last one backward produces) never overlaps.
 - ZeRO-1: reduce-scatter the gradients (overlapped as DDP's), all-gather the updated weights after the step.
+  DeepSpeed's engine (``engine.zero_buffers``) all-reduces each gradient bucket instead, and its ZeRO-2 too gathers
+  once a step (advisor.parallel.zero_buffers).
 - ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
   in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
   compute, except the first layer's (``zero3_overlap: prefetch``); without backward prefetch (``forward``) only
@@ -35,7 +37,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import expert, fsdp2, pipeline, zero3
+from advisor.parallel import expert, fsdp2, pipeline, zero3, zero_buffers
 from advisor.parallel.overlap import Windows, hidden
 from advisor.recompute import mix
 from advisor.units import MiB
@@ -154,7 +156,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
         stepped_params=stepped)
     from advisor import adapters  # imported here: advisor.adapters imports this module
-    return adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
+    states = adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
+    return zero_buffers.apply(w, c, mesh, states)  # a ZeRO engine's buckets and step copies (engine.zero_buffers)
 
 
 def quantised_weights(w: Workload, zero: Any, layer_params: Any, low_params: bool = False) -> Any:
@@ -197,7 +200,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     rs, roots, hsdp = fsdp2.replicas_per_micro_batch(w, states, rs, roots, hsdp)
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, ag, layers, windows, inline, roots, held)
+    zb = w.stack.engine.zero_buffers  # DeepSpeed's ZeRO-2 gathers the updated weights once a step, as its ZeRO-1
+    once = (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step))
+    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, np.where(once, 0.0, ag), layers, windows,
+                                           inline, roots, held)
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle) * fsdp2.replica_passes(w, c), 0.0)
     # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
@@ -207,9 +213,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     z1_ag = first + np.maximum(comm.beside(np.maximum(ag - first, 0.0), windows.fwd_s, held)
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
-    ag = np.where(zero == 1, z1_ag, ag)
     exposed = exposed + fsdp2.unit_copy_seconds(w, states, zero)
-    params = np.where(active & (zero == 1), ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
+    params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
     params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
@@ -248,6 +253,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     # An FSDP stack calls them per unit: each layer, then the root (embeddings and head). ZeRO-1 is DeepSpeed's
     # stage 1 there, with its 500M-element buckets: one call each, as in a stack that reduces in one call.
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
+    zb = w.stack.engine.zero_buffers  # DeepSpeed's ZeRO-1/2 all-reduce each gradient bucket (engine.zero_buffers)
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
     out, roots = [], []
@@ -255,6 +261,9 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
+        if coll is Collective.reduce_scatter and zb is not None and zb.grad_all_reduce:  # ZeRO-1/2: each bucket
+            whole = np.where(zero <= 2, comm.collective_time(Collective.all_reduce, shard, n * per_param, hw, per_node,
+                                                             where=whole_on & (zero <= 2)), whole)
         root = np.where(units_on, comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw,
                                                        per_node, where=units_on), 0.0)
         per_unit = units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on) + root

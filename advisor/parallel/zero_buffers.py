@@ -1,0 +1,43 @@
+"""An optimizer-sharding ZeRO engine's own buffers beyond the model states (the stack's ``engine.zero_buffers``),
+read from DeepSpeed 0.19.8's source:
+
+- ZeRO-1/2 (runtime/zero/stage_1_and_2.py): ``setup_buckets`` (:3256-3280) allocates the IPG bucket, a flat buffer of
+  reduce_bucket_size elements in the gradients' dtype, at the first gradient of each backward, and a second one under
+  overlap_comm; ``_release_ipg_buffers`` (:924-932) frees them after backward. Each filled bucket is all-reduced
+  from a flat copy (``allreduce_bucket``: ``self.flatten(bucket)``, :2359-2368), at most a bucket of the gradients.
+  The step (:3103-3118) flattens the partition's gradients (a copy in their dtype) and upcasts it
+  (``flat_grad_partition.to(fp32)``): the fp32 gradient DeepSpeed's own estimator counts
+  (``estimate_zero2_model_states_mem_needs``, :4029-4031: 18 = 2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8).
+- ZeRO-3 (runtime/zero/stage3.py): the IPG bucket is allocated once, at init, and kept (:779-784); the step flattens
+  and upcasts one sub-group of sub_group_size elements at a time (``_prepare_fp32_grad_for_sub_group``, :2683-2693).
+
+Left out: the CPU-offload paths' pinned staging buffers (the optimizer step's copies then live on the host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+FP32 = 4.0  # bytes of the upcast gradient partition
+
+
+def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
+    """``states`` (advisor.parallel.data.ModelStates) with the engine's buckets in ``grad_buffer`` (held through
+    backward; ZeRO-3's also through the step) and its step copies in ``step_temporaries``."""
+    zb = w.stack.engine.zero_buffers
+    if zb is None:
+        return states
+    zero, gb = np.asarray(c.zero), states.grad_bytes
+    # parameters this GPU steps: its partition (the adapters' under LoRA)
+    stepped = states.stepped_params if states.grad_params is None else states.grad_params / mesh.dp_shard
+    buffers = np.where(np.asarray(c.overlap, dtype=bool), 2.0, 1.0)
+    flat = np.minimum(zb.ipg_elements, states.dp_params) if zb.grad_all_reduce else 0.0
+    z12 = (zb.ipg_elements * buffers + flat) * gb
+    z3 = zb.ipg_elements * gb
+    ipg = np.where(zero >= 3, z3, np.where(zero >= 1, z12, 0.0))
+    step = (gb + FP32) * np.where(zero >= 3, np.minimum(stepped, zb.sub_group_elements), stepped)
+    return replace(states, grad_buffer=states.grad_buffer + ipg,
+                   step_temporaries=states.step_temporaries + np.where(zero >= 1, step, 0.0) + np.where(zero >= 3, z3, 0.0))

@@ -1,0 +1,81 @@
+"""The deepspeed stack's ZeRO engine as DeepSpeed 0.19.8 runs it (engine.zero_buffers, advisor/parallel/zero_buffers.py):
+its IPG buckets and step copies in memory, its ZeRO-1/2 gradient all-reduce and ZeRO-2's once-a-step gather in time.
+Sources: deepspeed 0.19.8 runtime/zero/config.py, stage_1_and_2.py, stage3.py as installed."""
+
+from __future__ import annotations
+
+import pytest
+
+import advisor
+from advisor import comm
+from advisor.comm import Collective
+from advisor.hardware import load_hardware
+
+BUCKET = 500_000_000  # reduce_bucket_size default, runtime/zero/config.py:113
+BF16 = 2.0
+
+
+def _parts(**kw):
+    e = advisor.estimate(stack="deepspeed", micro_batch=1, **kw)
+    return e, e.model_dump(mode="json")["memory"]["parts"]
+
+
+@pytest.mark.parametrize("overlap, buckets", [(True, 2), (False, 1)])
+def test_zero2_holds_its_ipg_buckets_and_the_flat_copy_it_all_reduces(overlap, buckets):
+    """setup_buckets allocates reduce_bucket_size elements in bf16, a second buffer under overlap_comm
+    (stage_1_and_2.py:3256-3280); allreduce_bucket flattens each filled bucket before all_reduce (:2359-2385): GPT-2 XL's
+    1.56e9 gradients fill the 5e8-element bucket. 3.0e9 / 2.0e9 bytes on top of the states and activations."""
+    _, parts = _parts(model="gpt2-xl", hw="dgx-a100", gpus=8, zero=2, overlap_grad_reduce=overlap)
+    assert parts["transient"] == pytest.approx((buckets + 1) * BUCKET * BF16, rel=1e-9)
+
+
+def test_zero3_keeps_one_ipg_bucket_from_init():
+    """stage3.py:779-784 allocates the IPG bucket once at init (5e8 bf16 = 1e9 bytes), beside the two gathered
+    sub-modules the model already held: GPT-2 XL's largest, c_fc (1600 x 6400 = 10.24e6), twice in bf16."""
+    _, parts = _parts(model="gpt2-xl", hw="dgx-a100", gpus=8, zero=3)
+    assert parts["transient"] == pytest.approx(BUCKET * BF16 + 2 * 1600 * 6400 * BF16, rel=1e-9)
+
+
+def test_zero2_step_holds_what_deepspeeds_estimator_counts_plus_the_flat_copy():
+    """At the step the partition's bf16 gradients are flattened (a copy) and upcast to fp32 (stage_1_and_2.py:3103-3118).
+    DeepSpeed's estimate_zero2_model_states_mem_needs (:4017-4034) counts 2 P + 18 P / N without offload (2 grads_16bit
+    + 4 grads_32bit + 4 params_32bit + 8 Adam states per partitioned parameter); the flattened copy adds 2 P / N.
+    Llama 3 8B on 2 H100s at seq 128: the step, not the activations, sets the peak."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    e, parts = _parts(model="llama3-8b", hw="dgx-h100", gpus=2, zero=2, seq=128, overlap_grad_reduce=False)
+    n = e.params
+    _, gpu = estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=2, num_nodes=1, cpu_offload=False)
+    states = parts["weights"] + parts["gradients"] + parts["optimizer_states"] + parts["transient"]
+    assert parts["activations"] == 0.0  # the step phase
+    assert states == pytest.approx(gpu + 2 * n / 2, rel=1e-6)  # gpu is int(...): a byte's rounding
+
+
+KW = dict(model="llama3-8b", hw="dgx-h100", gpus=16, stack="deepspeed", micro_batch=1, seq=4096)
+
+
+def _dp(zero, grad_accum, **kw):
+    b = advisor.estimate(zero=zero, grad_accum=grad_accum, **KW, **kw).model_dump(mode="json")["breakdown"]
+    return b["comm/dp_grad"], b["comm/zero_params"]
+
+
+def test_zero1_all_reduces_the_gradient_buckets():
+    """use_multi_rank_bucket_allreduce defaults to true (config.py:119): average_tensor puts every rank's slice of a
+    bucket in one ("allreduce", group) bucket and allreduce_bucket calls dist.all_reduce on it (stage_1_and_2.py
+    :1690-1720, :2359-2385): twice a reduce-scatter's bus bytes. Exposed whole without overlap_comm."""
+    grad, gather = _dp(1, 8, overlap_grad_reduce=False)
+    hw = load_hardware("dgx-h100")
+    n = advisor.estimate(zero=1, **KW).params
+    assert grad == pytest.approx(float(comm.collective_time(Collective.all_reduce, 16, n * BF16, hw, 8)), rel=1e-9)
+    assert gather == pytest.approx(float(comm.collective_time(Collective.all_gather, 16, n * BF16, hw, 8)), rel=1e-9)
+
+
+def test_zero2_gathers_the_weights_once_a_step():
+    """ZeRO-2 keeps the bf16 weights whole (bit16_groups_flat) and all-gathers the updated partitions once, after
+    the optimizer step (stage_1_and_2.py:3149-3155), as ZeRO-1: only its gradient reduction runs every micro-batch
+    (engine.py:3084-3086). So 8 micro-batches cost 8 reductions and one gather (ZeRO-1's)."""
+    _, gather = _dp(1, 8)
+    _, eight = _dp(2, 8)
+    _, one = _dp(2, 1)
+    assert eight - gather == pytest.approx(8 * (one - gather), rel=1e-9)
