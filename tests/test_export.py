@@ -384,7 +384,10 @@ def test_deepspeed_config_loads(case, monkeypatch):
     assert ("activation_checkpointing" in cfg) == (setup.recompute != "none")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "gradient_clipping", "zero_optimization", "fp16", "bf16", "activation_checkpointing", "tensor_parallel",
-             NOTES_KEY}
+             "optimizer", NOTES_KEY}
+    # under offload the JSON names AdamW, which the engine builds as DeepSpeedCPUAdam: DeepSpeed 0.19.8 refuses the
+    # Trainer's own optimizer there (runtime/engine.py:2342-2346, zero_force_ds_cpu_optimizer default true)
+    assert (parsed.optimizer_name == "adamw") == (plan.offload.value != "none")
     assert set(cfg) <= known  # DeepSpeedConfig ignores unknown top-level keys, so check them here
     # offload as DeepSpeed's own config model reads it (deepspeed/runtime/zero/offload_config.py)
     z = parsed.zero_config

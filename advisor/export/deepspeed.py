@@ -53,6 +53,8 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
     }
     cfg.update(_precision(plan, setup, notes))
     zero.update(_offload(plan, notes))
+    if plan.offload.value != "none":
+        cfg["optimizer"] = json.loads(json.dumps(OFFLOAD_OPTIMIZER))
     if setup.recompute != "none":
         k = setup.recompute_layers
         cfg["activation_checkpointing"] = {"partition_activations": bool(plan.sp and plan.tp > 1),
@@ -96,8 +98,18 @@ def _offload(plan: Plan, notes: list[str]) -> dict[str, Any]:
     out = {"offload_optimizer": dict(section)}
     if plan.offload.params:
         out["offload_param"] = dict(section)
-    notes.append("the optimizer runs on the CPU: DeepSpeedCPUAdam (deepspeed.ops.adam), built on first use")
+    notes.append("the optimizer runs on the CPU: DeepSpeedCPUAdam (deepspeed.ops.adam), which DeepSpeed builds from the "
+                 "JSON's optimizer section (a client optimizer, as the Trainer's own, is refused under offload); the "
+                 "Trainer fills its 'auto' values from TrainingArguments, a script of its own sets them")
     return out
+
+
+# Under offload_optimizer DeepSpeed 0.19.8 refuses a client optimizer that is not its CPU Adam
+# (zero_force_ds_cpu_optimizer defaults to true: runtime/engine.py:2342-2346, constants.py:42), and the Trainer passes
+# its own (transformers integrations/deepspeed.py deepspeed_optim_sched) unless the JSON names one: so the JSON names
+# AdamW, which the engine builds as DeepSpeedCPUAdam(adamw_mode=True) there (engine.py:2384-2400). "auto" is the
+# Trainer's placeholder for its TrainingArguments (trainer_config_process fills optimizer.params.*)
+OFFLOAD_OPTIMIZER = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
 
 
 def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, Any]:
