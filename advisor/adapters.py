@@ -26,7 +26,7 @@ from advisor.finetune import (
     trainable_params,
 )
 from advisor.model.layer import Split
-from advisor.peft_modules import NAMES as PEFT_NAMES
+from advisor.peft_modules import HF_FUSED_GATE_UP, HF_FUSED_QKV
 from advisor.training import Optimizer
 from advisor.workload import Workload
 
@@ -314,9 +314,6 @@ def offloaded_step_time(w: Workload, states: Any, dp_shard: Any) -> Any:
 # fused 3-D parameters, which bitsandbytes does not quantise).
 LORA_HOST = ((2, 2), (2, 4))  # (forward ops, forward GEMM calls), (backward ops, backward GEMM calls) an adapter
 NF4_HOST_OPS, DOUBLE_QUANT_HOST_OPS = 5, 4
-# the families whose transformers modules fuse them: advisor.peft_modules' table of their names, read once for both
-HF_FUSED_QKV = frozenset(f for f, names in PEFT_NAMES.items() if "qkv" in names)
-HF_FUSED_GATE_UP = frozenset(f for f, names in PEFT_NAMES.items() if "gate_up" in names)
 
 
 def base_modules(layer, family: str, held: str) -> int:

@@ -39,6 +39,9 @@ class Zero3Calls(Spec):
                                         "partitioned, so never gathered (stage3_param_persistence_threshold)")
     max_live_elements: float = Field(gt=0, le=1e15, description="no prefetch while this many gathered elements are "
                                      "live (stage3_max_live_parameters): a sub-module this large is fetched blocking")
+    max_reuse_elements: float = Field(default=0.0, ge=0, le=1e15, description="a fetched parameter is not released "
+                                      "when the trace reuses it within this many elements (stage3_max_reuse_distance): "
+                                      "the model's tail stays gathered from the forward into the backward")
     host_ops_per_rank_gather: int = Field(default=0, ge=0, le=100, description="host ops one gather call issues per "
                                           "rank of its group (list-form all_gather: a slice and a copy per rank)")
     host_ops_per_rank_reduce: int = Field(default=0, ge=0, le=100, description="the same for one reduce-scatter call")

@@ -15,6 +15,8 @@ modeling files name them; a fused projection is one nn.Linear, which PEFT adapts
 
 from __future__ import annotations
 
+import numpy as np
+
 from advisor.errors import PlanError
 
 LLAMA = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
@@ -98,3 +100,26 @@ def _fused(ft, parts: tuple[str, ...], whole: str):
     """``ft`` with the targets ``parts``, where it names them all, as the one target ``whole``."""
     t = set(ft.target_set)
     return ft.model_copy(update={"targets": ",".join(sorted(t - set(parts) | {whole}))}) if set(parts) <= t else ft
+
+
+# the families whose transformers modules fuse them (the table above): advisor.adapters counts a quantised base's modules
+# with them, advisor.parallel.data ZeRO-3's sub-modules
+HF_FUSED_QKV = frozenset(f for f, names in NAMES.items() if "qkv" in names)
+HF_FUSED_GATE_UP = frozenset(f for f, names in NAMES.items() if "gate_up" in names)
+
+
+def largest_transformers_module(model, tp):
+    """Weight elements (per TP rank) of a layer's largest module as transformers' modeling file holds it: q_proj,
+    k_proj and v_proj apart (q's share of the fused table's qkv: heads / (heads + 2 kv heads)) and gate_proj apart from
+    up_proj, except in the families above; other linears as the layer table holds them."""
+    layer, kv = model.layer, model.n_kv_heads or model.n_heads
+    out = []
+    for lin in layer.linears:
+        weights = lin.rank_weights(tp)
+        if lin.name == "attention/qkv" and model.family not in HF_FUSED_QKV and model.latent is None:
+            weights = weights * model.n_heads / (model.n_heads + 2 * kv)
+        if lin.name == "mlp/gate" and model.family in HF_FUSED_GATE_UP:
+            weights = weights * 2  # gate_up_proj: gate and up in one module
+        out.append(weights)
+    return np.maximum.reduce(out)
+

@@ -29,11 +29,25 @@ def test_zero2_holds_its_ipg_buckets_and_the_flat_copy_it_all_reduces(overlap, b
     assert parts["transient"] == pytest.approx((buckets + 1) * BUCKET * BF16, rel=1e-9)
 
 
-def test_zero3_keeps_one_ipg_bucket_from_init():
-    """stage3.py:779-784 allocates the IPG bucket once at init (5e8 bf16 = 1e9 bytes), beside the two gathered
-    sub-modules the model already held: GPT-2 XL's largest, c_fc (1600 x 6400 = 10.24e6), twice in bf16."""
+REUSE = 1_000_000_000  # stage3_max_reuse_distance default, runtime/zero/config.py:251
+
+
+def test_zero3_keeps_one_ipg_bucket_from_init_and_the_reused_tail_gathered():
+    """stage3.py:779-784 allocates the IPG bucket once at init (5e8 bf16 = 1e9 bytes). Gathered beside it at the turn
+    from forward to backward: the sub-module computing (GPT-2 XL's largest, c_fc, 1600 x 6400 = 10.24e6) and what
+    __params_to_release keeps because the trace reuses it within stage3_max_reuse_distance elements
+    (partitioned_param_coordinator.py:634-662): the tied head (50257 x 1600 = 80.4e6), which the backward reuses
+    next, and the last layers while twice the parameters behind them stay under 1e9, half of it in all: 5e8 in bf16."""
     _, parts = _parts(model="gpt2-xl", hw="dgx-a100", gpus=8, zero=3)
-    assert parts["transient"] == pytest.approx(BUCKET * BF16 + 2 * 1600 * 6400 * BF16, rel=1e-9)
+    assert parts["transient"] == pytest.approx(BUCKET * BF16 + (1600 * 6400 + REUSE / 2) * BF16, rel=1e-9)
+
+
+def test_zero3_reused_tail_is_the_head_alone_when_the_head_is_past_half_the_distance():
+    """Llama 3 8B's output layer, 128256 x 4096 = 525.3e6 elements, is over half the reuse distance: the last layer's
+    sub-modules recur only after the head has been traversed twice (1.05e9 > 1e9), so the head alone stays gathered
+    beside the computing sub-module (its largest, a 14336 x 4096 MLP projection: 58.7e6)."""
+    _, parts = _parts(model="llama3-8b", hw="dgx-h100", gpus=8, zero=3, seq=1024)
+    assert parts["transient"] == pytest.approx(BUCKET * BF16 + (14336 * 4096 + 128256 * 4096) * BF16, rel=1e-9)
 
 
 def test_zero2_step_holds_what_deepspeeds_estimator_counts_plus_the_flat_copy():

@@ -39,6 +39,7 @@ from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import expert, fsdp2, pipeline, zero3, zero_buffers
 from advisor.parallel.overlap import Windows, hidden
+from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
 from advisor.units import MiB
 from advisor.workload import Workload
@@ -132,9 +133,12 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     # ZeRO-3 holds two gathered units (current + prefetch): a layer per FSDP unit, or DeepSpeed's largest sub-module (stage3.py
     # fetch_sub_module), less local experts nothing shards (edp 1); never more than the weights this GPU does not hold
     sharded = p_layer - (np.where(mesh.edp > 1, 0.0, expert.expert_params(w.layer) / (mesh.ep * mesh.etp)) if w.layer.routed else 0)
-    unit = sharded if eng.zero3_gathered == "layer" else np.minimum(w.layer.largest_module_weights(tp), sharded)
+    largest = (largest_transformers_module(m, tp) if eng.base_modules == "transformers" and not w.layer.routed
+               else w.layer.largest_module_weights(tp))  # (transformers' routed experts: one fused 3-D parameter)
+    unit = sharded if eng.zero3_gathered == "layer" else np.minimum(largest, sharded)
     # the unit held from forward into backward (engine.root_held): at the loss it and the last block's are gathered
     root = {"none": 0.0, "output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}[eng.root_held]
+    root = np.maximum(root, zero3.reused_tail(w, outside, layers * p_layer, tp))
     gathered = np.where(zero >= 3, np.minimum(np.maximum(2 * unit, unit + root) * wb, params * wb * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter

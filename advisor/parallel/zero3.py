@@ -18,8 +18,10 @@ over 1,536 A100s: ~7 ms, advisor.comm.network), and on what the host does per ca
   the device in every fetch (``device_sync_per_fetch``, DeepSpeed 0.3) also waits there for the reduce-scatter of
   k's gradients, which otherwise runs beside the next gather.
 A checkpointed layer's recomputation is a forward: its hooks gather again (three gather passes per micro-batch).
-Left out: parameters kept for reuse within ``stage3_max_reuse_distance`` (never within a layer of these models),
-the embedding's and head's gathers beyond one exposed call per pass.
+Memory: a parameter the trace reuses within ``max_reuse_elements`` (stage3_max_reuse_distance) is not released
+(``reused_tail``): the output layer and the last layers stay gathered from the forward into the backward, where the
+activations peak. Left out: the time of the backward gathers that retention saves, and the embedding's and head's
+gathers beyond one exposed call per pass.
 
 ``deepspeed_exposed`` is the coarser form for a stack with no ``zero3_calls``: one call per pass, shared out over
 the layer's four sub-modules.
@@ -55,6 +57,23 @@ class SubModuleCalls:
     root_reduce_s: Any
     gather_comm_s: Any = None  # of gather_s and reduce_s, the collectives' own seconds (the host's apart): what holds
     reduce_comm_s: Any = None  # SMs beside the compute (None: all of them)
+
+
+def reused_tail(w: Workload, outside: Any, layer_params: Any, tp: Any) -> Any:
+    """Parameters (per TP rank) a ZeRO-3 coordinator keeps gathered from the end of the forward into the backward.
+
+    DeepSpeed's release (partitioned_param_coordinator.py ``__params_to_release``, deepspeed 0.19.8) walks the trace
+    from the next sub-module and keeps a parameter that recurs before ``max_reuse_elements`` elements are traversed.
+    A sub-module j of the forward recurs in the backward after the sub-modules behind it have run twice (forward,
+    then backward): j is kept while twice the parameters behind it stay under the distance. So the output layer,
+    which the backward reuses next, is always kept, and the last layers while the head and they hold under half the
+    distance (gpt2-xl at the default 1e9: its tied head, 80M, and the last ~13 of its 48 layers; Llama 3 8B's
+    525M-element head: the head alone). Sub-module granularity is taken as continuous."""
+    z = w.stack.engine.zero3_calls
+    if z is None or z.max_reuse_elements <= 0:
+        return 0.0
+    head = np.minimum(w.model.vocab * w.model.d_model / tp, outside)
+    return head + np.clip(z.max_reuse_elements / 2.0 - head, 0.0, layer_params)
 
 
 def tensors(w: Workload, tp: Any) -> dict[str, list]:
