@@ -93,3 +93,17 @@ def test_zero2_gathers_the_weights_once_a_step():
     _, eight = _dp(2, 8)
     _, one = _dp(2, 1)
     assert eight - gather == pytest.approx(8 * (one - gather), rel=1e-9)
+
+
+def test_zero2_without_overlap_comm_reduces_on_the_compute_stream():
+    """Without overlap_comm DeepSpeed reduces each IPG bucket on the current stream (stage_1_and_2.py reduce_ipg_grads:
+    ``stream = get_accelerator().current_stream()`` unless overlap_comm): every micro-batch's all-reduce is exposed
+    whole, beside ZeRO-2's one gather a step (ZeRO-1's, as test_zero1_all_reduces_the_gradient_buckets costs it)."""
+    hw = load_hardware("dgx-h100")
+    n = advisor.estimate(zero=2, **KW).params
+    _, params = _dp(2, 8, overlap_grad_reduce=False)
+    all_reduce = float(comm.collective_time(Collective.all_reduce, 16, n * BF16, hw, 8))
+    gather = float(comm.collective_time(Collective.all_gather, 16, n * BF16, hw, 8))
+    assert params == pytest.approx(8 * all_reduce + gather, rel=1e-9)
+    _, overlapped = _dp(2, 8)
+    assert overlapped < params / 2  # overlap_comm hides most of it behind the backward

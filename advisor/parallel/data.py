@@ -204,10 +204,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     hsdp = comm.collective_time(Collective.all_reduce, mesh.dp_replicate, states.dp_params * states.reduce_bytes / mesh.dp_shard,
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     rs, roots, hsdp = fsdp2.replicas_per_micro_batch(w, states, rs, roots, hsdp)
-    zb = w.stack.engine.zero_buffers  # DeepSpeed's ZeRO-2 gathers the updated weights once a step, as its ZeRO-1
-    once = (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step))
+    once = zero_buffers.gathers_once(w, zero)  # ZeRO-1 (and DeepSpeed's ZeRO-2) gathers the weights once a step
     exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, np.where(once, 0.0, ag), layers, windows,
                                            inline, roots, held)
+    exposed = zero_buffers.serial_reduction(w, zero, can_overlap, rs, exposed)  # DeepSpeed without overlap_comm
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle) * fsdp2.replica_passes(w, c), 0.0)
     # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting

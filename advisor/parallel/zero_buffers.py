@@ -41,3 +41,20 @@ def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
     step = (gb + FP32) * np.where(zero >= 3, np.minimum(stepped, zb.sub_group_elements), stepped)
     return replace(states, grad_buffer=states.grad_buffer + ipg,
                    step_temporaries=states.step_temporaries + np.where(zero >= 1, step, 0.0) + np.where(zero >= 3, z3, 0.0))
+
+
+def gathers_once(w: Any, zero: Any) -> Any:
+    """Where the updated weights are all-gathered once a step, after the optimizer step: ZeRO-1, and ZeRO-2 in an
+    engine that keeps the half-precision weights whole (DeepSpeed's: stage_1_and_2.py all_gather_dp_groups, :3149-3155)."""
+    zb = w.stack.engine.zero_buffers
+    return (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step))
+
+
+def serial_reduction(w: Any, zero: Any, can_overlap: Any, rs: Any, exposed: Any) -> Any:
+    """``exposed`` (ZeRO-2/3 seconds per micro-batch) where the engine reduces on the compute stream: DeepSpeed without
+    overlap_comm (stage_1_and_2.py reduce_ipg_grads: ``current_stream()`` unless overlap_comm) exposes its ZeRO-2
+    reduction ``rs`` whole every micro-batch (its gather runs once a step: gathers_once)."""
+    if w.stack.engine.zero_buffers is None:
+        return exposed
+    return np.where((zero == 2) & ~np.asarray(can_overlap, dtype=bool), rs, exposed)
+
