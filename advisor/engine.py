@@ -63,6 +63,12 @@ class ZeroBuffers(Spec):
                                         "the updated partitions once a step after the optimizer step, as ZeRO-1")
     sub_group_elements: float = Field(gt=0, le=1e15, description="ZeRO-3 steps its partition in sub-groups of this "
                                       "many elements (sub_group_size), each flattened and upcast to fp32 in turn")
+    stages: list[Literal[1, 2, 3]] = Field(default=[1, 2, 3], min_length=1, description="the ZeRO stages the stack "
+                                           "runs on this engine (the Trainer's ZeRO-1 through accelerate's DeepSpeed "
+                                           "plugin; its ZeRO-2/3 are FSDP's)")
+    overlap_comm: Optional[bool] = Field(default=None, description="None: as the plan's --overlap-grad-reduce, which "
+                                         "the stack's export writes as overlap_comm; False: never (a launcher that "
+                                         "writes none, below stage 3 DeepSpeed's default: config.py overlap_comm_valid)")
     source: Optional[str] = None
 
 

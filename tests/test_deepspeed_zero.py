@@ -107,3 +107,19 @@ def test_zero2_without_overlap_comm_reduces_on_the_compute_stream():
     assert params == pytest.approx(8 * all_reduce + gather, rel=1e-9)
     _, overlapped = _dp(2, 8)
     assert overlapped < params / 2  # overlap_comm hides most of it behind the backward
+
+
+def test_the_trainers_zero1_is_deepspeeds_without_overlap_comm():
+    """hf-trainer's ZeRO-1 runs through accelerate's DeepSpeed plugin, whose config (accelerate 1.15 utils/dataclasses.py
+    DeepSpeedPlugin.__post_init__) writes neither reduce_bucket_size nor overlap_comm: one 5e8-element bf16 bucket and
+    its flat copy (overlap_comm's default below stage 3 is False: config.py overlap_comm_valid), and the all-reduce
+    of every bucket after the last backward, exposed whole whatever --overlap-grad-reduce says. Its ZeRO-2 is FSDP's:
+    no bucket."""
+    kw = dict(model="gpt2-xl", hw="dgx-a100", gpus=8, micro_batch=1, stack="hf-trainer")
+    z1 = advisor.estimate(zero=1, **kw)
+    assert z1.memory.parts["transient"] == pytest.approx(2 * BUCKET * BF16, rel=1e-9)
+    hw = load_hardware("dgx-a100")
+    all_reduce = float(comm.collective_time(Collective.all_reduce, 8, z1.params * BF16, hw, 8))
+    assert z1.breakdown["comm/dp_grad"] == pytest.approx(all_reduce, rel=1e-9)
+    assert advisor.estimate(zero=1, overlap_grad_reduce=False, **kw).step_time_s == pytest.approx(z1.step_time_s)
+    assert advisor.estimate(zero=2, **kw).memory.parts["transient"] < BUCKET * BF16 / 10

@@ -191,7 +191,7 @@ class DataParallelTime:
 def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: Any, windows: Windows,
          inline: LayerTimes, tokens: Any) -> DataParallelTime:
     active, zero = mesh.dp > 1, np.asarray(c.zero)
-    can_overlap = overlaps(c, w.hw)
+    can_overlap = zero_buffers.overlap(w, zero, overlaps(c, w.hw))  # less a ZeRO engine's that never overlaps
     hide = np.where(can_overlap, windows.last_backward_s, 0.0)
     ddp = active & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     rs, ag, roots = sharded_collectives(w, mesh, states, layers, zero, active & (zero >= 1))
@@ -266,8 +266,9 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
         if coll is Collective.reduce_scatter and zb is not None and zb.grad_all_reduce:  # ZeRO-1/2: each bucket
-            whole = np.where(zero <= 2, comm.collective_time(Collective.all_reduce, shard, n * per_param, hw, per_node,
-                                                             where=whole_on & (zero <= 2)), whole)
+            each = (zero <= 2) & zero_buffers.runs(w, zero)
+            whole = np.where(each, comm.collective_time(Collective.all_reduce, shard, n * per_param, hw, per_node,
+                                                        where=whole_on & each), whole)
         root = np.where(units_on, comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw,
                                                        per_node, where=units_on), 0.0)
         per_unit = units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on) + root

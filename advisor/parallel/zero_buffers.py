@@ -30,10 +30,11 @@ def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
     zb = w.stack.engine.zero_buffers
     if zb is None:
         return states
-    zero, gb = np.asarray(c.zero), states.grad_bytes
+    gb = states.grad_bytes
+    zero = np.where(np.isin(c.zero, zb.stages), np.asarray(c.zero), 0)  # the stages another engine runs: none here
     # parameters this GPU steps: its partition (the adapters' under LoRA)
     stepped = states.stepped_params if states.grad_params is None else states.grad_params / mesh.dp_shard
-    buffers = np.where(np.asarray(c.overlap, dtype=bool), 2.0, 1.0)
+    buffers = np.where(overlap(w, np.asarray(c.zero), np.asarray(c.overlap, dtype=bool)), 2.0, 1.0)
     flat = np.minimum(zb.ipg_elements, states.dp_params) if zb.grad_all_reduce else 0.0
     z12 = (zb.ipg_elements * buffers + flat) * gb
     z3 = zb.ipg_elements * gb
@@ -47,14 +48,28 @@ def gathers_once(w: Any, zero: Any) -> Any:
     """Where the updated weights are all-gathered once a step, after the optimizer step: ZeRO-1, and ZeRO-2 in an
     engine that keeps the half-precision weights whole (DeepSpeed's: stage_1_and_2.py all_gather_dp_groups, :3149-3155)."""
     zb = w.stack.engine.zero_buffers
-    return (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step))
+    return (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step and 2 in zb.stages))
+
+
+def runs(w: Any, zero: Any) -> Any:
+    """Where a plan's ZeRO stage runs on this engine (engine.zero_buffers.stages)."""
+    zb = w.stack.engine.zero_buffers
+    return np.isin(zero, zb.stages) if zb is not None else np.zeros(np.shape(zero), dtype=bool)
+
+
+def overlap(w: Any, zero: Any, can_overlap: Any) -> Any:
+    """``can_overlap`` (where the gradient reduction may overlap the backward) less the plans whose engine never sets
+    overlap_comm: without it ZeRO-1 reduces every bucket after the backward (stage_1_and_2.py reduce_gradients:
+    ``if not self.overlap_comm``), at the accumulation boundary (engine.py allreduce_gradients)."""
+    zb = w.stack.engine.zero_buffers
+    if zb is None or zb.overlap_comm is None:
+        return can_overlap
+    return np.asarray(can_overlap, dtype=bool) & (~runs(w, zero) | zb.overlap_comm)
 
 
 def serial_reduction(w: Any, zero: Any, can_overlap: Any, rs: Any, exposed: Any) -> Any:
     """``exposed`` (ZeRO-2/3 seconds per micro-batch) where the engine reduces on the compute stream: DeepSpeed without
     overlap_comm (stage_1_and_2.py reduce_ipg_grads: ``current_stream()`` unless overlap_comm) exposes its ZeRO-2
     reduction ``rs`` whole every micro-batch (its gather runs once a step: gathers_once)."""
-    if w.stack.engine.zero_buffers is None:
-        return exposed
-    return np.where((zero == 2) & ~np.asarray(can_overlap, dtype=bool), rs, exposed)
+    return np.where((zero == 2) & runs(w, zero) & ~np.asarray(can_overlap, dtype=bool), rs, exposed)
 
