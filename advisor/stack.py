@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Literal, Optional
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from advisor.engine import PLAN_FEATURES, Engine, RecipeName, Zero3Calls  # noqa: F401 (the engine's part; read from here too)
 from advisor.errors import AdvisorError
+from advisor.forms import NO_BYTES, Form, LayerBytes, PerLayerBytes, form_value  # noqa: F401 (read from here too)
 from advisor.launch import LaunchFormat
 from advisor.model.layer import DecoderLayer
 from advisor.profiles import ProfileKind, to_yaml
@@ -36,23 +36,9 @@ from advisor.training import Precision, compile_parts
 STACK_DIR = Path(__file__).resolve().parent.parent / "stack_profiles"
 _PACKAGED_STACK_DIR = Path(__file__).resolve().parent / "stack_profiles"
 
-Dim = Literal["d_model", "d_ff", "q_dim", "kv_dim", "heads", "d_head", "constant"]
-# a coefficient of a layer dimension (bytes per token per unit of it): at least 0, and at most a million bytes, beyond
-# any tensor a layer keeps (a GPT-3 layer keeps ~34 bytes per token of d_model: Korthikanti et al. 2022, Table 2)
-Form = dict[Dim, Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]]
-
 
 class StackError(AdvisorError):
     """A stack profile that cannot be found, read, or does not cover the case asked; one line."""
-
-
-class PerLayerBytes(Spec):
-    """Bytes per token of one layer, by how tensor parallelism divides them (module docstring)."""
-
-    split: Form = Field(default_factory=dict)
-    sequence: Form = Field(default_factory=dict)
-    whole: Form = Field(default_factory=dict)
-    scores: float = Field(default=0.0, ge=0, le=1e6)
 
 
 class Entry(Spec):
@@ -139,6 +125,10 @@ class Kernels(Spec):
     loss: list[PerElement]
     routed_unfused: RoutedUnfused = Field(default_factory=RoutedUnfused)
     rotary: Rotary = Field(default_factory=Rotary)
+    # multi-head latent attention's own element-wise kernels, where the stack makes MLA's q, k and v with them in
+    # place of the q/k/v layout copies and output merge its elementwise tables count on q_dim and kv_dim: a latent
+    # layer's tables drop those terms and take these (empty: the tables as they are)
+    latent: list[Traffic] = Field(default_factory=list)
 
 
 class Memory(Spec):
@@ -230,46 +220,21 @@ class Stack(Spec):
         ew, sc = pick(k.elementwise, "kernels.elementwise"), pick(k.attention_scores, "kernels.attention_scores")
         loss, saved = pick(k.loss, "kernels.loss", "loss"), pick(mem.saved, "memory.saved")
         lg = pick(mem.logits, "memory.logits", "loss")
+        ew_fwd, ew_bwd, lat = ew.forward, ew.backward, None
+        if k.latent and layer.latent is not None:  # MLA's kernels in place of the q/k/v layout terms (Kernels.latent)
+            lat = pick(k.latent, "kernels.latent")
+            ew_fwd, ew_bwd = ew_fwd.replacing_heads(lat.forward), ew_bwd.replacing_heads(lat.backward)
         full = LayerBytes.of(saved.layer, layer)
         selective = LayerBytes.of(saved.selective, layer) if saved.selective is not None else full.without_scores()
         return StackTables(
             host.forward_ops, host.backward_ops, host.cpu_us_per_op, head.forward_ops, head.backward_ops,
-            LayerBytes.of(ew.forward, layer), LayerBytes.of(ew.backward, layer), sc.forward, sc.backward,
+            LayerBytes.of(ew_fwd, layer), LayerBytes.of(ew_bwd, layer), sc.forward, sc.backward,
             loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
             k.attention_efficiency, form_value(saved.norm_weight_inputs, layer), form_value(lg.held_per_token, layer),
-            form_value(lg.peak_per_token, layer), lg.peak_per_head_weight)
+            form_value(lg.peak_per_token, layer), lg.peak_per_head_weight,
+            LayerBytes.of(lat.forward, layer) if lat is not None else NO_BYTES)
 
-
-def form_value(form: Form, layer: DecoderLayer) -> float:
-    """A linear form evaluated on a layer's dimensions."""
-    dims = {"d_model": layer.d_model, "d_ff": layer.d_ff, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
-            "heads": layer.n_heads, "d_head": layer.d_head, "constant": 1}
-    return float(sum(coef * dims[d] for d, coef in form.items()))
-
-
-@dataclass(frozen=True)
-class LayerBytes:
-    """Bytes per token of one layer, evaluated, by how tensor parallelism divides them."""
-
-    split: float
-    sequence: float
-    whole: float
-    scores: float  # per head per key
-
-    @classmethod
-    def of(cls, b: PerLayerBytes, layer: DecoderLayer) -> "LayerBytes":
-        return cls(form_value(b.split, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores)
-
-    def without_scores(self) -> "LayerBytes":
-        return LayerBytes(self.split, self.sequence, self.whole, 0.0)
-
-    def per_gpu(self, tp: Any, sp: Any, scores_per_token: float = 0.0) -> Any:
-        """Bytes per token on one TP rank; ``scores_per_token`` is heads x keys (0 where no scores are kept)."""
-        tp = np.asarray(tp, dtype=float)
-        out = (self.split + self.scores * scores_per_token) / tp
-        out = out + (self.sequence / np.where(sp, tp, 1.0) if self.sequence else 0.0)
-        return out + self.whole
 
 
 @dataclass(frozen=True)
@@ -300,6 +265,7 @@ class StackTables:
     logits_held_per_token: float = 0.0  # the loss's bytes per token besides the logits (not split by TP)
     logits_peak_per_token: float = 0.0
     logits_peak_head: float = 0.0  # per element of the LM head's weight on a TP rank
+    latent_forward: LayerBytes = NO_BYTES  # MLA's own kernels, forward (Kernels.latent): what mla_up_proj reruns
 
 
 def stack_dirs() -> list[Path]:

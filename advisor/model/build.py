@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from advisor.model.layer import DecoderLayer, Linear, Span, Split
+from advisor.model.layer import DecoderLayer, Latent, Linear, Span, Split
 
 if TYPE_CHECKING:
     from advisor.model.spec import ModelSpec
@@ -38,9 +38,11 @@ def _layer(m: "ModelSpec", routed: bool, windows: tuple[tuple[Span, int], ...]) 
     ffn = _experts(m) if routed else _mlp(m, m.d_ff, "mlp", "mlp", m.linear_bias or m.mlp_bias)
     d_v = m.latent.v_head_dim if m.latent is not None and m.latent.v_head_dim != m.d_head else None
     kv_heads = m.n_heads if m.latent is not None else m.kv_heads
+    lat = m.latent
+    widths = None if lat is None else Latent(lat.q_lora_rank or 0, lat.kv_lora_rank, lat.qk_rope_head_dim, lat.qk_nope_head_dim)
     return DecoderLayer(m.d_model, m.experts.d_ff_expert if routed else m.d_ff, m.n_heads, kv_heads, m.d_head,
                         m.mlp, m.norm, attention + ffn, _norms(m), windows, d_v,
-                        m.n_heads if m.attention_sinks else 0, m.attn_softcap)
+                        m.n_heads if m.attention_sinks else 0, m.attn_softcap, widths)
 
 
 def _attention(m: "ModelSpec") -> tuple[Linear, ...]:

@@ -128,6 +128,16 @@ def keys_per_query(seq_len: int, window: Optional[int] = None, causal: bool = Tr
     return (w * (w + 1.0) / 2.0 + (s - w) * w) / s
 
 
+class Latent(NamedTuple):
+    """Multi-head latent attention's widths beside its heads' (advisor.model.spec.LatentAttention): the query latent
+    (0: a full-rank q projection), the key/value latent, and each head's rotated and unrotated query/key parts."""
+
+    q_lora: int
+    kv_lora: int
+    rope: int
+    nope: int
+
+
 class Span(NamedTuple):
     """The keys a layer's queries may attend to: every earlier one (both None), a sliding ``window`` of them, or
     the earlier ones of the query's ``chunk`` (advisor.model.spec.LayerRun)."""
@@ -158,6 +168,7 @@ class DecoderLayer:
     d_v: Optional[int] = None  # value width per head, where it differs from d_head (MLA)
     core_params: int = 0  # parameters of the attention core itself: GPT-OSS's per-head sink logits
     softcap: Optional[float] = None  # attention logit soft-capping, tanh(x / c) c (Gemma 2)
+    latent: Optional[Latent] = None  # multi-head latent attention's widths (DeepSeek-V2/V3)
 
     @property
     def count(self) -> int:
@@ -176,6 +187,14 @@ class DecoderLayer:
     def kv_dim(self) -> float:
         """Width of one of K and V per token (their mean where K and V differ: MLA's expanded keys and values)."""
         return self.kv_heads * (self.d_head + self.v_head) / 2 if self.d_v else self.kv_heads * self.d_head
+
+    def latent_widths(self) -> dict[str, int]:
+        """Elements per token of MLA's tensors, all 0 without it: the query's rotated part (``q_rope``, heads x rope),
+        kv_b's output (``kv_up``, heads x (nope + d_v)), the normed latents (``latents``, q and kv), the kv latent
+        alone (``kv_latent``) and kv_a's output (``kv_down``: the kv latent and the shared rope key)."""
+        x = self.latent or Latent(0, 0, 0, 0)
+        return {"q_rope": self.n_heads * x.rope, "kv_up": self.n_heads * (x.nope + self.v_head) if self.latent else 0,
+                "latents": x.q_lora + x.kv_lora, "kv_latent": x.kv_lora, "kv_down": x.kv_lora + x.rope}
 
     @property
     def norm_params(self) -> int:
