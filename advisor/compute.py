@@ -253,20 +253,21 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
 
 
-POINTWISE = ("norms", "mlp/act")  # pointwise_bytes' ops
+POINTWISE = ("norms", "mlp/act", "attention/latent")  # pointwise_bytes' ops
 
 
 def pointwise_bytes(w: Workload, tp: Any, sp: Any, ep: Any = None) -> dict[str, Any]:
     """Bytes per token one GPU moves rerunning the ops a sub-module recomputation names apart (engine.selective
     modules): "norms", the layer's d_model-wide norms (read and write h each, split under sequence parallelism);
     "mlp/act", the MLP activation (a gated one reads 2 f and writes f; f the layer's width, a routed layer's k x the
-    experts'; split over TP), in the activation dtype."""
+    experts'; split over TP), in the activation dtype; "attention/latent", MLA's own kernels (kernels.latent)."""
     layer, e = w.layer, w.act_bytes
     norms = 2.0 * e * w.model.d_model * sum(1 for _, width in layer.norms if width == w.model.d_model)
     f = layer.d_ff * (expert.routed_copies(w, ep) if layer.routed else 1.0)
     clamp = routed_unfused(w, tp, ep).clamp_forward if layer.routed else 0.0  # the clamp reruns with the activation
     return {"norms": norms / np.where(np.asarray(sp, dtype=bool), tp, 1.0),
-            "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp + clamp}
+            "mlp/act": (3.0 if layer.mlp.gated else 2.0) * e * f / tp + clamp,
+            "attention/latent": w.tables.latent_forward.per_gpu(tp, sp)}
 
 
 @dataclass(frozen=True)

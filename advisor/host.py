@@ -67,7 +67,10 @@ def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
     # linear layer one GEMM call, the pointwise ops every forward op that is not a GEMM or attention call
     issued = {"attention/core": 8 * launch + extra, "elementwise": max(t.host_forward_ops - g_fwd, 0) * launch,
               **{lin.name: launch + extra for lin in w.layer.linears},
-              "norms": len(w.layer.norms) * launch, "mlp/act": launch}  # a sub-module's pointwise ops, one call each
+              "norms": len(w.layer.norms) * launch, "mlp/act": launch,  # a sub-module's pointwise ops, one call each
+              # MLA's up projections rerun besides their GEMM calls: the views, new_empty, contiguous calls and the two
+              # rope kernels of multi_latent_attention.py qkv_up_proj_and_rope_apply, 16 ops (megatron-core 0.19.2)
+              "attention/latent": 16 * launch}
     selective = selected(issued, w.selective_recomputes, w.layer)
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)
     ones = np.ones(np.shape(rc))

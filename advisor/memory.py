@@ -118,16 +118,17 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
 
 def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0) -> Any:
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
-    (engine.selective.modules) at the layer's widths, in the activation dtype; d_model split under sequence
-    parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
+    (engine.selective.modules) at the layer's widths, in the activation dtype; d_model and MLA's latents split under
+    sequence parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
     (advisor.unfused.routed_unfused), where a module reruns the activation."""
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective
     routed = layer.d_ff * expert.routed_copies(w, ep) if layer.routed else 0.0
     width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
-             "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed}
-    split = {"d_model": np.where(np.asarray(sp, dtype=bool), tp, 1.0)}
+             "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed, "latents": layer.latent_widths()["latents"]}
+    on_sequence = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+    split = {"d_model": on_sequence, "latents": on_sequence}
     # a module rerunning the routed activation reruns its unfused clamp, whose copies it then does not keep either
     # (once, whichever modules name it; kept at all only where the policy keeps the routed path: saved_per_token)
     rerun = any("mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules) and sel.routed == "kept"

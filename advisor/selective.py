@@ -12,7 +12,7 @@ from advisor.spec import Spec
 
 # besides the layer table's linear layers, by name; "attention/k" is the key projection's share of attention/qkv, for
 # a stack whose blocks run wq, wk and wv apart (advisor.recompute.selected)
-RECOMPUTED = ("attention/core", "elementwise", "attention/k", "norms", "mlp/act")
+RECOMPUTED = ("attention/core", "elementwise", "attention/k", "norms", "mlp/act", "attention/latent")
 # every linear layer's name advisor.model.build gives a layer (tests/test_stacks.py checks the catalogue against it): a
 # profile's selective policy naming anything else is a typo, refused at load rather than silently rerunning nothing
 _MLP = ("gate", "up", "down", "fc", "proj")
@@ -44,13 +44,14 @@ def recomputable(linears: tuple) -> set[str]:
 
 class RecomputeModule(Spec):
     """One sub-module a selective policy may rerun (Megatron's --recompute-modules): the ops rerun (names as
-    ``Selective.recomputes``; "norms" is the layer's norms, "mlp/act" its MLP activation, each costed by the bytes it
-    moves) and the activations it stops keeping, in elements per token by width: d_model (split under sequence
-    parallelism), q_dim and kv_dim (split over TP), d_ff (a dense MLP layer's width) and routed_d_ff (k x the routed
-    experts' width), kept at the activation dtype."""
+    ``Selective.recomputes``; "norms" is the layer's norms, "mlp/act" its MLP activation, "attention/latent" MLA's own
+    element-wise kernels (the stack's kernels.latent), each costed by the bytes it moves) and the activations it stops
+    keeping, in elements per token by width: d_model and MLA's latents (q and kv latent widths together; both split
+    under sequence parallelism), q_dim and kv_dim (split over TP), d_ff (a dense MLP layer's width) and routed_d_ff
+    (k x the routed experts' width), kept at the activation dtype."""
 
     recomputes: Annotated[list[str], AfterValidator(_known_ops)] = Field(default_factory=list)
-    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff"],
+    frees: dict[Literal["d_model", "q_dim", "kv_dim", "d_ff", "routed_d_ff", "latents"],
                 Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = Field(default_factory=dict)
     needs: Optional[Literal["routed", "latent", "dense"]] = None  # the layer it applies to (else refused)
     source: Optional[str] = None

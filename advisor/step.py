@@ -339,7 +339,7 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     # eager attention computes every score before masking: the masked half is executed too
     extra_core = layer.core_flops_per_token(w.seq_len, causal=not w.eager) - layer.core_flops_per_token(w.seq_len)
     executed_layer, executed_core = per_layer + extra_core, layer.core_flops_per_token(w.seq_len, causal=not w.eager)
-    executed = {"attention/core": executed_core, "elementwise": 0.0, "norms": 0.0, "mlp/act": 0.0,
+    executed = {"attention/core": executed_core, "elementwise": 0.0, "norms": 0.0, "mlp/act": 0.0, "attention/latent": 0.0,
                 **{lin.name: lin.flops_per_token * (kept if lin.copies > 1 else 1.0) for lin in layer.linears}}
     selective = selected(executed, w.selective_recomputes, layer)
     rc = rerun(pol, executed_layer, selective)

@@ -94,8 +94,8 @@ def routed_unfused(w: "Workload", tp: Any, ep: Any, etp: Any = 1.0) -> Unfused:
 def rotary_bytes(w: "Workload", tp: Any) -> tuple[Any, Any]:
     """(forward, backward) bytes per token one GPU's layer moves applying RoPE beyond its tables (kernels.rotary): its q
     heads (split over TP) and k heads (over min(tp, kv heads), as Megatron replicates them beyond), their rotated share
-    where the step counts it so, on the model's mean layer (NoPE layers rotate nothing). MLA's decoupled rope parts are not counted:
-    megatron-core rotates them in its fused MLA kernels, a few percent of q and k."""
+    where the step counts it so, on the model's mean layer (NoPE layers rotate nothing). MLA's decoupled rope parts are not
+    counted here: the stack's MLA kernels rotate them (its kernels.latent, advisor.stack)."""
     m, r = w.model, w.stack.kernels.rotary
     if m.position is not PositionKind.rotary or m.latent is not None:
         return 0.0, 0.0

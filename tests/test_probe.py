@@ -298,7 +298,7 @@ def test_megatron_core_local_spec_probe_agrees_with_the_hand_derived_te_layer():
     """megatron-core's local spec (the one that builds on CPU) probed, against what stack_profiles/megatron-core.yaml
     derives by hand for its Transformer Engine layers: the fused bias-SwiGLU MLP keeps 6f (its input and fc2's input),
     the GELU MLP 4f, a fully recomputed layer its 2h input (GPT's under dropout too: its masks are drawn again in
-    the recomputation), and GPT's attention q, k, v and its output (q_dim 8 where kv = q). Not compared, because the
+    the recomputation), and GPT's attention q, k, v and its output (8 where kv = q = o). Not compared, because the
     local spec is not TE: its norms are torch's (more saved than TE's fused LayerNormLinear), its attention unfused
     (the s x s scores), and it expands grouped K and V to every head. Run after other tests, the GPT layer once
     counted a second h-sized tensor that only a reference cycle held (advisor/probe/measure.py collects them)."""
@@ -314,7 +314,8 @@ def test_megatron_core_local_spec_probe_agrees_with_the_hand_derived_te_layer():
         assert e["layer"]["split"]["d_ff"] == te.layer.split["d_ff"] == d_ff
         assert e["full_recompute"] == te.full_recompute.model_dump(exclude_defaults=True) == {"sequence": {"d_model": 2}}
         if family == "gpt":
-            assert e["layer"]["split"]["q_dim"] == te.layer.split["q_dim"] + te.layer.split["kv_dim"] == 8
+            # the output at o_dim (heads x d_v, q_dim but under MLA)
+            assert e["layer"]["split"]["q_dim"] == sum(te.layer.split[d] for d in ("q_dim", "o_dim", "kv_dim")) == 8
 
 
 def test_torchtitans_sequence_parallel_norm_outputs_are_saved_gathered():
