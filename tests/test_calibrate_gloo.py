@@ -146,3 +146,26 @@ def test_every_rank_walks_rank_0s_plan(tmp_path, monkeypatch):
                                     out=str(out), timeout_s=20), 2, progress=lambda *a: None)
     rows = read_results(out)
     assert [(r["collective"], r["size_bytes"]) for r in rows] == [("all_reduce", 1024)]
+
+
+# The intra-node pair's measurements take 2.5 s each, 7.5 s in all, beyond the 5 s process-group timeout (--timeout)
+# that ranks 2 and 3, outside the pair, wait under: without lockstep they waited at the first 4-rank all-reduce for the
+# pair's whole sweep, gloo closed the pair, and every 4-rank row came back failed (seen with `advisor calibrate --nproc 4`
+# at its default 1K:1G sizes on a busy 2-core machine: "rank 3 died ... Application timeout caused pair closure").
+SLOW_PAIR = ("import json,sys,time; from advisor.calibrate import microbench as m; real=m.time_collective; "
+             "m.time_collective=lambda coll,size,g,ranks,cfg,dev: (time.sleep(2.5), [1e-3])[1] if len(ranks)==2 "
+             "else real(coll,size,g,ranks,cfg,dev); m.run_worker(m.BenchConfig(**json.loads(sys.argv[1])), sys.argv[2])")
+
+
+@pytest.mark.slow  # ~15 s: 4 gloo workers, 7.5 s of them asleep
+def test_ranks_outside_a_group_wait_one_measurement_not_its_sweep(tmp_path, monkeypatch):
+    from advisor.calibrate import BenchConfig, launch
+
+    monkeypatch.setattr(launch, "_WORKER", SLOW_PAIR)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = tmp_path / "r.jsonl"
+    launch.launch_local(BenchConfig(sizes=[1024, 2048, 4096], collectives=("all_reduce",), p2p=False, compute=False,
+                                    overlap=False, out=str(out), timeout_s=5), 4, progress=lambda *a: None)
+    rows = read_results(out)
+    assert [(r["n_ranks"], r["size_bytes"], r["status"]) for r in rows] == [
+        (n, s, "ok") for n in (2, 4) for s in (1024, 2048, 4096)]

@@ -201,6 +201,15 @@ def _median_time(fn, device, iters: int) -> float:
     return statistics.median(times)
 
 
+def lockstep(dist, ranks: list[int], world: int) -> None:
+    """Every rank meets after a measurement of a sub-group (the 2 GPUs of an intra-node pair, one GPU a node): the
+    ranks outside it wait one measurement, not the group's whole sweep, which on a busy CPU outlasts the process
+    group's timeout (--timeout): gloo then closes the pair, and the ranks that ran ahead record every later
+    collective as failed and die at the closing barrier."""
+    if len(ranks) < world:
+        dist.barrier()
+
+
 def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
     """One rank: join the process group (env:// rendezvous), walk the plan, rank 0 appends rows. Started by
     advisor.calibrate.launch, the rank dies with the launcher (advisor.calibrate.lifeline)."""
@@ -242,28 +251,32 @@ def run_worker(cfg: BenchConfig, progress_dir: str | None = None) -> None:
         for i, (link, ranks, coll, size) in enumerate(plan):
             if beat:
                 beat.write_text(f"{i} {len(plan)} {time.time()}")
-            if rank not in ranks or (link, coll, len(ranks), size) in skip:
+            if (link, coll, len(ranks), size) in skip:
                 continue
-            try:
-                times = time_collective(coll, size, groups[tuple(ranks)], ranks, cfg, device)
-                row = collective_row(link, coll, len(ranks), size, times, local if link == "world" else None)
-            except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
-                row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
-                       "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
-            emit(row)
+            if rank in ranks:
+                try:
+                    times = time_collective(coll, size, groups[tuple(ranks)], ranks, cfg, device)
+                    row = collective_row(link, coll, len(ranks), size, times, local if link == "world" else None)
+                except RuntimeError as exc:  # e.g. out of memory at the largest sizes: recorded, not dropped
+                    row = {"kind": "collective", "link": link, "collective": coll, "n_ranks": len(ranks),
+                           "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
+                emit(row)
+            lockstep(dist, ranks, world)
         for j, (link, ranks, size) in enumerate(overlap_plan(cfg, world, local)):
             if beat:  # a beat per measurement: the launcher takes a silent rank for a hung one
                 beat.write_text(f"{len(plan)} {len(plan)} {time.time()} overlap {j}")
-            if rank not in ranks or (link, "overlap", len(ranks), size) in skip:
+            if (link, "overlap", len(ranks), size) in skip:
                 continue
-            try:
-                row = time_overlap(link, size, groups[tuple(ranks)], ranks, cfg, device)
-            except RuntimeError as exc:
-                row = {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": len(ranks),
-                       "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
-            if link == "world":
-                row["per_node"] = local
-            emit(row)
+            if rank in ranks:
+                try:
+                    row = time_overlap(link, size, groups[tuple(ranks)], ranks, cfg, device)
+                except RuntimeError as exc:
+                    row = {"kind": "overlap", "link": link, "collective": "all_gather", "n_ranks": len(ranks),
+                           "size_bytes": size, "status": "failed", "error": str(exc).splitlines()[0][:200]}
+                if link == "world":
+                    row["per_node"] = local
+                emit(row)
+            lockstep(dist, ranks, world)
         if cfg.compute and rank == 0:
             for row in compute_rows(device, cpu=device.type == "cpu"):
                 emit(row)
