@@ -103,7 +103,9 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             reach = one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep, x.groups, x.group_topk))
             out["ep"] += (f"; flex dispatcher: {reach:.1f}"
                           f" of {expert.top_k(w.layer):g} routed copies a token sent (once a GPU, once a domain across)")
-        if w.moe_overlap != "none":
+        # the stack's default overlap names the shared experts; a model without them (Mixtral) has nothing there
+        # to hide the all-to-alls behind (expert.py costs shared_fwd_s = 0), so nothing is said
+        if w.moe_overlap == "batch" or (w.moe_overlap == "shared_experts" and w.model.experts.d_ff_shared):
             out["ep"] += "; beside " + ("the shared experts' GEMMs" if w.moe_overlap == "shared_experts" else
                                         "another micro-batch's compute (combined forward and backward steps)")
     cp = one(mesh.cp)

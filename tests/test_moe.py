@@ -112,6 +112,18 @@ def test_alltoall_bytes_and_time_by_hand():
     assert two > one
 
 
+def test_alltoalls_beside_shared_experts_only_where_the_model_has_them():
+    """megatron-core's default overlap runs the all-to-alls beside the shared experts (--moe-shared-expert-overlap);
+    Mixtral has none (config.json: no shared expert), so its all-to-alls are costed exposed, as under --moe-overlap
+    none, and the collectives line must not say they run beside shared experts' GEMMs; DeepSeek-V2-Lite has 2
+    (n_shared_experts, d_ff 2816), and its line says so."""
+    kw = dict(gpus=8, dp=8, zero=1, ep=8, micro_batch=1, seq=4096, global_batch=64, stack="megatron-core")
+    mixtral, none = (estimate("mixtral-8x7b", "dgx-h100", moe_overlap=o, **kw) for o in (None, "none"))
+    assert mixtral.step_time_s == none.step_time_s and mixtral.collectives["ep"] == none.collectives["ep"]
+    assert "shared experts" not in mixtral.collectives["ep"]
+    assert "beside the shared experts' GEMMs" in estimate("deepseek-v2-lite", "dgx-h100", **kw).collectives["ep"]
+
+
 def test_flops_count_active_parameters_as_torchtitan_does():
     """torchtitan get_num_flop_per_token: 6 x (active parameters less the embedding) + attention; advisor leaves the
     norms' parameters out (no GEMM) and counts attention causally: the rest is identical."""
