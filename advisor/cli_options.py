@@ -135,7 +135,9 @@ def single_plan_options(f):
         click.option("--recompute", type=click.Choice(["none", "selective", "full", "block", "every-k", "offload"]),
                      default="none", show_default=True, help="activation checkpointing policy (advisor/recompute.py)"),
         click.option("--recompute-layers", type=int, default=1, show_default=True,
-                     help="full: layers per checkpoint (Megatron uniform); block: layers per stage chunk; every-k: k"),
+                     help="full: layers per checkpoint (Megatron uniform); block: layers per stage chunk; every-k: k; "
+                     "offload: the layers offloaded where the stack offloads the first k (Megatron's "
+                     "--cpu-offloading-num-layers; plan's offload(k))"),
         click.option("--recompute-modules", default=None, help="selective: the sub-modules rerun, comma-separated "
                      "(Megatron's --recompute-modules: core_attn, layernorm, moe_act, mla_up_proj) [default: the stack's]"),
         click.option("--offload", type=click.Choice(["none", "optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from functools import lru_cache
 
 from advisor.units import fmt_bytes, fmt_duration, fmt_seconds
 
@@ -30,7 +31,7 @@ def render_estimate(e) -> str:
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
-        f"recompute {policy(e.setup)}, {e.setup.optimizer.value}"
+        f"recompute {policy(e.setup, e.stack)}, {e.setup.optimizer.value}"
         + (f", torch.compile of {e.setup.compile.replace(',', ' and ')}" if e.setup.compile != "none" else ""),
         f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items()
                                                  if k != "world_size" and not (k == "cp" and v == 1)),
@@ -79,11 +80,22 @@ def _rate(x: float, decimals: int = 0) -> str:
     return f"{x:,.{decimals}f}" if x >= 10.0 ** (2 - decimals) else f"{x:.3g}"
 
 
-def policy(setup) -> str:
-    """The checkpointing policy with its k where it takes one (advisor/recompute.py)."""
+@lru_cache(maxsize=None)
+def _offloads_first_k(stack: str) -> bool:
+    """Whether the stack offloads the first k layers' activations (Megatron's --cpu-offloading-num-layers k)."""
+    from advisor.stack import load_stack
+
+    return load_stack(stack).engine.activation_offload == "first_k"
+
+
+def policy(setup, stack: str | None = None) -> str:
+    """The checkpointing policy with its k where it takes one (advisor/recompute.py): under activation offload, where
+    the stack offloads the first k layers, k too (a search offloads half of them; estimate's default is 1)."""
     r, k = setup.recompute.value, setup.recompute_layers
     if setup.recompute_modules is not None:
         return f"{r}({','.join(setup.recompute_modules)})"
+    if r == "offload" and stack and _offloads_first_k(stack):
+        return f"{r}({k})"
     return f"{r}({k})" if r in ("block", "every-k") or (r == "full" and k > 1) else r
 
 
@@ -91,7 +103,7 @@ def _columns(result) -> list[tuple[str, str, object]]:
     """(heading, alignment, value of an Estimate) of the ranking table; GPUs, efficiency and budget columns
     appear where the search has them."""
     cols = [("mb", ">", lambda e: str(e.setup.micro_batch)), ("ga", ">", lambda e: str(e.grad_accum)),
-            ("recompute", ">", lambda e: policy(e.setup))]
+            ("recompute", ">", lambda e: policy(e.setup, e.stack))]
     if len(result.worlds) > 1:
         cols.insert(0, ("GPUs", ">", lambda e: f"{e.world_size:,}"))
     if len(result.stacks) > 1:

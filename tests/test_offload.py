@@ -1,6 +1,8 @@
 """Checkpointing policies and offload (issue 16): pinned to the ZeRO-Offload paper's PCIe volume, first-principles CPU
 Adam and recompute FLOPs, and invariants (memory never grows when offloading more; host memory bounds a plan)."""
 
+import re
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -221,6 +223,21 @@ def test_megatron_cpu_offloading_is_refused_where_megatron_refuses_it():
     # the GPU keeps half the layers' activations, the host the rest; nothing reruns
     assert half.memory.parts["activations"] == pytest.approx(none.memory.parts["activations"] / 2, rel=0.05)
     assert half.breakdown.get("compute/recompute", 0.0) == 0.0 and half.host_memory_bytes > 0
+
+
+def test_the_ranking_shows_how_many_layers_megatron_offloads():
+    """A search offloads half the layers in megatron-core (advisor/space.py block_layers: 16 of Llama 3 8B's 32);
+    the table said only 'offload', and estimate's --recompute offload (k = 1: one layer offloaded) then gave the same
+    step but 8 GiB more activations on each GPU (on 16 A100 40GB: headroom 64 MiB against the row's 8.4 GiB). The
+    row now says offload(16), which --recompute-layers 16 reproduces; hf-trainer offloads every layer: no k."""
+    from advisor.render import policy
+
+    assert policy(TrainingSetup(recompute="offload", recompute_layers=16), "megatron-core") == "offload(16)"
+    assert policy(TrainingSetup(recompute="offload", recompute_layers=16), "hf-trainer") == "offload"
+    out = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "dgx-a100", "--gpus", "8", "--stack",
+                                   "megatron-core", "--seq", "8192", "--global-batch", "64", "--top", "40"]).output
+    policies = [m.group(1) for line in out.splitlines() if (m := re.search(r" (offload\S*) +[\d.]+ s ", line))]
+    assert policies and set(policies) == {"offload(16)"}, out
 
 
 def test_a_stack_runs_only_the_policies_its_profile_lists():
