@@ -181,7 +181,8 @@ def suggest_fix(s: PlanSearch) -> str:
             seq //= 2
         if s.hardware.host is None:  # offload.violations refuse every offloaded plan without it
             tips.append(f"no CPU offload was costed: profile {s.hardware.name} has no host: section (host memory, PCIe "
-                        "per GPU, CPU Adam rate), which ZeRO-Offload's and FSDP's offload plans need")
+                        "per GPU, CPU Adam rate), which ZeRO-Offload's and FSDP's offload plans need: `advisor "
+                        f"calibrate --host --base {s.hardware.name} --out FILE` on the machine measures one")
         bigger = [h for h in (load_hardware(p) for p in list_profiles()) if h.gpu.memory_bytes > s.hardware.gpu.memory_bytes]
         for h in sorted(bigger, key=lambda h: h.gpu.memory_bytes):
             if _fits(s, s.world_size, hw=h)[0]:

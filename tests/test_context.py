@@ -120,7 +120,8 @@ def test_memory_per_gpu_never_grows_with_cp(model, seq, tp, flavour, recompute, 
     stack = "torchtitan" if flavour == "all-gather" else "megatron-deepspeed"
     if stack == "torchtitan":  # FSDP2 (ZeRO-2/3) or DDP; with a pipeline, DDP
         zero = 2 * zero if pp == 1 else 0
-    for cp in (1, 2, 4, 8):
+    kv = {"llama3-8b": 8, "llama2-7b": 32, "mistral-7b": 8}[model] // tp  # Ulysses: cp divides a rank's KV heads
+    for cp in [cp for cp in (1, 2, 4, 8) if flavour != "ulysses" or kv % cp == 0]:
         e = estimate(model=model, hw=H100, dp=2, tp=tp, pp=pp, cp=cp, cp_comm=flavour if cp > 1 else None,
                      zero=zero, seq=seq, micro_batch=1, grad_accum=pp * 2, recompute=recompute, stack=stack)
         need.append(e.memory.peak_bytes + e.memory.overhead_bytes)
@@ -133,6 +134,13 @@ def test_constraints_name_the_value_and_the_fix():
     # Ulysses: cp x tp must divide the 32 heads; llama2-7b has 32 KV heads too, and 48 does not divide them
     with pytest.raises(AdvisorError, match="Ulysses needs cp x tp to divide the attention heads"):
         estimate(model="llama2-7b", hw=H100, gpus=24, cp=3, tp=4, cp_comm="ulysses", seq=6144, stack="megatron-deepspeed")
+    # Transformer Engine's all-to-all asserts cp divides each rank's KV heads (context_parallel.py:3402): Llama 3 8B's 8
+    # at TP 8 are one a rank (megatron-core attention.py:353-364), so CP 4 cannot split them; at TP 2, four a rank can
+    with pytest.raises(AdvisorError, match="Ulysses needs cp to divide the KV heads of each TP rank: tp=8, cp=4"):
+        estimate(model="llama3-8b", hw=H100, gpus=32, tp=8, sp=True, cp=4, cp_comm="ulysses", seq=65536,
+                 stack="megatron-core")
+    assert estimate(model="llama3-8b", hw=H100, gpus=8, tp=2, sp=True, cp=4, cp_comm="ulysses", seq=65536,
+                    stack="megatron-core").plan.cp == 4
     with pytest.raises(AdvisorError, match="fused attention kernel"):
         estimate(model="llama3-8b", hw=H100, gpus=2, cp=2, seq=8192, attention="eager", stack="megatron-deepspeed")
     with pytest.raises(AdvisorError, match="hf-trainer runs no context parallelism"):

@@ -27,7 +27,9 @@ against the keys of the whole sequence.
   * ulysses (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv 2309.14509 s.3; deepspeed/sequence/layer.py
     DistributedAttention): all-to-all q, k, v from sequence-split to head-split, the attention core on whole
     sequences of heads / cp heads, all-to-all the output back: 4 all-to-alls forward, 4 backward, not
-    overlapped; cp x tp must divide the heads (and the KV heads, or be a multiple of them).
+    overlapped; cp must divide each TP rank's heads and KV heads (Transformer Engine 2.14's AttnFuncWithCPAndQKVOA2A,
+    megatron-core's a2a: "The number of attention heads needs to be divisible by CP size!", context_parallel.py:3402;
+    a rank of tp >= the KV heads holds one, megatron-core attention.py:353-357, so only cp 1 runs there).
 - Placement: a CP group's ranks follow tp in the rank order (tp, cp, dp, pp), so it fills the rest of a node
   (or NVLink domain) before leaving it; a ring that leaves the domain runs every step at the network's pace.
 
@@ -67,8 +69,7 @@ def violations(c: Candidates, model: ModelSpec, seq_len: Optional[int] = None, e
     kv = model.kv_heads
     out = {
         "Ulysses needs cp x tp to divide the attention heads": uly & ((model.n_heads % group) != 0),
-        "Ulysses needs cp x tp to divide the KV heads or be a multiple of them": uly & (
-            ((kv % group) != 0) & ((group % kv) != 0)),
+        "Ulysses needs cp to divide the KV heads of each TP rank": uly & ((np.where(c.tp >= kv, 1, kv // c.tp) % cp) != 0),
         "context parallelism needs a fused attention kernel (--attention sdpa)": on & bool(eager),
     }
     if seq_len is not None:
