@@ -135,7 +135,8 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_l
         out[f"{stack.name} runs no DDP beside TP or PP (\"DDP has not supported > 1D parallelism\"): shard the "
             "data-parallel ranks (--zero 1, 2 or 3)"] = (used["tp"] | used["pp"]) & used["ddp"] & (c.cp == 1) & (not layout_only)
     if stack.engine.zero1 == "fsdp_under_pipeline":
-        out[f"{stack.name} shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp"] = (
+        out[f"{stack.name}'s ZeRO-1 is its FSDP under a pipeline schedule (--pp 2 or more); without one, shard with "
+            "--zero 2 or 3"] = (
             used["zero1"] & (c.pp == 1))
     if stack.engine.expert_tp == "without_ep":  # torchtitan: EP takes the TP ranks' experts whole (moe_sharding.py)
         ep, etp = np.asarray(c.ep), np.asarray(c.etp)
@@ -197,6 +198,14 @@ def _current_stacks(runs) -> list[str]:
     return [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and runs(st)]
 
 
+def _tp_heads(reason: str, plan: Plan, model: ModelSpec, hw: Hardware) -> str:
+    """A TP-heads reason with the figures and the tp (up to the NVLink domain) that split the heads and KV heads."""
+    ok = [t for t in range(1, hw.domain_gpus + 1) if model.n_heads % t == 0
+          and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
+    return (f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={model.kv_heads} "
+            f"(tp that splits them: {', '.join(map(str, ok))})")
+
+
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
                 stack: Optional[Stack] = None) -> list[str]:
     """One-line reasons a single plan is invalid (empty when valid)."""
@@ -228,6 +237,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             if reason == WORLD:
                 cp = f" x cp({plan.cp})" if plan.cp > 1 else ""
                 reason = f"dp({plan.dp}){cp} x tp({plan.tp}) x pp({plan.pp}) = {plan.world_size} != world size {world_size}"
+            elif reason.startswith("tp ") and "heads" in reason:  # one line for the heads, with the tp that divide them
+                if any(r.startswith("tp ") and "heads" in r for r in reasons):
+                    continue
+                reason = _tp_heads(reason, plan, model, hw)
             elif "heads" in reason:
                 cp = f", cp={plan.cp}" if plan.cp > 1 else ""
                 reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"

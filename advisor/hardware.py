@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
@@ -144,6 +144,12 @@ class Link(Spec):
     latency_us: float = Field(ge=0, le=1e6, description="datasheet/typical one-way latency")
     fit: CommFit
     note: Optional[str] = None
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _roce_is_ethernet(cls, value: Any) -> Any:
+        """RoCE (RDMA over Converged Ethernet, v1 or v2) is the ethernet kind: the name a cluster's admin gives it."""
+        return "ethernet" if isinstance(value, str) and value.strip().lower() in ("roce", "rocev2", "roce-v2") else value
     # Intra-node (NVSwitch) links only: the switch reduces (NVLink SHARP, H100 and later); named in the algorithm
     # NCCL picks (NVLS-tree across 2 nodes). Its rate inside a node is in the link's fit (fitted sweeps ran it).
     nvls: bool = False

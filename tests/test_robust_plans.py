@@ -27,6 +27,7 @@ from advisor.constraints import plan_errors
 from advisor.layout import resolve_grad_accum
 from advisor.suggest import suggest_fix
 from advisor.search import plan as search
+from advisor.stack import load_stack
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -130,8 +131,15 @@ def test_memory_never_grows_with_zero_stage(case):
     m, hw, kw = case
     assume(kw["dp"] > 1)
     stages = range(0, 4 if kw["pp"] == 1 else 2)
-    mem = [total_memory(estimate(m, hw, **{**kw, "zero": z})) for z in stages]
-    assert all(b <= a * (1 + MONOTONE_REL) for a, b in zip(mem, mem[1:])), (kw, mem)
+    runs = [estimate(m, hw, **{**kw, "zero": z}) for z in stages]
+    mem = [total_memory(e) for e in runs]
+    # but a DeepSpeed engine allocates its IPG bucket, reduce_bucket_size elements whatever the model's size, from
+    # ZeRO-1 on (deepspeed 0.19.8 stage_1_and_2.py setup_buckets; the Trainer's ZeRO-1 is DeepSpeed's): at most two and
+    # the flat copy of a bucket, in fp32 gradients at most
+    zb = load_stack(runs[1].stack).engine.zero_buffers
+    bucket = 3 * zb.ipg_elements * 4.0 if zb is not None and 1 in zb.stages else 0.0
+    assert mem[1] <= mem[0] * (1 + MONOTONE_REL) + bucket, (kw, mem)
+    assert all(b <= a * (1 + MONOTONE_REL) for a, b in zip(mem[1:], mem[2:])), (kw, mem)
 
 
 @pytest.mark.slow

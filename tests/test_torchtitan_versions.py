@@ -114,7 +114,7 @@ def test_fsdp_under_torchtitans_pipeline_is_zero1_with_fp32_gradients():
 def test_torchtitan_runs_zero1_only_under_a_pipeline():
     with pytest.raises(AdvisorError) as exc:
         estimate("llama3-8b", "dgx-h100", stack="torchtitan", zero=1, gpus=8, dp=8, micro_batch=1, seq=8192)
-    assert "torchtitan shards only the optimizer as FSDP under a pipeline schedule: use --zero 2 or 3, or --pp" \
+    assert "torchtitan's ZeRO-1 is its FSDP under a pipeline schedule (--pp 2 or more); without one, shard with --zero 2 or 3" \
         in str(exc.value)
     res = plan("llama3-70b", "dgx-h100", gpus=64, stack="torchtitan", seq=4096, global_batch=64, top=100_000)
     zero1 = [r.plan for r in res.plans if r.plan.zero == 1]

@@ -157,7 +157,8 @@ def _watch(procs, logs, beat_dir: str, timeout_s: float, progress, clock: SweepC
             lagging = min(range(len(procs)), key=lambda r: _position(beats.get(r, ""))[0])
             raise CalibrationError(f"calibrate: rank {lagging} made no progress for {timeout_s:.0f} s (hung); "
                                    "workers stopped, measurements so far are kept, rerun to resume "
-                                   f"(logs: {beat_dir})")
+                                   f"(on a loaded machine with a larger --timeout than {timeout_s:.0f}: one measurement "
+                                   f"beats only when it ends; logs: {beat_dir})")
         time.sleep(0.1)
 
 

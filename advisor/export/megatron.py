@@ -286,7 +286,7 @@ def megatron_env(plan: Plan, notes: list[str]) -> dict[str, str | None]:
 
 
 def _env_lines(env: dict[str, str | None]) -> list[str]:
-    why = {"1": "# tensor parallelism: Megatron-LM's validate_args requires one CUDA hardware queue",
+    why = {"1": "# tensor or context parallelism: Megatron-LM's validate_args wants one CUDA hardware queue (before Blackwell)",
            None: "# Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (unset: CUDA's default)"}
     lines = []
     for name, value in env.items():

@@ -85,7 +85,8 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
         "pp > number of layers": c.pp > layers,
         "uneven split needs pp > 1, layers that pp does not divide, and layers + 2 divisible by pp": (
             c.pp_split == EDGES) & ((c.pp == 1) | (((layers + 2) % c.pp) != 0) | ((layers % c.pp) == 0)),
-        "ZeRO-2/3 with pipeline parallelism (only ZeRO-1 combines with PP)": (c.pp > 1) & (c.zero >= 2),
+        "ZeRO-2/3 with pipeline parallelism (only --zero 1 combines with PP; where a stack runs FSDP under a pipeline, "
+        "that is its --zero 1)": (c.pp > 1) & (c.zero >= 2),
         "interleaved schedule needs pp > 1, 2 or more virtual stages and a layer in every chunk": interleaved & (
             (c.pp == 1) | (c.virtual_stages < 2) | (~edges & ~layout_fills(layers, c.pp * c.virtual_stages))),
         "interleaved schedule needs the micro-batch count divisible by pp": interleaved & (c.pp > 1) & ((c.grad_accum % c.pp) != 0),
