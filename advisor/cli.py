@@ -61,17 +61,19 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @cli.command()
 @common_plan_options
 @single_plan_options
-def estimate(as_json: bool, **kw) -> None:
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="write the estimate to this file instead of stdout; - is stdout")
+def estimate(as_json: bool, out, **kw) -> None:
     """Estimate one plan: step time, throughput, MFU, memory, and the full breakdown."""
     from advisor.api import estimate as run_estimate
+    from advisor.cli_export import refuse_out_over_an_input
     from advisor.render import render_estimate
 
     model, hw = kw.pop("model"), kw.pop("hw")
+    refuse_out_over_an_input(out, model, hw, kw.get("stack"))
     result = run_estimate(model, hw, **kw)
-    if as_json:
-        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
-    else:
-        click.echo(render_estimate(result))
+    text = json.dumps(result.model_dump(mode="json"), indent=2) if as_json else render_estimate(result)
+    _emit(out, text + "\n", "the estimate")
 
 
 @cli.command()

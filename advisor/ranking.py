@@ -83,6 +83,7 @@ class PlanSearch:
     tokens: Optional[float] = None  # a token budget to train
     stack_rule: Optional[str] = None  # --stack auto: the rule that chose each row's stack (advisor.api.AUTO_RULE)
     stack_note: Optional[str] = None  # --stack auto over two stacks: the model-parallel stack's own best (advisor.search)
+    kind_worlds: dict[str, int] = field(default_factory=dict)  # the GPU count of each kind's fastest fitting plan
     method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
     near_best: int = 0  # distinct fitting plans within TIE_BAND of the fastest step (advisor.search._rank)
 
@@ -170,8 +171,10 @@ class PlanSearch:
         if self.best_by_kind:
             best = min(self.best_by_kind.values())
             kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
+            on = {k: f" on {n:,} GPUs" if len(self.worlds) > 1 else "" for k, n in self.kind_worlds.items()}
             out.append("fastest fitting plan of each kind: " + ", ".join(
-                f"{KIND_NAMES[k]} {v:.3g} s" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "") for k, v in kinds))
+                f"{KIND_NAMES[k]} {v:.3g} s{on.get(k, '')}" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "")
+                for k, v in kinds))
         return out
 
     def export_lacks(self) -> list[str]:

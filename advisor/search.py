@@ -111,14 +111,15 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     # what the explanation of a CP or pipeline row quotes (advisor.explain.why_layout)
     per = spec.layer.flops_per_token(setups[chosen.name].seq_len, causal=True) if not spec.routed else {}
     tree.update(n_layers=spec.n_layers, attention_share=per.get("attention/core", 0.0) / max(sum(per.values()), 1e-30) if per else None)
-    ranked, best_by_kind, near = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
+    ranked, best_by_kind, near, kind_worlds = _rank(found, spec, hardware, o, tree, left_out=stack_note is not None)
     setup = setups[chosen.name] if o.stack != "any" else setup
     rejected = dict(sum((Counter(f.rejected) for f in found), Counter()))
     return PlanSearch(spec, hardware, stacks, setup, worlds, o.global_batch is None, o.objective,
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
                       seq_defaulted=o.seq is None, tokens=o.tokens,
-                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note, near_best=near)
+                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note, near_best=near,
+                      kind_worlds=kind_worlds)
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
@@ -300,10 +301,10 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
 
 
 def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptions, tree: dict,
-          left_out: bool = False) -> tuple[list[RankedPlan], dict[str, float], int]:
+          left_out: bool = False) -> tuple[list[RankedPlan], dict[str, float], int, dict[str, int]]:
     """The ``o.top`` best fitting plans over every stack and GPU count, and the fastest step of each plan kind
-    (``left_out``: the search left out model-parallel plans slower than their stack's data-parallel best), and how many
-    plans are within TIE_BAND of the fastest step."""
+    (``left_out``: the search left out model-parallel plans slower than their stack's data-parallel best), how many
+    plans are within TIE_BAND of the fastest step, and the GPU count of each kind's fastest plan."""
     rows = []  # (GPU-count index, candidate index) of every fitting plan, with its keys
     keys, steps = [], []
     best_by_kind: dict[str, float] = {}
@@ -336,4 +337,4 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
         est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
         ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack)))
-    return ranked, best_by_kind, near
+    return ranked, best_by_kind, near, {k: found[j].world for k, (j, _) in at_best.items()}
