@@ -227,8 +227,8 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe, np.maximum(on_head, on_embedding))
-    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s, bwd_s=lt.bwd_s + tp.backward_layer_s,
-                     recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s)
+    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s + cp.fwd_s, bwd_s=lt.bwd_s + tp.backward_layer_s
+                     + cp.bwd_s, recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s + cp.recompute_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
         frac = moe / layers
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,
@@ -239,10 +239,10 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     # their passes (advisor.parallel.offload)
     stall_f, stall_b = offload.activation_stalls(w, pol, full * tokens, mem_layers, layers * inline.fwd_s + idle_fwd,
                                                  layers * (inline.bwd_s + inline.recompute_s) + idle_rest)
-    # the last backward as it lasts: its TP collectives and its exposed all-to-alls in line too
+    # the last backward as it lasts: its TP collectives, its exposed all-to-alls and CP exchange in line too
     ep_bwd = moe * (ep.per_layer_bwd_s + pol.full * ep.per_layer_fwd_s) if ep is not None else 0.0
     windows = overlap.Windows(fwd_s=layers * inline.fwd_s + stall_f, bwd_s=layers * (inline.bwd_s + inline.recompute_s) + stall_b,
-                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s
+                           last_backward_s=layers * (lt.bwd_s + lt.recompute_s + cp.bwd_s + cp.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s
                            + ep_bwd + stall_b,
                            idle_forward_s=idle_fwd, idle_backward_s=idle_rest)
     on_gpu = data.model_states(w, c, mesh, mem_layers)

@@ -261,3 +261,29 @@ def test_torchtitan_asks_the_sequence_to_divide_by_tp_times_two_cp():
     with pytest.raises(AdvisorError, match=r"choose --seq a multiple of tp x 2 x cp, or --no-sp"):
         estimate("llama3-8b", "dgx-h100", stack="torchtitan", **kw)
     assert estimate("llama3-8b", "dgx-h100", stack="torchtitan", **{**kw, "seq": 16}).fits
+
+
+def _faster_gpu(name: str, factor: float):
+    """Profile ``name`` with every peak FLOP/s ``factor`` times the datasheet's."""
+    from advisor.hardware import Hardware, load_hardware
+
+    d = load_hardware(name).model_dump(mode="json", exclude_none=True)
+    d["gpu"]["peak_tflops"] = {k: v * factor for k, v in d["gpu"]["peak_tflops"].items()}
+    return Hardware.model_validate(d)
+
+
+def test_an_exposed_ring_exchange_is_part_of_the_reduction_window():
+    """Found by a random invariant search: the ring's K/V exchange beyond the attention it overlaps lengthens each
+    layer (comm/cp), and the gradient reduce-scatter and ZeRO's gathers run on through it, as they run through the
+    exposed all-to-alls (9ae071d); the windows that hide them left it out. So the less the attention hid the ring, the
+    less hid the ZeRO collectives: Llama 3 8B, CP 8 (a DGX H100 node) x DP 8 ZeRO-1, 8K tokens, was 2.2% slower with
+    twice the FLOP/s (0.1523 -> 0.1557 s); Llama 2 70B, CP 2 ZeRO-3 on the two PCIe Titan RTXs, was faster with twice
+    the tokens (74.535 s at --seq 2048, 74.503 s at 4096)."""
+    kw = dict(gpus=64, dp=8, cp=8, zero=1, micro_batch=1, grad_accum=1, seq=8192, stack="megatron-core")
+    slow, fast = estimate("llama3-8b", H100, **kw), estimate("llama3-8b", _faster_gpu(H100, 2.0), **kw)
+    assert slow.breakdown["comm/cp"] > 0 and slow.breakdown["comm/dp_grad"] > 0
+    assert fast.step_time_s <= slow.step_time_s
+    kw = dict(dp=1, cp=2, zero=3, micro_batch=2, grad_accum=1, stack="megatron-core")
+    short, long = (estimate("llama2-70b", "titan-rtx-pcie", seq=s, **kw) for s in (2048, 4096))
+    assert short.breakdown["comm/cp"] > long.breakdown["comm/cp"] > 0  # the longer attention hides more of the ring
+    assert long.step_time_s >= short.step_time_s
