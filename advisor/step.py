@@ -226,7 +226,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     p2p = pipeline.p2p_time(w, c, mesh, tensor.activation_bytes(w, tokens))
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol)
-    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe, np.maximum(on_head, on_embedding))
+    mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe, np.maximum(on_head, on_embedding), cp)
     inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s + cp.fwd_s, bwd_s=lt.bwd_s + tp.backward_layer_s
                      + cp.bwd_s, recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s + cp.recompute_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
@@ -300,10 +300,13 @@ def _expert_time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: An
 
 def micro_batch(w: Workload, mesh: Mesh, layers: Any, lt: compute.LayerTimes, head: compute.HeadTimes,
                 tp: tensor.TensorParallelTime, hosts: host.LayerHostTimes, on_head: Any = 1.0, ep: Any = None,
-                moe: Any = 0.0, outside: Any = 1.0) -> host.MicroBatch:
+                moe: Any = 0.0, outside: Any = 1.0, cp: Optional[context.ContextParallelTime] = None) -> host.MicroBatch:
     """One micro-batch's GPU and host work on the busiest stage, split as the flow shop needs it (``on_head``:
     1.0 where that stage issues the head's kernels; ``outside``: where it issues any op outside the layers, the
-    embedding's or the head's; ``ep``: its MoE layers' all-to-alls)."""
+    embedding's or the head's; ``ep``: its MoE layers' all-to-alls; ``cp``: the CP exchange beyond the attention, in
+    line with each layer, so that the GPU idles behind a host-bound host only for what it does not spend on it)."""
+    if cp is not None:
+        lt = replace(lt, fwd_s=lt.fwd_s + cp.fwd_s, bwd_s=lt.bwd_s + cp.bwd_s, recompute_s=lt.recompute_s + cp.recompute_s)
     gpu = layers * (lt.fwd_s + lt.bwd_s + lt.recompute_s) + head.fwd_s + head.bwd_s + tp.layers_s + tp.head_s
     ep_fwd = 0.0
     if ep is not None:

@@ -287,3 +287,15 @@ def test_an_exposed_ring_exchange_is_part_of_the_reduction_window():
     short, long = (estimate("llama2-70b", "titan-rtx-pcie", seq=s, **kw) for s in (2048, 4096))
     assert short.breakdown["comm/cp"] > long.breakdown["comm/cp"] > 0  # the longer attention hides more of the ring
     assert long.step_time_s >= short.step_time_s
+
+
+def test_the_gpu_idles_behind_a_host_bound_host_only_for_what_it_does_not_spend_on_the_ring():
+    """Found by a random invariant search: Llama 3 8B, TP 8 x CP 2 over two DGX H100 nodes, 2K tokens (megatron-core),
+    is host-bound (the host issues a layer's kernels slower than the GPU runs them). The GPU's idle behind the host was
+    the host's time less the layers' compute, not less the ring's exposed exchange, which the GPU spends in line: the
+    exchange was counted twice (comm/cp, 4.7 ms, and again in host_overhead), and twice the FLOP/s made the step slower
+    (0.37291 -> 0.37342 s). A host-bound step lasts what the host takes, at any FLOP/s (0.36817 s)."""
+    kw = dict(gpus=16, dp=1, tp=8, cp=2, micro_batch=1, grad_accum=4, seq=2048, stack="megatron-core")
+    slow, fast = estimate("llama3-8b", H100, **kw), estimate("llama3-8b", _faster_gpu(H100, 2.0), **kw)
+    assert slow.breakdown["host_overhead"] > 0 and slow.breakdown["comm/cp"] > 0
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-9)
