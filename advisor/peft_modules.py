@@ -15,6 +15,8 @@ modeling files name them; a fused projection is one nn.Linear, which PEFT adapts
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from advisor.errors import PlanError
@@ -121,5 +123,5 @@ def largest_transformers_module(model, tp):
         if lin.name == "mlp/gate" and model.family in HF_FUSED_GATE_UP:
             weights = weights * 2  # gate_up_proj: gate and up in one module
         out.append(weights)
-    return np.maximum.reduce(out)
+    return functools.reduce(np.maximum, out)  # arrays over plans beside replicated linears' scalars
 

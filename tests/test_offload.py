@@ -234,8 +234,8 @@ def test_the_ranking_shows_how_many_layers_megatron_offloads():
 
     assert policy(TrainingSetup(recompute="offload", recompute_layers=16), "megatron-core") == "offload(16)"
     assert policy(TrainingSetup(recompute="offload", recompute_layers=16), "hf-trainer") == "offload"
-    out = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "dgx-a100", "--gpus", "8", "--stack",
-                                   "megatron-core", "--seq", "8192", "--global-batch", "64", "--top", "40"]).output
+    out = CliRunner().invoke(cli, ["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack",
+                                   "megatron-core", "--seq", "32768", "--global-batch", "16", "--top", "40"]).output
     policies = [m.group(1) for line in out.splitlines() if (m := re.search(r" (offload\S*) +[\d.]+ s ", line))]
     assert policies and set(policies) == {"offload(16)"}, out
 
