@@ -73,6 +73,10 @@ def common_plan_options(f):
                           "async: torchtitan's async tensor parallel; either needs --sp with --tp > 1, and plan "
                           "then ranks TP plans with SP only; a plan without TP has nothing to overlap, as plan's rows "
                           "without TP) [default: the stack's]"),
+        click.option("--mtp-layers", type=click.IntRange(0, 64), default=0, show_default=True,
+                     help="multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers: "
+                          "DeepSeek-V3 trains 1): each an MTP layer and a second logits and loss on the last pipeline "
+                          "stage, in the stacks that run it"),
         click.option("--compile", "compile", type=click.Choice(["none", "model", "loss", "model,loss"]), default="none",
                      show_default=True,
                      help="what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, "

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor import finetune
+from advisor import finetune, mtp
 from advisor.distinct import on_distinct
 from advisor.hardware import Hardware
 from advisor.model.layer import DecoderLayer, Linear, keys_per_query
@@ -319,4 +319,11 @@ def _head_times(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     bwd = ((1.0 if frozen else 2.0) * logits_fwd + mem_time(hw, logits * t.loss_backward + emb_bytes)
            + (0.0 if frozen else emb_bwd) + 2.0 * head_lora)
     lookup = mem_time(hw, emb_bytes / 2.0)
+    d = w.mtp_layers
+    if d:  # each multi-token prediction depth (advisor.mtp): the logits and loss again, eh_proj's 2h -> h GEMM (column-
+        # parallel, under the run's recipe: multi_token_prediction.py:1195 fp8_context) and its element-wise passes
+        eh = gemm_time(hw, w.math, 2.0 * 2.0 * h * h * tokens / tp, h / tp, 2.0 * h)
+        passes = tokens * h * w.act_bytes
+        fwd = fwd + d * (logits_fwd + mem_time(hw, logits * t.loss_forward + passes * mtp.FORWARD_ACCESSES) + eh)
+        bwd = bwd + d * (2.0 * logits_fwd + mem_time(hw, logits * t.loss_backward + passes * mtp.BACKWARD_ACCESSES) + 2.0 * eh)
     return fwd, bwd, lookup, lookup + (0.0 if frozen else emb_bwd)

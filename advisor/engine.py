@@ -323,8 +323,9 @@ class Engine(Spec):
         default_factory=lambda: ["even"], min_length=1, description="how it may split layers over pipeline ranks: even (ceil), edges "
         "(the embedding and the loss counted as layers), layout (interleaved chunks of ceil(L / (pp v)) layers, the "
         "rest in the last, where pp x v does not divide L: Megatron's --pipeline-model-parallel-layout)")
-    zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(
-        default_factory=list, description="the zero-bubble pipeline schedules it runs (advisor.parallel.pipeline)")
+    zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(default_factory=list, description="the zero-bubble "
+        "pipeline schedules it runs (advisor.parallel.pipeline)")
+    mtp: bool = Field(default=False, description="it trains multi-token prediction depths (--mtp-layers, advisor.mtp)")
 
     def ep_overlaps(self) -> list[str]:
         """Every all-to-all overlap it runs: none, its default and the ones it lists."""

@@ -180,7 +180,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
     if in_flight is None:
-        in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
+        in_flight = pipeline.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split, w.mtp_layers)
     if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
         in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
@@ -190,6 +190,9 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     # the head's own gradient where it trains (a frozen base's head has none: LoRA)
     head_trains = 0.0 if w.finetune.adapters else t.logits_peak_head
     at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token + head_trains * w.model.vocab * w.model.d_model / mesh.tp
+    # each multi-token prediction depth's logits and loss run before the main ones (gpt_model.py process_mtp_loss) and keep
+    # what the main loss keeps until backward: the last stage holds 1 + D times the logits, the last at its loss's peak
+    held, at_peak = held * (1 + w.mtp_layers), at_peak + w.mtp_layers * held
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
     # while a checkpoint is rerun its group's layers hold their full activations; under every layer's activation

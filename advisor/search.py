@@ -49,7 +49,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          adapter_offload: str = "none", lora_library: str = "peft",
          moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
          moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
-         compile: str = "none", **unknown) -> PlanSearch:
+         compile: str = "none", mtp_layers: int = 0, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -67,7 +67,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
     A mixture-of-experts model's plans also choose the expert-parallel degree (and expert tensor parallelism);
     ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1: balanced routing) say how its tokens
-    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; ``tp_overlap`` and ``compile`` as
+    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; ``tp_overlap``, ``compile`` and ``mtp_layers`` as
     ``estimate``'s.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

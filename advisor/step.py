@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor import adapters, compute, host, optimizer
+from advisor import adapters, compute, host, mtp, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
@@ -109,7 +109,7 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
     data-parallel collectives and the optimizer step of fewer layers), the slower taken; the bubble is the first
     rank's in both (fill and drain pass through the ranks before the last, which hold as many layers as the first),
     and so is the memory."""
-    two = pipeline.two_ranks(w.model, c, _layout(w))
+    two = pipeline.two_ranks(w.model, c, _layout(w), w.mtp_layers)
     if not two.any():
         return _evaluate(w, c)
     first, last = _first_and_last(w, c.take(np.nonzero(two)[0]))
@@ -159,12 +159,13 @@ def stage_note(w: Workload, c: Candidates) -> str:
     one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
     v = f" ({int(mesh.v[0])} chunks a rank)" if int(mesh.v[0]) > 1 else ""
     head = f"{model.n_layers} layers on {int(c.pp[0])} ranks{v}"
-    if not pipeline.two_ranks(model, c, _layout(w))[0]:
-        layers = one(pipeline.stage_layers(model, c, mesh, 0.0, 0.0)[0])
+    if not pipeline.two_ranks(model, c, _layout(w), w.mtp_layers)[0]:
+        layers = one(pipeline.stage_layers(model, c, mesh, 0.0, 0.0, None, w.mtp_layers)[0])
         both = "rank 0 holds both ends" if int(c.schedule[0]) in (pipeline.ZB_V, pipeline.DUALPIPE_V) else "a bound"
         return f"pipeline: {head}; costed as a rank of {layers:g} layers with the embedding and the head ({both})"
     t_first, t_last = (one(e.time.total) for e in _first_and_last(w, c))
-    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r) for r in ("first", "last"))
+    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r, w.mtp_layers)
+                                               for r in ("first", "last"))
     # the rank costed beside the last: the first with the embedding, or a middle one where the first holds fewer
     busy = "the first rank" if one(embedding) else "a middle rank"
     who = "the last rank's" if t_last > t_first else busy + "'s"
@@ -176,8 +177,8 @@ def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) ->
     """The layers whose states (and checkpointing) the rank costed holds: the last rank's own, else the busiest's by
     memory (advisor.parallel.pipeline.memory_layers)."""
     if rank == "last":
-        return pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last")[0]
-    return pipeline.memory_layers(w.model, c, mesh)
+        return pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last", w.mtp_layers)[0]
+    return pipeline.memory_layers(w.model, c, mesh, w.mtp_layers)
 
 
 def _layout(w: Workload) -> bool:
@@ -213,7 +214,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers (or the ``rank`` asked), and whether it holds the head and the embedding
     layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,
-                                                          head.fwd_s + head.bwd_s, rank)
+                                                          head.fwd_s + head.bwd_s, rank, w.mtp_layers)
     # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
     # collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
@@ -249,7 +250,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     states = offload.apply(w, c, on_gpu, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
     off = offload.time(w, c, mesh, states, on_gpu, pol, stall_f + stall_b, mem_layers, windows.fwd_s, windows.bwd_s)
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split)
+    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split, w.mtp_layers)
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]
     ep_s = ep.layers_s if ep is not None else 0.0
@@ -331,7 +332,8 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     per_layer = per_token(layer)
     # dense first layers beside routed ones: each layer at its own FLOPs (routed experts at top-k)
     layers_flops = m.n_layers * per_layer if len(m.layers) == 1 else sum(k.count * per_token(k) for k in m.layers)
-    model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab) * tokens_per_step
+    model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab + mtp.forward_flops_per_token(m, w.mtp_layers, w.seq_len, kept)) \
+        * tokens_per_step  # the multi-token prediction depths' layers, projections and logits (advisor.mtp)
     ft = w.finetune
     if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
         from advisor.finetune import adapter_params_per_layer, head_adapter_params

@@ -152,6 +152,8 @@ class TrainingSetup(ApiSpec):
         default=None, description="tensor parallelism: the sequence-parallel collectives exposed or pipelined with "
                                   "their GEMMs (advisor.parallel.tensor); None: the stack's default")
 
+    mtp_layers: int = Field(default=0, ge=0, le=64, description=(
+        "multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers; advisor.mtp): 0, none"))
     recompute_modules: Optional[tuple[Literal[RECOMPUTE_MODULES], ...]] = Field(  # type: ignore[valid-type]
         default=None, max_length=len(RECOMPUTE_MODULES), description="selective recomputation: the sub-modules "
         "rerun (Megatron's --recompute-modules); None: the stack's selective policy")

@@ -1,9 +1,7 @@
-"""What every candidate plan of one evaluation shares: the model, the hardware, the training stack and the
-scalar part of the training setup, with the stack's tables resolved once for this model and precision.
-
-A routed (mixture-of-experts) layer's tables are evaluated at the MLP width a token passes through
-(advisor.parallel.expert.table_layer), and the routing inputs (capacity factor, imbalance) ride along. Soft-capping (Gemma 2) adds
-its element-wise passes to the stack's measured tables here (``softcapped``)."""
+"""What every candidate plan of one evaluation shares: the model, the hardware, the stack and the setup's scalar part,
+the stack's tables resolved once for this model and precision (a routed layer's at the MLP width a token passes through,
+advisor.parallel.expert.table_layer; soft-capping's element-wise passes added (Gemma 2): ``softcapped``), the routing
+inputs (capacity factor, imbalance) and the multi-token prediction depths (advisor.mtp) riding along."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ from typing import Optional
 from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec, PositionKind
+from advisor import mtp
 from advisor.parallel import expert
 from advisor.selective import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
@@ -38,6 +37,7 @@ class Workload:
     moe_overlap: str = "none"
     tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
     compile: str = "none"  # what torch.compile compiles, as --compile says (the stack's compiled tables)
+    mtp_layers: int = 0  # multi-token prediction depths on the last pipeline stage (advisor.mtp)
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -93,7 +93,7 @@ class Workload:
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
-                   tp_overlap_choice(stack, setup, hw), setup.compile)
+                   tp_overlap_choice(stack, setup, hw), setup.compile, setup.mtp_layers)
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
@@ -180,8 +180,7 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
 
 
 def stack_modules(stack: Stack, modules: tuple[str, ...]):
-    """The stack's selective policy where it costs every one of --recompute-modules' ``modules``; a one-line
-    StackError otherwise."""
+    """The stack's selective policy where it costs every one of --recompute-modules' ``modules`` (else a StackError)."""
     sel = stack.engine.selective
     if sel is None or not sel.modules:
         raise StackError(f"stack {stack.name} has no --recompute-modules (its selective recomputation is fixed): drop it")
@@ -312,9 +311,11 @@ def adapter_targets(stack, setup) -> None:
 
 
 def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:
-    """The setup's precision and optimizer where the stack does not train in them (engine.precisions,
-    engine.optimizers), as a one-line StackError naming the stacks that do (and build ``model``)."""
+    """The setup's MTP depths, precision and optimizer where the stack does not train in them (engine.mtp, precisions,
+    optimizers), as a one-line StackError naming the stacks that do (and build ``model``)."""
     held, optimizers, asked = stack.engine.precisions, stack.engine.optimizers, setup.precision.value
+    if (no_mtp := mtp.refusal(stack, model, setup.mtp_layers)) is not None:
+        raise StackError(no_mtp)
     if held is not None and asked not in held:
         kin = [p for p in held if p.split("-")[0] == asked.split("-")[0] and p != "fp8-mixed"]  # the same kind first
         instead = kin[0] if kin else "bf16-mixed" if "bf16-mixed" in held else held[0]
@@ -328,9 +329,8 @@ def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:
 
 
 def why_not(stack, setup) -> Optional[str]:
-    """Why the stack does not run the setup's explicit choices (its fine-tuning method, precision, optimizer, token
-    dispatcher, all-to-all overlap, TP overlap, recomputed sub-modules and torch.compile), one line; None where it
-    runs them."""
+    """Why the stack does not run the setup's explicit choices (its fine-tuning method, precision, optimizer, MTP, token
+    dispatcher, all-to-all and TP overlaps, recomputed sub-modules, torch.compile), one line; None where it runs them."""
     if setup.finetune.kind not in stack.engine.methods:
         return f"stack {stack.name} does not run --method {setup.finetune.kind}"
     refusal = stack.compile_refusal(setup.compile)

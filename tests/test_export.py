@@ -102,6 +102,11 @@ CASES = {
     # DeepSeek-V3's router: sigmoid, choice bias, x2.5, top 4 of 8 groups
     "deepseek-v3-router": ("deepseek-v3", "dgx-h100", 64, dict(dp=64, ep=64, zero=1),
                            dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # DeepSeek-V3's multi-token prediction depth (--mtp-num-layers 1) in its layout's last chunk, as Megatron-Bridge's
+    # recipes place it (recipes/deepseek/h100/deepseek_v3.py:66: "mtp" before the loss)
+    "deepseek-v3-mtp": ("deepseek-v3", "dgx-h100", 256, dict(dp=64, pp=4, ep=64, zero=1, schedule="interleaved",
+                                                             virtual_stages=4),
+                        dict(micro_batch=1, global_batch=256, seq_len=4096, mtp_layers=1)),
     # megatron-core's HybridDeviceOptimizer: --optimizer-cpu-offload under the distributed optimizer
     "megatron-optimizer-offload": ("llama3-8b", "dgx-h100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
                                    dict(micro_batch=1, global_batch=64, seq_len=8192, recompute="selective")),
@@ -119,7 +124,7 @@ MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
                  "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps",
-                 "qwen3-yarn"}
+                 "qwen3-yarn", "deepseek-v3-mtp"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -153,7 +158,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
              "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window", "sigmoid-router-partial-rope",
-             "deepseek-v3-router"}
+             "deepseek-v3-router", "deepseek-v3-mtp"}
 
 
 def stack_of(kind: str, case: str) -> str:

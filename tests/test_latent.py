@@ -54,7 +54,8 @@ def test_model_flops_are_megatron_lms_less_the_router():
     (training.py num_floating_point_operations, megatron-core 0.19.2's tree) for DeepSeek-V3 without its MTP layer:
     equal but for the router GEMM, which Megatron leaves out (h x 256 a routed layer), and its s / 2 keys a query
     where advisor counts the (s + 1) / 2 a causal kernel computes. With the MTP layer the perf recipes run
-    (mtp_num_layers 1) Megatron counts 4.1% more, which advisor neither counts nor costs."""
+    (mtp_num_layers 1) Megatron counts 4.1% more, and so does advisor (advisor.mtp): one more routed layer, eh_proj's
+    2h -> h and a second logits, less the same router, keys and norms differences, and Megatron's 3h of MTP norms."""
     import json
     import os
     import subprocess
@@ -85,6 +86,13 @@ def test_model_flops_are_megatron_lms_less_the_router():
     norms = 3 * 2 * m.n_layers * (QL + KVL)
     assert ours - router - keys + norms == pytest.approx(theirs, rel=1e-12)
     assert with_mtp / theirs == pytest.approx(1.0408, abs=1e-4)
+    from advisor import mtp
+
+    ours_mtp = ours + 3 * mtp.forward_flops_per_token(m, 1, S)
+    # one layer's router, keys and latent norms more, and Megatron's MTP norms: 3 x 2 x 3h (training.py "MTP eh norm +
+    # final nrom")
+    one = (router / 58, keys / m.n_layers, norms / m.n_layers)
+    assert ours_mtp - router - one[0] - keys - one[1] + norms + one[2] + 3 * 2 * 3 * H == pytest.approx(with_mtp, rel=1e-12)
 
 
 def _workload(model="deepseek-v3", stack="megatron-core", **setup):

@@ -60,7 +60,10 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
          "sequence_parallel": bool(plan.sp and plan.tp > 1), "seq_length": setup.seq_len}
     if plan.cp > 1:
         m["cp_comm_type"] = CP_COMM_TYPE[plan.cp_comm.value]
-    m.update(_pipeline(model, plan))
+    m.update(_pipeline(model, plan, setup.mtp_layers))
+    # multi-token prediction (advisor.mtp): written whatever its value, since a DeepSeek-V3 recipe sets 1 (recipes/deepseek/
+    # h100/deepseek_v3.py:123) and None turns it off there ("Set to 0 or None to disable MTP")
+    m["mtp_num_layers"] = setup.mtp_layers or None
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
     m.update(_recompute(setup))
@@ -113,7 +116,7 @@ def _peft(model: ModelSpec, setup: TrainingSetup, notes: list[str]) -> dict:
             "dim": ft.lora_rank, "alpha": int(ft.lora_alpha), "dropout": ft.lora_dropout}
 
 
-def _pipeline(model: ModelSpec, plan: Plan) -> dict:
+def _pipeline(model: ModelSpec, plan: Plan, mtp: int = 0) -> dict:
     """The uneven split (account_for_*_in_pipeline_split or first/last stage layers) and interleaving, as
     megatron.py writes them (TransformerConfig field names)."""
     if plan.pp <= 1:
@@ -121,7 +124,8 @@ def _pipeline(model: ModelSpec, plan: Plan) -> dict:
     out: dict = {}
     chunks = layout_chunks(model.n_layers, plan)
     if chunks is not None:  # TransformerConfig.pipeline_model_parallel_layout as a list of chunks (as Bridge's recipes)
-        return {"pipeline_model_parallel_layout": [["embedding"] * (i == 0) + ["decoder"] * n + ["loss"] * (i == len(chunks) - 1)
+        return {"pipeline_model_parallel_layout": [["embedding"] * (i == 0) + ["decoder"] * n
+                                                   + (["mtp"] * mtp + ["loss"]) * (i == len(chunks) - 1)
                                                    for i, n in enumerate(chunks)],
                 "virtual_pipeline_model_parallel_size": plan.virtual_stages if plan.schedule == "interleaved" else None}
     if plan.pp_split.value == "edges":

@@ -70,7 +70,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
         if tp_overlap_choice(stack, setup) == "userbuffers":  # Transformer Engine's userbuffers (advisor.parallel.tensor)
             a.append("--tp-comm-overlap")
     a += _context_parallel(plan)
-    layout = interleaved_layout(model.n_layers, plan)  # chunks pp x v does not divide: as Megatron-Bridge's recipes
+    layout = interleaved_layout(model.n_layers, plan, setup.mtp_layers)  # chunks pp x v does not divide: as Bridge's recipes
     a += ["--pipeline-model-parallel-layout", layout] if layout is not None else _pipeline_split(model, plan)
     if layout is None and plan.pp > 1 and plan.schedule == "interleaved" and plan.pp_split.value == "edges":
         # Megatron-LM's flag for a virtual-stage count (arguments.py: --num-virtual-stages-per-pipeline-rank; its
@@ -81,6 +81,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron has no GPipe schedule: it runs 1F1B (less activation memory than estimated)")
     a += _recompute(model, plan, setup)
+    if setup.mtp_layers:  # multi-token prediction (advisor.mtp), on the last stage: in the layout's last chunk, else there
+        a += ["--mtp-num-layers", setup.mtp_layers]
     a += ["--micro-batch-size", setup.micro_batch, "--global-batch-size", global_batch(plan, setup, grad_accum),
           "--seq-length", setup.seq_len, "--max-position-embeddings", max(model.max_positions, setup.seq_len)]
     constants, unknown = constant_flags(model)  # RoPE's base and scaling, the norms' epsilon
@@ -120,15 +122,17 @@ def layout_chunks(n_layers: int, plan: Plan) -> list[int] | None:
     return None if pipeline_edge_layers(n_layers, plan.pp) else [per] * full + [per - 1] * (plan.pp - full)
 
 
-def interleaved_layout(n_layers: int, plan: Plan) -> str | None:
+def interleaved_layout(n_layers: int, plan: Plan, mtp: int = 0) -> str | None:
     """--pipeline-model-parallel-layout for layout_chunks (megatron-core transformer/pipeline_parallel_layer_layout.py
     syntax: E the embedding, t a decoder layer, L the loss, | between chunks in order, (x)*n repeats), e.g. DeepSeek-V3's
-    61 layers on 16 chunks "Et*4|(t*4|)*14t*1L", as set_deepseek_v3_pipeline_model_parallel_layout builds it."""
+    61 layers on 16 chunks "Et*4|(t*4|)*14t*1L", as set_deepseek_v3_pipeline_model_parallel_layout builds it; ``mtp``
+    multi-token prediction depths as "m" before the loss ("...t*1mL": validate_layer_layout counts them against
+    --mtp-num-layers, pipeline_parallel_layer_layout.py:111-113)."""
     chunks = layout_chunks(n_layers, plan)
     if chunks is None:
         return None
     runs = [(n, len(list(g))) for n, g in itertools.groupby(chunks[1:-1])]
-    return f"Et*{chunks[0]}|" + "".join(f"(t*{n}|)*{k}" for n, k in runs) + f"t*{chunks[-1]}L"
+    return f"Et*{chunks[0]}|" + "".join(f"(t*{n}|)*{k}" for n, k in runs) + f"t*{chunks[-1]}" + "m" * mtp + "L"
 
 
 def pipeline_edge_layers(n_layers: int, pp: int) -> tuple[int, int] | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor import comm, optimizer
+from advisor import comm, mtp, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
@@ -105,7 +105,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     eng = w.stack.engine
     # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
     p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
-    outside = pipeline.params_outside_layers(m, mesh.pp, c.schedule, eng.tied_pipeline == "untied") / tp
+    outside = (pipeline.params_outside_layers(m, mesh.pp, c.schedule, eng.tied_pipeline == "untied")  # without a pipeline,
+               + np.where(mesh.pp <= 1, mtp.outside_params(m, w.mtp_layers), 0.0)) / tp  # the MTP eh_proj, norms (advisor.mtp)
     # uneven split: ``layers`` is u - 1, and the busiest rank holds the first's embedding or a middle rank's u-th layer
     edges = pipeline.uneven(c)
     outside = np.where(edges, np.maximum(outside, p_layer), outside) if np.any(edges) else outside

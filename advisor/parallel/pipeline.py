@@ -142,7 +142,15 @@ def uneven(c: Candidates) -> Any:
 
 
 def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any,
-                 rank: Optional[str] = None) -> tuple[Any, Any, Any]:
+                 rank: Optional[str] = None, mtp: int = 0) -> tuple[Any, Any, Any]:
+    """``_stage_layers``, with the ``mtp`` multi-token prediction layers on the rank holding the head (advisor.mtp:
+    megatron-core builds every depth on the last stage, multi_token_prediction.py mtp_on_this_rank)."""
+    layers, head, embedding = _stage_layers(model, c, mesh, layer_s, head_s, rank)
+    return (layers + mtp * np.asarray(head, dtype=float) if mtp else layers), head, embedding
+
+
+def _stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head_s: Any,
+                  rank: Optional[str] = None) -> tuple[Any, Any, Any]:
     """(layers of the busiest rank, 1.0 where its time also holds the head, 1.0 where it holds the word embedding),
     from one layer's and the head's seconds per micro-batch. Even split: ceil(L / pp) layers, the head and the
     embedding (a bound: no rank holds both but a V schedule's first, or the only one), or, where the split leaves
@@ -166,17 +174,17 @@ def stage_layers(model: ModelSpec, c: Candidates, mesh: Mesh, layer_s: Any, head
     return np.where(edges, units - head, even), head, head  # the middle rank neither, the last as the even split
 
 
-def two_ranks(model: ModelSpec, c: Candidates, layout: bool = True) -> Any:
+def two_ranks(model: ModelSpec, c: Candidates, layout: bool = True, mtp: int = 0) -> Any:
     """Where the even split leaves the last pipeline rank fewer layers than the first (pp x v does not divide L; a V
     schedule's rank 0 holds both ends, and pp x 2 divides L there) as Megatron lays them out (``layout``: the stack
     runs Megatron's layouts), and under the uneven split (a middle rank's u layers, the last's u - 1 and the head):
     which of the two is the busiest depends on the head and on each layer's collectives, so the step costs both
-    (advisor.step)."""
+    (advisor.step); and wherever the last rank holds ``mtp`` > 0 multi-token prediction layers beside the head."""
     pp, v = np.asarray(c.pp, dtype=float), np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
     v_shape = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
     short = last_stage_layers(model.n_layers, pp, v) < layers_per_stage(model, pp, v)
     # where the stack balances the even split its own way, the bound (module docstring); the uneven split is one
-    return (pp > 1) & ~v_shape & (uneven(c) | (short & layout))
+    return (pp > 1) & ~v_shape & (uneven(c) | ((short | (mtp > 0)) & layout))
 
 
 def last_stage_layers(n_layers: int, pp: Any, v: Any = 1.0) -> Any:
@@ -203,12 +211,12 @@ def _first_last(n: float, pp: Any) -> tuple[Any, Any, Any]:
     return first, last, (last >= 1) & (last <= first) & (first <= per)
 
 
-def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh) -> Any:
+def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh, mtp: int = 0) -> Any:
     """Layers whose weights count on the busiest rank by memory: the even split's ceil(L / pp); the uneven
     split's u - 1 common to the first and the middle ranks (``outside_params_uneven`` adds the larger of the
-    first's embedding and a middle rank's u-th layer)."""
+    first's embedding and a middle rank's u-th layer); without a pipeline, the ``mtp`` multi-token prediction layers too."""
     edges = uneven(c)
-    even = layers_per_stage(model, mesh.pp, mesh.v)
+    even = layers_per_stage(model, mesh.pp, mesh.v) + np.where(np.asarray(mesh.pp) <= 1, float(mtp), 0.0)
     return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
 
 
@@ -281,10 +289,10 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     return out
 
 
-def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any, split: Any = None) -> Any:
+def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: Any, split: Any = None, mtp: int = 0) -> Any:
     """Layer-micro-batches of activations the busiest (first) pipeline stage holds at its peak. Under the uneven
     split the first rank holds u - 1 layers and the second u layers one micro-batch fewer: the larger of
-    u - 1 and u (pp - 1) / pp stands for a stage."""
+    u - 1 and u (pp - 1) / pp stands for a stage. Without a pipeline, the ``mtp`` multi-token prediction layers too."""
     pp = np.asarray(pp, dtype=float)
     m = np.asarray(grad_accum, dtype=float)
     v = np.asarray(v, dtype=float)
@@ -302,4 +310,4 @@ def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: 
     dual = per_stage * np.minimum(pp + 1.0, m)
     out = np.where(schedule == Schedule.gpipe.code, gpipe, np.where(schedule == Schedule.interleaved.code, inter, one_f))
     out = np.where(schedule == DUALPIPE_V, dual, out)
-    return np.where(pp <= 1, float(n_layers), out)
+    return np.where(pp <= 1, float(n_layers + mtp), out)

@@ -262,9 +262,14 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
     n = (LAYER_COLLECTIVES / 2.0 * (1.0 + backward) + rerun * RECOMPUTE_COLLECTIVES
          + adapters.tp_collectives(w, sp) * (1.0 + 0.5 * rerun))
-    loss = 3.0 * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
+    # the loss's three all-reduces; each multi-token prediction depth runs the head's collectives and loss again and
+    # gathers eh_proj's output (multi_token_prediction.py:1144 gather_from_tensor_model_parallel_region; advisor.mtp)
+    d = w.mtp_layers
+    loss = 3.0 * (1 + d) * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
+    head = np.where(sp, ag_rs, ar) * (1 + d) + (d * comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node,
+                                                                           where=on) if d else 0.0)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
                               layers_s=np.where(on, layers * n * per, 0.0),
                               embedding_s=np.where(on, np.where(sp, 0.5 * ag_rs, ar), 0.0),
-                              lm_head_s=np.where(on, np.where(sp, ag_rs, ar), 0.0), loss_s=np.where(on, loss, 0.0),
+                              lm_head_s=np.where(on, head, 0.0), loss_s=np.where(on, loss, 0.0),
                               backward_share=backward)

@@ -1,0 +1,85 @@
+"""Multi-token prediction as megatron-core 0.19.2 trains it (advisor.mtp; --mtp-layers, Megatron's --mtp-num-layers):
+DeepSeek-V3's depth counted from the source's shapes (transformer/multi_token_prediction.py MultiTokenPredictionLayer:
+enorm, hnorm, eh_proj 2h -> h without bias, the last decoder layer's kind, final_layernorm; the embedding and the output
+layer shared), where it runs (the last pipeline stage), what it costs there, and which stacks refuse it."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor import estimate, mtp
+from advisor.errors import AdvisorError
+from advisor.model import load_model
+
+H, V = 7168, 129280  # deepseek-ai/DeepSeek-V3 config.json hidden_size, vocab_size
+DSV3 = dict(model="deepseek-v3", hw="gb200-nvl72", gpus=256, tp=1, pp=4, schedule="interleaved", virtual_stages=4, ep=64,
+            micro_batch=1, global_batch=8192, seq=4096, precision="mxfp8", stack="megatron-bridge-perf",
+            recompute="selective", recompute_modules="mla_up_proj")
+
+
+def test_deepseek_v3_depth_parameters_from_the_source_shapes():
+    """One depth: DeepSeek-V3's routed layer (config.json: MLA q_lora_rank 1536, kv_lora_rank 512, 128 heads of 128 + 64,
+    v 128; 256 experts and one shared of 2048, silu-gated; router 256 x h; two RMSNorms and the latents' two) and
+    eh_proj 2h x h and three RMSNorms of h. DeepSeek's checkpoint reports 14B MTP weights with its own copies of the
+    embedding and head (2 x V x h = 1.85B), which Megatron shares: 11.61B + 1.85B = 13.46B."""
+    attention = H * 1536 + 1536 * 128 * 192 + H * (512 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * H
+    experts = 257 * 3 * H * 2048 + 256 * H  # routed + shared gated MLPs, the router
+    layer = attention + experts + 2 * H + 1536 + 512  # the layer's two norms and the latents' q and kv norms
+    assert mtp.params_per_depth(load_model("deepseek-v3")) == layer + 2 * H * H + 3 * H == 11_610_067_968
+    assert (11_610_264_064 + 2 * V * H) / 1e9 == pytest.approx(13.46, abs=0.01)
+
+
+def test_the_depths_layer_is_the_last_decoder_layers_kind():
+    """gpt_layer_specs.py get_gpt_mtp_block_spec_for_backend: spec.layer_specs[-1]: DeepSeek-V3's routed layer, not its
+    dense first ones; a dense model's only layer."""
+    m = load_model("deepseek-v3")
+    assert mtp.layer(m).routed and mtp.layer(m).n_params > m.layers[0].n_params
+    assert mtp.layer(load_model("llama3-8b")) is load_model("llama3-8b").layer
+
+
+def test_model_flops_grow_by_the_depths_layer_projection_and_logits():
+    """MFU's numerator counts the depth (Megatron-LM training.py num_floating_point_operations; Megatron-Bridge 0.6.2
+    training/utils/flop_utils.py:840-846 alike): per token 3 x (the routed layer + 2 x 2h x h + 2 x h x V)."""
+    m = load_model("deepseek-v3")
+    base, one = (estimate(**DSV3, mtp_layers=d) for d in (0, 1))
+    tokens = 8192 * 4096
+    layer = sum(mtp.layer(m).flops_per_token(4096).values())
+    added = 3 * (layer + 4 * H * H + 2 * H * V) * tokens
+    flops = lambda e: e.tflops_per_gpu * 1e12 * e.step_time_s * 256  # noqa: E731
+    assert flops(one) - flops(base) == pytest.approx(added, rel=1e-9)
+    assert flops(one) / flops(base) == pytest.approx(1.041, abs=1e-3)  # Megatron's 1.0408 (tests/test_latent.py)
+
+
+def test_the_last_stage_runs_the_depth_and_a_second_head():
+    """Every depth on the last pipeline stage (multi_token_prediction.py mtp_on_this_rank): DeepSeek-V3's layout of 4 x 4
+    chunks, [E + 4 t] ... [t + mtp + L], leaves the last rank 13 layers and the head, and with MTP 14 and two heads."""
+    base, one = (estimate(**DSV3, mtp_layers=d) for d in (0, 1))
+    assert "the last 13 and the head" in base.pipeline and "the last 14 and the head" in one.pipeline
+    assert one.step_time_s > base.step_time_s
+
+
+def test_without_a_pipeline_the_depth_adds_a_layers_states_and_a_second_logits():
+    """One rank holds everything: the depth's layer, eh_proj and norms in the weights, and 1 + D logits held."""
+    kw = dict(model="qwen3-8b", hw="dgx-h100", dp=8, micro_batch=1, global_batch=8, seq=4096, stack="megatron-core")
+    base, one = (estimate(**kw, mtp_layers=d) for d in (0, 1))
+    m = load_model("qwen3-8b")
+    weights = lambda e: e.memory.parts["weights"]  # noqa: E731
+    assert weights(one) / weights(base) == pytest.approx((m.n_params + mtp.params_per_depth(m)) / m.n_params, rel=1e-12)
+    # the main loss's peak beside the depth's held logits and loss (memory.py: held x (1 + D), the peak + D x held)
+    from advisor.hardware import load_hardware
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    t = Workload.of(m, load_hardware("dgx-h100"), load_stack("megatron-core"), TrainingSetup(seq_len=4096)).tables
+    held = 4096 * m.vocab * t.logits_held + 4096 * t.logits_held_per_token
+    assert one.memory.parts["logits_loss"] - base.memory.parts["logits_loss"] == pytest.approx(held, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(model="llama3-8b", stack="hf-trainer"), "stack hf-trainer does not train multi-token prediction: use --stack"),
+    (dict(model="gpt2-xl", stack="megatron-core"), "rotary positions only"),
+])
+def test_stacks_and_models_megatron_does_not_run_it_with_are_refused(kw, message):
+    with pytest.raises(AdvisorError, match=message):
+        estimate(hw="dgx-h100", dp=8, mtp_layers=1, **kw)
