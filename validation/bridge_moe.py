@@ -161,6 +161,16 @@ def load_rows(systems: dict[str, str] = SYSTEMS) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+# Multi-token prediction depths each model's runs train (advisor.mtp): DeepSeek-V3's one, as every DeepSeek-V3 perf
+# recipe's base sets it (megatron-bridge 0.6.2 recipes/deepseek/h100/deepseek_v3.py:123 mtp_num_layers = 1, under
+# perf_recipes/deepseek/common.py's deepseek_v3_pretrain_config) and its provider reads it from config.json's
+# num_nextn_predict_layers 1 (models/conversion/model_bridge.py:478), the layouts placing it before the loss ("...tmL",
+# recipes/deepseek/h100/deepseek_v3.py:66). Kimi-K2 none: its layouts (recipes/kimi/h100/kimi_k2.py:31-40) hold no
+# "mtp", which megatron-core's validate_layer_layout would refuse beside mtp_num_layers 1
+# (pipeline_parallel_layer_layout.py:111-113); nor Qwen3 or GPT-OSS (no MTP weights, no recipe sets it).
+MTP_LAYERS = {"DeepSeekV3": 1}
+
+
 def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(advisor.estimate's options for a row, whether its interleaved schedule ran as 1F1B)."""
     spec = model_spec(row["model"])
@@ -175,7 +185,7 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
               attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=dispatcher,
-              moe_overlap=overlap, tp_overlap="none")
+              moe_overlap=overlap, tp_overlap="none", mtp_layers=MTP_LAYERS.get(row["model"], 0))
     # no userbuffers TP overlap: the one MoE recipe with TP > 1, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, sets
     # CommOverlapConfig(tp_comm_overlap=False); the others run TP 1
     if interleaved and not fallback:
