@@ -163,7 +163,10 @@ class ProfileKind:
         why = self.check(merged_base, data) if self.check is not None else None
         if why:
             raise self._chain_error(chain[:-1], why)
-        return merge(merged_base, data, self.whole)
+        merged = merge(merged_base, data, self.whole)
+        if data.get("source") is None and isinstance(merged_base.get("source"), str):  # the base's sources its own values
+            merged["source"] = f"what this profile does not set is base {chain[-1][0]}'s: {merged_base['source']}"
+        return merged
 
 
 def fitted_latency(base: dict, child: dict) -> Optional[str]:
