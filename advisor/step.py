@@ -329,11 +329,10 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
     def per_token(k) -> float:  # a layer's FLOPs per token, its routed linears at the tokens they keep
         return sum(k.flops_per_token(w.seq_len, causal=True).values()) - (1.0 - kept) * sum(
             lin.flops_per_token for lin in expert.expert_linears(k))
-    per_layer = per_token(layer)
-    # dense first layers beside routed ones: each layer at its own FLOPs (routed experts at top-k)
+    per_layer = per_token(layer)  # dense first layers beside routed ones: each at its own (routed experts at top-k)
     layers_flops = m.n_layers * per_layer if len(m.layers) == 1 else sum(k.count * per_token(k) for k in m.layers)
-    model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab + mtp.forward_flops_per_token(m, w.mtp_layers, w.seq_len, kept)) \
-        * tokens_per_step  # the multi-token prediction depths' layers, projections and logits (advisor.mtp)
+    depths = mtp.forward_flops_per_token(m, w.mtp_layers, w.seq_len, kept)  # multi-token prediction (advisor.mtp)
+    model = 3.0 * (layers_flops + 2.0 * m.d_model * m.vocab + depths) * tokens_per_step
     ft = w.finetune
     if ft.adapters:  # a frozen base skips its weight-gradient GEMMs (1x the linears' forward); adapters train (3x)
         from advisor.finetune import adapter_params_per_layer, head_adapter_params

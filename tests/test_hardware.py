@@ -133,9 +133,10 @@ def test_child_overrides_one_number_only(tmp_path):
     hw = load_hardware(tmp_path / "mine.yaml")
     assert hw.inter_node.bandwidth_Gbps == 800
     assert hw.inter_node.fit == base.inter_node.fit  # fractions of the link rate: kept with the new rate
-    expected = base.model_copy(update={"name": "mine", "description": hw.description,
+    expected = base.model_copy(update={"name": "mine", "description": hw.description, "source": hw.source,
                                        "inter_node": base.inter_node.model_copy(update={"bandwidth_Gbps": 800})})
-    assert hw == expected and hw.source == base.source
+    # the base's source stays, said to be the base's (advisor.profiles: it describes the values this one inherits)
+    assert hw == expected and hw.source == f"what this profile does not set is base dgx-a100's: {base.source}"
 
 
 def test_nested_merge_keeps_siblings():
