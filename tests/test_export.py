@@ -54,6 +54,9 @@ CASES = {
                            dict(micro_batch=1, grad_accum=2, recompute="every-k", recompute_layers=4)),
     "fsdp-cpu-offload": ("llama2-7b", "dgx-h100", 8, dict(dp=8, zero=3, offload="params-cpu"),
                          dict(micro_batch=1, grad_accum=2, recompute="every-k", recompute_layers=2)),
+    # DeepSpeed's ZeRO-1 with offload_optimizer (offload_config.py:56), at one micro-batch (advisor/parallel/zero_offload.py)
+    "zero1-offload": ("llama3-8b", "dgx-a100", 8, dict(dp=8, zero=1, offload="optimizer-cpu"),
+                      dict(micro_batch=1, grad_accum=1)),
     "megatron-block": ("llama3-70b", "dgx-h100", 64, dict(dp=2, tp=8, pp=4, zero=1, sp=True),
                        dict(micro_batch=1, global_batch=256, seq_len=8192, recompute="block", recompute_layers=3)),
     # issue 16: context parallelism and pipelines as they are built (Megatron only)
@@ -116,7 +119,7 @@ CASES = {
     "qwen3-yarn": (str(Path(__file__).parent / "configs" / "qwen3-8b-yarn.json"), "dgx-h100", 8, dict(dp=8, zero=1),
                    dict(micro_batch=1, global_batch=64, seq_len=4096)),
 }
-OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload"}
+OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload", "zero1-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
 # what the Hugging Face Trainer does not run (a pipeline, SP): their DeepSpeed JSON is Megatron-DeepSpeed's
 BEYOND_TRAINER = {c for c, v in CASES.items() if v[3].get("pp", 1) > 1 or v[3].get("sp")}
@@ -145,7 +148,7 @@ def exportable(kind: str, case: str) -> bool:
         kind == "torchrun" and case in BEYOND_TRAINER) and not (
         kind == "deepspeed" and case == "3d-interleaved") and not (
         kind in ("megatron", "torchrun") and case in OFFLOAD) and not (
-        kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme"))
+        kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme", "zero1-offload"))
 
 
 # the formats of the hf-trainer and megatron-deepspeed stacks; torchtitan and llm-foundry: tests/test_export_stacks.py
@@ -211,6 +214,7 @@ def test_batch_identity(case):
     ("deepspeed", "3d-interleaved", "no interleaved schedule"),
     ("megatron", "zero-offload-1gpu", "use --format deepspeed"),
     ("accelerate", "zero-infinity-nvme", "offloads parameters to the CPU only"),
+    ("accelerate", "zero1-offload", "offloads parameters to the CPU only"),
 ])
 def test_refuses_what_the_launcher_cannot_express(kind, case, message):
     with pytest.raises(ExportError, match=message):

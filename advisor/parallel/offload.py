@@ -7,7 +7,10 @@
   half-precision parameters (2 bytes): for one GPU 2M + 2M = 4M bytes over PCIe for M parameters (the paper's
   communication volume, s.4.1: "4M"). The gradient copies overlap the backward that produces them (DeepSpeed
   copies each reduced bucket as backward proceeds, once per micro-batch: it accumulates on the CPU); the CPU step
-  and the parameter copy do not overlap the GPU (DeepSpeed offers no delayed parameter update).
+  and the parameter copy do not overlap the GPU (DeepSpeed offers no delayed parameter update). On DeepSpeed
+  0.19.8's own engine (the stages its profile's ``zero_buffers`` lists) the copies and host buffers are its source's,
+  not the paper's: advisor.parallel.zero_offload (the fp32 gradient partition down at the boundary, 4 bytes; the
+  running sum up and down every micro-batch; ZeRO-1 at one micro-batch; 18 host bytes a parameter, pinned ones rounded).
 - **ZeRO-Infinity** (Rajbhandari et al. 2021, "ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep
   Learning"): ``optimizer-nvme`` keeps the optimizer states on the node's NVMe, read and written once a step around
   the CPU step (swapped a sub-group at a time, overlapped with it: the longer of the two); ``params-cpu`` /
@@ -39,6 +42,7 @@ import numpy as np
 from advisor.candidates import Candidates, Mesh
 from advisor.hardware import Hardware
 from advisor.layout import Offload
+from advisor.parallel import zero_buffers, zero_offload
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix
 from advisor.stack import Stack
@@ -71,6 +75,7 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
 
     act = np.asarray(c.recompute) == Recompute.offload.code
     zero = np.asarray(c.zero)
+    ds = zero_offload.runs(stack, zero)  # DeepSpeed 0.19.8's own engine
     out = {
         NO_HOST: (opt | act) & (hw.host is None),
         "no NVMe in the hardware profile's host side": nvme & (hw.host is not None and not hw.host.has_nvme),
@@ -79,7 +84,12 @@ def violations(c: Candidates, hw: Hardware, stack: Stack | None = None) -> dict[
         # only what no engine runs, an unsharded optimizer
         **({f"{stack.name} offloads the optimizer under its distributed optimizer only: --zero 1":
             opt & ~params & (zero != 1)} if hybrid(stack) else {"offloading the optimizer needs ZeRO-2/3 (DeepSpeed ZeRO-Offload, FSDP)":
-                                  opt & (zero < (1 if stack is None else 2))}),
+                                  opt & (zero < (1 if stack is None else 2)) & ~ds}),
+        # DeepSpeed runs ZeRO-1 offload (offload_config.py:56 "Valid with stage 1, 2, and 3"), wrongly under accumulation
+        zero_offload.ZERO1_ACCUMULATES: opt & ds & (zero == 1) & (np.asarray(c.grad_accum) > 1),
+        # stage_1_and_2.py has no swapper: device nvme sets cpu_offload like cpu (:220-222), the states stay in host memory
+        "DeepSpeed swaps optimizer states to NVMe under ZeRO-3 only (ZeRO-1/2 keep them in host memory): --zero 3 or "
+        "--offload optimizer-cpu": nvme & ds & (zero < 3),
         "offloading parameters needs ZeRO-3 / FULL_SHARD": params & (np.asarray(c.zero) != 3),
         # DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/engine.py:77)
         "offload with pipeline parallelism is not costed": opt & (c.pp > 1),
@@ -122,7 +132,10 @@ def apply(w: Workload, c: Candidates, states: ModelStates, layers: Any) -> Model
     unit = w.layer.rank_params(np.asarray(c.tp, dtype=float)) * states.weight_bytes
     return replace(states, optimizer_states=np.where(opt, 0.0, states.optimizer_states),
                    step_temporaries=np.where(opt, 0.0, states.step_temporaries),
-                   grads=np.where(opt & (not hybrid(w.stack)), 0.0, states.grads),  # Megatron's buffer stays
+                   # Megatron's buffer stays, and DeepSpeed's ZeRO-1 keeps .grad whole until the step
+                   # (stage_1_and_2.py:2285-2287 reduces at the boundary only)
+                   grads=np.where(opt & (not hybrid(w.stack)) & ~(zero_offload.runs(w.stack, c.zero) & (np.asarray(c.zero) == 1)),
+                                  0.0, states.grads),
                    weights=np.where(params, 0.0, states.weights),
                    gathered=np.where(params, np.maximum(states.gathered, np.minimum(2.0 * unit, states.params
                                                                                      * states.weight_bytes)), states.gathered))
@@ -136,6 +149,11 @@ def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from
     per_param = np.where(nvme, FP32_GRAD, from_states.optimizer_states / np.maximum(shard, 1.0) + FP32_GRAD)
     per_param = per_param + np.where(params & ~nvme, states.weight_bytes, 0.0) + (HALF if hybrid(w.stack) else 0.0)
     model = np.where(opt, shard * per_param, 0.0)
+    ds = zero_offload.runs(w.stack, c.zero) & opt & ~nvme  # DeepSpeed's own allocations (advisor.parallel.zero_offload)
+    if ds.any():
+        model = np.where(ds, zero_offload.host_bytes_per_rank(c.zero, c.grad_accum, shard, states.weight_bytes,
+                                                              states.grad_bytes, params,
+                                                              w.stack.engine.zero_buffers.sub_group_elements), model)
     acts = np.where(pol.offload, pol.offloaded * kept_full * tokens * in_flight_layers, 0.0)
     return (model + acts) * ranks_per_node(w.hw, mesh)
 
@@ -150,14 +168,20 @@ class OffloadTime:
     exposed_s: Any
 
 
-def pcie_bytes(c: Candidates, shard_params: Any, passes: Any) -> tuple[Any, Any]:
+def pcie_bytes(c: Candidates, shard_params: Any, passes: Any, stack: Stack | None = None,
+               grad_bytes: Any = HALF) -> tuple[Any, Any]:
     """(down, up) bytes per step one GPU moves over PCIe for its offloaded model states: half-precision gradients
     down every micro-batch; parameters up after the step (optimizer offload), or for every gather pass of every
-    micro-batch (parameter offload). One GPU, one micro-batch, M parameters: 2M + 2M (Ren et al. 2021)."""
+    micro-batch (parameter offload). One GPU, one micro-batch, M parameters: 2M + 2M (Ren et al. 2021). On DeepSpeed
+    0.19.8's own engine (``stack``) the gradients as its source copies them (advisor.parallel.zero_offload)."""
     opt, params, _ = codes(c)
     ga = np.asarray(c.grad_accum, dtype=float)
     down = np.where(opt, ga * HALF * shard_params, 0.0)
     up = np.where(params, ga * passes * HALF * shard_params, np.where(opt, HALF * shard_params, 0.0))
+    ds = zero_offload.runs(stack, c.zero) & opt
+    if ds.any():
+        ds_down, ds_up = zero_offload.micro_batch_copies(c.zero, ga, grad_bytes)[3]
+        down, up = np.where(ds, ds_down * shard_params, down), np.where(ds, up + ds_up * shard_params, up)
     return down, up
 
 
@@ -184,7 +208,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     host, ranks = hw.host, ranks_per_node(hw, mesh)
     shard = shard_params(states, mesh)
     passes = 2.0 + pol.full  # forward, backward, and the checkpointed layers' recomputed forward
-    down, up = pcie_bytes(c, shard, passes)
+    down, up = pcie_bytes(c, shard, passes, w.stack, states.grad_bytes)
     pcie = host.pcie_bytes_per_s
     cpu = np.where(opt, cpu_step_time(w, shard, ranks), 0.0)
     if host.has_nvme:  # the states read and written around the step by every rank of the node, overlapped with it
@@ -200,6 +224,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     units = np.maximum(np.asarray(layers, dtype=float), 1.0)
     grads_mb = np.where(opt, HALF * shard / pcie, 0.0)
     exposed_grads = ga * np.maximum(grads_mb - bwd_window, grads_mb / units)
+    ds = zero_offload.runs(w.stack, c.zero) & opt
+    if ds.any():  # DeepSpeed's copies, on the compute stream under ZeRO-1/2 without overlap_comm
+        side = zero_buffers.overlap(w, np.asarray(c.zero), np.asarray(c.overlap, dtype=bool))
+        exposed_grads = np.where(ds, zero_offload.exposed(c.zero, ga, states.grad_bytes, shard / pcie, side, bwd_window,
+                                                          units), exposed_grads)
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)

@@ -1,0 +1,165 @@
+"""DeepSpeed 0.19.8's ZeRO-Offload as its source runs it (advisor/parallel/zero_offload.py): the PCIe bytes per step,
+ZeRO-1 with offload_optimizer, host memory with pinned buffers' power-of-two rounding, and the copies' exposure.
+Llama 3 8B (8,030,261,248 parameters, Hugging Face's count) on 8 A100s of a DGX A100 (host: 25 GB/s pinned PCIe,
+13.7 G/s CPU Adam): S = 8,030,261,248 / 8 = 1,003,782,656 parameters per rank."""
+
+import numpy as np
+import pytest
+
+from advisor import estimate
+from advisor.api import PlanError
+from advisor.candidates import Candidates
+from advisor.layout import Plan
+from advisor.parallel import offload, zero_offload
+from advisor.stack import load_stack
+from advisor.training import TrainingSetup
+
+P = 8_030_261_248
+S = P / 8
+GIB = 2**30
+KW = dict(model="llama3-8b", hw="dgx-a100", stack="deepspeed", dp=8, offload="optimizer-cpu", micro_batch=1, seq=4096)
+
+
+def _pcie(zero: int, ga: int, stack: str = "deepspeed") -> tuple[float, float]:
+    s = TrainingSetup(grad_accum=ga)
+    c = Candidates.of_plan(Plan(dp=8, zero=zero, offload="optimizer-cpu"), s, ga)
+    down, up = offload.pcie_bytes(c, S, 2.0, load_stack(stack), 2.0)
+    return float(down[0]) / S, float(up[0]) / S
+
+
+@pytest.mark.parametrize("zero,ga,down,up", [
+    # ZeRO-2, one micro-batch: only the boundary's fp32 copy down (async_inplace_copy_grad_to_fp32_buffer_from_gpu,
+    # stage_1_and_2.py:1888-1912: the paper's 2 B were 4), the bf16 partition up after the step (:3091-3095)
+    (2, 1, 4.0, 2.0),
+    # ZeRO-2, 4 micro-batches: each copies its running sum down (:1857), the last three bring it up first (:1855-1856),
+    # then the boundary's fp32 copy: 2 x 4 + 4 down (was 2 x 4), 2 x 3 + 2 up (was 2)
+    (2, 4, 12.0, 8.0),
+    # ZeRO-3: each micro-batch's partition down and straight back up (stage3.py:2025-2028, 2035-2041), the boundary's
+    # fp32 copy (:1456-1457), the updated partition up (:2858): 2 + 4 down, 2 + 2 up (was 2 and 2); 4 micro-batches:
+    # 2 x 4 + 4 down, 2 x 4 + 2 up
+    (3, 1, 6.0, 4.0),
+    (3, 4, 12.0, 10.0),
+    # ZeRO-1 (one micro-batch; it reduces at the boundary only, :2285-2287): the fp32 copy down, the partition up
+    (1, 1, 4.0, 2.0),
+])
+def test_pcie_bytes_per_partition_parameter_as_deepspeed_copies_them(zero, ga, down, up):
+    assert _pcie(zero, ga) == (down, up)
+
+
+def test_megatron_deepspeed_keeps_the_papers_volume():
+    # its DeepSpeed is 0.9.5 (stack profile), whose source is not read here: Ren et al. 2021's 2 B down a micro-batch
+    assert _pcie(2, 4, "megatron-deepspeed") == (8.0, 2.0)
+
+
+def test_zero2_host_memory_counts_deepspeeds_allocations_and_pinned_rounding():
+    # per rank: pinned fp32 master (stage_1_and_2.py:563-565) and fp32 gradient partition (:937-941), 4 x S = 4.015 GB
+    # each, taken as 2^32 by torch's caching host allocator (CachingHostAllocator.h:300-309); the pinned bf16 buffer
+    # the step writes (:566-575), 2 S = 2.008 GB as 2^31; Adam's m and v (cpu_adam.py:161-164), 8 S, not pinned:
+    # 139.83 GiB a node where 16 B a parameter gave 119.66 GiB
+    e = estimate(zero=2, grad_accum=1, **KW)
+    assert e.params == P
+    per_rank = 2 * 2**32 + 2**31 + 8 * S
+    assert e.host_memory_bytes == pytest.approx(8 * per_rank, rel=1e-12)
+    assert e.host_memory_bytes / GIB == pytest.approx(139.83, abs=0.01)
+    # under accumulation the pinned bf16 running sums (:1822-1825), 2 S more a rank
+    e4 = estimate(zero=2, grad_accum=4, **KW)
+    assert e4.host_memory_bytes == pytest.approx(8 * (per_rank + 2 * S), rel=1e-12)
+
+
+def test_zero3_host_memory_counts_its_sub_groups_and_host_gradient_buffer():
+    # fp32 master unpinned (stage3.py:1157-1160), the fp32 gradients pinned per sub-group of sub_group_size = 1e9
+    # elements (:1337-1340; one of 1e9 and the rest, :1210-1233), the bf16 grad_partitions_flat_buffer pinned
+    # (:791-795), Adam's 8 S: 137.87 GiB a node (was 16 S: 119.66 GiB)
+    e = estimate(zero=3, grad_accum=1, **KW)
+    rest = S - 1e9
+    per_rank = 4 * S + 2**32 + 2 ** np.ceil(np.log2(4 * rest)) + 2**31 + 8 * S
+    assert e.host_memory_bytes == pytest.approx(8 * per_rank, rel=1e-12)
+    assert e.host_memory_bytes / GIB == pytest.approx(137.87, abs=0.01)
+
+
+def test_gradient_copies_on_the_compute_stream_without_overlap_comm():
+    # ZeRO-2 without overlap_comm copies on the current stream (reduce_ipg_grads, stage_1_and_2.py:2239-2248): the
+    # whole 2 + 4 + 4 + 8 = 18 B x S over 25 GB/s, 0.7227 s, where overlapped only each micro-batch's last layer's share
+    # (1/32) shows
+    on = estimate(zero=2, grad_accum=4, **KW)
+    off = estimate(zero=2, grad_accum=4, overlap_grad_reduce=False, **KW)
+    copies = 18 * S / 25e9
+    step_and_upload = 8 * S / 13.7e9 + 2 * S / 25e9  # the node's CPU steps its 8 ranks' partitions
+    assert off.breakdown["offload"] == pytest.approx(step_and_upload + copies, rel=1e-9)
+    assert on.breakdown["offload"] == pytest.approx(step_and_upload + copies / 32, rel=1e-9)
+
+
+def test_zero1_offload_is_costed_at_one_micro_batch():
+    # DeepSpeed runs ZeRO-1 with offload_optimizer (offload_config.py:56 "Valid with stage 1, 2, and 3"): the same
+    # DeepSpeedZeroOptimizer, partition_grads False (engine.py:2676-2716), which keeps .grad whole on the GPU until the
+    # step (2 B x P = 14.96 GiB) and copies the fp32 partition down at the boundary; advisor refused it before
+    e = estimate(zero=1, grad_accum=1, **KW)
+    assert e.memory.parts["gradients"] == pytest.approx(2 * P)
+    assert e.memory.parts["optimizer_states"] == 0
+    assert e.breakdown["offload"] == pytest.approx(P / 13.7e9 + 2 * S / 25e9 + 4 * S / 25e9 / 32, rel=1e-9)
+    # the Trainer's ZeRO-1 (accelerate's plugin writes no overlap_comm: False below stage 3) copies after backward
+    t = estimate(**{**KW, "stack": "hf-trainer"}, zero=1, grad_accum=1)
+    assert t.breakdown["offload"] == pytest.approx(P / 13.7e9 + 2 * S / 25e9 + 4 * S / 25e9, rel=1e-9)
+
+
+def test_zero1_offload_under_accumulation_is_refused_with_deepspeeds_reason():
+    with pytest.raises(PlanError, match=r"adds the previous step's gradient.*--grad-accum 1, or --zero 2"):
+        estimate(zero=1, grad_accum=4, **KW)
+
+
+def test_deepspeed_zero1_offload_adds_the_previous_steps_gradient():
+    """The reason, from DeepSpeed's own methods: copy_grads_in_partition as reduce_ipg_grads calls it on ZeRO-1's
+    boundary micro-batch (micro_step_id 1 of grad_accum 2), run on CPU tensors for two steps."""
+    pytest.importorskip("deepspeed")
+    import torch
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    o = DeepSpeedZeroOptimizer.__new__(DeepSpeedZeroOptimizer)
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    fp32 = torch.zeros(4)
+    fp32.grad = torch.zeros(4)
+    for k, v in dict(cpu_offload=True, cpu_offload_pin_memory=False, _offload_gradient_safety_enabled=False,
+                     _pending_offload_events={}, gradient_accumulation_dtype=torch.bfloat16, dtype=torch.bfloat16,
+                     params_in_partition=[[p]], param_id={id(p): 0}, grad_position={0: [0, 0, 0, 4]},
+                     low_precision_master_weights_and_grads=False, master_weights_and_grads_dtype=torch.float32,
+                     device="cpu", single_partition_of_fp32_groups=[fp32], use_grad_accum_attribute=False,
+                     temp_grad_buffer_for_gpu_offload=torch.zeros(4, dtype=torch.bfloat16), accumulated_grads_in_cpu={},
+                     _offload_accumulated_param_ids=set(), norm_for_param_grads={}, local_overflow=False).items():
+        setattr(o, k, v)
+    o.is_gradient_accumulation_boundary = lambda: True
+    o._record_gradient_stream = lambda *a: None
+    o.clear_grad_attribute = lambda q: setattr(q, "grad", None)
+    o._is_muon_group = lambda params: False
+    seen = []
+    for g in (1.0, 10.0):
+        o.micro_step_id = 1
+        p.grad = torch.full((4,), g, dtype=torch.bfloat16)  # the step's reduced gradient
+        o.copy_grads_in_partition(p, 0)
+        seen.append(float(fp32.grad[0]))
+    assert seen == [1.0, 11.0]  # the second step steps on 1 + 10: if this fails, DeepSpeed fixed it: lift the refusal
+
+
+def test_zero2_nvme_optimizer_is_refused_on_deepspeed():
+    # stage_1_and_2.py sets cpu_offload for any device but none (:220-222) and has no swapper: the states stay in host
+    # memory; only stage 3 swaps them (stage3.py optimizer_swapper)
+    with pytest.raises(PlanError, match="NVMe under ZeRO-3 only"):
+        estimate(**{**KW, "offload": "optimizer-nvme"}, zero=2, grad_accum=1)
+
+
+def test_copies_per_micro_batch_sum_to_the_steps_gradient_bytes():
+    for zero in (1, 2, 3):
+        for ga in (1, 2, 8):
+            if zero == 1 and ga > 1:
+                continue
+            first, middle, last, (down, up) = zero_offload.micro_batch_copies(np.array([zero]), np.array([ga]), 2.0)
+            assert (first + max(ga - 2, 0) * middle + last)[0] == (down + up)[0]
+
+
+def test_zero1_offload_export_is_refused_under_accumulation():
+    from advisor.export import ExportError, export
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+
+    with pytest.raises(ExportError, match="previous step's gradient"):
+        export("deepspeed", load_model("llama3-8b"), load_hardware("dgx-a100"), Plan(dp=8, zero=1, offload="optimizer-cpu"),
+               TrainingSetup(micro_batch=1, grad_accum=2), 2, 8, "deepspeed")
