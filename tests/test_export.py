@@ -466,6 +466,8 @@ def test_megatron_args_build_core_configs(case):
 
         uneven["pipeline_model_parallel_layout"] = layout.strip("'")
         vpp_chunks = PipelineParallelLayerLayout.get_num_stages_from_str(layout.strip("'")) // pp
+    if opt("mtp_num_layers"):  # --mtp-num-layers: the layout's 'm' entries must match it (validate_layer_layout)
+        uneven["mtp_num_layers"] = opt("mtp_num_layers")
     mla = f.get("multi_latent_attention")  # arguments.py builds an MLATransformerConfig: its widths from the flags
     latent = dict(q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"), qk_head_dim=opt("qk_head_dim"),
                   qk_pos_emb_head_dim=opt("qk_pos_emb_head_dim"), v_head_dim=opt("v_head_dim"),
