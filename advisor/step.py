@@ -164,13 +164,13 @@ def stage_note(w: Workload, c: Candidates) -> str:
         both = "rank 0 holds both ends" if int(c.schedule[0]) in (pipeline.ZB_V, pipeline.DUALPIPE_V) else "a bound"
         return f"pipeline: {head}; costed as a rank of {layers:g} layers with the embedding and the head ({both})"
     t_first, t_last = (one(e.time.total) for e in _first_and_last(w, c))
-    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r, w.mtp_layers)
-                                               for r in ("first", "last"))
+    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r, w.mtp_layers) for r in ("first", "last"))
     # the rank costed beside the last: the first with the embedding, or a middle one where the first holds fewer
     busy = "the first rank" if one(embedding) else "a middle rank"
     who = "the last rank's" if t_last > t_first else busy + "'s"
     return (f"pipeline: {head}; {busy} {one(n_first):g} layers" + (" and the embedding" if one(embedding) else "")
-            + f" ({t_first:.4g} s a step), the last {one(n_last):g} and the head ({t_last:.4g} s): the step is {who}")
+            + f" ({t_first:.4g} s a step), the last {one(n_last) - w.mtp_layers:g}" + (f", {w.mtp_layers} MTP" if w.mtp_layers
+            else "") + f" and the head ({t_last:.4g} s): the step is {who}")
 
 
 def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) -> Any:
