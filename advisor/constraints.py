@@ -147,7 +147,7 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_l
         shard = np.where(np.asarray(c.zero) >= 1, c.dp, 1) * np.asarray(c.cp) * np.asarray(c.tp)
         out[f"{stack.name} carves EP from its FSDP, CP and TP ranks (efsdp = dp_shard x cp x tp / ep): --ep must "
             "divide them (shard the data-parallel ranks: --zero 2 or 3)"] = (ep > 1) & ((shard % ep) != 0)
-    if not stack.engine.sharded_accumulation:  # torch 1.11 fully_sharded_data_parallel.py _prep_grads_for_backward
+    if stack.engine.accumulation == "none":  # torch 1.11 fully_sharded_data_parallel.py _prep_grads_for_backward
         out[f"{stack.name}'s FSDP keeps no gradients across micro-batches: one micro-batch a step under ZeRO-2/3 "
             "(raise --micro-batch or the GPUs, or lower --global-batch)"] = (
             (used["zero2"] | used["zero3"] | used["hsdp"]) & (c.grad_accum > 1) & (not layout_only))

@@ -125,10 +125,10 @@ class Engine(Spec):
         "temporary per parameter) or a loop over the tensors (F.adamw before 1.12: the largest tensor's)")
     tied_pipeline: Literal["all_reduce", "untied", "refused"] = Field(default="all_reduce", description="tied embeddings "
         "under PP: the end stages all-reduce the table's gradient a step (advisor.parallel.pipeline), keep it untied, or refuse")
-    sharded_accumulation: bool = Field(default=True, description="ZeRO-2/3 accumulates gradients over micro-batches "
-        "(False: torch 1.11's FSDP, without no_sync, discards the sharded ones at the next backward: one a step)")
-    reduce_dtype: Literal["compute", "fp32"] = Field(
-        default="compute", description="gradients are reduced in the compute dtype, or upcast to fp32 first")
+    accumulation: Literal["sharded", "unsharded", "none"] = Field(default="sharded", description="ZeRO-2/3 over micro-"
+        "batches: reduce-scatter each, adding the shards; unsharded: FSDP1's no_sync before the last, each unit's unsharded "
+        "gradient kept (advisor.parallel.no_sync); none: torch 1.11's FSDP drops the shards at the next backward")
+    reduce_dtype: Literal["compute", "fp32"] = Field(default="compute", description="gradients reduced in the compute dtype, or fp32")
     unit_grad_buffer: bool = Field(
         default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
                                    "in fp32) is alive while it is reduce-scattered")

@@ -25,7 +25,7 @@ import numpy as np
 
 from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
-from advisor.parallel import context, expert, pipeline
+from advisor.parallel import context, expert, no_sync, pipeline
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
@@ -211,7 +211,9 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     fixed = states.gathered + states.grad_buffer + states.autocast_copy + states.bucket_copy
     gathered_kv = context.transient_bytes(w, c, mesh, tokens)  # CP: gathered K and V, or the ring's partial outputs
     fixed = fixed + gathered_kv if np.ndim(gathered_kv) else fixed
-    grads_fb = np.where(states.grads_persist, states.grads, 0.0)
+    # under FSDP1's no_sync every unit's unsharded gradient is alive by the last micro-batch (advisor.parallel.no_sync)
+    unsharded = no_sync.unsharded_grads(w, c, c.zero, states.trained, states.grad_bytes)
+    grads_fb = np.where(states.grads_persist, np.maximum(states.grads, unsharded), 0.0)
     opt_phase = states.grads + states.step_temporaries + states.bucket_copy
     in_fb = fb + fixed + grads_fb >= opt_phase
     lg = np.where(loss_peak >= rc_peak, np.where(piped, np.where(last + at_peak > first, at_peak, 0.0), at_peak),

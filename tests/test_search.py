@@ -254,7 +254,9 @@ def test_an_overruled_rule_of_thumb_is_explained_by_the_parts_that_differ():
     res = plan(model="gpt2-xl", hw="dgx-a100", top=40)
     top = res.plans[0].estimate
     ddp = estimate(model="gpt2-xl", hw="dgx-a100", gpus=8, micro_batch=4, global_batch=res.global_batch)
-    assert top.plan.zero == 1 and ddp.step_time_s == pytest.approx(res.best_by_kind["ddp"], rel=1e-9)
+    # ZeRO-2 (FSDP1 SHARD_GRAD_OP) first since its no_sync accumulation gathers and reduces once a step (advisor.parallel.
+    # no_sync), ZeRO-1 (DeepSpeed's) before: either runs on bf16 weights
+    assert top.plan.zero in (1, 2) and ddp.step_time_s == pytest.approx(res.best_by_kind["ddp"], rel=1e-9)
     compute = lambda e: sum(e.breakdown[k] for k in ("compute/forward", "compute/backward", "compute/recompute"))  # noqa: E731
     saved = compute(ddp) - compute(top)
     assert saved > 0.9 * (ddp.step_time_s - top.step_time_s)  # compute is the gap (1.82 of 1.87 s)

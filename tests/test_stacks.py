@@ -179,16 +179,20 @@ def test_hf_trainer_fsdp_runs_its_layers_in_bf16_under_mixed_precision():
     # with the DDP (autocast) tables it read 80.8 GiB, "does not fit", for a recipe that runs.
     kw = dict(gpus=8, micro_batch=2, global_batch=128, seq=4096, precision="bf16-mixed")
     fsdp = estimate("llama2-7b", "dgx-a100", stack="hf-trainer", zero=3, **kw)
-    assert fsdp.fits and fsdp.memory.peak_bytes < 70 * 2**30
+    # global batch 128 is 8 micro-batches a step: FSDP1's no_sync keeps the unsharded bf16 gradients of every layer
+    # across them (2 bytes a parameter, 12.6 GiB: advisor.parallel.no_sync, tests/test_no_sync.py) on top of that
+    assert fsdp.fits and fsdp.memory.peak_bytes < 70 * 2**30 + 2.0 * fsdp.params
     # DDP (no FSDP gather) keeps autocast's tables: the same layer costs more activation memory per token there
     ddp = estimate("llama2-7b", "dgx-a100", stack="hf-trainer", zero=0, recompute="full", **kw)
     z1 = estimate("llama2-7b", "dgx-a100", stack="megatron-deepspeed", zero=1, recompute="full", **kw)
     assert ddp.memory.parts["activations"] > z1.memory.parts["activations"]
-    # the plan search costs the same row the same way (the alternate tables are chosen per row, not per search)
+    # the plan search costs the same row the same way (the alternate tables are chosen per row, not per search); one
+    # micro-batch a step, which the search's memory headroom keeps on the GPU (8 of them leave 2% free, refused there)
+    fsdp = estimate("llama2-7b", "dgx-a100", stack="hf-trainer", zero=3, **{**kw, "global_batch": 16})
     row = next(p for p in plan("llama2-7b", "dgx-a100", gpus=8, stack="hf-trainer", seq=4096, top=500,
-                               precision="bf16-mixed").plans
+                               precision="bf16-mixed", global_batch=16).plans
                if p.plan.zero == 3 and p.plan.dp == 8 and p.setup.micro_batch == 2 and p.setup.recompute == "none"
-               and p.setup.global_batch == 128)
+               and p.plan.offload.value == "none")
     assert row.estimate.step_time_s == pytest.approx(fsdp.step_time_s, rel=1e-12)
     assert row.estimate.memory.peak_bytes == pytest.approx(fsdp.memory.peak_bytes, rel=1e-12)
 

@@ -11,12 +11,12 @@ Communication per step (nccl-tests bytes; advisor.comm):
 - ZeRO-1: reduce-scatter the gradients (overlapped as DDP's), all-gather the updated weights after the step.
   DeepSpeed's engine (``engine.zero_buffers``) all-reduces each gradient bucket instead, and its ZeRO-2 too gathers
   once a step (advisor.parallel.zero_buffers).
-- ZeRO-2 / SHARD_GRAD_OP: per micro-batch, all-gather the weights in forward and reduce-scatter the gradients
-  in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather behind the pass's
-  compute, except the first layer's (``zero3_overlap: prefetch``); without backward prefetch (``forward``) only
-  the forward's gathers hide, each backward gather waiting in line behind the reduce-scatter before it; DeepSpeed's
-  coordinator gathers one sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the collectives
-  per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
+- ZeRO-2 / SHARD_GRAD_OP: per micro-batch (FSDP1 under no_sync: parallel.no_sync), all-gather the weights in forward and
+  reduce-scatter the gradients in backward; ZeRO-3 / FULL_SHARD also gathers again in backward. Prefetch hides each gather
+  behind the pass's compute, except the first layer's (``zero3_overlap: prefetch``); without backward prefetch (``forward``)
+  only the forward's gathers hide, each backward gather waiting in line behind the reduce-scatter before it; DeepSpeed's
+  coordinator gathers one sub-module at a time (``per_submodule``, ``zero3.deepspeed_exposed``). An FSDP stack calls the
+  collectives per unit (each layer, then the root), each paying its start-up (``zero_collectives: per_unit``).
 - HSDP also all-reduces each shard across the replicas.
 - While a collective overlaps the compute, NCCL's thread blocks hold one SM per channel (advisor.comm.held_sms): the
   compute beside it runs on the rest and finishes the work it lost after (advisor.comm.beside).
@@ -37,7 +37,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import expert, fsdp2, pipeline, zero3, zero_buffers
+from advisor.parallel import expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
 from advisor.parallel.overlap import Windows, hidden
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
@@ -206,8 +206,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
                                 w.hw, 1, where=np.asarray(c.hybrid, dtype=bool))  # replicas sit in different nodes
     rs, roots, hsdp = fsdp2.replicas_per_micro_batch(w, states, rs, roots, hsdp)
     once = zero_buffers.gathers_once(w, zero)  # ZeRO-1 (and DeepSpeed's ZeRO-2) gathers the weights once a step
-    exposed = zero_exposed_per_micro_batch(w, c, mesh, states, zero, rs, np.where(once, 0.0, ag), layers, windows,
-                                           inline, roots, held)
+    mb = lambda r, a, rt: zero_exposed_per_micro_batch(w, c, mesh, states, zero, r, a, layers, windows, inline, rt, held)  # noqa: E731
+    exposed = mb(rs, np.where(once, 0.0, ag), roots)
     exposed = zero_buffers.serial_reduction(w, zero, can_overlap, rs, exposed)  # DeepSpeed without overlap_comm
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle) * fsdp2.replica_passes(w, c), 0.0)
@@ -218,8 +218,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     z1_ag = first + np.maximum(comm.beside(np.maximum(ag - first, 0.0), windows.fwd_s, held)
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
     grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
-    exposed = exposed + fsdp2.unit_copy_seconds(w, states, zero)
-    params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), c.grad_accum * exposed + hsdp, 0.0)
+    exposed = no_sync.step_seconds(w, c, zero, exposed + fsdp2.unit_copy_seconds(w, states, zero), rs, ag, roots, mb)
+    params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), exposed + hsdp, 0.0)
     params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
 
