@@ -327,9 +327,41 @@ def test_accelerate_config_loads(case, tmp_path, monkeypatch):
         assert fsdp.sharding_strategy.name == want
         assert fsdp.activation_checkpointing == (setup.recompute == "full")
         assert bool(fsdp.cpu_offload.offload_params) == (plan.offload.value == "params-cpu")
+        # what hf-trainer's FSDP costing assumes (stack_profiles/hf-trainer.yaml): FSDP1 (root_held: root), BACKWARD_PRE
+        # (zero3_overlap: prefetch), limit_all_gathers' rate limiter at its default (accelerate utils/dataclasses.py:1750),
+        # and under bf16 MixedPrecision(param_dtype = reduce_dtype = bf16) (fsdp_param_dtype: half, reduce_dtype: compute)
+        assert fsdp.fsdp_version == 1 and fsdp.backward_prefetch.name == "BACKWARD_PRE" and fsdp.limit_all_gathers
+        assert fsdp.use_orig_params and not fsdp.forward_prefetch
+        if cfg.mixed_precision == "bf16":
+            import torch
+
+            fsdp.set_mixed_precision("bf16")  # as accelerate state.py:1014-1015 does for the prepared plugin
+            mp = fsdp.mixed_precision_policy
+            assert {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype} == {torch.bfloat16}
     if kind == "DEEPSPEED":
         ds = DeepSpeedPlugin()
         assert ds.zero_stage == 1 and ds.gradient_accumulation_steps == ga
+
+
+def test_accelerate_wraps_each_decoder_layer_without_a_class_name(monkeypatch):
+    """The export writes TRANSFORMER_BASED_WRAP and no fsdp_transformer_layer_cls_to_wrap: accelerate takes the model's
+    _no_split_modules (utils/dataclasses.py:2085-2090), one FSDP unit per decoder layer (engine.zero3_gathered: layer)."""
+    pytest.importorskip("accelerate")
+    torch, transformers = pytest.importorskip("torch"), pytest.importorskip("transformers")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    for key, value in {"FSDP_VERSION": "1", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("FSDP_TRANSFORMER_CLS_TO_WRAP", raising=False)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    fsdp = FullyShardedDataParallelPlugin(sync_module_states=False, cpu_ram_efficient_loading=False)
+    fsdp.set_auto_wrap_policy(model)
+    assert fsdp.auto_wrap_policy.func is transformer_auto_wrap_policy
+    assert fsdp.auto_wrap_policy.keywords["transformer_layer_cls"] == {type(model.model.layers[0])}
 
 
 # -- DeepSpeed: DeepSpeedConfig ---------------------------------------------------------------------
