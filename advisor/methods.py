@@ -87,7 +87,9 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
     def fmt(n: str) -> str:
         s = steps.get(n)
         return f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None else f"{n} {s}"
-    lines = [f"method auto: {chosen} ({why}); fastest that fits: {fastest}",
+    # where a rung fits without offload, the offloaded rungs are not candidates for the fastest (issue 22: offload
+    # last), though their steps are printed: the line says so, or a faster qlora+offload would contradict it
+    lines = [f"method auto: {chosen} ({why}); fastest that fits{' without offload' if unloaded else ''}: {fastest}",
              "methods (best step of each): " + ", ".join(fmt(n) for n, _ in LADDER),
              f"{chosen} on {best.label}: largest micro-batch that fits at seq {best.setup.seq_len}: {mb}; "
              f"longest sequence that fits at micro-batch 1: {seq:,}"]

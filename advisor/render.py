@@ -26,6 +26,12 @@ def _method_lines(e) -> list[str]:
             f"trainable%: {100 * e.trainable_params / (e.params + e.trainable_params):.4f}"]
 
 
+def _passes(e) -> str:
+    """How the MFU counts the backward (advisor/step.py, README): 3 x forward; under LoRA or QLoRA the frozen linears
+    skip their weight gradient (2 x forward), the adapters 3 x."""
+    return "frozen linears 2 x forward, adapters 3 x" if e.setup.finetune.adapters else "3 x forward"
+
+
 def render_estimate(e) -> str:
     lines = [
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
@@ -40,7 +46,7 @@ def render_estimate(e) -> str:
         "",
         f"step time      {fmt_seconds(e.step_time_s)}",
         f"throughput     {_rate(e.tokens_per_s)} tokens/s   {_rate(e.samples_per_s, 2)} samples/s",
-        f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: 3 x forward, causal attention, no embedding lookup; / the "
+        f"MFU            {e.mfu * 100:.1f}%  (model FLOPs: {_passes(e)}, causal attention, no embedding lookup; / the "
         f"{e.setup.precision.math} peak{RECIPE_PEAK if e.setup.precision.recipe else ''})",
         f"HFU            {e.hfu * 100:.1f}%  (+ recomputation and eager attention's masked scores)",
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",

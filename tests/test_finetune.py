@@ -349,3 +349,29 @@ def test_a_paged_optimizer_keeps_its_large_states_outside_the_allocator(tmp_path
     assert paged_params(llama, FineTune(method="qlora", lora_rank=8, targets="q,v", paged=True)) == 0  # 8 x 4096 each
     # r 64: q's A and B and v's A (64 x 4096) paged, v's B (1024 x 64 = 65,536) not
     assert paged_params(llama, FineTune(method="qlora", lora_rank=64, targets="q,v", paged=True)) == 32 * 3 * 64 * 4096
+
+
+def test_mfu_label_says_the_frozen_base_skips_its_weight_gradient():
+    """Under LoRA the model FLOPs count a frozen linear's forward and input gradient (2 x forward) and the adapters'
+    3 x (README, advisor/step.py): the label said '3 x forward' for every method. Llama 2 7B at seq 512: 2 x 2 x 6.48B
+    linear parameters (the embedding lookup aside) is 25.9 GFLOP a token beside ~51.8 for a full fine-tune."""
+    from advisor.render import render_estimate
+
+    kw = dict(gpus=1, seq=512, micro_batch=1, global_batch=1, precision="bf16")
+    lora, full = estimate("llama2-7b", "l40s", method="lora", **kw), estimate("llama2-7b", "l40s", **kw)
+    assert "(model FLOPs: frozen linears 2 x forward, adapters 3 x," in render_estimate(lora)
+    assert "(model FLOPs: 3 x forward," in render_estimate(full)
+    per_token = [e.tflops_per_gpu * 1e12 / e.tokens_per_s for e in (lora, full)]
+    assert per_token[0] / per_token[1] == pytest.approx(2 / 3, rel=0.03)  # attention's core and the adapters are 3 x
+
+
+def test_plan_auto_names_the_fastest_without_offload_where_one_fits():
+    """Mistral 7B on one L4 at seq 2048: QLoRA with its optimizer and activations offloaded steps faster than QLoRA
+    (a larger micro-batch without recomputation), but offload comes last (issue 22), so the line names the fastest
+    rung without offload and says so; it said 'fastest that fits: qlora' beside 'qlora+offload 349 s'."""
+    from advisor.search import plan
+
+    choice = plan("mistral-7b", "l4", gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
+    steps = choice["steps_s"]
+    assert steps["qlora+offload"] < steps["qlora"] < steps["lora"]
+    assert choice["fastest"] == "qlora" and "fastest that fits without offload: qlora" in choice["lines"][0]
