@@ -135,6 +135,11 @@ class PlanSearch:
             + (f", {ft.offload} on the CPU" if ft.offload.value != "none" else ""))
         compiled = (f", torch.compile of {self.setup.compile.replace(',', ' and ')}"
                     if self.setup.compile != "none" else "")
+        mtp = self.setup.mtp_layers
+        compiled += f", {mtp} MTP depth{'s' if mtp > 1 else ''}" if mtp else ""
+        moe = ", ".join(f"--moe-{k} {str(v).replace('_', '-')}" for k, v in (("dispatcher", self.setup.moe_dispatcher),
+                                                      ("overlap", self.setup.moe_overlap)) if v)
+        compiled += f", {moe}" if moe else ""
         return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {gpus}x {self.hardware.name}: "
                 f"{gb}, {seq}, {self.setup.precision.value}{method}{compiled}{budget}; {self.candidates:,} plans evaluated, "
                 f"{sum(self.rejected.values()):,} rejected, ranked by {RANKED_BY[self.objective]}")

@@ -83,3 +83,18 @@ def test_without_a_pipeline_the_depth_adds_a_layers_states_and_a_second_logits()
 def test_stacks_and_models_megatron_does_not_run_it_with_are_refused(kw, message):
     with pytest.raises(AdvisorError, match=message):
         estimate(hw="dgx-h100", dp=8, mtp_layers=1, **kw)
+
+
+def test_the_text_output_says_the_depths_and_dispatcher_it_costed():
+    """--mtp-layers and --moe-dispatcher change the step (a 62nd layer and a second logits here); the text output names
+    them, as --json's setup does, so a run costed with them cannot be read as one without (a sweep found neither)."""
+    from advisor.render import render_estimate
+    from advisor.search import plan
+
+    kw = dict(gpus=4, tp=1, ep=4, zero=1, micro_batch=1, global_batch=4, seq=1024)
+    line = render_estimate(estimate("deepseek-v2-lite", "gb200-nvl72", mtp_layers=1, **kw)).splitlines()[1]
+    assert line.endswith(", 1 MTP depth")
+    assert "MTP" not in render_estimate(estimate("deepseek-v2-lite", "gb200-nvl72", **kw)).splitlines()[1]
+    head = plan("deepseek-v2-lite", "gb200-nvl72", gpus=4, global_batch=4, seq=1024, top=1, mtp_layers=2,
+                moe_dispatcher="flex", moe_overlap="shared-experts").header()
+    assert ", 2 MTP depths, --moe-dispatcher flex, --moe-overlap shared-experts;" in head
