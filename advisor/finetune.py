@@ -259,7 +259,8 @@ def target_shapes(layer: DecoderLayer, targets: tuple[str, ...]) -> list[tuple[s
 def _check_targets(model: ModelSpec, ft: FineTune) -> None:
     layer = model.layer
     if layer.routed:
-        raise FineTuneError("LoRA on mixture-of-experts layers is not costed")
+        raise FineTuneError(f"--method {ft.method}: adapters on {model.name}, a mixture of experts, are not costed "
+                            f"(on any target, attention too: --lora-targets {ft.targets}); use --method full")
     if not target_shapes(layer, ft.target_set) and "head" not in ft.target_set:
         raise FineTuneError(f"none of the LoRA targets {ft.targets} exists in {model.name} "
                             "(a plain MLP has no gate)")

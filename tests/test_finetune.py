@@ -375,3 +375,13 @@ def test_plan_auto_names_the_fastest_without_offload_where_one_fits():
     steps = choice["steps_s"]
     assert steps["qlora+offload"] < steps["qlora"] < steps["lora"]
     assert choice["fastest"] == "qlora" and "fastest that fits without offload: qlora" in choice["lines"][0]
+
+
+def test_adapters_on_a_mixture_of_experts_are_refused_naming_the_fix():
+    """LoRA/QLoRA on a routed model is not costed on any target (attention-only included): the one-line error names the
+    model and the targets and says what runs instead (the brief's rule: every error says how to fix it)."""
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match=r"^--method qlora: adapters on mixtral-8x7b, a mixture of experts, are not "
+                                           r"costed \(on any target, attention too: --lora-targets q,v\); use --method full$"):
+        estimate("mixtral-8x7b", "dgx-h100", gpus=8, zero=3, method="qlora", seq=1024, global_batch=8)
