@@ -128,7 +128,7 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     if not result.plans:
         from advisor.suggest import suggest_fix
 
-        suggestion = suggest_fix(result)
+        suggestion = suggest_fix(result, run_plan)
     if export_kind:
         if not result.plans:
             _fail("no plan fits, nothing to export: " + suggestion)

@@ -13,12 +13,14 @@ changing the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
 
 from advisor.candidates import Candidates
 from advisor.constraints import setup_violations, stack_violations
+from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
 from advisor.parallel import expert
@@ -153,9 +155,28 @@ def min_fitting_world(s: PlanSearch) -> Optional[tuple[int, str]]:
     return hi
 
 
-def suggest_fix(s: PlanSearch) -> str:
-    """What would fit, computed: the fewest GPUs, a shorter sequence, a GPU with more memory; or the
-    constraint that rejected every plan."""
+def _adapters_fit(s: PlanSearch, search: Optional[Callable[..., PlanSearch]]) -> Optional[str]:
+    """For a full fine-tune that fits nowhere here, the first of LoRA and QLoRA whose search on the same GPUs finds a
+    plan (the seeds' single-GPU branch: "ZeRO + CPU offload, or fine-tune adapters"); None where neither does, where
+    adapters are already trained, or for a mixture of experts (adapters on it are not costed: advisor.finetune).
+    ``search`` is advisor.search.plan, passed in (the search imports this module's neighbours: no import cycle)."""
+    if search is None or s.setup.finetune.adapters or s.model_spec.layer.routed:
+        return None
+    for method in ("lora", "qlora"):
+        try:
+            found = search(s.model_spec, s.hardware, gpus=s.world_size, seq=s.seq_len, top=1, method=method,
+                         global_batch=None if s.global_batch_defaulted else s.global_batch,
+                         precision=s.setup.precision.value, stack="auto" if s.stack_rule is not None else s.stack)
+        except AdvisorError:  # e.g. a stack that runs no adapters: no tip
+            continue
+        if found.plans:
+            return method
+    return None
+
+
+def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = None) -> str:
+    """What would fit, computed: the fewest GPUs, a shorter sequence, adapters in place of a full fine-tune (with
+    ``search``, advisor.search.plan), a GPU with more memory; or the constraint that rejected every plan."""
     tips = []
     if s.rejected.get("does not fit in memory"):
         cap = s.hardware.gpu.memory_bytes * (1.0 - s.memory_headroom)
@@ -179,6 +200,8 @@ def suggest_fix(s: PlanSearch) -> str:
                 tips.append(f"--seq {seq} fits on {_gpus(s.world_size)}")
                 break
             seq //= 2
+        if (method := _adapters_fit(s, search)) is not None:
+            tips.append(f"--method {method} (adapters on a frozen base) fits on {_gpus(s.world_size)}")
         if s.hardware.host is None:  # offload.violations refuse every offloaded plan without it
             tips.append(f"no CPU offload was costed: profile {s.hardware.name} has no host: section (host memory, PCIe "
                         "per GPU, CPU Adam rate), which ZeRO-Offload's and FSDP's offload plans need: `advisor "

@@ -15,7 +15,7 @@ def _suggestion(**kw) -> str:
 
     found = plan(**kw)
     assert not found.plans  # nothing fits: what would is the suggestion
-    return suggest_fix(found)
+    return suggest_fix(found, plan)  # as the CLI calls it
 
 
 def test_the_count_suggested_from_one_gpu_is_one_a_search_fits_on():
@@ -52,3 +52,15 @@ def test_method_auto_suggests_the_method_that_fits_on_the_fewest_gpus():
     from advisor.suggest import suggest_fix
 
     assert "it fits on --gpus 704 (" in suggest_fix(found)
+
+
+def test_a_full_fine_tune_that_fits_nowhere_here_is_told_the_adapters_that_do():
+    """Llama 2 7B on two RTX 4090s: a full fine-tune needs ~16 bytes a parameter (54 GB a GPU under ZeRO-3 dp=2), so
+    nothing fits, but LoRA on a bf16 base (13.5 GB) does; the suggestion named more GPUs and an H100 only, not the
+    seeds' single-GPU branch ("ZeRO + CPU offload, or fine-tune adapters"). Not offered for a mixture of experts, whose
+    adapters are not costed, nor where adapters are already asked for."""
+    msg = _suggestion(model="llama2-7b", hw="rtx-4090", gpus=2)
+    assert "--method lora (adapters on a frozen base) fits on 2 GPUs" in msg
+    assert plan("llama2-7b", "rtx-4090", gpus=2, method="lora", top=1).plans
+    assert "--method" not in _suggestion(model="mixtral-8x7b", hw="rtx-4090", gpus=2)
+    assert "--method" not in _suggestion(model="llama2-70b", hw="rtx-4090", gpus=2, method="qlora")
