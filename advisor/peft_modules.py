@@ -67,7 +67,9 @@ DEFAULTS = {"gpt2": "qkv", "gpt": "qkv", "gpt_bigcode": "qkv", "bloom": "qkv", "
 
 
 def default_targets(model) -> str:
-    """PEFT's default targets for the model's family: q and v (Llama's q_proj, v_proj) unless DEFAULTS says."""
+    """PEFT's default targets for the model's family where DEFAULTS has one, else q and v (Llama's q_proj, v_proj):
+    PEFT's own for Llama, Mistral, Qwen2/3, Gemma; for a family its mapping lacks (OLMo 2, Phi-3, GLM-4, SmolLM3, ...)
+    PEFT raises "Please specify `target_modules`", so the exports write the q and v costed here explicitly."""
     return DEFAULTS.get(model.family, "q,v")
 
 

@@ -166,6 +166,10 @@ class PlanSearch:
                            "auto or any ranks only stacks that write it")
         if self.model_spec.routed:
             out.append(moe_note(self.model_spec, self.setup))
+        price = self.hardware.price_per_gpu_hour_usd
+        if price is not None and (self.objective == "cost" or self.tokens):
+            out.append(f"cost: at ${price:.2f} a GPU-hour, profile {self.hardware.name}'s price_per_gpu_hour_usd (its "
+                       "comment says where it comes from; a profile with base: and your own price costs yours)")
         if len(self.worlds) == 1 and self.objective in ("throughput", "cost"):
             out.append(f"on one GPU count {self.objective} ranks as time does; give a range (--gpus A:B) to trade "
                        "speed for efficiency")

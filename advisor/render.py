@@ -51,7 +51,8 @@ def render_estimate(e) -> str:
         f"{e.setup.precision.math} peak{RECIPE_PEAK if e.setup.precision.recipe else ''})",
         f"HFU            {e.hfu * 100:.1f}%  (+ recomputation and eager attention's masked scores)",
         f"TFLOP/s/GPU    {e.tflops_per_gpu:.1f} model, {e.hw_tflops_per_gpu:.1f} with recomputation",
-        *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (profile price per GPU-hour)"]
+        *([f"cost           {e.usd_per_million_tokens:.3f} USD per million tokens (at the profile's price_per_gpu_hour_usd, "
+           f"${e.usd_per_million_tokens * e.tokens_per_s * 3600 / 1e6 / e.world_size:.2f} a GPU-hour)"]
           if e.usd_per_million_tokens is not None else []),
         *([e.moe] if e.moe else []),
         *([e.pipeline] if getattr(e, "pipeline", "") else []),
