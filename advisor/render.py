@@ -6,6 +6,7 @@ import shutil
 import textwrap
 from functools import lru_cache
 
+from advisor.options import DEFAULT_HEADROOM
 from advisor.units import fmt_bytes, fmt_duration, fmt_seconds
 
 
@@ -75,7 +76,11 @@ def render_estimate(e) -> str:
     lines.append(f"  {'peak':22s} {fmt_bytes(m.peak_bytes):>12s}")
     lines.append(f"  {'+ overhead':22s} {fmt_bytes(m.overhead_bytes):>12s}  (" + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in m.overhead.items() if v) + ")")
     verdict = "fits" if m.fits else "DOES NOT FIT"
-    lines.append(f"  {'capacity':22s} {fmt_bytes(m.capacity_bytes):>12s}  -> {verdict} (headroom {fmt_bytes(m.headroom_bytes)})")
+    # plan ranks a plan only with --memory-headroom (5% by default) of the GPU free beyond this: say where that parts them
+    margin = (f"; under plan's {DEFAULT_HEADROOM:.0%} --memory-headroom, which plan keeps free: it ranks this plan only "
+              "with a smaller one" if m.fits and m.headroom_bytes < DEFAULT_HEADROOM * m.capacity_bytes else "")
+    lines.append(f"  {'capacity':22s} {fmt_bytes(m.capacity_bytes):>12s}  -> {verdict} (headroom {fmt_bytes(m.headroom_bytes)}"
+                 f"{margin})")
     if e.host_memory_bytes > 0:
         lines.append(f"  {'host memory per node':22s} {fmt_bytes(e.host_memory_bytes):>12s}  (offloaded states and "
                      "activations of the node's ranks)" + ("" if e.fits else " -> DOES NOT FIT the host" if m.fits else ""))
