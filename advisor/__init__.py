@@ -8,6 +8,7 @@ from advisor.api import estimate, launch_config
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.layout import Layout, Plan
 from advisor.model import ModelSpec, list_models, load_model
+from advisor.precision_search import rank_precisions
 from advisor.ranking import PlanSearch, RankedPlan
 from advisor.results import Estimate, MemoryReport
 from advisor.search import plan
@@ -36,4 +37,5 @@ __all__ = [
     "load_model",
     "load_stack",
     "plan",
+    "rank_precisions",
 ]

@@ -29,6 +29,12 @@ class _Options(Spec):
         """numpy scalars (np.uint8(8), np.float64(8.5), np.bool_) as the Python values they hold, checked as those."""
         return v.item() if isinstance(v, np.generic) else v
 
+    @field_validator("lora_targets", mode="before", check_fields=False)
+    @classmethod
+    def _target_list(cls, v):
+        """LoRA targets as PEFT's target_modules list (["q_proj", "v_proj"]) as well as the command line's "q_proj,v_proj"."""
+        return ",".join(v) if isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v) else v
+
     @classmethod
     def of(cls, values: dict[str, Any], unknown: dict[str, Any], what: str):
         """Validated options, or one line naming the first bad one (and, for a misspelt keyword, the close ones)."""

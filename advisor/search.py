@@ -248,8 +248,8 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     api.check_seq(spec, seq)
     gb = default_global_batch(world, seq) if o.global_batch is None else o.global_batch
     if o.precision == "auto":
-        raise PlanError("precision='auto' ranks every precision the GPU runs: call advisor.search.rank_precisions "
-                        "(the `advisor plan --precision auto` command), or name one precision here")
+        raise PlanError("precision='auto' ranks every precision the GPU runs: call advisor.rank_precisions(model, hw, "
+                        "...) (the `advisor plan --precision auto` command), or name one precision here")
     try:
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision, o.stack),
                              optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),

@@ -114,3 +114,18 @@ def test_inputs_built_in_python_refuse_bad_values_in_one_line(build, says):
     with pytest.raises(AdvisorError) as exc:
         build()
     assert str(exc.value).startswith(says) and "\n" not in str(exc.value)
+
+
+def test_the_api_takes_what_the_command_line_takes():
+    """PEFT's target_modules is a list: the API takes one as the command line's comma list (Llama 3 8B, r 8 on q, v and
+    o: 32 layers x 8 x (4096 + 4096 + 4096 + 1024 + 4096 + 4096) = 5,505,024, PEFT's count); and --precision auto's
+    ranking is advisor.rank_precisions, which plan's refusal of precision='auto' names."""
+    import advisor
+    from advisor.errors import AdvisorError
+
+    e = advisor.estimate("llama3-8b", "dgx-a100", method="lora", lora_targets=["q_proj", "v_proj", "o_proj"])
+    assert e.trainable_params == 5_505_024
+    with pytest.raises(AdvisorError, match="advisor.rank_precisions"):
+        advisor.plan("llama3-8b", "dgx-h100", gpus=8, precision="auto")
+    best, runs = advisor.rank_precisions("llama3-8b", "dgx-h100", gpus=8, top=1)
+    assert best.plans and {"bf16-mixed", "fp8-tensorwise"} <= {name for name, _, _ in runs}
