@@ -88,8 +88,13 @@ def finetune_of(o, method: Optional[str] = None, model: Optional[ModelSpec] = No
     if (method or o.method) == "auto":
         raise PlanError("--method auto picks a method by searching: use it with advisor plan (estimate and export "
                         "cost one method: full, lora or qlora)")
+    named = stack_name(o.stack)
+    try:  # a named stack's own adapter code where --lora-library is not given (engine.adapter_library)
+        library = load_stack(o.stack).engine.adapter_library if named not in ("auto", "any") else "peft"
+    except AdvisorError:
+        library = "peft"  # an unknown stack is refused where the setup is built, in its own words
     try:
-        return o.finetune(method, model)
+        return o.finetune(method, model, library)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
 
@@ -192,7 +197,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              offload: str = "none", method: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
              lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
              quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
-             adapter_offload: str = "none", lora_library: str = "peft", ep: int = 1,
+             adapter_offload: str = "none", lora_library: Optional[str] = None, ep: int = 1,
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
              moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
              cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", compile: str = "none",
@@ -216,7 +221,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     torchtune's or litgpt's module names, or all-linear), ``dora``, ``quant`` (none, int8, nf4), ``double_quant``,
     ``optimizer_8bit``, ``paged``, ``adapter_offload`` (none, optimizer, activations, optimizer+activations:
     a fine-tune's CPU offload as torchtune and DeepSpeed run it), ``lora_library`` (peft, litgpt, torchtune:
-    whose adapter code runs). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
+    whose adapter code runs; default the stack's: litgpt's own in litgpt, else PEFT's). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
     (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
     both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel

@@ -109,8 +109,9 @@ def finetune_options():
         click.option("--adapter-offload", type=click.Choice(["none", "optimizer", "activations", "optimizer+activations"]),
                      default="none", show_default=True,
                      help="a LoRA/QLoRA fine-tune's CPU offload, as torchtune and DeepSpeed run it"),
-        click.option("--lora-library", type=click.Choice(["peft", "litgpt", "torchtune"]), default="peft", show_default=True,
-                     help="whose adapter code runs (what it saves, quantises and chunks)"),
+        click.option("--lora-library", type=click.Choice(["peft", "litgpt", "torchtune"]), default=None,
+                     help="whose adapter code runs (what it saves, quantises and chunks) [default: the stack's: litgpt's "
+                          "own under --stack litgpt, else peft]"),
     ]
 
 

@@ -90,22 +90,24 @@ class Common(_Options):
     optimizer_8bit: bool = False
     paged: bool = False
     adapter_offload: str = "none"  # a fine-tune's CPU offload (torchtune, DeepSpeed); plans' --offload is advisor.parallel.offload's
-    lora_library: str = "peft"
+    lora_library: Optional[str] = None  # None: the stack's own (engine.adapter_library), PEFT's where none is named
 
-    def finetune(self, method: Optional[str] = None, model=None):
-        """The FineTune these options describe (``method`` overrides theirs: plan's ``auto`` tries each); without
-        --lora-targets, PEFT's own default for the ``model``'s family (advisor.peft_modules: its fused qkv on GPT-2,
-        Falcon, BLOOM, MPT) where PEFT adapts it, else q and v."""
+    def finetune(self, method: Optional[str] = None, model=None, library: str = "peft"):
+        """The FineTune these options describe (``method`` overrides theirs: plan's ``auto`` tries each; ``library``:
+        the stack's adapter code where --lora-library is not given); without --lora-targets, PEFT's own default for the
+        ``model``'s family (advisor.peft_modules: its fused qkv on GPT-2, Falcon, BLOOM, MPT) where PEFT adapts it,
+        else q and v."""
         from advisor.finetune import FineTune
         from advisor.peft_modules import default_targets
 
+        library = self.lora_library or library
         given = dict(method=method or self.method, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
                      lora_dropout=self.lora_dropout, dora=self.dora, quant=self.quant, double_quant=self.double_quant,
                      optimizer_8bit=self.optimizer_8bit, paged=self.paged, offload=self.adapter_offload,
-                     library=self.lora_library)
+                     library=library)
         if self.lora_targets is not None:
             given["targets"] = self.lora_targets
-        elif model is not None and self.lora_library == "peft" and given["method"] in ("lora", "qlora"):
+        elif model is not None and library == "peft" and given["method"] in ("lora", "qlora"):
             given["targets"] = default_targets(model)
         return FineTune(**given)
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0, le=1000)

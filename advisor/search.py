@@ -46,7 +46,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          top: int = 10, tokens=None, allow_tp_across_nodes: bool = False, method: str = "full", lora_rank: int = 8,
          lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: Optional[str] = None, dora: bool = False,
          quant: Optional[str] = None, double_quant: bool = True, optimizer_8bit: bool = False, paged: bool = False,
-         adapter_offload: str = "none", lora_library: str = "peft",
+         adapter_offload: str = "none", lora_library: Optional[str] = None,
          moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
          moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
          compile: str = "none", mtp_layers: int = 0, **unknown) -> PlanSearch:
