@@ -953,3 +953,16 @@ def test_plan_export_writes_the_best_plan_the_format_writes(tmp_path):
     code, _, err = run_main(["plan", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--stack", "any",
                              "--export", "deepspeed", "--out", str(tmp_path / "d.json")])
     assert code == 2 and err.startswith("error: --stack any ranks every stack's plans, and deepspeed launches only some")
+
+
+def test_accelerate_ddp_under_autocast_says_to_load_fp32_weights():
+    """transformers 5.23's from_pretrained loads with dtype "auto" where none is given (modeling_utils.py:4177-4178): a
+    bf16 checkpoint would train pure bf16 under DDP, where the plan costs fp32 weights under autocast; FSDP (accelerate
+    upcasts the flat parameters) and adapters (a frozen bf16 base is what is costed) need no such line."""
+    from advisor import launch_config
+
+    ddp = launch_config("gpt2", "dgx-h100", gpus=8, micro_batch=1, stack="hf-trainer", format="accelerate").text
+    assert "from_pretrained(..., dtype=torch.float32)" in ddp
+    fsdp = launch_config("gpt2", "dgx-h100", gpus=8, micro_batch=1, zero=3, stack="hf-trainer", format="accelerate").text
+    lora = launch_config("gpt2", "dgx-h100", gpus=8, micro_batch=1, stack="hf-trainer", method="lora", format="accelerate").text
+    assert "dtype=torch.float32" not in fsdp and "dtype=torch.float32" not in lora

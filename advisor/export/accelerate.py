@@ -57,6 +57,12 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     elif setup.precision is Precision.bf16:
         notes.append("pure bf16: mixed_precision is 'no'; cast the model with model.to(torch.bfloat16) "
                      "before accelerator.prepare")
+    if setup.precision.autocast and plan.zero == 0 and not setup.finetune.adapters:
+        # transformers 5.23 from_pretrained takes dtype "auto" where none is given (modeling_utils.py:4177-4178): a bf16
+        # checkpoint loads in bf16, and DDP under autocast would train it in pure bf16, not the fp32 weights costed
+        notes.append("load the model with from_pretrained(..., dtype=torch.float32): transformers 5 loads a checkpoint "
+                     "in its config's dtype by default (bf16 for Llama 3, Qwen3, Mistral), and DDP under "
+                     f"{setup.precision.value} would then train pure bf16 (--precision bf16 costs that)")
     if recipe is not None:
         cfg["fp8_config"] = dict(ACCELERATE_FP8[recipe.name])
     cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
