@@ -85,7 +85,9 @@ class Engine(Spec):
                                    "in fp32) is alive while it is reduce-scattered")
     root_held: Literal["none", "output", "root"] = Field(default="none", description=(
         "ZeRO-3 per unit: what stays gathered from its forward into backward beside the blocks' units: FSDP2's [norm, "
-        "lm_head] (reshard_after_forward=False), FSDP1's root (_post_forward_reshard never frees it), or nothing"))
+        "lm_head] (reshard_after_forward=False), freed after its own backward (the larger of two units and one beside "
+        "it held), FSDP1's root (_post_forward_reshard never frees it), held through the whole backward beside the unit "
+        "computing and the one BACKWARD_PRE prefetches, or nothing"))
     unit_copies: bool = Field(
         default=False, description="ZeRO-2/3 per unit (FSDP2): each all-gather's output is copied out into the unit's "
         "parameters (read + write of the gathered bytes), and each reduce-scatter's input is built by copying the "

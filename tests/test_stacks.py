@@ -249,12 +249,13 @@ BLOCK = 218_112_000  # a Llama 3 8B decoder layer's parameters
 
 
 @pytest.mark.parametrize("stack, gathered", [("torchtitan-0.2", BLOCK + 128_256 * 4096),
-                                             ("hf-trainer", BLOCK + 2 * 128_256 * 4096 + 4096),
+                                             ("hf-trainer", 2 * BLOCK + 2 * 128_256 * 4096 + 4096),
                                              ("deepspeed", 4096 * 14336 + 128_256 * 4096)])
 def test_the_unit_fsdp_keeps_gathered_into_backward(stack, gathered):
     """engine.root_held: torchtitan's FSDP2 [norm, lm_head] unit (reshard_after_forward=False, distributed/fsdp.py),
     the HF Trainer's FSDP1 root flat parameter (embedding, final norm, LM head: torch's _post_forward_reshard never
-    frees the root): at the loss that unit and the last block's are gathered. DeepSpeed's ZeRO-3 keeps what the trace
+    frees the root): at the loss that unit and the last block's are gathered, and FSDP1's root stays through the whole
+    backward beside the block computing and the one BACKWARD_PRE prefetches (two blocks beside it). DeepSpeed's ZeRO-3 keeps what the trace
     reuses within stage3_max_reuse_distance (advisor.parallel.zero3.reused_tail): the LM head (128256 x 4096, over half
     the 1e9-element distance: nothing before it), beside its largest sub-module as transformers holds it (gate_proj,
     up_proj or down_proj, 4096 x 14336). Llama 3 8B on 8 GPUs."""

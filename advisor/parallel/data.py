@@ -137,10 +137,10 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     largest = (largest_transformers_module(m, tp) if eng.base_modules == "transformers" and not w.layer.routed
                else w.layer.largest_module_weights(tp))  # (transformers' routed experts: one fused 3-D parameter)
     unit = sharded if eng.zero3_gathered == "layer" else np.minimum(largest, sharded)
-    # the unit held from forward into backward (engine.root_held): at the loss it and the last block's are gathered
-    root = {"none": 0.0, "output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}[eng.root_held]
-    root = np.maximum(root, zero3.reused_tail(w, outside, layers * p_layer, tp))
-    gathered = np.where(zero >= 3, np.minimum(np.maximum(2 * unit, unit + root) * wb, params * wb * (1 - 1 / shard)), 0.0)
+    root = np.maximum({"none": 0.0, "output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}[eng.root_held],
+                      zero3.reused_tail(w, outside, layers * p_layer, tp))  # held from forward into backward
+    held = 2 * unit + root if eng.root_held == "root" else np.maximum(2 * unit, unit + root)  # (engine.root_held)
+    gathered = np.where(zero >= 3, np.minimum(held * wb, params * wb * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter
     # and, per unit, an fp32 copy joins the unsharded gradient while the unit is reduce-scattered
