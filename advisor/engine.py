@@ -281,13 +281,13 @@ class Engine(Spec):
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(default_factory=list, description="the zero-bubble "
         "pipeline schedules it runs (advisor.parallel.pipeline)")
     mtp: bool = Field(default=False, description="it trains multi-token prediction depths (--mtp-layers, advisor.mtp)")
+    moe_capacity: bool = Field(default=False, description="its MoE routers drop the tokens beyond an expert's capacity "
+                               "(--moe-capacity-factor, advisor.parallel.expert.load); False: dropless only")
 
-    def ep_overlaps(self) -> list[str]:
-        """Every all-to-all overlap it runs: none, its default and the ones it lists."""
+    def ep_overlaps(self) -> list[str]:  # every all-to-all overlap it runs: none, its default and the ones it lists
         return list(dict.fromkeys(["none", self.ep_alltoall_overlap, *self.ep_alltoall_overlaps]))
 
-    def tp_overlaps(self) -> list[str]:
-        """Every TP overlap it runs: none, its default and the ones it lists."""
+    def tp_overlaps(self) -> list[str]:  # every TP overlap it runs: none, its default and the ones it lists
         return list(dict.fromkeys(["none", self.tp_comm_overlap, *self.tp_comm_overlaps]))
 
     def edge_layers_in_bf16(self, recipe) -> int:

@@ -174,9 +174,8 @@ def chunked_loss(t: StackTables, ft: FineTune, act_bytes: float) -> StackTables:
     """The logits' bytes per element where the fine-tuning library chunks the loss (CHUNKED_LOSS)."""
     if ft.library not in CHUNKED_LOSS:
         return t
-    held, extra = CHUNKED_LOSS[ft.library]
-    held = act_bytes if held is None else held
-    return replace(t, logits_held=held, logits_peak=held + extra)
+    held, extra = CHUNKED_LOSS[ft.library]  # (None: the activation dtype's)
+    return replace(t, logits_held=held or act_bytes, logits_peak=(held or act_bytes) + extra)
 
 
 def stack_modules(stack: Stack, modules: tuple[str, ...]):
@@ -184,8 +183,7 @@ def stack_modules(stack: Stack, modules: tuple[str, ...]):
     sel = stack.engine.selective
     if sel is None or not sel.modules:
         raise StackError(f"stack {stack.name} has no --recompute-modules (its selective recomputation is fixed): drop it")
-    unknown = [m for m in modules if m not in sel.modules]
-    if unknown:
+    if unknown := [m for m in modules if m not in sel.modules]:
         raise StackError(f"--recompute-modules {','.join(unknown)}: stack {stack.name} costs {', '.join(sel.modules)}")
     return sel
 
@@ -210,13 +208,11 @@ def _mode(stack, setup: TrainingSetup) -> Mode:
 
 def _costs(stack, model: ModelSpec, setup: TrainingSetup) -> bool:
     """Whether the stack builds the model and its profile has kernel tables for it (a hint's candidates)."""
-    if not runs_model(stack, model):
-        return False
     try:
-        stack.tables(_mode(stack, setup).value, setup.attention.value, expert.table_layer(model.layer), setup.compile)
+        return runs_model(stack, model) and stack.tables(_mode(stack, setup).value, setup.attention.value,
+                                                         expert.table_layer(model.layer), setup.compile) is not None
     except StackError:
         return False
-    return True
 
 
 def lacked(stack, model: ModelSpec) -> list[str]:
@@ -260,9 +256,13 @@ def runs_method(kind: str) -> list[str]:
 
 
 def moe_choices(stack, setup, hw=None) -> tuple[str, str]:
-    """(dispatcher, overlap) of a workload: the ones asked, else the stack's defaults; one a stack does not run, or a
-    flex dispatcher taking every SM of the GPU (a custom stack profile), a one-line error."""
+    """(dispatcher, overlap) of a workload: the ones asked, else the stack's defaults; one a stack does not run, a flex
+    dispatcher taking every SM of the GPU (a custom stack profile), or a capacity factor on dropless routers: one line."""
     eng = stack.engine
+    if setup.moe_capacity_factor is not None and not eng.moe_capacity:  # dropless routers (engine.moe_capacity)
+        ok = " or ".join(n for n in list_stacks() if load_stack(n).engine.moe_capacity) or "another"
+        raise StackError(f"--moe-capacity-factor {setup.moe_capacity_factor:g}: stack {stack.name}'s MoE routing is "
+                         f"dropless (no expert capacity): drop it, or use --stack {ok}")
     dispatcher = setup.moe_dispatcher or eng.moe_dispatchers[0]
     overlap = setup.moe_overlap or eng.ep_alltoall_overlap
     if dispatcher not in eng.moe_dispatchers:

@@ -623,3 +623,30 @@ def test_experts_split_by_tp_without_sp_move_the_tokens_once_and_megatron_refuse
     lax = mc.model_copy(update={"engine": mc.engine.model_copy(update={"moe_tp_needs_sp": False})})
     with_sp, without = (estimate("mixtral-8x7b", "dgx-h100", stack=lax, sp=sp, **kw) for sp in (True, False))
     assert without.breakdown["comm/ep_alltoall"] == pytest.approx(with_sp.breakdown["comm/ep_alltoall"], rel=1e-6)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "torchtitan-0.2", "hf-trainer", "deepspeed"])
+def test_a_capacity_factor_is_refused_where_the_routers_are_dropless(stack):
+    """torchtitan's token-choice router sends every routed copy to its expert (0.3.0 models/common/moe.py
+    TokenChoiceTopKRouter, token_dispatcher.py: no capacity; 0.2.2 has none either), as transformers' MoE blocks do:
+    Qwen3-30B-A3B at --moe-capacity-factor 0.5 was costed in torchtitan at 393.87 ms, dropping half the routed tokens
+    its export could not drop (written dropless). Megatron's --moe-expert-capacity-factor (megatron-core 0.16.1
+    transformer_config.py:690) and DeepSpeed-MoE's capacity_factor (deepspeed 0.19.8 moe/layer.py:44-49) drop them."""
+    kw = dict(dp=8, zero=3, seq=2048, global_batch=16)
+    with pytest.raises(AdvisorError, match=r"^--moe-capacity-factor 0\.5: stack .* MoE routing is dropless .*"
+                                           r"use --stack megatron-bridge-perf or megatron-core or megatron-deepspeed$"):
+        estimate("qwen3-30b-a3b", "dgx-h100", stack=stack, moe_capacity_factor=0.5, **kw)
+    assert estimate("qwen3-30b-a3b", "dgx-h100", stack=stack, **kw).step_time_s > 0  # dropless: costed as before
+
+
+def test_auto_costs_a_capacity_factor_in_a_stack_that_drops_tokens():
+    """--stack auto picks a stack whose routers have a capacity (megatron-core, not hf-trainer's dropless blocks), and
+    the dropped half of the routed copies shortens the step: Qwen3-30B-A3B on 8 H100s, EP 8, 2,048 tokens."""
+    kw = dict(dp=8, ep=8, zero=1, seq=2048, global_batch=16)
+    capped = estimate("qwen3-30b-a3b", "dgx-h100", moe_capacity_factor=0.5, **kw)
+    dropless = estimate("qwen3-30b-a3b", "dgx-h100", **kw)
+    assert capped.stack == dropless.stack == "megatron-core"
+    # the busiest rank's routed work and all-to-all bytes halve: the all-to-alls fall to 0.60x (69.8 -> 42.0 ms: the
+    # bytes halve, the per-message latency stays), the step to 0.80x (405 -> 323 ms)
+    assert 0.5 < capped.breakdown["comm/ep_alltoall"] / dropless.breakdown["comm/ep_alltoall"] < 0.65
+    assert 0.7 < capped.step_time_s / dropless.step_time_s < 0.9
