@@ -201,7 +201,8 @@ class Engine(Spec):
         "on the fp32 weights, torchtitan 0.2.2)")
     replica_all_reduce: Literal["per_step", "per_micro_batch"] = Field(
         default="per_step", description="HSDP's all-reduce over the replicas: once a step after the last micro-batch, or "
-        "in every micro-batch's post-backward behind each unit's reduce-scatter (FSDP2: advisor.parallel.fsdp2)")
+        "in each reducing micro-batch's post-backward behind each unit's reduce-scatter (FSDP2, and FSDP1 on its "
+        "all-reduce stream: advisor.parallel.fsdp2)")
     base_modules: Literal["fused", "transformers"] = Field(
         default="fused", description="the modules its model code holds a layer's linears in (a quantised base's: one "
         "per module): one per fused projection (litgpt's qkv, Megatron's linear_qkv), or as transformers' modeling "

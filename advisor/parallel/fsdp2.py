@@ -63,7 +63,8 @@ def replicas_per_micro_batch(w: Workload, states: "ModelStates", rs: Any, roots:
     all-reduces each unit's reduced shard over the replicas in every micro-batch's post-backward, behind its
     reduce-scatter on the same stream (torch 2.13 _fsdp_collectives.py foreach_reduce; torchtitan never calls
     set_requires_all_reduce(False)), so it hides behind the backward as they do, once per micro-batch
-    (engine.replica_all_reduce "per_micro_batch"); else (FSDP1's no_sync accumulation) once a step, exposed."""
+    (engine.replica_all_reduce "per_micro_batch"; FSDP1 likewise, per unit on its all-reduce stream, in the micro-batches
+    that reduce: advisor.parallel.no_sync drops the rest); else once a step, exposed."""
     if w.stack.engine.replica_all_reduce != "per_micro_batch":
         return rs, roots, hsdp
     root_share = states.params_outside_layers / np.maximum(states.params, 1.0)
