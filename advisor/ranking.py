@@ -26,7 +26,7 @@ from advisor.export import unwritable
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.results import Estimate
-from advisor.stack import Stack
+from advisor.stack import Stack, list_stacks, load_stack
 from advisor.training import TrainingSetup
 
 # Plans whose step times differ by less than this are a tie as far as the model can tell: the smallest step-time error
@@ -153,6 +153,7 @@ class PlanSearch:
                        "what each does; --stack NAME costs every plan in one, --stack any ranks every stack's)")
             if self.stack_note:
                 out.append(f"stack: {self.stack_note}")
+            out += self._fused_adapter_note()
         elif len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
@@ -185,6 +186,19 @@ class PlanSearch:
                 f"{KIND_NAMES[k]} {v:.3g} s{on.get(k, '')}" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "")
                 for k, v in kinds))
         return out
+
+    def _fused_adapter_note(self) -> list[str]:
+        """Under --stack auto, LoRA on single q/k/v projections leaves out the stacks whose adapters take whole fused
+        modules (engine.adapter_modules fused: Megatron's linear_qkv), and their model-parallel plans: say how to get them."""
+        ft = self.setup.finetune
+        if not ft.adapters or not set(ft.target_set) & {"q", "k", "v"}:
+            return []
+        fused = [n for n in list_stacks() if load_stack(n).engine.adapter_modules == "fused"]
+        if not fused or any(p.estimate.stack in fused for p in self.plans):
+            return []
+        return [f"stack: LoRA on {ft.targets} runs in stacks whose adapters take single projections; {' and '.join(fused)} "
+                f"adapt q, k and v as one linear_qkv: --lora-targets qkv (and o, gate,up, down as wanted) with --stack {fused[-1]} "
+                "ranks its TP, PP and CP plans"]
 
     def export_lacks(self) -> list[str]:
         """What of the model an explicit stack's launch formats do not write (advisor.export.unwritable): its plans are

@@ -64,3 +64,15 @@ def test_a_full_fine_tune_that_fits_nowhere_here_is_told_the_adapters_that_do():
     assert plan("llama2-7b", "rtx-4090", gpus=2, method="lora", top=1).plans
     assert "--method" not in _suggestion(model="mixtral-8x7b", hw="rtx-4090", gpus=2)
     assert "--method" not in _suggestion(model="llama2-70b", hw="rtx-4090", gpus=2, method="qlora")
+
+
+def test_lora_on_single_projections_names_the_targets_that_let_fused_stacks_in():
+    """megatron-core's LoRA adapts linear_qkv whole (engine.adapter_modules fused), so PEFT's default q, v leaves its
+    plans out of --stack auto; the footer says which targets and stack rank them, and says nothing once they are given."""
+    from advisor.search import plan
+
+    qv = plan("llama3-8b", "dgx-a100", gpus=8, method="lora", top=2)
+    assert any("--lora-targets qkv" in n and "megatron-core" in n for n in qv.notes())
+    assert any("with --stack megatron-core" in n for n in qv.notes())
+    qkv = plan("llama3-8b", "dgx-a100", gpus=8, method="lora", lora_targets="qkv", top=2, stack="megatron-core")
+    assert qkv.plans and not any("--lora-targets qkv" in n for n in qkv.notes())
