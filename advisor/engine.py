@@ -219,6 +219,15 @@ class Engine(Spec):
         "engine (DeepSpeed, Megatron's distributed optimizer), or only as FSDP under a pipeline schedule, which keeps "
         "the unit's parameters and gradients unsharded from the first micro-batch to the last (torch.distributed."
         "pipelining with FSDP2)")
+    zero1_reduction: Literal["reduce_scatter", "all_reduce_after_backward"] = Field(
+        default="reduce_scatter", description="ZeRO-1's gradient reduction: a reduce-scatter overlapped with the last "
+        "backward as DDP's, or one all-reduce of the whole flat gradient buffer after the backward, nothing beside it "
+        "(nanotron 0.4 builds no DDP under ZeRO-1 with fp32 accumulation: advisor.parallel.accumulator)")
+    grad_accumulator: Literal["in_place", "beside_half"] = Field(
+        default="in_place", description="where the gradients accumulate: in place (.grad, a main_grad hook, ZeRO's "
+        "buffers), or in an fp32 buffer filled after each backward from every parameter's half-precision .grad, "
+        "which is then freed (nanotron's FP32GradientAccumulator): at the backward's end both are alive, and "
+        "ZeRO-1's gather flattens the weights into new buffers (advisor.parallel.accumulator)")
     sequence_parallel: Literal["opt_in", "opt_out", "always"] = Field(
         default="opt_in", description="sequence parallelism under TP: off unless asked (Megatron's --sequence-parallel), "
         "on unless turned off (torchtitan 0.3.0's enable_sequence_parallel: True), or always on (the stack's TP plan "

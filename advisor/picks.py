@@ -17,7 +17,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import data, expert, pipeline, tensor
+from advisor.parallel import accumulator, data, expert, pipeline, tensor
 from advisor.units import MiB, fmt_bytes
 from advisor.workload import Workload
 
@@ -89,8 +89,11 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             # one call's bytes as data.sharded_collectives issues them: a layer's share of them per unit
             body = (lambda n: (states.params - states.params_outside_layers) * n / states.params / units  # noqa: E731
                     if per_unit else n)
-            out["zero"] = "; ".join(describe(x, shard, one(body(n) * b), hw, one(mesh.shard_per_node))
-                                    + held(hw, shard, one(mesh.shard_per_node), _beside(w, x, zero, overlapped))
+            # nanotron's ZeRO-1 all-reduces its fp32 buffer after the backward (advisor.parallel.accumulator)
+            after = bool(accumulator.all_reduces(w, zero))
+            swap = lambda x: Collective.all_reduce if after and x == Collective.reduce_scatter else x  # noqa: E731
+            out["zero"] = "; ".join(describe(swap(x), shard, one(body(n) * b), hw, one(mesh.shard_per_node))
+                                    + held(hw, shard, one(mesh.shard_per_node), _beside(w, x, zero, overlapped and not after))
                                     for x, b, n in states.zero_payloads(zero))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)

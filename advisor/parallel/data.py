@@ -37,7 +37,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
+from advisor.parallel import accumulator, expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
 from advisor.parallel.overlap import Windows, hidden
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
@@ -150,7 +150,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0), weights=weights, grads=grads,
         optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
-        bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * gb, 0.0),
+        bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * optimizer.weight_grad_bytes(w.precision, master)[1], 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
         + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
         step_temporaries=optimizer.step_temporaries(w, stepped, optimizer.largest_tensor(w, zero, shard, p_layer, outside, tp)),
@@ -162,6 +162,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
         stepped_params=stepped)
     from advisor import adapters  # imported here: advisor.adapters imports this module
     states = adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
+    states = accumulator.apply(w, c, mesh, states)  # half .grad beside an fp32 accumulator (engine.grad_accumulator)
     return zero_buffers.apply(w, c, mesh, states)  # a ZeRO engine's buckets and step copies (engine.zero_buffers)
 
 
@@ -258,7 +259,6 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
     # An FSDP stack calls them per unit: each layer, then the root (embeddings and head). ZeRO-1 is DeepSpeed's
     # stage 1 there, with its 500M-element buckets: one call each, as in a stack that reduces in one call.
     units_on = on & (zero >= 2) & (w.stack.engine.zero_collectives == "per_unit")
-    zb = w.stack.engine.zero_buffers  # DeepSpeed's ZeRO-1/2 all-reduce each gradient bucket (engine.zero_buffers)
     whole_on = on & ~units_on
     units = np.maximum(layers, 1.0)
     out, roots = [], []
@@ -266,8 +266,8 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
-        if coll is Collective.reduce_scatter and zb is not None and zb.grad_all_reduce:  # ZeRO-1/2: each bucket
-            each = (zero <= 2) & zero_buffers.runs(w, zero)
+        each = zero_buffers.all_reduces(w, zero) | accumulator.all_reduces(w, zero)  # an all-reduce where ZeRO-1/2 do
+        if coll is Collective.reduce_scatter and np.any(each):
             whole = np.where(each, comm.collective_time(Collective.all_reduce, shard, n * per_param, hw, per_node,
                                                         where=whole_on & each), whole)
         root = np.where(units_on, comm.collective_time(coll, shard, states.params_outside_layers * share * per_param, hw,

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from advisor.parallel import accumulator
+
 FP32 = 4.0  # bytes of the upcast gradient partition
 
 
@@ -51,6 +53,12 @@ def gathers_once(w: Any, zero: Any) -> Any:
     return (zero == 1) | ((zero == 2) & (zb is not None and zb.zero2_gather_per_step and 2 in zb.stages))
 
 
+def all_reduces(w: Any, zero: Any) -> Any:
+    """Where the engine's ZeRO-1/2 all-reduce each gradient bucket (``grad_all_reduce``) instead of reduce-scattering."""
+    zb = w.stack.engine.zero_buffers
+    return (np.asarray(zero) <= 2) & runs(w, zero) & (zb is not None and zb.grad_all_reduce)
+
+
 def runs(w: Any, zero: Any) -> Any:
     """Where a plan's ZeRO stage runs on this engine (engine.zero_buffers.stages)."""
     zb = w.stack.engine.zero_buffers
@@ -61,9 +69,9 @@ def overlap(w: Any, zero: Any, can_overlap: Any) -> Any:
     """``can_overlap`` (where the gradient reduction may overlap the backward) less the plans whose engine never sets
     overlap_comm: without it ZeRO-1 reduces every bucket after the backward (stage_1_and_2.py reduce_gradients:
     ``if not self.overlap_comm``), at the accumulation boundary (engine.py allreduce_gradients)."""
-    zb = w.stack.engine.zero_buffers
+    zb, after = w.stack.engine.zero_buffers, accumulator.all_reduces(w, zero)  # nanotron's ZeRO-1: after the backward
     if zb is None or zb.overlap_comm is None:
-        return can_overlap
+        return np.asarray(can_overlap, dtype=bool) & ~after
     return np.asarray(can_overlap, dtype=bool) & (~runs(w, zero) | zb.overlap_comm)
 
 
