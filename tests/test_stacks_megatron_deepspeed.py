@@ -197,3 +197,28 @@ def test_its_offload_and_expert_parallelism_are_not_ranked_together():
                  global_batch=256, seq=2048, stack="megatron-deepspeed")
     found = plan(model="mixtral-8x7b", hw="dgx-a100", gpus=8, seq=2048, stack="megatron-deepspeed", top=40)
     assert not any(p.plan.ep > 1 and p.plan.offload.value != "none" for p in found.plans)
+
+
+def test_megatron_zero1_waits_for_the_embeddings_bucket_after_backward_and_before_forward():
+    """The distributed optimizer's buckets fill in reverse parameter order and never split a parameter (megatron-core
+    0.19.2 param_and_grad_buffer.py:975-989), so Llama 3 8B's 128256 x 4096 input embedding, its gradient made last,
+    closes the last bucket: its fp32 reduce-scatter starts only once the backward has ended (finish_grad_sync,
+    param_and_grad_buffer.py:781), and under --overlap-param-gather the next forward's pre-hook on the embedding waits
+    for that bucket's bf16 all-gather before it dispatches the next one (distributed_data_parallel.py:431-466,
+    param_and_grad_buffer.py:532-567). Before, ZeRO-1's reduce-scatter had no such floor (with Llama 3 8B on 8 DGX H100s, 22.6
+    ms exposed, all of it NCCL's held SMs) and the first gather was a 152.6 MiB bucket of bf16 weights (80M elements)."""
+    from advisor import comm
+    from advisor.comm import Collective
+    from advisor.hardware import load_hardware
+    hw, table = load_hardware("dgx-h100"), 128256 * 4096
+    # NCCL's held SMs left out (no channels: advisor.comm.held_sms), which alone exposed 22.6 ms of it before
+    hw = hw.model_copy(update={link: getattr(hw, link).model_copy(update={"nccl_channels": None})
+                               for link in ("intra_node", "inter_node")})
+    for tp in (1, 8):
+        e = estimate("llama3-8b", hw, gpus=64 * tp, tp=tp, zero=1, seq=8192, global_batch=256,
+                     recompute="full", stack="megatron-core", sp=tp > 1)
+        rs = float(comm.collective_time(Collective.reduce_scatter, 64, table / tp * 4.0, hw, 8 // tp))
+        ag = float(comm.collective_time(Collective.all_gather, 64, table / tp * 2.0, hw, 8 // tp))  # dp ranks 8 // tp to a node
+        # 6.4 ms and 3.3 ms at tp 1 (0 and 1.6 ms before), costed as their share of the whole call
+        assert e.breakdown["comm/dp_grad"] == pytest.approx(rs, rel=0.1), tp
+        assert e.breakdown["comm/zero_params"] == pytest.approx(ag, rel=0.1), tp

@@ -38,7 +38,7 @@ from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import accumulator, expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
-from advisor.parallel.overlap import Windows, hidden
+from advisor.parallel.overlap import Windows, edge_bucket_share, hidden, zero1_edges
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
 from advisor.units import MiB
@@ -212,13 +212,14 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = zero_buffers.serial_reduction(w, zero, can_overlap, rs, exposed)  # DeepSpeed without overlap_comm
     idle = np.where(can_overlap, windows.idle_backward_s, 0.0)  # the backward's (Windows); staged through the host, none
     grad = np.where(ddp, ddp_exposed(w, mesh, states, ddp, can_overlap, hide, idle) * fsdp2.replica_passes(w, c), 0.0)
-    # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one waiting
-    # (else all of it exposed); the backward's idle, before the optimizer step, hides the reduce-scatter only
-    first = (ag * np.minimum(1.0, w.stack.engine.bucket_MiB * MiB / np.maximum(states.params * states.weight_bytes, 1.0))
-             if w.stack.engine.param_gather_overlap else ag)
+    # ZeRO-1's gather: beside the next forward (its idle behind the host too) bucket by bucket, the first one (the embedding's)
+    # waiting (else all of it exposed); the backward's idle, before the optimizer step, hides the reduce-scatter only
+    rs_edge, ag_edge = zero1_edges(w, mesh, states, active & (zero == 1))  # (advisor.parallel.overlap)
+    first = np.minimum(ag_edge, ag) if w.stack.engine.param_gather_overlap else ag
     z1_ag = first + np.maximum(comm.beside(np.maximum(ag - first, 0.0), windows.fwd_s, held)
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
-    grad = grad + np.where(active & (zero == 1), np.maximum(comm.beside(rs, hide, held) - idle, 0.0), 0.0)
+    z1_rs = hidden([np.minimum(rs_edge, rs)], [comm.beside(np.maximum(rs - rs_edge, 0.0), hide, held)], idle)[0]
+    grad = grad + np.where(active & (zero == 1), z1_rs, 0.0)  # the last bucket after the backward, as DDP's
     exposed = no_sync.step_seconds(w, c, zero, exposed + fsdp2.unit_copy_seconds(w, states, zero), rs, ag, roots, mb)
     params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), exposed + hsdp, 0.0)
     params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
@@ -243,8 +244,7 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     n = 1.0 if eng.gradient_reduction == "one_call" else np.maximum(np.ceil(size / bucket), 1.0)
     call, path = comm.collective_time_and_path_where(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, ddp)
     total = n * call
-    embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / mesh.tp * states.reduce_bytes
-    last = np.minimum(np.maximum(bucket, embedding), size)
+    last = size * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     floor = np.where(can_overlap, last_t, total)
     held = comm.held_sms(mesh.dp, mesh.dp_per_node, hw, path)  # without overlap hide is 0: beside() is the whole call

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from advisor import comm
+
 
 @dataclass(frozen=True)
 class Windows:
@@ -38,3 +40,36 @@ def hidden(floors: Any, needs: list[Any], idle: Any) -> list[Any]:
         out.append(floor + np.maximum(need - idle, 0.0))
         idle = np.maximum(idle - need, 0.0)
     return out
+
+
+def edge_bucket_share(w: Any, tp: Any, params: Any, reduce_bytes: Any) -> Any:
+    """The share of the ``params`` a stage reduces over data parallelism in its edge bucket: the one backward fills
+    last, reduced only once the backward has ended, which under an overlapped parameter gather is also the one the next
+    forward waits for first. A bucketed stack fills buckets in reverse parameter order up to its bucket size, and a
+    parameter is never split: the input embedding, registered first and its gradient made last, closes the last bucket
+    (megatron-core 0.19.2 param_and_grad_buffer.py:975-989 _compute_default_per_buffer_param_layout, params[::-1]; torch
+    DDP's reducer alike), so the bucket is the stack's bucket or the V x h / tp table, the larger (the table's gradient
+    is none under LoRA: a frozen base). The next forward's pre-hook on the embedding waits for that bucket's gather and
+    only then dispatches the next bucket's (distributed_data_parallel.py:431-466 _make_forward_pre_hook,
+    param_and_grad_buffer.py:532-567 finish_param_sync)."""
+    bucket = w.stack.engine.bucket_MiB * 2.0 ** 20
+    embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / tp * reduce_bytes
+    return np.minimum(1.0, np.maximum(bucket, embedding) / np.maximum(params * reduce_bytes, 1.0))
+
+
+
+def zero1_edges(w: Any, mesh: Any, states: Any, on: Any) -> tuple[Any, Any]:
+    """Seconds of ZeRO-1's (reduce-scatter, all-gather) of the edge bucket (``edge_bucket_share``), each one call over
+    the shard group, where the plans are ``on``. The reduce-scatter's is the floor of the overlapped reduction where
+    an optimizer-sharding engine reduce-scatters bucket by bucket from the backward's hooks (Megatron's distributed
+    optimizer: finish_grad_sync waits for the last bucket, megatron-core 0.19.2 param_and_grad_buffer.py:781), as DDP's
+    last all-reduce (advisor.parallel.data ddp_exposed); 0 elsewhere (DeepSpeed's own buffers:
+    advisor.parallel.zero_buffers). The all-gather's is what the next forward waits for under an overlapped gather."""
+    eng = w.stack.engine
+    bucketed = eng.gradient_reduction == "buckets" and eng.zero_buffers is None and eng.zero1 == "optimizer_sharding"
+    edge = states.dp_params * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes)
+    rs = comm.collective_time(comm.Collective.reduce_scatter, mesh.dp_shard, edge * states.reduce_bytes, w.hw,
+                              mesh.shard_per_node, where=on & bucketed)
+    ag = comm.collective_time(comm.Collective.all_gather, mesh.dp_shard, edge * states.weight_bytes, w.hw,
+                              mesh.shard_per_node, where=on & eng.param_gather_overlap)
+    return rs, ag
