@@ -206,6 +206,9 @@ def test_hf_trainer_reprobed_reproduces_its_profile(family):
     layer = spec.layer
     assert (layer.d_head, layer.mlp.value, layer.norm.value) == (dh, mlp, norm)
     shipped, p = load_stack("hf-trainer"), probe(adapter_for("hf-trainer"), family)
+    # one head entry per attention kernel, each reachable: the first entry that matches is taken (advisor.stack.Entry)
+    head_keys = [(e["attention"], e["mlp"]) for e in p.host_outside_layers]
+    assert sorted(head_keys) == [("eager", mlp), ("sdpa", mlp)], head_keys
     for e in p.saved:
         if e.get("compile") == "compiled":  # the compiled entries, number for number, below
             continue

@@ -246,7 +246,10 @@ def _host(adapter: Adapter, family: str, attention: str, source: str, probed: Pr
     fw, bw = counts[2][0] - counts[1][0], counts[2][1] - counts[1][1]
     mlp = adapter.families[family].mlp
     probed.host.append({"attention": attention, "mlp": mlp, "forward_ops": fw, "backward_ops": bw, "source": source})
-    probed.host_outside_layers.append({"mlp": mlp, "forward_ops": counts[1][0] - fw,
+    # eager attention builds its mask outside the layers (GPT-2: 49 ops forward, 26 under SDPA): an entry per kernel
+    # where both are probed, as the first entry that matches is taken (advisor.stack.Entry)
+    which = {"attention": attention} if len(adapter.attentions) > 1 else {}
+    probed.host_outside_layers.append({**which, "mlp": mlp, "forward_ops": counts[1][0] - fw,
                                        "backward_ops": counts[1][1] - bw, "source": source})
 
 
