@@ -404,3 +404,47 @@ def test_overlap_rows_are_checked(tmp_path, change, message):
     p.write_text(json.dumps(dict(_overlap("intra", 8, 64 * MiB, 0.03, 0.01, 0.031, 132), **change)) + "\n")
     with pytest.raises(AdvisorError, match=message.replace("(", r"\(")):
         cal.read_results(p)
+
+
+def _alpha_beta_rows(path: Path, busbw_GBps: float, latency_us: float = 15.0, n: int = 8) -> Path:
+    """An 8-rank all-reduce sweep, 64 KiB to 1 GiB, timed t = latency + 2(n-1)/n S / busbw (nccl-tests' bus factor)."""
+    import json
+
+    rows = [{"kind": "collective", "link": "intra", "collective": "all_reduce", "n_ranks": n, "size_bytes": 2.0 ** e,
+             "time_s": latency_us * 1e-6 + 2 * (n - 1) / n * 2.0 ** e / (busbw_GBps * 1e9), "status": "ok"}
+            for e in range(16, 31)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("busbw_GBps, refused", [(2000.0, True), (450.0, False)])
+def test_busbw_beyond_twice_the_base_link_is_refused(tmp_path, busbw_GBps, refused):
+    """dgx-a100's NVLink is 300 GB/s: an in-switch reduction (NVLS) may beat it (450 GB/s: the link is widened), but
+    never by 2x (each byte crosses the link once instead of 2(n-1)/n times): 2,000 GB/s is a unit slip or another
+    system's sweep, refused in one line, where it was written as a 2 TB/s NVLink."""
+    from advisor.cli_calibrate import calibrate
+
+    src, out = _alpha_beta_rows(tmp_path / "r.jsonl", busbw_GBps), tmp_path / "p.yaml"
+    res = CliRunner().invoke(calibrate, ["--from", str(src), "--out", str(out), "--base", "dgx-a100"])
+    if refused:
+        assert isinstance(res.exception, AdvisorError) and not out.exists()
+        assert "measured busbw 1968.6 GB/s is more than 2x the base profile's 300.0 GB/s link" in str(res.exception)
+        assert len(str(res.exception).splitlines()) == 1
+    else:
+        assert res.exit_code == 0, res.output
+        assert "link bandwidth set to" in res.output
+        assert load_hardware(out).intra_node.bandwidth_GBps > 300.0
+
+
+def test_written_link_is_judged_with_its_low_latency_path(tmp_path):
+    """A sweep the alpha-beta model makes (15 us + bytes at 240 GB/s busbw) is reproduced by the written profile at
+    every size; the main path's line alone reads 108% off at 4 MiB, so the report adds the profile as written."""
+    from advisor.cli_calibrate import calibrate
+
+    src, out = _alpha_beta_rows(tmp_path / "r.jsonl", 240.0), tmp_path / "p.yaml"
+    res = CliRunner().invoke(calibrate, ["--from", str(src), "--out", str(out), "--base", "dgx-a100"])
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.output.splitlines() if "as written" in x]
+    assert "max error 0.0%" in line and "max over all sizes 0.0%" in line
+    n, S, t, _ = cal.collective_points(cal.read_results(src), "intra", "all_reduce")
+    assert np.abs(link_time("all_reduce", n, S, load_hardware(out).intra_node) / t - 1).max() < 0.005

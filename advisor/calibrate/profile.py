@@ -117,6 +117,10 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
             led.lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
         return None
     link = _with_low_latency(chosen[1], chosen[0], chosen[3], cls, led)
+    if link is not chosen[1]:  # the lines above judge each path alone; the profile costs the faster one at every size
+        n, S, t, share = chosen[3]
+        led.lines.append(link_report(link, chosen[0], n, S, t, [], f"{cls}-node {chosen[0]} as written (both paths)",
+                                     judge_from_bytes, share).line())
     led.fitted.append(f"{cls}_node from {chosen[0]}")
     led.lines.append(f"{cls}-node profile fit from {chosen[0]}: " + _fit_text(link.fit))
     return link
@@ -234,6 +238,12 @@ def cross_check(hw: Hardware, fitted_from: str, points: dict, judge_from_bytes: 
     return out
 
 
+# A link's busbw beyond its datasheet rate comes from reducing in the switch (NVLS, SHARP): each byte crosses the link
+# once instead of a ring's 2(n-1)/n times (nccl-tests doc/PERFORMANCE.md, the all-reduce bus factor), so busbw stays
+# below 2x the rate; a sweep beyond that is another system's (a wrong --base) or a unit slip, never this link.
+IN_SWITCH_GAIN_MAX = 2.0
+
+
 def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str, share: float = 1.0) -> Link:
     """A measured busbw above the link's datasheet rate (NVLS, SHARP) cannot be an efficiency <= 1:
     the link's rate is raised to the measured peak, and the report says so."""
@@ -243,6 +253,10 @@ def _widen_bandwidth(link: Link, coll: str, n, S, t, lines: list[str], cls: str,
     rate = link.bandwidth_bytes_per_s
     if peak <= 0.98 * rate:
         return link
+    if peak > IN_SWITCH_GAIN_MAX * rate:
+        raise CalibrationError(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s is more than {IN_SWITCH_GAIN_MAX:g}x "
+                               f"the base profile's {rate / GB:.1f} GB/s link, which no switch's reduction reaches: give "
+                               "--base the system measured, or check the rows' size_bytes and time_s (seconds)")
     new = round(peak / 0.98 / GB, 1)
     per_gpu = f" ({peak * share / GB:.1f} GB/s from one GPU of {1 / share:g})" if share < 1 else ""
     lines.append(f"{cls}-node {coll}: measured busbw {peak / GB:.1f} GB/s{per_gpu} exceeds the base link's "
