@@ -448,3 +448,17 @@ def test_written_link_is_judged_with_its_low_latency_path(tmp_path):
     assert "max error 0.0%" in line and "max over all sizes 0.0%" in line
     n, S, t, _ = cal.collective_points(cal.read_results(src), "intra", "all_reduce")
     assert np.abs(link_time("all_reduce", n, S, load_hardware(out).intra_node) / t - 1).max() < 0.005
+
+
+def test_world_rows_alone_are_not_called_one_node(tmp_path):
+    """A sweep of world rows only (16 ranks, 8 a node) measured two nodes: the inter-node line says the world rows are
+    fitted, where it said 'one node: only intra-node links measured'."""
+    import json
+
+    src = _alpha_beta_rows(tmp_path / "r.jsonl", 20.0, latency_us=30.0, n=16)
+    src.write_text("".join(json.dumps(dict(json.loads(x), link="world", per_node=8)) + "\n"
+                           for x in src.read_text().splitlines()))
+    _, lines = cal.calibrate_profile(cal.read_results(src), load_hardware("dgx-a100"), "w", {})
+    (line,) = [x for x in lines if x.startswith("inter-node link: not measured")]
+    assert "the world rows are fitted below" in line and "one node" not in line
+    assert any(x.startswith("inter-node profile fit from world all_reduce") for x in lines)

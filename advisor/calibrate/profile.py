@@ -113,7 +113,9 @@ def _fit_link_class(rows: list[dict], base: Hardware, cls: str, judge_from_bytes
             led.reject(f"{cls}_node", rejected, base.name, say=False)
             led.lines.append(f"{cls}-node link: kept from the base profile {base.name} (no fit explains its measurements)")
         else:
-            why = "one node: only intra-node links measured" if cls == "inter" else "no intra-node measurements"
+            world = any(r.get("kind") == "collective" and r.get("link") == "world" for r in rows)
+            why = ("no intra-node measurements" if cls == "intra" else "no one-GPU-per-node rows; the world rows "
+                   "are fitted below" if world else "one node: only intra-node links measured")
             led.lines.append(f"{cls}-node link: not measured ({why}); kept from the base profile")
         return None
     link = _with_low_latency(chosen[1], chosen[0], chosen[3], cls, led)
