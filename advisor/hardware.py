@@ -210,6 +210,9 @@ class Hardware(Spec):
     def _nvls_in_the_node_only(cls, v: Link) -> Link:
         if v.nvls:
             raise ValueError("nvls (NVLink SHARP in the NVSwitch) belongs to intra_node: remove it from inter_node")
+        if v.oversubscription != 1.0 and v.full_bisection_nodes is None:  # advisor.comm.network costs it beyond those
+            raise ValueError(f"oversubscription {v.oversubscription:g} needs full_bisection_nodes, the nodes a group "
+                             "spans at the NICs' full rate (e.g. those under one leaf switch): add it, or it costs nothing")
         return v
 
     @model_validator(mode="after")
