@@ -457,3 +457,13 @@ def test_an_empty_plot_directory_is_refused():
     """--plot "" was Path(""), the working directory: the figures landed wherever the command ran."""
     res = CliRunner().invoke(validate_command, ["--dataset", "titan", "--plot", ""])
     assert res.exit_code == 2 and "--plot needs a directory name" in res.output
+
+
+def test_json_has_a_schema_and_the_rows_on_request():
+    res = CliRunner().invoke(validate_command, ["--dataset", "titan", "--json", "--points"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["schema"] == 1 and set(doc) == {"schema", "datasets", "wall_s", "goals", "figures"}
+    rows = doc["datasets"][0]["points"]
+    assert len(rows) == doc["datasets"][0]["compared"] == 3 and {"label", "kind", "predicted", "measured"} <= set(rows[0])
+    assert "points" not in json.loads(CliRunner().invoke(validate_command, ["--dataset", "titan", "--json"]).output)["datasets"][0]

@@ -64,7 +64,9 @@ def render(report, goals: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="write PNG figures into this directory")
-def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[str]) -> None:
+@click.option("--points", "with_points", is_flag=True,
+              help="with --json: every compared row too (label, kind, predicted, measured, the time breakdown)")
+def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[str], with_points: bool = False) -> None:
     """Compare the model with measured runs (seeds, vTrain, nccl-tests, H100 steps, published tables)."""
     from validation import validate as v
 
@@ -84,8 +86,14 @@ def validate(names: tuple[str, ...], as_json: bool, plot_dir: Optional[str]) -> 
         from validation.plots import write_figures
 
         written = write_figures(report, plot_dir)
+    if with_points and not as_json:
+        raise click.UsageError("--points adds every compared row to --json's output: give --json too")
     if as_json:
-        doc = report.model_dump(mode="json")
+        # schema 1: {schema, datasets: [DatasetReport (+ points with --points)], wall_s, goals, figures}
+        doc = {"schema": 1, **report.model_dump(mode="json")}
+        if with_points:
+            for d, r in zip(doc["datasets"], report.datasets):
+                d["points"] = [p.model_dump(mode="json") for p in r.points]
         doc["goals"] = {k: {"value": val, "threshold": thr, "met": met} for k, (val, thr, met) in report.goals().items()}
         doc["figures"] = [str(p) for p in written]
         click.echo(json.dumps(_nan_to_none(doc), indent=2))
