@@ -164,3 +164,19 @@ def test_zero1_offload_export_is_refused_under_accumulation():
     with pytest.raises(ExportError, match="previous step's gradient"):
         export("deepspeed", load_model("llama3-8b"), load_hardware("dgx-a100"), Plan(dp=8, zero=1, offload="optimizer-cpu"),
                TrainingSetup(micro_batch=1, grad_accum=2), 2, 8, "deepspeed")
+
+
+def test_zero2_offload_keeps_a_gpu_staging_buffer_of_its_largest_parameter():
+    """temp_grad_buffer_for_gpu_offload (stage_1_and_2.py:659-661): one largest parameter in bf16 on the GPU from init,
+    Llama 3 8B's embedding, 128256 x 4096 = 525,336,576 elements: 1,050,673,152 bytes, beside the backward and the
+    step alike; ZeRO-3's offload (stage3.py) allocates no such buffer."""
+    from advisor.hardware import load_hardware
+    from advisor.model import load_model
+    from advisor.workload import Workload
+
+    w = Workload.of(load_model("llama3-8b"), load_hardware("dgx-a100"), load_stack("deepspeed"),
+                    TrainingSetup(seq_len=4096, stack="deepspeed"))
+    staging = zero_offload.gpu_staging_bytes(w, np.array([1, 2, 3]), np.array([1, 1, 1]), 2.0)
+    assert list(staging) == [128256 * 4096 * 2, 128256 * 4096 * 2, 0.0]
+    e = estimate(zero=2, grad_accum=1, **KW)  # the estimate holds it: transient at least the buffer
+    assert e.memory.parts["transient"] >= 128256 * 4096 * 2

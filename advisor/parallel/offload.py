@@ -130,8 +130,9 @@ def apply(w: Workload, c: Candidates, states: ModelStates, layers: Any) -> Model
     if not opt.any():
         return states
     unit = w.layer.rank_params(np.asarray(c.tp, dtype=float)) * states.weight_bytes
+    staging = np.where(opt, zero_offload.gpu_staging_bytes(w, c.zero, c.tp, states.grad_bytes), 0.0)  # kept from init
     return replace(states, optimizer_states=np.where(opt, 0.0, states.optimizer_states),
-                   step_temporaries=np.where(opt, 0.0, states.step_temporaries),
+                   step_temporaries=np.where(opt, staging, states.step_temporaries), grad_buffer=states.grad_buffer + staging,
                    # Megatron's buffer stays, and DeepSpeed's ZeRO-1 keeps .grad whole until the step
                    # (stage_1_and_2.py:2285-2287 reduces at the boundary only)
                    grads=np.where(opt & (not hybrid(w.stack)) & ~(zero_offload.runs(w.stack, c.zero) & (np.asarray(c.zero) == 1)),

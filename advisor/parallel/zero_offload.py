@@ -30,8 +30,9 @@ ops/adam/cpu_adam.py:161-164, not pinned), and the half-precision buffer the ste
 estimator (estimate_zero2_model_states_mem_needs, :4025-4027) says 16 (x 1.5 of margin); ZeRO-2 with ga > 1 adds the
 pinned running sums (g). A pinned buffer takes the next power of two of its bytes (torch 2.13
 ATen/core/CachingHostAllocator.h:300-309: PowerOf2Ceil below pinned_max_round_threshold, unbounded by default,
-c10/core/AllocatorConfig.h:361): counted for the flat buffers. Left out: the per-parameter buffers' own rounding, the
-largest parameter's pinned and GPU staging buffers (temp_grad_buffer_for_cpu/gpu_offload, :653-661), init-time copies
+c10/core/AllocatorConfig.h:361): counted for the flat buffers. On the GPU, the largest parameter's staging buffer
+(``gpu_staging_bytes``). Left out: the per-parameter buffers' own rounding, that buffer's pinned host twin
+(temp_grad_buffer_for_cpu_offload, :653-658, allocated but unused), init-time copies
 (the estimator's 4 x GPUs bytes term), NVMe's swap buffers.
 """
 
@@ -81,6 +82,15 @@ def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, overlapped: An
         return np.where(side, np.maximum(t - window, t / units), t)
 
     return hide(first) + np.maximum(ga - 2.0, 0.0) * hide(middle) + hide(last)
+
+
+def gpu_staging_bytes(w: Any, zero: Any, tp: Any, grad_bytes: Any) -> Any:
+    """The GPU buffer ZeRO-1/2's offload allocates at init and keeps, one largest parameter in the model's half type
+    (temp_grad_buffer_for_gpu_offload, stage_1_and_2.py:659-661: the running sums and fp32 upcasts are staged through
+    it): the embedding or output table for these models (Llama 3 8B's 525M elements: 1.05 GB), else a layer's largest
+    module; 0 where the plan's optimizer offload is not DeepSpeed's ZeRO-1/2."""
+    largest = np.maximum(w.model.vocab * w.model.d_model / np.asarray(tp, dtype=float), w.layer.largest_module_weights(tp))
+    return np.where(runs(w.stack, zero) & (np.asarray(zero) <= 2), largest * grad_bytes, 0.0)
 
 
 def pow2(nbytes: Any) -> Any:
