@@ -45,8 +45,7 @@ def layer(model: ModelSpec) -> DecoderLayer:
 
 def params_per_depth(model: ModelSpec) -> int:
     """Parameters of one depth: its layer, eh_proj (2h x h, no bias) and its three norms."""
-    h = model.d_model
-    return layer(model).n_params + 2 * h * h + NORMS * model.layer.norm_params
+    return layer(model).n_params + outside_params(model, 1)
 
 
 def outside_params(model: ModelSpec, depths: int) -> int:

@@ -17,7 +17,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import accumulator, data, expert, pipeline, tensor, zero_buffers
+from advisor.parallel import data, expert, pipeline, tensor, zero_buffers
 from advisor.units import MiB, fmt_bytes
 from advisor.workload import Workload
 
@@ -58,14 +58,6 @@ def _beside(w: Workload, coll: Collective, zero: int, overlapped: bool) -> bool:
                 or eng.zero3_calls is not None and eng.zero3_calls.device_sync_per_fetch)
 
 
-def _bucket_all_reduce(w: Workload, zero: int) -> bool:
-    """Whether the plan's ZeRO-1/2 all-reduces its gradients where a reduce-scatter is the rule: nanotron's ZeRO-1 its
-    fp32 buffer after the backward (advisor.parallel.accumulator, the caller's), DeepSpeed's each gradient bucket
-    (engine.zero_buffers.grad_all_reduce, advisor.parallel.zero_buffers)."""
-    zb = w.stack.engine.zero_buffers
-    return zb is not None and zb.grad_all_reduce and zero <= 2 and bool(zero_buffers.runs(w, zero))
-
-
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
     hw = w.hw
@@ -98,10 +90,11 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
             # one call's bytes as data.sharded_collectives issues them: a layer's share of them per unit
             body = (lambda n: (states.params - states.params_outside_layers) * n / states.params / units  # noqa: E731
                     if per_unit else n)
-            after, buckets = bool(accumulator.all_reduces(w, zero)), _bucket_all_reduce(w, zero)
-            swap = lambda x: Collective.all_reduce if (after or buckets) and x == Collective.reduce_scatter else x  # noqa: E731
+            # an all-reduce where that ZeRO-1/2 does (DeepSpeed's each bucket, nanotron's after the backward)
+            every = bool(zero_buffers.all_reduces(w, zero))
+            swap = lambda x: Collective.all_reduce if every and x == Collective.reduce_scatter else x  # noqa: E731
             out["zero"] = "; ".join(describe(swap(x), shard, one(body(n) * b), hw, one(mesh.shard_per_node))
-                                    + held(hw, shard, one(mesh.shard_per_node), _beside(w, x, zero, overlapped and not after))
+                                    + held(hw, shard, one(mesh.shard_per_node), _beside(w, x, zero, overlapped))
                                     for x, b, n in states.zero_payloads(zero))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)

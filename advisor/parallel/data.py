@@ -266,7 +266,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         share = n / states.params
         unit = (states.params - states.params_outside_layers) / units * share
         whole = comm.collective_time(coll, shard, n * per_param, hw, per_node, where=whole_on)
-        each = zero_buffers.all_reduces(w, zero) | accumulator.all_reduces(w, zero)  # an all-reduce where ZeRO-1/2 do
+        each = zero_buffers.all_reduces(w, zero)  # an all-reduce where ZeRO-1/2 (DeepSpeed's, nanotron's) do
         if coll is Collective.reduce_scatter and np.any(each):
             whole = np.where(each, comm.collective_time(Collective.all_reduce, shard, n * per_param, hw, per_node,
                                                         where=whole_on & each), whole)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from advisor import comm
+from advisor.units import MiB
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,9 @@ def edge_bucket_share(w: Any, tp: Any, params: Any, reduce_bytes: Any) -> Any:
     is none under LoRA: a frozen base). The next forward's pre-hook on the embedding waits for that bucket's gather and
     only then dispatches the next bucket's (distributed_data_parallel.py:431-466 _make_forward_pre_hook,
     param_and_grad_buffer.py:532-567 finish_param_sync)."""
-    bucket = w.stack.engine.bucket_MiB * 2.0 ** 20
+    bucket = w.stack.engine.bucket_MiB * MiB
     embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / tp * reduce_bytes
     return np.minimum(1.0, np.maximum(bucket, embedding) / np.maximum(params * reduce_bytes, 1.0))
-
 
 
 def zero1_edges(w: Any, mesh: Any, states: Any, on: Any) -> tuple[Any, Any]:

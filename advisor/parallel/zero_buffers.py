@@ -33,7 +33,7 @@ def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
     if zb is None:
         return states
     gb = states.grad_bytes
-    zero = np.where(np.isin(c.zero, zb.stages), np.asarray(c.zero), 0)  # the stages another engine runs: none here
+    zero = np.where(runs(w, c.zero), np.asarray(c.zero), 0)  # the stages another engine runs: none here
     # parameters this GPU steps: its partition (the adapters' under LoRA)
     stepped = states.stepped_params if states.grad_params is None else states.grad_params / mesh.dp_shard
     buffers = np.where(overlap(w, np.asarray(c.zero), np.asarray(c.overlap, dtype=bool)), 2.0, 1.0)
@@ -54,14 +54,21 @@ def gathers_once(w: Any, zero: Any) -> Any:
 
 
 def all_reduces(w: Any, zero: Any) -> Any:
-    """Where the engine's ZeRO-1/2 all-reduce each gradient bucket (``grad_all_reduce``) instead of reduce-scattering."""
+    """Where ZeRO-1/2 all-reduce the gradients where a reduce-scatter is the rule: this engine's each bucket
+    (``grad_all_reduce``), and nanotron's ZeRO-1 its fp32 buffer after the backward (advisor.parallel.accumulator)."""
     zb = w.stack.engine.zero_buffers
-    return (np.asarray(zero) <= 2) & runs(w, zero) & (zb is not None and zb.grad_all_reduce)
+    bucket = (np.asarray(zero) <= 2) & runs(w, zero) & (zb is not None and zb.grad_all_reduce)
+    return bucket | accumulator.all_reduces(w, zero)
 
 
 def runs(w: Any, zero: Any) -> Any:
     """Where a plan's ZeRO stage runs on this engine (engine.zero_buffers.stages)."""
-    zb = w.stack.engine.zero_buffers
+    return on_engine(w.stack, zero)
+
+
+def on_engine(stack: Any, zero: Any) -> Any:
+    """``runs`` for a stack (or None: nowhere), where no workload is built (advisor.parallel.offload's checks)."""
+    zb = stack.engine.zero_buffers if stack is not None else None
     return np.isin(zero, zb.stages) if zb is not None else np.zeros(np.shape(zero), dtype=bool)
 
 
@@ -69,10 +76,9 @@ def overlap(w: Any, zero: Any, can_overlap: Any) -> Any:
     """``can_overlap`` (where the gradient reduction may overlap the backward) less the plans whose engine never sets
     overlap_comm: without it ZeRO-1 reduces every bucket after the backward (stage_1_and_2.py reduce_gradients:
     ``if not self.overlap_comm``), at the accumulation boundary (engine.py allreduce_gradients)."""
-    zb, after = w.stack.engine.zero_buffers, accumulator.all_reduces(w, zero)  # nanotron's ZeRO-1: after the backward
-    if zb is None or zb.overlap_comm is None:
-        return np.asarray(can_overlap, dtype=bool) & ~after
-    return np.asarray(can_overlap, dtype=bool) & (~runs(w, zero) | zb.overlap_comm)
+    out = np.asarray(can_overlap, dtype=bool) & ~accumulator.all_reduces(w, zero)  # nanotron's ZeRO-1: after the backward
+    zb = w.stack.engine.zero_buffers
+    return out & ~runs(w, zero) if zb is not None and zb.overlap_comm is False else out
 
 
 def serial_reduction(w: Any, zero: Any, can_overlap: Any, rs: Any, exposed: Any) -> Any:

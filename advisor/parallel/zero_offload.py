@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from advisor.parallel import zero_buffers
+
 FP32 = 4.0  # bytes of the fp32 gradient partition the boundary copies down (master_weights_and_grads_dtype)
 ADAM = 8.0  # DeepSpeedCPUAdam's exp_avg and exp_avg_sq in fp32 (cpu_adam.py:161-164)
 ZERO1_ACCUMULATES = ("DeepSpeed's ZeRO-1 with offload_optimizer adds the previous step's gradient under gradient "
@@ -51,9 +53,9 @@ ZERO1_ACCUMULATES = ("DeepSpeed's ZeRO-1 with offload_optimizer adds the previou
 def runs(stack: Any, zero: Any) -> Any:
     """Where the plan's optimizer offload is DeepSpeed 0.19.8's ZeRO-Offload on its own engine."""
     e = stack.engine if stack is not None else None
-    if e is None or e.zero_buffers is None or e.offload_optimizer != "cpu_adam" or e.optimizer_offload != "zero_offload":
+    if e is None or e.offload_optimizer != "cpu_adam" or e.optimizer_offload != "zero_offload":
         return np.zeros(np.shape(zero), dtype=bool)
-    return np.isin(zero, e.zero_buffers.stages)
+    return zero_buffers.on_engine(stack, zero)
 
 
 def micro_batch_copies(zero: Any, ga: Any, grad_bytes: Any) -> tuple[Any, Any, Any, Any]:
