@@ -67,10 +67,11 @@ def common_plan_options(f):
         click.option("--moe-overlap", type=click.Choice(["none", "shared-experts", "batch"]), default=None,
                      help="mixture of experts: what the all-to-alls run beside: nothing, the shared experts, or another "
                           "micro-batch's compute (--overlap-moe-expert-parallel-comm) [default: the stack's]"),
-        click.option("--tp-overlap", type=click.Choice(["none", "userbuffers", "async"]), default=None,
+        click.option("--tp-overlap", type=click.Choice(["none", "userbuffers", "async", "linear-async"]), default=None,
                      help="tensor parallelism: the sequence-parallel all-gathers and reduce-scatters exposed, or "
                           "pipelined with their GEMMs (userbuffers: Megatron --tp-comm-overlap, Transformer Engine; "
-                          "async: torchtitan's async tensor parallel; either needs --sp with --tp > 1, and plan "
+                          "async: torchtitan's async tensor parallel; linear-async: the linears' async_op collectives, nanotron's "
+                          "tp_linear_async_communication; each needs --sp with --tp > 1, and plan "
                           "then ranks TP plans with SP only; a plan without TP has nothing to overlap, as plan's rows "
                           "without TP) [default: the stack's]"),
         click.option("--mtp-layers", type=click.IntRange(0, 64), default=0, show_default=True,

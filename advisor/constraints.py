@@ -37,11 +37,12 @@ def adapters_refuse_model_parallel(setup: TrainingSetup, stack: Optional[Stack])
 # pass, which rewrites all_gather_into_tensor -> mm and mm -> reduce_scatter_tensor only (torch 2.13
 # _inductor/fx_passes/micro_pipeline_tp.py find_all_gather_patterns:91, find_reduce_scatter_patterns:340; torchtitan
 # 0.3.0 models/common/dist_gemm.py:104 refuses its fused TP GEMMs without SP for the same reason). Asked for with such
-# a plan it would cost nothing: estimate refuses it and the search leaves such plans out. A stack's default overlap
+# a plan it would cost nothing (nanotron's async linears: its row linear raises under ALL_REDUCE, tensor_parallel/
+# nn.py:133-134): estimate refuses it and the search leaves such plans out. A stack's default overlap
 # (setup.tp_overlap None) is not asked for: plans without SP run without it (advisor.parallel.tensor.overlaps).
 def overlap_without_sp(setup: TrainingSetup, tp: Any, sp: Any) -> Any:
-    """Where an explicitly asked TP overlap (userbuffers, async) meets tensor parallelism without SP."""
-    return (setup.tp_overlap in ("userbuffers", "async")) & (np.asarray(tp) > 1) & ~np.asarray(sp, dtype=bool)
+    """Where an explicitly asked TP overlap (userbuffers, async, linear-async) meets tensor parallelism without SP."""
+    return (setup.tp_overlap in ("userbuffers", "async", "linear-async")) & (np.asarray(tp) > 1) & ~np.asarray(sp, dtype=bool)
 
 
 def fp32_without_fsdp(setup: TrainingSetup, stack: Stack) -> str:
@@ -61,7 +62,7 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
     """What the setup's explicit choices refuse of the candidates (the search's reasons; plan_errors says them in full):
     TP and PP where the stack runs adapters with data parallelism only; TP without SP under an asked TP overlap."""
     out = {ADAPTERS: (c.tp > 1) | (c.pp > 1)} if adapters_refuse_model_parallel(setup, stack) else {}
-    if setup.tp_overlap in ("userbuffers", "async"):
+    if setup.tp_overlap in ("userbuffers", "async", "linear-async"):
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
     if setup.moe_overlap == "batch":  # megatron-core 0.19 transformer_config.py asserts these away

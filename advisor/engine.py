@@ -130,11 +130,12 @@ class Engine(Spec):
     bf16_tail: dict[RecipeName, Annotated[float, Field(gt=0, lt=1)]] = Field(
         default_factory=dict, description="per recipe, the share of the decoder layers, the last ceil(share x L), it "
         "runs in BF16 instead of the edge layers (torchtitan's NVFP4 configs: nvfp4_bf16_tail_fqns)")
-    tp_comm_overlap: Literal["none", "userbuffers", "async"] = Field(
+    tp_comm_overlap: Literal["none", "userbuffers", "async", "linear-async"] = Field(
         default="none", description="by default, the sequence-parallel all-gathers and reduce-scatters run exposed, or "
         "pipelined with their GEMMs through Transformer Engine's userbuffers (Megatron --tp-comm-overlap), or through "
-        "torch's symmetric-memory micro-pipeline (async: torchtitan's async tensor parallel)")
-    tp_comm_overlaps: list[Literal["none", "userbuffers", "async"]] = Field(
+        "torch's symmetric-memory micro-pipeline (async: torchtitan's async tensor parallel), or issued async_op by the "
+        "linears beside a GEMM (linear-async: nanotron's tp_linear_async_communication, advisor.parallel.linear_async)")
+    tp_comm_overlaps: list[Literal["none", "userbuffers", "async", "linear-async"]] = Field(
         default_factory=list, description="the TP overlaps it also runs when asked (--tp-overlap), beyond its default")
     userbuffers: UserBuffers = Field(default_factory=UserBuffers, description="how the userbuffers overlap runs")
     tp_backward_overlap: bool = Field(

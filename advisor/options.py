@@ -114,7 +114,7 @@ class Common(_Options):
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
     moe_dispatcher: Optional[Literal["alltoall", "flex"]] = None
     moe_overlap: Optional[Literal["none", "shared-experts", "shared_experts", "batch"]] = None
-    tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = None
+    tp_overlap: Optional[Literal["none", "userbuffers", "async", "linear-async"]] = None
     compile: Literal["none", "model", "loss", "model,loss"] = "none"
     mtp_layers: int = Field(default=0, ge=0, le=64)
 

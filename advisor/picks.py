@@ -72,8 +72,10 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
         out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
         if bool(tensor.overlaps(w, tp, c.sp[0])):
-            out["tp"] += ("; pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)" if w.tp_overlap == "userbuffers"
-                          else "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
+            out["tp"] += {"userbuffers": "; pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)",
+                          "linear-async": "; the column linears' gathers and backward reduce-scatters issued async_op "
+                                          "beside a GEMM, the row linears' forward reduce-scatters exposed"}.get(
+                w.tp_overlap, "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
         grads = one(states.dp_params * states.grad_bytes)
         # as advisor.parallel.data costs them (less a ZeRO engine's that never sets overlap_comm: zero_buffers.overlap)

@@ -148,7 +148,7 @@ class TrainingSetup(ApiSpec):
     compile: Literal["none", "model", "loss", "model,loss"] = Field(default="none", description=(
         "what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, its blocks; "
         "loss): the profile's compiled tables (kernels fused, what the partitioner saves); none: eager"))
-    tp_overlap: Optional[Literal["none", "userbuffers", "async"]] = Field(
+    tp_overlap: Optional[Literal["none", "userbuffers", "async", "linear-async"]] = Field(
         default=None, description="tensor parallelism: the sequence-parallel collectives exposed or pipelined with "
                                   "their GEMMs (advisor.parallel.tensor); None: the stack's default")
 

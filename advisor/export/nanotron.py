@@ -39,8 +39,11 @@ from advisor.export.common import (
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import Schedule
 from advisor.model import ModelSpec
+from advisor.stack import Stack, load_stack
+from advisor.workload import tp_overlap_choice
 
 VERSION = "0.4"
+STACK = "nanotron"  # the shipped profile of nanotron 0.4 (stack_profiles/nanotron.yaml), what an export without one costs
 # pp_engine names (config/utils_config.py:94-100 cast_str_to_pipeline_engine): AllForwardAllBackward is GPipe
 # (parallel/pipeline_parallel/engine.py:165), OneForwardOneBackward 1F1B (:222)
 PP_ENGINES = {Schedule.gpipe: "afab", Schedule.one_f_one_b: "1f1b"}
@@ -150,11 +153,14 @@ def _model_config(m: ModelSpec) -> tuple[dict[str, Any], Optional[float]]:
     }, theta
 
 
-def nanotron_dict(r: Run) -> tuple[dict[str, Any], list[str]]:
-    """The config's mapping and the notes."""
+def nanotron_dict(r: Run, stack: Optional[Stack] = None) -> tuple[dict[str, Any], list[str]]:
+    """The config's mapping and the notes; ``stack``: the one the plan was costed in (None: setup.stack's, else the
+    shipped nanotron profile), whose TP overlap the async linears follow."""
     _refuse(r)
     p, s, m = r.plan, r.setup, r.model
     sp = p.tp > 1 and p.sp
+    stack = stack or load_stack(s.stack if s.stack not in ("auto", "any") else STACK)
+    asynchronous = sp and tp_overlap_choice(stack, s) == "linear-async"
     model_config, theta = _model_config(m)
     cfg: dict[str, Any] = {
         "general": {"project": "advisor", "run": f"{m.name}-dp{p.dp}-tp{p.tp}-pp{p.pp}", "seed": SEED},
@@ -165,10 +171,11 @@ def nanotron_dict(r: Run) -> tuple[dict[str, Any], list[str]]:
             "pp_engine": PP_ENGINES[p.schedule] if p.pp > 1 else "1f1b",
             # REDUCE_SCATTER: column linears all-gather their sequence shard, row linears reduce-scatter (SP)
             "tp_mode": "REDUCE_SCATTER" if sp else "ALL_REDUCE",
-            # async under SP only: the async column linear saves the sequence shard and re-gathers it in backward
-            # (parallel/tensor_parallel/functional.py:145, :255-275), what the profile's memory costs; the sync one
+            # async under SP only, as the estimate costs it (the profile's tp_comm_overlap linear-async, --tp-overlap
+            # none: off): the async column linear saves the sequence shard and re-gathers it in backward
+            # (parallel/tensor_parallel/functional.py:144, :283), what the profile's memory costs; the sync one
             # saves the gathered input (:352-359). Under ALL_REDUCE o_proj would raise (tensor_parallel/nn.py:133-134)
-            "tp_linear_async_communication": sp,
+            "tp_linear_async_communication": asynchronous,
         },
         "model": {
             "model_config": model_config,
@@ -213,15 +220,18 @@ def nanotron_dict(r: Run) -> tuple[dict[str, Any], list[str]]:
                      f"key): {known}; the cost is the same, the positions differ")
     if s.attention.value != "sdpa":
         notes.append(f"{s.attention.value} attention was costed; nanotron runs flash-attn: memory will be lower")
+    if sp and not asynchronous:
+        notes.append("tp_linear_async_communication false (--tp-overlap none): the q/k/v and gate_up linears save their "
+                     "all-gathered input, not its sequence shard (functional.py:352-359): memory will be higher")
     if p.dp > 1 and p.zero == 0 and not p.overlap_grad_reduce:
         notes.append("nanotron's DDP overlaps the gradient all-reduce with backward: faster than estimated")
     return cfg, notes
 
 
-def nanotron_config(model, hw, plan, setup, grad_accum: int, world_size: int) -> Exported:
+def nanotron_config(model, hw, plan, setup, grad_accum: int, world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
     run = Run(model, hw, plan, setup, grad_accum, world_size)
-    cfg, notes = nanotron_dict(run)
+    cfg, notes = nanotron_dict(run, stack)
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if cfg["parallelism"]["tp_linear_async_communication"] else ""
     launch = " ".join(torchrun_argv(hw, world_size, "run_train.py"))
     head = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",

@@ -33,7 +33,8 @@ re-gather behind its dgrad GEMM and its input gradient's reduce-scatter (or all-
 (``backward_exposed``). The SMs are TE's defaults (``engine.userbuffers``): Megatron-Bridge's recipes tune them per
 model and GPU (training/comm_overlap.py: 1-32 SMs), which the profile does not follow recipe by recipe. torchtitan's
 async tensor parallel (``tp_overlap`` async: torch's symmetric-memory micro-pipeline, which inductor fuses into every
-all-gather -> matmul and matmul -> reduce-scatter of the compiled graph) is ``async_share``.
+all-gather -> matmul and matmul -> reduce-scatter of the compiled graph) is ``async_share``; the linears' own async_op
+collectives (``tp_overlap`` linear-async: nanotron's tp_linear_async_communication) are advisor.parallel.linear_async.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from advisor.compute import mem_time
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.model.layer import Split
+from advisor.parallel.linear_async import linear_async_share
 from advisor.recompute import mix
 from advisor.workload import Workload
 
@@ -254,9 +256,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     # each plan on its own: a search holds piped and unpiped plans together, and neither rule may reach the other's
     if w.stack.engine.tp_backward_overlap and gemms is not None and np.any(on & ~piped):  # async beside dgrad and wgrad
         backward = np.where(piped, 1.0, backward_exposed(w, gemms, ag_f, ag_b, rs, ar, sp) / np.maximum(per, 1e-30))
-    if gemms is not None and np.any(piped):  # userbuffers or torch's micro-pipeline, beside the GEMMs
+    if gemms is not None and np.any(piped):  # userbuffers, torch's micro-pipeline or the linears' async_op, beside GEMMs
         share = (overlap_share(w, gemms, layer_ag, rs, tp) if w.tp_overlap == "userbuffers"
-                 else async_share(w, gemms, layer_ag, rs, tp, act))
+                 else linear_async_share(w, gemms, ag_f, ag_b, rs, tp, tokens, mesh.tp_per_node)
+                 if w.tp_overlap == "linear-async" else async_share(w, gemms, layer_ag, rs, tp, act))
         per = np.where(piped, per * share, per)
     rerun = mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers).full  # checkpointed layers' share
     # LoRA adapters under TP add their own; their forward ones rerun with the checkpointed layers
