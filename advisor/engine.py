@@ -138,6 +138,10 @@ class Engine(Spec):
     tp_comm_overlaps: list[Literal["none", "userbuffers", "async", "linear-async"]] = Field(
         default_factory=list, description="the TP overlaps it also runs when asked (--tp-overlap), beyond its default")
     userbuffers: UserBuffers = Field(default_factory=UserBuffers, description="how the userbuffers overlap runs")
+    gathered_inputs_bytes: float = Field(
+        default=0.0, ge=0, le=1000, description="bytes per token per d_model the column-parallel linears save of their "
+        "all-gathered input under SP without the linears' async collectives (tp_overlap linear-async saves the sequence "
+        "shard, which memory.saved counts): nanotron's synchronous column linear, F.linear over the gathered input")
     tp_backward_overlap: bool = Field(
         default=False, description="tensor parallelism: in backward the column-parallel linear's input all-gather (SP) "
         "runs beside its dgrad GEMM and its input gradient's reduce-scatter or all-reduce beside its wgrad GEMM (Megatron's "

@@ -90,6 +90,16 @@ def policy_mix(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> Mix:
     return mix(c.recompute, c.recompute_k, layers, mesh.v, w.model.n_layers, w.stack.engine.activation_offload == "first_k")
 
 
+def gathered_inputs(w: Workload, tp: Any, sp: Any) -> Any:
+    """Bytes per token a layer keeps beyond memory.saved where its column linears save their gathered input, not the
+    sequence shard the table counts (engine.gathered_inputs_bytes): under SP without the linear-async overlap."""
+    b = w.stack.engine.gathered_inputs_bytes
+    if not b or w.tp_overlap == "linear-async":
+        return 0.0
+    tp = np.asarray(tp, dtype=float)
+    return np.where(np.asarray(sp, dtype=bool) & (tp > 1), b * w.model.d_model * (1.0 - 1.0 / tp), 0.0)
+
+
 def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any, Any]:
     """(bytes one layer keeps per token on the GPU under each plan's policy, bytes with none) on one TP rank."""
     t, sp = w.tables, np.asarray(c.sp, dtype=bool)
@@ -97,7 +107,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
     delta = adapters.saved_delta_per_token(w, mesh.tp, sp)  # a frozen base's inputs not kept, the adapters' kept
-    full = full - less + delta
+    full = full - less + delta + gathered_inputs(w, mesh.tp, sp)
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)

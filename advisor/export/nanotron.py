@@ -222,7 +222,7 @@ def nanotron_dict(r: Run, stack: Optional[Stack] = None) -> tuple[dict[str, Any]
         notes.append(f"{s.attention.value} attention was costed; nanotron runs flash-attn: memory will be lower")
     if sp and not asynchronous:
         notes.append("tp_linear_async_communication false (--tp-overlap none): the q/k/v and gate_up linears save their "
-                     "all-gathered input, not its sequence shard (functional.py:352-359): memory will be higher")
+                     "all-gathered input, not its sequence shard (functional.py:352-359), as the estimate costs")
     if p.dp > 1 and p.zero == 0 and not p.overlap_grad_reduce:
         notes.append("nanotron's DDP overlaps the gradient all-reduce with backward: faster than estimated")
     return cfg, notes
