@@ -67,7 +67,7 @@ def test_the_config_says_the_plan(case):
     par = cfg["parallelism"]
     assert (par["dp"], par["tp"], par["pp"]) == (plan.dp, plan.tp, plan.pp) and plan.dp * plan.tp * plan.pp == world
     sp = plan.tp > 1 and plan.sp
-    assert par["tp_mode"] == ("REDUCE_SCATTER" if sp else "ALL_REDUCE") and par["tp_linear_async_communication"] is sp
+    assert par["tp_mode"] == ("REDUCE_SCATTER" if sp else "ALL_REDUCE") and par["tp_linear_async_communication"] is False
     assert par["pp_engine"] == {"gpipe": "afab"}.get(plan.schedule.value, "1f1b") and "recompute_layer" not in par
     assert cfg["tokens"] | {"train_steps": None} == {"sequence_length": setup.seq_len, "train_steps": None,
                                                      "micro_batch_size": setup.micro_batch,
@@ -83,9 +83,9 @@ def test_the_config_says_the_plan(case):
         "max_position_embeddings": model.max_positions,
         "rms_norm_eps": 1e-5, "hidden_act": "silu", "initializer_range": 0.02,
         "tie_word_embeddings": model.tied_embeddings}
-    # the launch line: CUDA_DEVICE_MAX_CONNECTIONS=1 exactly where async TP asserts it; every node's torchrun
+    # the launch line: CUDA_DEVICE_MAX_CONNECTIONS=1 only where async TP asserts it (asked: test_nanotron_async_tp)
     launch = out.text.splitlines()[1]
-    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in launch) is sp and "run_train.py --config-file" in launch
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in launch and "run_train.py --config-file" in launch  # async TP off
     assert ("--nnodes 2 --nproc_per_node 8" in launch) is (world == 16)
     assert all(f"# note: {n}" in out.text for n in out.notes) and any("placeholders" in n for n in out.notes)
 
@@ -95,7 +95,7 @@ def test_llama3_8b_exact():
     out, _ = _export("llama3-8b-sp-pp4-1f1b")
     cfg = yaml.safe_load(out.text)
     assert cfg["parallelism"] == {"dp": 1, "tp": 2, "pp": 4, "pp_engine": "1f1b", "tp_mode": "REDUCE_SCATTER",
-                                  "tp_linear_async_communication": True}
+                                  "tp_linear_async_communication": False}
     mc = cfg["model"]["model_config"]
     assert (mc["hidden_size"], mc["intermediate_size"], mc["num_hidden_layers"], mc["num_attention_heads"],
             mc["num_key_value_heads"], mc["vocab_size"], mc["tie_word_embeddings"]) == (4096, 14336, 32, 32, 8, 128256,
@@ -240,7 +240,7 @@ def test_nanotrons_own_parser_reads_the_config(case, tmp_path):
     sp = plan.tp > 1 and plan.sp
     assert par.tp_mode is (TensorParallelLinearMode.REDUCE_SCATTER if sp else TensorParallelLinearMode.ALL_REDUCE)
     # async communication under ALL_REDUCE would make o_proj raise (parallel/tensor_parallel/nn.py:133-134)
-    assert par.tp_linear_async_communication is sp
+    assert par.tp_linear_async_communication is False  # nanotron's default, as costed
     engine = AllForwardAllBackwardPipelineEngine if plan.pp > 1 and plan.schedule.value == "gpipe" else \
         OneForwardOneBackwardPipelineEngine
     assert type(par.pp_engine) is engine

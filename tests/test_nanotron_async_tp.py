@@ -1,6 +1,6 @@
 """nanotron 0.4's tp_linear_async_communication (the PyPI wheel's nanotron/parallel/tensor_parallel/functional.py), as
-the nanotron profile runs it under sequence parallelism (engine.tp_comm_overlap linear-async:
-advisor/parallel/linear_async.py) and as its export writes it."""
+the nanotron profile runs it under sequence parallelism when asked (--tp-overlap linear-async:
+advisor/parallel/linear_async.py; off by default, as nanotron's) and as its export writes it."""
 
 from __future__ import annotations
 
@@ -82,13 +82,16 @@ def test_llama3_8b_share_on_h100_by_hand():
     assert 0.5 < share < 1.0
 
 
-def test_the_estimate_runs_it_by_default_and_follows_tp_overlap_none(monkeypatch):
-    """The profile's tp_comm_overlap linear-async costs every layer's four pairs at the share, the compute unchanged;
-    --tp-overlap none costs them exposed, as the export then writes tp_linear_async_communication false."""
+def test_off_by_default_and_costed_when_asked(monkeypatch):
+    """By default (nanotron's own, tp_linear_async_communication false: config/parallelism_config.py:43-44) the TP
+    collectives run exposed; --tp-overlap linear-async costs every layer's four pairs at the share, the compute
+    unchanged."""
     seen = []
     real = tensor.linear_async_share
     monkeypatch.setattr(tensor, "linear_async_share", lambda *a: seen.append(real(*a)) or seen[-1])
-    on, off = advisor.estimate(**KW), advisor.estimate(**KW, tp_overlap="none")
+    off = advisor.estimate(**KW)
+    assert not seen  # the default never calls it
+    on = advisor.estimate(**KW, tp_overlap="linear-async")
     share = float(np.ravel(seen[0])[0])
     ag = float(comm.collective_time(Collective.all_gather, 8, 64 * MiB, H100, 8))
     rs = float(comm.collective_time(Collective.reduce_scatter, 8, 64 * MiB, H100, 8))
@@ -96,18 +99,20 @@ def test_the_estimate_runs_it_by_default_and_follows_tp_overlap_none(monkeypatch
     assert off.breakdown["comm/tp"] - on.breakdown["comm/tp"] == pytest.approx(saved, rel=1e-6)
     for part in ("compute/forward", "compute/backward"):
         assert on.breakdown[part] == pytest.approx(off.breakdown[part], rel=1e-12)
-    assert len(seen) == 1  # --tp-overlap none never calls it
+    assert len(seen) == 1
 
 
-@pytest.mark.parametrize("overlap, written", [(None, True), ("none", False)])
+@pytest.mark.parametrize("overlap, written", [(None, False), ("none", False), ("linear-async", True)])
 def test_the_export_writes_what_the_estimate_costs(overlap, written):
     """tp_linear_async_communication is ParallelismArgs' (config/parallelism_config.py:33); false leaves the column
-    linears saving their gathered input (functional.py:352-359), which the export says."""
+    linears saving their gathered input (functional.py:352-359), which the export says; true warns that 0.4's async
+    row linear gathers input gradients computed with the wrong weight shard (functional.py:417, :439)."""
     out = advisor.launch_config(**{k: v for k, v in KW.items()}, format="nanotron", tp_overlap=overlap)
     cfg = yaml.safe_load(out.text)
     assert cfg["parallelism"]["tp_linear_async_communication"] is written
     assert cfg["parallelism"]["tp_mode"] == "REDUCE_SCATTER"
     assert ("save their all-gathered input" in out.text) is not written
+    assert ("input gradients for the other ranks' rows are wrong" in out.text.replace("\n# ", " ")) is written
 
 
 def test_asked_where_it_cannot_run_is_one_line():
@@ -128,7 +133,7 @@ def test_without_it_the_column_linears_keep_their_gathered_inputs():
     gathered input (functional.py:352-359), where the async one saved its sequence shard (:144): q/k/v's and gate_up's
     inputs, 2 bf16 bytes of d_model 4096 each, whole instead of 1/8, over Llama 3 8B's 32 layers and 8192 tokens:
     4 x 4096 x 7/8 x 8192 x 32 bytes = 3.5 GiB more a GPU (engine.gathered_inputs_bytes 4)."""
-    on, off = advisor.estimate(**KW), advisor.estimate(**KW, tp_overlap="none")
+    on, off = advisor.estimate(**KW, tp_overlap="linear-async"), advisor.estimate(**KW)
     extra = off.memory.parts["activations"] - on.memory.parts["activations"]
     assert extra == pytest.approx(4 * 4096 * (1 - 1 / 8) * 8192 * 32, rel=1e-9)
     assert extra / 2 ** 30 == pytest.approx(3.5)

@@ -171,10 +171,11 @@ def nanotron_dict(r: Run, stack: Optional[Stack] = None) -> tuple[dict[str, Any]
             "pp_engine": PP_ENGINES[p.schedule] if p.pp > 1 else "1f1b",
             # REDUCE_SCATTER: column linears all-gather their sequence shard, row linears reduce-scatter (SP)
             "tp_mode": "REDUCE_SCATTER" if sp else "ALL_REDUCE",
-            # async under SP only, as the estimate costs it (the profile's tp_comm_overlap linear-async, --tp-overlap
-            # none: off): the async column linear saves the sequence shard and re-gathers it in backward
-            # (parallel/tensor_parallel/functional.py:144, :283), what the profile's memory costs; the sync one
-            # saves the gathered input (:352-359). Under ALL_REDUCE o_proj would raise (tensor_parallel/nn.py:133-134)
+            # as the estimate costs it: off (nanotron's default, the profile's tp_comm_overlap none), on under SP
+            # with --tp-overlap linear-async. The async column linear saves the sequence shard and re-gathers it in
+            # backward (parallel/tensor_parallel/functional.py:144, :283); the sync one saves the gathered input
+            # (:352-359), as the profile's gathered_inputs_bytes costs. Under ALL_REDUCE o_proj would raise
+            # (tensor_parallel/nn.py:133-134)
             "tp_linear_async_communication": asynchronous,
         },
         "model": {
@@ -221,8 +222,13 @@ def nanotron_dict(r: Run, stack: Optional[Stack] = None) -> tuple[dict[str, Any]
     if s.attention.value != "sdpa":
         notes.append(f"{s.attention.value} attention was costed; nanotron runs flash-attn: memory will be lower")
     if sp and not asynchronous:
-        notes.append("tp_linear_async_communication false (--tp-overlap none): the q/k/v and gate_up linears save their "
-                     "all-gathered input, not its sequence shard (functional.py:352-359), as the estimate costs")
+        notes.append("tp_linear_async_communication false (nanotron's default): the q/k/v and gate_up linears save "
+                     "their all-gathered input, not its sequence shard (functional.py:352-359), as the estimate costs")
+    if asynchronous:
+        notes.append(f"tp_linear_async_communication true (--tp-overlap linear-async): nanotron {VERSION}'s async row "
+                     "linear computes its input gradient from its own rows before gathering it (parallel/"
+                     "tensor_parallel/functional.py:417, :439): o_proj's and down_proj's input gradients for the other "
+                     "ranks' rows are wrong; check a fixed nanotron before training with it")
     if p.dp > 1 and p.zero == 0 and not p.overlap_grad_reduce:
         notes.append("nanotron's DDP overlaps the gradient all-reduce with backward: faster than estimated")
     return cfg, notes
