@@ -24,7 +24,8 @@ from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
 from advisor.stack import Stack, StackError, list_stacks, load_stack
-from advisor.step import evaluate, stage_note
+from advisor.stages import stage_note
+from advisor.step import evaluate
 from advisor.spec import checked
 from advisor.training import Precision, Recompute, TrainingSetup
 from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not

@@ -16,8 +16,11 @@ mtp_on_this_rank, :1671-1676; a layout may name another stage, which Megatron-Br
 put "mtp" beside the loss, recipes/deepseek/h100/deepseek_v3.py:66). So the last stage runs D more layers, D more
 heads, and holds D more layers' and projections' weights and D more logits (advisor.step, advisor.memory).
 
-Parameters of a depth: the layer's, eh_proj's 2h x h and three norms; the embedding and the output layer are the
-model's own (shared: gpt_model.py:879 ties them on the MTP stage). Model FLOPs, as Megatron-LM counts them (training.py
+Parameters of a depth: the layer's, eh_proj's 2h x h and three norms; the output layer is the model's own (its second
+logits run through self.output_layer, gpt_model.py:762), and so is the embedding without a pipeline; under one the last
+stage builds a copy of the embedding for the depths (gpt_model.py:167-175, ``pre_process or mtp_process``), a second
+V x h table beside an untied output layer, with its gradient and optimizer states, its gradient all-reduced with the
+first stage's (``last_stage_outside_params``; advisor.step costs the last rank's memory with them). Model FLOPs, as Megatron-LM counts them (training.py
 num_floating_point_operations: the MTP layer as the last layer's kind, 3 x 2 x (3h + 2h^2) for its norms and eh_proj,
 the logits x (1 + D)): the layer, eh_proj's GEMM and the logits, the norms left out as everywhere in advisor.
 """
@@ -53,6 +56,18 @@ def outside_params(model: ModelSpec, depths: int) -> int:
     layers; the layers are counted as decoder layers (advisor.parallel.pipeline)."""
     h = model.d_model
     return depths * (2 * h * h + NORMS * model.layer.norm_params)
+
+
+def last_stage_outside_params(model: ModelSpec, depths: int) -> int:
+    """Parameters outside the layers that ``depths`` > 0 MTP depths add to the last pipeline stage: their eh_proj and
+    norms, and, where the model's output layer is untied, a copy of the word embedding (V x h) the depths look the
+    tokens up in: megatron-core builds an embedding wherever ``pre_process or mtp_process`` (gpt_model.py:167-175) and
+    keeps the copy in step with the first stage's by an all-reduce of its gradient (language_module.py:247-289,
+    distributed/finalize_model_grads.py:146); a tied model's last stage holds that table already, as its output layer."""
+    if not depths:
+        return 0
+    copy = 0 if model.tied_embeddings else model.vocab * model.d_model
+    return outside_params(model, depths) + copy
 
 
 def forward_flops_per_token(model: ModelSpec, depths: int, seq_len: int, kept: float = 1.0) -> float:

@@ -114,15 +114,17 @@ def _staged(w: Workload, c: Candidates) -> Evaluation:
         return _evaluate(w, c)
     first, last = _first_and_last(w, c.take(np.nonzero(two)[0]))
     busier = _pick(first, last, np.asarray(last.time.total > first.time.total))
+    fuller = np.asarray(last.memory.peak + last.overhead.total > first.memory.peak + first.overhead.total)
+    mem = _pick(first, last, fuller)  # the verdict is the fuller rank's: the last, with MTP and the head, may not fit
+    busier = replace(busier, memory=mem.memory, overhead=mem.overhead, host_bytes=mem.host_bytes)
     return busier if two.all() else _merge(_evaluate(w, c.take(np.nonzero(~two)[0])), busier, two)
 
 
 def _first_and_last(w: Workload, c: Candidates) -> tuple[Evaluation, Evaluation]:
-    """The first rank's evaluation and the last's, which takes the first's bubble (fill and drain pass through the
-    fuller ranks) and memory (memory_layers), whichever sets the time."""
+    """The first rank's evaluation and the last's (its own memory: its layers, MTP depths, head and logits), which
+    takes the first's bubble (fill and drain pass through the fuller ranks)."""
     first, last = _evaluate(w, c, "first"), _evaluate(w, c, "last")
-    return first, replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble), memory=first.memory,
-                          overhead=first.overhead, host_bytes=first.host_bytes)
+    return first, replace(last, time=replace(last.time, pipeline_bubble=first.time.pipeline_bubble))
 
 
 def _sharded_only(w: Workload, c: Candidates) -> Candidates:
@@ -147,38 +149,23 @@ def _fsdp_rows(w: Workload, c: Candidates) -> tuple[Optional[Workload], Any]:
     return alt, (c.zero >= w.stack.engine.half_from_zero) if alt is not None else np.zeros(len(c), dtype=bool)
 
 
-def stage_note(w: Workload, c: Candidates) -> str:
-    """How the plan (row 0 of ``c``) lays its layers over the pipeline ranks, and which rank's step ``evaluate`` took
-    ("" without a pipeline)."""
-    if int(c.pp[0]) <= 1:
-        return ""
-    c = _sharded_only(w, c)  # the plan as evaluate costs it, in the workload it costs it in
-    alt, fsdp = _fsdp_rows(w, c)
-    w = alt if bool(fsdp[0]) else w
-    mesh, model = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus), w.model
-    one = lambda x: float(np.asarray(x).reshape(-1)[0])  # noqa: E731
-    v = f" ({int(mesh.v[0])} chunks a rank)" if int(mesh.v[0]) > 1 else ""
-    head = f"{model.n_layers} layers on {int(c.pp[0])} ranks{v}"
-    if not pipeline.two_ranks(model, c, _layout(w), w.mtp_layers)[0]:
-        layers = one(pipeline.stage_layers(model, c, mesh, 0.0, 0.0, None, w.mtp_layers)[0])
-        both = "rank 0 holds both ends" if int(c.schedule[0]) in (pipeline.ZB_V, pipeline.DUALPIPE_V) else "a bound"
-        return f"pipeline: {head}; costed as a rank of {layers:g} layers with the embedding and the head ({both})"
-    t_first, t_last = (one(e.time.total) for e in _first_and_last(w, c))
-    (n_first, _, embedding), (n_last, _, _) = (pipeline.stage_layers(model, c, mesh, 0.0, 0.0, r, w.mtp_layers) for r in ("first", "last"))
-    # the rank costed beside the last: the first with the embedding, or a middle one where the first holds fewer
-    busy = "the first rank" if one(embedding) else "a middle rank"
-    who = "the last rank's" if t_last > t_first else busy + "'s"
-    return (f"pipeline: {head}; {busy} {one(n_first):g} layers" + (" and the embedding" if one(embedding) else "")
-            + f" ({t_first:.4g} s a step), the last {one(n_last) - w.mtp_layers:g}" + (f", {w.mtp_layers} MTP" if w.mtp_layers
-            else "") + f" and the head ({t_last:.4g} s): the step is {who}")
-
-
 def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) -> Any:
     """The layers whose states (and checkpointing) the rank costed holds: the last rank's own, else the busiest's by
     memory (advisor.parallel.pipeline.memory_layers)."""
     if rank == "last":
         return pipeline.stage_layers(w.model, c, mesh, 0.0, 0.0, "last", w.mtp_layers)[0]
     return pipeline.memory_layers(w.model, c, mesh, w.mtp_layers)
+
+
+def _in_flight(w: Workload, c: Candidates, mesh: Mesh, layers: Any, rank: Optional[str]) -> tuple[Any, Any]:
+    """(layer-micro-batches of activations the rank costed holds at its peak, those beside its loss): the last rank's
+    own (its ``layers``, the MTP depths in: pipeline.in_flight_last), all of them beside its loss; else the first's
+    (pipeline.in_flight_layers), the last stage's one micro-batch of ``layers`` beside the loss (memory.breakdown)."""
+    if rank == "last":
+        held = pipeline.in_flight_last(layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
+        return held, held
+    return pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split,
+                                     w.mtp_layers), layers
 
 
 def _layout(w: Workload) -> bool:
@@ -246,11 +233,11 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
                            last_backward_s=layers * (lt.bwd_s + lt.recompute_s + cp.bwd_s + cp.recompute_s) + head.bwd_s + tp.layers_s - tp.fwd_s
                            + ep_bwd + stall_b,
                            idle_forward_s=idle_fwd, idle_backward_s=idle_rest)
-    on_gpu = data.model_states(w, c, mesh, mem_layers)
+    on_gpu = data.model_states(w, c, mesh, mem_layers, rank == "last")
     states = offload.apply(w, c, on_gpu, mem_layers)
     dpt = data.time(w, c, mesh, states, layers, windows, inline, tokens)
     off = offload.time(w, c, mesh, states, on_gpu, pol, stall_f + stall_b, mem_layers, windows.fwd_s, windows.bwd_s)
-    in_flight = pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split, w.mtp_layers)
+    in_flight, loss_layers = _in_flight(w, c, mesh, mem_layers, rank)
     host_bytes = offload.host_bytes(w, c, mesh, states, on_gpu, full, tokens, in_flight, pol)
     on_cpu = offload.codes(c)[0]
     ep_s = ep.layers_s if ep is not None else 0.0
@@ -279,7 +266,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
                    np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master))),
         offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad,
         comm_cp=ga * layers * cp.layer_s if np.ndim(cp.layer_s) else np.zeros(len(c)))
-    memory, overhead = breakdown(w, c, mesh, states, tokens, mem_layers, pol, in_flight, (kept, full))
+    memory, overhead = breakdown(w, c, mesh, states, tokens, loss_layers, pol, in_flight, (kept, full))
     model_flops, hw_flops = flops(w, c, mesh.dp * ga * tokens, pol)
     return Evaluation(time, memory, overhead, model_flops, hw_flops, mesh.dp * ga * tokens, states.params, host_bytes)
 

@@ -98,3 +98,65 @@ def test_the_text_output_says_the_depths_and_dispatcher_it_costed():
     head = plan("deepseek-v2-lite", "gb200-nvl72", gpus=4, global_batch=4, seq=1024, top=1, mtp_layers=2,
                 moe_dispatcher="flex", moe_overlap="shared-experts").header()
     assert ", 2 MTP depths, --moe-dispatcher flex, --moe-overlap shared-experts;" in head
+
+
+# DeepSeek-V3 on 256 GB200 in two 1F1B stages (61 layers: 31 and 30 + the depth), full recompute: the plan whose last
+# rank, with the depth, the head, the depth's embedding copy and two logits, holds more than its first
+TWO = dict(model="deepseek-v3", hw="gb200-nvl72", gpus=256, dp=128, tp=1, pp=2, ep=64, zero=1, schedule="1f1b",
+           micro_batch=4, global_batch=4096, seq=4096, precision="mxfp8", stack="megatron-core", recompute="full")
+
+
+def test_the_last_stage_holds_eh_proj_the_norms_and_an_embedding_copy():
+    """Under a pipeline the last stage builds an embedding for the depths (gpt_model.py:167-175, pre_process or
+    mtp_process) beside DeepSeek-V3's untied output layer: V x h more, with eh_proj's 2h x h and three norms of h;
+    a tied model's last stage already holds the table (language_module.py:339-357 shared_embedding_or_output_weight)."""
+    m = load_model("deepseek-v3")
+    assert mtp.last_stage_outside_params(m, 1) == V * H + 2 * H * H + 3 * H == 1_029_460_992
+    assert mtp.last_stage_outside_params(m.model_copy(update={"tied_embeddings": True}), 1) == 2 * H * H + 3 * H
+    assert mtp.last_stage_outside_params(m, 0) == 0
+
+
+def test_the_memory_verdict_is_the_fuller_ranks_and_names_it():
+    """31 layers on each rank with the depth: the last rank holds the first's layers' states and 1,029,460,992
+    parameters more (the embedding copy, eh_proj, the norms: bf16 weights, fp32 main_grad), so its peak is the one
+    shown, and it is 6.1 GiB over the first's: beyond plan's 5% headroom of 185.03 GiB (175.78), where the first's
+    171.05 GiB was not, so plan no longer ranks it."""
+    from advisor import step
+    from advisor.units import GiB
+
+    base, one = (estimate(**TWO, mtp_layers=d) for d in (0, 1))
+    assert "the memory shown is the first rank's" in base.pipeline and "the memory shown is the last rank's" in one.pipeline
+    extra = mtp.last_stage_outside_params(load_model("deepseek-v3"), 1)
+    assert one.memory.parts["weights"] - base.memory.parts["weights"] == pytest.approx(2 * extra, rel=1e-9)
+    assert one.memory.parts["gradients"] - base.memory.parts["gradients"] == pytest.approx(4 * extra, rel=1e-9)
+    w, c = _inputs({**TWO, "mtp_layers": 1})
+    first, last = step._first_and_last(w, c)
+    total = lambda e: float(e.memory.peak[0] + e.overhead.total[0]) / GiB  # noqa: E731
+    assert total(first) < 0.95 * 185.03 < total(last)
+    assert float(step.evaluate(w, c).memory.peak[0]) == float(last.memory.peak[0])
+
+
+def test_the_last_ranks_activations_in_flight_as_megatron_schedules_them():
+    """Rank pp - 1 warms up (v - 1) pp chunk-micro-batches and runs one more forward before its first backward
+    (schedules.py:937-938): 4 x 4 chunks of 14 layers' worth, 64 micro-batches: (3 x 4 + 1) / 4 = 3.25 x 14; 1F1B one
+    micro-batch, GPipe all of them; never more chunk-micro-batches than m x v."""
+    from advisor.layout import Schedule
+    from advisor.parallel import pipeline
+
+    codes = [Schedule.interleaved.code, Schedule.one_f_one_b.code, Schedule.gpipe.code]
+    got = pipeline.in_flight_last(14.0, 4, [4, 1, 1], pipeline.np.array(codes), 64)
+    assert list(got) == [3.25 * 14, 14.0, 64 * 14.0]
+    assert float(pipeline.in_flight_last(14.0, 4, 4, Schedule.interleaved.code, 2)) == 2 * 14.0
+
+
+def _inputs(kw):
+    """(workload, one-row candidates) of an estimate's inputs (as tests/test_pipeline_split.py builds them)."""
+    from advisor.api import build_inputs
+    from advisor.candidates import Candidates
+    from advisor.layout import resolve_grad_accum
+    from advisor.workload import Workload
+
+    kw = dict(kw)
+    spec, hw, stack, p, setup, _ = build_inputs(kw.pop("model"), kw.pop("hw"), **kw)
+    ga, _ = resolve_grad_accum(setup, p)
+    return Workload.of(spec, hw, stack, setup), Candidates.of_plan(p, setup, ga)

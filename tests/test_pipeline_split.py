@@ -246,7 +246,11 @@ def test_estimate_says_which_rank_set_the_step():
     est = estimate(**kw, gpus=6, pp=3, dp=2, stack="megatron-core")
     note = est.pipeline
     assert note.startswith("pipeline: 32 layers on 3 ranks; the first rank 11 layers and the embedding (")
-    assert "the last 10 and the head (" in note and note.endswith("the step is the last rank's")
+    assert "the last 10 and the head (" in note and "the step is the last rank's;" in note
+    # and which rank's memory is shown: the first's, its 11 layers' states and 3 micro-batches in flight over the last's
+    # 10 and one micro-batch (1F1B) beside its logits
+    mem = [float(x.split(" GiB")[0]) for x in note.split("memory ")[1].split(", ")[:2]]
+    assert mem[0] > mem[1] and note.endswith("the memory shown is the first rank's")
     last = float(note.split("the head (")[1].split(" s)")[0])
     first = float(note.split("the embedding (")[1].split(" s a step")[0])
     assert last > first and last == pytest.approx(est.step_time_s, rel=1e-3)

@@ -100,19 +100,19 @@ class ModelStates:
         return ((Collective.reduce_scatter, self.reduce_bytes, self.dp_params), (Collective.all_gather, self.weight_bytes, gather))
 
 
-def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelStates:
-    m, tp, zero, shard = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard
-    eng = w.stack.engine
+def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool = False) -> ModelStates:
+    m, tp, zero, shard, eng = w.model, mesh.tp, np.asarray(c.zero), mesh.dp_shard, w.stack.engine
     # split linears' share, replicated ones (MLA's down projections) whole; routed experts split by ep and etp
     p_layer = expert.rank_layer_params(w.layer, tp, mesh.ep, mesh.etp)
-    outside = (pipeline.params_outside_layers(m, mesh.pp, c.schedule, eng.tied_pipeline == "untied")  # without a pipeline,
-               + np.where(mesh.pp <= 1, mtp.outside_params(m, w.mtp_layers), 0.0)) / tp  # the MTP eh_proj, norms (advisor.mtp)
+    extra = (mtp.last_stage_outside_params if last else mtp.outside_params)(m, w.mtp_layers)
+    # MTP's eh_proj and norms without a pipeline, or on its ``last`` rank with the embedding copy it builds (advisor.mtp)
+    outside = (pipeline.params_outside_layers(m, mesh.pp, c.schedule, eng.tied_pipeline == "untied")
+               + np.where((mesh.pp <= 1) | last, extra, 0.0)) / tp
     # uneven split: ``layers`` is u - 1, and the busiest rank holds the first's embedding or a middle rank's u-th layer
-    edges = pipeline.uneven(c)
-    outside = np.where(edges, np.maximum(outside, p_layer), outside) if np.any(edges) else outside
+    outside = np.where(pipeline.uneven(c), np.maximum(outside, p_layer), outside)
     params = layers * p_layer + outside
-    # the routed experts' states sharded over the expert data-parallel group (edp ranks) by ZeRO, the rest over dp
-    # (without EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)
+    # the routed experts' states sharded over the expert data-parallel group (edp ranks) by ZeRO, the rest over dp (without
+    # EP, etp = tp, the experts are reduced, sharded and gathered with the rest over dp: edp = dp)
     experts = (np.where((mesh.ep > 1) | (mesh.etp != tp), layers * expert.expert_params(w.layer) / (mesh.ep * mesh.etp),
                         0.0) if w.layer.routed else 0.0)
     stepped = (params - experts) / shard + experts / np.where(zero >= 1, mesh.edp, 1.0) if w.layer.routed else params / shard
@@ -142,8 +142,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any) -> ModelSt
     held = 2 * unit + root if eng.root_held == "root" else np.maximum(2 * unit, unit + root)  # (engine.root_held)
     gathered = np.where(zero >= 3, np.minimum(held * wb, params * wb * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
-    # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter
-    # and, per unit, an fp32 copy joins the unsharded gradient while the unit is reduce-scattered
+    # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter and, per
+    # unit, an fp32 copy joins the unsharded gradient while it is reduce-scattered
     reduce_bytes = 4.0 if eng.reduce_dtype == "fp32" else gb
     buffer = p_layer * (gb + (4.0 if eng.reduce_dtype == "fp32" else 0.0)) if eng.unit_grad_buffer else 0.0
     states = ModelStates(

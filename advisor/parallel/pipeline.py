@@ -220,6 +220,16 @@ def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh, mtp: int = 0) -> 
     return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
 
 
+def in_flight_last(layers: Any, pp: Any, v: Any, schedule: Any, grad_accum: Any) -> Any:
+    """Layer-micro-batches of activations the last pipeline rank (its ``layers``, the MTP depths in) holds when its
+    first loss runs: 1F1B (and ZB-H1) one micro-batch; GPipe every one; interleaved (v - 1) pp + 1 chunks of layers / v
+    (megatron-core 0.19.2 pipeline_parallel/schedules.py:937-938: rank pp - 1 warms up (pp - rank - 1) x 2 + (v - 1) pp
+    chunk-micro-batches, then runs one more forward before its first backward; at most the m x v there are)."""
+    pp, m, v = np.asarray(pp, dtype=float), np.asarray(grad_accum, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0)
+    inter = layers * np.minimum(((v - 1.0) * pp + 1.0) / v, m)
+    return np.where(schedule == Schedule.gpipe.code, layers * m, np.where(schedule == Schedule.interleaved.code, inter, layers))
+
+
 def stage_counts(n_layers: int, pp: int, split: str = "even") -> list[int]:
     """The layers of each pipeline rank, as Megatron builds them (a hand count for tests and the explanation)."""
     if split == "edges":
