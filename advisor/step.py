@@ -39,6 +39,7 @@ from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
 from advisor.parallel import context, data, expert, offload, overlap, pipeline, tensor
 from advisor.recompute import Mix, rerun, selected
+from advisor.training import Recompute
 from advisor.workload import Workload
 
 
@@ -334,4 +335,8 @@ def flops(w: Workload, c: Candidates, tokens_per_step: Any, pol: Mix) -> tuple[A
                 **{lin.name: lin.flops_per_token * (kept if lin.copies > 1 else 1.0) for lin in layer.linears}}
     selective = selected(executed, w.selective_recomputes, layer)
     rc = rerun(pol, executed_layer, selective)
-    return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc) * tokens_per_step
+    # each MTP depth reruns its eh_proj and layer under full uniform recompute (multi_token_prediction.py:1415-1423;
+    # 'block' skips it, :1424-1428), its layer's selective ops as the decoder's (the same layer spec)
+    depth = mtp.forward_flops_per_token(m, w.mtp_layers, w.seq_len, kept) - w.mtp_layers * 2.0 * m.d_model * m.vocab
+    rc_mtp = np.where(c.recompute == Recompute.full.code, depth, w.mtp_layers * np.where(pol.selective, selective, 0.0))
+    return model, model + (3.0 * m.n_layers * extra_core + m.n_layers * rc + rc_mtp) * tokens_per_step

@@ -149,6 +149,23 @@ def test_the_last_ranks_activations_in_flight_as_megatron_schedules_them():
     assert float(pipeline.in_flight_last(14.0, 4, 4, Schedule.interleaved.code, 2)) == 2 * 14.0
 
 
+def test_hfu_counts_the_depths_rerun_under_full_recompute_only():
+    """Full (uniform) recompute checkpoints each depth's eh_proj and layer (multi_token_prediction.py:1415-1423), 'block'
+    skips it (:1424-1428): HFU's FLOPs (hardware less model, the same policy over the decoder's layers) grow by the
+    depth's forward less its logits a token under full, by nothing under block."""
+    from advisor import step
+    from advisor.recompute import mix
+
+    m = load_model("deepseek-v3")
+    rerun = mtp.forward_flops_per_token(m, 1, 4096) - 2 * H * V
+    for policy, added in (("full", rerun), ("block", 0.0)):
+        kw = {**TWO, "recompute": policy, **({"recompute_layers": 2} if policy == "block" else {})}
+        (w0, c), (w1, _) = _inputs(kw), _inputs({**kw, "mtp_layers": 1})
+        pol = mix(c.recompute, c.recompute_k, 31.0, 1.0, m.n_layers)
+        (m0, h0), (m1, h1) = (step.flops(w, c, 1.0, pol) for w in (w0, w1))
+        assert float((h1 - m1 - (h0 - m0))[0]) == pytest.approx(added, rel=1e-9, abs=1e-3)
+
+
 def _inputs(kw):
     """(workload, one-row candidates) of an estimate's inputs (as tests/test_pipeline_split.py builds them)."""
     from advisor.api import build_inputs
