@@ -177,3 +177,16 @@ def _inputs(kw):
     spec, hw, stack, p, setup, _ = build_inputs(kw.pop("model"), kw.pop("hw"), **kw)
     ga, _ = resolve_grad_accum(setup, p)
     return Workload.of(spec, hw, stack, setup), Candidates.of_plan(p, setup, ga)
+
+
+def test_the_embedding_copys_gradient_is_all_reduced_between_the_end_stages():
+    """finalize_model_grads.py:146 all-reduces the embedding's gradient between the first and the last stage wherever
+    mtp_num_layers is set, tied or not: DeepSeek-V3's untied table (V x h = 926,679,040 parameters) is synced with MTP
+    and not without it."""
+    from advisor.candidates import Mesh
+    from advisor.parallel import pipeline
+
+    (w0, c), (w1, _) = _inputs(TWO), _inputs({**TWO, "mtp_layers": 1})
+    mesh = Mesh.of(c, w1.hw.gpus_per_node, w1.hw.domain_gpus)
+    (on0, _, _), (on1, size, _) = (pipeline.tied_sync(w, c, mesh, 4.0) for w in (w0, w1))
+    assert not bool(on0[0]) and bool(on1[0]) and float(size[0]) == 4.0 * V * H

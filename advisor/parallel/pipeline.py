@@ -127,8 +127,10 @@ def tied_sync_time(w: Workload, c: Candidates, mesh: Mesh, reduce_bytes: Any) ->
 
 
 def tied_sync(w: Workload, c: Candidates, mesh: Mesh, reduce_bytes: Any) -> tuple[Any, Any, Any]:
-    """(where the end stages sync a tied table's gradient, its bytes, the pair's GPUs per node)."""
-    tied = w.model.tied_embeddings and w.stack.engine.tied_pipeline == "all_reduce" and not w.finetune.adapters
+    """(where the end stages sync a tied table's gradient, or the embedding copy's MTP depths look up on the last stage
+    (megatron-core 0.19.2 distributed/finalize_model_grads.py:146, advisor.mtp), its bytes, the pair's GPUs per node)."""
+    shared = w.model.tied_embeddings or w.mtp_layers > 0
+    tied = shared and w.stack.engine.tied_pipeline == "all_reduce" and not w.finetune.adapters
     on = (mesh.pp > 1) & ~np.isin(c.schedule, (ZB_V, DUALPIPE_V)) & tied
     # one node where the whole pipeline fits in it; else in nodes (pp - 1) x tp x dp ranks apart
     apart, g = np.maximum(mesh.pp - 1.0, 1.0) * mesh.tp * mesh.dp, w.hw.gpus_per_node
