@@ -56,6 +56,9 @@ class Engine(Spec):
     gradient_reduction: Literal["one_call", "buckets"] = Field(
         description="the data-parallel gradient all-reduce: one call over the whole buffer, or bucket by bucket")
     bucket_MiB: float = Field(ge=0.01, le=1e6, description="gradient bucket size; the last bucket never overlaps backward")
+    bucket_elements: Optional[tuple[Annotated[float, Field(ge=1, le=1e12)], Annotated[float, Field(ge=0, le=1e12)]]] = Field(
+        default=None, description="(floor, per gradient-reducing rank): the bucket is max(floor, per rank x dp x cp) "
+        "elements of the gradient buffer's dtype (megatron-core's default bucket_size); None: bucket_MiB")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

@@ -17,8 +17,8 @@ from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind
-from advisor.parallel import data, expert, pipeline, tensor, zero_buffers
-from advisor.units import MiB, fmt_bytes
+from advisor.parallel import data, expert, overlap, pipeline, tensor, zero_buffers
+from advisor.units import fmt_bytes
 from advisor.workload import Workload
 
 NAMES = {Collective.all_reduce: "all-reduce", Collective.all_gather: "all-gather",
@@ -82,7 +82,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         overlapped = bool(np.asarray(zero_buffers.overlap(w, np.asarray(c.zero), data.overlaps(c, hw))).reshape(-1)[0])
         if zero == 0:
             eng = w.stack.engine
-            size = grads if eng.gradient_reduction == "one_call" else min(grads, eng.bucket_MiB * MiB)
+            bucket = one(overlap.bucket_bytes(w, mesh.dp, states.reduce_bytes))  # a bucket as data.ddp_exposed sizes it
+            size = grads if eng.gradient_reduction == "one_call" else min(grads, bucket)
             path = comm.collective_time_and_path(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))[1]
             out["dp_grad"] = (describe(Collective.all_reduce, dp, size, hw, one(mesh.dp_per_node))
                               + held(hw, dp, one(mesh.dp_per_node), overlapped, path))

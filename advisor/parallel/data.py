@@ -38,10 +38,9 @@ from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import accumulator, expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
-from advisor.parallel.overlap import Windows, edge_bucket_share, hidden, zero1_edges
+from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, zero1_edges
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
-from advisor.units import MiB
 from advisor.workload import Workload
 
 # Copy-engine peer copies (cudaMemcpyPeer, as torch.cuda.comm.gather uses) reach 88% of the link rate:
@@ -239,12 +238,12 @@ def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_over
     (``Windows``); the last bucket is always exposed."""
     hw, eng = w.hw, w.stack.engine
     size = states.dp_params * states.reduce_bytes
-    bucket = eng.bucket_MiB * MiB
+    bucket = bucket_bytes(w, mesh.dp, states.reduce_bytes)
     # PyTorch DDP all-reduces bucket_cap_mb buckets: every call pays the collective's start-up
     n = 1.0 if eng.gradient_reduction == "one_call" else np.maximum(np.ceil(size / bucket), 1.0)
     call, path = comm.collective_time_and_path_where(Collective.all_reduce, mesh.dp, size / n, hw, mesh.dp_per_node, ddp)
     total = n * call
-    last = size * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes)
+    last = size * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes, mesh.dp)
     last_t = comm.collective_time(Collective.all_reduce, mesh.dp, last, hw, mesh.dp_per_node, where=ddp)
     floor = np.where(can_overlap, last_t, total)
     held = comm.held_sms(mesh.dp, mesh.dp_per_node, hw, path)  # without overlap hide is 0: beside() is the whole call

@@ -43,7 +43,19 @@ def hidden(floors: Any, needs: list[Any], idle: Any) -> list[Any]:
     return out
 
 
-def edge_bucket_share(w: Any, tp: Any, params: Any, reduce_bytes: Any) -> Any:
+def bucket_bytes(w: Any, dp: Any, reduce_bytes: Any) -> Any:
+    """Bytes of the stack's gradient bucket over ``dp`` gradient-reducing ranks (dp x cp): ``engine.bucket_elements``
+    (floor, per rank) where the profile sizes it in elements of the buffer's dtype, as megatron-core does
+    (distributed_data_parallel.py:68-69 and training.py:1561-1562: max(40,000,000, 1,000,000 x dp_cp) elements:
+    152.6 MiB of fp32 gradients, 76.3 MiB of bf16 ones, more beyond 40 ranks), else ``bucket_MiB``."""
+    eng = w.stack.engine
+    if eng.bucket_elements is None:
+        return eng.bucket_MiB * MiB
+    floor, per_rank = eng.bucket_elements
+    return np.maximum(floor, per_rank * np.asarray(dp, dtype=float)) * reduce_bytes
+
+
+def edge_bucket_share(w: Any, tp: Any, params: Any, reduce_bytes: Any, dp: Any) -> Any:
     """The share of the ``params`` a stage reduces over data parallelism in its edge bucket: the one backward fills
     last, reduced only once the backward has ended, which under an overlapped parameter gather is also the one the next
     forward waits for first. A bucketed stack fills buckets in reverse parameter order up to its bucket size, and a
@@ -53,7 +65,7 @@ def edge_bucket_share(w: Any, tp: Any, params: Any, reduce_bytes: Any) -> Any:
     is none under LoRA: a frozen base). The next forward's pre-hook on the embedding waits for that bucket's gather and
     only then dispatches the next bucket's (distributed_data_parallel.py:431-466 _make_forward_pre_hook,
     param_and_grad_buffer.py:532-567 finish_param_sync)."""
-    bucket = w.stack.engine.bucket_MiB * MiB
+    bucket = bucket_bytes(w, dp, reduce_bytes)
     embedding = 0.0 if w.finetune.adapters else w.model.vocab * w.model.d_model / tp * reduce_bytes
     return np.minimum(1.0, np.maximum(bucket, embedding) / np.maximum(params * reduce_bytes, 1.0))
 
@@ -67,7 +79,7 @@ def zero1_edges(w: Any, mesh: Any, states: Any, on: Any) -> tuple[Any, Any]:
     advisor.parallel.zero_buffers). The all-gather's is what the next forward waits for under an overlapped gather."""
     eng = w.stack.engine
     bucketed = eng.gradient_reduction == "buckets" and eng.zero_buffers is None and eng.zero1 == "optimizer_sharding"
-    edge = states.dp_params * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes)
+    edge = states.dp_params * edge_bucket_share(w, mesh.tp, states.dp_params, states.reduce_bytes, mesh.dp)
     rs = comm.collective_time(comm.Collective.reduce_scatter, mesh.dp_shard, edge * states.reduce_bytes, w.hw,
                               mesh.shard_per_node, where=on & bucketed)
     ag = comm.collective_time(comm.Collective.all_gather, mesh.dp_shard, edge * states.weight_bytes, w.hw,
