@@ -59,6 +59,8 @@ class Engine(Spec):
     bucket_elements: Optional[tuple[Annotated[float, Field(ge=1, le=1e12)], Annotated[float, Field(ge=0, le=1e12)]]] = Field(
         default=None, description="(floor, per gradient-reducing rank): the bucket is max(floor, per rank x dp x cp) "
         "elements of the gradient buffer's dtype (megatron-core's default bucket_size); None: bucket_MiB")
+    grad_nan_check: bool = Field(default=False, description="before the gradient reduction each bucket's L2 norm is "
+        "taken and checked for NaN and Inf, each check a host sync (megatron-core's check_for_nan_in_grad)")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

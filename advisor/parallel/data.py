@@ -37,7 +37,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import accumulator, expert, fsdp2, no_sync, pipeline, zero3, zero_buffers
+from advisor.parallel import accumulator, expert, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers
 from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, zero1_edges
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
@@ -219,6 +219,7 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
                                - np.where(can_overlap, windows.idle_forward_s, 0.0), 0.0)
     z1_rs = hidden([np.minimum(rs_edge, rs)], [comm.beside(np.maximum(rs - rs_edge, 0.0), hide, held)], idle)[0]
     grad = grad + np.where(active & (zero == 1), z1_rs, 0.0)  # the last bucket after the backward, as DDP's
+    grad = grad + grad_checks.nan_check_seconds(w, mesh, states, zero)  # before the reduction (engine.grad_nan_check)
     exposed = no_sync.step_seconds(w, c, zero, exposed + fsdp2.unit_copy_seconds(w, states, zero), rs, ag, roots, mb)
     params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), exposed + hsdp, 0.0)
     params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
