@@ -61,6 +61,8 @@ class Engine(Spec):
         "elements of the gradient buffer's dtype (megatron-core's default bucket_size); None: bucket_MiB")
     grad_nan_check: bool = Field(default=False, description="before the gradient reduction each bucket's L2 norm is "
         "taken and checked for NaN and Inf, each check a host sync (megatron-core's check_for_nan_in_grad)")
+    clip_grad_norm: bool = Field(default=False, description="every step the optimizer takes the L2 norm of the "
+        "gradients it steps and scales them by max_norm / norm (megatron-core's clip_grad > 0)")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

@@ -24,6 +24,10 @@ from advisor.workload import Workload
 STEP_BYTES = {Optimizer.adamw: 28.0, Optimizer.adamw_fused: 28.0, Optimizer.sgd: 20.0}
 MASTER_STEP_BYTES = 6.0  # read the fp32 master weight, write the half-precision copy
 GRAD_SCALER_BYTES = 12.0  # fp16 GradScaler: unscale_ (r+w gradients) and the inf/nan check (r gradients)
+# Gradient clipping (engine.clip_grad_norm): get_grad_norm_fp32's multi-tensor L2 norm reads each main gradient the
+# step updates (megatron-core 0.19.2 optimizer/clip_grads.py:116-118), clip_grad_by_total_norm_fp32 reads and writes it
+# (:186-188, multi_tensor_scale_tensor: the coefficient stays a tensor, no host sync): 3 x 4 bytes of fp32 gradients
+CLIP_BYTES = 12.0
 AUTOCAST_CAST_BYTES = 6.0  # autocast re-casts each fp32 weight to half precision every forward: r 4, w 2
 
 
@@ -51,6 +55,9 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any
     eff = hw.efficiency.optimizer_bandwidth[w.optimizer.value]  # the profile validator guarantees every optimizer
     t = np.asarray(sharded_params, dtype=float) * 1.0 / (hw.gpu.memory_bandwidth_bytes_per_s * eff) * (
         per_param + np.where(master, MASTER_STEP_BYTES, 0.0))
+    if w.stack.engine.clip_grad_norm:  # at the element-wise rate, as the scaler's passes
+        t = t + np.asarray(sharded_params, dtype=float) * CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0) / (
+            hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:
         t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     return t
