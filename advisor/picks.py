@@ -58,6 +58,19 @@ def _beside(w: Workload, coll: Collective, zero: int, overlapped: bool) -> bool:
                 or eng.zero3_calls is not None and eng.zero3_calls.device_sync_per_fetch)
 
 
+def _tp_pick(w: Workload, c: Candidates, mesh: Mesh, tp: float, one) -> str:
+    """The TP collectives of a micro-batch's layer, and how the stack's overlap runs them."""
+    act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len))
+    colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
+    text = "; ".join(describe(x, tp, act, w.hw, one(mesh.tp_per_node)) for x in colls)
+    if bool(tensor.overlaps(w, tp, c.sp[0])):
+        text += {"userbuffers": "; pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)",
+                 "linear-async": "; the column linears' gathers and backward reduce-scatters issued async_op "
+                                 "beside a GEMM, the row linears' forward reduce-scatters exposed"}.get(
+            w.tp_overlap, "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
+    return text
+
+
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
     hw = w.hw
@@ -68,14 +81,7 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     layers = pipeline.layers_per_stage(w.model, mesh.pp)
     states = data.model_states(w, c, mesh, layers)
     if tp > 1:
-        act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len))
-        colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
-        out["tp"] = "; ".join(describe(x, tp, act, hw, one(mesh.tp_per_node)) for x in colls)
-        if bool(tensor.overlaps(w, tp, c.sp[0])):
-            out["tp"] += {"userbuffers": "; pipelined with the GEMMs they feed (userbuffers, --tp-comm-overlap)",
-                          "linear-async": "; the column linears' gathers and backward reduce-scatters issued async_op "
-                                          "beside a GEMM, the row linears' forward reduce-scatters exposed"}.get(
-                w.tp_overlap, "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
+        out["tp"] = _tp_pick(w, c, mesh, tp, one)
     if dp > 1 and int(c.dp_kind[0]) == DataParallelKind.ddp.code:
         grads = one(states.dp_params * states.grad_bytes)
         # as advisor.parallel.data costs them (less a ZeRO engine's that never sets overlap_comm: zero_buffers.overlap)
