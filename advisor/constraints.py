@@ -216,8 +216,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         reasons.append(ADAPTERS)
     if bool(overlap_without_sp(setup, plan.tp, plan.sp)):
         reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
-                       f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): drop --no-sp (add --sp) or use "
-                       "--tp-overlap none")
+                       f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): add --sp (dropping --no-sp where "
+                       "given) or use --tp-overlap none")
     refused = setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)
     for why in ([fp32_without_fsdp(setup, stack)] if stack is not None else []) + [BATCH_OVERLAP]:
         if why and why in refused and bool(refused[why][0]):

@@ -77,3 +77,12 @@ def test_auto_says_why_a_model_parallel_plan_went_to_its_data_parallel_stack():
                                            r"formats lack .*attention sinks; --stack megatron-core costs the plan, its "
                                            r"export refused\)$"):
         estimate("gpt-oss-120b", "dgx-b200", gpus=16, ep=8, pp=2, seq=4096, global_batch=64)
+
+
+def test_tp_overlap_without_sp_does_not_tell_a_user_to_drop_a_no_sp_never_given():
+    # megatron-core's TP runs without SP unless --sp is given (sequence_parallel defaults to False,
+    # megatron/core/model_parallel_config.py:94) and Megatron-LM asserts SP under --tp-comm-overlap
+    # (megatron/training/arguments.py:1401-1402): the fix is to add --sp; no --no-sp was given here
+    with pytest.raises(AdvisorError, match=r"tp=2 runs without SP \(all-reduces\): add --sp \(dropping --no-sp where "
+                                           r"given\) or use --tp-overlap none"):
+        estimate("llama3-8b", "dgx-h100", tp=2, tp_overlap="userbuffers", stack="megatron-core")

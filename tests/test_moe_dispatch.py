@@ -279,7 +279,7 @@ def test_an_asked_tp_overlap_without_sp_is_refused_and_left_out_of_the_search():
 
     kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, tp=8, micro_batch=1, seq=4096)
     for stack, overlap in (("megatron-core", "userbuffers"), ("torchtitan", "async")):
-        why = rf"--tp-overlap {overlap} pipelines .* tp=8 runs without SP .* drop --no-sp \(add --sp\) or use --tp-overlap none"
+        why = rf"--tp-overlap {overlap} pipelines .* tp=8 runs without SP .* add --sp \(dropping --no-sp where given\) or use --tp-overlap none"
         # async TP is a torch.compile pass: asked of the model's compile (advisor.workload.tp_overlap_choice)
         compiled = {"compile": "model,loss"} if overlap == "async" else {}
         with pytest.raises(AdvisorError, match=why):

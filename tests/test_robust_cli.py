@@ -93,10 +93,10 @@ BAD_OPTIONS = [
     # 1401-1402); async TP's inductor pass fuses SP's all-gathers and reduce-scatters only (advisor.constraints)
     (["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "8", "--no-sp", "--tp-overlap",
       "userbuffers", "--stack", "megatron-core", "--micro-batch", "1", "--seq", "4096"],
-     ["--tp-overlap userbuffers", "tp=8 runs without SP", "drop --no-sp", "or use --tp-overlap none"]),
+     ["--tp-overlap userbuffers", "tp=8 runs without SP", "add --sp (dropping --no-sp where given)", "or use --tp-overlap none"]),
     (["estimate", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp", "8", "--no-sp", "--tp-overlap",
       "async", "--stack", "torchtitan", "--micro-batch", "1", "--seq", "4096"],
-     ["--tp-overlap async", "tp=8 runs without SP", "drop --no-sp", "or use --tp-overlap none"]),
+     ["--tp-overlap async", "tp=8 runs without SP", "add --sp (dropping --no-sp where given)", "or use --tp-overlap none"]),
     (["export", "--format", "megatron", "--out", "-", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp",
       "8", "--no-sp", "--tp-overlap", "userbuffers", "--stack", "megatron-core"], ["--tp-overlap userbuffers", "without SP"]),
     (["export", "--format", "torchtitan", "--out", "-", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp",
