@@ -207,6 +207,17 @@ def _tp_heads(reason: str, plan: Plan, model: ModelSpec, hw: Hardware) -> str:
             f"(tp that splits them: {', '.join(map(str, ok))})")
 
 
+def _uneven_split(plan: Plan, model: ModelSpec) -> str:
+    """Why --pp-split edges does not apply to this plan, and the fix."""
+    if plan.pp == 1:  # the split places the embedding and the loss on pipeline stages: there are none
+        return ("--pp-split edges places the embedding and the loss on pipeline stages: it needs --pp > 1 "
+                "(set --pp or drop --pp-split)")
+    if model.n_layers % plan.pp == 0:
+        return f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
+    return (f"uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: {model.n_layers} "
+            f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
+
+
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
                 stack: Optional[Stack] = None) -> list[str]:
     """One-line reasons a single plan is invalid (empty when valid)."""
@@ -252,11 +263,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 joint = stack is not None and stack.engine.sequence_split == "tp_times_cp" and plan.cp > 1
                 reason = (f"{reason}: --seq {setup.seq_len}{f' / cp={plan.cp}' if plan.cp > 1 else ''} over tp={plan.tp} "
                           f"(choose --seq a multiple of tp x {'2 x cp' if joint else 'cp'}{no_sp})")
-            elif reason.startswith("uneven split") and plan.pp > 1 and model.n_layers % plan.pp == 0:
-                reason = f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
             elif reason.startswith("uneven split"):
-                reason = (f"uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: {model.n_layers} "
-                          f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
+                reason = _uneven_split(plan, model)
             elif reason.startswith("tp spans"):
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):

@@ -86,3 +86,12 @@ def test_tp_overlap_without_sp_does_not_tell_a_user_to_drop_a_no_sp_never_given(
     with pytest.raises(AdvisorError, match=r"tp=2 runs without SP \(all-reduces\): add --sp \(dropping --no-sp where "
                                            r"given\) or use --tp-overlap none"):
         estimate("llama3-8b", "dgx-h100", tp=2, tp_overlap="userbuffers", stack="megatron-core")
+
+
+def test_pp_split_edges_without_a_pipeline_asks_for_pp_not_a_divisibility_that_holds():
+    # was: "uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: 32 layers + 2 on pp=1 x 1 chunks",
+    # though 34 is divisible by 1: the split places the embedding and the loss on pipeline stages (Megatron-LM's
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split), so it needs pp > 1
+    with pytest.raises(AdvisorError, match=r"--pp-split edges places the embedding and the loss on pipeline stages: "
+                                           r"it needs --pp > 1 \(set --pp or drop --pp-split\)"):
+        estimate("llama3-8b", "dgx-h100", pp_split="edges", stack="megatron-core")
