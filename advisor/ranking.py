@@ -86,6 +86,7 @@ class PlanSearch:
     kind_worlds: dict[str, int] = field(default_factory=dict)  # the GPU count of each kind's fastest fitting plan
     method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
     near_best: int = 0  # distinct fitting plans within TIE_BAND of the fastest step (advisor.search._rank)
+    left_out: dict[str, str] = field(default_factory=dict)  # --stack any: stacks not searched -> why (one line each)
 
     @property
     def stack(self) -> Stack:
@@ -157,6 +158,13 @@ class PlanSearch:
         elif len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
+            if self.left_out:  # grouped by their reason's gist (the text before its detail)
+                why: dict[str, list[str]] = {}
+                for name, reason in self.left_out.items():
+                    gist = reason.replace(f"stack {name}'s ", "").replace(f"stack {name} ", "")
+                    why.setdefault(gist.split(" (")[0].split(":")[0].split(", which")[0], []).append(name)
+                out.append("stacks left out (--stack NAME says why, in full): " + "; ".join(
+                    f"{', '.join(names)}: {gist}" for gist, names in why.items()))
         else:
             out.append(f"stack: every plan costed as {self.stack.name} runs it ({_gist(self.stack.description)}); "
                        "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")

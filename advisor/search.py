@@ -67,8 +67,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
     A mixture-of-experts model's plans also choose the expert-parallel degree (and expert tensor parallelism);
     ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1: balanced routing) say how its tokens
-    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; ``tp_overlap``, ``compile`` and ``mtp_layers`` as
-    ``estimate``'s.
+    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; tp_overlap, compile, mtp_layers: estimate's.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
     o = PlanOptions.of(given, unknown, "plan")
@@ -83,11 +82,12 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     setup = _setup(o, spec, hardware, max(worlds))
     chosen, fits_one = api.resolve_stack(o.stack, spec, hardware, setup,
                                          headroom=o.memory_headroom, gpus=max(worlds))
-    # every row names the stack it was costed in; "any" ranks every stack's plans; "auto" costs each plan kind in its
-    # own stack (api.AUTO_RULE): the data-parallel plans in ``chosen``, the TP and PP plans in api.AUTO_MODEL_PARALLEL
+    # every row names its stack; "auto" costs each plan kind in its own (api.AUTO_RULE): the data-parallel plans in
+    # ``chosen``, the TP and PP plans in api.AUTO_MODEL_PARALLEL
     parts: dict[str, Optional[bool]] = {}  # stack name -> which plans it costs (True: TP/PP, False: data-parallel)
-    if o.stack == "any":
-        stacks = _describing(spec, hardware, setup)
+    left_out: dict[str, str] = {}  # --stack any: the stacks it could not search, and why
+    if o.stack == "any":  # every stack's plans ranked together
+        stacks = _describing(spec, hardware, setup, left_out)
     elif o.stack == "auto" and (mp := model_parallel_partner(chosen, spec, setup)) is not None:
         stacks = [chosen, mp]
         parts = {chosen.name: False, mp.name: True}
@@ -119,7 +119,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
                       seq_defaulted=o.seq is None, tokens=o.tokens,
                       stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note, near_best=near,
-                      kind_worlds=kind_worlds)
+                      kind_worlds=kind_worlds, left_out=left_out)
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
@@ -208,16 +208,21 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
     return f"{best}{', '.join(bests)}; {kept_words} (--stack {name} ranks them all)"
 
 
-def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup) -> list[Stack]:
+def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, left_out: dict[str, str]) -> list[Stack]:
     """Every shipped stack whose profile describes this model and setup and whose launch formats write it
-    (advisor.export.unwritable, as under --stack auto); --stack any leaves the others out."""
+    (advisor.export.unwritable, as under --stack auto); --stack any leaves the others out, each in ``left_out`` with
+    its reason (a plan's footer says so: litgpt trains in bf16, not the default bf16-mixed)."""
     out = []
     for stack in (load_stack(name) for name in list_stacks()):
         try:
             Workload.of(spec, hardware, stack, setup)
-        except StackError:
+        except StackError as exc:
+            left_out[stack.name] = str(exc)
             continue
-        out += [] if unwritable(stack, spec) else [stack]
+        lacks = unwritable(stack, spec)
+        if lacks:
+            left_out[stack.name] = f"its launch formats do not write {spec.name} ({'; '.join(lacks)})"
+        out += [] if lacks else [stack]
     if not out:
         raise PlanError(f"no stack profile describes {spec.name} in {setup.precision.value} with {setup.attention.value} "
                         "attention (advisor stacks)")

@@ -95,3 +95,16 @@ def test_pp_split_edges_without_a_pipeline_asks_for_pp_not_a_divisibility_that_h
     with pytest.raises(AdvisorError, match=r"--pp-split edges places the embedding and the loss on pipeline stages: "
                                            r"it needs --pp > 1 \(set --pp or drop --pp-split\)"):
         estimate("llama3-8b", "dgx-h100", pp_split="edges", stack="megatron-core")
+
+
+def test_stack_any_names_the_stacks_it_left_out_and_why():
+    """--stack any searches only the stacks that run the setup: litgpt trains in bf16-true (its profile's
+    precisions), so the default bf16-mixed leaves it out of a QLoRA search, which the footer says instead of
+    ranking deepspeed and hf-trainer as though they were every stack there is."""
+    from advisor.search import plan
+
+    found = plan("llama3-8b", "rtx-4090", gpus=1, method="qlora", seq=2048, global_batch=16, stack="any", top=2)
+    assert "litgpt" not in {s.name for s in found.stacks}
+    assert "does not train in bf16-mixed (it trains in bf16): use --precision bf16" in found.left_out["litgpt"]
+    line = next(n for n in found.notes() if n.startswith("stacks left out"))
+    assert "litgpt, litgpt-2023: does not train in bf16-mixed" in line and "does not run qlora fine-tuning" in line
