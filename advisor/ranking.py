@@ -228,7 +228,7 @@ class PlanSearch:
             "rejected": dict(self.rejected), "stack": ("auto" if self.stack_rule is not None else
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
             "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks],
-            "export_lacks": self.export_lacks(), "near_best": self.near_best, "decision_tree": self.tree,
+            "stacks_left_out": dict(self.left_out), "export_lacks": self.export_lacks(), "near_best": self.near_best, "decision_tree": self.tree,
             "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
             **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }

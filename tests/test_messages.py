@@ -108,3 +108,4 @@ def test_stack_any_names_the_stacks_it_left_out_and_why():
     assert "does not train in bf16-mixed (it trains in bf16): use --precision bf16" in found.left_out["litgpt"]
     line = next(n for n in found.notes() if n.startswith("stacks left out"))
     assert "litgpt, litgpt-2023: does not train in bf16-mixed" in line and "does not run qlora fine-tuning" in line
+    assert found.to_json()["stacks_left_out"] == found.left_out  # --json carries them
