@@ -202,7 +202,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
              etp: Optional[int] = None, moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0,
              moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
              cp: int = 1, cp_comm: Optional[str] = None, pp_split: str = "even", compile: str = "none",
-             mtp_layers: int = 0, **unknown) -> Estimate:
+             mtp_layers: int = 0, fp8_attention: bool = False, **unknown) -> Estimate:
     """Estimate one plan: step time, throughput, MFU and HFU, per-GPU memory, the time breakdown.
 
     ``model``: a catalogue name (``advisor models``), a Hugging Face config.json path or a ModelSpec;
@@ -228,7 +228,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel
     collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's); ``compile``: what torch.compile
     compiles as the stack applies it (none, model, loss, model,loss: torchtitan's compile.components); ``mtp_layers``: the
-    multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers, advisor.mtp; default 0). Every bad value is an AdvisorError
+    multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers, advisor.mtp; default 0); ``fp8_attention``: the attention core in FP8 (Megatron's --fp8-dot-product-attention). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

@@ -78,6 +78,9 @@ def common_plan_options(f):
                      help="multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers: "
                           "DeepSeek-V3 trains 1): each an MTP layer and a second logits and loss on the last pipeline "
                           "stage, in the stacks that run it"),
+        click.option("--fp8-attention", is_flag=True, default=False,
+                     help="the attention core (softmax(QK^T)V) in FP8 under an FP8 recipe (Megatron's "
+                          "--fp8-dot-product-attention), in the stacks that run it [default: BF16]"),
         click.option("--compile", "compile", type=click.Choice(["none", "model", "loss", "model,loss"]), default="none",
                      show_default=True,
                      help="what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, "

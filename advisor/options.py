@@ -117,6 +117,7 @@ class Common(_Options):
     tp_overlap: Optional[Literal["none", "userbuffers", "async", "linear-async"]] = None
     compile: Literal["none", "model", "loss", "model,loss"] = "none"
     mtp_layers: int = Field(default=0, ge=0, le=64)
+    fp8_attention: bool = False
 
 
 class EstimateOptions(Common):
@@ -242,7 +243,8 @@ def moe_setup(o) -> dict:
     """The routing, all-to-all, TP-overlap and torch.compile options of a TrainingSetup, from estimate's or plan's."""
     overlap = o.moe_overlap.replace("-", "_") if o.moe_overlap else None
     return dict(moe_capacity_factor=o.moe_capacity_factor, moe_imbalance=o.moe_imbalance, compile=o.compile,
-                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap, mtp_layers=o.mtp_layers)
+                moe_dispatcher=o.moe_dispatcher, moe_overlap=overlap, tp_overlap=o.tp_overlap, mtp_layers=o.mtp_layers,
+                fp8_attention=o.fp8_attention)
 
 
 def modules_of(text: Optional[str]) -> Optional[tuple[str, ...]]:

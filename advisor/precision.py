@@ -14,7 +14,7 @@ A recipe is data (``RECIPES``), each field cited from the stack's own code:
 
 Every stack leaves the attention core (softmax(QK^T)V) in BF16 by default: TE's ``fp8_dpa`` / ``fp8_mha`` default to
 False in every recipe (NVFP4BlockScaling: "Not applying quantization to attention for now"), and torchao converts
-nn.Linear only. The output layer (LM head) stays in BF16: Megatron's GPTModel builds it as a
+nn.Linear only; --fp8-attention runs it in FP8 where the stack and GPU do (FP8_ATTENTION). The output layer (LM head) stays in BF16: Megatron's GPTModel builds it as a
 tensor_parallel.ColumnParallelLinear outside the transformer block's FP8 context, torchtitan filters ``lm_head``.
 
 Quantisation (cast) kernels are memory-bound: ``quantise_bytes`` is what one tensor's quantisation reads and
@@ -164,3 +164,47 @@ def check_gpu(r: Recipe, gpu_name: str, peaks: dict, block_scaling: bool) -> Opt
         return (f"--precision {r.name}: the {gpu_name} has no block-scaled tensor cores ({r.granularity}: Blackwell, "
                 "sm_100+, needed); on Hopper or Ada use fp8-tensorwise, fp8-delayed, fp8-rowwise or fp8-blockwise")
     return None
+
+
+# FP8 attention (Megatron --fp8-dot-product-attention: TransformerConfig.fp8_dot_product_attention, passed to TE as the
+# recipe's fp8_dpa, megatron-core 0.19 fp8_utils.py:741,749 and extensions/transformer_engine.py:3239): the recipes
+# whose attention Transformer Engine 2.20.2 runs in FP8, on the GPUs its backend selection keeps cuDNN's FP8 fused
+# attention for (attention/dot_product_attention/utils.py), fused only (the unfused path "Disabling
+# UnfusedDotProductAttention for FP8 attention"): delayed scaling wherever the recipe runs; current
+# scaling "Disabling FusedAttention for FP8 current scaling on arch < sm100" (:759); MXFP8 "on arch < sm100" (:776);
+# Float8BlockScaling and NVFP4 never (:792). TE 2.14 refuses MXFP8 attention outright ("DotProductAttention does not
+# support MXFP8BlockScaling recipe", dot_product_attention.py:676-680). Recipe -> whether it needs Blackwell.
+FP8_ATTENTION = {"fp8-delayed": False, "fp8-tensorwise": True, "mxfp8": True}
+
+
+def fp8_attention_refusal(r: Optional[Recipe], asked: str, held: list, stack: str, gpu_name: str,
+                          block_scaling: bool) -> Optional[str]:
+    """Why --fp8-attention cannot run (one line): no FP8 recipe, a stack or recipe without FP8 attention, a GPU
+    before Blackwell under current scaling or MXFP8; None where it runs."""
+    if r is None or r.format != "fp8":
+        return (f"--fp8-attention runs the attention core under an FP8 recipe, not {asked}: "
+                f"add --precision {held[0] if held else 'fp8-delayed'} or drop --fp8-attention")
+    name = r.name
+    if not held:
+        return f"--fp8-attention: stack {stack} runs no FP8 attention (its profile's engine.fp8_attention): drop it"
+    if name not in held:
+        return (f"--fp8-attention: stack {stack} runs FP8 attention under {', '.join(held) or 'no recipe'} only (its "
+                f"profile's engine.fp8_attention), not {name}: drop --fp8-attention or use another --precision or --stack")
+    if FP8_ATTENTION.get(name) is None:
+        return f"--fp8-attention: Transformer Engine runs no FP8 attention under {name}: drop --fp8-attention"
+    if FP8_ATTENTION[name] and not block_scaling:
+        return (f"--fp8-attention: cuDNN's FP8 attention under {name} needs Blackwell (sm_100+), not the {gpu_name}: "
+                "use --precision fp8-delayed or drop --fp8-attention")
+    return None
+
+
+def fp8_attention_choice(stack, setup, hw=None) -> bool:
+    """Whether the setup runs FP8 attention (setup.fp8_attention), a RecipeError where the stack, the recipe or the
+    GPU (``hw``, when given) cannot run it."""
+    if setup.fp8_attention and setup.attention.value != "sdpa":
+        raise RecipeError(f"--fp8-attention runs in the fused attention kernel: use --attention sdpa, not {setup.attention.value}")
+    if setup.fp8_attention and (why := fp8_attention_refusal(
+            setup.precision.recipe, setup.precision.value, stack.engine.fp8_attention, stack.name, hw.gpu.name if hw else "GPU",
+            hw is None or hw.gpu.block_scaling)):
+        raise RecipeError(why)
+    return setup.fp8_attention

@@ -34,6 +34,7 @@ from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, moe_setup,
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import default_global_batch
+from advisor.precision import RecipeError
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
@@ -49,7 +50,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          adapter_offload: str = "none", lora_library: Optional[str] = None,
          moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
          moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
-         compile: str = "none", mtp_layers: int = 0, **unknown) -> PlanSearch:
+         compile: str = "none", mtp_layers: int = 0, fp8_attention: bool = False, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -67,7 +68,7 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
     A mixture-of-experts model's plans also choose the expert-parallel degree (and expert tensor parallelism);
     ``moe_capacity_factor`` (default dropless) and ``moe_imbalance`` (default 1: balanced routing) say how its tokens
-    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; tp_overlap, compile, mtp_layers: estimate's.
+    are routed, ``moe_dispatcher`` and ``moe_overlap`` how they travel; tp_overlap, compile, mtp_layers, fp8_attention: estimate's.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}
     o = PlanOptions.of(given, unknown, "plan")
@@ -216,7 +217,7 @@ def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, left_
     for stack in (load_stack(name) for name in list_stacks()):
         try:
             Workload.of(spec, hardware, stack, setup)
-        except StackError as exc:
+        except (StackError, RecipeError) as exc:  # RecipeError: --fp8-attention where the stack has none
             left_out[stack.name] = str(exc)
             continue
         lacks = unwritable(stack, spec)

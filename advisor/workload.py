@@ -13,6 +13,7 @@ from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec, PositionKind
 from advisor import mtp
 from advisor.parallel import expert
+from advisor.precision import RecipeError, fp8_attention_choice
 from advisor.selective import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
 from advisor.training import Attention, Mode, Optimizer, Precision, TrainingSetup, compile_parts
@@ -38,6 +39,7 @@ class Workload:
     tp_overlap: str = "none"  # the stack's default or the one asked (advisor.parallel.tensor)
     compile: str = "none"  # what torch.compile compiles, as --compile says (the stack's compiled tables)
     mtp_layers: int = 0  # multi-token prediction depths on the last pipeline stage (advisor.mtp)
+    fp8_attention: bool = False  # the attention core in FP8 (--fp8-attention; advisor.precision.FP8_ATTENTION)
 
     @classmethod
     def of(cls, model: ModelSpec, hw: Hardware, stack: Stack, setup: TrainingSetup) -> "Workload":
@@ -93,11 +95,10 @@ class Workload:
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
-                   tp_overlap_choice(stack, setup, hw), setup.compile, setup.mtp_layers)
+                   tp_overlap_choice(stack, setup, hw), setup.compile, setup.mtp_layers, fp8_attention_choice(stack, setup, hw))
 
     def fsdp_variant(self) -> Optional["Workload"]:
-        """The workload ZeRO-2/3 plans run as, where the stack's FSDP gathers half-precision parameters under mixed
-        precision (engine.fsdp_param_dtype): the same, with the half mode's tables; None where they run as the rest."""
+        """ZeRO-2/3's workload where the stack's FSDP gathers half parameters under mixed precision: the half tables."""
         if self.stack.engine.fsdp_param_dtype != "half" or self.precision.mode is not Mode.mixed:
             return None
         tables = self.stack.tables(Mode.half.value, self.attention.value, expert.table_layer(self.layer), self.compile)
@@ -279,8 +280,7 @@ def moe_choices(stack, setup, hw=None) -> tuple[str, str]:
 
 
 def tp_overlap_choice(stack, setup, hw=None) -> str:
-    """The TP overlap of a workload: the one asked, else the stack's; one the stack does not run, or userbuffers
-    taking every SM of the GPU from a GEMM, a one-line error."""
+    """The TP overlap asked, else the stack's; one it does not run, or userbuffers taking every SM: one line."""
     eng = stack.engine
     overlap = setup.tp_overlap or eng.tp_comm_overlap
     if overlap not in eng.tp_overlaps():
@@ -330,17 +330,17 @@ def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:
 
 def why_not(stack, setup) -> Optional[str]:
     """Why the stack does not run the setup's explicit choices (its fine-tuning method, precision, optimizer, MTP, token
-    dispatcher, all-to-all and TP overlaps, recomputed sub-modules, torch.compile), one line; None where it runs them."""
+    dispatcher, all-to-all and TP overlaps, recomputed sub-modules, torch.compile, FP8 attention), one line; None where it runs them."""
     if setup.finetune.kind not in stack.engine.methods:
         return f"stack {stack.name} does not run --method {setup.finetune.kind}"
-    refusal = stack.compile_refusal(setup.compile)
-    if refusal:
+    if refusal := stack.compile_refusal(setup.compile):
         return refusal
     try:
         trains_in(stack, setup), moe_choices(stack, setup), tp_overlap_choice(stack, setup), adapter_targets(stack, setup)
+        fp8_attention_choice(stack, setup)
         if setup.recompute_modules is not None:
             stack_modules(stack, setup.recompute_modules)
-    except StackError as exc:
+    except (StackError, RecipeError) as exc:
         return str(exc)
     return None
 

@@ -272,6 +272,9 @@ def _precision(setup: TrainingSetup, notes: list[str], stack: Stack) -> str:
                          f"{p.recipe.format.upper()}")
         if extra:
             notes.append(f"{name} {extra}")
+        if setup.fp8_attention:  # the recipe's False overwrites the model's (mixed_precision.py:138-156)
+            notes.append(f"FP8 attention was costed: set cfg.mixed_precision.fp8_dot_product_attention = True in the recipe "
+                         f"(as perf_recipes/qwen/common.py:57 does); {name}, which this file names, keeps it False")
         _reduce_note(name, eng, stack.name, notes)
         return name
     if p is Precision.fp16_mixed:

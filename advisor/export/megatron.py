@@ -233,6 +233,10 @@ def _experts(model: ModelSpec, plan: Plan, setup: TrainingSetup, notes: list[str
 
 def _precision(setup: TrainingSetup, notes: list[str]) -> list[str]:
     p = setup.precision
+    if setup.fp8_attention:  # TransformerConfig.fp8_dot_product_attention has no flag: arguments.py:2224,2250 exclude it
+        notes.append("FP8 attention was costed; Megatron-LM's arguments.py has no --fp8-dot-product-attention (0.19: "
+                     "fp8_dot_product_attention is among the TransformerConfig fields with no CLI argument): the run's "
+                     "attention core stays BF16 (slower than estimated) unless a model provider sets it")
     if p.recipe is not None:
         if p.value not in MEGATRON_RECIPES:
             raise ExportError(f"--precision {p.value} is torchao's recipe, which Megatron-LM does not run (its "

@@ -1,0 +1,85 @@
+"""FP8 attention (--fp8-attention; Megatron's fp8_dot_product_attention): the attention core at the FP8 rate, its
+quantisation kernels, where Transformer Engine runs it, and the Bridge rows whose recipes set it."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor import estimate
+from advisor.compute import attention_core_time, fp8_attention_casts, mem_time
+from advisor.errors import AdvisorError
+from advisor.hardware import load_hardware
+from advisor.model import load_model
+from advisor.stack import load_stack
+from advisor.training import TrainingSetup
+from advisor.workload import Workload
+
+
+def _workload(fp8_attention: bool, precision: str = "mxfp8", hw: str = "dgx-b200") -> Workload:
+    setup = TrainingSetup(seq_len=8192, precision=precision, fp8_attention=fp8_attention, stack="megatron-core")
+    return Workload.of(load_model("llama3-8b"), load_hardware(hw), load_stack("megatron-core"), setup)
+
+
+def test_the_core_runs_at_the_fp8_peak_plus_its_casts():
+    # B200: 2250 TFLOP/s BF16, 4500 FP8 dense (NVIDIA B200 datasheet, the profile peak_tflops): half the
+    # kernel time at the same share of peak (the profile's attention efficiency carried over)
+    bf16, fp8 = _workload(False), _workload(True)
+    assert bf16.hw.gpu.peak_tflops["fp8"] / bf16.hw.gpu.peak_tflops["bf16"] == 2.0
+    fixed = bf16.hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
+    (f0, b0), (f1, b1) = attention_core_time(bf16, 8192.0, 1), attention_core_time(fp8, 8192.0, 1)
+    cf, cb = fp8_attention_casts(fp8, 8192.0, 1)
+    assert f1 - cf - fixed == pytest.approx(0.5 * (f0 - fixed), rel=1e-12)
+    assert b1 - cb == pytest.approx(2.5 * (f1 - cf), rel=1e-12)  # flash backward: 2.5x the forward (FA2 s.3)
+
+
+def test_the_casts_are_q_k_v_forward_and_do_backward_at_the_mxfp8_bytes():
+    # Llama 3 8B: 32 query heads, 8 KV heads of 128 (config.json): Q 4096 + K 1024 + V 1024 = 6144 elements a token;
+    # dO 4096. MXFP8 quantises each into both orientations in one pass: 2 read + 2 x (1 + 1/32) written = 4.0625 B
+    w = _workload(True)
+    fwd, bwd = fp8_attention_casts(w, 1000.0, 1)
+    assert fwd == pytest.approx(mem_time(w.hw, 4.0625 * 6144 * 1000), rel=1e-12)
+    assert bwd == pytest.approx(mem_time(w.hw, 4.0625 * 4096 * 1000), rel=1e-12)
+
+
+def test_fp8_attention_speeds_up_a_long_sequence_step():
+    kw = dict(model="llama3-8b", hw="dgx-b200", gpus=8, precision="mxfp8", stack="megatron-core", seq=8192)
+    assert estimate(**kw, fp8_attention=True).step_time_s < 0.97 * estimate(**kw).step_time_s
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(precision="bf16-mixed"), "not bf16-mixed"),
+    (dict(precision="fp8-blockwise"), "not fp8-blockwise"),  # TE 2.20 utils.py:792: no FP8 attention under it
+    (dict(precision="fp8-tensorwise", hw="dgx-h100"), "needs Blackwell"),  # utils.py:759: current scaling on sm < 100
+    (dict(precision="mxfp8", stack="torchtitan"), "runs no FP8 attention"),
+    (dict(precision="mxfp8", attention="eager"), "--attention sdpa"),  # unfused: "Disabling ... for FP8 attention"
+])
+def test_where_fp8_attention_cannot_run_one_line(kw, says):
+    args = {**dict(model="llama3-8b", hw="dgx-b200", gpus=8, stack="megatron-core", fp8_attention=True), **kw}
+    with pytest.raises(AdvisorError) as err:
+        estimate(**args)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_delayed_scaling_runs_it_on_hopper():
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, precision="fp8-delayed", stack="megatron-core", seq=8192)
+    assert estimate(**kw, fp8_attention=True).step_time_s < estimate(**kw).step_time_s
+
+
+def test_stack_any_leaves_out_the_stacks_without_it():
+    from advisor import plan
+    res = plan(model="llama3-8b", hw="dgx-b200", gpus=8, precision="mxfp8", stack="any", fp8_attention=True, top=1)
+    assert "runs no FP8 attention" in res.left_out["torchtitan"]
+    assert {r.estimate.setup.stack for r in res.plans} <= {"megatron-core", "megatron-bridge-perf"}
+
+
+def test_the_exports_say_what_the_file_cannot_set():
+    # Megatron-LM 0.19 arguments.py:2224,2250: fp8_dot_product_attention among the fields with "no CLI argument";
+    # Bridge: the named recipe's False overwrites the model's (training/mixed_precision.py:138-156)
+    from advisor.api import build_inputs
+    from advisor.export import export
+    from advisor.layout import resolve_grad_accum
+    spec, hw, stack, p, setup, world = build_inputs("llama3-8b", "dgx-b200", gpus=8, precision="mxfp8",
+                                                    stack="megatron-core", fp8_attention=True)
+    args = (spec, hw, p, setup, resolve_grad_accum(setup, p)[0], world)
+    assert any("--fp8-dot-product-attention" in n for n in export("megatron", *args, stack=stack).notes)
+    assert any("fp8_dot_product_attention = True" in n for n in export("megatron-bridge", *args, stack=stack).notes)
