@@ -65,6 +65,17 @@ def test_delayed_scaling_runs_it_on_hopper():
     assert estimate(**kw, fp8_attention=True).step_time_s < estimate(**kw).step_time_s
 
 
+def test_the_bridge_moe_rows_whose_recipe_sets_it():
+    from validation.bridge_moe import SYSTEMS, estimate_kwargs, load_rows
+    on = {(r["model"], r["system"], r["precision"]) for r in load_rows(SYSTEMS) if estimate_kwargs(r)[0]["fp8_attention"]}
+    # megatron-bridge 0.6.2 perf_recipes: deepseek/gb300/deepseek_v3.py:154 True, gb200:157 the default False;
+    # gpt_oss/common.py:74 and qwen/common.py:57 True for their GB200 / GB300 MXFP8 recipes
+    assert on == {("DeepSeekV3", "DGX-GB300", "MXFP8"), ("GPT OSS 120B", "DGX-GB300", "MXFP8"),
+                  ("GPT OSS 120B", "DGX-GB200", "MXFP8"), ("Qwen3_30B_a3B", "DGX-GB300", "MXFP8"),
+                  ("Qwen3_30B_a3B", "DGX-GB200", "MXFP8"), ("Qwen3_235B_a22B", "DGX-GB300", "MXFP8"),
+                  ("Qwen3_235B_a22B", "DGX-GB200", "MXFP8")}
+
+
 def test_stack_any_leaves_out_the_stacks_without_it():
     from advisor import plan
     res = plan(model="llama3-8b", hw="dgx-b200", gpus=8, precision="mxfp8", stack="any", fp8_attention=True, top=1)

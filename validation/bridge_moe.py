@@ -105,6 +105,16 @@ DEFAULT_TRAVEL = ("alltoall", "shared_experts")
 # reruns nothing: none. Rows without a recipe take the least recomputation predicted to fit (RECOMPUTE_LADDER)
 RECIPE_RECOMPUTE = {"deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": ("mla_up_proj",),
                     "kimi_k2_pretrain_256gpu_gb300_fp8mx_config": ("mla_up_proj",)}
+# The recipes that run the attention core in FP8 (cfg.mixed_precision.fp8_dot_product_attention = True; advisor
+# --fp8-attention), megatron-bridge 0.6.2 perf_recipes: DeepSeek-V3 GB300 MXFP8 (deepseek/gb300/deepseek_v3.py:154,
+# _enable_deepseek_full_iteration_mxfp8(fp8_dot_product_attention=True); its GB200 recipe, :157, leaves the default
+# False), GPT-OSS-120B MXFP8 (gpt_oss/gb300/gpt_oss.py:231, gb200/gpt_oss.py:240 -> gpt_oss/common.py:74), Qwen3 MXFP8
+# on GB300 and GB200 (qwen/gb300/qwen3_moe.py:327,487, gb200/qwen3_moe.py:329,489 -> qwen/common.py:57). Kimi-K2's
+# GB300 recipe (kimi/gb300/kimi_k2.py) and the H100 FP8 ones do not set it.
+FP8_ATTENTION = {"deepseek_v3_pretrain_256gpu_gb300_fp8mx_config", "gpt_oss_120b_pretrain_64gpu_gb300_fp8mx_config",
+                 "gpt_oss_120b_pretrain_64gpu_gb200_fp8mx_config", "qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config",
+                 "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config", "qwen3_235b_a22b_pretrain_256gpu_gb300_fp8mx_config",
+                 "qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config"}
 # Models whose recipes count the embedding and the loss as pipeline layers (--account-for-embedding/loss-in-pipeline-
 # split): Qwen3-235B-A22B's perf recipes start from qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config (recipes/qwen/
 # h100/qwen3_moe.py), which sets both: its 94 layers + 2 split over pp x vp chunks.
@@ -181,11 +191,12 @@ def estimate_kwargs(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     # (set_deepseek_v3_pipeline_model_parallel_layout, _get_kimi_k2_pipeline_layout): megatron-core's layout split
     fallback = interleaved and ((spec.n_layers + 2) % (pp * vp) != 0 if edges
                                 else not bool(layout_fills(spec.n_layers, pp * vp)))
-    dispatcher, overlap, _ = travel(row)
+    dispatcher, overlap, recipe = travel(row)
     kw = dict(model=spec, hw=row["hw"], gpus=row["gpus"], tp=tp, pp=pp, zero=1, sp=tp > 1, ep=row["ep"], etp=1,
               micro_batch=row["mbs"], global_batch=row["gbs"], seq=row["seq"], precision=PRECISIONS[row["precision"]],
               attention="sdpa", recompute="none", stack=moe_stack(), moe_dispatcher=dispatcher,
-              moe_overlap=overlap, tp_overlap="none", mtp_layers=MTP_LAYERS.get(row["model"], 0))
+              moe_overlap=overlap, tp_overlap="none", mtp_layers=MTP_LAYERS.get(row["model"], 0),
+              fp8_attention=recipe in FP8_ATTENTION)
     # no userbuffers TP overlap: the one MoE recipe with TP > 1, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config, sets
     # CommOverlapConfig(tp_comm_overlap=False); the others run TP 1
     if interleaved and not fallback:
