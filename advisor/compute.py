@@ -35,7 +35,7 @@ from advisor.distinct import on_distinct
 from advisor.hardware import Hardware
 from advisor.model.layer import DecoderLayer, Linear, keys_per_query
 from advisor.parallel import expert
-from advisor.precision import PASSES, Recipe
+from advisor.precision import FP8_ATTENTION_EFFICIENCY, PASSES, Recipe, fp8_attention_bytes
 from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
 from advisor.unfused import rotary_bytes, routed_unfused
@@ -150,8 +150,7 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     hw, s, layer = w.hw, w.seq_len, w.layer
     heads, d = layer.n_heads / tp, (layer.d_head + layer.v_head) / 2.0
     full_flops = 4.0 * tokens * s * d * heads  # QK^T and PV over all s keys
-    # attention stays in bf16 under fp8 and fp4 recipes (advisor.precision: fp8_dpa off in every TE recipe) unless
-    # --fp8-attention runs it in FP8 (fp8_attention_times)
+    # attention stays in bf16 under fp8 and fp4 recipes unless --fp8-attention runs it in FP8 (TE's fp8_dpa)
     math = "bf16" if w.math in ("fp8", "fp4") else w.math
     if w.attention is Attention.sdpa:
         causal = keys_per_query(s)
@@ -160,9 +159,10 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
         casts = (0.0, 0.0)
         if w.fp8_attention:  # in the layers the recipe runs low (bf16_share: its BF16 edge layers keep BF16)
             low = 1.0 - w.bf16_share
-            # at the FP8 peak with the BF16 kernel's measured share of peak: an assumption (no FP8 attention measured)
-            fwd = fwd * (1.0 - low + low * hw.gpu.peak_flops_per_s(math) / hw.gpu.peak_flops_per_s("fp8"))
-            casts = tuple(low * c for c in fp8_attention_casts(w, tokens, tp))
+            # at the FP8 peak, at the BF16 kernel's measured share of its peak times FP8_ATTENTION_EFFICIENCY
+            fwd = fwd * (1.0 - low + low * hw.gpu.peak_flops_per_s(math) / hw.gpu.peak_flops_per_s("fp8")
+                         / FP8_ATTENTION_EFFICIENCY)
+            casts = tuple(low * mem_time(hw, b) for b in fp8_attention_bytes(w, tokens, tp))
         # the fused kernel pays the per-kernel fixed time of a bf16 GEMM (advisor.calibrate.compute.fit_attention)
         fwd = fwd + hw.efficiency.matmul_fixed_us.get("bf16", 0.0) * 1e-6
         # Flash backward recomputes P and runs 4 more GEMMs: 2.5x the forward's work (Dao 2023, FlashAttention-2 s.3)
@@ -172,17 +172,6 @@ def attention_core_time(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
     score_elems = tokens * s * heads
     t = w.tables
     return gemm + mem_time(hw, score_elems * t.score_forward), 2.0 * gemm + mem_time(hw, score_elems * t.score_backward)
-
-
-def fp8_attention_casts(w: Workload, tokens: Any, tp: Any) -> tuple[Any, Any]:
-    """(forward, backward) seconds of FP8 attention's quantisation kernels: Q, K and V in forward, the output gradient
-    dO in backward, each at the recipe's bytes per element, both orientations (Transformer Engine 2.20.2
-    FusedAttention's docstring, backends.py:2300-2308: MXFP8 quantises Q/K row+col, V, dO row+col; O and dQ/dK/dV
-    stay F16)."""
-    layer, r = w.layer, w.precision.recipe
-    q = w.stack.engine.quantise_bytes.get(r.name, r.quantise_bytes)
-    qkv = tokens * (layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)) / tp
-    return mem_time(w.hw, q * qkv), mem_time(w.hw, q * tokens * layer.n_heads * layer.v_head / tp)
 
 
 def _fused_forward(w: Workload, math: str, flops: Any, span: int, d: float) -> Any:

@@ -208,3 +208,21 @@ def fp8_attention_choice(stack, setup, hw=None) -> bool:
             hw is None or hw.gpu.block_scaling)):
         raise RecipeError(why)
     return setup.fp8_attention
+
+
+# FP8 attention's share of the FP8 peak over BF16 attention's share of the BF16 peak: FlashAttention-3 on H100 (Shah et
+# al. 2024, arXiv 2407.08608, abstract) reaches 740 TFLOP/s in BF16, 75% of 989, and close to 1.2 PFLOP/s in FP8, 61%
+# of 1,979: 0.81. Applied to Transformer Engine's cuDNN FP8 attention on any GPU (an assumption: no FP8 attention
+# kernel is measured here; where one is, `advisor calibrate` fits the BF16 kernel and this ratio carries it over)
+FP8_ATTENTION_EFFICIENCY = (1200.0 / 1978.9) / (740.0 / 989.4)
+
+
+def fp8_attention_bytes(w, tokens, tp) -> tuple:
+    """(forward, backward) bytes of FP8 attention's quantisation kernels (``w`` an advisor.workload.Workload): Q, K
+    and V in forward, the output gradient dO in backward, each at the recipe's bytes per element, both orientations
+    (Transformer Engine 2.20.2 FusedAttention's docstring, backends.py:2300-2308: MXFP8 quantises Q/K row+col, V, dO
+    row+col; O and dQ/dK/dV stay F16)."""
+    layer, r = w.layer, w.precision.recipe
+    q = w.stack.engine.quantise_bytes.get(r.name, r.quantise_bytes)
+    qkv = tokens * (layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)) / tp
+    return q * qkv, q * tokens * layer.n_heads * layer.v_head / tp
