@@ -157,6 +157,11 @@ class Engine(Spec):
         default=False, description="under a low-precision recipe (true: any; a list: those) with sequence parallelism the "
         "layers' all-gathers (a column-parallel input, a row-parallel output gradient) carry the recipe's quantised bytes "
         "(Transformer Engine; torchao's Float8ColwiseParallel / Float8RowwiseParallel), not the activations' dtype")
+    fsdp_float8_gather: Literal["off", "per_gather", "precomputed"] = Field(
+        default="off", description="under fp8-tensorwise, FSDP's all-gathers carry the converted linears' weights in "
+        "float8 (torchao enable_fsdp_float8_all_gather, tensorwise only: advisor.parallel.fp8_gather), each weight's amax "
+        "all-reduced at its gather (per_gather) or all at once after the optimizer step (precomputed: torchao "
+        "precompute_float8_dynamic_scale_for_fsdp); off: gathered in bf16, cast per use")
     quantised_inputs: Optional[QuantisedInputs] = Field(
         default=None, description="under every low-precision recipe the linears keep their inputs for backward "
                                   "quantised (Transformer Engine); None: only where the recipe itself does (advisor."

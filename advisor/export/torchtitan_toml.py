@@ -7,8 +7,10 @@ batch and dtypes are the keys 0.3.0's overrides also have (advisor.export.torcht
 - a low-precision recipe as a model converter ([model] converters, components/quantization): torchao's Float8Linear
   with its recipe name (tensorwise, rowwise, rowwise_with_gw_hp) or MXLinear (mxfp8_cublas), the output layer filtered
   out as advisor costs it (advisor.precision: the LM head stays in BF16; MXLinear filters "output" by default, Float8Linear
-  does not), and FSDP's all-gather in BF16 (enable_fsdp_float8_all_gather off, Float8LinearConfig's default and
-  the only choice beside a recipe name: float8.py), as the torchtitan-0.2 profile costs the gathers;
+  does not), and FSDP's all-gather as the stack costs it (engine ``fsdp_float8_gather``): in BF16 by default
+  (enable_fsdp_float8_all_gather off, job_config.py:732), or under tensorwise in float8, which 0.2.2 runs only without a
+  recipe_name (float8.py:64-67 asserts the two apart; recipe_name None is Float8LinearConfig(), tensorwise), with
+  precompute_float8_dynamic_scale_for_fsdp where the amaxes are precomputed (advisor.parallel.fp8_gather);
 - activation checkpointing as [activation_checkpoint] mode with selective_ac_option "op" (per-op SAC) or k (every k-th
   block: advisor's every-k);
 - sequence parallelism always under TP (apply_tp has no switch) and async TP as parallelism.enable_async_tensor_parallel,
@@ -28,6 +30,7 @@ from typing import Any, Optional
 from advisor.export.common import Exported, ExportError, Run, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.export.torchtitan import SHARED_KEYS, _async_tp, refuse_common, shared_notes
+from advisor.parallel.fp8_gather import GATHER_RECIPES
 from advisor.stack import Stack
 from advisor.training import compile_parts
 
@@ -70,8 +73,9 @@ def _refuse(r: Run) -> None:
         raise ExportError("torchtitan 0.2 shards the sequence under every TP plan (apply_tp): use --sp")
 
 
-def sections(r: Run) -> dict[str, dict[str, Any]]:
-    """The job file's sections and keys for a run (None values are not written)."""
+def sections(r: Run, fp8_gather: str = "off") -> dict[str, dict[str, Any]]:
+    """The job file's sections and keys for a run (None values are not written); ``fp8_gather``: the stack engine's
+    ``fsdp_float8_gather``."""
     _refuse(r)
     name, flavor = FLAVORS[r.model.name]
     out: dict[str, dict[str, Any]] = {"model": {"name": name, "flavor": flavor}}
@@ -79,6 +83,9 @@ def sections(r: Run) -> dict[str, dict[str, Any]]:
     if recipe is not None:
         out["model"]["converters"] = [recipe[0]]
         out[recipe[0]] = dict(recipe[1])
+        if fp8_gather != "off" and r.setup.precision.value in GATHER_RECIPES:  # tensorwise as Float8LinearConfig()
+            out[recipe[0]].update(recipe_name=None, enable_fsdp_float8_all_gather=True,
+                                  precompute_float8_dynamic_scale_for_fsdp=fp8_gather == "precomputed")
     for key, value_of in SHARED_KEYS:
         section, field = key.rsplit(".", 1)
         out.setdefault(section, {})[field] = value_of(r)
@@ -120,7 +127,7 @@ def torchtitan_toml_config(model, hw, plan, setup, grad_accum: int, world_size: 
                            stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
     run = Run(model, hw, plan, setup, grad_accum, world_size)
-    body = sections(run)
+    body = sections(run, stack.engine.fsdp_float8_gather if stack is not None else "off")
     said = notes(run, stack)
     launch = " ".join(torchrun_argv(hw, world_size, "-m"))
     lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",

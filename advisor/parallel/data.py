@@ -37,8 +37,8 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import accumulator, expert, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers
-from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, zero1_edges
+from advisor.parallel import accumulator, expert, fp8_gather, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers
+from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, overlaps, zero1_edges  # noqa: F401
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
 from advisor.workload import Workload
@@ -81,6 +81,7 @@ class ModelStates:
     grad_params: Any = None  # parameters with gradients and optimizer states: all (None) or the adapters (LoRA)
     expert_params: Any = 0.0  # of ``params``, the local routed experts' (advisor.parallel.expert): reduced over edp
     stepped_params: Any = None  # parameters whose optimizer states this GPU keeps and steps (params / dp_shard dense)
+    gather_bytes: Any = None  # per parameter, as ZeRO-2/3 (FSDP) gathers them (advisor.parallel.fp8_gather); None: weight_bytes
 
     @property
     def trained(self) -> Any:
@@ -95,8 +96,9 @@ class ModelStates:
     def zero_payloads(self, zero: Any) -> tuple[tuple[Collective, Any, Any], ...]:
         """(collective, bytes a parameter, parameters) of ZeRO's reduce-scatter of the ``dp_params``' gradients and its
         all-gather of every weight held under ZeRO-2/3 (a frozen base too; the routed experts apart), the updated ones under ZeRO-1."""
-        gather = np.where(zero >= 2, self.params - self.expert_params, self.dp_params)
-        return ((Collective.reduce_scatter, self.reduce_bytes, self.dp_params), (Collective.all_gather, self.weight_bytes, gather))
+        gather, gb = np.where(zero >= 2, self.params - self.expert_params, self.dp_params), self.gather_bytes
+        ag_bytes = self.weight_bytes if gb is None else np.where(zero >= 2, gb, self.weight_bytes)
+        return ((Collective.reduce_scatter, self.reduce_bytes, self.dp_params), (Collective.all_gather, ag_bytes, gather))
 
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool = False) -> ModelStates:
@@ -138,8 +140,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
     unit = sharded if eng.zero3_gathered == "layer" else np.minimum(largest, sharded)
     root = np.maximum({"none": 0.0, "output": np.minimum(m.vocab * m.d_model / tp, outside), "root": outside}[eng.root_held],
                       zero3.reused_tail(w, outside, layers * p_layer, tp))  # held from forward into backward
-    held = 2 * unit + root if eng.root_held == "root" else np.maximum(2 * unit, unit + root)  # (engine.root_held)
-    gathered = np.where(zero >= 3, np.minimum(held * wb, params * wb * (1 - 1 / shard)), 0.0)
+    ub = fp8_gather.layer_gather_bytes(w, wb)  # a layer's weights gathered in float8 (advisor.parallel.fp8_gather)
+    held = 2 * unit * ub + root * wb if eng.root_held == "root" else np.maximum(2 * unit * ub, unit * ub + root * wb)
+    gathered = np.where(zero >= 3, np.minimum(held, (layers * p_layer * ub + outside * wb) * (1 - 1 / shard)), 0.0)
     ddp = (mesh.dp > 1) & (c.dp_kind == DataParallelKind.ddp.code) & (zero == 0)
     # gradients reduced in fp32 (torchtitan's MixedPrecisionPolicy, Composer's DEFAULT) move 4 bytes a parameter and, per
     # unit, an fp32 copy joins the unsharded gradient while it is reduce-scattered
@@ -158,7 +161,7 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
         # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
         # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
-        stepped_params=stepped)
+        stepped_params=stepped, gather_bytes=(layers * p_layer * ub + outside * wb) / np.maximum(params, 1.0))
     from advisor import adapters  # imported here: advisor.adapters imports this module
     states = adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
     states = accumulator.apply(w, c, mesh, states)  # half .grad beside an fp32 accumulator (engine.grad_accumulator)
@@ -223,14 +226,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, layers: An
     exposed = no_sync.step_seconds(w, c, zero, exposed + fsdp2.unit_copy_seconds(w, states, zero), rs, ag, roots, mb)
     params = np.where(active & once, z1_ag, 0.0) + np.where(active & (zero >= 2), exposed + hsdp, 0.0)
     params = params + fsdp2.one_rank_copies(w, c, states, zero, active)
+    params = params + fp8_gather.amax_precompute_s(w, mesh, layers, active & (zero >= 2))  # after the optimizer step
     return DataParallelTime(grad, params, dataparallel_time(w, c, mesh, states, tokens))
-
-
-def overlaps(c: Candidates, hw: Hardware) -> Any:
-    """Where the gradient reduction may overlap the backward: the plan asks for it, and peer-to-peer works. Without it
-    (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host memory with SM-driven
-    copies that contend with the backward kernels for SMs and PCIe: no overlap."""
-    return np.asarray(c.overlap, dtype=bool) & (hw.intra_node.kind.value != "pcie")
 
 
 def ddp_exposed(w: Workload, mesh: Mesh, states: ModelStates, ddp: Any, can_overlap: Any, hide: Any,
@@ -275,7 +272,7 @@ def sharded_collectives(w: Workload, mesh: Mesh, states: ModelStates, layers: An
         per_unit = units * comm.collective_time(coll, shard, unit * per_param, hw, per_node, where=units_on) + root
         out.append(np.where(units_on, per_unit, whole))
         roots.append(root)
-    return out[0], out[1], (roots[0], roots[1])
+    return out[0], out[1] + fp8_gather.amax_per_gather_s(w, mesh, layers, on & (zero >= 2)), (roots[0], roots[1])
 
 
 def zero_exposed_per_micro_batch(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, zero: Any, rs: Any,

@@ -85,3 +85,10 @@ def zero1_edges(w: Any, mesh: Any, states: Any, on: Any) -> tuple[Any, Any]:
     ag = comm.collective_time(comm.Collective.all_gather, mesh.dp_shard, edge * states.weight_bytes, w.hw,
                               mesh.shard_per_node, where=on & eng.param_gather_overlap)
     return rs, ag
+
+
+def overlaps(c: Any, hw: Any) -> Any:
+    """Where the gradient reduction may overlap the backward: the plan asks for it, and peer-to-peer works. Without it
+    (PCIe, NCCL_P2P_DISABLE=1) NCCL's SHM transport stages every chunk through pinned host memory with SM-driven
+    copies that contend with the backward kernels for SMs and PCIe: no overlap."""
+    return np.asarray(c.overlap, dtype=bool) & (hw.intra_node.kind.value != "pcie")
