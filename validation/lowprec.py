@@ -26,6 +26,7 @@ import yaml
 from advisor.compute import gemm_time, mem_time, recipe_gemm_time
 from advisor.hardware import Hardware, load_hardware
 from advisor.precision import RECIPES
+from advisor.stack import load_stack
 from advisor.units import GiB
 from validation.datasets import DATA_DIR
 from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
@@ -58,6 +59,10 @@ E2E_DEFAULT_AC = {"torchtitan": "selective"}
 # 0.0.2 (main's version string from the April-2024 0.0.2 wheel until 0.1.0) is of that time. A row that says compile
 # false runs eager
 E2E_COMPILE_BLOCKS_ONLY = ("9dec370", "0.0.2")
+# torchtitan 0.2.2's float8 options a row's `details` names (config/job_config.py:731-736, both off by default, the
+# stack profiles' ``fsdp_float8_gather: off``): the float8 FSDP all-gather, its amaxes reduced at each gather or, with
+# precompute_float8_dynamic_scale_for_fsdp, once after the optimizer step (advisor.parallel.fp8_gather). The first match wins
+E2E_FP8_GATHER = (("precompute_float8_dynamic_scale_for_fsdp", "precomputed"), ("enable_fsdp_float8_all_gather", "per_gather"))
 E2E_MODELS = {"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3-405b", "Qwen3-8B": "qwen3-8b"}
 BRIDGE_HARDWARE = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-B300": "dgx-b300", "DGX-GB200": "gb200-nvl72",
                    "DGX-GB300": "gb300-nvl72"}
@@ -213,6 +218,11 @@ def e2e_kwargs(row: dict) -> Optional[dict]:
     if p.get("compile"):
         version = str((row.get("software") or {}).get("versions", {}).get("torchtitan"))
         kw["compile"] = "model" if version.startswith(E2E_COMPILE_BLOCKS_ONLY) else "model,loss"
+    details = str(row["precision"].get("details") or "")
+    gather = next((mode for flag, mode in E2E_FP8_GATHER if flag in details), None)
+    if gather is not None:  # the row's own float8 FSDP options over the stack's default (off)
+        st = load_stack(stack)
+        kw["stack"] = st.model_copy(update={"engine": st.engine.model_copy(update={"fsdp_float8_gather": gather})})
     return kw
 
 
