@@ -53,7 +53,7 @@ def test_linears_of_a_llama_layer():
 
 @pytest.mark.parametrize("mode", ["per_gather", "precomputed"])
 def test_gathered_units_held_in_float8(mode):
-    """fsdp_post_all_gather wraps the gathered bytes in a Float8TrainingTensor (torchao fsdp_utils.py:252-281): a
+    """fsdp_post_all_gather wraps the gathered bytes in a Float8TrainingTensor (torchao fsdp_utils.py:253-283): a
     gathered layer takes 1 byte a parameter, not bf16's 2. torchtitan holds a layer and the LM head gathered at once
     (engine root_held: output; the head, filtered, stays bf16): the peak drops by one layer's parameters in bytes."""
     off, on = _est("off"), _est(mode)

@@ -2,13 +2,13 @@
 enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp; the stack engine's ``fsdp_float8_gather``).
 
 Sources (torchao 0.18.0, torch 2.13, torchtitan 0.2.2):
-- torchao float8/fsdp_utils.py:230-250 WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the rank's shard
-  to float8 and FSDP all-gathers those bytes; fsdp_post_all_gather (:252-281) wraps the gathered bytes in a
+- torchao float8/fsdp_utils.py:228-251 WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the rank's shard
+  to float8 and FSDP all-gathers those bytes; fsdp_post_all_gather (:253-283) wraps the gathered bytes in a
   Float8TrainingTensor: the unit is held in float8, with no bf16 copy beside it;
-- without a precomputed scale, pre_all_gather calls hp_tensor_to_float8_dynamic(reduce_amax=True) (:241-248), which
+- without a precomputed scale, pre_all_gather calls hp_tensor_to_float8_dynamic(reduce_amax=True) (:243-250), which
   all-reduces each weight's amax (MAX over the FSDP mesh: float8/float8_utils.py:74-78) before its gather, on the
   copy-in stream the gather waits for (torch fsdp/_fully_shard/_fsdp_collectives.py:336-362 foreach_all_gather);
-- precompute_float8_dynamic_scale_for_fsdp (fsdp_utils.py:27-83, torchtitan's post_optimizer_hook, float8.py:162-173):
+- precompute_float8_dynamic_scale_for_fsdp (fsdp_utils.py:28-85, torchtitan's post_optimizer_hook, float8.py:162-173):
   after the optimizer step, the amaxes of every float8 weight stacked into one tensor and all-reduced once;
 - only under tensorwise scaling: Float8LinearConfig asserts it (float8/config.py:271-273), and torchtitan 0.2.2 only
   without a recipe_name (float8.py:64-67 asserts the two apart; float8.py:87-89 turns it on where dp_shard > 1).
