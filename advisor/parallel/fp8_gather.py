@@ -32,7 +32,7 @@ from advisor.comm import Collective
 
 # torchao float8/config.py:271-273: "enable_fsdp_float8_all_gather only supports tensorwise scaling granularity"
 GATHER_RECIPES = ("fp8-tensorwise",)
-# one float32 amax per weight: torch._foreach_norm over the fp32 shards, stacked (fsdp_utils.py:69-70)
+# one float32 amax per weight: torch._foreach_norm over the fp32 shards, stacked (fsdp_utils.py:70-71)
 AMAX_BYTES = 4.0
 
 
