@@ -63,6 +63,10 @@ class Engine(Spec):
         "taken and checked for NaN and Inf, each check a host sync (megatron-core's check_for_nan_in_grad)")
     clip_grad_norm: bool = Field(default=False, description="every step the optimizer takes the L2 norm of the "
         "gradients it steps and scales them by max_norm / norm (megatron-core's clip_grad > 0)")
+    clip_grad_scope: Literal["stepped", "local"] = Field(default="stepped", description="the gradients clipped: the "
+        "shard the optimizer steps, or every gradient the rank holds, its ZeRO-1 shard or not (nanotron)")
+    clip_grad_bytes: Optional[float] = Field(default=None, ge=1, le=100, description="bytes the norm and the scale "
+        "move per clipped parameter, halved in pure bf16; None: advisor.optimizer CLIP_BYTES, three fp32 passes")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

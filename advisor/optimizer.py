@@ -26,7 +26,11 @@ MASTER_STEP_BYTES = 6.0  # read the fp32 master weight, write the half-precision
 GRAD_SCALER_BYTES = 12.0  # fp16 GradScaler: unscale_ (r+w gradients) and the inf/nan check (r gradients)
 # Gradient clipping (engine.clip_grad_norm): get_grad_norm_fp32's multi-tensor L2 norm reads each main gradient the
 # step updates (megatron-core 0.19.2 optimizer/clip_grads.py:116-118), clip_grad_by_total_norm_fp32 reads and writes it
-# (:186-188, multi_tensor_scale_tensor: the coefficient stays a tensor, no host sync): 3 x 4 bytes of fp32 gradients
+# (:186-188, multi_tensor_scale_tensor: the coefficient stays a tensor, no host sync): 3 x 4 bytes of fp32 gradients.
+# The other stacks' norm and scale are the same three passes: torch.nn.utils clip_grad_norm_'s _foreach_norm and
+# _foreach_mul_ (torch 2.13 nn/utils/clip_grad.py:95, 173; torchtitan 0.3.0 distributed/utils.py:652, 675), FSDP1's
+# per-gradient vector_norm and mul_ (fully_sharded_data_parallel.py:1167, 1203-1204: HF Trainer, Composer), nanotron's
+# (optim/clip_grads.py:65-92), DeepSpeed's get_grad_norm_direct and unscale_and_clip_grads (stage_1_and_2.py:2684, 3214)
 CLIP_BYTES = 12.0
 AUTOCAST_CAST_BYTES = 6.0  # autocast re-casts each fp32 weight to half precision every forward: r 4, w 2
 
@@ -56,7 +60,9 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any
     t = np.asarray(sharded_params, dtype=float) * 1.0 / (hw.gpu.memory_bandwidth_bytes_per_s * eff) * (
         per_param + np.where(master, MASTER_STEP_BYTES, 0.0))
     if w.stack.engine.clip_grad_norm:  # at the element-wise rate, as the scaler's passes
-        t = t + np.asarray(sharded_params, dtype=float) * CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0) / (
+        e = w.stack.engine
+        clipped = sharded_params if e.clip_grad_scope == "stepped" else params
+        t = t + np.asarray(clipped, dtype=float) * (e.clip_grad_bytes or CLIP_BYTES) / (2.0 if w.precision is Precision.bf16 else 1.0) / (
             hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:
         t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)

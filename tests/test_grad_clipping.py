@@ -1,0 +1,59 @@
+"""Gradient clipping as each stack runs it by default (engine.clip_grad_norm, clip_grad_scope, clip_grad_bytes):
+the norm's and the scale's memory passes over the gradients clipped, at the element-wise rate (advisor.optimizer)."""
+
+import pytest
+
+from advisor import estimate
+from advisor.hardware import load_hardware
+
+LLAMA3_8B = 8_030_261_248  # parameters (meta-llama/Meta-Llama-3-8B: 4096 hidden, 32 layers, 128256 vocab, untied)
+MPT_7B = 6_649_286_656  # parameters (mosaicml/mpt-7b: 4096 d_model, 32 layers, vocab 50432, tied embedding)
+H100 = load_hardware("dgx-h100")
+ELEMENTWISE_S_PER_BYTE = 1.0 / (3350e9 * 0.757)  # H100 SXM 3.35 TB/s datasheet x the profile's element-wise share
+
+
+def _clip_s(tmp_path, model, stack, **kw):
+    """Seconds the stack's clipping adds to the optimizer step: the profile against itself with clipping off."""
+    off = tmp_path / f"{stack}-noclip.yaml"
+    off.write_text(f"base: {stack}\nname: noclip\ndescription: t\nengine: {{clip_grad_norm: false}}\n")
+    on = estimate(model, H100, stack=stack, **kw).breakdown["optimizer"]
+    return on - estimate(model, H100, stack=str(off), **kw).breakdown["optimizer"]
+
+
+@pytest.mark.parametrize("stack,model,params,zero,seq,bytes_,ms", [
+    # HF Trainer: max_grad_norm 1.0 (training_args.py:866), FSDP1's clip_grad_norm_ on the fp32 shard: norm r 4, scale
+    # r+w 8 (fully_sharded_data_parallel.py:1167, 1203-1204); Llama 3 8B on 8 H100s under ZeRO-3: 4.75 ms a step
+    ("hf-trainer", "llama3-8b", LLAMA3_8B, 3, 8192, 12.0, 4.75),
+    # torchtitan: max_norm 1.0 (config/configs.py:55), foreach norm and scale of the fp32 DTensor shards
+    # (distributed/utils.py:652, 675): the same 12 bytes on the same shard
+    ("torchtitan", "llama3-8b", LLAMA3_8B, 3, 8192, 12.0, 4.75),
+    # DeepSpeed: each bf16 partition gradient cast to fp64 and normed (r 2, w 8, r 8: stage_1_and_2.py:2683-2685,
+    # zero/utils.py:59-63), the fp32 partition scaled (r 4, w 4: :3214): 26 bytes, 10.29 ms under ZeRO-3 and ZeRO-1
+    ("deepspeed", "llama3-8b", LLAMA3_8B, 3, 8192, 26.0, 10.29),
+    ("deepspeed", "llama3-8b", LLAMA3_8B, 1, 8192, 26.0, 10.29),
+    # llm-foundry: the MPT YAMLs' gradient_clipping norm 1.0 through FSDP1's clip_grad_norm_ (fp32 shards): 3.93 ms
+    ("llm-foundry", "mpt-7b", MPT_7B, 3, 2048, 12.0, 3.93),
+])
+def test_clipping_reads_and_scales_the_stepped_shard(tmp_path, stack, model, params, zero, seq, bytes_, ms):
+    kw = dict(gpus=8, zero=zero, seq=seq, global_batch=64, precision="bf16-mixed")
+    clip = _clip_s(tmp_path, model, stack, **kw)
+    assert clip == pytest.approx(params / 8 * bytes_ * ELEMENTWISE_S_PER_BYTE, rel=0.01)
+    assert clip * 1e3 == pytest.approx(ms, rel=0.01)
+
+
+def test_nanotron_clips_every_fp32_gradient_buffer_not_its_zero1_slice(tmp_path):
+    """nanotron's clip_grad_norm takes the grad accumulator's fp32 buffer of every parameter, ZeRO-1 or not
+    (optim/clip_grads.py:44-49, 86-92): 12 bytes x the whole model on each of 8 data-parallel ranks, 38.0 ms, eight
+    times the ZeRO-1 slice's."""
+    for zero in (0, 1):
+        clip = _clip_s(tmp_path, "llama3-8b", "nanotron", gpus=8, zero=zero, seq=8192, global_batch=64,
+                       precision="bf16-mixed")
+        assert clip == pytest.approx(LLAMA3_8B * 12.0 * ELEMENTWISE_S_PER_BYTE, rel=0.01)
+        assert clip * 1e3 == pytest.approx(38.0, rel=0.01)
+
+
+def test_litgpt_finetuning_does_not_clip(tmp_path):
+    """litgpt 0.5.13's TrainArgs.max_norm defaults to None (args.py:38) and finetune/full.py refuses it (:445): its
+    profile turns off the clipping it would inherit from hf-trainer."""
+    assert _clip_s(tmp_path, "llama3-8b", "litgpt", gpus=8, zero=3, seq=2048, global_batch=64, precision="bf16",
+                   recompute="full") == 0.0
