@@ -66,7 +66,8 @@ class Engine(Spec):
     clip_grad_scope: Literal["stepped", "local"] = Field(default="stepped", description="the gradients clipped: the "
         "shard the optimizer steps, or every gradient the rank holds, its ZeRO-1 shard or not (nanotron)")
     clip_grad_bytes: Optional[float] = Field(default=None, ge=1, le=100, description="bytes the norm and the scale "
-        "move per clipped parameter, halved in pure bf16; None: advisor.optimizer CLIP_BYTES, three fp32 passes")
+        "move per clipped parameter in every precision; None: advisor.optimizer CLIP_BYTES, three passes over the "
+        "fp32 gradients (halved in pure bf16)")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

@@ -62,7 +62,7 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any
     if w.stack.engine.clip_grad_norm:  # at the element-wise rate, as the scaler's passes
         e = w.stack.engine
         clipped = np.asarray(sharded_params if e.clip_grad_scope == "stepped" else params, dtype=float)
-        per_clipped = (e.clip_grad_bytes or CLIP_BYTES) / (2.0 if w.precision is Precision.bf16 else 1.0)
+        per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
         t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:
         t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
