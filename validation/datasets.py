@@ -281,7 +281,18 @@ class H100Row(Row):
         return dict(model=self.shape.catalogue or self.model_spec(), hw="dgx-h100", gpus=1, dp=1, tp=1, pp=1,
                     zero=0, micro_batch=self.micro_batch, global_batch=self.micro_batch, seq=self.seq_len,
                     precision=self.precision, attention=self.attention, recompute=self.recompute,
-                    optimizer=self.optimizer)
+                    optimizer=self.optimizer, stack=unclipped_loop())
+
+
+def unclipped_loop():
+    """The stack the H100 rows are costed in: the Trainer's profile (auto's on one GPU) without its max_grad_norm
+    clipping, as the measured loop ran (reference/README.md, h100/: forward, backward and AdamW's step, timed apart as
+    fwd_bwd_s and opt_step_s; nothing clips)."""
+    from advisor.stack import load_stack
+
+    trainer = load_stack("hf-trainer")
+    return trainer.model_copy(update={"name": "h100-loop", "engine": trainer.engine.model_copy(
+        update={"clip_grad_norm": False})})
 
 
 def load_h100_single() -> list[H100Row]:
