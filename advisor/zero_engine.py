@@ -55,6 +55,9 @@ class ZeroBuffers(Spec):
     stages: list[Literal[1, 2, 3]] = Field(default=[1, 2, 3], min_length=1, description="the ZeRO stages the stack "
                                            "runs on this engine (the Trainer's ZeRO-1 through accelerate's DeepSpeed "
                                            "plugin; its ZeRO-2/3 are FSDP's)")
+    half_master: bool = Field(default=False, description="under --precision bf16 the stack's DeepSpeed config keeps "
+                              "bf16 master weights, gradients and optimizer states (bf16_master_weights_and_grads, "
+                              "bf16_optimizer_states): what ZeRO-Offload holds and copies (advisor.parallel.zero_offload)")
     overlap_comm: Optional[bool] = Field(default=None, description="None: as the plan's --overlap-grad-reduce, which "
                                          "the stack's export writes as overlap_comm; False: never (a launcher that "
                                          "writes none, below stage 3 DeepSpeed's default: config.py overlap_comm_valid)")

@@ -55,13 +55,15 @@ def test_megatron_deepspeed_keeps_the_papers_volume():
 def test_zero2_host_memory_counts_deepspeeds_allocations_and_pinned_rounding():
     # per rank: pinned fp32 master (stage_1_and_2.py:563-565) and fp32 gradient partition (:937-941), 4 x S = 4.015 GB
     # each, taken as 2^32 by torch's caching host allocator (CachingHostAllocator.h:300-309); the pinned bf16 buffer
-    # the step writes (:566-575), 2 S = 2.008 GB as 2^31; Adam's m and v (cpu_adam.py:161-164), 8 S, not pinned:
-    # 139.83 GiB a node where 16 B a parameter gave 119.66 GiB
+    # the step writes (:566-575), 2 S = 2.008 GB as 2^31; Adam's m and v (cpu_adam.py:161-164), 8 S, not pinned; the
+    # pinned bf16 twin of the largest parameter's staging buffer (temp_grad_buffer_for_cpu_offload, :653-658), the
+    # embedding's 525,336,576 x 2 = 1.051 GB as 2^30: 147.83 GiB a node (139.83 without the twin; 16 B a parameter
+    # gave 119.66 GiB)
     e = estimate(zero=2, grad_accum=1, **KW)
     assert e.params == P
-    per_rank = 2 * 2**32 + 2**31 + 8 * S
+    per_rank = 2 * 2**32 + 2**31 + 8 * S + 2**30
     assert e.host_memory_bytes == pytest.approx(8 * per_rank, rel=1e-12)
-    assert e.host_memory_bytes / GIB == pytest.approx(139.83, abs=0.01)
+    assert e.host_memory_bytes / GIB == pytest.approx(147.83, abs=0.01)
     # under accumulation the pinned bf16 running sums (:1822-1825), 2 S more a rank
     e4 = estimate(zero=2, grad_accum=4, **KW)
     assert e4.host_memory_bytes == pytest.approx(8 * (per_rank + 2 * S), rel=1e-12)
@@ -70,12 +72,14 @@ def test_zero2_host_memory_counts_deepspeeds_allocations_and_pinned_rounding():
 def test_zero3_host_memory_counts_its_sub_groups_and_host_gradient_buffer():
     # fp32 master unpinned (stage3.py:1157-1160), the fp32 gradients pinned per sub-group of sub_group_size = 1e9
     # elements (:1337-1340; one of 1e9 and the rest, :1210-1233), the bf16 grad_partitions_flat_buffer pinned
-    # (:791-795), Adam's 8 S: 137.87 GiB a node (was 16 S: 119.66 GiB)
+    # (:791-795), Adam's 8 S, and the step's upload: copy_ of the fp32 sub-group into the GPU's bf16 partition
+    # (stage3.py:2858-2859), blocking, so torch converts it on the CPU into a pageable bf16 temporary of
+    # min(S, 1e9) elements: 152.77 GiB a node (137.87 without it; 16 S: 119.66 GiB)
     e = estimate(zero=3, grad_accum=1, **KW)
     rest = S - 1e9
-    per_rank = 4 * S + 2**32 + 2 ** np.ceil(np.log2(4 * rest)) + 2**31 + 8 * S
+    per_rank = 4 * S + 2**32 + 2 ** np.ceil(np.log2(4 * rest)) + 2**31 + 8 * S + 2 * 1e9
     assert e.host_memory_bytes == pytest.approx(8 * per_rank, rel=1e-12)
-    assert e.host_memory_bytes / GIB == pytest.approx(137.87, abs=0.01)
+    assert e.host_memory_bytes / GIB == pytest.approx(152.77, abs=0.01)
 
 
 def test_gradient_copies_on_the_compute_stream_without_overlap_comm():
@@ -85,7 +89,9 @@ def test_gradient_copies_on_the_compute_stream_without_overlap_comm():
     on = estimate(zero=2, grad_accum=4, **KW)
     off = estimate(zero=2, grad_accum=4, overlap_grad_reduce=False, **KW)
     copies = 18 * S / PCIE
-    step_and_upload = 8 * S / 13.7e9 + 2 * S / PCIE  # the node's CPU steps its 8 ranks' partitions
+    # the node's CPU steps its 8 ranks' partitions at the profile's 30 B a parameter, and unscales and clips the fp32
+    # gradient in place (unscale_and_clip_grads, stage_1_and_2.py:3193-3216): 8 B more
+    step_and_upload = 8 * S / 13.7e9 * 38 / 30 + 2 * S / PCIE
     assert off.breakdown["offload"] == pytest.approx(step_and_upload + copies, rel=1e-9)
     assert on.breakdown["offload"] == pytest.approx(step_and_upload + copies / 32, rel=1e-9)
 
@@ -97,10 +103,11 @@ def test_zero1_offload_is_costed_at_one_micro_batch():
     e = estimate(zero=1, grad_accum=1, **KW)
     assert e.memory.parts["gradients"] == pytest.approx(2 * P)
     assert e.memory.parts["optimizer_states"] == 0
-    assert e.breakdown["offload"] == pytest.approx(P / 13.7e9 + 2 * S / PCIE + 4 * S / PCIE / 32, rel=1e-9)
+    step = P / 13.7e9 * 38 / 30  # CPU Adam's 30 B a parameter and the unscale and clip's 8 (zero_offload)
+    assert e.breakdown["offload"] == pytest.approx(step + 2 * S / PCIE + 4 * S / PCIE / 32, rel=1e-9)
     # the Trainer's ZeRO-1 (accelerate's plugin writes no overlap_comm: False below stage 3) copies after backward
     t = estimate(**{**KW, "stack": "hf-trainer"}, zero=1, grad_accum=1)
-    assert t.breakdown["offload"] == pytest.approx(P / 13.7e9 + 2 * S / PCIE + 4 * S / PCIE, rel=1e-9)
+    assert t.breakdown["offload"] == pytest.approx(step + 2 * S / PCIE + 4 * S / PCIE, rel=1e-9)
 
 
 def test_zero1_offload_under_accumulation_is_refused_with_deepspeeds_reason():
@@ -180,3 +187,38 @@ def test_zero2_offload_keeps_a_gpu_staging_buffer_of_its_largest_parameter():
     assert list(staging) == [128256 * 4096 * 2, 128256 * 4096 * 2, 0.0]
     e = estimate(zero=2, grad_accum=1, **KW)  # the estimate holds it: transient at least the buffer
     assert e.memory.parts["transient"] >= 128256 * 4096 * 2
+
+
+def test_the_cpu_step_unscales_and_clips_the_gradient_and_fp16_zero3_checks_it_on_the_host():
+    """unscale_and_clip_grads (stage_1_and_2.py:3193-3216, stage3.py:2979-2988) multiplies the host gradient partition
+    by 1 / (loss scale x clip) every step the exports' gradient_clipping = 1.0 reaches: a read and a write, 8 B of
+    fp32 beside CPU Adam's 30 (the profile's rate), 0.586 -> 0.742 s for the node's 8 x S parameters; ZeRO-3 under fp16
+    runs isinf and isnan over the host bf16 gradient buffer (has_overflow, stage3.py:3009-3018): 8 B more, 0.898 s."""
+    adam = 8 * S / 13.7e9
+    for zero, precision, extra in [(2, "bf16-mixed", 8), (2, "fp16-mixed", 8), (3, "bf16-mixed", 8), (3, "fp16-mixed", 16)]:
+        assert zero_offload.host_step_factor(np.array([zero]), 4.0, precision == "fp16-mixed")[0] == (30 + extra) / 30
+    z2, z2h = estimate(zero=2, grad_accum=4, **KW), estimate(zero=2, grad_accum=4, precision="fp16-mixed", **KW)
+    z3, z3h = estimate(zero=3, grad_accum=4, **KW), estimate(zero=3, grad_accum=4, precision="fp16-mixed", **KW)
+    assert z2.breakdown["offload"] - z2h.breakdown["offload"] == pytest.approx(0.0, abs=1e-12)
+    assert z3h.breakdown["offload"] - z3.breakdown["offload"] == pytest.approx(adam * 8 / 30, rel=1e-9)
+    assert adam * 38 / 30 == pytest.approx(0.742, abs=1e-3)
+
+
+def test_pure_bf16_keeps_bf16_masters_moments_and_copies_on_the_host():
+    """--precision bf16 exports bf16_master_weights_and_grads and bf16_optimizer_states (export/deepspeed.py): the
+    master partition and its gradient in bf16 (base_optimizer.py:521-526, stage_1_and_2.py:558-561, :937-941), CPU
+    Adam's moments in bf16 (engine.py:2388-2391, cpu_adam.py:158), the running sums views of the gradient partition
+    (:1821-1825), the boundary copy in bf16 (:1899-1900). ZeRO-2, 4 micro-batches, per rank: master, gradient and
+    upload buffer 2 S each as 2^31, the twin 2^30, moments 4 S: 85.92 GiB a node (162.79 in bf16-mixed)."""
+    e = estimate(zero=2, grad_accum=4, precision="bf16", **KW)
+    assert e.host_memory_bytes == pytest.approx(8 * (3 * 2**31 + 2**30 + 4 * S), rel=1e-12)
+    assert e.host_memory_bytes / GIB == pytest.approx(85.92, abs=0.01)
+    s = TrainingSetup(grad_accum=4)
+    c = Candidates.of_plan(Plan(dp=8, zero=2, offload="optimizer-cpu"), s, 4)
+    down, up = offload.pcie_bytes(c, S, 2.0, load_stack("deepspeed"), 2.0, 2.0)
+    assert (float(down[0]) / S, float(up[0]) / S) == (2 * 4 + 2.0, 2 * 3 + 2.0)  # the boundary's 2 B, not fp32's 4
+    # the step: Adam's 16 B and the unscale's 4 over the profile's 30
+    assert zero_offload.host_step_factor(np.array([2]), 2.0, False)[0] == pytest.approx(20 / 30)
+    # the Trainer's ZeRO-1 keeps fp32 masters under pure bf16 (accelerate's plugin: export/accelerate.py)
+    t = estimate(**{**KW, "stack": "hf-trainer"}, zero=1, grad_accum=1, precision="bf16")
+    assert t.host_memory_bytes == pytest.approx(8 * (2 * 2**32 + 2**31 + 8 * S + 2**30), rel=1e-12)

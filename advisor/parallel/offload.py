@@ -29,7 +29,8 @@
   layers' compute (Megatron's --cpu-offloading-num-layers, ``activation_copies``).
 
 The node's CPU, host memory and NVMe are shared by the ranks on it. Left out: pinned-buffer staging copies, the
-CPU's own gradient clipping and overflow checks, NVMe capacity beyond the states, delayed parameter update.
+CPU's own gradient clipping and overflow checks but DeepSpeed 0.19.8's (advisor.parallel.zero_offload), NVMe capacity
+beyond the states, delayed parameter update.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from advisor.parallel import zero_buffers, zero_offload
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix
 from advisor.stack import Stack
+from advisor.training import Precision
 from advisor.workload import Workload
 
 HALF = 2.0  # bytes of a half-precision gradient or parameter on the wire (the ZeRO-Offload paper's fp16)
@@ -152,9 +154,10 @@ def host_bytes(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, from
     model = np.where(opt, shard * per_param, 0.0)
     ds = zero_offload.runs(w.stack, c.zero) & opt & ~nvme  # DeepSpeed's own allocations (advisor.parallel.zero_offload)
     if ds.any():
-        model = np.where(ds, zero_offload.host_bytes_per_rank(c.zero, c.grad_accum, shard, states.weight_bytes,
-                                                              states.grad_bytes, params,
-                                                              w.stack.engine.zero_buffers.sub_group_elements), model)
+        model = np.where(ds, zero_offload.host_bytes_per_rank(
+            c.zero, c.grad_accum, shard, states.weight_bytes, states.grad_bytes, params,
+            w.stack.engine.zero_buffers.sub_group_elements, zero_offload.largest_param(w, c.tp),
+            zero_offload.master_bytes(w), w.precision is Precision.fp16_mixed), model)
     acts = np.where(pol.offload, pol.offloaded * kept_full * tokens * in_flight_layers, 0.0)
     return (model + acts) * ranks_per_node(w.hw, mesh)
 
@@ -170,7 +173,7 @@ class OffloadTime:
 
 
 def pcie_bytes(c: Candidates, shard_params: Any, passes: Any, stack: Stack | None = None,
-               grad_bytes: Any = HALF) -> tuple[Any, Any]:
+               grad_bytes: Any = HALF, master: Any = FP32_GRAD) -> tuple[Any, Any]:
     """(down, up) bytes per step one GPU moves over PCIe for its offloaded model states: half-precision gradients
     down every micro-batch; parameters up after the step (optimizer offload), or for every gather pass of every
     micro-batch (parameter offload). One GPU, one micro-batch, M parameters: 2M + 2M (Ren et al. 2021). On DeepSpeed
@@ -181,7 +184,7 @@ def pcie_bytes(c: Candidates, shard_params: Any, passes: Any, stack: Stack | Non
     up = np.where(params, ga * passes * HALF * shard_params, np.where(opt, HALF * shard_params, 0.0))
     ds = zero_offload.runs(stack, c.zero) & opt
     if ds.any():
-        ds_down, ds_up = zero_offload.micro_batch_copies(c.zero, ga, grad_bytes)[3]
+        ds_down, ds_up = zero_offload.micro_batch_copies(c.zero, ga, grad_bytes, master)[3]
         down, up = np.where(ds, ds_down * shard_params, down), np.where(ds, up + ds_up * shard_params, up)
     return down, up
 
@@ -209,9 +212,13 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     host, ranks = hw.host, ranks_per_node(hw, mesh)
     shard = shard_params(states, mesh)
     passes = 2.0 + pol.full  # forward, backward, and the checkpointed layers' recomputed forward
-    down, up = pcie_bytes(c, shard, passes, w.stack, states.grad_bytes)
+    master = zero_offload.master_bytes(w)
+    down, up = pcie_bytes(c, shard, passes, w.stack, states.grad_bytes, master)
     pcie = host.pcie_bytes_per_s
     cpu = np.where(opt, cpu_step_time(w, shard, ranks), 0.0)
+    ds = zero_offload.runs(w.stack, c.zero) & opt
+    if ds.any():  # DeepSpeed's step: its Adam's bytes, the gradient's unscale and clip (advisor.parallel.zero_offload)
+        cpu = np.where(ds, cpu * zero_offload.host_step_factor(c.zero, master, w.precision is Precision.fp16_mixed), cpu)
     if host.has_nvme:  # the states read and written around the step by every rank of the node, overlapped with it
         states_b = np.where(nvme, ranks * on_gpu.optimizer_states, 0.0)
         swap = states_b / (host.nvme_read_GBps * 1e9) + states_b / (host.nvme_write_GBps * 1e9)
@@ -225,11 +232,10 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     units = np.maximum(np.asarray(layers, dtype=float), 1.0)
     grads_mb = np.where(opt, HALF * shard / pcie, 0.0)
     exposed_grads = ga * np.maximum(grads_mb - bwd_window, grads_mb / units)
-    ds = zero_offload.runs(w.stack, c.zero) & opt
     if ds.any():  # DeepSpeed's copies, on the compute stream under ZeRO-1/2 without overlap_comm
         side = zero_buffers.overlap(w, np.asarray(c.zero), np.asarray(c.overlap, dtype=bool))
         exposed_grads = np.where(ds, zero_offload.exposed(c.zero, ga, states.grad_bytes, shard / pcie, side, bwd_window,
-                                                          units), exposed_grads)
+                                                          units, master), exposed_grads)
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)
     upload = np.where(opt & ~params, HALF * shard / pcie, 0.0)

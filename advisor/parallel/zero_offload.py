@@ -31,9 +31,32 @@ estimator (estimate_zero2_model_states_mem_needs, :4025-4027) says 16 (x 1.5 of 
 pinned running sums (g). A pinned buffer takes the next power of two of its bytes (torch 2.13
 ATen/core/CachingHostAllocator.h:300-309: PowerOf2Ceil below pinned_max_round_threshold, unbounded by default,
 c10/core/AllocatorConfig.h:361): counted for the flat buffers. On the GPU, the largest parameter's staging buffer
-(``gpu_staging_bytes``). Left out: the per-parameter buffers' own rounding, that buffer's pinned host twin
-(temp_grad_buffer_for_cpu_offload, :653-658, allocated but unused), init-time copies
-(the estimator's 4 x GPUs bytes term), NVMe's swap buffers.
+(``gpu_staging_bytes``) and on the host its pinned twin (temp_grad_buffer_for_cpu_offload, :653-658: allocated on
+self.device, 'cpu' under offload (:278), in the model's dtype, pinned: a power of two, 2^31 B for Llama 3 8B's
+embedding), never written but held. ZeRO-3's upload copies the fp32 sub-group into the GPU's bf16 partition with a
+blocking copy_ (stage3.py:2858-2859), which torch converts on the CPU first (ATen/native/cuda/Copy.cu copy_kernel_cuda:
+"For blocking transfers conversions are performed on CPU"): a pageable bf16 temporary of one sub-group; under fp16 its
+overflow check runs torch.isinf / isnan over the host gradient buffer (has_overflow, :3009-3018; only for fp16,
+:2815-2816), a bool temporary of the partition.
+
+The CPU step (``host_step_factor``): the profiles' CPU Adam rate is memory-bound at 30 bytes a parameter (dgx-a100.yaml
+cpu_adam_Gparams_per_s); the step also scales the fp32 gradient partition in place by 1 / (loss scale x clip)
+(unscale_and_clip_grads, stage_1_and_2.py:3193-3216; stage3.py:2979-2988, unconditional), which advisor's exports
+always reach (gradient_clipping = 1.0, export/common.py GRADIENT_CLIP; the Trainer's max_grad_norm defaults to 1.0):
+a read and a write of the gradient; ZeRO-3 under fp16 adds its host overflow check (isinf, isnan: each reads the half
+gradient, writes and reads a bool).
+
+Pure bf16 (``half_master``: the stack's zero_buffers.half_master and --precision bf16): the deepspeed export writes
+bf16_master_weights_and_grads and bf16_optimizer_states (export/deepspeed.py _precision), so the master partition
+and its gradient are bf16 (base_optimizer.py:521-526; stage_1_and_2.py:558-561), the boundary copies 2 bytes (:1899-1900
+casts to master_weights_and_grads_dtype), the running sums are views of the bf16 gradient partition, not pinned
+buffers of their own (:1821-1825), and CPU Adam keeps its moments in bf16 (engine.py:2388-2391 fp32_optimizer_states
+False, cpu_adam.py:158): 2 + 2 + 4 + 2 host bytes a parameter, and the step moves 16 bytes where mixed precision's 30.
+
+Left out: the per-parameter buffers' own rounding, init-time copies (the estimator's 4 x GPUs bytes term), NVMe's
+swap buffers, the upload's pageable copy rate (ZeRO-3), the per-parameter host waits of ZeRO-1/2 offload
+(_wait_for_offload_copies, :1735-1738, each micro-batch that accumulates; the overflow tracker's bool() of a device
+tensor at the boundary, :1791-1793), which block the host on the reduction stream.
 """
 
 from __future__ import annotations
@@ -46,6 +69,14 @@ from advisor.parallel import zero_buffers
 
 FP32 = 4.0  # bytes of the fp32 gradient partition the boundary copies down (master_weights_and_grads_dtype)
 ADAM = 8.0  # DeepSpeedCPUAdam's exp_avg and exp_avg_sq in fp32 (cpu_adam.py:161-164)
+HALF = 2.0  # bytes of a bf16 master weight, gradient or moment under pure bf16 (module docstring)
+# the hardware profiles' memory-bound CPU Adam: fp32 parameter, gradient, momentum and variance read (16), parameter,
+# momentum and variance written (12), the half-precision copy written (2) (dgx-a100.yaml's cpu_adam_Gparams_per_s)
+CPU_ADAM_BYTES = 30.0
+PURE_BF16_ADAM_BYTES = 16.0  # the same terms in bf16: 8 read, 6 written, the upload buffer's 2 (cpu_adam.py:158)
+# ZeRO-3's fp16 overflow check on the host gradient buffer: isinf and isnan each read 2 B and write a 1 B bool, .any()
+# reads the bool (stage3.py:3012-3013)
+FP16_CHECK_BYTES = 2.0 * (2.0 + 1.0 + 1.0)
 ZERO1_ACCUMULATES = ("DeepSpeed's ZeRO-1 with offload_optimizer adds the previous step's gradient under gradient "
                      "accumulation (stage_1_and_2.py:1852-1857 never reset): --grad-accum 1, or --zero 2")
 
@@ -58,24 +89,40 @@ def runs(stack: Any, zero: Any) -> Any:
     return zero_buffers.on_engine(stack, zero)
 
 
-def micro_batch_copies(zero: Any, ga: Any, grad_bytes: Any) -> tuple[Any, Any, Any, Any]:
+def half_master(w: Any) -> bool:
+    """Whether the plan trains pure bf16 with bf16 master weights, gradients and moments on the host (module
+    docstring): the stack's DeepSpeed config sets bf16_master_weights_and_grads under --precision bf16."""
+    from advisor.training import Precision  # noqa: PLC0415 (a leaf enum)
+
+    zb = w.stack.engine.zero_buffers if w.stack is not None else None
+    return bool(zb is not None and zb.half_master and w.precision is Precision.bf16)
+
+
+def master_bytes(w: Any) -> float:
+    """Bytes of a host master weight and of its gradient: 2 under pure bf16, else fp32's 4."""
+    return HALF if half_master(w) else FP32
+
+
+def micro_batch_copies(zero: Any, ga: Any, grad_bytes: Any, master: Any = FP32) -> tuple[Any, Any, Any, Any]:
     """Bytes per partition parameter on one stream, both directions together: (the first micro-batch's, each middle
-    one's, the boundary micro-batch's), and the step's (down, up) gradient bytes (module docstring)."""
+    one's, the boundary micro-batch's), and the step's (down, up) gradient bytes (module docstring); ``master``: the
+    bytes of the gradient partition the boundary copies down (master_weights_and_grads_dtype)."""
     zero, ga, g = np.asarray(zero), np.asarray(ga, dtype=float), np.asarray(grad_bytes, dtype=float)
     acc = ga > 1
     first = np.where(zero >= 3, 2.0 * g, np.where(zero == 2, g, 0.0))  # ZeRO-1 copies at the boundary only
     middle = np.where(zero >= 2, 2.0 * g, 0.0)
-    last = np.where(acc | (zero >= 3), 2.0 * g, 0.0) + FP32  # the running sum up and down, and the fp32 copy
-    down = np.where(zero >= 2, g * np.where(acc | (zero >= 3), ga, 0.0), np.where(acc, g, 0.0)) + FP32
+    last = np.where(acc | (zero >= 3), 2.0 * g, 0.0) + master  # the running sum up and down, and the master copy
+    down = np.where(zero >= 2, g * np.where(acc | (zero >= 3), ga, 0.0), np.where(acc, g, 0.0)) + master
     up = np.where(zero >= 3, g * ga, np.where(zero == 2, g * (ga - 1.0), np.where(acc, g, 0.0)))
     return first * acc, middle, last, (down, up)
 
 
-def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, overlapped: Any, window: Any, units: Any) -> Any:
+def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, overlapped: Any, window: Any, units: Any,
+            master: Any = FP32) -> Any:
     """Seconds the gradient copies add per step (``per_byte_s``: a copy's seconds per byte of each partition parameter,
     S over the PCIe rate): on a side stream each micro-batch's hides behind its backward (``window``) but for the last
     unit's share; on the compute stream (ZeRO-1/2 without overlap_comm) all of it."""
-    first, middle, last, _ = micro_batch_copies(zero, ga, grad_bytes)
+    first, middle, last, _ = micro_batch_copies(zero, ga, grad_bytes, master)
     ga = np.asarray(ga, dtype=float)
     side = np.asarray(overlapped, dtype=bool) | (np.asarray(zero) >= 3)
 
@@ -86,13 +133,27 @@ def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, overlapped: An
     return hide(first) + np.maximum(ga - 2.0, 0.0) * hide(middle) + hide(last)
 
 
+def largest_param(w: Any, tp: Any) -> Any:
+    """Elements of the model's largest parameter (largest_param_numel, stage_1_and_2.py:626-635): the embedding or
+    output table for these models (Llama 3 8B's 128256 x 4096 = 525M), else a layer's largest module."""
+    return np.maximum(w.model.vocab * w.model.d_model / np.asarray(tp, dtype=float), w.layer.largest_module_weights(tp))
+
+
 def gpu_staging_bytes(w: Any, zero: Any, tp: Any, grad_bytes: Any) -> Any:
     """The GPU buffer ZeRO-1/2's offload allocates at init and keeps, one largest parameter in the model's half type
     (temp_grad_buffer_for_gpu_offload, stage_1_and_2.py:659-661: the running sums and fp32 upcasts are staged through
-    it): the embedding or output table for these models (Llama 3 8B's 525M elements: 1.05 GB), else a layer's largest
-    module; 0 where the plan's optimizer offload is not DeepSpeed's ZeRO-1/2."""
-    largest = np.maximum(w.model.vocab * w.model.d_model / np.asarray(tp, dtype=float), w.layer.largest_module_weights(tp))
-    return np.where(runs(w.stack, zero) & (np.asarray(zero) <= 2), largest * grad_bytes, 0.0)
+    it): Llama 3 8B's 525M elements, 1.05 GB; 0 where the plan's optimizer offload is not DeepSpeed's ZeRO-1/2."""
+    return np.where(runs(w.stack, zero) & (np.asarray(zero) <= 2), largest_param(w, tp) * grad_bytes, 0.0)
+
+
+def host_step_factor(zero: Any, master: Any, fp16: bool) -> Any:
+    """The CPU step's seconds over the profile's CPU Adam time (its 30 bytes a parameter): Adam's bytes (16 under pure
+    bf16), the in-place unscale and clip of the gradient partition (a read and a write), and ZeRO-3's fp16 overflow
+    check on the host (module docstring)."""
+    m = np.asarray(master, dtype=float)
+    adam = np.where(m < FP32, PURE_BF16_ADAM_BYTES, CPU_ADAM_BYTES)
+    check = np.where((np.asarray(zero) >= 3) & fp16, FP16_CHECK_BYTES, 0.0)
+    return (adam + 2.0 * m + check) / CPU_ADAM_BYTES
 
 
 def pow2(nbytes: Any) -> Any:
@@ -102,15 +163,23 @@ def pow2(nbytes: Any) -> Any:
 
 
 def host_bytes_per_rank(zero: Any, ga: Any, shard: Any, weight_bytes: Any, grad_bytes: Any, params: Any,
-                        sub_group: float) -> Any:
+                        sub_group: float, largest: Any = 0.0, master: Any = FP32, fp16: bool = False) -> Any:
     """One rank's host bytes (module docstring); ``params``: offload_param too (stage 3's pinned half-precision
-    partition, stage3.py:906-907); ``sub_group``: ZeRO-3's sub_group_size (one pinned fp32 gradient buffer each)."""
-    zero, s = np.asarray(zero), np.asarray(shard, dtype=float)
+    partition, stage3.py:906-907); ``sub_group``: ZeRO-3's sub_group_size (one pinned gradient buffer each);
+    ``largest``: the largest parameter's elements (ZeRO-1/2's pinned host twin of its staging buffer); ``master``:
+    bytes of a master weight and of its gradient (2 under pure bf16, whose moments are bf16 too); ``fp16``: ZeRO-3's
+    overflow check's bool temporary."""
+    zero, s, m = np.asarray(zero), np.asarray(shard, dtype=float), np.asarray(master, dtype=float)
     # stage3.py _create_fp16_sub_groups (:1210-1233) closes a sub-group once it reaches sub_group_size: full ones and
     # the rest (parameter boundaries left out)
     full = np.floor(s / sub_group)
-    grads = full * pow2(FP32 * sub_group) + pow2(FP32 * (s - full * sub_group))
-    z12 = pow2(FP32 * s) + pow2(FP32 * s) + pow2(weight_bytes * s) + np.where(
-        (zero == 2) & (np.asarray(ga) > 1), grad_bytes * s, 0.0)
-    z3 = FP32 * s + grads + pow2(grad_bytes * s) + np.where(params, pow2(weight_bytes * s), 0.0)
-    return ADAM * s + np.where(zero >= 3, z3, z12)
+    grads = full * pow2(m * sub_group) + pow2(m * (s - full * sub_group))
+    # the running sums: pinned buffers of their own only where the master is fp32 (stage_1_and_2.py:1821-1825)
+    sums = np.where((zero == 2) & (np.asarray(ga) > 1) & (m >= FP32), grad_bytes * s, 0.0)
+    z12 = pow2(m * s) + pow2(m * s) + pow2(weight_bytes * s) + sums + pow2(grad_bytes * np.asarray(largest, dtype=float))
+    # the step's transients, one after the other: the upload's pageable bf16 sub-group (none where the master is in
+    # the weights' dtype, or the partition already on the host) and fp16's overflow-check bool (1 B an element)
+    upload = np.where(~np.asarray(params, dtype=bool) & (m != weight_bytes), weight_bytes * np.minimum(s, sub_group), 0.0)
+    transient = np.maximum(upload, s if fp16 else 0.0)
+    z3 = m * s + grads + pow2(grad_bytes * s) + np.where(params, pow2(weight_bytes * s), 0.0) + transient
+    return 2.0 * m * s + np.where(zero >= 3, z3, z12)
