@@ -10,7 +10,8 @@
   and the parameter copy do not overlap the GPU (DeepSpeed offers no delayed parameter update). On DeepSpeed
   0.19.8's own engine (the stages its profile's ``zero_buffers`` lists) the copies and host buffers are its source's,
   not the paper's: advisor.parallel.zero_offload (the fp32 gradient partition down at the boundary, 4 bytes; the
-  running sum up and down every micro-batch; ZeRO-1 at one micro-batch; 18 host bytes a parameter, pinned ones rounded).
+  running sum up and down every micro-batch; ZeRO-1 at one micro-batch; ZeRO-1/2's copies exposed whole, the host
+  waiting for each; 18 host bytes a parameter, pinned ones rounded).
 - **ZeRO-Infinity** (Rajbhandari et al. 2021, "ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep
   Learning"): ``optimizer-nvme`` keeps the optimizer states on the node's NVMe, read and written once a step around
   the CPU step (swapped a sub-group at a time, overlapped with it: the longer of the two); ``params-cpu`` /
@@ -43,7 +44,7 @@ import numpy as np
 from advisor.candidates import Candidates, Mesh
 from advisor.hardware import Hardware
 from advisor.layout import Offload
-from advisor.parallel import zero_buffers, zero_offload
+from advisor.parallel import zero_offload
 from advisor.parallel.data import ModelStates
 from advisor.recompute import Mix
 from advisor.stack import Stack
@@ -232,9 +233,8 @@ def time(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, on_gpu: Mo
     units = np.maximum(np.asarray(layers, dtype=float), 1.0)
     grads_mb = np.where(opt, HALF * shard / pcie, 0.0)
     exposed_grads = ga * np.maximum(grads_mb - bwd_window, grads_mb / units)
-    if ds.any():  # DeepSpeed's copies, on the compute stream under ZeRO-1/2 without overlap_comm
-        side = zero_buffers.overlap(w, np.asarray(c.zero), np.asarray(c.overlap, dtype=bool))
-        exposed_grads = np.where(ds, zero_offload.exposed(c.zero, ga, states.grad_bytes, shard / pcie, side, bwd_window,
+    if ds.any():  # DeepSpeed's copies: ZeRO-1/2's block the host (advisor.parallel.zero_offload.exposed)
+        exposed_grads = np.where(ds, zero_offload.exposed(c.zero, ga, states.grad_bytes, shard / pcie, bwd_window,
                                                           units, master), exposed_grads)
     fetch_mb = np.where(params, np.maximum(passes * HALF * shard / pcie, nvme_params), 0.0)
     exposed_fetch = ga * np.maximum(fetch_mb - (fwd_window + bwd_window), fetch_mb / units)

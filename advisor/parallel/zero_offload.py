@@ -12,7 +12,8 @@ non-compact path, stage_1_and_2.py:1259-1261).
   async_inplace_copy_grad_to_fp32_buffer_from_gpu (:1888-1912) upcasts the gradient on the GPU and copies it down
   into the fp32 gradient partition: 4 bytes, not the paper's 2. Per step, ZeRO-2 with ga > 1: g (ga) + 4 down,
   g (ga - 1) up; ga = 1: 4 down. ZeRO-1 reduces at the boundary only (:2285-2287): 4 down at ga = 1. The copies run
-  on the reduction stream under overlap_comm, else on the compute stream (reduce_ipg_grads, :2239-2248).
+  on the reduction stream under overlap_comm, else on the compute stream (reduce_ipg_grads, :2239-2248), and either
+  way the host waits for each parameter's before the next (``exposed``): none hides behind the backward.
   ZeRO-1 with ga > 1 is refused: its only pass through that path is the boundary micro-batch, whose micro_step_id
   is > 0, so it adds the CPU buffer, which still holds the previous step's gradient (nothing resets
   accumulated_grads_in_cpu, :647 and :1852): every step from the second on steps on the sum of all steps' gradients.
@@ -54,9 +55,9 @@ buffers of their own (:1821-1825), and CPU Adam keeps its moments in bf16 (engin
 False, cpu_adam.py:158): 2 + 2 + 4 + 2 host bytes a parameter, and the step moves 16 bytes where mixed precision's 30.
 
 Left out: the per-parameter buffers' own rounding, init-time copies (the estimator's 4 x GPUs bytes term), NVMe's
-swap buffers, the upload's pageable copy rate (ZeRO-3), the per-parameter host waits of ZeRO-1/2 offload
-(_wait_for_offload_copies, :1735-1738, each micro-batch that accumulates; the overflow tracker's bool() of a device
-tensor at the boundary, :1791-1793), which block the host on the reduction stream.
+swap buffers, the upload's pageable copy rate (ZeRO-3), the host waits' own cost per parameter (~36 a rank a
+micro-batch for Llama 3 8B on 8 ranks) and the bucket all-reduces they also expose, and how one rank's stall delays
+the others at the next collective.
 """
 
 from __future__ import annotations
@@ -117,14 +118,18 @@ def micro_batch_copies(zero: Any, ga: Any, grad_bytes: Any, master: Any = FP32) 
     return first * acc, middle, last, (down, up)
 
 
-def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, overlapped: Any, window: Any, units: Any,
-            master: Any = FP32) -> Any:
+def exposed(zero: Any, ga: Any, grad_bytes: Any, per_byte_s: Any, window: Any, units: Any, master: Any = FP32) -> Any:
     """Seconds the gradient copies add per step (``per_byte_s``: a copy's seconds per byte of each partition parameter,
-    S over the PCIe rate): on a side stream each micro-batch's hides behind its backward (``window``) but for the last
-    unit's share; on the compute stream (ZeRO-1/2 without overlap_comm) all of it."""
+    S over the PCIe rate). ZeRO-3's run on reduce_and_partition_stream, each micro-batch's hidden behind its backward
+    (``window``) but for the last unit's share. ZeRO-1/2's block the host whatever the stream: with offload
+    (_offload_gradient_safety_enabled = cpu_offload and not zenflow, stage_1_and_2.py:232) each parameter's
+    async_accumulate_grad_in_cpu_via_gpu first waits for the previous one's copy (_wait_for_offload_copies,
+    :1812-1814, :1735-1738: event.synchronize()), and at the boundary the overflow tracker takes bool() of a device
+    tensor on the copying stream (update_offload_overflow_tracker, :1791-1793, before each fp32 copy, :2172-2176), so
+    the backward's hook thread launches nothing while they run: all of them show."""
     first, middle, last, _ = micro_batch_copies(zero, ga, grad_bytes, master)
     ga = np.asarray(ga, dtype=float)
-    side = np.asarray(overlapped, dtype=bool) | (np.asarray(zero) >= 3)
+    side = np.asarray(zero) >= 3
 
     def hide(b: Any) -> Any:
         t = b * per_byte_s
