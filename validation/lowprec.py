@@ -400,6 +400,11 @@ def bridge_kwargs(row: dict) -> tuple[Optional[dict], str]:
     if any(v is None for v in cells.values()):
         return None, "a cell giving two configurations ('1 (2)')"
     gpus, tp, pp, cp = cells["#-GPUs"], cells["TP"] or 1, cells["PP"] or 1, cells["CP"] or 1
+    # "n/a" or blank is a value the table did not give (reference/README.md), not a 1: a pipeline's interleaving
+    # sets its bubble (Llama 3 70B on GB300 in MXFP8, 26.02.01, PP 4 with VP n/a: as 1F1B at 8 micro-batches a 27%
+    # bubble, where 26.02 and 26.04 ran that layout at VP 5), so a pipeline without its VP is not costed
+    if pp > 1 and row["VP"].strip() in ("", "n/a"):
+        return None, "a pipeline whose virtual stages the table does not give (VP n/a)"
     # Megatron-Bridge's recipes run the distributed optimizer (ZeRO-1, ddp.use_distributed_optimizer); an FSDP
     # degree means Megatron-FSDP (ddp.use_megatron_fsdp, data_parallel_sharding_strategy
     # "optim_grads_params" in Megatron-Bridge 0.3.1's recipes/common.py: ZeRO-3)
