@@ -68,6 +68,8 @@ class Engine(Spec):
     clip_grad_bytes: Optional[float] = Field(default=None, ge=1, le=100, description="bytes the norm and the scale "
         "move per clipped parameter in every precision; None: advisor.optimizer CLIP_BYTES, three passes over the "
         "fp32 gradients (halved in pure bf16)")
+    clip_grad_bytes_zero: Optional[float] = Field(default=None, ge=1, le=100, description="clip_grad_bytes where ZeRO "
+        "partitions the optimizer (stage >= 1: DeepSpeed's ZeRO optimizers, not its stage-0 FP16_Optimizer); None: same")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

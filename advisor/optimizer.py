@@ -52,8 +52,8 @@ def state_bytes(w: Workload, master: Any) -> Any:
     return states + np.where(master & (w.precision not in (Precision.fp32, Precision.bf16)), 4.0, 0.0)
 
 
-def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any:
-    """Seconds of the memory-bound optimizer step on the ``sharded_params`` this GPU updates."""
+def step_time(w: Workload, params: Any, sharded_params: Any, master: Any, zero: Any = 0) -> Any:
+    """Seconds of the memory-bound optimizer step on the ``sharded_params`` this GPU updates (``zero``: its stage)."""
     hw = w.hw
     per_param = STEP_BYTES[w.optimizer] / (2.0 if w.precision is Precision.bf16 else 1.0)
     eff = hw.efficiency.optimizer_bandwidth[w.optimizer.value]  # the profile validator guarantees every optimizer
@@ -63,6 +63,7 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any) -> Any
         e = w.stack.engine
         clipped = np.asarray(sharded_params if e.clip_grad_scope == "stepped" else params, dtype=float)
         per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
+        per_clipped = np.where(np.asarray(zero) >= 1, e.clip_grad_bytes_zero or per_clipped, per_clipped)
         t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:
         t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)

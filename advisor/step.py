@@ -264,7 +264,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
                                              layers * lt.recompute_s),
         comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=(adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
-                   np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master))),
+                   np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master, c.zero))),
         offload=off.exposed_s, comm_ep=ga * ep_s, comm_ep_grad=ep_grad,
         comm_cp=ga * layers * cp.layer_s if np.ndim(cp.layer_s) else np.zeros(len(c)))
     memory, overhead = breakdown(w, c, mesh, states, tokens, loss_layers, pol, in_flight, (kept, full))

@@ -68,3 +68,24 @@ def test_deepspeed_clips_its_fp32_partition_in_pure_bf16_too(tmp_path):
         LLAMA3_8B / 8 * 26.0 * ELEMENTWISE_S_PER_BYTE, rel=0.01)
     assert _clip_s(tmp_path, "llama3-8b", "hf-trainer", **kw) == pytest.approx(
         LLAMA3_8B / 8 * 6.0 * ELEMENTWISE_S_PER_BYTE, rel=0.01)
+
+
+def test_megatron_deepspeed_norms_and_scales_fp32_gradients_every_step(tmp_path):
+    """Megatron-DeepSpeed under deepspeed 0.9.5, vTrain's ZeRO-0 fp16: FP16_Optimizer.step norms the flat fp32 gradient
+    group and multiplies it by the combined unscale-and-clip factor every step (fp16/fused_optimizer.py:272, 335;
+    runtime/utils.py:417): 12 bytes a parameter, 7.08 ms a step for the vTrain row GPT (16 layers, h 2048, vocab 50257,
+    910,759,936 parameters) on 4 A100s at DP 4. Its ZeRO-3 norms each fp16 partition gradient in fp64 and scales the
+    fp32 partition (zero/stage3.py:1518, 1898; clip_grad_bytes_zero): 26 bytes of the 1/8 partition on 8 GPUs, 1.92 ms."""
+    from validation.datasets import load_vtrain
+    row = next(r for r in load_vtrain() if (r.tp, r.pp, r.dp, r.n_layers, r.d_model) == (1, 1, 4, 16, 2048))
+    off = tmp_path / "mds-noclip.yaml"
+    off.write_text("base: megatron-deepspeed\nname: noclip\ndescription: t\nengine: {clip_grad_norm: false}\n")
+    a100_s_per_byte = 1.0 / (2039e9 * 0.757)  # A100 SXM 2,039 GB/s datasheet x dgx-a100's element-wise share
+    for update, params, bytes_, ms in (({}, 910_759_936, 12.0, 7.08),
+                                       (dict(gpus=8, dp=8, zero=3), 910_759_936 / 8, 26.0, 1.92)):
+        kw = {**row.estimate_kwargs(), **update}
+        on, no = (estimate(**{**kw, "stack": s}) for s in ("megatron-deepspeed", str(off)))
+        assert on.params == 910_759_936
+        clip = on.breakdown["optimizer"] - no.breakdown["optimizer"]
+        assert clip == pytest.approx(params * bytes_ * a100_s_per_byte, rel=0.01)
+        assert clip * 1e3 == pytest.approx(ms, rel=0.01)
