@@ -55,6 +55,16 @@ def auto_runs(stack: Stack, model: ModelSpec) -> bool:
     return runs_model(stack, model) and not unwritable(stack, model)
 
 
+def left_out_words(left_out: dict[str, str]) -> str:
+    """The stacks --stack any leaves out, grouped by their reason's gist (the text before its detail), one line:
+    'litgpt, litgpt-2023: does not train in bf16-mixed; ...' (--stack NAME says why, in full)."""
+    why: dict[str, list[str]] = {}
+    for name, reason in left_out.items():
+        gist = reason.replace(f"stack {name}'s ", "").replace(f"stack {name} ", "")
+        why.setdefault(gist.split(" (")[0].split(":")[0].split(", which")[0], []).append(name)
+    return "; ".join(f"{', '.join(names)}: {gist}" for gist, names in why.items())
+
+
 def model_parallel_stack(model: ModelSpec, setup: TrainingSetup) -> Optional[Stack]:
     """The stack --stack auto costs the model's TP, PP and CP plans in: AUTO_MODEL_PARALLEL where its code builds and
     its formats write the model, else AUTO_MODEL_PARALLEL_ELSE where Megatron's flags describe all but the positions
@@ -127,7 +137,9 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         for stack in (load_stack(n) for n in list_stacks()):
             if stack_runs(stack, setup) and auto_runs(stack, model):
                 return stack, fits_one_gpu(model, hw, stack, setup, headroom)
-        raise StackError(f"no stack profile runs {model.name} with what was asked (advisor stacks)")
+        why = {n: why_not(load_stack(n), setup) or f"stack {n} cannot build or write {model.name}" for n in list_stacks()}
+        raise StackError(f"no stack profile runs {model.name} with what was asked: {left_out_words(why)} "
+                         "(--stack NAME says why, in full)")
     if isinstance(name, Stack) or str(name) != "auto":
         stack = load_stack(name)
         return stack, fits_one_gpu(model, hw, stack, setup, headroom)

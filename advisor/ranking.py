@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from advisor.auto import left_out_words
 from advisor.parallel.expert import moe_note
 from advisor.explain import KIND_NAMES
 from advisor.export import unwritable
@@ -158,16 +159,15 @@ class PlanSearch:
         elif len(self.stacks) > 1:
             out.append(f"stacks: the plans of {', '.join(s.name for s in self.stacks)} ranked together (each row's "
                        "stack is in --json; `advisor stacks show NAME` says what each does)")
-            if self.left_out:  # grouped by their reason's gist (the text before its detail)
-                why: dict[str, list[str]] = {}
-                for name, reason in self.left_out.items():
-                    gist = reason.replace(f"stack {name}'s ", "").replace(f"stack {name} ", "")
-                    why.setdefault(gist.split(" (")[0].split(":")[0].split(", which")[0], []).append(name)
-                out.append("stacks left out (--stack NAME says why, in full): " + "; ".join(
-                    f"{', '.join(names)}: {gist}" for gist, names in why.items()))
+        elif self.left_out:  # --stack any, where one stack alone runs what was asked
+            out.append(f"stack: every plan costed as {self.stack.name} runs it ({_gist(self.stack.description)}), the "
+                       "only stack that runs what was asked (--stack any)")
         else:
             out.append(f"stack: every plan costed as {self.stack.name} runs it ({_gist(self.stack.description)}); "
                        "--stack NAME costs another, --stack any ranks every stack's (advisor stacks)")
+        if self.stack_rule is None and self.left_out:
+            out.append(f"stacks left out (--stack NAME says why, in full): {left_out_words(self.left_out)}")
+        if self.stack_rule is None and len(self.stacks) == 1:
             lacking = self.export_lacks()
             if lacking:
                 out.append(f"export: {self.stack.name}'s launch formats ({', '.join(self.stack.launch)}) do not write "

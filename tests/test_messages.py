@@ -109,3 +109,30 @@ def test_stack_any_names_the_stacks_it_left_out_and_why():
     line = next(n for n in found.notes() if n.startswith("stacks left out"))
     assert "litgpt, litgpt-2023: does not train in bf16-mixed" in line and "does not run qlora fine-tuning" in line
     assert found.to_json()["stacks_left_out"] == found.left_out  # --json carries them
+
+
+def test_stack_any_names_its_left_out_stacks_when_one_stack_alone_runs_the_setup():
+    """Only nanotron runs --tp-overlap linear-async (its tp_linear_async_communication, stack_profiles/nanotron.yaml):
+    the footer named every other stack's reason only when two or more stacks were ranked, and otherwise said 'every
+    plan costed as nanotron runs it; ... --stack any ranks every stack's', as if --stack any had not been asked."""
+    from advisor.search import plan
+
+    found = plan("llama3-8b", "dgx-h100", gpus=8, stack="any", tp_overlap="linear-async", top=1)
+    assert [s.name for s in found.stacks] == ["nanotron"]
+    notes = found.notes()
+    assert any("only stack that runs what was asked (--stack any)" in n for n in notes)
+    line = next(n for n in notes if n.startswith("stacks left out"))
+    assert "megatron-core" in line and "does not overlap its TP collectives with linear-async" in line
+    assert not any("--stack any ranks every stack's" in n for n in notes)
+
+
+def test_stack_any_with_no_stack_left_says_why_each_was_left_out():
+    """--fp8-attention under the H100's default bf16-mixed: no stack runs it, and the error said only 'no stack
+    profile runs llama3-8b with what was asked', not that FP8 attention needs an FP8 recipe (advisor.precision)."""
+    from advisor.search import plan
+
+    with pytest.raises(AdvisorError) as err:
+        plan("llama3-8b", "dgx-h100", gpus=8, stack="any", fp8_attention=True, top=1)
+    msg = str(err.value)
+    assert "\n" not in msg and "litgpt, litgpt-2023: does not train in bf16-mixed" in msg
+    assert "megatron-core" in msg and "--fp8-attention runs the attention core under an FP8 recipe" in msg
