@@ -64,3 +64,16 @@ def test_megatron_clips_the_gradients_it_steps(tmp_path):
     off = estimate("llama3-8b", H100, stack=_variant(tmp_path, clip_grad_norm=False), **kw).breakdown["optimizer"]
     assert on - off == pytest.approx(LLAMA3_8B / 8 * 12.0 * ELEMENTWISE_S_PER_BYTE, rel=0.01)
     assert on - off == pytest.approx(4.75e-3, rel=0.01)
+
+
+def test_megatron_script_turns_the_nan_check_off_where_the_stack_costed_it_off():
+    """megatron-bridge-perf is costed without the per-bucket NaN check (perf_recipes/_common.py:57), but its
+    --format megatron script left Megatron-LM's default on (check_for_nan_in_loss_and_grad, arguments.py:2735-2737),
+    so the run paid 252 host syncs a step the estimate did not; megatron-core keeps the default, costed."""
+    from advisor import launch_config
+
+    def flags(stack):
+        return launch_config("llama3-8b", H100, format="megatron", stack=stack, gpus=8, tp=2, sp=True).text.split()
+    assert "--no-check-for-nan-in-loss-and-grad" in flags("megatron-bridge-perf")
+    assert "--no-check-for-nan-in-loss-and-grad" not in flags("megatron-core")
+    assert "--no-check-for-nan-in-loss-and-grad" not in flags("megatron-deepspeed")  # its arguments have no such check
