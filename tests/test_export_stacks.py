@@ -530,6 +530,9 @@ def test_foundry_yaml_keys(case):
     else:
         assert "fsdp_config" not in cfg
     assert cfg["model"]["name"] == ("mpt_causal_lm" if model.name == "mpt-7b" else "hf_causal_lm")
+    # the clipping the llm-foundry profile costs (engine.clip_grad_norm), as its MPT pretrain YAMLs set it
+    # (shared/stacks/llm-foundry-and-nanotron.md A.0); without the key Composer clips nothing
+    assert cfg["algorithms"] == {"gradient_clipping": {"clipping_type": "norm", "clipping_threshold": 1.0}}
     if model.name == "mpt-7b":  # MPT-7B: d_model 4096, 32 heads, 32 layers, expansion 4, ALiBi (its config.json)
         m = cfg["model"]
         assert (m["d_model"], m["n_heads"], m["n_layers"], m["expansion_ratio"]) == (4096, 32, 32, 4.0)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from advisor.export.common import Exported, ExportError, Precision, Run, check, commented_yaml, header, node_layout
+from advisor.export.common import (GRADIENT_CLIP, Exported, ExportError, Precision, Run, check, commented_yaml, header,
+                                   node_layout)
 from advisor.model import MLPKind, NormKind, PositionKind
 
 # Composer's Precision enum (composer/core/precision.py); its AMP_FP8 is Transformer Engine's fp8_autocast with a
@@ -89,6 +90,9 @@ KEYS: list[tuple[str, Callable[[Run], Any]]] = [
     ("fsdp_config.activation_checkpointing", lambda r: _fsdp(r, r.setup.recompute.value in ("full", *PARTIAL))),
     ("fsdp_config.activation_checkpointing_reentrant", lambda r: _fsdp(r, False)),
     ("fsdp_config.limit_all_gathers", lambda r: _fsdp(r, True)),  # at most two all-gathers in flight
+    # as every MPT pretrain YAML sets it (shared/stacks/llm-foundry-and-nanotron.md A.0) and the llm-foundry profiles
+    # cost it (engine.clip_grad_norm): without it Composer adds no GradientClipping algorithm and nothing clips
+    ("algorithms.gradient_clipping", lambda r: {"clipping_type": "norm", "clipping_threshold": GRADIENT_CLIP}),
 ]
 
 
