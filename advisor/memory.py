@@ -194,7 +194,8 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
         in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches
-    last = kept * tokens * layers + outside  # the last holds the logits
+    loss = layers is not None  # None: the first of two ranks costed apart (advisor.step._staged), the loss the last's
+    last = kept * tokens * layers + outside if loss else outside  # the last holds the logits
     logits = tokens * w.model.vocab / mesh.tp
     held = logits * t.logits_held + tokens * t.logits_held_per_token
     # the head's own gradient where it trains (a frozen base's head has none: LoRA)
@@ -202,7 +203,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     at_peak = logits * t.logits_peak + tokens * t.logits_peak_per_token + head_trains * w.model.vocab * w.model.d_model / mesh.tp
     # each multi-token prediction depth's logits and loss run before the main ones (gpt_model.py process_mtp_loss) and keep
     # what the main loss keeps until backward: the last stage holds 1 + D times the logits, the last at its loss's peak
-    held, at_peak = held * (1 + w.mtp_layers), at_peak + w.mtp_layers * held
+    held, at_peak = (held * (1 + w.mtp_layers), at_peak + w.mtp_layers * held) if loss else (0.0, 0.0)
     piped = pp > 1
     loss_peak = np.where(piped, np.maximum(first, last + at_peak), first + at_peak)
     # while a checkpoint is rerun its group's layers hold their full activations; under every layer's activation

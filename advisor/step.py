@@ -165,8 +165,9 @@ def _in_flight(w: Workload, c: Candidates, mesh: Mesh, layers: Any, rank: Option
     if rank == "last":
         held = pipeline.in_flight_last(layers, mesh.pp, mesh.v, c.schedule, c.grad_accum)
         return held, held
+    # the first of two ranks costed apart (_staged) holds no loss: the last's is its own evaluation
     return pipeline.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split,
-                                     w.mtp_layers), layers
+                                     w.mtp_layers), None if rank == "first" else layers
 
 
 def _layout(w: Workload) -> bool:

@@ -190,3 +190,26 @@ def test_the_embedding_copys_gradient_is_all_reduced_between_the_end_stages():
     mesh = Mesh.of(c, w1.hw.gpus_per_node, w1.hw.domain_gpus)
     (on0, _, _), (on1, size, _) = (pipeline.tied_sync(w, c, mesh, 4.0) for w in (w0, w1))
     assert not bool(on0[0]) and bool(on1[0]) and float(size[0]) == 4.0 * V * H
+
+
+def test_the_first_rank_costed_apart_holds_no_logits():
+    """Where the first and last ranks are costed apart (step._staged), the first's peak took the larger of its own and
+    a stand-in for the last stage (one micro-batch of its layers beside the loss's logits, (1 + D) of them with D MTP
+    depths), so its memory grew with the depths it does not hold: DeepSeek-V2-Lite on pp 2 under full recompute,
+    26.16 / 27.80 / 29.44 GiB at D = 0 / 1 / 2, and at D = 0 the verdict was that figure, over the last rank's own
+    24.69. The last rank's own evaluation holds the logits (gpt_model.py:836-878, post_process on the last stage);
+    the first's is its checkpoints and a rerun layer's activations, the same whatever D."""
+    from advisor import step
+    from advisor.units import GiB
+
+    kw = dict(model="deepseek-v2-lite", hw="dgx-h100", stack="megatron-core", gpus=16, pp=2, dp=8, ep=8, zero=1,
+              seq=4096, global_batch=64, recompute="full")
+    firsts = []
+    for d in (0, 1, 2):
+        w, c = _inputs({**kw, "mtp_layers": d})
+        first, last = step._first_and_last(w, c)
+        assert float(first.memory.logits_loss[0]) == 0.0 and float(last.memory.logits_loss[0]) > 0.0
+        firsts.append(float(first.memory.peak[0] + first.overhead.total[0]) / GiB)
+    assert firsts[0] == firsts[1] == firsts[2]
+    base = estimate(**kw)
+    assert "the memory shown is the last rank's" in base.pipeline  # 24.69 GiB over the first's own 23.88
