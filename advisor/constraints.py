@@ -54,6 +54,18 @@ def fp32_without_fsdp(setup: TrainingSetup, stack: Stack) -> str:
             "data-parallel ranks it shards (--dp 2 or more, --zero 1, 2 or 3), or use another --stack")
 
 
+def pure_half_needs_zero(setup: TrainingSetup, stack: Stack) -> str:
+    """Why the stack's plans without ZeRO are refused under --precision bf16: its DeepSpeed keeps bf16 master weights
+    only under ZeRO 1-3 (deepspeed 0.19.8 runtime/config.py:706-709; zero_buffers.half_master) and otherwise runs
+    its FP16_Optimizer over fp32 masters and moments (engine.py:2318-2321, 2360-2362): the bf16-mixed run, the same
+    JSON; "" where the stack runs it."""
+    zb = stack.engine.zero_buffers
+    if zb is None or not zb.half_master or setup.precision.value != "bf16":
+        return ""
+    return (f"{stack.name} trains pure bf16 only under ZeRO 1-3 (DeepSpeed's bf16_master_weights_and_grads); without "
+            "ZeRO it keeps fp32 master weights and moments: --zero 1, 2 or 3, or --precision bf16-mixed")
+
+
 BATCH_OVERLAP = ("--moe-overlap batch (--overlap-moe-expert-parallel-comm) runs with EP, virtual stages under a pipeline "
                  "and no full, block or every-k recomputation or moe recompute module (megatron-core asserts)")
 
@@ -69,6 +81,8 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
         out[BATCH_OVERLAP] = (((c.pp > 1) & (c.virtual_stages <= 1)) | (np.asarray(c.ep) <= 1) | np.isin(
             c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | (
             "moe" in (setup.recompute_modules or ())))
+    if stack is not None and (why := pure_half_needs_zero(setup, stack)):
+        out[why] = np.asarray(c.zero) == 0
     if stack is not None and (why := fp32_without_fsdp(setup, stack)):
         out[why] = ((c.tp > 1) | (c.pp > 1)) & (c.dp == 1) & (c.cp == 1)  # at dp > 1: FSDP, or DDP (stack_violations)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
@@ -230,7 +244,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                        f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): add --sp (dropping --no-sp where "
                        "given) or use --tp-overlap none")
     refused = setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)
-    for why in ([fp32_without_fsdp(setup, stack)] if stack is not None else []) + [BATCH_OVERLAP]:
+    for why in ([fp32_without_fsdp(setup, stack), pure_half_needs_zero(setup, stack)] if stack is not None else []) + [
+            BATCH_OVERLAP]:
         if why and why in refused and bool(refused[why][0]):
             reasons.append(why)
     if stack is not None and runs_peft(setup.finetune, stack):  # LoRA targets its transformers modules hold apart

@@ -123,3 +123,25 @@ def test_the_trainers_zero1_is_deepspeeds_without_overlap_comm():
     assert z1.breakdown["comm/dp_grad"] == pytest.approx(all_reduce, rel=1e-9)
     assert advisor.estimate(zero=1, overlap_grad_reduce=False, **kw).step_time_s == pytest.approx(z1.step_time_s)
     assert advisor.estimate(zero=2, **kw).memory.parts["transient"] < BUCKET * BF16 / 10
+
+
+def test_pure_bf16_keeps_a_bf16_master_partition_and_needs_zero():
+    """--precision bf16 in the deepspeed stack exports bf16_master_weights_and_grads and bf16_optimizer_states
+    (advisor/export/deepspeed.py), under which deepspeed 0.19.8 clones the rank's partition in that dtype beside its
+    bf16 moments (stage_1_and_2.py:558-561): 2 + 4 bytes a stepped parameter, Llama 3 8B's 8,030,261,248 over 8 ranks
+    6.02e9 bytes (not the moments' 4.02e9). Without ZeRO the option is refused (runtime/config.py:706-709) and
+    DeepSpeed runs FP16_Optimizer over fp32 masters (engine.py:2318-2321): that plan is refused, naming the fix."""
+    import advisor
+    from advisor.errors import AdvisorError
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, precision="bf16", stack="deepspeed")
+    one = advisor.estimate(**kw, zero=1)
+    params = one.params
+    assert params == 8_030_261_248  # Llama 3 8B's config.json, as transformers counts it
+    assert one.memory.parts["optimizer_states"] == pytest.approx(params / 8 * 6.0, rel=1e-9)
+    with pytest.raises(AdvisorError, match="trains pure bf16 only under ZeRO 1-3 .*--zero 1, 2 or 3, or --precision "
+                                           "bf16-mixed$"):
+        advisor.estimate(**kw, zero=0)
+    # the Trainer's DeepSpeed (accelerate's plugin) keeps fp32 masters: no bf16 partition, no refusal
+    trainer = advisor.estimate(**{**kw, "stack": "hf-trainer"}, zero=1)
+    assert trainer.memory.parts["optimizer_states"] != pytest.approx(params / 8 * 6.0, rel=1e-3)

@@ -37,7 +37,7 @@ from advisor.comm import Collective
 from advisor.compute import LayerTimes, mem_time
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
-from advisor.parallel import accumulator, expert, fp8_gather, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers
+from advisor.parallel import accumulator, expert, fp8_gather, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers, zero_offload
 from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, overlaps, zero1_edges  # noqa: F401
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
@@ -151,7 +151,10 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
     states = ModelStates(
         params=params, params_outside_layers=outside, master=master, weight_bytes=wb, grad_bytes=gb,
         reduce_bytes=reduce_bytes, grad_buffer=np.where(zero >= 2, buffer, 0.0), weights=weights, grads=grads,
-        optimizer_states=stepped * optimizer.state_bytes(w, master), gathered=gathered,
+        # pure bf16 in DeepSpeed (zero_offload.half_master) adds its bf16 master partition, cloned beside the moments
+        # (stage_1_and_2.py:558-561: master_weights_and_grads_dtype)
+        optimizer_states=stepped * (optimizer.state_bytes(w, master) + np.where(
+            zero_offload.half_master(w) & (zero >= 1), zero_offload.HALF, 0.0)), gathered=gathered,
         bucket_copy=np.where(ddp & eng.gradient_bucket_copy, params * optimizer.weight_grad_bytes(w.precision, master)[1], 0.0),
         autocast_copy=optimizer.autocast_weights(w, master) * params * 2.0
         + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
