@@ -66,8 +66,9 @@ def pure_half_needs_zero(setup: TrainingSetup, stack: Stack) -> str:
             "ZeRO it keeps fp32 master weights and moments: --zero 1, 2 or 3, or --precision bf16-mixed")
 
 
-BATCH_OVERLAP = ("--moe-overlap batch (--overlap-moe-expert-parallel-comm) runs with EP, virtual stages under a pipeline "
-                 "and no full, block or every-k recomputation or moe recompute module (megatron-core asserts)")
+BATCH_OVERLAP = ("--moe-overlap batch (--overlap-moe-expert-parallel-comm) runs with EP, virtual stages under a pipeline, "
+                 "at most one MTP depth (--mtp-layers 0 or 1), a bf16 or fp16 model (not fp32) and no full, block or "
+                 "every-k recomputation or moe recompute module (megatron-core asserts)")
 
 
 def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]) -> dict[str, Any]:
@@ -77,10 +78,11 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
     if setup.tp_overlap in ("userbuffers", "async", "linear-async"):
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
-    if setup.moe_overlap == "batch":  # megatron-core 0.19 transformer_config.py asserts these away
+    if setup.moe_overlap == "batch":  # megatron-core 0.19.2 transformer_config.py:2669-2713 asserts these away
         out[BATCH_OVERLAP] = (((c.pp > 1) & (c.virtual_stages <= 1)) | (np.asarray(c.ep) <= 1) | np.isin(
             c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | (
-            "moe" in (setup.recompute_modules or ())))
+            "moe" in (setup.recompute_modules or ())) | (setup.mtp_layers > 1) | (  # :2710-2713 mtp_num_layers <= 1
+            setup.precision.mode.value == "fp32"))  # :2701-2704 "only supported with bf16 or fp16 model"
     if stack is not None and (why := pure_half_needs_zero(setup, stack)):
         out[why] = np.asarray(c.zero) == 0
     if stack is not None and (why := fp32_without_fsdp(setup, stack)):

@@ -594,16 +594,22 @@ def test_dropped_tokens_count_no_flops(cf):
 @pytest.mark.parametrize("plan_kw", [dict(gpus=16, tp=4, pp=2, ep=2, sp=True),  # a pipeline without virtual stages
                                      dict(gpus=8, dp=8, ep=8, zero=1, recompute="full"),
                                      dict(gpus=8, dp=8, ep=8, zero=1, recompute="block", recompute_layers=4),
-                                     dict(gpus=8, dp=8, ep=1, zero=1)])
+                                     dict(gpus=8, dp=8, ep=1, zero=1),
+                                     # :2710-2713 "MTP supports at most one layer"; :2701-2704 "only ... bf16 or fp16"
+                                     dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", mtp_layers=2),
+                                     dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", precision="fp32")])
 def test_the_batch_overlap_is_refused_where_megatron_core_asserts(plan_kw):
     """megatron-core 0.19.2 transformer_config.py (overlap_moe_expert_parallel_comm): virtual stages under a pipeline,
-    EP, no full recomputation nor a recompute method; such plans were ranked, exported and refused by megatron."""
+    EP, no full recomputation nor a recompute method, at most one MTP depth, a bf16 or fp16 model; such plans were
+    ranked, exported and refused by megatron."""
     from advisor import estimate
     from advisor.errors import AdvisorError
 
     with pytest.raises(AdvisorError, match=r"--moe-overlap batch \(--overlap-moe-expert-parallel-comm\) runs with EP"):
         estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", **plan_kw)
     assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1).step_time_s > 0
+    assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1, stack="megatron-core",
+                    mtp_layers=1).step_time_s > 0  # one MTP depth it runs
 
 
 def test_experts_split_by_tp_without_sp_move_the_tokens_once_and_megatron_refuses_it():
