@@ -304,9 +304,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
             reasons.append(reason)
     if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
-        etp = plan.tp if plan.etp is None else plan.etp
+        etp = plan.tp if plan.etp is None else plan.etp  # Megatron's --expert-tensor-parallel-size defaults to tp's
+        unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
         experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
                    else "no routed experts")
-        reasons.append(f"ep={plan.ep}, etp={etp}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
+        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
                        "parallelism off)")
     return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once

@@ -656,3 +656,16 @@ def test_auto_costs_a_capacity_factor_in_a_stack_that_drops_tokens():
     # bytes halve, the per-message latency stays), the step to 0.80x (405 -> 323 ms)
     assert 0.5 < capped.breakdown["comm/ep_alltoall"] / dropless.breakdown["comm/ep_alltoall"] < 0.65
     assert 0.7 < capped.step_time_s / dropless.step_time_s < 0.9
+
+
+def test_an_etp_left_to_default_is_named_in_the_refusal():
+    """Qwen3-235B-A22B's published H100 layout (reference/megatron_bridge_performance.csv: 256 GPUs, TP 2, PP 8, EP 32)
+    has 16 x 2 = 32 data x tensor ranks a stage: EP 32 with --etp left to tp's 2 (Megatron's --expert-tensor-parallel-size
+    default) needs 64; the refusal says etp came from tp and that --etp 1 (Bridge's MoE recipes' setting) keeps experts whole."""
+    from advisor.errors import AdvisorError
+
+    kw = dict(gpus=256, tp=2, sp=True, pp=8, ep=32, zero=1, global_batch=8192, micro_batch=1, seq=4096,
+              stack="megatron-core")
+    with pytest.raises(AdvisorError, match=r"etp=2 \(tp's: --etp not given; --etp 1 keeps each expert whole\)"):
+        estimate("qwen3-235b-a22b", "dgx-h100", **kw)
+    assert estimate("qwen3-235b-a22b", "dgx-h100", etp=1, **kw).plan.etp == 1
