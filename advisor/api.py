@@ -228,7 +228,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel
     collectives pipelined with their GEMMs, advisor.parallel.tensor; default the stack's); ``compile``: what torch.compile
     compiles as the stack applies it (none, model, loss, model,loss: torchtitan's compile.components); ``mtp_layers``: the
-    multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers, advisor.mtp; default 0); ``fp8_attention``: the attention core in FP8 (Megatron's --fp8-dot-product-attention). Every bad value is an AdvisorError
+    multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers, advisor.mtp; default 0); ``fp8_attention``: the attention core in FP8 (megatron-core's TransformerConfig.fp8_dot_product_attention, which Megatron-LM's arguments.py gives no flag). Every bad value is an AdvisorError
     of one line; the options are ``advisor estimate``'s, spelled with underscores.
     """
     given = {k: v for k, v in locals().items() if k not in ("model", "hw", "unknown")}

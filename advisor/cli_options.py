@@ -79,8 +79,10 @@ def common_plan_options(f):
                           "DeepSeek-V3 trains 1): each an MTP layer and a second logits and loss on the last pipeline "
                           "stage, in the stacks that run it"),
         click.option("--fp8-attention", is_flag=True, default=False,
-                     help="the attention core (softmax(QK^T)V) in FP8 under an FP8 recipe (Megatron's "
-                          "--fp8-dot-product-attention), in the stacks that run it [default: BF16]"),
+                     help="the attention core (softmax(QK^T)V) in FP8 under an FP8 recipe (megatron-core's "
+                          "TransformerConfig.fp8_dot_product_attention, which Megatron-LM 0.19's arguments.py gives no "
+                          "flag: a model provider or Megatron-Bridge's mixed_precision sets it), in the stacks that run "
+                          "it [default: BF16]"),
         click.option("--compile", "compile", type=click.Choice(["none", "model", "loss", "model,loss"]), default="none",
                      show_default=True,
                      help="what torch.compile compiles, as the stack applies it (torchtitan's compile.components: model, "

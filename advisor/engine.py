@@ -191,7 +191,7 @@ class Engine(Spec):
         "every one it trains in); a routed model under another is refused in one line")
     fp8_attention: list[RecipeName] = Field(
         default_factory=list, description="the recipes under which it runs the attention core in FP8 when asked "
-        "(--fp8-attention; Megatron's --fp8-dot-product-attention): none where the stack has no such switch")
+        "(--fp8-attention; megatron-core's fp8_dot_product_attention): none where the stack has no such switch")
     quantise_bytes: dict[RecipeName, Annotated[float, Field(gt=0, le=100)]] = Field(
         default_factory=dict, description="bytes per element its quantisation kernels read and write casting one tensor "
         "in training (both orientations), per recipe where its kernels are not the recipe's own (advisor.precision "

@@ -155,7 +155,8 @@ class TrainingSetup(ApiSpec):
     mtp_layers: int = Field(default=0, ge=0, le=64, description=(
         "multi-token prediction depths trained beside the model (Megatron's --mtp-num-layers; advisor.mtp): 0, none"))
     fp8_attention: bool = Field(default=False, description=(
-        "the attention core (softmax(QK^T)V) in FP8 under an FP8 recipe (Megatron's --fp8-dot-product-attention: "
+        "the attention core (softmax(QK^T)V) in FP8 under an FP8 recipe (megatron-core's fp8_dot_product_attention, no "
+        "Megatron-LM flag: arguments.py:2250; "
         "Transformer Engine's fp8_dpa, advisor.precision.FP8_ATTENTION), where the stack runs it; False: BF16"))
     recompute_modules: Optional[tuple[Literal[RECOMPUTE_MODULES], ...]] = Field(  # type: ignore[valid-type]
         default=None, max_length=len(RECOMPUTE_MODULES), description="selective recomputation: the sub-modules "
