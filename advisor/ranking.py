@@ -138,7 +138,8 @@ class PlanSearch:
         compiled = (f", torch.compile of {self.setup.compile.replace(',', ' and ')}"
                     if self.setup.compile != "none" else "")
         mtp = self.setup.mtp_layers
-        compiled += f", {mtp} MTP depth{'s' if mtp > 1 else ''}" if mtp else ""
+        compiled += (f", {mtp} MTP depth{'s' if mtp > 1 else ''}" if mtp else "") + (
+            ", FP8 attention" if self.setup.fp8_attention else "")
         moe = ", ".join(f"--moe-{k} {str(v).replace('_', '-')}" for k, v in (("dispatcher", self.setup.moe_dispatcher),
                                                       ("overlap", self.setup.moe_overlap)) if v)
         compiled += f", {moe}" if moe else ""

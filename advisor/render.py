@@ -40,7 +40,8 @@ def render_estimate(e) -> str:
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
         f"recompute {policy(e.setup, e.stack)}, {e.setup.optimizer.value}"
         + (f", torch.compile of {e.setup.compile.replace(',', ' and ')}" if e.setup.compile != "none" else "")
-        + (f", {e.setup.mtp_layers} MTP depth{'s' if e.setup.mtp_layers > 1 else ''}" if e.setup.mtp_layers else ""),
+        + (f", {e.setup.mtp_layers} MTP depth{'s' if e.setup.mtp_layers > 1 else ''}" if e.setup.mtp_layers else "")
+        + (", FP8 attention" if e.setup.fp8_attention else ""),  # costed at the FP8 rate: say so, as the header does MTP
         f"stack: {e.stack}   layout: " + " x ".join(f"{k} {v}" for k, v in e.layout.model_dump().items()
                                                  if k != "world_size" and not (k == "cp" and v == 1)),
         *([f"       ({e.stack_rule})"] if getattr(e, "stack_rule", None) else []),

@@ -117,3 +117,19 @@ def test_the_help_names_no_megatron_lm_flag_that_megatron_lm_lacks():
                         "training", "arguments.py")
     if os.path.isfile(args):  # the README's test install unpacks megatron-core 0.19.2 there
         assert "'--fp8-dot-product-attention'" not in open(args).read()
+
+
+def test_the_text_output_says_fp8_attention_was_costed():
+    """--fp8-attention runs the attention core at the FP8 rate (a faster step), yet neither estimate's plan line nor
+    plan's header said so, as they say MTP depths: a step costed with it read as one without it."""
+    from advisor.render import render_estimate
+    from advisor.search import plan
+
+    kw = dict(gpus=8, ep=8, zero=1, micro_batch=1, global_batch=8, seq=4096, precision="mxfp8", stack="megatron-core")
+    on, off = (estimate("qwen3-30b-a3b", "dgx-b200", fp8_attention=f, **kw) for f in (True, False))
+    assert on.step_time_s < off.step_time_s  # it changed the step
+    assert render_estimate(on).splitlines()[1].endswith(", adamw-fused, FP8 attention")
+    assert "FP8 attention" not in render_estimate(off).splitlines()[1]
+    head = plan("qwen3-30b-a3b", "dgx-b200", gpus=8, global_batch=8, seq=4096, top=1, precision="mxfp8",
+                stack="megatron-core", fp8_attention=True).header()
+    assert ", mxfp8, FP8 attention;" in head
