@@ -132,7 +132,9 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
     if export_kind:
         if not result.plans:
             _fail("no plan fits, nothing to export: " + suggestion)
-        return _export_best(result, export_kind, kw, out)
+        others = [r for _, r, _ in recipes or () if r is not None and r is not result and r.plans and
+                  r.setup.stack == result.setup.stack]  # --precision auto: the next precisions, in the same stack
+        return _export_best(result, export_kind, kw, out, others)
     from advisor.travel import faster_travel  # a mixture of experts: the stack's other ways to move tokens
 
     travel = faster_travel(result, kw.get("moe_dispatcher"), kw.get("moe_overlap")) if (as_json or result.plans) else None
@@ -152,30 +154,38 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         _fail(f"no plan fits {result.model_spec.name} on {result.world_size:,}x {result.hardware.name}{said}: {suggestion}")
 
 
-def _export_best(result, export_kind: str, kw: dict, out) -> None:
+def _export_best(result, export_kind: str, kw: dict, out, others=()) -> None:
     """plan --export: the best ranked plan the format writes (a TP plan accelerate cannot, a stack that does not
-    launch it: the next), said where it is not plan 1; where none does, the first refusal in plan's own flags."""
+    launch it: the next), said where it is not plan 1; under --precision auto, where no plan of the fastest precision
+    exports (a recipe the format has no config for), the next precision's (``others``, fastest first), said; where
+    none does, the first refusal in plan's own flags."""
     from advisor.errors import AdvisorError
     from advisor.export import export as export_plan
 
     first_error, written = None, None
-    for rank, row in enumerate(result.plans, 1):
-        best = row.estimate
-        try:
-            written = export_plan(export_kind, result.model_spec, result.hardware, best.plan, best.setup,
-                                  best.grad_accum, best.world_size,
-                                  best.stack if str(kw.get("stack") or "auto") == "auto" else kw["stack"])
+    for search in (result, *others):
+        for rank, row in enumerate(search.plans, 1):
+            best = row.estimate
+            try:
+                written = export_plan(export_kind, search.model_spec, search.hardware, best.plan, best.setup,
+                                      best.grad_accum, best.world_size,
+                                      best.stack if str(kw.get("stack") or "auto") == "auto" else kw["stack"])
+                break
+            except AdvisorError as exc:
+                first_error = first_error or exc
+        if written is not None:
             break
-        except AdvisorError as exc:
-            first_error = first_error or exc
+    said = str(first_error).replace("--format ", "--export ")  # plan's flag for the format
     if written is None:
-        said = str(first_error).replace("--format ", "--export ")  # plan's flag for the format
         _fail(f"{said} (none of the {len(result.plans)} plans ranked exports as {export_kind}: --top "
               f"{4 * len(result.plans)} ranks more)")
     _emit(out, written.text, f"{export_kind} config for '{best.label}'")  # first: a bad --out is one line
-    if rank > 1:
+    if search is not result:
+        click.echo(f"note: the best plan in {best.setup.precision.value}, the fastest precision {export_kind} writes "
+                   f"(plan 1 in {result.setup.precision.value}, {result.plans[0].estimate.label}: {said})", err=True)
+    elif rank > 1:
         click.echo(f"note: plan {rank} of the ranking, the best {export_kind} writes (plan 1, "
-                   f"{result.plans[0].estimate.label}: {first_error})", err=True)
+                   f"{result.plans[0].estimate.label}: {said})", err=True)
     for note in written.notes:
         click.echo(f"note: {note}", err=True)
 

@@ -499,6 +499,24 @@ def test_plan_export_writes_only_the_costed_stacks_format():
     assert "; stack torchtitan" in chosen.stdout.splitlines()[1]  # searched in the stack that launches the format
 
 
+
+def test_plan_precision_auto_exports_the_fastest_precision_the_format_writes():
+    """plan --precision auto --export torchtitan ranked Qwen3-30B-A3B on 8 B200s fastest in a low-precision recipe
+    that torchtitan 0.3.0 has no qwen3 config function for (its recipes: llama3_8b_mxfp8, llama3_8b_first_85_pct_layers_
+    nvfp4, llama3_405b's rowwise FP8; torchtitan/models/*/config_registry.py), then refused every ranked plan of that
+    precision and told the user to raise --top, which ranks more plans of the same precision; it writes the best plan
+    of the fastest precision the format writes (bf16-mixed here), saying so."""
+    from _robust import run_main
+
+    args = ["plan", "--model", "qwen3-30b-a3b", "--hw", "dgx-b200", "--gpus", "8", "--global-batch", "64", "--seq",
+            "4096", "--precision", "auto", "--stack", "torchtitan", "--top", "2", "--export", "torchtitan", "--out", "-"]
+    code, out, err = run_main(args)
+    assert code == 0, err
+    assert "precision=bf16-mixed" in out.splitlines()[1]
+    note = next(line for line in err.splitlines() if line.startswith("note: the best plan in "))
+    assert note.startswith("note: the best plan in bf16-mixed, the fastest precision torchtitan writes (plan 1 in ")
+    assert "has no config function for qwen3-30b-a3b that runs" in note and "--export torchtitan-toml" in note
+
 # -- llm-foundry: its TrainConfig and train.py's validate_config ---------------------------------------------------
 FOUNDRY = {
     "mpt-fsdp": ("mpt-7b", "dgx-a100", 8, dict(dp=8, zero=3), dict(micro_batch=4, grad_accum=2, seq_len=2048)),
