@@ -109,10 +109,10 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
 
         _fail(f"--stack any ranks every stack's plans, and {export_kind} launches only some: --export {export_kind} "
               f"with --stack {' or '.join(stacks_launching(export_kind))} (or none: the format picks its stack)")
+    from advisor.precision_search import rank_precisions
+
     recipes = None
     if kw.get("precision") == "auto":  # every precision the GPU has, ranked by their best plans (advisor.search)
-        from advisor.precision_search import rank_precisions
-
         kw.pop("precision")
         result, recipes = rank_precisions(model, hw, top=top, **kw)
     else:
@@ -122,8 +122,10 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
         from advisor.stack import load_stack
 
         chosen = load_stack(result.plans[0].estimate.stack)
-        if export_kind not in chosen.launch:
-            result = run_plan(model, hw, top=top, **{**kw, "stack": launching(export_kind, chosen)})
+        if export_kind not in chosen.launch:  # under --precision auto, every precision again in that stack
+            kw = {**kw, "stack": launching(export_kind, chosen)}
+            result, recipes = (rank_precisions(model, hw, top=top, **kw) if recipes is not None
+                               else (run_plan(model, hw, top=top, **kw), None))
     suggestion = ""
     if not result.plans:
         from advisor.suggest import suggest_fix

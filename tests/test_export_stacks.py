@@ -517,6 +517,22 @@ def test_plan_precision_auto_exports_the_fastest_precision_the_format_writes():
     assert note.startswith("note: the best plan in bf16-mixed, the fastest precision torchtitan writes (plan 1 in ")
     assert "has no config function for qwen3-30b-a3b that runs" in note and "--export torchtitan-toml" in note
 
+
+def test_plan_precision_auto_export_without_stack_ranks_precisions_in_the_formats_stack():
+    """plan --precision auto --export torchtitan without --stack: auto's best plan is megatron-core's, which does not
+    launch torchtitan, so the search reruns in torchtitan; it reran at the default precision (bf16-mixed), dropping
+    --precision auto without a word, where torchtitan 0.3.0 writes Llama 3 8B's NVFP4 and MXFP8 recipes
+    (llama3_8b_first_85_pct_layers_nvfp4, llama3_8b_mxfp8) and ranks one of them first on B200 (advisor plan
+    --stack torchtitan --precision auto)."""
+    from _robust import run_main
+
+    args = ["plan", "--model", "llama3-8b", "--hw", "dgx-b200", "--gpus", "8", "--global-batch", "64", "--seq", "4096",
+            "--precision", "auto", "--top", "2", "--export", "torchtitan", "--out", "-"]
+    code, out, err = run_main(args)
+    named = run_main(args[:-4] + ["--stack", "torchtitan", "--export", "torchtitan", "--out", "-"])
+    assert code == 0 and named[0] == 0, err
+    assert out == named[1] and "precision=bf16-mixed" not in out.splitlines()[1]
+
 # -- llm-foundry: its TrainConfig and train.py's validate_config ---------------------------------------------------
 FOUNDRY = {
     "mpt-fsdp": ("mpt-7b", "dgx-a100", 8, dict(dp=8, zero=3), dict(micro_batch=4, grad_accum=2, seq_len=2048)),
