@@ -91,6 +91,7 @@ def kind_codes(c: Candidates) -> np.ndarray:
     return kinds
 
 
+NO_EP_WORDS = "the experts' token gathers and output reduce-scatters over their tensor-parallel ranks (no EP)"
 PART_WORDS = {
     "compute/forward": "forward compute", "compute/backward": "backward compute", "compute/recompute": "recomputation",
     "comm/tp": "tensor-parallel all-reduce/all-gather", "comm/pp_p2p": "pipeline send/recv", "pipeline_bubble": "pipeline bubble",
@@ -168,7 +169,9 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         domain = "intra-node" if hw.domain_gpus == hw.gpus_per_node else f"NVLink-domain ({hw.domain_gpus} GPUs)"
         where = (f" on {domain} {hw.intra_node.kind.value}" if inside else f" on inter-node {hw.inter_node.kind.value}"
                  ) if k.startswith("comm") else ""
-        words.append(f"largest overhead {PART_WORDS.get(k, k.replace('_', ' '))}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
+        # without EP, comm/ep_alltoall holds the experts' gathers and reduce-scatters over their etp ranks (expert.time)
+        said = NO_EP_WORDS if k == "comm/ep_alltoall" and e.layout.ep == 1 else PART_WORDS.get(k, k.replace('_', ' '))
+        words.append(f"largest overhead {said}{where} {100 * overhead[k] / e.step_time_s:.0f}%")
     words.append(f"headroom {e.memory.headroom_bytes / GiB:.1f} GiB")
     if e.plan.offload.value != "none":
         kept = sum(e.memory.parts[k] for k in ("weights", "gradients", "optimizer_states"))

@@ -71,6 +71,35 @@ def _tp_pick(w: Workload, c: Candidates, mesh: Mesh, tp: float, one) -> str:
     return text
 
 
+def _ep_pick(w: Workload, c: Candidates, mesh: Mesh, one) -> str:
+    """The experts' collectives as advisor.parallel.expert.time costs them under comm/ep_alltoall: EP's dispatch and
+    combine; without EP, experts split over etp > 1 ranks gather their tokens and reduce-scatter their outputs (an
+    all-reduce as a dense TP MLP's without SP), which were costed there and not shown. "" where neither runs."""
+    hw, ep, etp = w.hw, one(mesh.ep), one(mesh.etp)
+    tokens = c.micro_batch.astype(float) * w.seq_len
+    if ep <= 1:
+        if etp <= 1:
+            return ""
+        size = one(expert.alltoall_bytes(w, tokens, mesh.tp, c.sp, mesh.ep)) * (etp if bool(c.sp[0]) else 1.0)
+        pair = (Collective.all_gather, Collective.reduce_scatter)
+        return ("; ".join(describe(x, etp, size, hw, min(etp, hw.gpus_per_node)) for x in pair)
+                + f" (no EP: the experts split over {etp:g} ranks, each MoE layer)")
+    # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
+    size = one(expert.alltoall_bytes(w, tokens, mesh.tp, c.sp, mesh.ep))
+    text = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
+    if w.moe_dispatcher == "flex":
+        x = w.model.experts
+        reach = one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep, x.groups, x.group_topk))
+        text += (f"; flex dispatcher: {reach:.1f}"
+                 f" of {expert.top_k(w.layer):g} routed copies a token sent (once a GPU, once a domain across)")
+    # the stack's default overlap names the shared experts; a model without them (Mixtral) has nothing there
+    # to hide the all-to-alls behind (expert.py costs shared_fwd_s = 0), so nothing is said
+    if w.moe_overlap == "batch" or (w.moe_overlap == "shared_experts" and w.model.experts.d_ff_shared):
+        text += "; beside " + ("the shared experts' GEMMs" if w.moe_overlap == "shared_experts" else
+                               "another micro-batch's compute (combined forward and backward steps)")
+    return text
+
+
 def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
     """The plan's collectives (row 0 of ``c``) named with the link or algorithm each runs on."""
     hw = w.hw
@@ -107,20 +136,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
                                     for x, b, n in states.zero_payloads(zero))
         if bool(c.hybrid[0]):
             out["hsdp"] = describe(Collective.all_reduce, one(mesh.dp_replicate), grads / shard, hw, 1)
-    ep = one(mesh.ep)
-    if ep > 1:  # the dispatch (and combine) of one MoE layer (advisor.parallel.expert)
-        size = one(expert.alltoall_bytes(w, c.micro_batch.astype(float) * w.seq_len, mesh.tp, c.sp, mesh.ep))
-        out["ep"] = describe(Collective.all_to_all, ep, size, hw, one(mesh.ep_per_node))
-        if w.moe_dispatcher == "flex":
-            x = w.model.experts
-            reach = one(expert.reached(expert.n_experts(w.layer), expert.top_k(w.layer), ep, x.groups, x.group_topk))
-            out["ep"] += (f"; flex dispatcher: {reach:.1f}"
-                          f" of {expert.top_k(w.layer):g} routed copies a token sent (once a GPU, once a domain across)")
-        # the stack's default overlap names the shared experts; a model without them (Mixtral) has nothing there
-        # to hide the all-to-alls behind (expert.py costs shared_fwd_s = 0), so nothing is said
-        if w.moe_overlap == "batch" or (w.moe_overlap == "shared_experts" and w.model.experts.d_ff_shared):
-            out["ep"] += "; beside " + ("the shared experts' GEMMs" if w.moe_overlap == "shared_experts" else
-                                        "another micro-batch's compute (combined forward and backward steps)")
+    if (ep := _ep_pick(w, c, mesh, one)):
+        out["ep"] = ep
     cp = one(mesh.cp)
     if cp > 1:
         from advisor.parallel import context

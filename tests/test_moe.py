@@ -669,3 +669,25 @@ def test_an_etp_left_to_default_is_named_in_the_refusal():
     with pytest.raises(AdvisorError, match=r"etp=2 \(tp's: --etp not given; --etp 1 keeps each expert whole\)"):
         estimate("qwen3-235b-a22b", "dgx-h100", **kw)
     assert estimate("qwen3-235b-a22b", "dgx-h100", etp=1, **kw).plan.etp == 1
+
+
+def test_experts_split_by_tp_without_ep_say_what_comm_ep_alltoall_holds():
+    """GPT-OSS-120B on 64 GB200s, ZeRO-3 dp=32 x TP=2 in hf-trainer (ep 1, etp 2): expert.time charges the split
+    experts' token all-gather and output reduce-scatter over the etp ranks to comm/ep_alltoall (11% of the step here),
+    yet the collectives named no "ep" row and plan's reason called it an "expert-parallel dispatch/combine all-to-all",
+    a plan without EP. Both now say what was costed."""
+    from advisor.explain import NO_EP_WORDS, PART_WORDS
+    from advisor.search import plan
+
+    kw = dict(gpus=64, tp=2, zero=3, global_batch=1280, micro_batch=8, seq=4096, precision="nvfp4")
+    e = estimate("gpt-oss-120b", "gb200-nvl72", **kw)
+    assert (e.layout.ep, e.layout.etp) == (1, 2) and e.breakdown["comm/ep_alltoall"] > 0.05 * e.step_time_s
+    # 8 x 4096 tokens x top-4 copies x 2880 x 2 bytes (bf16 activations) = 720 MiB, over the 2 etp ranks
+    assert e.collectives["ep"].startswith("all-gather of 720.00 MiB over 2 GPUs")
+    assert e.collectives["ep"].endswith("(no EP: the experts split over 2 ranks, each MoE layer)")
+    row = plan("gpt-oss-120b", "gb200-nvl72", gpus=64, global_batch=1280, seq=4096, precision="nvfp4", top=1).plans[0]
+    assert row.estimate.layout.ep == 1 and f"largest overhead {NO_EP_WORDS}" in row.reason
+    assert PART_WORDS["comm/ep_alltoall"] not in row.reason
+    with_ep = estimate("qwen3-30b-a3b", "dgx-h100", gpus=8, tp=2, ep=4, zero=1, global_batch=64, seq=4096,
+                       stack="megatron-core")
+    assert with_ep.collectives["ep"].startswith("all-to-all of 64.00 MiB over 4 GPUs")  # EP's own row unchanged
