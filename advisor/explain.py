@@ -152,8 +152,10 @@ def why_faster(e: Estimate, stack: Stack, other: tuple[dict, int], name: str) ->
 
 
 def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kind: Optional[dict] = None,
-            kind_best: Optional[dict] = None, left_out: bool = False, stack: Optional[Stack] = None) -> str:
-    """Why a ranked plan ranks where it does; ``stack`` is the profile it was costed in (the search's, loaded once)."""
+            kind_best: Optional[dict] = None, left_out: bool = False, stack: Optional[Stack] = None,
+            behind: Optional[float] = None) -> str:
+    """Why a ranked plan ranks where it does; ``stack`` is the profile it was costed in (the search's, loaded once);
+    ``behind``: its objective's value over plan 1's (ranking.objective_key), where that is not the step time."""
     parts = e.breakdown
     compute = parts["compute/forward"] + parts["compute/backward"] + parts["compute/recompute"]
     overhead = {k: v for k, v in parts.items() if not k.startswith("compute") and v > 0}
@@ -181,8 +183,9 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
         words.append(f"{why}: {kept / GiB:.1f} GiB of model states kept on the GPU, "
                      f"{e.host_memory_bytes / GiB:.0f} GiB of host memory per node")
     words += why_layout(e, tree)
-    if best_time > 0 and e.step_time_s > best_time * 1.0005:
-        words.append(f"+{100 * (e.step_time_s / best_time - 1):.1f}% vs best")
+    ratio = behind if behind is not None else (e.step_time_s / best_time if best_time > 0 else 1.0)
+    if ratio > 1.0005:  # in the ranking's own terms: GPU-seconds a token under throughput and cost
+        words.append(f"+{100 * (ratio - 1):.1f}% vs best")
     kind = plan_kind(e.plan)
     first = tree.get("first_choice")
     best_by_kind = best_by_kind or {}

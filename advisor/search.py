@@ -342,5 +342,8 @@ def _rank(found: list[_Found], spec: ModelSpec, hardware: Hardware, o: PlanOptio
         f, i = found[rows[r, 0]], int(rows[r, 1])
         est = make_estimate(spec, hardware, f.stack.name, f.plans.plan(i), f.plans.setup(i, f.setup), f.world,
                             int(f.plans.grad_accum[i]), f.out, i)
-        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack)))
+        # throughput and cost rank GPU-seconds a token: plan 1 on more GPUs may take a shorter step, and a row on
+        # fewer a longer one that is as good a use of each GPU; "vs best" says the ranking's own terms
+        behind = float(key[r] / key[order[0]]) if o.objective in ("throughput", "cost") and key[order[0]] else None
+        ranked.append(RankedPlan(est, explain(est, hardware, tree, best, best_by_kind, kind_best, left_out, f.stack, behind)))
     return ranked, best_by_kind, near, {k: found[j].world for k, (j, _) in at_best.items()}

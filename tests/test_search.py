@@ -424,3 +424,19 @@ def test_auto_ranks_zero_infinity_where_nothing_else_fits_and_estimate_agrees():
         estimate(model="llama3-70b", hw="dgx-h100", gpus=8, dp=4, tp=2, zero=3, offload="params-cpu")
     # where megatron-core's plans fit, they are auto's: no ZeRO-Infinity row is searched
     assert {p.estimate.stack for p in plan("mixtral-8x7b", "dgx-h100", gpus=8, top=5).plans} == {"megatron-core"}
+
+
+def test_vs_best_is_said_in_the_objectives_terms_over_gpu_counts():
+    """plan --objective throughput over --gpus 128:512 ranked Kimi-K2 on GB300 with plan 2 (128 GPUs, 5,610 tokens/s
+    per GPU) 0.6% behind plan 1 (256 GPUs, 5,645), and its reason said "+101.3% vs best": the step times of two GPU
+    counts. The ranking's own terms (GPU-seconds a token, ranking.objective_key) say how far behind it ranks."""
+    from advisor.search import plan
+
+    res = plan("kimi-k2", "gb300-nvl72", gpus="128:512", global_batch=4096, seq=4096, precision="mxfp8",
+               objective="throughput", top=3)
+    first, second = (r.estimate for r in res.plans[:2])
+    per_gpu = [e.tokens_per_s / e.world_size for e in (first, second)]
+    assert first.world_size != second.world_size and per_gpu[0] >= per_gpu[1]
+    said = float(res.plans[1].reason.split("% vs best")[0].rsplit("+", 1)[1])
+    assert said == pytest.approx(100 * (per_gpu[0] / per_gpu[1] - 1), abs=0.06)  # printed to 0.1%
+    assert said < 100 * (second.step_time_s / first.step_time_s - 1) - 50  # not the step times' ratio
