@@ -966,3 +966,18 @@ def test_accelerate_ddp_under_autocast_says_to_load_fp32_weights():
     fsdp = launch_config("gpt2", "dgx-h100", gpus=8, micro_batch=1, zero=3, stack="hf-trainer", format="accelerate").text
     lora = launch_config("gpt2", "dgx-h100", gpus=8, micro_batch=1, stack="hf-trainer", method="lora", format="accelerate").text
     assert "dtype=torch.float32" not in fsdp and "dtype=torch.float32" not in lora
+
+
+def test_megatron_writes_the_sgd_it_costed():
+    """--optimizer sgd is costed with one momentum state (advisor.optimizer: 20 bytes a parameter's step, not AdamW's
+    28), but the Megatron script wrote no --optimizer, so Megatron-LM ran its default adam (arguments.py:2776-2777:
+    default 'adam', choices adam, sgd, ...), two states: the file now says sgd; AdamW writes nothing (the default)."""
+    from advisor import estimate
+
+    kw = dict(gpus=8, ep=8, zero=1, global_batch=64, seq=4096, stack="megatron-core")
+    e, adam = (estimate("qwen3-30b-a3b", "dgx-h100", optimizer=o, **kw) for o in ("sgd", "adamw-fused"))
+    assert e.memory.parts["optimizer_states"] < adam.memory.parts["optimizer_states"]  # costed otherwise than adam
+    args = lambda est: export("megatron", load_model("qwen3-30b-a3b"), load_hardware("dgx-h100"), est.plan,  # noqa: E731
+                              est.setup, est.grad_accum, est.world_size, stack="megatron-core").text.split()
+    sgd = args(e)
+    assert sgd[sgd.index("--optimizer") + 1] == "sgd" and "--optimizer" not in args(adam)

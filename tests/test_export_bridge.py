@@ -79,6 +79,9 @@ CASES = {
                                            virtual_stages=2),
                                       dict(micro_batch=1, global_batch=48, seq_len=4096, moe_dispatcher="flex",
                                            moe_overlap="batch")),
+    # SGD with momentum, costed with one state (advisor.optimizer): OptimizerConfig.optimizer "sgd" (default "adam")
+    "moe-ep-sgd": ("qwen3-30b-a3b", "dgx-h100", 8, dict(dp=8, ep=8, zero=1),
+                   dict(micro_batch=1, global_batch=64, seq_len=4096, optimizer="sgd")),
 }
 
 
@@ -178,6 +181,8 @@ def assert_matches(cfg: Container, case: str) -> None:
     offloaded = plan.offload.value == "optimizer-cpu"
     assert (cfg.optimizer.optimizer_cpu_offload, cfg.optimizer.use_precision_aware_optimizer) == (offloaded, offloaded)
     assert cfg.optimizer.optimizer_offload_fraction == (1.0 if offloaded else 0.0)
+    sgd = getattr(setup.optimizer, "value", None) == "sgd"
+    assert cfg.optimizer.optimizer == ("sgd" if sgd else "adam")  # the step costed
     if plan.zero == 3:
         assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params" and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     assert cfg.ddp.overlap_grad_reduce == (plan.overlap_grad_reduce and plan.dp > 1)

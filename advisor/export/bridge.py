@@ -79,6 +79,8 @@ def bridge_overrides(model: ModelSpec, hw: Hardware, plan: Plan, setup: Training
                      "global_batch_size": global_batch(plan, setup, grad_accum)},
            "dataset": {"seq_length": setup.seq_len}}
     out.update(_data_parallel(hw, plan, notes))
+    if getattr(setup.optimizer, "value", None) == "sgd":  # costed with one momentum state (advisor.optimizer)
+        out["optimizer"]["optimizer"] = "sgd"  # megatron-core optimizer_config.py:209 (default "adam", two states)
     if setup.finetune.adapters:
         out["peft"] = _peft(model, setup, notes)
     out["mixed_precision"] = _precision(setup, notes, stack)

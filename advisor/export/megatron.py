@@ -93,6 +93,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if not stack.engine.grad_nan_check and stack.engine.bucket_elements is not None:  # megatron-core's DDP, costed
         # without its per-bucket NaN check (megatron-bridge-perf): Megatron-LM runs it unless told (arguments.py:2735-2737)
         a.append("--no-check-for-nan-in-loss-and-grad")
+    if getattr(setup.optimizer, "value", None) == "sgd":  # costed with one momentum state (advisor.optimizer)
+        a += ["--optimizer", "sgd"]  # arguments.py:2776 (default adam, two states; --sgd-momentum 0.9)
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     return [str(x) for x in a], notes
