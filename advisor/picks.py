@@ -159,6 +159,8 @@ def collective_picks(w: Workload, c: Candidates) -> dict[str, str]:
         on, size, per_node = pipeline.tied_sync(w, c, mesh, states.reduce_bytes)
         if bool(np.asarray(on).reshape(-1)[0]):
             # shown as a pair on two nodes (the cost spreads the pair as the ranks sit: pipeline.tied_sync)
-            out["pp_p2p"] += "; the tied embeddings' gradient " + describe(Collective.all_reduce, 2.0, one(size), hw,
+            table = ("the tied embeddings' gradient " if w.model.tied_embeddings else  # else MTP's copy (tied_sync)
+                     "the embedding gradient of the MTP depths' copy on the last stage: ")
+            out["pp_p2p"] += "; " + table + describe(Collective.all_reduce, 2.0, one(size), hw,
                                                                            max(one(per_node), 1.0)) + " (the end stages, once a step)"
     return out

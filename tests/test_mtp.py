@@ -213,3 +213,17 @@ def test_the_first_rank_costed_apart_holds_no_logits():
     assert firsts[0] == firsts[1] == firsts[2]
     base = estimate(**kw)
     assert "the memory shown is the last rank's" in base.pipeline  # 24.69 GiB over the first's own 23.88
+
+
+def test_the_embedding_sync_of_an_untied_model_names_the_mtp_copy():
+    """DeepSeek-V3 unties its embeddings (config.json tie_word_embeddings false); its MTP depths look the embedding up
+    on the last stage, whose copy's gradient is all-reduced with the first stage's (megatron-core 0.19.2
+    finalize_model_grads.py:146; pipeline.tied_sync). The collectives called it "the tied embeddings' gradient"."""
+    kw = dict(gpus=256, pp=8, schedule="interleaved", virtual_stages=2, ep=32, zero=1, global_batch=4096, micro_batch=1,
+              seq=4096, precision="mxfp8", stack="megatron-bridge-perf")
+    with_mtp = estimate("deepseek-v3", "dgx-b200", mtp_layers=1, **kw).collectives["pp_p2p"]
+    # 129,280 x 7,168 bf16 gradients (the megatron-bridge-perf profile reduces in bf16) = 1.73 GiB
+    assert "the embedding gradient of the MTP depths' copy on the last stage: all-reduce of 1.73 GiB" in with_mtp
+    assert "tied" not in with_mtp and "embedding" not in estimate("deepseek-v3", "dgx-b200", **kw).collectives["pp_p2p"]
+    tied = estimate("gpt2-xl", "dgx-h100", gpus=16, pp=2, zero=1, global_batch=64, stack="megatron-core").collectives
+    assert "the tied embeddings' gradient all-reduce" in tied["pp_p2p"]  # GPT-2 ties them
