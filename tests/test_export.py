@@ -981,3 +981,10 @@ def test_megatron_writes_the_sgd_it_costed():
                               est.setup, est.grad_accum, est.world_size, stack="megatron-core").text.split()
     sgd = args(e)
     assert sgd[sgd.index("--optimizer") + 1] == "sgd" and "--optimizer" not in args(adam)
+    # torch's foreach AdamW, costed slower than the fused step (advisor.optimizer), which Megatron-LM runs where TE is
+    foreach = estimate("qwen3-30b-a3b", "dgx-h100", optimizer="adamw", **kw)
+    assert foreach.breakdown["optimizer"] > adam.breakdown["optimizer"]
+    notes = lambda est: export("megatron", load_model("qwen3-30b-a3b"), load_hardware("dgx-h100"), est.plan,  # noqa: E731
+                               est.setup, est.grad_accum, est.world_size, stack="megatron-core").notes
+    assert any(n.startswith("torch's foreach AdamW was costed") for n in notes(foreach))
+    assert not any("AdamW was costed" in n for n in notes(adam))

@@ -95,6 +95,9 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
         a.append("--no-check-for-nan-in-loss-and-grad")
     if getattr(setup.optimizer, "value", None) == "sgd":  # costed with one momentum state (advisor.optimizer)
         a += ["--optimizer", "sgd"]  # arguments.py:2776 (default adam, two states; --sgd-momentum 0.9)
+    elif getattr(setup.optimizer, "value", None) == "adamw":  # megatron/core/optimizer/__init__.py:11-33
+        notes.append("torch's foreach AdamW was costed; Megatron-LM's --optimizer adam is Transformer Engine's FusedAdam "
+                     "(apex's without TE; torch's AdamW only without either): its step runs faster than estimated")
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     return [str(x) for x in a], notes
