@@ -301,7 +301,7 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # published TP 1 PP 4 EP 8 now 13% behind a CP 2 interleaved PP 4 plan, among near-ties (+0.2..+2.5%)
     "bridge-moe published plan in top 5 %": "17% (3 of 18): the search ranks Megatron-FSDP with less EP and no pipeline "
                                             "ahead of the published layouts (DeepSeek-V3, Kimi-K2, Qwen3 pipelines)",
-    "vtrain top-1 regret max %": "18% (mean 3.7%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
+    "vtrain top-1 regret max %": "18% (mean 3.6%): TP=1 micro-batch 2 vs TP=2 micro-batch 4 and TP=1 micro-batch 1 vs "
                                  "TP=2 micro-batch 2 are measured 8-18% apart in the direction the model ranks the other way",
     # 2026-11-25, issue 19 made the SC21 ZeRO-3 rows compute-bound (+154%, max 299%); issue 15 costs DeepSpeed 0.3.13's
     # calls one by one from its source (per-tensor gathers and reduce-scatters, a device sync per fetch, prefetch only
