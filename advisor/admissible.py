@@ -52,9 +52,11 @@ def _slices(counts: np.ndarray, limit: int) -> Iterator[np.ndarray]:
 
 def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, allow_tp_across_nodes: bool,
                      stack: Stack, model_parallel: Optional[bool] = None, seq_len: int = 1, eager: bool = False,
-                     cp: Optional[int] = None) -> tuple[Candidates, int, dict[str, int]]:
+                     cp: Optional[int] = None, etp: Optional[int] = None) -> tuple[Candidates, int, dict[str, int]]:
     """(the plans that break no constraint, how many were considered, rejections by reason); ``model_parallel``:
-    only the layouts with (True) or without (False) TP or PP."""
+    only the layouts with (True) or without (False) TP or PP; ``etp``: every plan at this expert TP (space.with_experts)."""
+    if etp is not None and not spec.routed:
+        raise PlanError(f"--etp {etp}: {spec.name} has no routed experts (a dense model): drop --etp")
     multi = world > hardware.gpus_per_node
     pairs = layouts(world, spec, seq_len, stack)
     if model_parallel is not None:
@@ -87,7 +89,7 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
     kept, rejected, built = [], {}, 0  # rows built and checked (the pruned layouts' are counted, never built)
     while todo:
         idx = todo.pop(0)
-        cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs[idx], stack, policies, offloads), spec)
+        cols = with_experts(enumerate_candidates(world, gb, multi, kept_pairs[idx], stack, policies, offloads), spec, etp)
         if len(cols) > MAX_CANDIDATES and len(idx) > 1:
             todo[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
             continue
@@ -103,7 +105,7 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
         if not kept and pruned[j]:
             rejected[reason] = int(pruned[j])
     valid = concat(kept) if kept else with_experts(enumerate_candidates(world, gb, multi, kept_pairs[:0], stack, policies,
-                                                                        offloads), spec)
+                                                                        offloads), spec, etp)
     if len(valid) > MAX_CANDIDATES:
         _too_many(world, len(valid), spec, hardware, " that break no constraint")
     return valid, built + int(pruned_counts.sum()), rejected

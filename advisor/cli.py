@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from advisor.cli_options import common_plan_options, single_plan_options
+from advisor.cli_options import common_plan_options, fixed_plan_options, single_plan_options
 from advisor.export import KINDS as EXPORT_KINDS  # `plan --export` offers what `export --format` does
 
 EXIT_USAGE = 2
@@ -91,7 +91,7 @@ def estimate(as_json: bool, out, **kw) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="write the ranking (or with --export the launch config) to this file instead of stdout; - is stdout")
 @click.option("--allow-tp-across-nodes", is_flag=True)
-@click.option("--cp", type=int, default=None, help="only plans of this context-parallel degree [default: search every one]")
+@fixed_plan_options
 def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None:
     """Search every valid plan and rank them (fastest first), each with the reason for its rank."""
     from advisor.render import render_plan

@@ -121,6 +121,19 @@ def finetune_options():
     ]
 
 
+def fixed_plan_options(f):
+    """What ``plan`` takes as fixed instead of searching it: the context-parallel degree, the selective plans'
+    recomputed modules and expert tensor parallelism (estimate's --recompute-modules and --etp)."""
+    return _apply(f, [
+        click.option("--cp", type=int, default=None, help="only plans of this context-parallel degree [default: search every one]"),
+        click.option("--recompute-modules", default=None,
+                     help="only selective plans, rerunning these sub-modules, comma-separated (Megatron's --recompute-modules: "
+                          "core_attn, layernorm, moe_act, mla_up_proj) [default: search every policy, selective as the stack's]"),
+        click.option("--etp", type=int, default=None,
+                     help="mixture of experts: every plan at this expert tensor-parallel degree [default: search tp and 1]"),
+    ])
+
+
 def single_plan_options(f):
     """The degrees and settings of one plan (``estimate``, ``export``); defaults as ``build_inputs``'s."""
     return _apply(f, [

@@ -78,6 +78,9 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
     if setup.tp_overlap in ("userbuffers", "async", "linear-async"):
         out[f"--tp-overlap {setup.tp_overlap} needs sequence parallelism: TP without SP"] = overlap_without_sp(
             setup, c.tp, c.sp)
+    if setup.recompute_modules is not None:  # plan's --recompute-modules: what selective reruns, so selective plans only
+        out[f"--recompute-modules {','.join(setup.recompute_modules)}: selective recomputation only"] = (
+            np.asarray(c.recompute) != Recompute.selective.code)
     if setup.moe_overlap == "batch":  # megatron-core 0.19.2 transformer_config.py:2669-2713 asserts these away
         out[BATCH_OVERLAP] = (((c.pp > 1) & (c.virtual_stages <= 1)) | (np.asarray(c.ep) <= 1) | np.isin(
             c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | (

@@ -180,6 +180,9 @@ class PlanOptions(Common):
     top: int = Field(default=10, ge=1, le=10_000_000)
     tokens: Optional[float] = Field(default=None, ge=1, le=1e18, description="a token budget to train")
     cp: Optional[int] = Field(default=None, ge=1, le=1_000_000, description="only plans of this context-parallel degree")
+    # as estimate's (EstimateOptions): only selective plans, rerunning these; every expert-parallel plan at this etp
+    recompute_modules: Optional[str] = Field(default=None, min_length=1, max_length=200)
+    etp: Optional[int] = Field(default=None, ge=1, le=1_000_000, description="expert tensor parallelism fixed")
 
     @field_validator("gpus", mode="before")
     @classmethod

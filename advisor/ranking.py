@@ -88,6 +88,7 @@ class PlanSearch:
     method_choice: dict[str, Any] = field(default_factory=dict)  # --method auto: what fits and why (advisor.methods)
     near_best: int = 0  # distinct fitting plans within TIE_BAND of the fastest step (advisor.search._rank)
     left_out: dict[str, str] = field(default_factory=dict)  # --stack any: stacks not searched -> why (one line each)
+    etp: Optional[int] = None  # --etp: the expert tensor-parallel degree every plan was searched at
 
     @property
     def stack(self) -> Stack:
@@ -143,6 +144,9 @@ class PlanSearch:
         moe = ", ".join(f"--moe-{k} {str(v).replace('_', '-')}" for k, v in (("dispatcher", self.setup.moe_dispatcher),
                                                       ("overlap", self.setup.moe_overlap)) if v)
         compiled += f", {moe}" if moe else ""
+        if self.setup.recompute_modules is not None:  # --recompute-modules: the search keeps selective plans only
+            compiled += f", selective recomputation of {','.join(self.setup.recompute_modules)} only"
+        compiled += f", expert tensor parallelism etp={self.etp} only" if self.etp is not None else ""
         return (f"{self.model_spec.name} ({self.model_spec.n_params / 1e9:.2f}B) on {gpus}x {self.hardware.name}: "
                 f"{gb}, {seq}, {self.setup.precision.value}{method}{compiled}{budget}; {self.candidates:,} plans evaluated, "
                 f"{sum(self.rejected.values()):,} rejected, ranked by {RANKED_BY[self.objective]}")
@@ -230,7 +234,8 @@ class PlanSearch:
                                                  self.stack.name if len(self.stacks) == 1 else "any"),
             "stack_rule": self.stack_rule, "stack_note": self.stack_note, "stacks": [s.name for s in self.stacks],
             "stacks_left_out": dict(self.left_out), "export_lacks": self.export_lacks(), "near_best": self.near_best, "decision_tree": self.tree,
-            "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows,
+            "best_step_time_s_by_kind": dict(self.best_by_kind), "plans": rows, "etp": self.etp,
+            "recompute_modules": list(self.setup.recompute_modules) if self.setup.recompute_modules is not None else None,
             **({"method_choice": {k: v for k, v in self.method_choice.items() if k != "lines"}} if self.method_choice else {}),
         }
 

@@ -30,7 +30,7 @@ from advisor.export import unwritable
 from advisor.hardware import Hardware, load_hardware
 from advisor.layout import Offload
 from advisor.model import ModelSpec, load_model
-from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, moe_setup, stack_name
+from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, modules_of, moe_setup, stack_name
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
 from advisor.space import default_global_batch
@@ -50,7 +50,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
          adapter_offload: str = "none", lora_library: Optional[str] = None,
          moe_capacity_factor: Optional[float] = None, moe_imbalance: float = 1.0, cp: Optional[int] = None,
          moe_dispatcher: Optional[str] = None, moe_overlap: Optional[str] = None, tp_overlap: Optional[str] = None,
-         compile: str = "none", mtp_layers: int = 0, fp8_attention: bool = False, **unknown) -> PlanSearch:
+         compile: str = "none", mtp_layers: int = 0, fp8_attention: bool = False, recompute_modules: Optional[str] = None,
+         etp: Optional[int] = None, **unknown) -> PlanSearch:
     """Search every valid plan for ``model`` on ``gpus`` GPUs of ``hw`` and return the ``top`` best by
     ``objective``, each with its estimate and the reason for its rank: the Python API of `advisor plan`.
 
@@ -62,8 +63,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     row naming its stack); ``any`` ranks the plans of every stack (``advisor stacks``), each row naming its own.
     ``objective``: time, throughput (tokens/s per GPU), cost (USD per token) or memory (advisor.ranking).
     ``tokens``: a token budget (a number or "1T", "300B") whose training time and cost each plan reports.
-    ``cp``: only plans of this context-parallel degree (default: every degree the space holds, advisor.space).
-    ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
+    ``cp``: only plans of this context-parallel degree (default: every degree the space holds, advisor.space);
+    ``recompute_modules``: only selective plans, rerunning these; ``etp``: every plan at this expert TP (as estimate's). ``memory_headroom``: the fraction of GPU memory kept free beyond the modelled overheads. Every bad value is
     an AdvisorError of one line. Fine-tuning: ``method`` (full, lora, qlora, or auto: advisor.methods picks the
     first that fits of full, LoRA, QLoRA and QLoRA with CPU offload) and the adapters' options, as ``estimate``'s.
     A mixture-of-experts model's plans also choose the expert-parallel degree (and expert tensor parallelism);
@@ -118,9 +119,8 @@ def plan(model, hw, *, gpus=None, nodes: Optional[int] = None, seq: Optional[int
     return PlanSearch(spec, hardware, stacks, setup, worlds, o.global_batch is None, o.objective,
                       sum(f.considered for f in found), rejected, ranked, tree, best_by_kind,
                       memory_headroom=o.memory_headroom, allow_tp_across_nodes=o.allow_tp_across_nodes,
-                      seq_defaulted=o.seq is None, tokens=o.tokens,
-                      stack_rule=api.AUTO_RULE if o.stack == "auto" else None, stack_note=stack_note, near_best=near,
-                      kind_worlds=kind_worlds, left_out=left_out)
+                      seq_defaulted=o.seq is None, tokens=o.tokens, stack_rule=api.AUTO_RULE if o.stack == "auto" else None,
+                      stack_note=stack_note, near_best=near, kind_worlds=kind_worlds, left_out=left_out, etp=o.etp)
 
 
 PAYS_NOT = "{stack}'s TP/PP/CP plans slower than its own data-parallel best"
@@ -169,8 +169,7 @@ def _offloaded(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, setups
         f = _search_world(spec, hardware, small, setups.setdefault(small.name, stack_setup(setup, small, spec)), w, o, False)
         keep = np.isin(np.broadcast_to(f.plans.offload, f.fits.shape), lacking)
         if (f.fits & ~keep).any():
-            f.rejected[f"--stack auto: {small.name}'s plans without ZeRO-Infinity's offload are {large.name}'s"] = int(
-                (f.fits & ~keep).sum())
+            f.rejected[f"--stack auto: {small.name}'s plans without ZeRO-Infinity's offload are {large.name}'s"] = int((f.fits & ~keep).sum())
         f.fits = f.fits & keep
         out.append(f)
     return out
@@ -256,9 +255,10 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
     if o.precision == "auto":
         raise PlanError("precision='auto' ranks every precision the GPU runs: call advisor.rank_precisions(model, hw, "
                         "...) (the `advisor plan --precision auto` command), or name one precision here")
-    try:
+    try:  # --recompute-modules: selective plans only (constraints.setup_violations), each rerunning them
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision, o.stack),
                              optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),
+                             recompute="none" if o.recompute_modules is None else "selective", recompute_modules=modules_of(o.recompute_modules),
                              finetune=api.finetune_of(o, model=spec),
                              **moe_setup(o))
     except Exception as exc:
@@ -293,7 +293,7 @@ def _search_world(spec: ModelSpec, hardware: Hardware, stack: Stack, setup: Trai
     """The plans of one GPU count in one stack: all of them, or (``model_parallel`` True / False) only those with /
     without TP or PP, which --stack auto costs in different stacks."""
     valid, n, rejected = valid_candidates(spec, hardware, world, int(setup.global_batch), o.allow_tp_across_nodes, stack,
-                                          model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp)
+                                          model_parallel, setup.seq_len, setup.attention.value == "eager", o.cp, o.etp)
     valid = drop_setup_violations(valid, setup, stack, rejected)  # adapters beyond DP, an asked TP overlap without SP
     out = evaluate(Workload.of(spec, hardware, stack, setup), valid)
     fits = out.memory.peak + out.overhead.total <= hardware.gpu.memory_bytes * (1.0 - o.memory_headroom)

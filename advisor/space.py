@@ -237,16 +237,17 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
     return violations(c, spec, hw, world, stack, seq_len, eager, layout_only=True)
 
 
-def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
+def with_experts(c: Candidates, model: ModelSpec, etp: Optional[int] = None) -> Candidates:
     """Each plan of a mixture-of-experts model once per (ep, etp) its (dp, tp) admits (advisor.parallel.expert.
     ep_choices), where it can split experts (not HSDP or nn.DataParallel: those keep ep 1, etp = tp); a dense model's
-    as is."""
+    as is. ``etp`` (plan's --etp): every row at that etp, one (ep 1, etp) row where its (dp, tp) admits none (and HSDP's
+    and nn.DataParallel's at it too), refused by advisor.parallel.expert.violations under its reason, so counted."""
     if not model.routed or len(c) == 0:
         return c
     dp, tp = np.broadcast_to(c.dp, (len(c),)), np.broadcast_to(c.tp, (len(c),))
     uniq, inv = np.unique(np.stack([dp, tp], axis=1), axis=0, return_inverse=True)
     inv = np.asarray(inv).reshape(-1)
-    choices = [expert.ep_choices(model, int(d), int(t)) for d, t in uniq]
+    choices = [expert.ep_choices(model, int(d), int(t), etp) or [(1, etp)] for d, t in uniq]
     table = np.ones((len(uniq), max(len(ch) for ch in choices), 2), dtype=np.int64)
     for j, ch in enumerate(choices):
         table[j, :len(ch)] = ch
@@ -260,7 +261,7 @@ def with_experts(c: Candidates, model: ModelSpec) -> Candidates:
     # a plan that cannot split experts keeps them as tensor parallelism splits them
     keep = np.repeat(splits, reps)
     ep = np.where(keep, pick[:, 0], 1)
-    etp = np.where(keep, pick[:, 1], tp[idx])
+    etp = np.where(keep, pick[:, 1], tp[idx] if etp is None else etp)
     out = c.take(idx)
     return replace(out, ep=ep, etp=etp)
 

@@ -53,7 +53,7 @@ layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex d
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -97,14 +97,14 @@ def uses_ep(c: Candidates) -> Any:
     return (np.asarray(c.ep) > 1) | (np.asarray(c.etp) != np.asarray(c.tp))
 
 
-def ep_choices(model: ModelSpec, dp: int, tp: int) -> list[tuple[int, int]]:
+def ep_choices(model: ModelSpec, dp: int, tp: int, fixed: Optional[int] = None) -> list[tuple[int, int]]:
     """(ep, etp) pairs the search tries for a (dp, tp) layout: every ep dividing the experts and dp x tp, with the
-    experts split as attention is (etp = tp, Megatron's default) or unsplit (etp 1); (1, tp) alone for a dense
-    model. Every ep is a divisor of the experts: a handful (256 experts: 9)."""
+    experts split as attention is (etp = tp, Megatron's default) or unsplit (etp 1), or at ``fixed`` alone (--etp);
+    (1, tp) alone for a dense model. Every ep is a divisor of the experts: a handful (256 experts: 9)."""
     if not model.routed:
         return [(1, tp)]
     n = model.experts.n_experts
-    return [(ep, etp) for etp in sorted({1, tp}, reverse=True) if model.experts.d_ff_expert % etp == 0
+    return [(ep, etp) for etp in (sorted({1, tp}, reverse=True) if fixed is None else [fixed]) if model.experts.d_ff_expert % etp == 0
             for ep in range(1, n + 1) if n % ep == 0 and (dp * tp) % (ep * etp) == 0]
 
 
