@@ -311,6 +311,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
         experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
                    else "no routed experts")
-        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, dp x tp = {plan.dp * plan.tp}, {experts} (--ep 1 turns expert "
+        cp = f", dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if plan.cp > 1 else ""
+        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, dp x tp = {plan.dp * plan.tp}{cp}, {experts} (--ep 1 turns expert "
                        "parallelism off)")
     return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once

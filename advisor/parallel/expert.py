@@ -1,53 +1,51 @@
-"""Mixture of experts and expert parallelism (EP): the routed experts split over ep ranks, their own tensor
-parallelism (etp), the dispatch and combine all-to-alls, grouped GEMMs, expert model states and routed activations.
+"""Mixture of experts and expert parallelism (EP): the routed experts split over ep ranks, their own tensor parallelism
+(etp), the dispatch and combine all-to-alls, grouped GEMMs, expert model states and routed activations.
 
-Layout (megatron-core 0.16.1 parallel_state.initialize_model_parallel): the experts get a rank generator of
-their own over the same ranks, ``tp=etp, ep=ep, dp=edp, pp=pp`` in the order tp-ep-dp-pp, with
-``edp = world / (etp x ep x pp)``: EP is carved from the dense layers' dp x tp (x cp) ranks of a pipeline stage,
-not a factor of the world size. So ep x etp divides dp x tp; the experts split over ep (n_experts / ep local
-experts each, Megatron-LM arguments.py: num_experts % ep == 0) and each expert's FFN over etp; the expert ranks sit
-etp fastest, then ep, so ep_per_node = min(ep, g / etp) (TP without SP: engine.moe_tp_needs_sp).
+Layout (megatron-core 0.19.2 parallel_state.py:874-890): the experts get a rank generator of their own over the same
+ranks, ``tp=etp, ep=ep, dp=edp, pp=pp, cp=1`` (tp-ep-dp-pp), ``edp = world / (etp x ep x pp)``: EP is carved from a
+stage's dp x cp x tp ranks; advisor costs ep x etp dividing dp x tp (EP_ACROSS_CP refuses the rest). Experts split over
+ep (num_experts % ep == 0), each FFN over etp; etp ranks fastest, then ep: ep_per_node = min(ep, g / etp).
 
-Work (balanced routing): the dense layers' dp x tp ranks of a stage hold dp micro-batches of tokens; every
-token goes to top-k experts, and the dp x tp = edp x ep x etp ranks share that expert work evenly: one GPU does
-tokens x k x (expert FLOPs) / tp, what tensor parallelism alone would give. Its local experts run as one grouped
-GEMM per linear (the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k x ep x etp / (tp x E) rows:
-the existing GEMM efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M + h0) for the thin M
-dimension, the same saturating form on rows that the profile fits on columns. Routing imbalance (the busiest
-rank's tokens over the balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables
-force a balanced distribution) multiplies the busiest rank's expert GEMMs, its all-to-all bytes and its routed
-activations; a capacity factor caps it (tokens beyond capacity are dropped: Fedus et al. 2021, Switch
-Transformer s.2.2). FLOPs and MFU count the top-k active experts at the balanced load, as Megatron-LM's
-``num_floating_point_operations`` (training.py: routed FFN x moe_router_topk, plus shared experts) and torchtitan's
-``get_num_flop_per_token`` (active parameters: 6 N_active + attention) count them (advisor.step.flops).
+Work (balanced routing): the dense layers' dp x tp ranks of a stage hold dp micro-batches of tokens; every token goes
+to top-k experts, and the dp x tp = edp x ep x etp ranks share that expert work evenly: one GPU does tokens x k x
+(expert FLOPs) / tp, what tensor parallelism alone would give. Its local experts run as one grouped GEMM per linear
+(the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k x ep x etp / (tp x E) rows: the existing GEMM
+efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M + h0) for the thin M dimension, the same
+saturating form on rows that the profile fits on columns. Routing imbalance (the busiest rank's tokens over the
+balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables force a balanced distribution)
+multiplies the busiest rank's expert GEMMs, its all-to-all bytes and its routed activations; a capacity factor caps it
+(tokens beyond capacity are dropped: Fedus et al. 2021, Switch Transformer s.2.2). FLOPs and MFU count the top-k active
+experts at the balanced load, as Megatron-LM's ``num_floating_point_operations`` (training.py: routed FFN x
+moe_router_topk, plus shared experts) and torchtitan's ``get_num_flop_per_token`` (active parameters: 6 N_active +
+attention) count them (advisor.step.flops).
 
-Communication per MoE layer and micro-batch (the alltoall dispatcher, megatron-core
-moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): dispatch and combine forward, their gradients backward, two
-more in a recomputed forward; each GPU sends its tokens x k hidden states (its sequence-parallel share of the
-tokens), in the activation dtype, over the ep ranks (advisor.comm all_to_all: NVLink inside a domain, the
-network across). With etp > 1 the received tokens are also all-gathered and the outputs reduce-scattered over
-the etp ranks. The flex dispatcher (--moe-token-dispatcher-type flex, DeepEP / HybridEP backends: moe/fused_a2a.py)
-sends a token once to each GPU that holds one of its experts (``reached``: at uniform routing 5.3 GPUs of 8 for
-Qwen3-30B-A3B's top-8 of 128 on EP 8) and, across NVLink domains, once to each domain on the GPU's own NIC, forwarded
-there on NVLink (``dispatch_time``; the two pipelined). What the all-to-alls run beside (``moe_overlap``, the stack's
-``ep_alltoall_overlap`` unless asked): nothing, the shared experts' GEMMs (--moe-shared-expert-overlap), or another
-micro-batch's compute (--overlap-moe-expert-parallel-comm: combined forward-and-backward steps, each all-to-all beside
-its partner op of the other micro-batch, on the share of passes ``batch_overlap_share`` gives; where Megatron refuses
-it, a 1F1B pipeline or full recomputation, exposed). The flex dispatcher's kernels hold the stack's
-``flex_dispatcher_sms`` while they run, which the compute beside them does without (advisor.comm.beside).
+Communication per MoE layer and micro-batch (the alltoall dispatcher, megatron-core moe/token_dispatcher.py
+MoEAlltoAllTokenDispatcher): dispatch and combine forward, their gradients backward, two more in a recomputed forward;
+each GPU sends its tokens x k hidden states (its sequence-parallel share of the tokens), in the activation dtype, over
+the ep ranks (advisor.comm all_to_all: NVLink inside a domain, the network across). With etp > 1 the received tokens
+are also all-gathered and the outputs reduce-scattered over the etp ranks. The flex dispatcher
+(--moe-token-dispatcher-type flex, DeepEP / HybridEP backends: moe/fused_a2a.py) sends a token once to each GPU that
+holds one of its experts (``reached``: at uniform routing 5.3 GPUs of 8 for Qwen3-30B-A3B's top-8 of 128 on EP 8) and,
+across NVLink domains, once to each domain on the GPU's own NIC, forwarded there on NVLink (``dispatch_time``; the two
+pipelined). What the all-to-alls run beside (``moe_overlap``, the stack's ``ep_alltoall_overlap`` unless asked):
+nothing, the shared experts' GEMMs (--moe-shared-expert-overlap), or another micro-batch's compute
+(--overlap-moe-expert-parallel-comm: combined forward-and-backward steps, each all-to-all beside its partner op of the
+other micro-batch, on the share of passes ``batch_overlap_share`` gives; where Megatron refuses it, a 1F1B pipeline or
+full recomputation, exposed). The flex dispatcher's kernels hold the stack's ``flex_dispatcher_sms`` while they run,
+which the compute beside them does without (advisor.comm.beside).
 
 Memory: a GPU holds its local experts, E / ep of every routed linear, 1 / etp of each; their optimizer states (ZeRO-1,
 the distributed optimizer), gradients (ZeRO-2) and weights (ZeRO-3, FSDP) are sharded over the expert data-parallel
 group (edp ranks), as megatron-core's DistributedOptimizer and Megatron-FSDP build a separate buffer for expert
-parameters over ``expert_data_parallel_group``; their reduce-scatters and gathers run over that group beside the
-dense ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables at
-the MLP width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the
-experts read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
+parameters over ``expert_data_parallel_group``; their reduce-scatters and gathers run over that group beside the dense
+ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed activations: the stack's tables at the MLP
+width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the experts
+read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
-Not modelled: HSDP with EP (refused), context parallelism, NCCL's all-to-all SMs, FP8 dispatch, the aux-loss kernels,
-the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as routed
-layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach
-(advisor.parallel.routing).
+Not modelled: HSDP with EP (refused), EP across context-parallel ranks (refused), NCCL's all-to-all SMs, FP8 dispatch,
+the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the
+stage's weights as routed layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers'
+reach (advisor.parallel.routing).
 """
 
 from __future__ import annotations
@@ -69,21 +67,23 @@ from advisor.training import Recompute
 
 # Passes of the dispatch + combine pair per MoE layer and micro-batch: forward, backward, a recomputed forward
 FORWARD_ALLTOALLS, BACKWARD_ALLTOALLS, RECOMPUTE_ALLTOALLS = 2.0, 2.0, 2.0
+EP_ACROSS_CP = ("ep x etp divides dp x cp x tp but not dp x tp: megatron-core runs EP across the context-parallel ranks, "
+                "which advisor does not cost (--cp 1, or an ep x etp dividing dp x tp)")
 
 
 # --- constraints and the candidates of the search ---------------------------------------------------------------
 def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
     """Constraint -> where a plan breaks it (module docstring for their sources)."""
-    ep, etp = np.asarray(c.ep), np.asarray(c.etp)
-    split = uses_ep(c)
+    ep, etp, split = np.asarray(c.ep), np.asarray(c.etp), uses_ep(c)
     if not model.routed:
         return {"expert parallelism on a model without routed experts": split}
     e = model.experts
-    tp, sp = np.asarray(c.tp), np.asarray(c.sp, dtype=bool)
-    return {
+    tp, sp, off = np.asarray(c.tp), np.asarray(c.sp, dtype=bool), ((c.dp * np.asarray(c.tp)) % (ep * etp)) != 0
+    beside_cp = off & (np.asarray(c.cp) > 1) & (((c.dp * np.asarray(c.cp) * tp) % (ep * etp)) == 0)
+    return {  # megatron-core lays EP over tp x cp x dp (parallel_state.py:874-890, the expert grid's cp=1); advisor over dp x tp
         "ep does not divide the routed experts": (e.n_experts % ep) != 0,
-        "ep x etp does not divide dp x tp (EP is carved from the data- and tensor-parallel ranks)":
-            ((c.dp * tp) % (ep * etp)) != 0,
+        "ep x etp does not divide dp x tp (EP is carved from the data- and tensor-parallel ranks)": off & ~beside_cp,
+        EP_ACROSS_CP: beside_cp,
         "etp does not divide the experts' FFN width": (e.d_ff_expert % etp) != 0,
         "experts split over TP ranks otherwise than attention need sequence parallelism": (tp > 1) & ~sp & (
             (ep > 1) | (etp != tp)),
