@@ -89,3 +89,30 @@ def test_megatron_deepspeed_norms_and_scales_fp32_gradients_every_step(tmp_path)
         clip = on.breakdown["optimizer"] - no.breakdown["optimizer"]
         assert clip == pytest.approx(params * bytes_ * a100_s_per_byte, rel=0.01)
         assert clip * 1e3 == pytest.approx(ms, rel=0.01)
+
+
+def test_exports_write_no_clipping_where_none_was_costed(tmp_path):
+    """A profile costed without clipping (engine.clip_grad_norm false) exports gradient_clipping 0.0 and
+    --clip-grad 0.0, which DeepSpeed and Megatron-LM take as no clip (deepspeed 0.19.8 zero/stage_1_and_2.py:3194-3199;
+    megatron-core 0.19.2 optimizer/optimizer.py:830), and turns off ZeRO-1/2's norm (zero/config.py:143, 390-392);
+    the shipped profiles, which clip, keep 1.0 (Megatron-LM's --clip-grad default, arguments.py:2505)."""
+    import json
+
+    from advisor.export import export
+    from advisor.layout import Plan
+    from advisor.model import load_model
+    from advisor.training import TrainingSetup
+
+    model, setup = load_model("llama3-8b"), TrainingSetup(seq_len=2048, micro_batch=1, global_batch=8, precision="bf16-mixed")
+    for base, kind, plan in (("deepspeed", "deepspeed", Plan(dp=8, zero=1)), ("megatron-core", "megatron", Plan(dp=8))):
+        off = tmp_path / f"{base}-noclip.yaml"
+        off.write_text(f"base: {base}\nname: noclip\ndescription: t\nengine: {{clip_grad_norm: false}}\n")
+        for stack, clip in ((base, 1.0), (str(off), 0.0)):
+            out = export(kind, model, H100, plan, setup, 1, 8, stack)
+            if kind == "deepspeed":
+                cfg = json.loads(out.text)
+                assert cfg["gradient_clipping"] == clip
+                assert cfg["zero_optimization"].get("compute_grad_norm", True) is (clip > 0)
+            else:
+                assert f"--clip-grad {clip}" in out.text
+

@@ -88,7 +88,7 @@ REGISTRIES = {"torchtitan": TORCHTITAN_CONFIGS, "torchtitan-toml": TORCHTITAN_FL
 # LoRAConverter): their exporters refuse an adapter plan, whatever the stack runs
 NO_ADAPTERS = ("megatron", "torchtitan")
 # the formats whose exporter takes the costed stack itself (the others read setup.stack's name only)
-TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml", "nanotron")
+TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml", "nanotron", "deepspeed")
 
 
 def unwritable(stack: Stack, model: ModelSpec) -> list[str]:

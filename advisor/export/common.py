@@ -19,11 +19,19 @@ from advisor.constraints import plan_errors
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
 
-__all__ = ["GRADIENT_CLIP", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "Run", "TrainingSetup",
+__all__ = ["GRADIENT_CLIP", "gradient_clip", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "Run", "TrainingSetup",
            "check", "commented_yaml", "global_batch", "header", "node_layout"]
 
 RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port
 GRADIENT_CLIP = 1.0  # Megatron-LM's --clip-grad default; written into DeepSpeed too so both clip alike
+
+
+def gradient_clip(stack=None) -> float:
+    """The clipping threshold the plan was costed with: GRADIENT_CLIP where the stack's step clips
+    (engine.clip_grad_norm; no stack given: the exporter's own default), else 0.0, which Megatron-LM takes as no
+    norm at all (megatron-core 0.19.2 optimizer/optimizer.py:830, 1319: clip_grad > 0.0) and DeepSpeed as no clip
+    (deepspeed 0.19.8 zero/stage_1_and_2.py:3194-3199: clip_grad > 0.)."""
+    return GRADIENT_CLIP if stack is None or stack.engine.clip_grad_norm else 0.0
 
 
 class ExportError(AdvisorError):

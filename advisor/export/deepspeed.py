@@ -8,10 +8,9 @@ interleaved schedule is refused). The notes are written into the JSON under "_ad
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from advisor.export.common import (
-    GRADIENT_CLIP,
     Exported,
     ExportError,
     Plan,
@@ -19,10 +18,12 @@ from advisor.export.common import (
     TrainingSetup,
     check,
     global_batch,
+    gradient_clip,
 )
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
+from advisor.stack import Stack
 
 # JSON has no comments, so the notes go under a key of their own. DeepSpeedConfig 0.19.8 reads the keys it
 # knows and ignores other top-level keys without a warning (checked in tests/test_export.py); a section
@@ -33,8 +34,9 @@ FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "lo
 
 
 def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                   world_size: int) -> tuple[dict[str, Any], list[str]]:
-    """ds_config: train_batch_size = micro x grad_accum x dp (DeepSpeedConfig asserts this identity)."""
+                   world_size: int, stack: Optional[Stack] = None) -> tuple[dict[str, Any], list[str]]:
+    """ds_config: train_batch_size = micro x grad_accum x dp (DeepSpeedConfig asserts this identity); ``stack``: the
+    one the plan was costed in, whose clipping it writes (none given: GRADIENT_CLIP)."""
     notes = []
     zero: dict[str, Any] = {"stage": plan.zero}
     if plan.zero >= 1:
@@ -48,9 +50,11 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
         "train_batch_size": global_batch(plan, setup, grad_accum),
         "train_micro_batch_size_per_gpu": setup.micro_batch,
         "gradient_accumulation_steps": grad_accum,
-        "gradient_clipping": GRADIENT_CLIP,
+        "gradient_clipping": gradient_clip(stack),
         "zero_optimization": zero,
     }
+    if not cfg["gradient_clipping"]:
+        _no_clip(plan, zero, notes)
     cfg.update(_precision(plan, setup, notes))
     zero.update(_offload(plan, notes))
     if plan.offload.value != "none":
@@ -82,6 +86,20 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
         if plan.schedule == "interleaved":
             raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule", instead="megatron")
     return cfg, notes
+
+
+def _no_clip(plan: Plan, zero: dict[str, Any], notes: list[str]) -> None:
+    """Costed without clipping (engine.clip_grad_norm false): gradient_clipping 0 skips the clip, and ZeRO-1/2 skip the
+    norm with compute_grad_norm false (deepspeed 0.19.8 zero/config.py:143, :390-392: stages 1 and 2 only, no optimizer
+    offload: stage_1_and_2.py:212-219); elsewhere DeepSpeed still takes the norm (stage_1_and_2.py:3032-3039)."""
+    if plan.zero in (1, 2) and plan.offload.value == "none":
+        zero["compute_grad_norm"] = False
+    else:
+        notes.append(f"gradient_clipping 0 as costed (no clipping); at ZeRO-{plan.zero}"
+                     + (" with optimizer offload" if plan.offload.value != "none" else "")
+                     + " DeepSpeed still takes the gradient norm every step, which the estimate does not count")
+    notes.append("without clipping: under the Trainer pass --max_grad_norm 0 (transformers integrations/deepspeed.py:161 "
+                 "refuses a gradient_clipping other than max_grad_norm)")
 
 
 def _offload(plan: Plan, notes: list[str]) -> dict[str, Any]:
@@ -132,9 +150,9 @@ def _precision(plan: Plan, setup: TrainingSetup, notes: list[str]) -> dict[str, 
 
 
 def deepspeed_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                     world_size: int) -> Exported:
+                     world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
-    cfg, notes = deepspeed_dict(model, hw, plan, setup, grad_accum, world_size)
+    cfg, notes = deepspeed_dict(model, hw, plan, setup, grad_accum, world_size, stack)
     launch = " ".join(torchrun_argv(hw, world_size)) + " --deepspeed ds_config.json"
     notes.append(f"launch: {launch} (deepspeed.initialize(config='ds_config.json'))")
     if setup.finetune.adapters:

@@ -14,7 +14,7 @@ import shlex
 from typing import Optional
 
 from advisor.export.common import (
-    GRADIENT_CLIP,
+    gradient_clip,
     Exported,
     ExportError,
     Plan,
@@ -89,7 +89,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     a += model_shape(model) + constants + _experts(model, plan, setup, notes, stack)
     notes += unknown
     a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
-    a += ["--clip-grad", GRADIENT_CLIP]
+    a += ["--clip-grad", gradient_clip(stack)]  # as costed: 0.0 where the stack does not clip
     if not stack.engine.grad_nan_check and stack.engine.bucket_elements is not None:  # megatron-core's DDP, costed
         # without its per-bucket NaN check (megatron-bridge-perf): Megatron-LM runs it unless told (arguments.py:2735-2737)
         a.append("--no-check-for-nan-in-loss-and-grad")
