@@ -70,6 +70,9 @@ class Engine(Spec):
         "fp32 gradients (halved in pure bf16)")
     clip_grad_bytes_zero: Optional[float] = Field(default=None, ge=1, le=100, description="clip_grad_bytes where ZeRO "
         "partitions the optimizer (stage >= 1: DeepSpeed's ZeRO optimizers, not its stage-0 FP16_Optimizer); None: same")
+    clip_unscales: bool = Field(default=False, description="under fp16 the clip's scale multiply also divides out the "
+        "loss scale (DeepSpeed's unscale_and_clip_grads), a multiply of the stepped gradients that stays without clipping: "
+        "no unscale pass over every gradient of its own")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

@@ -24,6 +24,7 @@ from advisor.workload import Workload
 STEP_BYTES = {Optimizer.adamw: 28.0, Optimizer.adamw_fused: 28.0, Optimizer.sgd: 20.0}
 MASTER_STEP_BYTES = 6.0  # read the fp32 master weight, write the half-precision copy
 GRAD_SCALER_BYTES = 12.0  # fp16 GradScaler: unscale_ (r+w gradients) and the inf/nan check (r gradients)
+UNSCALE_BYTES = 8.0  # GRAD_SCALER_BYTES' unscale_ (r+w): none where the clip's multiply unscales (engine.clip_unscales)
 # Gradient clipping (engine.clip_grad_norm): get_grad_norm_fp32's multi-tensor L2 norm reads each main gradient the
 # step updates (megatron-core 0.19.2 optimizer/clip_grads.py:116-118), clip_grad_by_total_norm_fp32 reads and writes it
 # (:186-188, multi_tensor_scale_tensor: the coefficient stays a tensor, no host sync): 3 x 4 bytes of fp32 gradients.
@@ -65,8 +66,13 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any, zero: 
         per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
         per_clipped = np.where(np.asarray(zero) >= 1, e.clip_grad_bytes_zero or per_clipped, per_clipped)
         t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
-    if w.precision is Precision.fp16_mixed:
-        t = t + params * GRAD_SCALER_BYTES / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+    if w.precision is Precision.fp16_mixed:  # the unscale: the clip's multiply where it folds in (clip_unscales)
+        folded = w.stack.engine.clip_unscales
+        scaler = GRAD_SCALER_BYTES - (UNSCALE_BYTES if folded else 0.0)
+        if folded and not w.stack.engine.clip_grad_norm:  # the multiply by 1 / loss_scale alone, on the stepped grads
+            t = t + np.asarray(sharded_params, dtype=float) * UNSCALE_BYTES / (
+                hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+        t = t + params * scaler / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     return t
 
 
