@@ -130,3 +130,11 @@ def test_deepspeed_fp16_unscales_in_its_clip_multiply(tmp_path):
              - estimate("llama3-8b", H100, stack="deepspeed", **kw).breakdown["optimizer"])
     assert saved == pytest.approx(LLAMA3_8B * 8.0 * ELEMENTWISE_S_PER_BYTE, rel=0.01)
     assert saved * 1e3 == pytest.approx(25.3, rel=0.01)
+
+
+def test_megatron_core_unscales_in_a_pass_of_its_own():
+    """megatron-core's fp16 unscale is _unscale_main_grads_and_check_for_nan (optimizer/optimizer.py:713-724), before
+    and apart from the clip: its profile does not inherit megatron-deepspeed's folded unscale."""
+    from advisor.stack import load_stack
+    assert [load_stack(n).engine.clip_unscales for n in ("megatron-core", "megatron-bridge-perf", "megatron-deepspeed",
+                                                          "deepspeed")] == [False, False, True, True]
