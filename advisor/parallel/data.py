@@ -121,7 +121,8 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
     wb, gb = optimizer.weight_grad_bytes(w.precision, master)
     # fp32 gradients: Megatron's main_grad buffer; FSDP2 under a pipeline accumulating unsharded ones in reduce_dtype
     # (where there is an FSDP group: at dp 1 torchtitan 0.2.2 applies none, 0.3.0 a one-rank one: engine.fsdp_at_one)
-    fp32 = ((eng.zero1 == "fsdp_under_pipeline") & (eng.reduce_dtype == "fp32") & (zero == 1) & ((shard > 1) | eng.fsdp_at_one)
+    fsdp_pp = eng.zero1 == "fsdp_under_pipeline"
+    fp32 = (fsdp_pp & (eng.reduce_dtype == "fp32") & (zero == 1) & ((shard > 1) | eng.fsdp_at_one)
             | (eng.main_grads == "fp32"))
     gb = np.where(fp32, np.maximum(gb, 4.0), gb)
     r = w.precision.recipe
@@ -160,10 +161,9 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
         + quantised_weights(w, zero, layers * p_layer, eng.low_precision_params),
         step_temporaries=optimizer.step_temporaries(w, stepped, optimizer.largest_tensor(w, zero, shard, p_layer, outside, tp)),
         head_grads=np.minimum(m.vocab * m.d_model / tp * gb, grads),
-        # gradients exist before backward when they accumulate across micro-batches, in a buffer the stack
-        # allocates up front, or in ZeRO's flat (ZeRO-1) or partitioned (ZeRO-2/3) buffers; otherwise
-        # (zero_grad(set_to_none=True), one micro-batch) backward allocates them as it frees activations
-        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1), expert_params=experts,
+        # gradients exist before backward when accumulated across micro-batches, in a buffer allocated up front, or in
+        # ZeRO's flat or partitioned buffers (not FSDP2's ZeRO-1 under PP: made in backward, _fsdp_param.py:802-813)
+        grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1) & ~(fsdp_pp & (zero == 1)), expert_params=experts,
         stepped_params=stepped, gather_bytes=(layers * p_layer * ub + outside * wb) / np.maximum(params, 1.0))
     from advisor import adapters  # imported here: advisor.adapters imports this module
     states = adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
