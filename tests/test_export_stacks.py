@@ -187,6 +187,16 @@ def test_torchtitan_notes_in_file_and_degrees(case, tmp_path):
     assert argv[-1] == f"activation-checkpoint:{setup.recompute.value}"
 
 
+def test_torchtitan_cuda_graph_note_only_where_there_is_a_choice():
+    """torchtitan 0.3.0 refuses CUDA graphs under pipeline parallelism (trainer.py:183-187): there the
+    --training.disable-cuda-graphs flag is required, so only a plan without PP is told it may drop it."""
+    for plan_kw, noted in ((dict(dp=8, zero=3), True), (dict(dp=2, tp=2, pp=2, zero=1), False)):
+        out = export("torchtitan", *inputs("llama3-8b", "dgx-h100", 8, plan_kw, dict(micro_batch=1, grad_accum=4)))
+        assert "--training.disable-cuda-graphs" in out.text
+        assert any(n.startswith("CUDA graphs off") for n in out.notes) is noted
+    assert "DeepSeek-V3" in load_stack("torchtitan").description  # deepseek-v3 is one of its registries' configs
+
+
 @pytest.mark.slow  # ~7 s each: ConfigManager imports torchtitan's trainer components and model registry
 @pytest.mark.parametrize("case", TITAN)
 def test_torchtitan_config_manager_parses(case, tmp_path, monkeypatch):

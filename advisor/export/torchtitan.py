@@ -232,8 +232,9 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
     if stack is not None and stack.memory.logits != load_stack(STACK).memory.logits:
         notes.append(f"costed as stack {stack.name}, whose loss differs from torchtitan 0.3.0's (the loss in sequence "
                      "chunks), which this command runs: its peak memory will be lower than estimated")
-    notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
-                 "without pipeline parallelism dropping that line may run faster than estimated")
+    if r.plan.pp == 1:  # under PP 0.3.0 requires the flag (trainer.py:183-187): nothing to choose, nothing to note
+        notes.append("CUDA graphs off (--training.disable-cuda-graphs), as costed: the host launches every kernel; "
+                     "dropping that line may run faster than estimated")
     if r.plan.ep > 1:
         notes.append(f"expert parallelism {r.plan.ep} borrows its ranks from FSDP and TP (efsdp = dp_shard x cp x tp / "
                      "ep); tokens travel by the standard all-to-all dispatcher, as costed")
