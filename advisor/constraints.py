@@ -83,14 +83,22 @@ def setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack]
             np.asarray(c.recompute) != Recompute.selective.code)
     if setup.moe_overlap == "batch":  # megatron-core 0.19.2 transformer_config.py:2669-2713 asserts these away
         out[BATCH_OVERLAP] = (((c.pp > 1) & (c.virtual_stages <= 1)) | (np.asarray(c.ep) <= 1) | np.isin(
-            c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | (
-            "moe" in (setup.recompute_modules or ())) | (setup.mtp_layers > 1) | (  # :2710-2713 mtp_num_layers <= 1
-            setup.precision.mode.value == "fp32"))  # :2701-2704 "only supported with bf16 or fp16 model"
+            c.recompute, [Recompute.full.code, Recompute.block.code, Recompute.every_k.code]) | bool(setup_wide(setup)))
     if stack is not None and (why := pure_half_needs_zero(setup, stack)):
         out[why] = np.asarray(c.zero) == 0
     if stack is not None and (why := fp32_without_fsdp(setup, stack)):
         out[why] = ((c.tp > 1) | (c.pp > 1)) & (c.dp == 1) & (c.cp == 1)  # at dp > 1: FSDP, or DDP (stack_violations)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
+
+
+def setup_wide(setup: TrainingSetup) -> list[str]:
+    """The setup_violations reasons the setup breaks whatever the plan (a search's every plan rejected by them, though
+    the tally counts each plan under the first reason it breaks): --moe-overlap batch with a setup megatron-core asserts
+    away (transformer_config.py:2701-2704 a bf16 or fp16 model, :2710-2713 mtp_num_layers <= 1; the moe module's
+    recompute)."""
+    batch = setup.moe_overlap == "batch" and ("moe" in (setup.recompute_modules or ()) or setup.mtp_layers > 1
+                                              or setup.precision.mode.value == "fp32")
+    return [BATCH_OVERLAP] if batch else []
 
 
 def drop_setup_violations(c: Candidates, setup: TrainingSetup, stack: Optional[Stack],

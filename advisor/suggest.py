@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from advisor.candidates import Candidates
-from advisor.constraints import setup_violations, stack_violations
+from advisor.constraints import setup_violations, setup_wide, stack_violations
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
@@ -212,9 +212,11 @@ def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = Non
                 tips.append(f"--hw {h.name} ({h.gpu.memory_GiB:g} GiB GPUs) fits on {_gpus(s.world_size)}")
                 break
     else:
-        worst = sorted(s.rejected.items(), key=lambda kv: -kv[1])[:2]
+        wide = setup_wide(s.setup)  # rejects every plan, whichever reason each was counted under first
+        worst = sorted(s.rejected.items(), key=lambda kv: (kv[0] not in wide, -kv[1]))[:2]
         if worst:
-            tips.append("every plan breaks a constraint: " + ", ".join(f"{r} ({n:,} plans)" for r, n in worst))
+            tips.append("every plan breaks a constraint: " + ", ".join(
+                f"{r} ({'every plan' if r in wide else f'{n:,} plans'})" for r, n in worst))
         if s.candidates == 0 or not worst:
             tips.append(f"no dp x tp x pp layout of {s.world_size:,} GPUs has a dp that divides global batch "
                         f"{s.global_batch:,}; use --global-batch a multiple of {s.world_size:,}")

@@ -475,3 +475,13 @@ def test_async_tp_beyond_the_nvlink_domain_is_not_pipelined():
     off, on = api.estimate(tp_overlap="none", **kw), api.estimate(tp_overlap="async", **kw)
     assert on.breakdown["comm/tp"] == pytest.approx(off.breakdown["comm/tp"])
     assert "pipelined" not in on.collectives["tp"]
+
+
+def test_no_plan_summary_names_the_batch_overlap_setup_every_plan_breaks():
+    """--moe-overlap batch with two MTP depths breaks megatron-core's assert (transformer_config.py:2710-2713,
+    mtp_num_layers <= 1) whatever the plan; the tally counts each plan under its first reason, layout ones before it,
+    so the "no plan fits" line names it first, as every plan's, not the two largest tallies."""
+    r = CliRunner().invoke(cli, ["plan", "--model", "qwen3-30b-a3b", "--hw", "dgx-h100", "--gpus", "8",
+                                 "--moe-overlap", "batch", "--mtp-layers", "2"])
+    assert r.exit_code == 2
+    assert "every plan breaks a constraint: --moe-overlap batch" in r.output and "(every plan)" in r.output
