@@ -42,9 +42,9 @@ overflow check runs torch.isinf / isnan over the host gradient buffer (has_overf
 
 The CPU step (``host_step_factor``): the profiles' CPU Adam rate is memory-bound at 30 bytes a parameter (dgx-a100.yaml
 cpu_adam_Gparams_per_s); the step also scales the fp32 gradient partition in place by 1 / (loss scale x clip)
-(unscale_and_clip_grads, stage_1_and_2.py:3193-3216; stage3.py:2979-2988, unconditional), which advisor's exports
-always reach (gradient_clipping = 1.0, export/common.py GRADIENT_CLIP; the Trainer's max_grad_norm defaults to 1.0):
-a read and a write of the gradient; ZeRO-3 under fp16 adds its host overflow check (isinf, isnan: each reads the half
+(unscale_and_clip_grads, stage_1_and_2.py:3193-3216; stage3.py:2979-2988, unconditional), which the shipped
+profiles' exports reach (gradient_clipping 1.0 where the stack clips, export/common.py gradient_clip; the Trainer's
+max_grad_norm defaults to 1.0): a read and a write of the gradient; ZeRO-3 under fp16 adds its host overflow check (isinf, isnan: each reads the half
 gradient, writes and reads a bool).
 
 Pure bf16 (``half_master``: the stack's zero_buffers.half_master and --precision bf16): the deepspeed export writes
