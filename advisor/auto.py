@@ -48,8 +48,8 @@ def model_parallel(tp, pp, cp=1):
 
 def auto_runs(stack: Stack, model: ModelSpec) -> bool:
     """Whether --stack auto may cost the model in ``stack``: its model code builds the decoder (engine.lacks) and
-    one of its launch formats writes it (advisor.export.unwritable: Gemma's GeGLU and soft-capping, OLMo 2's
-    full-width q/k norms and GPT-OSS's attention sinks have no Megatron-LM flag), so every plan it ranks exports."""
+    one of its launch formats writes it (advisor.export.unwritable: Gemma's GeGLU and soft-capping and OLMo 2's
+    full-width q/k norms have no Megatron-LM flag), so every plan it ranks exports."""
     from advisor.export import unwritable
 
     return runs_model(stack, model) and not unwritable(stack, model)

@@ -14,6 +14,8 @@ import os
 import re
 import shlex
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,10 @@ CASES = {
     # Qwen3-8B with the YaRN rope_scaling its model card gives for 131,072 tokens (factor 4, original 32,768)
     "qwen3-yarn": (str(Path(__file__).parent / "configs" / "qwen3-8b-yarn.json"), "dgx-h100", 8, dict(dp=8, zero=1),
                    dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # GPT-OSS: learned attention sinks (--softmax-type learnable), biases on every linear (Megatron's add_bias_linear),
+    # the experts' clamped quick-GELU GLU with its +1 offset, alternating 128-key windows, YaRN without rounding
+    "gpt-oss-sinks": ("gpt-oss-120b", "dgx-h100", 64, dict(dp=16, pp=4, ep=8, etp=1, zero=1),
+                      dict(micro_batch=1, global_batch=64, seq_len=4096)),
 }
 OFFLOAD = {"zero-offload-1gpu", "zero-infinity-nvme", "fsdp-cpu-offload", "zero1-offload"}
 MODEL_PARALLEL = {"3d-interleaved", "tp-pp-1f1b-fp16", "tp-sp-ddp", "zero3-tp-sp"}
@@ -127,7 +133,7 @@ MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
                  "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps",
-                 "qwen3-yarn", "deepseek-v3-mtp"}
+                 "qwen3-yarn", "deepseek-v3-mtp", "gpt-oss-sinks"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -461,7 +467,9 @@ TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "max_pos
                  "use_rope_scaling",  # GPTModel's rope_scaling (argument_utils.py gpt_config_from_args)
                  # a non-MLA YaRN's, set on the config as yarn_* attributes (argument_utils.py _apply_yarn_config_from_args)
                  "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
-                 "yarn_correction_range_round_to_int"}
+                 "yarn_correction_range_round_to_int", "no_yarn_correction_range_round_to_int",  # the flag's dest, its
+                 # store_false spelling
+                 "quick_geglu"}  # argument_utils.py:323-326: gated_linear_unit and activation_func quick_gelu
 
 
 @pytest.mark.slow
@@ -485,7 +493,8 @@ def test_megatron_args_build_core_configs(case):
     dtype = torch.bfloat16 if f.get("bf16") else torch.float16 if f.get("fp16") else torch.float32
     n_layers, pp = int(f["num_layers"]), int(f["pipeline_model_parallel_size"])
     vpp = f.get("num_layers_per_virtual_pipeline_stage")
-    swiglu = bool(f.get("swiglu"))
+    swiglu, quick = bool(f.get("swiglu")), bool(f.get("quick_geglu"))
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     opt = lambda k: int(f[k]) if k in f else None  # noqa: E731
     # TransformerConfig.__post_init__ checks the uneven split (megatron-core 0.16.1 transformer_config.py "Uneven PP")
     uneven = dict(num_layers_in_first_pipeline_stage=opt("decoder_first_pipeline_num_layers"),
@@ -519,8 +528,11 @@ def test_megatron_args_build_core_configs(case):
         cpu_offloading="cpu_offloading_num_layers" in f, cpu_offloading_num_layers=opt("cpu_offloading_num_layers") or 0,
         bf16=bool(f.get("bf16")), fp16=bool(f.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
         fp8=f.get("fp8_format"), normalization=f["normalization"], add_bias_linear=not f.get("disable_bias_linear"),
-        add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu,
-        activation_func=F.silu if swiglu else F.gelu, layernorm_epsilon=float(f.get("norm_epsilon", 1e-5)),
+        add_qkv_bias=bool(f.get("add_qkv_bias")), gated_linear_unit=swiglu or quick,
+        activation_func=F.silu if swiglu else quick_gelu if quick else F.gelu,
+        layernorm_epsilon=float(f.get("norm_epsilon", 1e-5)), glu_linear_offset=float(f.get("glu_linear_offset", 0.0)),
+        activation_func_clamp_value=float(f["activation_func_clamp_value"]) if "activation_func_clamp_value" in f else None,
+        softmax_type=f.get("softmax_type", "vanilla"),
     )
     assert tc.layernorm_epsilon == (model.norm_eps or 1e-5)
     assert (tc.qk_head_dim + tc.qk_pos_emb_head_dim if mla else tc.kv_channels) * tc.num_attention_heads == model.q_dim
@@ -540,6 +552,58 @@ def test_megatron_args_build_core_configs(case):
     OptimizerConfig(bf16=tc.bf16, fp16=tc.fp16, params_dtype=dtype, clip_grad=float(f["clip_grad"]),
                     use_distributed_optimizer=ddp.use_distributed_optimizer)
     assert int(f["global_batch_size"]) == int(f["micro_batch_size"]) * ga * plan.dp
+
+
+_BUILD_GPT = textwrap.dedent('''
+    import json, os, sys, torch, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    torch.cuda.current_device = lambda: "cpu"  # DotProductAttention places the sinks' softmax_offset on it
+    from megatron.core import parallel_state
+    parallel_state.initialize_model_parallel(1, 1)
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+    f = json.load(sys.stdin)  # the exported flags, mapped as argument_utils.py core_transformer_config_from_args does
+    quick, swiglu = bool(f.get("quick_geglu")), bool(f.get("swiglu"))
+    skip = f.get("window_attn_skip_freq")
+    cfg = TransformerConfig(
+        num_layers=int(f["num_layers"]), hidden_size=int(f["hidden_size"]), ffn_hidden_size=int(f["ffn_hidden_size"]),
+        num_attention_heads=int(f["num_attention_heads"]), num_query_groups=int(f.get("num_query_groups", 0)) or None,
+        kv_channels=int(f["kv_channels"]) if "kv_channels" in f else None, normalization=f["normalization"],
+        gated_linear_unit=quick or swiglu, activation_func=quick_gelu if quick else torch.nn.functional.silu,
+        glu_linear_offset=float(f.get("glu_linear_offset", 0.0)), add_bias_linear=not f.get("disable_bias_linear"),
+        activation_func_clamp_value=float(f["activation_func_clamp_value"]) if "activation_func_clamp_value" in f else None,
+        softmax_type=f.get("softmax_type", "vanilla"), num_moe_experts=int(f["num_experts"]),
+        moe_ffn_hidden_size=int(f["moe_ffn_hidden_size"]), moe_router_topk=int(f["moe_router_topk"]),
+        window_size=tuple(map(int, f["window_size"].split(","))) if "window_size" in f else None,
+        window_attn_skip_freq=json.loads(skip.strip("\'")) if skip else None, bias_activation_fusion=False,
+        use_cpu_initialization=True, perform_initialization=False)
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False, normalization=f["normalization"])
+    with torch.device("meta"):
+        m = GPTModel(cfg, spec, vocab_size=int(sys.argv[2]), max_sequence_length=int(f["max_position_embeddings"]),
+                     position_embedding_type="rope", share_embeddings_and_output_weights=False)
+    print(sum(p.numel() for p in m.parameters()))
+''')
+
+
+@pytest.mark.slow  # ~15 s: megatron-core's GPTModel built in a subprocess (one process group of one gloo rank)
+def test_megatron_flags_build_gpt_oss_with_its_parameter_count():
+    """A GPT-OSS config.json (two layers, four experts) exported as Megatron-LM flags and built by megatron-core's own
+    GPTModel on the meta device: the learned sinks (softmax_offset), the biases add_bias_linear puts on q/k/v, the
+    output projection, the router and each expert, every one counted as advisor counts the model."""
+    pytest.importorskip("megatron.core")
+    model = load_model(str(Path(__file__).parent / "configs" / "gpt-oss-tiny.json"))
+    plan, setup = Plan(dp=2, ep=2, etp=1, zero=1), TrainingSetup(micro_batch=1, global_batch=8, seq_len=1024)
+    f = _megatron_flags(export("megatron", model, load_hardware("dgx-h100"), plan, setup, 4, 2,
+                               stack_of("megatron", "gpt-oss-sinks")).text)
+    assert (f["quick_geglu"], f["glu_linear_offset"], f["activation_func_clamp_value"], f["softmax_type"]) == (
+        True, "1.0", "7.0", "learnable") and "disable_bias_linear" not in f and "swiglu" not in f
+    run = subprocess.run([sys.executable, "-c", _BUILD_GPT, str(29500 + os.getpid() % 1000), str(model.vocab)],
+                         input=json.dumps(f), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert int(run.stdout.strip().splitlines()[-1]) == model.n_params == 319_832
 
 
 # -- Megatron: the rules of Megatron-LM's validate_args, on the script as bash runs it ----------------------

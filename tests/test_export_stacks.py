@@ -635,12 +635,11 @@ def test_python_api_launch_config():
         advisor.launch_config("llama3-8b", "dgx-h100", gpus=8, zero=3, stack="torchtitan", format="megatron")
 
 
-@pytest.mark.parametrize("model,hw,gpus", [("olmo-2-7b", "dgx-a100", 8), ("gemma-2-9b", "dgx-a100", 8),
-                                           ("gpt-oss-120b", "dgx-h100", 16)])
+@pytest.mark.parametrize("model,hw,gpus", [("olmo-2-7b", "dgx-a100", 8), ("gemma-2-9b", "dgx-a100", 8)])
 def test_auto_costs_in_a_stack_that_exports_the_model(model, hw, gpus):
     """--stack auto leaves megatron-core out for a model its launch formats cannot write (OLMo 2's full-width q/k
-    norms, Gemma 2's GeGLU and soft-capping, GPT-OSS's attention sinks: megatron_shape.unwritten), so the plans it
-    ranks export; megatron-core itself still costs them when asked."""
+    norms, Gemma 2's GeGLU and soft-capping: megatron_shape.unwritten), so the plans it ranks export; megatron-core
+    itself still costs them when asked."""
     from advisor.api import auto_runs
     from advisor.export import unwritable
     from advisor.search import plan
@@ -658,6 +657,7 @@ def test_auto_costs_in_a_stack_that_exports_the_model(model, hw, gpus):
 
 def test_auto_keeps_megatron_core_for_what_its_flags_write():
     """DeepSeek's MLA has Megatron-LM flags (megatron_shape.model_shape), Llama has nothing to miss."""
+    from advisor import launch_config
     from advisor.export import unwritable
     from advisor.stack import load_stack
 
@@ -665,6 +665,13 @@ def test_auto_keeps_megatron_core_for_what_its_flags_write():
     assert unwritable(core, load_model("deepseek-v2-lite")) == [] == unwritable(core, load_model("llama3-8b"))
     bridge_only = core.model_copy(update={"launch": ["megatron-bridge"]})  # Bridge's overrides have no MLA fields
     assert unwritable(bridge_only, load_model("deepseek-v2-lite")) == ["multi-head latent attention"]
+    # GPT-OSS: Megatron-LM's --softmax-type learnable, --quick-geglu, --glu-linear-offset, --activation-func-clamp-value
+    # and its default add_bias_linear write it (megatron_shape.mlp_flags); the Bridge overrides leave them to a recipe
+    assert unwritable(core, load_model("gpt-oss-120b")) == []
+    assert unwritable(bridge_only, load_model("gpt-oss-120b")) == [
+        "attention sinks", "experts' quick-GELU GLU with an offset", "a clamp on the experts' GLU input"]
+    with pytest.raises(ExportError, match="gpt-oss-120b has attention sinks, .* Megatron-Bridge .* use --format megatron$"):
+        launch_config("gpt-oss-120b", "dgx-h100", gpus=16, ep=8, stack="megatron-core", format="megatron-bridge")
 
 
 def test_any_ranks_only_stacks_whose_formats_write_the_model():

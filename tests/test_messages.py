@@ -69,14 +69,15 @@ def test_cp_under_auto_is_costed_in_its_model_parallel_stack_and_the_search_floo
 
 
 def test_auto_says_why_a_model_parallel_plan_went_to_its_data_parallel_stack():
-    """GPT-OSS's attention sinks have no Megatron-LM flag, so --stack auto costs its plans in hf-trainer, which has no
-    pipeline: the refusal named hf-trainer, a stack the user never picked, without saying why (a sweep found it)."""
+    """OLMo 2's full-width q/k norms have no Megatron-LM flag, so --stack auto costs its plans in hf-trainer, which has
+    no pipeline: the refusal named hf-trainer, a stack the user never picked, without saying why (a sweep found it,
+    with GPT-OSS, whose sinks and experts' activation Megatron-LM's flags now write)."""
     from advisor import estimate
 
-    with pytest.raises(AdvisorError, match=r"\(--stack auto costs gpt-oss-120b in hf-trainer: megatron-core's code or "
-                                           r"formats lack .*attention sinks; --stack megatron-core costs the plan, its "
-                                           r"export refused\)$"):
-        estimate("gpt-oss-120b", "dgx-b200", gpus=16, ep=8, pp=2, seq=4096, global_batch=64)
+    with pytest.raises(AdvisorError, match=r"\(--stack auto costs olmo-2-7b in hf-trainer: megatron-core's code or "
+                                           r"formats lack full-width q/k norms; --stack megatron-core costs the plan, "
+                                           r"its export refused\)$"):
+        estimate("olmo-2-7b", "dgx-h100", gpus=16, pp=2, seq=4096, global_batch=64)
 
 
 def test_tp_overlap_without_sp_does_not_tell_a_user_to_drop_a_no_sp_never_given():

@@ -9,6 +9,12 @@ from __future__ import annotations
 from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind, RopeScaling
 
 MLA = "multi-head latent attention"
+SINKS = "attention sinks"
+QUICK_GLU = "experts' quick-GELU GLU with an offset"
+CLAMP = "a clamp on the experts' GLU input"
+# what Megatron-LM's flags write and Bridge's overrides (over a recipe whose provider sets its own activation and
+# softmax) are not written here for: MLA's fields, GPT-OSS's learned sinks and experts' activation
+FLAGS_ONLY = (MLA, SINKS, QUICK_GLU, CLAMP)
 
 
 def unwritten(model: ModelSpec) -> list[str]:
@@ -21,18 +27,36 @@ def unwritten(model: ModelSpec) -> list[str]:
              MLA: model.latent is not None,
              "shared experts with a gate": model.experts is not None and model.experts.shared_gate,
              "biases on the experts or the router": model.experts is not None and (
-                 model.experts.expert_bias or model.experts.router_bias),
+                 model.experts.expert_bias or model.experts.router_bias) and not every_linear_biased(model),
              "sliding windows of several sizes": len({r.window for r in model.layer_runs if r.window}) > 1,
              "chunked attention": any(r.chunk for r in model.layer_runs),
              "a GeGLU MLP": model.mlp is MLPKind.geglu,
              f"{model.norm.value} norms": model.norm not in (NormKind.layernorm, NormKind.rmsnorm),
-             "biases on some linears only": not model.linear_bias and (model.out_bias or model.mlp_bias),
+             "biases on some linears only": (not model.linear_bias and (model.out_bias or model.mlp_bias)
+                                             and not every_linear_biased(model)),
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
-             "attention sinks": model.attention_sinks, "an LM-head bias": model.lm_head_bias,
+             SINKS: model.attention_sinks, "an LM-head bias": model.lm_head_bias,
+             # --quick-geglu sets every MLP's activation (argument_utils.py:323-326): experts only where no layer is dense
+             QUICK_GLU: model.experts is not None and model.experts.quick_glu,
+             CLAMP: model.experts is not None and model.experts.act_clamp is not None,
+             "a quick-GELU GLU on the experts beside dense SwiGLU layers": (
+                 model.experts is not None and model.experts.quick_glu and any(r.dense for r in model.layer_runs)),
              # --qk-l2-norm puts megatron-core's L2Norm on every layer's q and k (gpt_layer_specs.py)
              "L2 q/k norms on the RoPE layers alone": model.qk_l2_norm and bool(model.nope_layers),
              **({} if model.experts is None else router_unwritten(model.experts))}
     return [name for name, present in found.items() if present]
+
+
+def every_linear_biased(model: ModelSpec) -> bool:
+    """Whether every linear of every layer has a bias (the LM head aside), as Megatron's add_bias_linear, its default,
+    builds them: q/k/v and the output projection, the router (moe/router.py:64) and each expert's two linears, the
+    dense MLP's where a layer is dense (GPT-OSS: attention_bias, GptOssTopKRouter's and GptOssExperts' biases)."""
+    if model.linear_bias:
+        return True
+    e = model.experts
+    dense_mlp = model.mlp_bias or (e is not None and not any(r.dense for r in model.layer_runs))
+    return (model.qkv_bias and model.out_bias and dense_mlp
+            and (e is None or (e.expert_bias and e.router_bias)))
 
 
 def router_unwritten(e: Experts) -> dict[str, bool]:
@@ -86,8 +110,9 @@ def router_flags(e: Experts) -> list:
 
 
 def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
-    """unwritten() for one Megatron format: Megatron-LM's flags write MLA (model_shape), Bridge's overrides do not."""
-    return [f for f in unwritten(model) if not (f == MLA and fmt == "megatron")]
+    """unwritten() for one Megatron format: Megatron-LM's flags write MLA, learned attention sinks and GPT-OSS's experts'
+    activation (model_shape), Bridge's overrides do not (FLAGS_ONLY)."""
+    return [f for f in unwritten(model) if not (f in FLAGS_ONLY and fmt == "megatron")]
 
 
 def model_shape(model: ModelSpec) -> list:
@@ -105,20 +130,35 @@ def model_shape(model: ModelSpec) -> list:
         a += ["--q-lora-rank", x.q_lora_rank] if x.q_lora_rank else []
     if model.qk_norm.value == "head":
         a.append("--qk-layernorm")
-    if model.mlp is MLPKind.swiglu:
-        a.append("--swiglu")
+    a += mlp_flags(model)
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
           "--position-embedding-type", "learned_absolute" if model.position is not PositionKind.rotary else
           "yarn" if _yarn_flags(model) else "rope"]
     a += as_flags(rope_fields(model))
-    if not model.linear_bias:
+    if not every_linear_biased(model):
         a.append("--disable-bias-linear")
         if model.qkv_bias:
             a.append("--add-qkv-bias")
+    if model.attention_sinks:  # a learned logit a head beside the keys (dot_product_attention.py:126, GPT-OSS's sinks)
+        a += ["--softmax-type", "learnable"]
     a += window_flags(model)
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     return a
+
+
+def mlp_flags(model: ModelSpec) -> list:
+    """The MLP's activation: --swiglu (SiLU GLU), or GPT-OSS's experts' --quick-geglu with --glu-linear-offset 1
+    (experts.py:862-872: activation_func(x_glu) x (x_linear + glu_linear_offset)); a clamp on the GLU input as
+    --activation-func-clamp-value (the same lines: the gate half clamped above, the linear half both ways, as
+    GptOssExperts clamps them at swiglu_limit)."""
+    e = model.experts
+    a: list = []
+    if e is not None and e.quick_glu:
+        a += ["--quick-geglu", "--glu-linear-offset", 1.0]
+    elif model.mlp is MLPKind.swiglu:
+        a.append("--swiglu")
+    return a + ([] if e is None or e.act_clamp is None else ["--activation-func-clamp-value", e.act_clamp])
 
 
 def windows(model: ModelSpec) -> tuple[tuple[int, int] | None, list[int] | None]:

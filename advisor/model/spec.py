@@ -93,6 +93,10 @@ class Experts(Spec):
     # modeling_gpt_oss.py GptOssExperts; Megatron's --activation-func-clamp-value); no parameters, element-wise work
     # where a stack runs it outside its fused activation (the profile's kernels.routed_unfused)
     act_clamp: Optional[float] = Field(default=None, gt=0, le=1e6)
+    # the experts' GLU as GPT-OSS computes it (modeling_gpt_oss.py GptOssExperts: gate x sigmoid(1.702 gate) x (up + 1)):
+    # quick GELU on the gate half, an offset of 1 on the linear half; Megatron's --quick-geglu (megatron-core
+    # fusions/fused_bias_geglu.py quick_gelu, 1.702) and --glu-linear-offset 1. Element-wise work the same as SwiGLU's
+    quick_glu: bool = False
 
     @model_validator(mode="after")
     def _top_k(self) -> "Experts":

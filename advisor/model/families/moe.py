@@ -157,7 +157,7 @@ def gpt_oss(c: Config) -> dict:
     if clamp is not None and not 0.0 < clamp <= 1e6:
         raise c.error(f"'swiglu_limit' must be a positive clamp on the experts' GLU input, not {clamp:g}")
     d["experts"] = _experts(c, c.int("num_local_experts", default=128), 4, d["d_ff"], router_bias=True,
-                            expert_bias=True, act_clamp=clamp)
+                            expert_bias=True, act_clamp=clamp, quick_glu=True)
     return {**d, "qkv_bias": bias, "out_bias": bias, "attention_sinks": True,
             "layer_runs": runs(typed_windows(c, n, window, default))}
 
