@@ -60,7 +60,7 @@ def _beside(w: Workload, coll: Collective, zero: int, overlapped: bool) -> bool:
 
 def _tp_pick(w: Workload, c: Candidates, mesh: Mesh, tp: float, one) -> str:
     """The TP collectives of a micro-batch's layer, and how the stack's overlap runs them."""
-    act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len))
+    act = one(tensor.activation_bytes(w, c.micro_batch.astype(float) * w.seq_len / mesh.cp))  # a rank's tokens (step.py)
     colls = (Collective.all_gather, Collective.reduce_scatter) if bool(c.sp[0]) else (Collective.all_reduce,)
     text = "; ".join(describe(x, tp, act, w.hw, one(mesh.tp_per_node)) for x in colls)
     if bool(tensor.overlaps(w, tp, c.sp[0])):
@@ -76,7 +76,7 @@ def _ep_pick(w: Workload, c: Candidates, mesh: Mesh, one) -> str:
     combine; without EP, experts split over etp > 1 ranks gather their tokens and reduce-scatter their outputs (an
     all-reduce as a dense TP MLP's without SP), which were costed there and not shown. "" where neither runs."""
     hw, ep, etp = w.hw, one(mesh.ep), one(mesh.etp)
-    tokens = c.micro_batch.astype(float) * w.seq_len
+    tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # a rank's own tokens, as step.py costs them
     if ep <= 1:
         if etp <= 1:
             return ""
