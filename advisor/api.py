@@ -222,7 +222,7 @@ def estimate(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardware],
     torchtune's or litgpt's module names, or all-linear), ``dora``, ``quant`` (none, int8, nf4), ``double_quant``,
     ``optimizer_8bit``, ``paged``, ``adapter_offload`` (none, optimizer, activations, optimizer+activations:
     a fine-tune's CPU offload as torchtune and DeepSpeed run it), ``lora_library`` (peft, litgpt, torchtune:
-    whose adapter code runs; default the stack's: litgpt's own in litgpt, else PEFT's). Mixture of experts: ``ep`` (expert parallelism, carved from dp x tp), ``etp`` (the
+    whose adapter code runs; default the stack's: litgpt's own in litgpt, else PEFT's). Mixture of experts: ``ep`` (expert parallelism, carved from dp x cp x tp), ``etp`` (the
     experts' tensor parallelism, default tp), ``moe_capacity_factor`` (default dropless), ``moe_imbalance``
     (default 1: balanced), ``moe_dispatcher`` (alltoall, flex) and ``moe_overlap`` (none, shared-experts, batch;
     both default the stack's: advisor.parallel.expert); ``tp_overlap`` (none, userbuffers, async: the sequence-parallel

@@ -44,7 +44,7 @@ class Candidates:
     allow_tp_across_nodes: bool = False
     recompute_k: Any = 1  # TrainingSetup.recompute_layers (advisor/recompute.py)
     offload: Any = 0  # Offload codes (advisor/parallel/offload.py)
-    ep: Any = 1  # expert parallelism (advisor.parallel.expert): carved from dp x tp, 1 for dense models
+    ep: Any = 1  # expert parallelism (advisor.parallel.expert_layout): carved from dp x cp x tp, 1 for dense models
     etp: Any = None  # expert tensor parallelism (None: tp, Megatron's default)
     cp: Any = 1  # context-parallel ranks (advisor.parallel.context)
     cp_comm: Any = 0  # ContextParallel codes
@@ -137,7 +137,7 @@ class Mesh:
     stage_crosses_domains: Any = None  # ... and NVLink domains (the network carries it)
     ep: Any = 1.0  # expert parallelism, and how the expert groups sit (advisor.parallel.expert)
     etp: Any = 1.0
-    edp: Any = 1.0  # expert data parallelism: dp x tp / (ep x etp) ranks hold the same experts
+    edp: Any = 1.0  # expert data parallelism: dp x cp x tp / (ep x etp) ranks hold the same experts (dp: with cp)
     ep_per_node: Any = 1.0
     cp: Any = 1.0  # context-parallel ranks (Mesh.dp already counts them: dp x cp reduce gradients together)
     cp_per_node: Any = 1.0  # ranks of a CP group in one node

@@ -172,6 +172,6 @@ def single_plan_options(f):
                      help="DDP or single-process nn.DataParallel"),
         click.option("--allow-tp-across-nodes", is_flag=True, help="let TP span nodes (normally rejected)"),
         click.option("--ep", type=int, default=1, show_default=True,
-                     help="expert-parallel degree (mixture of experts): carved from dp x tp"),
+                     help="expert-parallel degree (mixture of experts): carved from dp x cp x tp"),
         click.option("--etp", type=int, default=None, help="expert tensor-parallel degree [default: tp]"),
     ])

@@ -14,7 +14,7 @@ from advisor.candidates import Candidates
 from advisor.hardware import Hardware
 from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Plan, Schedule, resolve_grad_accum
 from advisor.model import ModelSpec
-from advisor.parallel import context, data, expert, offload, pipeline, tensor
+from advisor.parallel import context, data, expert_layout, offload, pipeline, tensor
 from advisor.peft_modules import PeftTargetError, peft_targets, runs_peft
 from advisor.stack import PLAN_FEATURES, Stack, list_stacks, load_stack
 from advisor.training import Recompute, TrainingSetup
@@ -124,7 +124,7 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(
                c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
-           **expert.violations(c, model),
+           **expert_layout.violations(c, model),
            **(stack_violations(c, stack, layout_only, model.n_layers, model.tied_embeddings, model.routed)
               if stack is not None else {})}
     return {k: np.asarray(v, dtype=bool) & ones for k, v in out.items()}
@@ -144,7 +144,7 @@ def features(c: Candidates) -> dict[str, Any]:
             "zero1": (group > 1) & (c.zero == 1), "zero2": (group > 1) & (c.zero == 2),
             "zero3": (group > 1) & (c.zero == 3) & ~hybrid, "hsdp": hybrid, "tp": c.tp > 1,
             "sp": np.asarray(c.sp, dtype=bool), "pp": c.pp > 1, "gpipe": (c.pp > 1) & (c.schedule == Schedule.gpipe.code),
-            "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert.uses_ep(c)}
+            "interleaved": c.schedule == Schedule.interleaved.code, "ep": expert_layout.uses_ep(c)}
 
 
 def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_layers: Optional[int] = None,
@@ -154,6 +154,8 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_l
     ``tied``: the model ties its embeddings."""
     used = features(c)
     out = {f"{stack.name} does not run {FEATURE_WORDS[f]}": used[f] for f in PLAN_FEATURES if f not in stack.engine.offers}
+    if routed:  # EP across the CP ranks, where the stack carves it from dp x tp alone (advisor.parallel.expert_layout)
+        out.update(expert_layout.stack_violations(c, stack.engine, stack.name))
     if routed and stack.engine.moe_tp_needs_sp:  # megatron-core's MoELayer.forward raises in training
         out[f"{stack.name}'s MoE layer needs sequence parallelism under TP: add --sp"] = (c.tp > 1) & ~np.asarray(
             c.sp, dtype=bool)
@@ -314,12 +316,14 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                                          and runs_model(st, model))
                 reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
             reasons.append(reason)
-    if any(r in expert.violations(Candidates.of_plan(plan, setup, grad_accum), model) for r in reasons):
+    one = Candidates.of_plan(plan, setup, grad_accum)
+    own = expert_layout.stack_violations(one, stack.engine, stack.name) if stack is not None and model.routed else {}
+    if any(r in expert_layout.violations(one, model) or r in own for r in reasons):
         etp = plan.tp if plan.etp is None else plan.etp  # Megatron's --expert-tensor-parallel-size defaults to tp's
         unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
         experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
                    else "no routed experts")
-        cp = f", dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if plan.cp > 1 else ""
-        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, dp x tp = {plan.dp * plan.tp}{cp}, {experts} (--ep 1 turns expert "
-                       "parallelism off)")
+        across = plan.cp > 1 and not any(r in own for r in reasons)  # the stage's ranks EP is carved from
+        stage = f"dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if across else f"dp x tp = {plan.dp * plan.tp}"
+        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} (--ep 1 turns expert parallelism off)")
     return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once

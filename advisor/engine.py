@@ -299,6 +299,8 @@ class Engine(Spec):
     expert_tp: Literal["free", "without_ep"] = Field(
         default="free", description="how it may split routed experts over TP ranks: free (Megatron's "
         "--expert-tensor-parallel-size, 1 or tp), or as attention without EP and whole with it (torchtitan)")
+    ep_ranks: Literal["dp_cp_tp", "dp_tp"] = Field(default="dp_cp_tp", description="the ranks of a pipeline stage EP is "
+        "carved from: dp x cp x tp (megatron-core's expert grid, torchtitan's sparse mesh), or dp x tp (DeepSpeed-MoE)")
     moe_dispatchers: list[Literal["alltoall", "flex"]] = Field(
         default_factory=lambda: ["alltoall"], min_length=1, description="the token dispatchers it runs, its default first: NCCL's "
         "all-to-all of every routed copy, or flex (DeepEP / HybridEP: a token sent once to each GPU, and across NVLink "

@@ -23,7 +23,7 @@ from advisor.constraints import violations
 from advisor.hardware import Hardware
 from advisor.layout import ContextParallel, Offload, PipelineSplit, Schedule
 from advisor.model import ModelSpec
-from advisor.parallel import expert, offload
+from advisor.parallel import expert_layout, offload
 from advisor.parallel.context import MAX_CP
 from advisor.recompute import SEARCH_K
 from advisor.training import Recompute
@@ -238,16 +238,17 @@ def pair_violations(world: int, pairs: list[tuple[int, int]], spec: ModelSpec, h
 
 
 def with_experts(c: Candidates, model: ModelSpec, etp: Optional[int] = None) -> Candidates:
-    """Each plan of a mixture-of-experts model once per (ep, etp) its (dp, tp) admits (advisor.parallel.expert.
-    ep_choices), where it can split experts (not HSDP or nn.DataParallel: those keep ep 1, etp = tp); a dense model's
-    as is. ``etp`` (plan's --etp): every row at that etp, one (ep 1, etp) row where its (dp, tp) admits none (and HSDP's
-    and nn.DataParallel's at it too), refused by advisor.parallel.expert.violations under its reason, so counted."""
+    """Each plan of a mixture-of-experts model once per (ep, etp) its (dp, tp, cp) admits (advisor.parallel.
+    expert_layout.ep_choices), where it can split experts (not HSDP or nn.DataParallel: those keep ep 1, etp = tp); a
+    dense model's as is. ``etp`` (plan's --etp): every row at that etp, one (ep 1, etp) row where its layout admits none
+    (and HSDP's and nn.DataParallel's at it too), refused by advisor.parallel.expert_layout.violations under its reason,
+    so counted."""
     if not model.routed or len(c) == 0:
         return c
-    dp, tp = np.broadcast_to(c.dp, (len(c),)), np.broadcast_to(c.tp, (len(c),))
-    uniq, inv = np.unique(np.stack([dp, tp], axis=1), axis=0, return_inverse=True)
+    dp, tp, cp = (np.broadcast_to(x, (len(c),)) for x in (c.dp, c.tp, c.cp))
+    uniq, inv = np.unique(np.stack([dp, tp, cp], axis=1), axis=0, return_inverse=True)
     inv = np.asarray(inv).reshape(-1)
-    choices = [expert.ep_choices(model, int(d), int(t), etp) or [(1, etp)] for d, t in uniq]
+    choices = [expert_layout.ep_choices(model, int(d), int(t), etp, int(k)) or [(1, etp)] for d, t, k in uniq]
     table = np.ones((len(uniq), max(len(ch) for ch in choices), 2), dtype=np.int64)
     for j, ch in enumerate(choices):
         table[j, :len(ch)] = ch

@@ -23,7 +23,7 @@ from advisor.constraints import setup_violations, setup_wide, stack_violations
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, list_profiles, load_hardware
 from advisor.model import ModelSpec
-from advisor.parallel import expert
+from advisor.parallel import expert_layout
 from advisor.ranking import PlanSearch
 from advisor.options import MAX_WORLD
 from advisor.space import default_global_batch, layouts, pair_violations
@@ -63,7 +63,7 @@ def _lean_columns(world: int, spec: ModelSpec, hw: Hardware, gb: int, allow_tp: 
             continue
         for zero in ((0,) if dp * cp == 1 else (0, 1, 2, 3) if pp == 1 else (0, 1)):
             rows.extend((dp, tp, pp, zero, sp, cp, kind, ep, etp) for sp in ((0, 1) if tp > 1 else (0,))
-                        for ep, etp in expert.ep_choices(spec, dp, tp))  # experts split: less memory
+                        for ep, etp in expert_layout.ep_choices(spec, dp, tp, cp=cp))  # experts split: less memory
     if not rows:
         return None
     a = np.array(rows, dtype=np.int64)

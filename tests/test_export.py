@@ -101,6 +101,10 @@ CASES = {
     # DeepSeek-V2-Lite: multi-head latent attention (a full q projection), a dense first layer, shared experts
     "mla-moe": ("deepseek-v2-lite", "dgx-h100", 16, dict(dp=16, ep=8, zero=1),
                 dict(micro_batch=1, global_batch=64, seq_len=4096)),
+    # EP 8 across the CP ranks: ep divides dp x cp x tp = 8, not dp x tp = 4 (megatron-core 0.19.2
+    # parallel_state.py:874-884: world % (etp x ep x pp) == 0 alone; advisor/parallel/expert_layout.py)
+    "moe-ep-across-cp": ("deepseek-v2-lite", "dgx-h100", 8, dict(dp=4, cp=2, ep=8, zero=1),
+                         dict(micro_batch=1, global_batch=64, seq_len=8192)),
     # sigmoid routing with the choice bias, half of each head rotated (--rotary-percent 0.5)
     "sigmoid-router-partial-rope": ("glm-4.5-air", "dgx-h100", 16, dict(dp=16, ep=16, zero=1),
                                     dict(micro_batch=1, global_batch=64, seq_len=4096)),
@@ -133,7 +137,7 @@ MEGATRON_ONLY = {"cp-ring-zero1", "cp-ulysses-tp", "405b-uneven-interleaved-cp",
                  "moe-flex-batch-overlap", "interleaved-layout", "tp-comm-overlap", "moe-qwen3-qk-norm",
                  "recompute-modules", "megatron-cpu-offload", "megatron-optimizer-offload", "uneven-1f1b-layout",
                  "mla-moe", "sliding-window", "sigmoid-router-partial-rope", "deepseek-v3-router", "qwen3-rope-eps",
-                 "qwen3-yarn", "deepseek-v3-mtp", "gpt-oss-sinks"}
+                 "qwen3-yarn", "deepseek-v3-mtp", "gpt-oss-sinks", "moe-ep-across-cp"}
 
 
 def inputs(case: str, cases: dict = CASES):
@@ -167,7 +171,7 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
              "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window", "sigmoid-router-partial-rope",
-             "deepseek-v3-router", "deepseek-v3-mtp"}
+             "deepseek-v3-router", "deepseek-v3-mtp", "moe-ep-across-cp"}  # (the last: DeepSpeed-MoE's EP is dp x tp's)
 
 
 def stack_of(kind: str, case: str) -> str:

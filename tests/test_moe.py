@@ -158,7 +158,7 @@ def test_dense_first_layers_are_costed_in_flops():
 
 @pytest.mark.parametrize("kw,word", [
     (dict(ep=3), "ep does not divide the routed experts"),
-    (dict(ep=16), "ep x etp does not divide dp x tp"),
+    (dict(ep=16), "ep x etp does not divide dp x cp x tp"),
     (dict(ep=2, fsdp="hybrid-shard", zero=3, gpus=16), "HYBRID_SHARD"),
     (dict(ep=2, tp=2), "sequence parallelism"),
 ])

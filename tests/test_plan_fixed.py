@@ -38,9 +38,9 @@ def test_recompute_modules_keeps_selective_plans_rerunning_them_and_each_row_is_
 def test_etp_fixes_expert_tensor_parallelism_and_counts_the_plans_it_cannot_hold():
     res = plan(**QWEN, etp=4, top=5)
     assert res.plans and all((p.plan.etp or p.plan.tp) == 4 for p in res.plans)
-    # ep x etp must divide dp x tp (Megatron's expert rank generator, parallel_state.py:~860-890): dp x tp = 8 or 16
-    # holds etp 4; layouts of dp x tp = 2 (pp 8) do not, counted under that reason
-    assert res.rejected["ep x etp does not divide dp x tp (EP is carved from the data- and tensor-parallel ranks)"] > 0
+    # ep x etp must divide dp x cp x tp (megatron-core 0.19.2 parallel_state.py:874-884): dp x cp x tp = 8 or 16
+    # holds etp 4; layouts of dp x cp x tp = 2 (pp 8) do not, counted under that reason
+    assert res.rejected["ep x etp does not divide dp x cp x tp (EP is carved from a pipeline stage's ranks)"] > 0
     assert "expert tensor parallelism etp=4 only" in res.header() and res.to_json()["etp"] == 4
     for p in res.plans[:3]:
         assert _again(res, p.estimate).step_time_s == pytest.approx(p.estimate.step_time_s, rel=1e-9)
@@ -58,21 +58,3 @@ def test_plan_refuses_what_estimate_refuses_in_one_line(kw, words):
     with pytest.raises(AdvisorError) as err:
         plan(hw="dgx-h100", **kw)
     assert words in str(err.value) and "\n" not in str(err.value)
-
-
-def test_ep_across_context_parallel_ranks_is_refused_as_what_advisor_does_not_cost():
-    # megatron-core 0.19.2 parallel_state.py:874-890: the expert grid is etp x ep x edp x pp with cp=1, so on 8 GPUs at
-    # cp 2, dp 4, tp 1, EP 8 spans dp x cp x tp = 8 ranks and runs; advisor carves EP from dp x tp = 4 only
-    with pytest.raises(AdvisorError) as err:
-        estimate(model="qwen3-30b-a3b", hw="gb200-nvl72", gpus=8, cp=2, ep=8, zero=1, global_batch=64, seq=8192,
-                 stack="megatron-core")
-    words = str(err.value)
-    assert "megatron-core runs EP across the context-parallel ranks, which advisor does not cost" in words
-    assert "dp x tp = 4, dp x cp x tp = 8" in words and "\n" not in words
-    # ep 16 divides neither 4 nor 8: the plain reason, as before
-    with pytest.raises(AdvisorError, match="ep x etp does not divide dp x tp .EP is carved"):
-        estimate(model="qwen3-30b-a3b", hw="gb200-nvl72", gpus=8, cp=2, ep=16, zero=1, global_batch=64, seq=8192,
-                 stack="megatron-core")
-    # what runs: ep dividing dp x tp (4) beside cp 2
-    assert estimate(model="qwen3-30b-a3b", hw="gb200-nvl72", gpus=8, cp=2, ep=4, zero=1, global_batch=64, seq=8192,
-                    stack="megatron-core").plan.ep == 4

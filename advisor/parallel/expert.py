@@ -1,23 +1,23 @@
 """Mixture of experts and expert parallelism (EP): the routed experts split over ep ranks, their own tensor parallelism
 (etp), the dispatch and combine all-to-alls, grouped GEMMs, expert model states and routed activations.
 
-Layout (megatron-core 0.19.2 parallel_state.py:874-890): the experts get a rank generator of their own over the same
-ranks, ``tp=etp, ep=ep, dp=edp, pp=pp, cp=1`` (tp-ep-dp-pp), ``edp = world / (etp x ep x pp)``: EP is carved from a
-stage's dp x cp x tp ranks; advisor costs ep x etp dividing dp x tp (EP_ACROSS_CP refuses the rest). Experts split over
-ep (num_experts % ep == 0), each FFN over etp; etp ranks fastest, then ep: ep_per_node = min(ep, g / etp).
+Layout (advisor.parallel.expert_layout): megatron-core carves the experts' own grid etp x ep x edp from a pipeline
+stage's dp x cp x tp ranks, edp = dp x cp x tp / (ep x etp); an EP group may hold context-parallel peers, each
+dispatching its own slice of the sequence. Experts split over ep, each FFN over etp; etp ranks fastest, then ep:
+ep_per_node = min(ep, g / etp).
 
-Work (balanced routing): the dense layers' dp x tp ranks of a stage hold dp micro-batches of tokens; every token goes
-to top-k experts, and the dp x tp = edp x ep x etp ranks share that expert work evenly: one GPU does tokens x k x
-(expert FLOPs) / tp, what tensor parallelism alone would give. Its local experts run as one grouped GEMM per linear
-(the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k x ep x etp / (tp x E) rows: the existing GEMM
-efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M + h0) for the thin M dimension, the same
-saturating form on rows that the profile fits on columns. Routing imbalance (the busiest rank's tokens over the
-balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables force a balanced distribution)
-multiplies the busiest rank's expert GEMMs, its all-to-all bytes and its routed activations; a capacity factor caps it
-(tokens beyond capacity are dropped: Fedus et al. 2021, Switch Transformer s.2.2). FLOPs and MFU count the top-k active
-experts at the balanced load, as Megatron-LM's ``num_floating_point_operations`` (training.py: routed FFN x
-moe_router_topk, plus shared experts) and torchtitan's ``get_num_flop_per_token`` (active parameters: 6 N_active +
-attention) count them (advisor.step.flops).
+Work (balanced routing): the dense layers' dp x cp x tp ranks of a stage hold dp micro-batches of tokens (1 / cp of each
+sequence a rank); every token goes to top-k experts, and the dp x cp x tp = edp x ep x etp ranks share that expert work
+evenly: one GPU does tokens x k x (expert FLOPs) / tp, its own tokens', what tensor parallelism alone would give. Its
+local experts run as one grouped GEMM per linear (the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k
+x ep x etp / (tp x E) rows: the existing GEMM efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M +
+h0) for the thin M dimension, the same saturating form on rows that the profile fits on columns. Routing imbalance (the
+busiest rank's tokens over the balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables
+force a balanced distribution) multiplies the busiest rank's expert GEMMs, its all-to-all bytes and its routed
+activations; a capacity factor caps it (tokens beyond capacity are dropped: Fedus et al. 2021, Switch Transformer
+s.2.2). FLOPs and MFU count the top-k active experts at the balanced load, as Megatron-LM's
+``num_floating_point_operations`` (training.py: routed FFN x moe_router_topk, plus shared experts) and torchtitan's
+``get_num_flop_per_token`` (active parameters: 6 N_active + attention) count them (advisor.step.flops).
 
 Communication per MoE layer and micro-batch (the alltoall dispatcher, megatron-core moe/token_dispatcher.py
 MoEAlltoAllTokenDispatcher): dispatch and combine forward, their gradients backward, two more in a recomputed forward;
@@ -42,16 +42,15 @@ ones (advisor.parallel.data), DDP's all-reduce apart (``grad_time``). Routed act
 width a token passes through (k x d_ff_expert + d_ff_shared: ``table_layer``), plus the permuted copies the experts
 read and the outputs the combine weighs, as the stack keeps them, and the router's (``routed_saved``).
 
-Not modelled: HSDP with EP (refused), EP across context-parallel ranks (refused), NCCL's all-to-all SMs, FP8 dispatch,
-the aux-loss kernels, the busiest stage's dense first layers' own weights (they are costed in time and FLOPs, the
-stage's weights as routed layers). Group-limited routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers'
-reach (advisor.parallel.routing).
+Not modelled: HSDP with EP (refused), NCCL's all-to-all SMs, FP8 dispatch, the aux-loss kernels, the busiest stage's
+dense first layers' own weights (they are costed in time and FLOPs, the stage's weights as routed layers). Group-limited
+routing (DeepSeek-V3's top 4 of 8 groups) sets the flex dispatchers' reach (advisor.parallel.routing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +58,6 @@ from advisor import comm
 from advisor.candidates import Candidates, Mesh, members_per_node
 from advisor.comm import Collective
 from advisor.comm.network import across, domain_groups
-from advisor.layout import DataParallelKind
 from advisor.model import DecoderLayer, ModelSpec
 from advisor.model.layer import Linear, Split
 from advisor.parallel.routing import reached
@@ -67,45 +65,6 @@ from advisor.training import Recompute
 
 # Passes of the dispatch + combine pair per MoE layer and micro-batch: forward, backward, a recomputed forward
 FORWARD_ALLTOALLS, BACKWARD_ALLTOALLS, RECOMPUTE_ALLTOALLS = 2.0, 2.0, 2.0
-EP_ACROSS_CP = ("ep x etp divides dp x cp x tp but not dp x tp: megatron-core runs EP across the context-parallel ranks, "
-                "which advisor does not cost (--cp 1, or an ep x etp dividing dp x tp)")
-
-
-# --- constraints and the candidates of the search ---------------------------------------------------------------
-def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
-    """Constraint -> where a plan breaks it (module docstring for their sources)."""
-    ep, etp, split = np.asarray(c.ep), np.asarray(c.etp), uses_ep(c)
-    if not model.routed:
-        return {"expert parallelism on a model without routed experts": split}
-    e = model.experts
-    tp, sp, off = np.asarray(c.tp), np.asarray(c.sp, dtype=bool), ((c.dp * np.asarray(c.tp)) % (ep * etp)) != 0
-    beside_cp = off & (np.asarray(c.cp) > 1) & (((c.dp * np.asarray(c.cp) * tp) % (ep * etp)) == 0)
-    return {  # megatron-core lays EP over tp x cp x dp (parallel_state.py:874-890, the expert grid's cp=1); advisor over dp x tp
-        "ep does not divide the routed experts": (e.n_experts % ep) != 0,
-        "ep x etp does not divide dp x tp (EP is carved from the data- and tensor-parallel ranks)": off & ~beside_cp,
-        EP_ACROSS_CP: beside_cp,
-        "etp does not divide the experts' FFN width": (e.d_ff_expert % etp) != 0,
-        "experts split over TP ranks otherwise than attention need sequence parallelism": (tp > 1) & ~sp & (
-            (ep > 1) | (etp != tp)),
-        "expert parallelism with HYBRID_SHARD or nn.DataParallel is not costed (DDP, ZeRO-1/2/3 and FSDP are)": split & (
-            np.asarray(c.hybrid, dtype=bool) | (c.dp_kind == DataParallelKind.dp.code)),
-    }
-
-
-def uses_ep(c: Candidates) -> Any:
-    """Where a plan splits the experts otherwise than tensor parallelism alone would (ep > 1, or etp != tp)."""
-    return (np.asarray(c.ep) > 1) | (np.asarray(c.etp) != np.asarray(c.tp))
-
-
-def ep_choices(model: ModelSpec, dp: int, tp: int, fixed: Optional[int] = None) -> list[tuple[int, int]]:
-    """(ep, etp) pairs the search tries for a (dp, tp) layout: every ep dividing the experts and dp x tp, with the
-    experts split as attention is (etp = tp, Megatron's default) or unsplit (etp 1), or at ``fixed`` alone (--etp);
-    (1, tp) alone for a dense model. Every ep is a divisor of the experts: a handful (256 experts: 9)."""
-    if not model.routed:
-        return [(1, tp)]
-    n = model.experts.n_experts
-    return [(ep, etp) for etp in (sorted({1, tp}, reverse=True) if fixed is None else [fixed]) if model.experts.d_ff_expert % etp == 0
-            for ep in range(1, n + 1) if n % ep == 0 and (dp * tp) % (ep * etp) == 0]
 
 
 # --- the layer's parts --------------------------------------------------------------------------------------
