@@ -58,6 +58,14 @@ def test_ep_beyond_a_stage_and_stacks_that_carve_ep_from_dp_x_tp_are_refused_in_
     assert "dp x tp = 4" in words and "\n" not in words
 
 
+def test_torchtitan_carves_ep_from_its_fsdp_cp_and_tp_ranks_too():
+    # torchtitan 0.3.0 distributed/parallel_dims.py:277-279, :336-339: efsdp = dp_shard x cp x tp / ep = 4 x 2 / 8 = 1,
+    # ep innermost in its sparse mesh; advisor refused it with megatron-core's reason before
+    e = estimate(**{**LITE, "stack": "torchtitan", "zero": 3}, cp=2, ep=8, etp=1)
+    assert (e.plan.cp, e.plan.ep) == (2, 8)
+    assert e.collectives["ep"].startswith("all-to-all of 96.00 MiB over 8 GPUs (one node)")
+
+
 def test_the_search_tries_ep_across_cp_ranks():
     found = plan("deepseek-v2-lite", "dgx-h100", gpus=8, cp=2, seq=8192, global_batch=64, stack="megatron-core", top=5)
     assert any(p.plan.ep > p.plan.dp * p.plan.tp for p in found.plans)
