@@ -171,7 +171,8 @@ LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
              "megatron-optimizer-offload", "uneven-1f1b-layout", "mla-moe", "sliding-window", "sigmoid-router-partial-rope",
-             "deepseek-v3-router", "deepseek-v3-mtp", "moe-ep-across-cp"}  # (the last: DeepSpeed-MoE's EP is dp x tp's)
+             "deepseek-v3-router", "deepseek-v3-mtp", "moe-ep-across-cp",  # (DeepSpeed-MoE's EP is dp x tp's)
+             "gpt-oss-sinks"}  # megatron-core's learned sinks and quick-GELU GLU, not the fork's
 
 
 def stack_of(kind: str, case: str) -> str:
