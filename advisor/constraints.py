@@ -205,6 +205,9 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_l
     for sched in (Schedule.zb_h1, Schedule.zb_v, Schedule.dualpipe_v):
         if sched.value not in eng.zero_bubble:
             out[f"{stack.name} does not run the {sched.value} schedule"] = c.schedule == sched.code
+    if eng.stage_micro_batches:  # torch 2.13 pipelining/schedules.py:1020-1024 (1F1B), :3440-3444 (DualPipeV) raise
+        named = np.isin(c.schedule, [Schedule(s).code for s in eng.stage_micro_batches]) & (np.asarray(c.pp) > 1)
+        out[stage_micro_batches(stack)] = named & (c.grad_accum < c.pp * pipeline.v_chunks(c.schedule)) & (not layout_only)
     if "layout" not in eng.pipeline_splits and n_layers is not None:
         out[f"{stack.name} interleaves only layers that divide pp x virtual stages (no pipeline layout)"] = (
             (c.schedule == Schedule.interleaved.code) & (c.pp_split != PipelineSplit.edges.code)
@@ -221,6 +224,14 @@ def stack_violations(c: Candidates, stack: Stack, layout_only: bool = False, n_l
             "none on one"] = (not layout_only) & np.where(
             many, c.recompute != Recompute.full.code, c.recompute != Recompute.none.code)
     return {k: np.broadcast_to(np.asarray(v, dtype=bool), (len(c),)) for k, v in out.items()}
+
+
+def stage_micro_batches(stack: Stack) -> str:
+    """The reason a schedule of the stack's engine.stage_micro_batches is refused with fewer micro-batches a step
+    than pipeline stages (the search's tally; plan_errors adds the figures)."""
+    many = len(stack.engine.stage_micro_batches) > 1
+    return (f"{stack.name}'s {' and '.join(stack.engine.stage_micro_batches)} schedule{'s need' if many else ' needs'} at "
+            "least as many micro-batches a step as pipeline stages (torch.distributed.pipelining raises at launch)")
 
 
 def _current_stacks(runs) -> list[str]:
@@ -245,6 +256,15 @@ def _uneven_split(plan: Plan, model: ModelSpec) -> str:
         return f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
     return (f"uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: {model.n_layers} "
             f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
+
+
+def _too_few_micro_batches(plan: Plan, setup: TrainingSetup, grad_accum: int, stack: Stack) -> str:
+    """stage_micro_batches' reason with the plan's figures and the smallest fix."""
+    stages = plan.pp * int(pipeline.v_chunks(plan.schedule.code))
+    return (f"{stack.name}'s {plan.schedule.value} schedule runs {grad_accum} micro-batch{'es' if grad_accum > 1 else ''} "
+            f"a step on {stages} pipeline stages (pp={plan.pp}), where torch.distributed.pipelining needs at least "
+            f"{stages}: set --grad-accum {stages} or more (--global-batch {setup.micro_batch * plan.dp * stages}), "
+            "or lower --pp")
 
 
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
@@ -302,6 +322,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("interleaved schedule needs the micro-batch count"):
                 reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
                           "--global-batch to micro-batch x dp x a multiple of pp)")
+            elif stack is not None and reason == stage_micro_batches(stack):
+                reason = _too_few_micro_batches(plan, setup, grad_accum, stack)
             elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
                 what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
                 others = _current_stacks(lambda st: what in st.engine.offloads and not any(

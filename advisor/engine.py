@@ -322,6 +322,8 @@ class Engine(Spec):
         "rest in the last, where pp x v does not divide L: Megatron's --pipeline-model-parallel-layout)")
     zero_bubble: list[Literal["zb-h1", "zb-v", "dualpipev"]] = Field(default_factory=list, description="the zero-bubble "
         "pipeline schedules it runs (advisor.parallel.pipeline)")
+    stage_micro_batches: list[Literal["1f1b", "dualpipev"]] = Field(default_factory=list, description="the schedules "
+        "that refuse fewer micro-batches a step than pipeline stages, pp x a rank's chunks (torch.distributed.pipelining)")
     mtp: bool = Field(default=False, description="it trains multi-token prediction depths (--mtp-layers, advisor.mtp)")
     moe_capacity: bool = Field(default=False, description="its MoE routers drop the tokens beyond an expert's capacity "
                                "(--moe-capacity-factor, advisor.parallel.expert.load); False: dropless only")

@@ -78,7 +78,7 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
     two = (c.schedule == ZB_V) | (c.schedule == DUALPIPE_V)
     layers = model.n_layers
     edges = (c.pp_split == EDGES) & (c.pp > 1)
-    chunks = np.where(interleaved, c.virtual_stages, np.where(two, 2, 1))
+    chunks = np.where(interleaved, c.virtual_stages, v_chunks(c.schedule))
     units = layers + np.where(edges, 2, 0)  # the embedding and the loss count as layers in the uneven split
     # layout-level reasons first: the search checks them once per layout and counts its rows under them
     return {
@@ -95,6 +95,11 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
         "uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks": (c.pp_split == EDGES) & (c.pp > 1) & (
             (units % np.maximum(c.pp * chunks, 1)) != 0),
     }
+
+
+def v_chunks(schedule: Any) -> Any:
+    """Model chunks (pipeline stages) a rank holds on a schedule not interleaved: two on the V schedules, else one."""
+    return np.where(np.isin(schedule, (ZB_V, DUALPIPE_V)), 2, 1)
 
 
 def layout_fills(n_layers: int, chunks: Any) -> Any:
