@@ -88,7 +88,9 @@ REGISTRIES = {"torchtitan": TORCHTITAN_CONFIGS, "torchtitan-toml": TORCHTITAN_FL
 # LoRAConverter): their exporters refuse an adapter plan, whatever the stack runs
 NO_ADAPTERS = ("megatron", "torchtitan")
 # the formats whose exporter takes the costed stack itself (the others read setup.stack's name only)
-TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml", "nanotron", "deepspeed")
+TAKE_STACK = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml", "nanotron", "deepspeed", "accelerate")
+# the formats that may be given an expert-parallel plan (the others refuse it below)
+EP_FORMATS = ("megatron", "megatron-bridge", "torchtitan", "torchtitan-toml", "nanotron", "deepspeed")
 
 
 def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
@@ -220,7 +222,7 @@ def _export(kind: str, model: ModelSpec, hw: Hardware, plan: Plan, setup: Traini
     if setup.compile != "none" and kind not in COMPILE_FORMATS + SCRIPT_COMPILE:  # it would launch an eager run
         raise ExportError(f"--compile {setup.compile}: the {kind} export has no torch.compile setting: "
                           + _elsewhere(stack_, COMPILE_FORMATS) + ", or --compile none")
-    if kind not in TAKE_STACK and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
+    if kind not in EP_FORMATS and (plan.ep > 1 or plan.etp not in (None, plan.tp)):
         # a config without it would launch another plan: DeepSpeed-MoE and transformers set it in the model's code
         raise ExportError(f"expert parallelism (ep={plan.ep}) is written only as Megatron's and torchtitan's flags: "
                           + _elsewhere(stack_, ("megatron", "torchtitan")) + f", or --ep 1 for a {kind} config")

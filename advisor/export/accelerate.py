@@ -8,10 +8,9 @@ The notes (what the script must do itself) are written into the YAML as comments
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from advisor.export.common import (
-    GRADIENT_CLIP,
     RDZV_PORT,
     Exported,
     ExportError,
@@ -20,15 +19,26 @@ from advisor.export.common import (
     TrainingSetup,
     check,
     commented_yaml,
+    gradient_clip,
     header,
     hf_recompute_note,
     node_layout,
 )
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
+from advisor.stack import Stack
 
 ACCELERATE_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16", Precision.fp16_mixed: "fp16",
                         Precision.bf16: "no"}
+
+
+# The DeepSpeed plugin cannot say "no clipping": `accelerate launch` exports the YAML's gradient_clipping as
+# ACCELERATE_GRADIENT_CLIPPING (accelerate 1.15 utils/launch.py:571-572), DeepSpeedPlugin writes it into the ds config
+# only where truthy (utils/dataclasses.py:1233-1235, 1321-1322), and DeepSpeedConfig's default is 1.0 (deepspeed 0.19.8
+# runtime/constants.py:203, config.py:269): 0.0 clips at 1.0. Its ds_config.json says 0.0 itself
+NO_CLIP_PLUGIN = ("the plan was costed without gradient clipping, which accelerate's DeepSpeed plugin (ZeRO-1) cannot "
+                  "write (gradient_clipping 0 leaves the key out and DeepSpeed then clips at its default 1.0; a "
+                  "ds_config.json says 0.0)")
 
 
 # accelerate 1.15's fp8_config backends (utils/dataclasses.py): TERecipeKwargs (Transformer Engine's DelayedScaling,
@@ -37,8 +47,9 @@ ACCELERATE_FP8 = {"fp8-delayed": {"backend": "TE", "fp8_format": "HYBRID"}, "fp8
 
 
 def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                    world_size: int) -> tuple[dict[str, Any], list[str]]:
-    """accelerate ClusterConfig keys: DDP -> MULTI_GPU, ZeRO-1 -> DeepSpeed plugin, ZeRO-2/3 -> FSDP."""
+                    world_size: int, stack: Optional[Stack] = None) -> tuple[dict[str, Any], list[str]]:
+    """accelerate ClusterConfig keys: DDP -> MULTI_GPU, ZeRO-1 -> DeepSpeed plugin, ZeRO-2/3 -> FSDP; ``stack``: the one
+    the plan was costed in, whose clipping it writes (none given: GRADIENT_CLIP)."""
     if plan.tp > 1 or plan.pp > 1:
         raise ExportError(f"accelerate cannot express tp={plan.tp} x pp={plan.pp} without its Megatron-LM plugin "
                           "(which needs the Megatron-LM repo)", instead="megatron")
@@ -65,7 +76,7 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
                      f"{setup.precision.value} would then train pure bf16 (--precision bf16 costs that)")
     if recipe is not None:
         cfg["fp8_config"] = dict(ACCELERATE_FP8[recipe.name])
-    cfg.update(_distributed(plan, setup, grad_accum, world_size, notes))
+    cfg.update(_distributed(plan, setup, grad_accum, world_size, notes, gradient_clip(stack)))
     if setup.compile != "none":  # accelerate's TorchDynamoPlugin compiles the prepared model whole, its loss inside
         if setup.compile != "model,loss":
             raise ExportError(f"--compile {setup.compile}: accelerate compiles the whole model, its loss inside "
@@ -84,8 +95,14 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
 
 
 def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: int,
-                 notes: list[str]) -> dict[str, Any]:
-    """distributed_type and its plugin's keys: NO, MULTI_GPU, DEEPSPEED (ZeRO-1) or FSDP (ZeRO-2/3, HSDP)."""
+                 notes: list[str], clip: float) -> dict[str, Any]:
+    """distributed_type and its plugin's keys: NO, MULTI_GPU, DEEPSPEED (ZeRO-1) or FSDP (ZeRO-2/3, HSDP). ``clip``:
+    the costed threshold, 0.0 for none: DeepSpeed's plugin takes it from the YAML, the others from the script."""
+    if not clip and plan.zero == 1:
+        raise ExportError(NO_CLIP_PLUGIN, instead="deepspeed")
+    if not clip:  # DDP and FSDP clip in the script: the Trainer's accelerator.clip_grad_norm_ (trainer.py:1930-1931)
+        notes.append("no gradient clipping, as costed: pass --max_grad_norm 0 to the Trainer (its default 1.0, "
+                     "transformers training_args.py:866, clips every step), or call no clip_grad_norm_ in the script")
     if world_size == 1 and plan.zero == 0:
         return {"distributed_type": "NO"}
     if plan.offload.value not in ("none", "params-cpu") or (plan.offload.value == "params-cpu" and plan.zero != 3):
@@ -97,7 +114,7 @@ def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: 
         notes.append("FSDP has no ZeRO-1 (optimizer-only) sharding: ZeRO-1 goes through accelerate's DeepSpeed plugin")
         return {"distributed_type": "DEEPSPEED",
                 "deepspeed_config": {"zero_stage": 1, "gradient_accumulation_steps": grad_accum,
-                                     "gradient_clipping": GRADIENT_CLIP, "offload_optimizer_device": "none",
+                                     "gradient_clipping": clip, "offload_optimizer_device": "none",
                                      "offload_param_device": "none", "zero3_init_flag": False,
                                      "deepspeed_multinode_launcher": "standard"}}
     strategy = "HYBRID_SHARD" if plan.hybrid_shard else {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}[plan.zero]
@@ -117,9 +134,9 @@ def _distributed(plan: Plan, setup: TrainingSetup, grad_accum: int, world_size: 
 
 
 def accelerate_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                      world_size: int) -> Exported:
+                      world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
-    cfg, notes = accelerate_dict(model, hw, plan, setup, grad_accum, world_size)
+    cfg, notes = accelerate_dict(model, hw, plan, setup, grad_accum, world_size, stack)
     lay = node_layout(hw, world_size)
     launch = "accelerate launch --config_file accelerate_config.yaml"
     if lay.nnodes > 1:
