@@ -258,15 +258,6 @@ def _uneven_split(plan: Plan, model: ModelSpec) -> str:
             f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
 
 
-def _too_few_micro_batches(plan: Plan, setup: TrainingSetup, grad_accum: int, stack: Stack) -> str:
-    """stage_micro_batches' reason with the plan's figures and the smallest fix."""
-    stages = plan.pp * int(pipeline.v_chunks(plan.schedule.code))
-    return (f"{stack.name}'s {plan.schedule.value} schedule runs {grad_accum} micro-batch{'es' if grad_accum > 1 else ''} "
-            f"a step on {stages} pipeline stages (pp={plan.pp}), where torch.distributed.pipelining needs at least "
-            f"{stages}: set --grad-accum {stages} or more (--global-batch {setup.micro_batch * plan.dp * stages}), "
-            "or lower --pp")
-
-
 def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
                 stack: Optional[Stack] = None) -> list[str]:
     """One-line reasons a single plan is invalid (empty when valid)."""
@@ -323,7 +314,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
                           "--global-batch to micro-batch x dp x a multiple of pp)")
             elif stack is not None and reason == stage_micro_batches(stack):
-                reason = _too_few_micro_batches(plan, setup, grad_accum, stack)
+                reason = pipeline.too_few_micro_batches(plan, setup.micro_batch, grad_accum, stack.name)
             elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
                 what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
                 others = _current_stacks(lambda st: what in st.engine.offloads and not any(
@@ -338,14 +329,19 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                                          and runs_model(st, model))
                 reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
             reasons.append(reason)
-    one = Candidates.of_plan(plan, setup, grad_accum)
-    own = expert_layout.stack_violations(one, stack.engine, stack.name) if stack is not None and model.routed else {}
-    if any(r in expert_layout.violations(one, model) or r in own for r in reasons):
-        etp = plan.tp if plan.etp is None else plan.etp  # Megatron's --expert-tensor-parallel-size defaults to tp's
-        unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
-        experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
-                   else "no routed experts")
-        across = plan.cp > 1 and not any(r in own for r in reasons)  # the stage's ranks EP is carved from
-        stage = f"dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if across else f"dp x tp = {plan.dp * plan.tp}"
-        reasons.append(f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} (--ep 1 turns expert parallelism off)")
+    reasons += _expert_figures(plan, Candidates.of_plan(plan, setup, grad_accum), model, stack, reasons)
     return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once
+
+
+def _expert_figures(plan: Plan, one: Candidates, model: ModelSpec, stack: Optional[Stack], reasons: list[str]) -> list[str]:
+    """The EP layout's figures, one line, where one of ``reasons`` is an expert-layout refusal (else none)."""
+    own = expert_layout.stack_violations(one, stack.engine, stack.name) if stack is not None and model.routed else {}
+    if not any(r in expert_layout.violations(one, model) or r in own for r in reasons):
+        return []
+    etp = plan.tp if plan.etp is None else plan.etp  # Megatron's --expert-tensor-parallel-size defaults to tp's
+    unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
+    experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
+               else "no routed experts")
+    across = plan.cp > 1 and not any(r in own for r in reasons)  # the stage's ranks EP is carved from
+    stage = f"dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if across else f"dp x tp = {plan.dp * plan.tp}"
+    return [f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} (--ep 1 turns expert parallelism off)"]

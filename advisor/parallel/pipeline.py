@@ -102,6 +102,15 @@ def v_chunks(schedule: Any) -> Any:
     return np.where(np.isin(schedule, (ZB_V, DUALPIPE_V)), 2, 1)
 
 
+def too_few_micro_batches(plan: Any, micro_batch: int, grad_accum: int, stack: str) -> str:
+    """constraints.stage_micro_batches' reason with the plan's figures and the smallest fix."""
+    stages = plan.pp * int(v_chunks(plan.schedule.code))
+    return (f"{stack}'s {plan.schedule.value} schedule runs {grad_accum} micro-batch{'es' if grad_accum > 1 else ''} "
+            f"a step on {stages} pipeline stages (pp={plan.pp}), where torch.distributed.pipelining needs at least "
+            f"{stages}: set --grad-accum {stages} or more (--global-batch {micro_batch * plan.dp * stages}), "
+            "or lower --pp")
+
+
 def layout_fills(n_layers: int, chunks: Any) -> Any:
     """Whether chunks of ceil(L / chunks) layers, the rest in the last, leave no chunk empty (the layout Megatron-Bridge
     writes where pp x v does not divide L; every chunk of an even division)."""
