@@ -68,8 +68,9 @@ class Engine(Spec):
     clip_grad_bytes: Optional[float] = Field(default=None, ge=1, le=100, description="bytes the norm and the scale "
         "move per clipped parameter in every precision; None: advisor.optimizer CLIP_BYTES, three passes over the "
         "fp32 gradients (halved in pure bf16)")
-    clip_grad_bytes_zero: Optional[float] = Field(default=None, ge=1, le=100, description="clip_grad_bytes where ZeRO "
-        "partitions the optimizer (stage >= 1: DeepSpeed's ZeRO optimizers, not its stage-0 FP16_Optimizer); None: same")
+    clip_grad_bytes_zero: Optional[float] = Field(default=None, ge=1, le=100, description="clip_grad_bytes where "
+        "DeepSpeed's ZeRO optimizers partition the optimizer (zero_buffers.stages where given, else stage >= 1: not "
+        "its stage-0 FP16_Optimizer); None: same")
     clip_unscales: bool = Field(default=False, description="under fp16 the clip's scale multiply also divides out the "
         "loss scale (DeepSpeed's unscale_and_clip_grads), a multiply of the stepped gradients that stays without clipping: "
         "no unscale pass over every gradient of its own")

@@ -64,7 +64,9 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any, zero: 
         e = w.stack.engine
         clipped = np.asarray(sharded_params if e.clip_grad_scope == "stepped" else params, dtype=float)
         per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
-        per_clipped = np.where(np.asarray(zero) >= 1, e.clip_grad_bytes_zero or per_clipped, per_clipped)
+        # the stages DeepSpeed's ZeRO optimizer runs (the Trainer's ZeRO-1 alone: zero_buffers.stages), else every one
+        deepspeed = np.isin(zero, e.zero_buffers.stages) if e.zero_buffers is not None else np.asarray(zero) >= 1
+        per_clipped = np.where(deepspeed, e.clip_grad_bytes_zero or per_clipped, per_clipped)
         t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:  # the unscale: the clip's multiply where it folds in (clip_unscales)
         folded = w.stack.engine.clip_unscales

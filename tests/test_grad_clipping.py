@@ -31,6 +31,9 @@ def _clip_s(tmp_path, model, stack, **kw):
     # zero/utils.py:59-63), the fp32 partition scaled (r 4, w 4: :3214): 26 bytes, 10.29 ms under ZeRO-3 and ZeRO-1
     ("deepspeed", "llama3-8b", LLAMA3_8B, 3, 8192, 26.0, 10.29),
     ("deepspeed", "llama3-8b", LLAMA3_8B, 1, 8192, 26.0, 10.29),
+    # the Trainer's ZeRO-1 is DeepSpeed's engine through accelerate's plugin (the profile's zero_buffers.stages): its
+    # clip, 26 bytes, not FSDP1's 12 (accelerator.clip_grad_norm_ only reads the engine's norm: accelerator.py:3023-3027)
+    ("hf-trainer", "llama3-8b", LLAMA3_8B, 1, 8192, 26.0, 10.29),
     # llm-foundry: the MPT YAMLs' gradient_clipping norm 1.0 through FSDP1's clip_grad_norm_ (fp32 shards): 3.93 ms
     ("llm-foundry", "mpt-7b", MPT_7B, 3, 2048, 12.0, 3.93),
 ])
