@@ -27,6 +27,7 @@ from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
 from advisor.parallel import context, expert, no_sync, pipeline
 from advisor.parallel.data import ModelStates
+from advisor.precision import fp8_attention_saved
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
 from advisor.unfused import routed_unfused
@@ -107,13 +108,21 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     full = t.saved_layer.per_gpu(mesh.tp, sp, scores)
     less = quantised_inputs_saving(w, mesh.tp, sp)  # NVFP4's 4-bit saved GEMM inputs (advisor.precision)
     delta = adapters.saved_delta_per_token(w, mesh.tp, sp)  # a frozen base's inputs not kept, the adapters' kept
-    full = full - less + delta + gathered_inputs(w, mesh.tp, sp)
+    # FP8 attention's quantised Q, K, V (and O) in place of BF16 attention's (advisor.precision fp8_attention_saved);
+    # under CP, Transformer Engine's context-parallel functions save their own mix (context_parallel.py:2319-2354), kept
+    # at the table's
+    fp8_core = w.fp8_attention & (np.asarray(mesh.cp) <= 1)
+    core = np.where(fp8_core, fp8_attention_saved(w, mesh.tp), 0.0)
+    full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)
     unfused = routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
+    # core_attn's checkpoint keeps the BF16 q, k, v and runs the core without saving: the table's selective entry
+    fp8_core = fp8_core & (base is t.saved_layer)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
-                 - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0))
+                 + np.where(fp8_core, core, 0.0)
+                 - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0, fp8_core))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)
         full = full + routed + unfused.clamp_kept + unfused.bias_kept
@@ -126,16 +135,19 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     return kept, full
 
 
-def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0) -> Any:
+def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0, fp8_core: Any = False) -> Any:
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
     (engine.selective.modules) at the layer's widths, in the activation dtype; d_model and MLA's latents split under
     sequence parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
-    (advisor.unfused.routed_unfused), where a module reruns the activation."""
+    (advisor.unfused.routed_unfused), where a module reruns the activation. Where ``fp8_core`` (FP8 attention keeps its
+    own quantised q, k and v: advisor.precision fp8_attention_saved), the BF16 q, k and v mla_up_proj's checkpoint
+    discards were kept by nothing: their widths free nothing."""
     if w.recompute_modules is None:
         return 0.0
     layer, sel = w.layer, w.stack.engine.selective
     routed = layer.d_ff * expert.routed_copies(w, ep) if layer.routed else 0.0
-    width = {"d_model": w.model.d_model, "q_dim": layer.q_dim, "kv_dim": layer.kv_dim,
+    attn = np.where(fp8_core, 0.0, 1.0)
+    width = {"d_model": w.model.d_model, "q_dim": attn * layer.q_dim, "kv_dim": attn * layer.kv_dim,
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed, "latents": layer.latent_widths()["latents"]}
     on_sequence = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
     split = {"d_model": on_sequence, "latents": on_sequence}

@@ -226,3 +226,36 @@ def fp8_attention_bytes(w, tokens, tp) -> tuple:
     q = w.stack.engine.quantise_bytes.get(r.name, r.quantise_bytes)
     qkv = tokens * (layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)) / tp
     return q * qkv, q * tokens * layer.n_heads * layer.v_head / tp
+
+
+# What FP8 attention keeps for its backward, per quantised Q, K or V element: Transformer Engine 2.20.2 FusedAttnFunc
+# (attention/dot_product_attention/backends.py:1762-1767, the backward in FP8 by NVTE_FP8_DPA_BWD's default 1, :1625)
+# saves q_fp8, k_fp8, v_fp8 in place of the BF16 q, k, v; get_attention_quantizers gives the QKV quantizer the rowwise
+# usage only (utils.py:3044), and under MXFP8 the columnwise one too (:3070-3071), which combine_and_quantize narrows
+# for neither where the tensors serve forward and backward alike (utils.py:3409-3422; backends.py:1664
+# used_in_backward=is_training): both orientations, each with its E8M0 scales (the recipe's stored_bytes)
+FP8_ATTENTION_ORIENTATIONS = {"fp8-delayed": 1.0, "fp8-tensorwise": 1.0, "mxfp8": 2.0}
+# The output: current scaling (NVTE_DPA_FP8CS_O_in_F16's default 1, backends.py:234) and MXFP8 keep O in BF16
+# (backends.py:1763-1765), the storage linear_proj keeps anyway (megatron-core 0.19.2 attention.py:428-443
+# set_save_original_input): no change; delayed scaling keeps its FP8 copy (:1766-1767) and returns a dequantised BF16
+# one (:1737-1739) that linear_proj quantises for itself (its FP8 input copy, advisor.memory quantised_inputs_saving):
+# the BF16 O is no longer kept
+FP8_ATTENTION_O_QUANTISED = ("fp8-delayed",)
+
+
+def fp8_attention_saved(w, tp):
+    """Bytes per token one layer's attention core keeps under --fp8-attention beyond what BF16 attention keeps (the
+    stack's memory.saved: q, k, v and the output at the activation dtype), on one TP rank (``w`` an
+    advisor.workload.Workload; 0 without FP8 attention): Q, K and V quantised (FP8_ATTENTION_ORIENTATIONS), the BF16
+    ones let go (megatron-core's RoPE kernels save only cos and sin, fusions/fused_mla_yarn_rope_apply.py:273,661; the
+    linears their inputs), and the output quantised under delayed scaling (FP8_ATTENTION_O_QUANTISED). Under MXFP8
+    the two orientations with their scales outweigh BF16: 2 x (1 + 1/32) = 2.0625 bytes an element, not 2. Spread
+    over the layers the recipe runs low, as the compute is (advisor.compute attention_core_time)."""
+    r = w.precision.recipe
+    if not w.fp8_attention or r is None or r.name not in FP8_ATTENTION_ORIENTATIONS:
+        return 0.0
+    layer = w.layer
+    qkv = layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)
+    out = layer.n_heads * layer.v_head if r.name in FP8_ATTENTION_O_QUANTISED else 0.0
+    per_element = FP8_ATTENTION_ORIENTATIONS[r.name] * r.stored_bytes - w.act_bytes
+    return (1.0 - w.bf16_share) * (qkv * per_element + out * (r.stored_bytes - w.act_bytes)) / tp

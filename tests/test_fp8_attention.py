@@ -133,3 +133,39 @@ def test_the_text_output_says_fp8_attention_was_costed():
     head = plan("qwen3-30b-a3b", "dgx-b200", gpus=8, global_batch=8, seq=4096, top=1, precision="mxfp8",
                 stack="megatron-core", fp8_attention=True).header()
     assert ", mxfp8, FP8 attention;" in head
+
+
+@pytest.mark.parametrize("precision, per_token", [
+    # Llama 3 8B: Q 4096 + K 1024 + V 1024 = 6144 elements a token, O 4096 (config.json). Transformer Engine 2.20.2
+    # FusedAttnFunc saves q_fp8, k_fp8, v_fp8 for the backward in place of the BF16 q, k, v (backends.py:1762-1767):
+    # MXFP8 in both orientations (utils.py:3044 rowwise, :3070-3071 columnwise too), each 1 byte + an E8M0 scale per
+    # 32: 2 x 1.03125 - 2 = +0.0625 B an element, +384 B a token; current scaling one orientation of 1 byte: -1 B an
+    # element (O stays the BF16 tensor linear_proj keeps, :1763-1765); delayed scaling its O in FP8 too (:1766-1767),
+    # the BF16 O let go: -6144 - 4096 B
+    ("mxfp8", 384.0), ("fp8-tensorwise", -6144.0), ("fp8-delayed", -10240.0)])
+def test_fp8_attention_keeps_its_quantised_q_k_v_not_bf16_ones(precision, per_token):
+    from advisor.precision import fp8_attention_saved
+    hw = "dgx-h100" if precision == "fp8-delayed" else "dgx-b200"
+    w = _workload(True, precision, hw)
+    assert fp8_attention_saved(w, 1) == pytest.approx(per_token, rel=1e-12)
+    assert fp8_attention_saved(w, 2) == pytest.approx(per_token / 2, rel=1e-12)  # the heads split over TP
+    assert fp8_attention_saved(_workload(False, precision, hw), 1) == 0.0
+    # one GPU's activations, no recomputation, no pipeline: 32 layers x 8192 tokens of it
+    kw = dict(model="llama3-8b", hw=hw, gpus=8, tp=1, pp=1, zero=1, micro_batch=1, global_batch=8, seq=8192,
+              stack="megatron-core", recompute="none", precision=precision)
+    on, off = (estimate(**kw, fp8_attention=f).memory.parts["activations"] for f in (True, False))
+    assert on - off == pytest.approx(32 * 8192 * per_token, rel=1e-9)
+
+
+def test_under_fp8_attention_mla_up_proj_frees_no_bf16_q_k_v():
+    # mla_up_proj's checkpoint discards the BF16 query, key and value (megatron-core 0.19.2 multi_latent_attention.py:
+    # 454-457) that BF16 attention saves; FP8 attention saves its own MXFP8 copies instead, which stay: FP8 attention
+    # then adds all of them. DeepSeek-V2-Lite: 16 heads, Q 16 x 192 + K 16 x 192 + V 16 x 128 = 8192 elements a token
+    # (config.json), 2 x (1 + 1/32) B each = 16,896 B a token (no recompute: 8192 x 0.0625 = 512); 27 layers of 4096
+    # tokens. With core_attn the checkpoint keeps the BF16 q, k, v and the core saves nothing: no change
+    kw = dict(model="deepseek-v2-lite", hw="dgx-b200", gpus=8, tp=1, pp=1, ep=8, zero=1, micro_batch=1, global_batch=8,
+              seq=4096, stack="megatron-core", precision="mxfp8")
+    for policy, per_token in ((dict(recompute="none"), 512.0), (dict(recompute="selective", recompute_modules="mla_up_proj"),
+                              16896.0), (dict(recompute="selective", recompute_modules="core_attn,mla_up_proj"), 0.0)):
+        on, off = (estimate(**kw, **policy, fp8_attention=f).memory.parts["activations"] for f in (True, False))
+        assert on - off == pytest.approx(27 * 4096 * per_token, rel=1e-9), policy
