@@ -136,17 +136,61 @@ def test_the_memory_verdict_is_the_fuller_ranks_and_names_it():
     assert float(step.evaluate(w, c).memory.peak[0]) == float(last.memory.peak[0])
 
 
+def _megatron_last_rank(chunks: list, pp: int, m: int) -> tuple[float, float]:
+    """(the most layer-micro-batches pipeline rank pp - 1 holds after a forward, the most after a forward of its last
+    chunk, its loss's) replaying megatron-core's interleaved schedule: its own get_schedule_table (identical in 0.16.1
+    and 0.19.2) with microbatch_group_size_per_vp_stage = pp (model_parallel_config.py:567-568), (v - 1) pp warm-up
+    forwards on rank pp - 1 (schedules.py:937-938), then one forward and one backward a step, backwards in the reverse
+    chunk order (get_model_chunk_id, :1217-1222)."""
+    from megatron.core.pipeline_parallel.schedules import get_schedule_table
+
+    v = len(chunks)
+    table = [chunk for _, chunk in get_schedule_table(m, v, pp)]
+    held = peak = at_loss = 0.0
+    for k, chunk in enumerate(table):
+        held += chunks[chunk]
+        peak, at_loss = max(peak, held), max(at_loss, held) if chunk == v - 1 else at_loss
+        if k >= (v - 1) * pp:  # steady state and cool-down: backward k - warm-up
+            held -= chunks[v - 1 - table[k - (v - 1) * pp]]
+    return peak, at_loss
+
+
 def test_the_last_ranks_activations_in_flight_as_megatron_schedules_them():
-    """Rank pp - 1 warms up (v - 1) pp chunk-micro-batches and runs one more forward before its first backward
-    (schedules.py:937-938): 4 x 4 chunks of 14 layers' worth, 64 micro-batches: (3 x 4 + 1) / 4 = 3.25 x 14; 1F1B one
-    micro-batch, GPipe all of them; never more chunk-micro-batches than m x v."""
-    from advisor.layout import Schedule
+    """Rank pp - 1 of an interleaved pipeline holds, at each loss, pp micro-batches of each of its first v - 1 chunks
+    and one of its last; past the first pp micro-batches, one of its first chunk in place of the last's. Under the
+    DeepSeek-V3 layouts of Megatron-Bridge's recipes (61 layers on 16 chunks: [E + 4 t], [4 t] x 14, [t + mtp + L]) its
+    last chunk holds 1 layer and the MTP depth, its others 4: pp 2 x v 8, 32 micro-batches (GB300's row: 4096 / 128):
+    2 x 28 + 2 = 58 at its loss, 2 x 28 + 4 = 60 at its peak, where 30 layers x (7 x 2 + 1) / 8 = 56.25 was costed
+    as if its chunks were alike. Chunks alike (14 layers, 4 x 4): (3 x 4 + 1) x 3.5 = 3.25 x 14 both; 1F1B one
+    micro-batch, GPipe all of them."""
+    from advisor.export.megatron import interleaved_layout
+    from advisor.layout import Plan, Schedule
     from advisor.parallel import pipeline
 
-    codes = [Schedule.interleaved.code, Schedule.one_f_one_b.code, Schedule.gpipe.code]
-    got = pipeline.in_flight_last(14.0, 4, [4, 1, 1], pipeline.np.array(codes), 64)
-    assert list(got) == [3.25 * 14, 14.0, 64 * 14.0]
-    assert float(pipeline.in_flight_last(14.0, 4, 4, Schedule.interleaved.code, 2)) == 2 * 14.0
+    layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    codes = pipeline.np.array([Schedule.interleaved.code, Schedule.one_f_one_b.code, Schedule.gpipe.code])
+    held, at_loss = pipeline.in_flight_last(14.0, 4, pipeline.np.array([4, 1, 1]), codes, 64)
+    assert list(held) == list(at_loss) == [3.25 * 14, 14.0, 64 * 14.0]
+    kinds = (layout_mod.LayerType.decoder, layout_mod.LayerType.mtp)
+    for (pp, v), want in {(2, 8): (60.0, 58.0), (4, 4): (52.0, 50.0), (8, 2): (36.0, 34.0)}.items():
+        text = interleaved_layout(61, Plan(dp=256 // pp, pp=pp, ep=32, zero=1, schedule="interleaved",
+                                           virtual_stages=v), mtp=1)
+        rank = layout_mod.PipelineParallelLayerLayout(text, pp).layout[pp - 1]  # megatron-core's own parse
+        chunks = [float(sum(chunk.count(t) for t in kinds)) for chunk in rank]
+        assert chunks == [4.0] * (v - 1) + [2.0], text
+        for m in (pp, 2 * pp, 32):
+            got = pipeline.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, m, chunks[0])
+            assert tuple(map(float, got)) == _megatron_last_rank(chunks, pp, m), (pp, v, m)
+        assert tuple(map(float, pipeline.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, 32, 4.0))) == want
+    # the step passes the layout's chunk of ceil(61 / 16) = 4 (GB200's row: pp 4 x v 4, 8192 / 64 = 128 micro-batches)
+    from advisor import step
+    from advisor.candidates import Mesh
+
+    w, c = _inputs({**DSV3, "mtp_layers": 1})
+    mesh = Mesh.of(c, w.hw.gpus_per_node, w.hw.domain_gpus)
+    layers = step._held_layers(w, c, mesh, "last")
+    assert float(layers[0]) == 14.0  # 13 layers and the depth
+    assert tuple(float(x[0]) for x in step._in_flight(w, c, mesh, layers, "last")) == (52.0, 50.0)
 
 
 def test_hfu_counts_the_depths_rerun_under_full_recompute_only():

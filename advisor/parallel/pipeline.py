@@ -236,14 +236,24 @@ def memory_layers(model: ModelSpec, c: Candidates, mesh: Mesh, mtp: int = 0) -> 
     return np.where(edges, (model.n_layers + 2.0) / mesh.pp - 1.0, even) if np.any(edges) else even
 
 
-def in_flight_last(layers: Any, pp: Any, v: Any, schedule: Any, grad_accum: Any) -> Any:
-    """Layer-micro-batches of activations the last pipeline rank (its ``layers``, the MTP depths in) holds when its
-    first loss runs: 1F1B (and ZB-H1) one micro-batch; GPipe every one; interleaved (v - 1) pp + 1 chunks of layers / v
-    (megatron-core 0.19.2 pipeline_parallel/schedules.py:937-938: rank pp - 1 warms up (pp - rank - 1) x 2 + (v - 1) pp
-    chunk-micro-batches, then runs one more forward before its first backward; at most the m x v there are)."""
+def in_flight_last(layers: Any, pp: Any, v: Any, schedule: Any, grad_accum: Any, chunk: Any = None) -> tuple[Any, Any]:
+    """(layer-micro-batches of activations the last pipeline rank holds at its peak, those beside its loss), from its
+    ``layers`` (the MTP depths in, all in its last chunk) and ``chunk``, the layers of each of its other chunks (None:
+    layers / v, all alike): 1F1B (and ZB-H1) one micro-batch; GPipe every one; interleaved, megatron-core 0.19.2
+    pipeline_parallel/schedules.py: rank pp - 1 warms up (v - 1) pp chunk-micro-batches (:937-938), in groups of
+    microbatch_group_size_per_vp_stage = pp (model_parallel_config.py:567-568) a chunk (get_schedule_table, :962-990),
+    and runs backwards in the reverse chunk order (get_model_chunk_id, :1217-1222): at each of its losses it holds pp
+    micro-batches of each of its first v - 1 chunks and one of its last; past the first pp, the steady state also
+    holds pp of those and one of its first chunk in place of the last's, the larger where its last chunk (the rest of
+    a layout, the uneven split's loss unit, the MTP depths) differs from the others."""
     pp, m, v = np.asarray(pp, dtype=float), np.asarray(grad_accum, dtype=float), np.maximum(np.asarray(v, dtype=float), 1.0)
-    inter = layers * np.minimum(((v - 1.0) * pp + 1.0) / v, m)
-    return np.where(schedule == Schedule.gpipe.code, layers * m, np.where(schedule == Schedule.interleaved.code, inter, layers))
+    chunk = layers / v if chunk is None else chunk
+    last = layers - (v - 1.0) * chunk
+    at_loss = pp * (v - 1.0) * chunk + last
+    inter = pp * (v - 1.0) * chunk + np.where(m > pp, np.maximum(last, chunk), last)
+    gpipe, interleaved = schedule == Schedule.gpipe.code, schedule == Schedule.interleaved.code
+    held = np.where(gpipe, layers * m, np.where(interleaved, inter, layers))
+    return held, np.where(gpipe, layers * m, np.where(interleaved, at_loss, layers))
 
 
 def stage_counts(n_layers: int, pp: int, split: str = "even") -> list[int]:
