@@ -53,3 +53,26 @@ def test_a_stack_without_layouts_refuses_them_in_one_line():
         api.estimate(stack="megatron-deepspeed", **{**kw, "precision": "bf16-mixed"})
     with pytest.raises(AdvisorError, match="a layer in every chunk"):
         api.estimate(stack="megatron-core", **{**kw, "pp": 8, "virtual_stages": 8, "gpus": 512})
+
+
+def test_rank_0_holds_what_megatron_schedules_and_never_more_than_every_micro_batch():
+    """Rank 0 of an interleaved pipeline warms up 2 (pp - 1) + (v - 1) pp chunk-micro-batches and runs one more forward
+    before its first backward (megatron-core 0.19.2 schedules.py:937-938): pp v + pp - 1 chunks at its peak, all m v
+    where m = pp leaves every micro-batch in the warm-up (:949-951): pp 2 x v 3, m = 2, 4 layers a chunk: 6 chunks,
+    24 layers, not 7 x 4 = 28. Replayed: the warm-up's forwards, then one forward and one backward a step (chunks alike)."""
+    from advisor.layout import Schedule
+
+    def replay(pp: int, v: int, m: int) -> float:
+        warmup = min(2 * (pp - 1) + (v - 1) * pp, m * v)
+        held = peak = 0
+        for k in range(m * v):
+            held += 1
+            peak = max(peak, held)
+            if k >= warmup:
+                held -= 1
+        return 4.0 * peak  # 4 layers a chunk
+
+    for pp, v, m in ((2, 3, 2), (2, 3, 4), (4, 4, 4), (4, 4, 8), (8, 2, 8), (8, 2, 16), (2, 8, 32)):
+        got = pipeline.in_flight_layers(4 * pp * v, np.array(pp), np.array(v), Schedule.interleaved.code, np.array(m))
+        assert float(got) == replay(pp, v, m), (pp, v, m)
+    assert float(pipeline.in_flight_layers(24, np.array(2), np.array(3), Schedule.interleaved.code, np.array(2))) == 24.0

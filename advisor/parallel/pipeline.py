@@ -341,7 +341,10 @@ def in_flight_layers(n_layers: int, pp: Any, v: Any, schedule: Any, grad_accum: 
                              np.maximum(units - 1.0, units * (pp - 1.0) / pp), per_stage)
     gpipe = per_stage * m
     one_f = per_stage * np.minimum(pp, m)
-    inter = per_stage * np.minimum(pp, m) * (1.0 + (pp - 1.0) / (pp * np.maximum(v, 1.0)))
+    # interleaved: rank 0 warms up 2 (pp - 1) + (v - 1) pp chunk-micro-batches and runs one more forward before its
+    # first backward (schedules.py:937-938), pp v + pp - 1 chunks of L / (pp v) layers; all m v of them where m = pp
+    # leaves every micro-batch in its warm-up (:949-951): never more than m micro-batches of its layers
+    inter = per_stage * np.minimum(np.minimum(pp, m) * (1.0 + (pp - 1.0) / (pp * np.maximum(v, 1.0))), m)
     # ZB-H1 and ZB-V keep 1F1B's peak (Qi et al. 2023 s.3.1, s.6); DualPipeV pp + 1 micro-batches (DeepSeek-V3 Table 2)
     dual = per_stage * np.minimum(pp + 1.0, m)
     out = np.where(schedule == Schedule.gpipe.code, gpipe, np.where(schedule == Schedule.interleaved.code, inter, one_f))
