@@ -49,7 +49,8 @@
   copy of the model, so each end keeps its own copy untied (no sync; distributed/pipeline_parallel.py
   pipeline_module_split), and a V schedule's rank 0 both copies; 0.3 refuses the plan.
 - In flight (Korthikanti et al. 2022, s.4.2.3): GPipe keeps all m micro-batches of its L/p layers, 1F1B
-  min(p, m), interleaved 1F1B p micro-batches times (1 + (p - 1) / (p v)); the first stage holds the most.
+  min(p, m), interleaved 1F1B p micro-batches times (1 + (p - 1) / (p v)), never more than m; the first stage holds
+  the most, and the last, costed apart, its own chunks as Megatron schedules them (``in_flight_last``).
 
 Only ZeRO-1 combines with a pipeline (seed 001: ZeRO-2/3 would reduce-scatter and gather per micro-batch;
 DeepSpeed's pipeline engine refuses them).
