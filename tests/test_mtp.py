@@ -165,11 +165,11 @@ def test_the_last_ranks_activations_in_flight_as_megatron_schedules_them():
     micro-batch, GPipe all of them."""
     from advisor.export.megatron import interleaved_layout
     from advisor.layout import Plan, Schedule
-    from advisor.parallel import pipeline
+    from advisor.parallel import in_flight, pipeline
 
     layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
     codes = pipeline.np.array([Schedule.interleaved.code, Schedule.one_f_one_b.code, Schedule.gpipe.code])
-    held, at_loss = pipeline.in_flight_last(14.0, 4, pipeline.np.array([4, 1, 1]), codes, 64)
+    held, at_loss = in_flight.in_flight_last(14.0, 4, pipeline.np.array([4, 1, 1]), codes, 64)
     assert list(held) == list(at_loss) == [3.25 * 14, 14.0, 64 * 14.0]
     kinds = (layout_mod.LayerType.decoder, layout_mod.LayerType.mtp)
     for (pp, v), want in {(2, 8): (60.0, 58.0), (4, 4): (52.0, 50.0), (8, 2): (36.0, 34.0)}.items():
@@ -179,9 +179,9 @@ def test_the_last_ranks_activations_in_flight_as_megatron_schedules_them():
         chunks = [float(sum(chunk.count(t) for t in kinds)) for chunk in rank]
         assert chunks == [4.0] * (v - 1) + [2.0], text
         for m in (pp, 2 * pp, 32):
-            got = pipeline.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, m, chunks[0])
+            got = in_flight.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, m, chunks[0])
             assert tuple(map(float, got)) == _megatron_last_rank(chunks, pp, m), (pp, v, m)
-        assert tuple(map(float, pipeline.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, 32, 4.0))) == want
+        assert tuple(map(float, in_flight.in_flight_last(sum(chunks), pp, v, Schedule.interleaved.code, 32, 4.0))) == want
     # the step passes the layout's chunk of ceil(61 / 16) = 4 (GB200's row: pp 4 x v 4, 8192 / 64 = 128 micro-batches)
     from advisor import step
     from advisor.candidates import Mesh
@@ -228,7 +228,7 @@ def test_the_embedding_copys_gradient_is_all_reduced_between_the_end_stages():
     mtp_num_layers is set, tied or not: DeepSeek-V3's untied table (V x h = 926,679,040 parameters) is synced with MTP
     and not without it."""
     from advisor.candidates import Mesh
-    from advisor.parallel import pipeline
+    from advisor.parallel import in_flight, pipeline
 
     (w0, c), (w1, _) = _inputs(TWO), _inputs({**TWO, "mtp_layers": 1})
     mesh = Mesh.of(c, w1.hw.gpus_per_node, w1.hw.domain_gpus)

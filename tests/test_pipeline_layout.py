@@ -12,7 +12,7 @@ from advisor.errors import AdvisorError
 from advisor.export.megatron import interleaved_layout, layout_chunks
 from advisor.layout import Plan
 from advisor.model import load_model
-from advisor.parallel import pipeline
+from advisor.parallel import in_flight, pipeline
 
 
 def test_layout_fills_only_where_no_chunk_is_empty():
@@ -73,6 +73,6 @@ def test_rank_0_holds_what_megatron_schedules_and_never_more_than_every_micro_ba
         return 4.0 * peak  # 4 layers a chunk
 
     for pp, v, m in ((2, 3, 2), (2, 3, 4), (4, 4, 4), (4, 4, 8), (8, 2, 8), (8, 2, 16), (2, 8, 32)):
-        got = pipeline.in_flight_layers(4 * pp * v, np.array(pp), np.array(v), Schedule.interleaved.code, np.array(m))
+        got = in_flight.in_flight_layers(4 * pp * v, np.array(pp), np.array(v), Schedule.interleaved.code, np.array(m))
         assert float(got) == replay(pp, v, m), (pp, v, m)
-    assert float(pipeline.in_flight_layers(24, np.array(2), np.array(3), Schedule.interleaved.code, np.array(2))) == 24.0
+    assert float(in_flight.in_flight_layers(24, np.array(2), np.array(3), Schedule.interleaved.code, np.array(2))) == 24.0
