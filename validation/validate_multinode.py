@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from advisor.comm import collective_time_and_path
+from advisor.comm import bus_factor, collective_time_and_path
 from advisor.hardware import Hardware
 from advisor.units import MiB
 from validation import datasets as ds
@@ -63,6 +63,30 @@ RATIO_PAIRS = [(f"aws_p5_efa_all_gather_{k}node_crazyguitar", f"aws_p5_efa_all_r
     ("gcp_a4_b200_2node_all_gather", "dstack_gcp_a4_2node_all_reduce"),
     ("gcp_a3high_all_gather_2node_clustertoolkit_tcpx", "gcp_a3high_all_reduce_2node_skypilot_tcpx"),
     ("dstack_a3high_2node_all_gather", "gcp_a3high_all_reduce_2node_skypilot_tcpx")]
+# Two sweeps of one system, collective and node count: (sweep, reference sweep, how their runs differ as their entries
+# say). Where their times at a size differ by more than the goal's 15%, the sweep's point there is counted apart
+# (issue 19: recorded, the model bent toward neither); beyond APART no one prediction is within 15% of both. Past the
+# reference's largest size its last busbw bounds it, where it pins NCCL_ALGO, NCCL_PROTO and the channels (a fixed
+# algorithm's busbw never falls with size: DIP). The reference is the sweep a third agrees with: crazyguitar's 2-node
+# all-reduce is within 6% of the README's from 64 MiB; the A3 High all-reduce's busbw (67 GB/s at 256-512 MiB, one
+# ring graph for both collectives: reference/nccl_tuning_model.md s.5) is cluster-toolkit's all-gather's (69-71)
+SAME_SYSTEM = [
+    ("aws_p5_2node_all_reduce_eks", "aws_p5_2node_all_reduce_readme",
+     "NCCL 2.18.5 and aws-ofi-nccl 1.7.3, an older stack than the README's 16 GiB block"),
+    ("aws_p5_efa_all_reduce_2node_crazyguitar", "aws_p5_2node_all_reduce_readme",
+     "NCCL 2.27.7, aws-ofi-nccl 1.16.3 and its tuner"),
+    ("dstack_a3high_2node_all_gather", "gcp_a3high_all_gather_2node_clustertoolkit_tcpx",
+     "both GPUDirect-TCPX; cluster-toolkit pins NCCL_MIN/MAX_NCHANNELS=8, dstack's env is not confirmed"),
+    ("dstack_a3mega_2node_all_gather", "gcp_a3mega_all_gather_2node_clustertoolkit_gke",
+     "TCPXO both, dstack's with nccl-env-profile-ll128.sh"),
+]
+GOAL_PCT = 15.0
+APART = (1.0 + GOAL_PCT / 100) / (1.0 - GOAL_PCT / 100)  # 1.35: a time 15% above one and 15% below the other
+# One NCCL algorithm and protocol costs latency + bytes / bandwidth (reference/nccl_tuning_model.md s.1), whose busbw
+# rises with the size: where a sweep's busbw falls as the size doubles, NCCL changed algorithm, protocol or channels
+# (the p5 runs load aws-ofi-nccl's tuner plug-in), a step no smooth model follows. Falls beyond DIP are flagged: more
+# than the 6% by which the two p5 2-node all-reduce sweeps of different runs differ from 64 MiB
+DIP = 0.06
 
 
 def system(entry_id: str) -> Optional[str]:
@@ -95,6 +119,64 @@ def _unscored(e: dict) -> Optional[str]:
     return None
 
 
+def busbw(entry: dict) -> dict[float, float]:
+    """{size: nccl-tests busbw (bytes/s)} of a sweep."""
+    S, t = ds.collective_sweep(entry)
+    f = float(bus_factor(ds.collective_name(entry), entry["hardware"]["num_gpus"]))
+    return {float(s): float(s * f / x) for s, x in zip(S, t)}
+
+
+def _pinned(entry: dict) -> bool:
+    """Whether the run fixed NCCL's algorithm, protocol and channels (its busbw then never falls with size)."""
+    env = str((entry.get("software") or {}).get("env") or "")
+    return all(k in env for k in ("NCCL_ALGO=", "NCCL_PROTO=", "NCCL_MAX_NCHANNELS="))
+
+
+def apart(entries: dict) -> dict[str, dict[float, float]]:
+    """SAME_SYSTEM: {sweep: {size: its time / the reference's}} from GOAL_FROM_BYTES where they differ by more than
+    GOAL_PCT; past the reference's largest size, against its last busbw where it pins NCCL (a bound: slower only)."""
+    out = defaultdict(dict)
+    for eid, ref, _ in SAME_SYSTEM:
+        mine, theirs = busbw(entries[eid]), busbw(entries[ref])
+        top = max(theirs)
+        for size, b in mine.items():
+            if size < GOAL_FROM_BYTES:
+                continue
+            if size in theirs:
+                r = theirs[size] / b
+            elif size > top and _pinned(entries[ref]):
+                r = theirs[top] / b  # at most the ratio: the reference takes at most this long
+            else:
+                continue
+            if r > 1.0 + GOAL_PCT / 100 or (size in theirs and r < 1.0 / (1.0 + GOAL_PCT / 100)):
+                out[eid][size] = r
+    return dict(out)
+
+
+def dips(entries: dict) -> dict[str, dict[float, float]]:
+    """{sweep: {size: its busbw / the busbw at half the size}} from GOAL_FROM_BYTES where it falls by more than DIP."""
+    out = defaultdict(dict)
+    for eid, e in entries.items():
+        if _unscored(e) is None:
+            b = busbw(e)
+            for size, x in b.items():
+                if size >= GOAL_FROM_BYTES and size / 2 in b and x < (1.0 - DIP) * b[size / 2]:
+                    out[eid][size] = x / b[size / 2]
+    return dict(out)
+
+
+def _agree(entries: dict, eid: str, ref: str) -> float:
+    """The largest difference in %, from GOAL_FROM_BYTES, between two sweeps' times at their common sizes."""
+    mine, theirs = busbw(entries[eid]), busbw(entries[ref])
+    return max(100.0 * abs(theirs[s] / b - 1.0) for s, b in mine.items() if s >= GOAL_FROM_BYTES and s in theirs)
+
+
+def cause(eid: str, size: float, apart_: dict, dips_: dict) -> str:
+    """Why a point may miss that no model can mend: 'apart' (another sweep of the system disagrees), 'dip' (the
+    sweep's own busbw falls there), else 'model'."""
+    return "apart" if size in apart_.get(eid, {}) else "dip" if size in dips_.get(eid, {}) else "model"
+
+
 def ratio_points(entries: dict) -> list[Point]:
     """Model vs measured all-gather / all-reduce time at each common size from GOAL_FROM_BYTES."""
     out = []
@@ -110,6 +192,33 @@ def ratio_points(entries: dict) -> list[Point]:
                 out.append(Point(label=f"{ag_id} / {ar_id} {int(size) // MiB} MiB", kind=f"{system(ag_id)} AG/AR",
                                  predicted=p_ag / p_ar, measured=t_ag / t_ar))
     return out
+
+
+def _misses(entries: dict, big: list[Point], ratios: list[Point]) -> tuple[dict, list[str]]:
+    """Each miss from 64 MiB (time, and all-gather / all-reduce ratio) by cause(): counts and the notes that say why."""
+    apart_, dips_ = apart(entries), dips(entries)
+    by = defaultdict(list)
+    for p in big:
+        eid, size, _ = p.label.rsplit(" ", 2)
+        if abs(p.error_pct) > GOAL_PCT:
+            by[cause(eid, float(size), apart_, dips_)].append(f"{eid} {float(size) / MiB:g} MiB {p.error_pct:+.0f}%")
+    for r in ratios:
+        ag, rest = r.label.split(" / ")
+        ar, mib, _ = rest.rsplit(" ", 2)
+        if abs(r.error_pct) > RATIO_TOLERANCE_PCT:
+            both = {cause(x, float(mib) * MiB, apart_, dips_) for x in (ag, ar)}
+            by["ratio " + next((c for c in ("apart", "dip") if c in both), "model")].append(f"{r.label} {r.error_pct:+.0f}%")
+    extra = {f"misses_from_64MiB_{c}": len(by[c]) for c in ("apart", "dip", "model")}
+    extra.update({f"ag_ar_ratio_misses_{c}": len(by["ratio " + c]) for c in ("apart", "dip", "model")})
+    notes = ["two sweeps of one system from 64 MiB (* beyond x1.35: no one prediction within 15% of both): "
+             + "; ".join(f"{eid} vs {ref} ({why}): " + (", ".join(
+                 f"{'' if size in busbw(entries[ref]) else '>='}x{r:.2f}{'*' if max(r, 1 / r) > APART else ''} at "
+                 f"{size / MiB:g} MiB" for size, r in sorted(apart_[eid].items()))
+                 if eid in apart_ else f"within {_agree(entries, eid, ref):.0f}%") for eid, ref, why in SAME_SYSTEM),
+             "busbw falls as the size doubles (NCCL changed algorithm, protocol or channels; no smooth model follows): "
+             + "; ".join(f"{eid} at {size / MiB:g} MiB x{r:.2f}" for eid, d in sorted(dips_.items()) for size, r in sorted(d.items())),
+             "misses from 64 MiB by cause: " + "; ".join(f"{c} {len(v)}: " + ", ".join(v) for c, v in sorted(by.items()))]
+    return extra, notes
 
 
 def validate_multinode() -> DatasetReport:
@@ -146,6 +255,9 @@ def validate_multinode() -> DatasetReport:
              "'fitted' sweeps are those the profiles' network fits were fitted to (a check of the fit); the others are "
              "predictions (p5's all-gather and all-to-all from its all-reduce fit, the GB300 cross-rack all-gather from "
              "typical values)"]
+    more, why_notes = _misses(entries, big, ratios)
+    extra.update(more)
+    notes[3:3] = why_notes
     rep = _report("multinode", "nccl-tests across nodes: p4de, p5 (2/4/8 nodes, AG/AR/all-to-all), GCP A3 High/Mega/Ultra, "
                   "A4, A4X, A4X Max, CoreWeave GB200 (multinode_collectives.yaml)", "collective time (s)",
                   sum(len(e.get("measurements") or []) for e in entries.values()), points, Counter(), extra=extra,
