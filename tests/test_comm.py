@@ -127,8 +127,9 @@ def test_two_node_tree_beats_the_nic_line_rate_only_when_its_phases_overlap():
     """validation/data/published_collectives.yaml, gcp_a3mega_2node_16gpu_allreduce (nccl-tests, 2x A3 Mega, 16 ranks):
     8 GiB in 47.5 ms, 339 GB/s busbw on 200 GB/s of NICs per node: NCCL's 2-node tree, half a ring's bytes across.
     Its NVLink part (35 ms here) and its NIC part (43 ms at the line rate) must run at once: summed they would take
-    78 ms even with every link at 100%. The shipped gcp-a3-mega fit (advisor.comm.network, the tree picked from
-    256 MiB): within 5% from 256 MiB, under 15% on average from 1 MiB."""
+    78 ms even with every link at 100%. The shipped gcp-a3-mega fit (advisor.comm.network: NCCL's tree at every size
+    on 2 nodes, as its tuner takes it): within 8% from 64 MiB (1262 us there, where a ring, twice the all-gathers'
+    447-518 us, would take 0.9-1.0 ms), under 15% on average from 1 MiB."""
     from validation.datasets import collective_sweep, load_published_collectives
 
     entry = next(e for e in load_published_collectives() if e["id"] == "gcp_a3mega_2node_16gpu_allreduce")
@@ -136,8 +137,8 @@ def test_two_node_tree_beats_the_nic_line_rate_only_when_its_phases_overlap():
     S, t = collective_sweep(entry)
     S, t = S[S >= 2**20], t[S >= 2**20]
     got, path = collective_time_and_path("all_reduce", 16, S, hw, 8)
-    assert len(S) == 14 and set(path[S >= 2**28].tolist()) == {TREE}
-    assert np.abs(got[S >= 2**28] / t[S >= 2**28] - 1).max() < 0.05
+    assert len(S) == 14 and set(path.tolist()) == {TREE}
+    assert np.abs(got[S >= 2**26] / t[S >= 2**26] - 1).max() < 0.08
     assert np.abs(got / t - 1).mean() < 0.15
     in_node = float(link_time("reduce_scatter", 8, S[-1], hw.intra_node) + link_time("all_gather", 8, S[-1], hw.intra_node))
     nic = S[-1] / 8 / (hw.inter_node.bandwidth_bytes_per_s / 8)  # each GPU's shard once across, at its NIC share

@@ -42,8 +42,13 @@ node's own all-reduce: 8 H100s all-reduce at ~245 GB/s algbw, and 2x p5 all-redu
 
 The tuner: every algorithm the system has is costed and the fastest taken, as NCCL's topoGetAlgoInfo takes the
 argmin of its own model (the tree unless the profile's fit says NCCL ran only its ring, ``algorithm: ring``: p4d's
-NCCL 2.9.9 sweep). An oversubscribed fabric (``oversubscription``) divides the NICs' rate for groups over more
-than ``full_bisection_nodes`` nodes.
+NCCL 2.9.9 sweep), except on 2 domains, where NCCL's model prefers the tree even where the network makes it the
+slower: there it prices both at their graph's intra-node bandwidth (bw = bwIntra when nNodes <= 2, tuning.cc;
+nccl_tuning_model.md s.3), and its search raises the tree graph's to NVLink's while the ring's stays at the NIC's
+(s.4, pass 2: "trees raise only bwIntra, which matters for 2-node"). So a 2-domain all-reduce runs the tree wherever
+the profile has it ("On two nodes, NCCL uses the tree (or nvlstree) algorithm", NVIDIA/nccl-tests issue 196): 2x A3
+Mega's all-reduce takes 1.26 ms at 64 MiB where its all-gathers, half a ring all-reduce's bytes, take 0.45-0.52.
+An oversubscribed fabric (``oversubscription``) divides the NICs' rate for groups over more than ``full_bisection_nodes`` nodes.
 
 Left out: PAT (NCCL 2.23+, one GPU per node only), the protocols across nodes (the network fit's size ramp stands
 for them), hierarchical all-gathers (no NCCL algorithm runs one for several GPUs per node), congestion from other
@@ -123,8 +128,9 @@ def across(c: Collective, n: Any, S: Any, g: Any, k: Any, nodes: Any, hw: Hardwa
         options.append((COLLNET, S / g, chunk, fit.half_size_MiB, np.ones(np.shape(k))))
     for code, per_gpu, chunk, half, hops in options:
         alt = pipelined(in_node, in0, per_gpu, chunk, hops, half)
-        path = np.where(alt < best, code, path)
-        best = np.minimum(alt, best)
+        take = (alt < best) | ((code == TREE) & (k <= 2))  # NCCL's tree on 2 domains (the module's doc: the tuner)
+        path = np.where(take, code, path)
+        best = np.where(take, alt, best)
     return best, path
 
 
