@@ -145,6 +145,24 @@ def test_two_node_tree_beats_the_nic_line_rate_only_when_its_phases_overlap():
     assert in_node + nic > 1.6 * t[-1] > 1.6 * max(in_node, nic) / 1.1
 
 
+def test_two_domains_of_several_gpus_run_the_tree_even_where_the_ring_is_faster():
+    """NCCL's tuner prices the ring and the tree on 2 nodes at their graphs' intra-node bandwidth, the tree's raised to
+    NVLink's (reference/nccl_tuning_model.md s.3-4): it takes the tree where the network makes it slower. On 2x A3
+    Mega the model's ring all-reduce of 16 MiB is faster than its tree, yet the tree is what runs (the measured
+    978 us, where the ring would take about twice the all-gathers' 198-205 us); with one GPU a node nothing raises
+    the tree's rate, and the faster of the two is taken."""
+    hw = load_hardware("gcp-a3-mega")
+    ring_only = hw.model_copy(update={"inter_node": hw.inter_node.model_copy(
+        update={"fit": hw.inter_node.fit.model_copy(update={"algorithm": "ring"})})})
+    S = np.array([2.0**24, 2.0**33])
+    t, path = collective_time_and_path("all_reduce", 16, S, hw, 8)
+    ring = collective_time("all_reduce", 16, S, ring_only, 8)
+    assert (path == TREE).all() and t[0] > 1.2 * ring[0] and t[1] < 0.6 * ring[1]
+    t1, path1 = collective_time_and_path("all_reduce", 2, S, hw, 1)
+    ring1 = collective_time("all_reduce", 2, S, ring_only, 1)
+    assert np.all(t1 <= ring1) and np.all((path1 == TREE) == (t1 < ring1))
+
+
 def test_dgx_h100_small_messages_take_the_low_latency_path():
     """NVIDIA's DGX H100 sample (published_collectives.yaml, nvidia_dgxc_dgxh100_8gpu_allreduce): 8 B in 13.7 us,
     64 KiB in 19.5 us, 1 MiB in 27.4 us; the bulk fit alone starts at 26.7 us. With the fitted low-latency path

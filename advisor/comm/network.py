@@ -45,10 +45,12 @@ argmin of its own model (the tree unless the profile's fit says NCCL ran only it
 NCCL 2.9.9 sweep), except on 2 domains, where NCCL's model prefers the tree even where the network makes it the
 slower: there it prices both at their graph's intra-node bandwidth (bw = bwIntra when nNodes <= 2, tuning.cc;
 nccl_tuning_model.md s.3), and its search raises the tree graph's to NVLink's while the ring's stays at the NIC's
-(s.4, pass 2: "trees raise only bwIntra, which matters for 2-node"). So a 2-domain all-reduce runs the tree wherever
-the profile has it ("On two nodes, NCCL uses the tree (or nvlstree) algorithm", NVIDIA/nccl-tests issue 196): 2x A3
+(s.4, pass 2: "trees raise only bwIntra, which matters for 2-node"). So a 2-domain all-reduce of several GPUs a
+domain runs the tree wherever the profile has it ("On two nodes, NCCL uses the tree (or nvlstree) algorithm",
+NVIDIA/nccl-tests issue 196; with one GPU a domain no NVLink raises the tree's rate, and the faster is taken): 2x A3
 Mega's all-reduce takes 1.26 ms at 64 MiB where its all-gathers, half a ring all-reduce's bytes, take 0.45-0.52.
-An oversubscribed fabric (``oversubscription``) divides the NICs' rate for groups over more than ``full_bisection_nodes`` nodes.
+An oversubscribed fabric (``oversubscription``) divides the NICs' rate for groups over more than
+``full_bisection_nodes`` nodes.
 
 Left out: PAT (NCCL 2.23+, one GPU per node only), the protocols across nodes (the network fit's size ramp stands
 for them), hierarchical all-gathers (no NCCL algorithm runs one for several GPUs per node), congestion from other
@@ -128,7 +130,7 @@ def across(c: Collective, n: Any, S: Any, g: Any, k: Any, nodes: Any, hw: Hardwa
         options.append((COLLNET, S / g, chunk, fit.half_size_MiB, np.ones(np.shape(k))))
     for code, per_gpu, chunk, half, hops in options:
         alt = pipelined(in_node, in0, per_gpu, chunk, hops, half)
-        take = (alt < best) | ((code == TREE) & (k <= 2))  # NCCL's tree on 2 domains (the module's doc: the tuner)
+        take = (alt < best) | ((code == TREE) & (k <= 2) & (g > 1))  # NCCL's 2-domain tree (module doc: the tuner)
         path = np.where(take, code, path)
         best = np.where(take, alt, best)
     return best, path
