@@ -25,6 +25,7 @@ import numpy as np
 
 from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
+from advisor.model.spec import PositionKind, QKNorm
 from advisor.parallel import context, expert, in_flight, no_sync
 from advisor.parallel.data import ModelStates
 from advisor.precision import fp8_attention_saved
@@ -121,7 +122,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     # core_attn's checkpoint keeps the BF16 q, k, v and runs the core without saving: the table's selective entry
     fp8_core = fp8_core & (base is t.saved_layer)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
-                 + np.where(fp8_core, core, 0.0)
+                 + np.where(fp8_core, core, 0.0) + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0)
                  - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0, fp8_core))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)
@@ -133,6 +134,31 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
             selective = selective + np.where(mesh.ep > 1, expert.routed_saved(w, mesh, sp, exchanged=True), 0.0)
     kept = kept_per_token(m, full, t.saved_full_recompute.per_gpu(mesh.tp, sp), selective)
     return kept, full
+
+
+def checkpointed_qkv_kept(w: Workload, tp: Any) -> Any:
+    """Bytes per token on one TP rank that the core attention's checkpoint keeps beyond the saved tables' q, k and v,
+    where it keeps its inputs as they come (engine.selective.core_inputs "fused_views"). megatron-core 0.19.2:
+    _checkpointed_attention_forward (transformer/attention.py:445-496) hands query, key and value to
+    tensor_parallel.checkpoint, whose CheckpointFunction saves them (tensor_parallel/random.py:618 save_for_backward);
+    the value is a split view of linear_qkv's output (attention.py:1867, 1901-1903), so that output stays whole, q + 2 kv
+    elements (all the heads where TP exceeds the KV heads: attention.py:1852-1859 all-gathers it before the slice).
+    Beside it the query and key made anew: RoPE's outputs (rope_utils.py:136-137, TE's fused kernel alike), the grouped
+    query's reshape copy (attention.py:1906), the q/k norms' outputs. Unchecked, Transformer Engine's attention copies
+    the strided value (TE 2.20.2 dot_product_attention/utils.py:2963-2965: no layout fits, .contiguous())
+    and the output is freed: the tables. MLA makes its q, k and v anew: nothing more."""
+    m, layer, sel = w.model, w.layer, w.stack.engine.selective
+    if sel is None or sel.core_inputs != "fused_views" or m.latent is not None:
+        return 0.0
+    tp = np.asarray(tp, dtype=float)
+    rotated = 1.0 - len(m.nope_layers) / m.n_layers if m.position is PositionKind.rotary else 0.0
+    normed = m.qk_norm is not QKNorm.none
+    q_new = 1.0 if normed or layer.kv_heads < layer.n_heads else rotated
+    k_new = 1.0 if normed else rotated
+    qkv = layer.q_dim + 2.0 * layer.kv_dim
+    fused = qkv / np.where(tp > layer.kv_heads, 1.0, tp)
+    return w.act_bytes * (fused + q_new * layer.q_dim / tp + k_new * layer.kv_dim / np.minimum(tp, layer.kv_heads)
+                          - qkv / tp)
 
 
 def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0, fp8_core: Any = False) -> Any:

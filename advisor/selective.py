@@ -73,6 +73,10 @@ class Selective(Spec):
     # reruns none of it (Megatron's core attention), or only what the all-to-alls delivered, where it reruns the rest
     # and saves communication outputs (torchtitan's SelectiveAC)
     routed: Literal["kept", "exchanged"] = "kept"
+    # what the core attention's checkpoint keeps of its inputs: q, k and v as the saved tables count them ("tensors"),
+    # or ("fused_views") the value as a view of the fused qkv projection's output, which the saved view keeps whole,
+    # beside the query and key where they were made anew (advisor.memory checkpointed_qkv_kept)
+    core_inputs: Literal["tensors", "fused_views"] = "tensors"
     # --recompute-modules: the sub-modules it may rerun instead of its default policy (``recomputes``, keeping what the
     # profile's selective table says)
     modules: dict[str, RecomputeModule] = Field(default_factory=dict)
