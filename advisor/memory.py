@@ -3,8 +3,9 @@
 Model states come from the data-parallel dimension (advisor.parallel.data: the ZeRO stage's shards, the stack's
 master weights). Activations per layer and token are what the stack's layers save for backward (its profile's
 ``memory.saved``, advisor.stack), divided as tensor and sequence parallelism divide them; full recomputation
-keeps each layer's input, selective drops the s x s scores. A pipeline stage keeps several micro-batches in
-flight (advisor.parallel.in_flight): the first stage holds the most activations, the last the logits.
+keeps each layer's input, selective drops the s x s scores (and keeps the fused q/k/v output where the stack's
+core-attention checkpoint holds a view of it: checkpointed_qkv_kept). A pipeline stage keeps several micro-batches
+in flight (advisor.parallel.in_flight): the first stage holds the most activations, the last the logits.
 
 The peak is the largest of three moments (the activation probe's timeline): (a) the start of the loss's
 backward: every activation plus the cross-entropy's buffers; (b) under full recomputation, while the last layer
@@ -122,7 +123,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     # core_attn's checkpoint keeps the BF16 q, k, v and runs the core without saving: the table's selective entry
     fp8_core = fp8_core & (base is t.saved_layer)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
-                 + np.where(fp8_core, core, 0.0) + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0)
+                 + np.where(fp8_core, core, 0.0)
+                 + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0)
                  - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0, fp8_core))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)
@@ -141,12 +143,12 @@ def checkpointed_qkv_kept(w: Workload, tp: Any) -> Any:
     where it keeps its inputs as they come (engine.selective.core_inputs "fused_views"). megatron-core 0.19.2:
     _checkpointed_attention_forward (transformer/attention.py:445-496) hands query, key and value to
     tensor_parallel.checkpoint, whose CheckpointFunction saves them (tensor_parallel/random.py:618 save_for_backward);
-    the value is a split view of linear_qkv's output (attention.py:1867, 1901-1903), so that output stays whole, q + 2 kv
-    elements (all the heads where TP exceeds the KV heads: attention.py:1852-1859 all-gathers it before the slice).
-    Beside it the query and key made anew: RoPE's outputs (rope_utils.py:136-137, TE's fused kernel alike), the grouped
-    query's reshape copy (attention.py:1906), the q/k norms' outputs. Unchecked, Transformer Engine's attention copies
-    the strided value (TE 2.20.2 dot_product_attention/utils.py:2963-2965: no layout fits, .contiguous())
-    and the output is freed: the tables. MLA makes its q, k and v anew: nothing more."""
+    the value is a split view of linear_qkv's output (attention.py:1867, 1901-1903), so that output stays whole,
+    q + 2 kv elements (every head where TP exceeds the KV heads: attention.py:1852-1859 all-gathers it, then slices).
+    Beside it the query and key made anew: RoPE's outputs (rope_utils.py:136-137; Transformer Engine 2.20.2's fused
+    kernel alike, attention/rope.py:142), the grouped query's reshape copy (attention.py:1906), the q/k norms'.
+    Unchecked, TE's attention copies the strided value (dot_product_attention/utils.py:2963-2965: no layout fits,
+    .contiguous()) and linear_qkv's output is freed: the tables. MLA makes its q, k and v anew: nothing more."""
     m, layer, sel = w.model, w.layer, w.stack.engine.selective
     if sel is None or sel.core_inputs != "fused_views" or m.latent is not None:
         return 0.0
