@@ -316,9 +316,31 @@ def test_megatron_core_local_spec_probe_agrees_with_the_hand_derived_te_layer():
         te = next(x for x in shipped.memory.saved if x.matches("mixed", "sdpa", mlp))
         assert e["layer"]["split"]["d_ff"] == te.layer.split["d_ff"] == d_ff
         assert e["full_recompute"] == te.full_recompute.model_dump(exclude_defaults=True) == {"sequence": {"d_model": 2}}
+        table = te.layer.split["q_dim"] + te.layer.split["o_dim"]  # q and the output linear_proj keeps
         if family == "gpt":
             # the output at o_dim (heads x d_v, q_dim but under MLA)
             assert e["layer"]["split"]["q_dim"] == sum(te.layer.split[d] for d in ("q_dim", "o_dim", "kv_dim")) == 8
+            # the core_attn checkpoint (selective) keeps q, k, v as views of linear_qkv's output: nothing more
+            assert e["selective"]["split"]["q_dim"] == 8 and _checkpointed("gpt2-xl") == 0.0
+        else:
+            # under it the RoPE'd q and k beside the whole fused output the value is a view of (advisor.memory
+            # checkpointed_qkv_kept): 2 q + 2 kv bytes more than the table's q, k, v, in its numbers 6 q_dim + 6 kv_dim
+            sel = e["selective"]["split"]
+            assert (sel["q_dim"], sel["kv_dim"]) == (table + 2, te.layer.split["kv_dim"] + 2) == (6, 6)
+            assert _checkpointed("llama3-8b") == 2 * 4096 + 2 * 1024  # 32 and 8 heads of 128 (config.json)
+
+
+def _checkpointed(model: str) -> float:
+    from advisor.hardware import load_hardware
+    from advisor.memory import checkpointed_qkv_kept
+    from advisor.model import load_model
+    from advisor.stack import load_stack
+    from advisor.training import TrainingSetup
+    from advisor.workload import Workload
+
+    setup = TrainingSetup(seq_len=1024, precision="bf16", stack="megatron-core", recompute="selective")
+    w = Workload.of(load_model(model), load_hardware("dgx-h100"), load_stack("megatron-core"), setup)
+    return float(checkpointed_qkv_kept(w, 1))
 
 
 def test_torchtitans_sequence_parallel_norm_outputs_are_saved_gathered():
