@@ -180,6 +180,9 @@ def stack_of(kind: str, case: str) -> str:
     Megatron-DeepSpeed's (the Trainer runs TP as DeepSpeed's AutoTP only: stack_profiles/hf-trainer.yaml offers)."""
     if kind == "deepspeed" and case in BEYOND_TRAINER:
         return "megatron-deepspeed"
+    if kind == "megatron" and CASES[case][3].get("zero", 0) >= 2 and case not in OFFLOAD:
+        # ZeRO-2/3 in Megatron-LM's flags is Megatron-FSDP, megatron-core's engine (megatron-deepspeed's is DeepSpeed's)
+        return "megatron-core"
     return "megatron-core" if case in CORE_ONLY else LEGACY_STACK[kind]
 ALL = [(k, c) for k in LEGACY for c in CASES if exportable(k, c)]
 
@@ -230,6 +233,19 @@ def test_batch_identity(case):
 def test_refuses_what_the_launcher_cannot_express(kind, case, message):
     with pytest.raises(ExportError, match=message):
         export(kind, *inputs(case), stack_of(kind, case))
+
+
+@pytest.mark.parametrize("case", ["zero2-pure-bf16", "zero3-full-fp16", "hsdp"])
+def test_megatron_deepspeed_zero_2_3_is_not_written_as_megatron_fsdp(case):
+    """megatron-deepspeed costs ZeRO-2/3 as DeepSpeed's engine (stack_profiles/megatron-deepspeed.yaml zero3_calls:
+    stage3.py per-tensor gathers; llama3-8b ZeRO-3 dp=8 on dgx-h100: 874.6 ms, 70.2 GiB), where the Megatron-LM flags
+    launch Megatron-FSDP (megatron-core's: 787.1 ms, 59.5 GiB): the megatron format refuses it, naming deepspeed's,
+    which a format-less export then writes."""
+    model, hw, plan, setup, ga, world = inputs(case)
+    with pytest.raises(ExportError, match="would launch Megatron-FSDP instead: use --format deepspeed"):
+        export("megatron", model, hw, plan, setup, ga, world, "megatron-deepspeed")
+    assert export(None, model, hw, plan, setup, ga, world, "megatron-deepspeed").kind == "deepspeed"
+    assert "--use-megatron-fsdp" in export("megatron", model, hw, plan, setup, ga, world, "megatron-core").text
 
 
 def test_refusals_are_one_line():

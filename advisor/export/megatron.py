@@ -49,6 +49,12 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           f"describe: use --format {hint}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
+    if plan.zero >= 2 and stack is not None and stack.engine.zero3_calls is not None:
+        # ZeRO-2/3 are written as Megatron-FSDP (_data_parallel), megatron-core's engine; a stack whose profile costs
+        # DeepSpeed's coordinator (engine.zero3_calls: megatron-deepspeed's stage3.py per-tensor gathers) would launch
+        # another engine than the estimate's, at other times and memory
+        raise ExportError(f"stack {stack.name} costs ZeRO-{plan.zero} as DeepSpeed's engine runs it; the {product} "
+                          f"{writes} would launch Megatron-FSDP instead", instead="deepspeed")
     if plan.offload.value != "none" and not (offload.hybrid(stack) and plan.offload.value == "optimizer-cpu"):
         # the DeepSpeed JSON writes the offload but not context parallelism (advisor.export._export): name both ways out
         hint = (f"the deepspeed JSON has no context parallelism: drop --offload or --cp {plan.cp}" if plan.cp > 1
