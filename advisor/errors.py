@@ -29,6 +29,8 @@ def format_validation_error(exc: Exception) -> str:
             msg = "required key is missing"
         got = err.get("input")
         got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {_short(got)})"
+        if got_s and isinstance(got, str) and repr(got) in msg:  # the message quotes the value already
+            got_s = ""
         parts.append(f"{msg}{got_s}" if not err.get("loc") else f"{loc}: {msg}{got_s}")
     more = len(errors()) - 3
     text = "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

@@ -78,14 +78,31 @@ class Spec(BaseModel):
         if v is not None and not isinstance(v, bool) and _bool_only(annotation):  # pydantic would read "no", "yes", 0, 1
             raise ValueError(f"must be true or false, not {v!r}")
         if isinstance(v, (str, bytes)) and _numbers_only(annotation):
-            raise ValueError(f"must be a number, not the string {v!r} (write it without quotes)")
+            raise ValueError(f"must be a number, not the string {v!r} ({_bare_number(v, info.field_name)})")
         if isinstance(v, dict) and get_origin(annotation) is dict and _numbers_only(get_args(annotation)[1]):
             for key, val in v.items():
                 if isinstance(val, bool):
                     raise ValueError(f"{key} must be a number, not {str(val).lower()}")
                 if isinstance(val, str):
-                    raise ValueError(f"{key} must be a number, not the string {val!r} (write it without quotes)")
+                    raise ValueError(f"{key} must be a number, not the string {val!r} "
+                                     f"({_bare_number(val, info.field_name)})")
         return v
+
+
+# the units the profiles' keys end in (memory_GiB, bandwidth_GBps, inter_node.bandwidth_Gbps, latency_us, peak_tflops)
+UNITS = {"GiB": "GiB", "MiB": "MiB", "GBps": "GB/s", "Gbps": "Gb/s", "us": "microseconds", "ms": "milliseconds",
+         "tflops": "TFLOP/s", "usd": "US dollars"}
+
+
+def _bare_number(text: Any, key: Optional[str]) -> str:
+    """How to write a quoted value as a number: a number in quotes without them; '400GB/s' as the number alone in the
+    unit the key's name ends in (bandwidth_Gbps: Gb/s, so 400 GB/s is 3200), not "without quotes", which it is not."""
+    try:
+        float(text)
+        return "write it without quotes"
+    except (TypeError, ValueError):
+        unit = UNITS.get((key or "").rpartition("_")[2])
+        return f"write the number alone, in {unit} as the key's name says" if unit else "write the number alone"
 
 
 class _OneLine(type(BaseModel)):  # pydantic's model metaclass

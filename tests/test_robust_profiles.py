@@ -305,3 +305,21 @@ def test_an_integer_of_thousands_of_digits_in_a_profile_is_one_line(tmp_path):
     st = tmp_path / "bigst.yaml"
     st.write_text("base: megatron-core\nname: bigst\ndescription: t\nengine: {bucket_MiB: " + "9" * 5000 + "}\n")
     assert_one_line_error(["estimate", "--model", "gpt2", "--hw", "dgx-h100", "--stack", str(st)], "an integer of 5,000")
+
+
+@pytest.mark.parametrize("where, text, says", [
+    ("inter_node", "  bandwidth_Gbps: 400GB/s",
+     "inter_node.bandwidth_Gbps: must be a number, not the string '400GB/s' (write the number alone, in Gb/s as the "
+     "key's name says)"),
+    ("gpu", "  peak_tflops: {bf16: 989 TFLOPS}",
+     "gpu.peak_tflops: bf16 must be a number, not the string '989 TFLOPS' (write the number alone, in TFLOP/s"),
+    ("gpu", "  memory_GiB: '80'", "gpu.memory_GiB: must be a number, not the string '80' (write it without quotes)"),
+])
+def test_a_number_written_with_its_unit_is_told_the_unit_not_to_drop_quotes(tmp_path, where, text, says):
+    """'400GB/s' was told '(write it without quotes)', which it is not (and 400 GB/s is 3200 in this Gb/s key), then
+    '(got ...)' repeated the value the message quotes: the unit the key's name ends in is named, the value once."""
+    path = tmp_path / "units.yaml"
+    path.write_text(f"name: units\ndescription: d\nbase: dgx-h100\n{where}:\n{text}\n")
+    with pytest.raises(HardwareError) as err:
+        load_hardware(str(path))
+    assert says in str(err.value) and str(err.value).count("400GB/s") <= 1 and "(got" not in str(err.value)
