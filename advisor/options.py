@@ -251,5 +251,15 @@ def moe_setup(o) -> dict:
 
 
 def modules_of(text: Optional[str]) -> Optional[tuple[str, ...]]:
-    """--recompute-modules' comma-separated names (validated by TrainingSetup)."""
-    return None if text is None else tuple(m.strip() for m in text.split(","))
+    """--recompute-modules' comma-separated names; one that megatron-core does not name is refused here, as the option
+    is spelt (TrainingSetup's own error named its field, "recompute_modules.0")."""
+    from advisor.training import RECOMPUTE_MODULES
+
+    if text is None:
+        return None
+    names = tuple(m.strip() for m in text.split(","))
+    unknown = [m for m in names if m not in RECOMPUTE_MODULES]
+    if unknown:
+        raise OptionError(f"--recompute-modules {text}: unknown sub-module {unknown[0]!r}: use "
+                          f"{', '.join(RECOMPUTE_MODULES)} (megatron-core's --recompute-modules names)")
+    return names

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor import estimate
+from advisor import estimate, plan
 from advisor.errors import AdvisorError
 
 
@@ -137,3 +137,14 @@ def test_stack_any_with_no_stack_left_says_why_each_was_left_out():
     msg = str(err.value)
     assert "\n" not in msg and "litgpt, litgpt-2023: does not train in bf16-mixed" in msg
     assert "megatron-core" in msg and "--fp8-attention runs the attention core under an FP8 recipe" in msg
+
+
+@pytest.mark.parametrize("call", [
+    lambda: estimate("llama3-8b", "dgx-h100", dp=8, recompute="selective", recompute_modules="core_attn,foo"),
+    lambda: plan("llama3-8b", "dgx-h100", gpus=8, recompute_modules="foo"),
+])
+def test_an_unknown_recompute_module_is_named_as_the_option_spells_it(call):
+    """'recompute_modules.1: Input should be ...' named TrainingSetup's field and a tuple index, not the option."""
+    with pytest.raises(AdvisorError, match=r"--recompute-modules (core_attn,)?foo: unknown sub-module 'foo': use "
+                                           r"core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts"):
+        call()

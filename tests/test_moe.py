@@ -492,7 +492,7 @@ def test_recompute_modules_free_what_megatron_discards():
     ("llama3-8b", dict(recompute_modules="moe_act"), "moe_act needs routed experts, which llama3-8b does not have"),
     ("mixtral-8x7b", dict(recompute_modules="mla_up_proj", ep=8, etp=1), "mla_up_proj needs multi-head latent attention"),
     ("mixtral-8x7b", dict(recompute_modules="moe", ep=8, etp=1), "stack megatron-core costs core_attn, layernorm"),
-    ("mixtral-8x7b", dict(recompute_modules="attn", ep=8, etp=1), "recompute_modules"),
+    ("mixtral-8x7b", dict(recompute_modules="attn", ep=8, etp=1), "--recompute-modules attn: unknown sub-module .attn."),
     ("llama3-8b", dict(recompute_modules="core_attn", recompute="full"), "add --recompute selective"),
     ("llama3-8b", dict(recompute_modules="core_attn", stack="torchtitan"), "torchtitan has no --recompute-modules"),
 ])
