@@ -239,13 +239,14 @@ def _worlds(o: PlanOptions, hw: Hardware) -> list[int]:
         return [world]
     if o.nodes is not None:
         raise PlanError("--gpus A:B searches a range of GPU counts: drop --nodes")
-    lo, hi = o.gpus
-    out = [lo * 2**k for k in range(64) if lo * 2**k <= hi]
-    odd = [w for w in out if w > hw.gpus_per_node and w % hw.gpus_per_node]
-    if odd:
-        raise PlanError(f"--gpus {lo}:{hi}: {odd[0]} GPUs is not a whole number of {hw.gpus_per_node}-GPU nodes of "
-                        f"{hw.name}; start the range at a divisor or multiple of {hw.gpus_per_node}")
-    return out
+    (lo, hi), g = o.gpus, hw.gpus_per_node
+    odd = lambda a: [a * 2**k for k in range(64) if hi >= a * 2**k > g and a * 2**k % g]  # noqa: E731
+    if odd(lo):  # the starts whose doublings stay whole nodes: a multiple of g, or a divisor that doubles into one
+        starts, first = [d for d in range(1, g) if g % d == 0 and not odd(d)], -(-lo // g) * g
+        raise PlanError(f"--gpus {lo}:{hi}: {odd(lo)[0]} GPUs is not a whole number of {g}-GPU nodes of {hw.name}; start"
+                        f" the range at {', '.join(map(str, starts)) + ' or ' if starts else ''}a multiple of {g}"
+                        + (f" (--gpus {first}:{hi})" if first <= hi else ""))
+    return [lo * 2**k for k in range(64) if lo * 2**k <= hi]
 
 
 def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> TrainingSetup:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from advisor import estimate, plan
@@ -148,3 +150,22 @@ def test_an_unknown_recompute_module_is_named_as_the_option_spells_it(call):
     with pytest.raises(AdvisorError, match=r"--recompute-modules (core_attn,)?foo: unknown sub-module 'foo': use "
                                            r"core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts"):
         call()
+
+
+@pytest.mark.parametrize("hw_base, gpus, says", [
+    ("gpus_per_node: 3", (1, 12), "4 GPUs is not a whole number of 3-GPU nodes of g3; start the range at a multiple of "
+                                  "3 (--gpus 3:12)"),
+    (None, (3, 64), "12 GPUs is not a whole number of 8-GPU nodes of dgx-h100; start the range at 1, 2, 4 or a multiple "
+                    "of 8 (--gpus 8:64)"),
+])
+def test_a_gpu_range_off_whole_nodes_names_the_starts_that_work(tmp_path, hw_base, gpus, says):
+    """'start the range at a divisor or multiple of 3' for --gpus 1:12 on 3-GPU nodes: 1 is a divisor, and its ladder
+    1, 2, 4 still breaks; the starts named are those whose doublings stay whole nodes."""
+    hw = "dgx-h100"
+    if hw_base:
+        hw = tmp_path / "g3.yaml"
+        hw.write_text(f"name: g3\ndescription: d\nbase: dgx-h100\n{hw_base}\n")
+    with pytest.raises(AdvisorError, match=f"--gpus {gpus[0]}:{gpus[1]}: {re.escape(says)}$"):
+        plan("llama3-8b", str(hw), gpus=gpus)
+    start = int(says.rpartition("--gpus ")[2].partition(":")[0])
+    assert plan("llama3-8b", str(hw), gpus=(start, gpus[1]), top=1).plans  # the range it names runs
