@@ -34,6 +34,9 @@ BAD = [
     ({"model_type": "mamba", "hidden_size": 768}, ["model_type 'mamba' is not supported", "supported: arcee, bloom,", "qwen3_moe"]),
     ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, ["'gemma3' is not supported", "multimodal",
                                                                                "gemma3_text"]),
+    # transformers' CONFIG_MAPPING is lower-case with underscores: a model_type spelt otherwise is named as it spells it
+    (_with(LLAMA, model_type="Llama"), ["model_type 'Llama' is not supported (did you mean 'llama'?"]),
+    (_with(LLAMA, model_type="qwen2-moe"), ["model_type 'qwen2-moe' is not supported (did you mean 'qwen2_moe'?"]),
     ({key: v for key, v in LLAMA.items() if key != "model_type"}, ["lacks 'model_type'", "supported: "]),
     ({"model_type": 7}, ["'model_type' must be a string, not 7"]),
     (_with(GPT2, n_embd="64"), ["'n_embd' must be an integer, not the string '64'"]),  # was 100B parameters

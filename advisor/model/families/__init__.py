@@ -73,6 +73,9 @@ def spec_from_config(cfg: dict, name: str, origin: str) -> ModelSpec:
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
         inner = text.get("model_type") if text is not None else None
         hint = "" if text is None else " (a multimodal config: give its text model's config.json)"
+        spelt = mtype.strip().lower().replace("-", "_")
+        if text is None and spelt in FAMILIES:  # transformers' CONFIG_MAPPING keys are lower-case, with underscores
+            hint = f" (did you mean {spelt!r}? transformers spells model_type so)"
         if isinstance(inner, str) and inner in FAMILIES:  # Llama 4's repositories: the language model is text_config
             hint = (f" (a multimodal config: its text_config, model_type {inner!r}, is supported: save that object as "
                     "a config.json of its own to cost the language model)")
