@@ -203,6 +203,10 @@ class Hardware(Spec):
         if v.fit.collnet or v.oversubscription != 1.0 or v.full_bisection_nodes is not None:
             raise ValueError("fit.collnet, oversubscription and full_bisection_nodes describe the network: move them "
                              "to inter_node")
+        if v.nvls and v.kind.value != "nvswitch":  # the switch reduces: a PCIe or bridged-NVLink node has none, and
+            # advisor.comm would name its all-reduces NVLS-tree and hold NVLS's channels (held_sms)
+            raise ValueError(f"nvls (NVLink SHARP, the NVSwitch's in-switch reduction) needs kind nvswitch, not "
+                             f"{v.kind.value}: set nvls: false (a base's true is kept) or kind: nvswitch")
         return v
 
     @field_validator("inter_node")

@@ -323,3 +323,13 @@ def test_a_number_written_with_its_unit_is_told_the_unit_not_to_drop_quotes(tmp_
     with pytest.raises(HardwareError) as err:
         load_hardware(str(path))
     assert says in str(err.value) and str(err.value).count("400GB/s") <= 1 and "(got" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["base: l40s\nintra_node:\n  nvls: true", "base: dgx-h100\nintra_node:\n  kind: pcie"])
+def test_nvls_without_an_nvswitch_is_refused(tmp_path, text):
+    """nvls: true on a PCIe node (or a DGX base switched to PCIe, its nvls kept) loaded silently: advisor.comm then named
+    its all-reduces across nodes NVLS-tree and held NVLS's 16 channels of SMs for them (held_sms)."""
+    path = tmp_path / "nvls.yaml"
+    path.write_text(f"name: nvls\ndescription: d\n{text}\n")
+    with pytest.raises(HardwareError, match="intra_node: nvls .* needs kind nvswitch, not pcie: set nvls: false"):
+        load_hardware(str(path))
