@@ -248,6 +248,17 @@ def test_megatron_deepspeed_zero_2_3_is_not_written_as_megatron_fsdp(case):
     assert "--use-megatron-fsdp" in export("megatron", model, hw, plan, setup, ga, world, "megatron-core").text
 
 
+def test_megatron_deepspeed_zero_2_with_cp_sends_the_user_to_no_format_that_refuses_it_too():
+    """With context parallelism, which the DeepSpeed JSON does not write, the megatron format's refusal said 'use
+    --format deepspeed', whose own said 'use --format megatron': it names what to change instead."""
+    model, hw, plan, setup, ga, world = inputs("zero2-pure-bf16")
+    cp = Plan(dp=plan.dp // 2, cp=2, zero=plan.zero)
+    setup = setup.model_copy(update={"grad_accum": ga * 2})
+    for kind in ("megatron", None):
+        with pytest.raises(ExportError, match="the deepspeed JSON has no context parallelism: use --zero 1 or --cp 1$"):
+            export(kind, model, hw, cp, setup, ga * 2, world, "megatron-deepspeed")
+
+
 def test_refusals_are_one_line():
     model, hw, plan, setup, ga, world = inputs("ddp")
     cases = [

@@ -53,8 +53,11 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
         # ZeRO-2/3 are written as Megatron-FSDP (_data_parallel), megatron-core's engine; a stack whose profile costs
         # DeepSpeed's coordinator (engine.zero3_calls: megatron-deepspeed's stage3.py per-tensor gathers) would launch
         # another engine than the estimate's, at other times and memory
-        raise ExportError(f"stack {stack.name} costs ZeRO-{plan.zero} as DeepSpeed's engine runs it; the {product} "
-                          f"{writes} would launch Megatron-FSDP instead", instead="deepspeed")
+        why = (f"stack {stack.name} costs ZeRO-{plan.zero} as DeepSpeed's engine runs it; the {product} {writes} would "
+               "launch Megatron-FSDP instead")
+        if plan.cp > 1:  # nor does the DeepSpeed JSON write it (advisor.export._export): no format to send it to
+            raise ExportError(f"{why}, and the deepspeed JSON has no context parallelism: use --zero 1 or --cp 1")
+        raise ExportError(why, instead="deepspeed")
     if plan.offload.value != "none" and not (offload.hybrid(stack) and plan.offload.value == "optimizer-cpu"):
         # the DeepSpeed JSON writes the offload but not context parallelism (advisor.export._export): name both ways out
         hint = (f"the deepspeed JSON has no context parallelism: drop --offload or --cp {plan.cp}" if plan.cp > 1
