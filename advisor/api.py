@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from advisor.candidates import Candidates
-from advisor.constraints import plan_errors
+from advisor.plan_errors import plan_errors
 from advisor.auto import (AUTO_LARGE, AUTO_MODEL_PARALLEL, AUTO_NEITHER, AUTO_RULE, AUTO_SMALL, ONE_STACK,  # noqa: F401
                           auto_runs, fits_one_gpu, model_parallel, plan_stack, resolve_stack)
 from advisor.errors import AdvisorError, PlanError, format_validation_error  # noqa: F401 (PlanError: read from here too)

@@ -12,11 +12,10 @@ import numpy as np
 
 from advisor.candidates import Candidates
 from advisor.hardware import Hardware
-from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Plan, Schedule, resolve_grad_accum
+from advisor.layout import ContextParallel, DataParallelKind, PipelineSplit, Schedule
 from advisor.model import ModelSpec
 from advisor.parallel import context, data, expert_layout, offload, pipeline, tensor
-from advisor.peft_modules import PeftTargetError, peft_targets, runs_peft
-from advisor.stack import PLAN_FEATURES, Stack, list_stacks, load_stack
+from advisor.stack import PLAN_FEATURES, Stack
 from advisor.training import Recompute, TrainingSetup
 
 WORLD = "dp x tp x pp != world size"
@@ -232,116 +231,3 @@ def stage_micro_batches(stack: Stack) -> str:
     many = len(stack.engine.stage_micro_batches) > 1
     return (f"{stack.name}'s {' and '.join(stack.engine.stage_micro_batches)} schedule{'s need' if many else ' needs'} at "
             "least as many micro-batches a step as pipeline stages (torch.distributed.pipelining raises at launch)")
-
-
-def _current_stacks(runs) -> list[str]:
-    """The shipped stacks no newer profile supersedes for which ``runs(stack)`` holds (a refusal's hint)."""
-    return [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and runs(st)]
-
-
-def _tp_heads(reason: str, plan: Plan, model: ModelSpec, hw: Hardware) -> str:
-    """A TP-heads reason with the figures and the tp (up to the NVLink domain) that split the heads and KV heads."""
-    ok = [t for t in range(1, hw.domain_gpus + 1) if model.n_heads % t == 0
-          and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
-    return (f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={model.kv_heads} "
-            f"(tp that splits them: {', '.join(map(str, ok))})")
-
-
-def _uneven_split(plan: Plan, model: ModelSpec) -> str:
-    """Why --pp-split edges does not apply to this plan, and the fix."""
-    if plan.pp == 1:  # the split places the embedding and the loss on pipeline stages: there are none
-        return ("--pp-split edges places the embedding and the loss on pipeline stages: it needs --pp > 1 "
-                "(set --pp or drop --pp-split)")
-    if model.n_layers % plan.pp == 0:
-        return f"{model.n_layers} layers divide evenly over pp={plan.pp}: drop --pp-split edges"
-    return (f"uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks: {model.n_layers} "
-            f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
-
-
-def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
-                stack: Optional[Stack] = None) -> list[str]:
-    """One-line reasons a single plan is invalid (empty when valid)."""
-    grad_accum, batch_err = resolve_grad_accum(setup, plan)
-    reasons = [batch_err] if batch_err else []
-    if adapters_refuse_model_parallel(setup, stack) and (plan.tp > 1 or plan.pp > 1):
-        reasons.append(ADAPTERS)
-    if bool(overlap_without_sp(setup, plan.tp, plan.sp)):
-        reasons.append(f"--tp-overlap {setup.tp_overlap} pipelines sequence parallelism's all-gathers and reduce-scatters "
-                       f"with their GEMMs, and tp={plan.tp} runs without SP (all-reduces): add --sp (dropping --no-sp where "
-                       "given) or use --tp-overlap none")
-    refused = setup_violations(Candidates.of_plan(plan, setup, grad_accum), setup, stack)
-    for why in ([fp32_without_fsdp(setup, stack), pure_half_needs_zero(setup, stack)] if stack is not None else []) + [
-            BATCH_OVERLAP]:
-        if why and why in refused and bool(refused[why][0]):
-            reasons.append(why)
-    if stack is not None and runs_peft(setup.finetune, stack):  # LoRA targets its transformers modules hold apart
-        try:
-            peft_targets(model, setup.finetune, stack)
-        except PeftTargetError as exc:
-            reasons.append(str(exc))
-    if plan.sp and plan.tp == 1:
-        # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
-        # a plan the user did not mean
-        reasons.append("sequence parallel needs tp > 1 (it splits activations across the TP group): drop --sp or set --tp")
-    bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size, stack, setup.seq_len,
-                     setup.attention.value == "eager")
-    for reason, flag in bad.items():
-        if bool(flag[0]):
-            if reason == WORLD:
-                cp = f" x cp({plan.cp})" if plan.cp > 1 else ""
-                reason = f"dp({plan.dp}){cp} x tp({plan.tp}) x pp({plan.pp}) = {plan.world_size} != world size {world_size}"
-            elif reason.startswith("tp ") and "heads" in reason:  # one line for the heads, with the tp that divide them
-                if any(r.startswith("tp ") and "heads" in r for r in reasons):
-                    continue
-                reason = _tp_heads(reason, plan, model, hw)
-            elif "heads" in reason:
-                cp = f", cp={plan.cp}" if plan.cp > 1 else ""
-                reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"
-            elif reason.startswith("sequence not divisible"):
-                reason = f"--seq {setup.seq_len} is not divisible into 2 x cp = {2 * plan.cp} chunks: choose --cp or --seq"
-            elif reason.startswith("sequence parallelism needs"):
-                no_sp = "" if stack is not None and stack.engine.sequence_parallel == "always" else ", or --no-sp"
-                joint = stack is not None and stack.engine.sequence_split == "tp_times_cp" and plan.cp > 1
-                reason = (f"{reason}: --seq {setup.seq_len}{f' / cp={plan.cp}' if plan.cp > 1 else ''} over tp={plan.tp} "
-                          f"(choose --seq a multiple of tp x {'2 x cp' if joint else 'cp'}{no_sp})")
-            elif reason.startswith("uneven split"):
-                reason = _uneven_split(plan, model)
-            elif reason.startswith("tp spans"):
-                reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
-            elif reason.startswith("pp >"):
-                reason = f"pp={plan.pp} > {model.n_layers} layers"
-            elif reason.startswith("interleaved schedule needs the micro-batch count"):
-                reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
-                          "--global-batch to micro-batch x dp x a multiple of pp)")
-            elif stack is not None and reason == stage_micro_batches(stack):
-                reason = pipeline.too_few_micro_batches(plan, setup.micro_batch, grad_accum, stack.name)
-            elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
-                what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
-                others = _current_stacks(lambda st: what in st.engine.offloads and not any(
-                    bool(np.asarray(v).any()) for v in stack_violations(one, st).values()))
-                reason = f"{reason}: --stack {' or '.join(others)} offload{'s' if len(others) == 1 else ''} it" if others else reason
-            elif stack is not None and reason in (f"{stack.name} does not run {w}" for w in FEATURE_WORDS.values()):
-                from advisor.workload import runs_model  # (workload imports the parallel modules this one does)
-
-                runs = ", ".join(FEATURE_WORDS[f] for f in PLAN_FEATURES if f in stack.engine.offers)
-                feature = next(f for f, w in FEATURE_WORDS.items() if reason.endswith(f"does not run {w}"))
-                others = _current_stacks(lambda st: st.name != stack.name and feature in st.engine.offers
-                                         and runs_model(st, model))
-                reason = f"{reason} (it runs {runs}: use those, or {' or '.join(f'--stack {n}' for n in others) or 'another --stack'})"
-            reasons.append(reason)
-    reasons += _expert_figures(plan, Candidates.of_plan(plan, setup, grad_accum), model, stack, reasons)
-    return list(dict.fromkeys(reasons))  # two checks may name the same fix (the uneven split's): once
-
-
-def _expert_figures(plan: Plan, one: Candidates, model: ModelSpec, stack: Optional[Stack], reasons: list[str]) -> list[str]:
-    """The EP layout's figures, one line, where one of ``reasons`` is an expert-layout refusal (else none)."""
-    own = expert_layout.stack_violations(one, stack.engine, stack.name) if stack is not None and model.routed else {}
-    if not any(r in expert_layout.violations(one, model) or r in own for r in reasons):
-        return []
-    etp = plan.tp if plan.etp is None else plan.etp  # Megatron's --expert-tensor-parallel-size defaults to tp's
-    unset = " (tp's: --etp not given; --etp 1 keeps each expert whole)" if plan.etp is None and plan.tp > 1 else ""
-    experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
-               else "no routed experts")
-    across = plan.cp > 1 and not any(r in own for r in reasons)  # the stage's ranks EP is carved from
-    stage = f"dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if across else f"dp x tp = {plan.dp * plan.tp}"
-    return [f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} (--ep 1 turns expert parallelism off)"]

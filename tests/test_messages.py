@@ -169,3 +169,14 @@ def test_a_gpu_range_off_whole_nodes_names_the_starts_that_work(tmp_path, hw_bas
         plan("llama3-8b", str(hw), gpus=gpus)
     start = int(says.rpartition("--gpus ")[2].partition(":")[0])
     assert plan("llama3-8b", str(hw), gpus=(start, gpus[1]), top=1).plans  # the range it names runs
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(gpus=16, dp=4, cp=2), "dp(4) x cp(2) x tp(1) x pp(1) = 8 != world size 16: give --dp 8 or --gpus 8"),
+    (dict(gpus=16, dp=3, tp=4), "dp(3) x tp(4) x pp(1) = 12 != world size 16: give --dp 4"),  # 12 GPUs: not whole nodes
+    (dict(gpus=64, pp=64), "pp=64 > 32 layers: give --pp at most 32"),
+])
+def test_a_plan_off_its_world_or_its_layers_names_the_degree_that_fits(kw, says):
+    """'dp(4) x cp(2) x tp(1) x pp(1) = 8 != world size 16' and 'pp=64 > 32 layers' said what broke, not what to give."""
+    with pytest.raises(AdvisorError, match=re.escape(says)):
+        estimate("llama3-8b", "dgx-h100", **kw)

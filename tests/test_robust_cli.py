@@ -80,7 +80,7 @@ BAD_OPTIONS = [
     (["estimate", *E[1:], "--seq", str(10**30)], ["--seq must be at most 10,000,000"]),
     (["estimate", *E[1:], "--virtual-stages", "0"], ["--virtual-stages must be at least 1"]),
     (["estimate", *E[1:], "--gpus", "8", "--tp", "3"], ["not divisible by tp x pp = 3 x 1"]),
-    (["estimate", *E[1:], "--gpus", "8", "--dp", "2"], ["dp(2) x tp(1) x pp(1) = 2 != world size 8"]),
+    (["estimate", *E[1:], "--gpus", "8", "--dp", "2"], ["dp(2) x tp(1) x pp(1) = 2 != world size 8: give --dp 8 or --gpus 2"]),
     (["estimate", *E[1:], "--gpus", "5", "--tp", "5"], ["tp does not divide the attention heads: tp=5, heads=12"]),
     (["estimate", *E[1:], "--gpus", "16", "--tp", "16"], ["tp=16 > 8 GPUs per NVLink domain"]),
     (["estimate", *E[1:], "--gpus", "16", "--pp", "16"], ["pp=16 > 12 layers"]),

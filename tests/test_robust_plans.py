@@ -23,7 +23,7 @@ from advisor.api import PlanError, build_inputs, estimate
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, load_hardware
 from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind, load_model
-from advisor.constraints import plan_errors
+from advisor.plan_errors import plan_errors
 from advisor.layout import resolve_grad_accum
 from advisor.suggest import suggest_fix
 from advisor.search import plan as search

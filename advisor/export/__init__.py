@@ -60,7 +60,7 @@ from advisor.export.torchtitan import CONFIGS as TORCHTITAN_CONFIGS, torchtitan_
 from advisor.export.torchtitan_toml import FLAVORS as TORCHTITAN_FLAVORS, torchtitan_toml_config
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.constraints import plan_errors
+from advisor.plan_errors import plan_errors
 from advisor.launch import LAUNCH_FORMATS
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.workload import Workload, runs_model, stack_setup

@@ -15,7 +15,7 @@ from typing import Optional
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.constraints import plan_errors
+from advisor.plan_errors import plan_errors
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
 
