@@ -213,6 +213,7 @@ def resolve_grad_accum(setup: TrainingSetup, plan: Plan) -> tuple[int, Optional[
     if setup.global_batch % per_step:
         return 1, (
             f"global batch {setup.global_batch} is not divisible by micro_batch x dp = "
-            f"{setup.micro_batch} x {plan.dp} = {per_step}"
+            f"{setup.micro_batch} x {plan.dp} = {per_step}: give --global-batch a multiple of {per_step} (e.g. "
+            f"{-(-setup.global_batch // per_step) * per_step})"
         )
     return setup.global_batch // per_step, None

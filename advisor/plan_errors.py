@@ -75,9 +75,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     for reason, flag in bad.items():
         if bool(flag[0]):
             if reason == WORLD:
-                cp = f" x cp({plan.cp})" if plan.cp > 1 else ""
-                reason = (f"dp({plan.dp}){cp} x tp({plan.tp}) x pp({plan.pp}) = {plan.world_size} != world size {world_size}: "
-                          + _world_fix(plan, world_size, hw.gpus_per_node))
+                reason = _world_fix(plan, world_size, hw.gpus_per_node)
             elif reason.startswith("tp ") and "heads" in reason:  # one line for the heads, with the tp that divide them
                 if any(r.startswith("tp ") and "heads" in r for r in reasons):
                     continue
@@ -98,6 +96,8 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                 reason = f"tp={plan.tp} > {hw.domain_gpus} GPUs per NVLink domain: {reason}"
             elif reason.startswith("pp >"):
                 reason = f"pp={plan.pp} > {model.n_layers} layers: give --pp at most {model.n_layers}"
+            elif reason.startswith("interleaved schedule needs pp > 1"):
+                reason = f"{reason}: {_interleave_fix(plan, model)}"
             elif reason.startswith("interleaved schedule needs the micro-batch count"):
                 reason = (f"{reason}: {grad_accum} micro-batches a step on pp={plan.pp} (set --grad-accum, or "
                           "--global-batch to micro-batch x dp x a multiple of pp)")
@@ -136,9 +136,21 @@ def _expert_figures(plan: Plan, one: Candidates, model: ModelSpec, stack: Option
 
 
 def _world_fix(plan: Plan, world_size: int, per_node: int) -> str:
-    """The --dp that fills ``world_size`` GPUs with the plan's other degrees, where it divides, or the --gpus the plan
-    needs, where they are whole nodes (api.resolve_world); else degrees whose product is the GPUs."""
+    """The plan's degrees against ``world_size``, with the --dp that fills it with the other degrees, where it divides,
+    or the --gpus the plan needs, where they are whole nodes (api.resolve_world); else degrees whose product it is."""
     rest, n = plan.world_size // plan.dp, plan.world_size
     fixes = ([f"--dp {world_size // rest}"] if world_size % rest == 0 else []) + (
         [f"--gpus {n}"] if n <= per_node or n % per_node == 0 else [])
-    return f"give {' or '.join(fixes)}" if fixes else f"give degrees whose product is {world_size}"
+    cp = f" x cp({plan.cp})" if plan.cp > 1 else ""
+    return (f"dp({plan.dp}){cp} x tp({plan.tp}) x pp({plan.pp}) = {n} != world size {world_size}: "
+            + (f"give {' or '.join(fixes)}" if fixes else f"give degrees whose product is {world_size}"))
+
+
+def _interleave_fix(plan: Plan, model: ModelSpec) -> str:
+    """What to give an interleaved schedule that leaves a model chunk without a layer (pipeline.layout_fills)."""
+    if plan.pp == 1:
+        return "set --pp > 1"
+    fill = [v for v in range(2, model.n_layers // plan.pp + 1) if pipeline.layout_fills(model.n_layers, plan.pp * v)]
+    return (f"{model.n_layers} layers in pp x v = {plan.pp} x {plan.virtual_stages} chunks leave a chunk empty: give "
+            f"--virtual-stages {' or '.join(map(str, fill[:6]))}" if fill else
+            f"{model.n_layers} layers on pp={plan.pp} fill no two chunks a rank: use --schedule 1f1b")

@@ -180,3 +180,17 @@ def test_a_plan_off_its_world_or_its_layers_names_the_degree_that_fits(kw, says)
     """'dp(4) x cp(2) x tp(1) x pp(1) = 8 != world size 16' and 'pp=64 > 32 layers' said what broke, not what to give."""
     with pytest.raises(AdvisorError, match=re.escape(says)):
         estimate("llama3-8b", "dgx-h100", **kw)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(gpus=8, dp=2, pp=4, schedule="interleaved", virtual_stages=3, global_batch=8),
+     "32 layers in pp x v = 4 x 3 chunks leave a chunk empty: give --virtual-stages 2 or 4 or 8"),
+    (dict(gpus=8, dp=8, schedule="interleaved"), "a layer in every chunk: set --pp > 1"),
+    (dict(gpus=8, dp=8, global_batch=12), "1 x 8 = 8: give --global-batch a multiple of 8 (e.g. 16)"),
+])
+def test_an_interleaving_or_a_batch_that_cannot_split_names_the_values_that_do(kw, says):
+    """'needs pp > 1, 2 or more virtual stages and a layer in every chunk' for pp=4, v=3 listed three conditions of
+    which only the last failed (ceil(32 / 12) = 3 layers a chunk leaves the 12th empty: pipeline.layout_fills); the
+    batch that micro_batch x dp does not divide named no batch that it does."""
+    with pytest.raises(AdvisorError, match=re.escape(says)):
+        estimate("llama3-8b", "dgx-h100", **kw)

@@ -101,7 +101,7 @@ BAD_OPTIONS = [
       "8", "--no-sp", "--tp-overlap", "userbuffers", "--stack", "megatron-core"], ["--tp-overlap userbuffers", "without SP"]),
     (["export", "--format", "torchtitan", "--out", "-", "--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--tp",
       "8", "--no-sp", "--tp-overlap", "async", "--stack", "torchtitan"], ["--tp-overlap async", "without SP"]),
-    (["estimate", *E[1:], "--gpus", "2", "--global-batch", "3"], ["global batch 3 is not divisible by micro_batch x dp = 1 x 2 = 2"]),
+    (["estimate", *E[1:], "--gpus", "2", "--global-batch", "3"], ["global batch 3 is not divisible by micro_batch x dp = 1 x 2 = 2: give --global-batch a multiple of 2 (e.g. 4)"]),
     (["estimate", *E[1:], "--gpus", str(10**12)], ["--gpus must be at most 10,000,000"]),
     (["estimate", *E[1:], "--dp", str(10**12)], ["--dp must be at most 10,000,000"]),
     (["plan", *P[1:], "--gpus", str(10**12)], ["--gpus", "10,000,000"]),
