@@ -127,3 +127,12 @@ def largest_transformers_module(model, tp):
         out.append(weights)
     return functools.reduce(np.maximum, out)  # arrays over plans beside replicated linears' scalars
 
+
+def fused_targets(targets: set) -> str:
+    """Canonical LoRA targets (advisor.finetune) as a stack that adapts fused modules names them (megatron-core's
+    linear_qkv, linear_proj, linear_fc1 as gate with up, linear_fc2: engine.adapter_modules fused), for a user to paste:
+    all-linear -> qkv,o,gate,up,down; q,v (PEFT's default) -> qkv, with the modules not given named as wanted."""
+    fused = [f for f, parts in (("qkv", {"q", "k", "v", "qkv"}), ("o", {"o"}), ("gate,up", {"gate", "up", "gate_up"}),
+                                ("down", {"down"})) if targets & parts] or ["qkv"]
+    more = [m for m in ("o", "gate,up", "down") if m not in fused]
+    return ",".join(fused) + (f" (and {', '.join(more)} as wanted)" if more else "")

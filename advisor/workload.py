@@ -13,6 +13,7 @@ from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec, PositionKind
 from advisor import mtp
 from advisor.parallel import expert
+from advisor.peft_modules import fused_targets
 from advisor.precision import RecipeError, fp8_attention_choice
 from advisor.selective import recomputable
 from advisor.stack import Stack, StackError, StackTables, list_stacks, load_stack
@@ -305,9 +306,8 @@ def adapter_targets(stack, setup) -> None:
         return
     t = set(ft.target_set)
     if t & {"q", "k", "v"} or ("gate" in t) != ("up" in t) or "head" in t:
-        raise StackError(f"--lora-targets {ft.targets}: stack {stack.name}'s LoRA adapts whole fused modules (q, k and v "
-                         "as one qkv; gate with up) and not the head: use --lora-targets qkv (and o, gate,up, down as "
-                         "wanted), or --stack hf-trainer")
+        raise StackError(f"--lora-targets {ft.targets}: stack {stack.name}'s LoRA adapts whole fused modules (q, k and v as"
+                         f" one qkv; gate with up) and not the head: use --lora-targets {fused_targets(t)}, or --stack hf-trainer")
 
 
 def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:

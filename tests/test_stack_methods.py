@@ -5,6 +5,8 @@ one GPU in hf-trainer)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from advisor import estimate, plan
@@ -204,3 +206,15 @@ def test_the_optimizer_defaults_to_the_stacks_own(stack, optimizer):
         out = export("torchtitan-toml", load_model(model), load_hardware("dgx-h100"), default.plan, default.setup,
                      default.grad_accum, default.world_size, stack)
         assert 'implementation = "fused"' in out.text
+
+
+@pytest.mark.parametrize("targets, fused", [("all-linear", "qkv,o,gate,up,down, or"), ("q,v", "qkv (and o, gate,up, down"),
+                                            ("gate,down", "gate,up,down (and o as"), ("qkv,head", "qkv (and o,")])
+def test_megatron_cores_lora_refusal_names_the_fused_targets_of_those_given(targets, fused):
+    """'--lora-targets all-linear' was told 'use --lora-targets qkv (and o, gate,up, down as wanted)': the same modules
+    as the stack fuses them are named, and they run."""
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, tp=2, method="lora", stack="megatron-core")
+    with pytest.raises(AdvisorError, match=f"use --lora-targets {re.escape(fused)}") as err:
+        estimate(lora_targets=targets, **kw)
+    given = str(err.value).split("use --lora-targets ")[1].split(" ")[0].rstrip(",")
+    assert estimate(lora_targets=given, **kw).step_time_s > 0
