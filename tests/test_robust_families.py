@@ -86,6 +86,8 @@ BAD = [
     # the router's weighing and the share of a head RoPE rotates (no parameters; another model in an export)
     (_with(HUB_CONFIGS["deepseek-v3"], routed_scaling_factor=-2.5), ["'routed_scaling_factor' must be a positive factor"]),
     (_with(HUB_CONFIGS["deepseek-v3"], routed_scaling_factor="2.5"), ["'routed_scaling_factor' must be a finite number"]),
+    # transformers 5.23 modeling_deepseek_v3.py:212 multiplies moe_intermediate_size by it (v2 alike, :126): no default
+    (_with(HUB_CONFIGS["deepseek-v3"], n_shared_experts=None), ["'n_shared_experts' must be an integer, not null"]),
     (_with(HUB_CONFIGS["glm-4.5-air"], norm_topk_prob="true"), ["'norm_topk_prob' must be true or false"]),
     (_with(HUB_CONFIGS["glm-4.5-air"], partial_rotary_factor=0), ["'partial_rotary_factor' must be in (0, 1]"]),
     (_with(HUB_CONFIGS["gpt-neox-20b"], rotary_pct=1.5), ["'partial_rotary_factor' (or 'rotary_pct') must be in (0, 1]"]),

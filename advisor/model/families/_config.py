@@ -53,9 +53,13 @@ class Config:
     def _name(self, key: str) -> str:
         return repr(f"{self.prefix}{key}")
 
-    def int(self, *keys: str, default: Any = REQUIRED, minimum: int = 1) -> Any:
-        """An integer key (aliases after the first); absent or null: ``default``, or refused where required."""
+    def int(self, *keys: str, default: Any = REQUIRED, minimum: int = 1, null: bool = True) -> Any:
+        """An integer key (aliases after the first); absent or null: ``default``, or refused where required; a null
+        refused where the family's model code computes with the value as it is (``null`` False)."""
         key, value = self._lookup(keys)
+        if value is None and not null and any(k in self.raw for k in keys):
+            raise self.error(f"{self._name(keys[0])} must be an integer, not null (the {self.family} model multiplies by "
+                             "it): give a number, 0 for none")
         if value is None:
             if default is REQUIRED:
                 raise self.error(f"config.json lacks {self._name(keys[0])}, which a {self.family} model needs")

@@ -119,8 +119,8 @@ def _deepseek(c: Config, v3: bool) -> dict:
                          qk_rope_head_dim=c.int("qk_rope_head_dim", default=64, minimum=0),
                          v_head_dim=c.int("v_head_dim", default=128)),
              experts=dict(n_experts=c.int("n_routed_experts", default=256 if v3 else 64), experts_per_token=top_k,
-                          d_ff_expert=moe_ff, d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
-                          groups=groups, group_topk=group_topk, **_deepseek_router(c, v3)))
+                          d_ff_expert=moe_ff, groups=groups, group_topk=group_topk, **_deepseek_router(c, v3),
+                          d_ff_shared=moe_ff * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0, null=False)))
     c.int("num_key_value_heads", default=None)  # MLA expands keys and values for every head: no parameters
     c.int("head_dim", default=None)
     return _with_runs(d, [None] * n, [i < first for i in range(n)])
@@ -210,7 +210,7 @@ def glm4_moe(c: Config) -> dict:
     d.update(partial_rope(c, 0.5))  # Glm4MoeConfig's default half of each head, its two halves rotated
     groups = c.int("n_group", default=1)
     d["experts"] = _experts(c, c.int("n_routed_experts", default=128), 8, moe_ff,
-                            d_ff_shared=moe_ff * c.int("n_shared_experts", default=1, minimum=0), groups=groups,
+                            d_ff_shared=moe_ff * c.int("n_shared_experts", default=1, minimum=0, null=False), groups=groups,
                             group_topk=c.int("topk_group", default=1), **_sigmoid_router(c, 1.0, True))
     first = c.int("first_k_dense_replace", default=1, minimum=0)
     return _with_runs(d, [None] * n, [i < first for i in range(n)])
