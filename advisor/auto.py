@@ -154,7 +154,7 @@ def resolve_stack(name: Union[str, Path, Stack], model: ModelSpec, hw: Hardware,
         raise StackError(f"--stack auto costs {small.name} or {large.name}, and neither runs what was asked ({said}); "
                          + (f"--stack {' or '.join(others)} runs it" if others else
                             f"--stack {' or '.join(with_compile)} runs it with --compile model" if with_compile else
-                            "no stack profile runs it"))
+                            "no stack profile runs it as asked"))
     if not auto_runs(large, model):  # a decoder it cannot build (Falcon's parallel blocks) or its formats cannot write
         other = model_parallel_stack(model, setup) if plan is not None and model_parallel(plan.tp, plan.pp, plan.cp) else None
         if other is not None:  # BLOOM's TP/PP plans: Megatron-DeepSpeed

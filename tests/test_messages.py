@@ -194,3 +194,11 @@ def test_an_interleaving_or_a_batch_that_cannot_split_names_the_values_that_do(k
     batch that micro_batch x dp does not divide named no batch that it does."""
     with pytest.raises(AdvisorError, match=re.escape(says)):
         estimate("llama3-8b", "dgx-h100", **kw)
+
+
+def test_fp8_attention_under_bf16_names_the_recipe_that_runs_it_not_that_nothing_does():
+    """--fp8-attention under the default bf16-mixed: the refusal's fix is a recipe (megatron-core runs FP8 attention
+    under fp8-delayed), so it no longer closes with 'no stack profile runs it' (a user sweep found the contradiction)."""
+    with pytest.raises(AdvisorError, match=r"add --precision fp8-delayed or drop --fp8-attention\); no stack profile "
+                                           r"runs it as asked$"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, fp8_attention=True)
