@@ -203,8 +203,9 @@ def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = Non
         if (method := _adapters_fit(s, search)) is not None:
             tips.append(f"--method {method} (adapters on a frozen base) fits on {_gpus(s.world_size)}")
         if s.hardware.host is None:  # offload.violations refuse every offloaded plan without it
-            tips.append(f"no CPU offload was costed: profile {s.hardware.name} has no host: section (host memory, PCIe "
-                        "per GPU, CPU Adam rate), which ZeRO-Offload's and FSDP's offload plans need: `advisor "
+            # (the adapters' own activation and optimizer offload, --method auto's last rung, is costed without it)
+            tips.append(f"no ZeRO-Offload or FSDP offload was costed: profile {s.hardware.name} has no host: section "
+                        "(host memory, PCIe per GPU, CPU Adam rate), which those offload plans need: `advisor "
                         f"calibrate --host --base {s.hardware.name} --out FILE` on the machine measures one")
         bigger = [h for h in (load_hardware(p) for p in list_profiles()) if h.gpu.memory_bytes > s.hardware.gpu.memory_bytes]
         for h in sorted(bigger, key=lambda h: h.gpu.memory_bytes):

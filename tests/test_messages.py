@@ -27,7 +27,7 @@ def test_no_plan_fits_says_offload_was_not_costed_on_a_profile_without_a_host_si
     from advisor.suggest import suggest_fix
 
     found = plan("llama3-70b", "meta-grand-teton-h100", gpus=1)
-    assert not found.plans and "no CPU offload was costed: profile meta-grand-teton-h100 has no host: section" in suggest_fix(found)
+    assert not found.plans and "no ZeRO-Offload or FSDP offload was costed: profile meta-grand-teton-h100 has no host: section" in suggest_fix(found)
 
 
 def test_a_recipe_source_in_a_note_keeps_its_parentheses_whole():
