@@ -29,6 +29,7 @@ from advisor.model import ModelSpec
 from advisor.results import Estimate
 from advisor.stack import Stack, list_stacks, load_stack
 from advisor.training import TrainingSetup
+from advisor.units import fmt_count
 
 # Plans whose step times differ by less than this are a tie as far as the model can tell: the smallest step-time error
 # `advisor validate` reports for a whole training stack on measured runs is 5.2% MAPE (llm-foundry's published runs;
@@ -130,7 +131,7 @@ class PlanSearch:
                 f"{min(self.worlds):,}-{max(self.worlds):,} ({', '.join(f'{w:,}' for w in self.worlds)})")
         gb = f"global batch {self.global_batch}" + (f" (default: {self._default_batch_words()})" if self.global_batch_defaulted else "")
         seq = f"seq {self.seq_len}" + (" (default: the model's context length, at most 8192)" if self.seq_defaulted else "")
-        budget = f", budget {self.tokens:.3g} tokens" if self.tokens is not None else ""
+        budget = f", budget {fmt_count(self.tokens)} tokens" if self.tokens is not None else ""
         ft = self.setup.finetune
         method = "" if not ft.adapters else (
             f", {ft.method} r={ft.lora_rank} on {ft.targets}{' (DoRA)' if ft.dora else ''}, frozen base in "

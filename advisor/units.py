@@ -51,3 +51,11 @@ def fmt_duration(t: float) -> str:
         if t >= size:
             return f"{t / size:.1f} {unit}"
     return fmt_seconds(t)
+
+
+def fmt_count(n: float) -> str:
+    """A large count as --tokens takes it (powers of 1000): 1T, 300B, 2.5M; below a thousand, the number."""
+    for unit, size in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"

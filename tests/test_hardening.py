@@ -113,6 +113,7 @@ def test_objectives_over_a_range_of_gpu_counts_mean_different_things():
                                     "--objective", "cost", "--tokens", "1T", "--top", "1"]).stdout
     text = " ".join(text.split())
     assert "GPUs" in text and "train cost" in text and "USD per million tokens" in text
+    assert "budget 1T tokens" in text  # as --tokens takes it, not '1e+12'
 
 
 def test_a_range_must_be_whole_nodes(capsys):
