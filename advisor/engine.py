@@ -74,6 +74,8 @@ class Engine(Spec):
     clip_unscales: bool = Field(default=False, description="under fp16 the clip's scale multiply also divides out the "
         "loss scale (DeepSpeed's unscale_and_clip_grads), a multiply of the stepped gradients that stays without clipping: "
         "no unscale pass over every gradient of its own")
+    clip_unscales_zero: bool = Field(default=False, description="clip_unscales at the stages DeepSpeed's ZeRO optimizer "
+        "runs for the stack (zero_buffers.stages: the Trainer's ZeRO-1), where its other stages unscale apart")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(

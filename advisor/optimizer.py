@@ -60,19 +60,19 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any, zero: 
     eff = hw.efficiency.optimizer_bandwidth[w.optimizer.value]  # the profile validator guarantees every optimizer
     t = np.asarray(sharded_params, dtype=float) * 1.0 / (hw.gpu.memory_bandwidth_bytes_per_s * eff) * (
         per_param + np.where(master, MASTER_STEP_BYTES, 0.0))
-    if w.stack.engine.clip_grad_norm:  # at the element-wise rate, as the scaler's passes
-        e = w.stack.engine
+    e = w.stack.engine
+    # the stages DeepSpeed's ZeRO optimizer runs (the Trainer's ZeRO-1 alone: zero_buffers.stages), else every one
+    deepspeed = np.isin(zero, e.zero_buffers.stages) if e.zero_buffers is not None else np.asarray(zero) >= 1
+    if e.clip_grad_norm:  # at the element-wise rate, as the scaler's passes
         clipped = np.asarray(sharded_params if e.clip_grad_scope == "stepped" else params, dtype=float)
         per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
-        # the stages DeepSpeed's ZeRO optimizer runs (the Trainer's ZeRO-1 alone: zero_buffers.stages), else every one
-        deepspeed = np.isin(zero, e.zero_buffers.stages) if e.zero_buffers is not None else np.asarray(zero) >= 1
         per_clipped = np.where(deepspeed, e.clip_grad_bytes_zero or per_clipped, per_clipped)
         t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     if w.precision is Precision.fp16_mixed:  # the unscale: the clip's multiply where it folds in (clip_unscales)
-        folded = w.stack.engine.clip_unscales
-        scaler = GRAD_SCALER_BYTES - (UNSCALE_BYTES if folded else 0.0)
-        if folded and not w.stack.engine.clip_grad_norm:  # the multiply by 1 / loss_scale alone, on the stepped grads
-            t = t + np.asarray(sharded_params, dtype=float) * UNSCALE_BYTES / (
+        folded = e.clip_unscales | (deepspeed & e.clip_unscales_zero)
+        scaler = GRAD_SCALER_BYTES - np.where(folded, UNSCALE_BYTES, 0.0)
+        if not e.clip_grad_norm:  # the multiply by 1 / loss_scale alone, on the stepped grads, where it folds
+            t = t + np.where(folded, np.asarray(sharded_params, dtype=float), 0.0) * UNSCALE_BYTES / (
                 hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
         t = t + params * scaler / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     return t
