@@ -69,13 +69,11 @@ class Engine(Spec):
         "move per clipped parameter in every precision; None: advisor.optimizer CLIP_BYTES, three passes over the "
         "fp32 gradients (halved in pure bf16)")
     clip_grad_bytes_zero: Optional[float] = Field(default=None, ge=1, le=100, description="clip_grad_bytes where "
-        "DeepSpeed's ZeRO optimizers partition the optimizer (zero_buffers.stages where given, else stage >= 1: not "
-        "its stage-0 FP16_Optimizer); None: same")
+        "DeepSpeed's ZeRO optimizers run (zero_buffers.stages, else stage >= 1: not FP16_Optimizer); None: same")
     clip_unscales: bool = Field(default=False, description="under fp16 the clip's scale multiply also divides out the "
         "loss scale (DeepSpeed's unscale_and_clip_grads), a multiply of the stepped gradients that stays without clipping: "
         "no unscale pass over every gradient of its own")
-    clip_unscales_zero: bool = Field(default=False, description="clip_unscales at the stages DeepSpeed's ZeRO optimizer "
-        "runs for the stack (zero_buffers.stages: the Trainer's ZeRO-1), where its other stages unscale apart")
+    clip_unscales_zero: bool = Field(default=False, description="clip_unscales at zero_buffers.stages alone")
     zero_collectives: Literal["one_call", "per_unit"] = Field(
         description="ZeRO-2/3 gathers and reduce-scatters: one call per pass, or one per wrapped unit (FSDP)")
     zero3_overlap: Literal["prefetch", "forward", "per_submodule"] = Field(
