@@ -198,14 +198,32 @@ def fp8_attention_refusal(r: Optional[Recipe], asked: str, held: list, stack: st
     return None
 
 
-def fp8_attention_choice(stack, setup, hw=None) -> bool:
-    """Whether the setup runs FP8 attention (setup.fp8_attention), a RecipeError where the stack, the recipe or the
-    GPU (``hw``, when given) cannot run it."""
+def blackwell_only_attention(model) -> Optional[str]:
+    """What of the model's attention Transformer Engine 2.20.2 runs in FP8 on Blackwell (sm_100+) only, under every
+    recipe (None: nothing). FP8 training leaves FusedAttention alone: FlashAttention 2 and 3 are off for FP8 training
+    (attention/dot_product_attention/utils.py:722-731) and UnfusedDotProductAttention for FP8 attention (:738-745);
+    FusedAttention is then turned off "for softmax_type = learnable in FP8 on sm < 100 with cuDNN version < 9.21"
+    (:1225-1234; GPT-OSS's sinks, megatron-core's softmax_type learnable) and "as it does not support sliding window
+    attention for FP8 on sm < 100 with cuDNN version < 9.21" (:1443-1453; megatron-core 0.19.2 passes window_size to
+    every windowed layer whatever the sequence, extensions/transformer_engine.py:1892-1900, and softmax_type, :1918),
+    which leaves no backend: "No dot product attention backend is available" (dot_product_attention.py:2900)."""
+    what = [name for name, has in (("attention sinks", model.attention_sinks),
+                                   ("sliding-window layers", any(r.window for r in model.layer_runs))) if has]
+    return " and ".join(what) or None
+
+
+def fp8_attention_choice(stack, setup, hw=None, model=None) -> bool:
+    """Whether the setup runs FP8 attention (setup.fp8_attention), a RecipeError where the stack, the recipe, the
+    GPU (``hw``, when given) or, on that GPU, the model's attention (``model``, when given) cannot run it."""
     if setup.fp8_attention and setup.attention.value != "sdpa":
         raise RecipeError(f"--fp8-attention runs in the fused attention kernel: use --attention sdpa, not {setup.attention.value}")
-    if setup.fp8_attention and (why := fp8_attention_refusal(
-            setup.precision.recipe, setup.precision.value, stack.engine.fp8_attention, stack.name, hw.gpu.name if hw else "GPU",
-            hw is None or hw.gpu.block_scaling)):
+    args = (setup.precision.recipe, setup.precision.value, stack.engine.fp8_attention, stack.name,
+            hw.gpu.name if hw else "GPU")
+    if (setup.fp8_attention and hw is not None and model is not None and not hw.gpu.block_scaling
+            and (what := blackwell_only_attention(model)) and fp8_attention_refusal(*args, True) is None):
+        raise RecipeError(f"--fp8-attention: Transformer Engine runs {model.name}'s {what} in FP8 on Blackwell (sm_100+) "
+                          f"only, not the {args[-1]}: drop --fp8-attention")
+    if setup.fp8_attention and (why := fp8_attention_refusal(*args, hw is None or hw.gpu.block_scaling)):
         raise RecipeError(why)
     return setup.fp8_attention
 

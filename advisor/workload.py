@@ -96,7 +96,7 @@ class Workload:
         return cls(model, hw, stack, setup.seq_len, setup.precision, setup.attention, stack_setup(setup, stack).optimizer, layer,
                    softcapped(tables, model, setup.precision.activation_bytes), ft, setup.moe_capacity_factor,
                    setup.moe_imbalance, setup.recompute_modules, *moe_choices(stack, setup, hw),
-                   tp_overlap_choice(stack, setup, hw), setup.compile, setup.mtp_layers, fp8_attention_choice(stack, setup, hw))
+                   tp_overlap_choice(stack, setup, hw), setup.compile, setup.mtp_layers, fp8_attention_choice(stack, setup, hw, model))
 
     def fsdp_variant(self) -> Optional["Workload"]:
         """ZeRO-2/3's workload where the stack's FSDP gathers half parameters under mixed precision: the half tables."""

@@ -64,6 +64,23 @@ def test_where_fp8_attention_cannot_run_one_line(kw, says):
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("model, says", [
+    (dict(model="gpt-oss-120b", ep=8), "attention sinks and sliding-window layers"),
+    (dict(model="mistral-7b"), "sliding-window layers"),
+])
+def test_sinks_and_windows_take_fp8_attention_on_blackwell_only(model, says):
+    """Transformer Engine 2.20.2 trains FP8 attention in FusedAttention alone (FlashAttention off for FP8 training,
+    unfused off for FP8: attention/dot_product_attention/utils.py:722-745) and turns that off for learnable softmax
+    (:1225-1234) and sliding windows (:1443-1453) on sm < 100: no backend on an H100, which delayed scaling otherwise
+    runs (test_delayed_scaling_runs_it_on_hopper); a B200 runs it."""
+    kw = dict(gpus=8, precision="fp8-delayed", stack="megatron-core", seq=4096, fp8_attention=True, **model)
+    with pytest.raises(AdvisorError) as err:
+        estimate(hw="dgx-h100", **kw)
+    assert says in str(err.value) and "sm_100" in str(err.value) and "\n" not in str(err.value)
+    on, off = (estimate(hw="dgx-b200", **{**kw, "fp8_attention": f}) for f in (True, False))
+    assert on.step_time_s < off.step_time_s
+
+
 def test_delayed_scaling_runs_it_on_hopper():
     kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, precision="fp8-delayed", stack="megatron-core", seq=8192)
     assert estimate(**kw, fp8_attention=True).step_time_s < estimate(**kw).step_time_s
