@@ -82,6 +82,8 @@ CASES = {
     # SGD with momentum, costed with one state (advisor.optimizer): OptimizerConfig.optimizer "sgd" (default "adam")
     "moe-ep-sgd": ("qwen3-30b-a3b", "dgx-h100", 8, dict(dp=8, ep=8, zero=1),
                    dict(micro_batch=1, global_batch=64, seq_len=4096, optimizer="sgd")),
+    # GPT-OSS: learned sinks, biases on every linear, the experts' clamped quick-GELU GLU, YaRN, 128-key windows
+    "gpt-oss": ("gpt-oss-120b", "dgx-h100", 16, dict(dp=16, ep=8, zero=1), dict(micro_batch=1, global_batch=64, seq_len=4096)),
 }
 
 
@@ -193,7 +195,15 @@ def assert_matches(cfg: Container, case: str) -> None:
     assert (m.cpu_offloading, m.cpu_offloading_num_layers) == ((True, setup.recompute_layers) if r == "offload" else (False, 0))
     assert m.recompute_method == {"full": "uniform", "block": "block"}.get(r)
     assert m.recompute_num_layers == (setup.recompute_layers if r in ("full", "block") else None)
-    assert m.window_size == (None if model.name != "mistral-7b" else [4095, 0])  # the YAML's list, as OmegaConf gives it
+    # the YAML's list, as OmegaConf gives it: Mistral-7B's 4,096 keys, GPT-OSS's 128 (on every other layer)
+    assert m.window_size == {"mistral-7b": [4095, 0], "gpt-oss-120b": [127, 0]}.get(model.name)
+    # GPT-OSS as its own provider sets it (megatron-bridge 0.6.2 models/gpt_oss/gpt_oss_bridge.py: yarn, quick_gelu,
+    # glu_linear_offset 1, activation_func_clamp_value 7, softmax_type learnable, add_bias_linear)
+    oss = model.name == "gpt-oss-120b"
+    assert (m.softmax_type, m.glu_linear_offset, m.activation_func_clamp_value) == (
+        ("learnable", 1.0, 7.0) if oss else ("vanilla", 0.0, None))
+    assert m.add_bias_linear == oss and m.position_embedding_type == ("yarn" if oss else "rope")
+    assert m.activation_func == "quick_gelu" if oss else m.gated_linear_unit == (model.mlp.value == "swiglu")
     if plan.cp > 1:
         assert m.cp_comm_type == {"ring": "p2p", "all-gather": "all_gather", "ulysses": "a2a"}[plan.cp_comm.value]
     chunks = plan.pp * plan.virtual_stages

@@ -27,9 +27,10 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
-from advisor.export.megatron_shape import nope_pattern, rope_fields, router_fields, windows
+from advisor.export.megatron_shape import (every_linear_biased, glu_fields, nope_pattern, position_type, rope_fields,
+                                           router_fields, windows)
 from advisor.hardware import Hardware
-from advisor.model import MLPKind, ModelSpec, NormKind, PositionKind
+from advisor.model import MLPKind, ModelSpec, NormKind
 from advisor.stack import Stack
 from advisor.workload import moe_choices, tp_overlap_choice
 
@@ -173,16 +174,24 @@ def _model_shape(model: ModelSpec) -> dict:
     (models/conversion/model_bridge.py CONFIG_MAPPING, rope_theta_from_hf), YaRN's rope_scaling
     (YARN_ROPE_SCALING_MAPPING, MLA_ROPE_SCALING_MAPPING) and Llama 3.1's (models/llama/llama_bridge.py): the
     model's own recipe already carries them (the header asks for it)."""
+    quick = model.experts is not None and model.experts.quick_glu
     m = {"num_layers": model.n_layers, "hidden_size": model.d_model, "ffn_hidden_size": model.d_ff,
          "num_attention_heads": model.n_heads, "num_query_groups": model.kv_heads,
-         "gated_linear_unit": model.mlp is MLPKind.swiglu,
-         "activation_func": "silu" if model.mlp is MLPKind.swiglu else "gelu",
+         "gated_linear_unit": model.mlp is MLPKind.swiglu or quick,
+         # megatron-bridge 0.6.2 utils/activation_map.py ACTIVATION_FUNC_MAP: "silu", "gelu", "quick_gelu" (megatron-core
+         # fused_bias_geglu.quick_gelu, GPT-OSS's experts' x sigmoid(1.702 x), with glu_linear_offset 1 below)
+         "activation_func": "quick_gelu" if quick else "silu" if model.mlp is MLPKind.swiglu else "gelu",
          "normalization": "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
-         "position_embedding_type": "rope" if model.position is PositionKind.rotary else "learned_absolute",
-         "add_bias_linear": bool(model.linear_bias), "add_qkv_bias": bool(model.qkv_bias and not model.linear_bias),
+         # the recipe's own YaRN (e.g. GPT-OSS's provider: yarn, gpt_oss_bridge.py:65) kept, not overwritten by rope
+         "position_embedding_type": position_type(model),
+         "add_bias_linear": every_linear_biased(model),
+         "add_qkv_bias": bool(model.qkv_bias and not every_linear_biased(model)),
          "share_embeddings_and_output_weights": bool(model.tied_embeddings)}
     if model.head_dim is not None and model.head_dim * model.n_heads != model.d_model:
         m["kv_channels"] = model.head_dim
+    m.update(glu_fields(model))  # GPT-OSS's offset and clamp (megatron_shape.mlp_flags' fields)
+    if model.attention_sinks:  # a learned logit a head beside the keys (dot_product_attention.py:126)
+        m["softmax_type"] = "learnable"
     size, skip = windows(model)  # megatron_shape.windows
     if size is not None:
         m.update(window_size=list(size), **({} if skip is None else {"window_attn_skip_freq": skip}))

@@ -9,12 +9,8 @@ from __future__ import annotations
 from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind, RopeScaling
 
 MLA = "multi-head latent attention"
-SINKS = "attention sinks"
-QUICK_GLU = "experts' quick-GELU GLU with an offset"
-CLAMP = "a clamp on the experts' GLU input"
-# what Megatron-LM's flags write and Bridge's overrides (over a recipe whose provider sets its own activation and
-# softmax) are not written here for: MLA's fields, GPT-OSS's learned sinks and experts' activation
-FLAGS_ONLY = (MLA, SINKS, QUICK_GLU, CLAMP)
+# what Megatron-LM's flags write and Bridge's overrides do not: MLA's fields
+FLAGS_ONLY = (MLA,)
 
 
 def unwritten(model: ModelSpec) -> list[str]:
@@ -35,10 +31,8 @@ def unwritten(model: ModelSpec) -> list[str]:
              "biases on some linears only": (not model.linear_bias and (model.out_bias or model.mlp_bias)
                                              and not every_linear_biased(model)),
              "soft-capping": model.attn_softcap is not None or model.logit_softcap is not None,
-             SINKS: model.attention_sinks, "an LM-head bias": model.lm_head_bias,
+             "an LM-head bias": model.lm_head_bias,
              # --quick-geglu sets every MLP's activation (argument_utils.py:323-326): experts only where no layer is dense
-             QUICK_GLU: model.experts is not None and model.experts.quick_glu,
-             CLAMP: model.experts is not None and model.experts.act_clamp is not None,
              "a quick-GELU GLU on the experts beside dense SwiGLU layers": (
                  model.experts is not None and model.experts.quick_glu and any(r.dense for r in model.layer_runs)),
              # --qk-l2-norm puts megatron-core's L2Norm on every layer's q and k (gpt_layer_specs.py)
@@ -110,8 +104,8 @@ def router_flags(e: Experts) -> list:
 
 
 def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
-    """unwritten() for one Megatron format: Megatron-LM's flags write MLA, learned attention sinks and GPT-OSS's experts'
-    activation (model_shape), Bridge's overrides do not (FLAGS_ONLY)."""
+    """unwritten() for one Megatron format: Megatron-LM's flags write MLA (model_shape), Bridge's overrides do not
+    (FLAGS_ONLY)."""
     return [f for f in unwritten(model) if not (f in FLAGS_ONLY and fmt == "megatron")]
 
 
@@ -132,8 +126,7 @@ def model_shape(model: ModelSpec) -> list:
         a.append("--qk-layernorm")
     a += mlp_flags(model)
     a += ["--normalization", "RMSNorm" if model.norm is NormKind.rmsnorm else "LayerNorm",
-          "--position-embedding-type", "learned_absolute" if model.position is not PositionKind.rotary else
-          "yarn" if _yarn_flags(model) else "rope"]
+          "--position-embedding-type", position_type(model)]
     a += as_flags(rope_fields(model))
     if not every_linear_biased(model):
         a.append("--disable-bias-linear")
@@ -147,18 +140,30 @@ def model_shape(model: ModelSpec) -> list:
     return a
 
 
-def mlp_flags(model: ModelSpec) -> list:
-    """The MLP's activation: --swiglu (SiLU GLU), or GPT-OSS's experts' --quick-geglu with --glu-linear-offset 1
-    (experts.py:862-872: activation_func(x_glu) x (x_linear + glu_linear_offset)); a clamp on the GLU input as
-    --activation-func-clamp-value (the same lines: the gate half clamped above, the linear half both ways, as
-    GptOssExperts clamps them at swiglu_limit)."""
+def glu_fields(model: ModelSpec) -> dict:
+    """GPT-OSS's experts' GLU beyond its activation as TransformerConfig fields: glu_linear_offset 1 (experts.py:862-872:
+    activation_func(x_glu) x (x_linear + glu_linear_offset)) and a clamp on the GLU input, activation_func_clamp_value
+    (the same lines: the gate half clamped above, the linear half both ways, as GptOssExperts clamps them at
+    swiglu_limit); the defaults left out."""
     e = model.experts
-    a: list = []
-    if e is not None and e.quick_glu:
-        a += ["--quick-geglu", "--glu-linear-offset", 1.0]
-    elif model.mlp is MLPKind.swiglu:
-        a.append("--swiglu")
-    return a + ([] if e is None or e.act_clamp is None else ["--activation-func-clamp-value", e.act_clamp])
+    m: dict = {"glu_linear_offset": 1.0} if e is not None and e.quick_glu else {}
+    return {**m, **({} if e is None or e.act_clamp is None else {"activation_func_clamp_value": e.act_clamp})}
+
+
+def mlp_flags(model: ModelSpec) -> list:
+    """The MLP's activation: --swiglu (SiLU GLU), or GPT-OSS's experts' --quick-geglu (quick_gelu gated:
+    argument_utils.py:323-326), with glu_fields() as flags."""
+    e = model.experts
+    a: list = ["--quick-geglu"] if e is not None and e.quick_glu else ["--swiglu"] if model.mlp is MLPKind.swiglu else []
+    return a + as_flags(glu_fields(model))
+
+
+def position_type(model: ModelSpec) -> str:
+    """megatron-core's position_embedding_type: learned_absolute, rope, or yarn where a non-MLA model's YaRN has flags
+    (_yarn_flags; MLA's YaRN rides its own fields under rope)."""
+    if model.position is not PositionKind.rotary:
+        return "learned_absolute"
+    return "yarn" if _yarn_flags(model) else "rope"
 
 
 def windows(model: ModelSpec) -> tuple[tuple[int, int] | None, list[int] | None]:
