@@ -122,6 +122,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     unfused = routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
     # core_attn's checkpoint keeps the BF16 q, k, v and runs the core without saving: the table's selective entry
     fp8_core = fp8_core & (base is t.saved_layer)
+    if base is t.saved_selective:  # the core reruns: linear_proj's quantised copy of its output is the only one
+        less = quantised_inputs_saving(w, mesh.tp, sp, core_rerun=True)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  + np.where(fp8_core, core, 0.0)
                  + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0)
@@ -186,13 +188,16 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any 
                for k, n in sel.modules[m].frees.items()) + (clamp_kept if rerun else 0.0)
 
 
-def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
+def quantised_inputs_saving(w: Workload, tp: Any, sp: Any, core_rerun: bool = False) -> Any:
     """Bytes per token one layer saves less where its linears keep their inputs quantised for the wgrad GEMM
     instead of in BF16, on one TP rank: where the recipe does (advisor.precision ``saves_quantised_inputs``: NVFP4)
     or the stack's linears do under every recipe (its engine's ``quantised_inputs``: Transformer Engine). Each
     sub-module's input once (q/k/v and gate/up share theirs), a row-parallel input split over TP, a column-parallel
     one split only under sequence parallelism; a sub-module the stack keeps the half-precision input of saves nothing,
-    or keeps a quantised copy beside it. Spread over the layers as the BF16 edge layers are."""
+    or keeps a quantised copy beside it. Spread over the layers as the BF16 edge layers are. ``core_rerun``: the
+    attention core is checkpointed (core_attn), so no op saves its half-precision output: a quantised copy of it that
+    sat beside it (``original_not_under``) is then the only one (Transformer Engine 2.20.2 linear.py:693-717 keeps the
+    quantised input, not the original, where save_original_input is off, as it is under delayed scaling :395-422)."""
     r = w.precision.recipe
     qi = w.stack.engine.quantised_inputs
     if r is None or not (r.saves_quantised_inputs or qi is not None):
@@ -210,7 +215,7 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any) -> Any:
         seen.add(lin.module)
         split = (lin.split.value == "row") | ((lin.split.value == "column") & np.asarray(sp, dtype=bool))
         elements = lin.n_in / np.where(split, tp, 1.0)
-        if lin.module in original:
+        if lin.module in original and not (extra_copy and core_rerun):
             saving = saving - (r.stored_bytes * elements if extra_copy else 0.0)
         else:
             saving = saving + (w.act_bytes - r.stored_bytes) * elements

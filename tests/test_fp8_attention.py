@@ -186,3 +186,25 @@ def test_under_fp8_attention_mla_up_proj_frees_no_bf16_q_k_v():
                               16896.0), (dict(recompute="selective", recompute_modules="core_attn,mla_up_proj"), 0.0)):
         on, off = (estimate(**kw, **policy, fp8_attention=f).memory.parts["activations"] for f in (True, False))
         assert on - off == pytest.approx(27 * 4096 * per_token, rel=1e-9), policy
+
+
+@pytest.mark.parametrize("fp8_attention, sel_minus_none", [
+    # Llama 3 8B, one GPU, 32 layers x 8192 tokens, Q 4096 + K 1024 + V 1024 = 6144 elements a token, O 4096. Under
+    # delayed scaling megatron-core does not set_save_original_input on linear_proj (0.19.2 attention.py:428-443), so
+    # Transformer Engine 2.20.2's Linear saves its FP8 copy of O and not the BF16 one (linear.py:395-422, 693-717). With
+    # core_attn rerun no op saves the BF16 O (the checkpoint keeps its inputs q, k, v): O is 1 B, not 2 B + its copy,
+    # 2 B a element less than no recomputation (which keeps the BF16 O for the core's backward beside the copy)
+    (False, -2.0 * 4096),
+    # FP8 attention: no recomputation keeps the core's FP8 Q, K, V and O and linear_proj's FP8 O (1 + 1 B); core_attn
+    # keeps the checkpoint's BF16 q, k, v (+1 B an element) and linear_proj's FP8 O alone (-1 B): selective keeps
+    # more than none here, as Transformer Engine does
+    (True, 6144.0 - 4096.0)])
+def test_core_attn_recompute_under_delayed_scaling_keeps_linear_proj_fp8_copy_alone(fp8_attention, sel_minus_none):
+    kw = dict(model="llama3-8b", hw="dgx-h100", tp=1, dp=1, micro_batch=1, grad_accum=1, seq=8192,
+              precision="fp8-delayed", stack="megatron-core", fp8_attention=fp8_attention)
+    none, sel = (estimate(**kw, recompute=r).memory.parts["activations"] for r in ("none", "selective"))
+    assert sel - none == pytest.approx(32 * 8192 * sel_minus_none, rel=1e-9)
+    # current scaling keeps the BF16 O itself (set_save_original_input): core_attn changes nothing
+    kw.update(precision="fp8-tensorwise", fp8_attention=False)
+    none, sel = (estimate(**kw, recompute=r).memory.parts["activations"] for r in ("none", "selective"))
+    assert sel == pytest.approx(none, rel=1e-12)
