@@ -75,6 +75,8 @@ def _ep_pick(w: Workload, c: Candidates, mesh: Mesh, one) -> str:
     """The experts' collectives as advisor.parallel.expert.time costs them under comm/ep_alltoall: EP's dispatch and
     combine; without EP, experts split over etp > 1 ranks gather their tokens and reduce-scatter their outputs (an
     all-reduce as a dense TP MLP's without SP), which were costed there and not shown. "" where neither runs."""
+    if not w.model.routed:  # a dense model: its TP ranks' etp (Candidates: tp by default) splits no experts
+        return ""
     hw, ep, etp = w.hw, one(mesh.ep), one(mesh.etp)
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # a rank's own tokens, as step.py costs them
     if ep <= 1:

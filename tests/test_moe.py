@@ -694,3 +694,12 @@ def test_experts_split_by_tp_without_ep_say_what_comm_ep_alltoall_holds():
     with_ep = estimate("qwen3-30b-a3b", "dgx-h100", gpus=8, tp=2, ep=4, zero=1, global_batch=64, seq=4096,
                        stack="megatron-core")
     assert with_ep.collectives["ep"].startswith("all-to-all of 64.00 MiB over 4 GPUs")  # EP's own row unchanged
+
+
+def test_a_dense_model_under_tp_names_no_expert_collectives():
+    """Candidates gives etp = tp by default, experts or not (advisor.candidates): Llama 3 8B at TP 2 in megatron-core
+    listed an "ep" row, 'all-gather of 64.00 MiB over 2 GPUs ... (no EP: the experts split over 2 ranks, each MoE
+    layer)', for a model without experts, and comm/ep_alltoall costs 0 there."""
+    e = estimate("llama3-8b", "dgx-h100", gpus=8, tp=2, pp=2, global_batch=64, stack="megatron-core")
+    assert e.breakdown["comm/ep_alltoall"] == 0.0
+    assert set(e.collectives) == {"tp", "dp_grad", "pp_p2p"}, e.collectives
