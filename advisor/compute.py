@@ -218,6 +218,16 @@ def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any
             for lin in layer.linears}
 
 
+def first_cast_time(w: Workload, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0, share: Any = 1.0) -> Any:
+    """GPU seconds one layer (the model's mean) adds to a step's first micro-batch quantising its weights beyond the
+    ``share`` of one cast that layer_times gives every micro-batch (weight_cast_share): 0 where each one casts."""
+    if w.precision.recipe is None or not np.any(np.asarray(share) < 1.0):
+        return 0.0
+    once = lambda k: sum(a[2] - b[2] for a, b in zip(layer_passes(w, k, tokens, tp, ep, etp, 1.0).values(),  # noqa: E731
+                                                     layer_passes(w, k, tokens, tp, ep, etp, 0.0).values()))
+    return (1.0 - share) * sum(k.count * once(k) for k in w.model.layers) / w.model.n_layers
+
+
 def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0) -> dict[str, Any]:
     """Forward GPU seconds of each linear of ``layer`` on one GPU; routed experts as advisor.parallel.expert costs them."""
     return {name: p[0] for name, p in layer_passes(w, layer, tokens, tp, ep, etp).items()}

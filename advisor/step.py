@@ -205,8 +205,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     # the busiest pipeline rank's layers (or the ``rank`` asked), and whether it holds the head and the embedding
     layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,
                                                           head.fwd_s + head.bwd_s, rank, w.mtp_layers)
-    # each linear's forward GEMM seconds, where the TP overlap (advisor.parallel.tensor) or the experts' all-to-alls pair
-    # collectives with them
+    # each linear's forward GEMM seconds, where the TP overlap (parallel.tensor) or the all-to-alls pair collectives with them
     gemms = (compute.layer_gemms(w, w.layer, tokens, mesh.tp, mesh.ep, mesh.etp)
              if w.tp_overlap != "none" or w.layer.routed or w.stack.engine.tp_backward_overlap else None)
     tp = tensor.time(w, c, mesh, tokens, layers, gemms)
@@ -254,6 +253,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
         off_f, off_b = adapters.activation_offload_exposed(w, kept * tokens * layers, layers * lt.fwd_s,
                                                            layers * (lt.bwd_s + lt.recompute_s))
+    first_cast = layers * compute.first_cast_time(w, tokens, mesh.tp, mesh.ep, mesh.etp, casts)  # the fill's (pipeline)
     cast = states.trained if half_base(w.finetune, w.precision, w.stack) else states.params  # a half base is not re-cast
     # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
     stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params
@@ -263,7 +263,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
         comm_tp=ga * (tp.layers_s + tp.head_s), host_overhead=ga * windows.idle_s,
         comm_pp_p2p=ga * p2p + pipeline.tied_sync_time(w, c, mesh, states.reduce_bytes),
         pipeline_bubble=pipeline.bubble_time(w.model, c, mesh, layers, body, layers * lt.fwd_s, layers * lt.bwd_s,
-                                             layers * lt.recompute_s),
+                                             layers * lt.recompute_s, first_cast),
         comm_dp_grad=dpt.grad_s, comm_zero_params=dpt.zero_params_s, comm_dataparallel=dpt.dataparallel_s,
         optimizer=(adapters.offloaded_step_time(w, states, mesh.dp_shard) if w.finetune.offloads_optimizer else
                    np.where(on_cpu, 0.0, optimizer.step_time(w, states.trained, stepped, states.master, c.zero))),

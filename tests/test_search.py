@@ -433,10 +433,13 @@ def test_vs_best_is_said_in_the_objectives_terms_over_gpu_counts():
     from advisor.search import plan
 
     res = plan("kimi-k2", "gb300-nvl72", gpus="128:512", global_batch=4096, seq=4096, precision="mxfp8",
-               objective="throughput", top=3)
-    first, second = (r.estimate for r in res.plans[:2])
+               objective="throughput", top=5)
+    # the best plan on another GPU count (since a pipeline's fill pays the first micro-batch's FP8 weight casts in
+    # full, the 128-GPU PP 8 plan ranks third, behind two 256-GPU ones)
+    first = res.plans[0].estimate
+    at, second = next((i, r.estimate) for i, r in enumerate(res.plans) if r.estimate.world_size != first.world_size)
     per_gpu = [e.tokens_per_s / e.world_size for e in (first, second)]
-    assert first.world_size != second.world_size and per_gpu[0] >= per_gpu[1]
-    said = float(res.plans[1].reason.split("% vs best")[0].rsplit("+", 1)[1])
+    assert per_gpu[0] >= per_gpu[1]
+    said = float(res.plans[at].reason.split("% vs best")[0].rsplit("+", 1)[1])
     assert said == pytest.approx(100 * (per_gpu[0] / per_gpu[1] - 1), abs=0.06)  # printed to 0.1%
     assert said < 100 * (second.step_time_s / first.step_time_s - 1) - 50  # not the step times' ratio

@@ -277,14 +277,17 @@ def bubble_fraction(mesh: Mesh) -> Any:
 
 
 def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s: Any, fwd_s: Any, bwd_s: Any,
-                recompute_s: Any) -> Any:
+                recompute_s: Any, first_cast_s: Any = 0.0) -> Any:
     """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their
     collectives and send/recv); ``fwd_s``, ``bwd_s``, ``recompute_s``: its layers' compute, which the zero-bubble
-    formulas split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring)."""
+    formulas split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring); ``first_cast_s``: what
+    the first micro-batch's forward adds to the body there where the weights are quantised once a step and the body
+    holds a micro-batch's share of it (Transformer Engine's is_first_microbatch: every stage the fill passes casts in
+    full before it sends the first micro-batch on, however many follow)."""
     # fill and drain pass through the other ranks' layers, L - layers of them: pp - 1 busiest stages where pp divides
     # the layers, fewer where the other ranks hold fewer (the uneven split's ends, a short last rank)
     others = model.n_layers / np.maximum(layers, 1.0) - 1.0
-    classic = np.where(mesh.pp > 1, others / mesh.v, 0.0) * body_s
+    classic = np.where(mesh.pp > 1, others / mesh.v, 0.0) * (body_s + first_cast_s)
     sched = np.asarray(c.schedule)
     zb = (sched == ZB_H1) | (sched == ZB_V) | (sched == DUALPIPE_V)
     if not np.any(zb & (mesh.pp > 1)):
@@ -296,7 +299,7 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
 
     work = np.maximum(at(fwd_s) + at(bwd_s) + at(recompute_s), 1e-30)
     scale = at(body_s) / work  # the body's collectives and send/recv stretch F, B and W alike
-    f, b, w_ = at(fwd_s) * scale, (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
+    f, b, w_ = at(fwd_s) * scale + at(first_cast_s), (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
     pp, s_on = at(mesh.pp), at(sched)
     h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
     zbv = (pp - 1.0) * np.maximum(f + b - 2.0 * w_, 0.0) / 2.0  # ZB-V: (p - 1)(F + B - 2W) of one of two chunks
