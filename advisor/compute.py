@@ -69,7 +69,7 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Opt
     QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients. ``shape``: (FLOPs, n, k,
     kernels) where another module shapes the GEMM (routed experts: advisor.parallel.expert.gemm_shape), with
     ``weights`` weight matrices of n x k to cast; ``weight_casts``: the share of micro-batches that cast them
-    (weight_cast_share)."""
+    (advisor.weight_casts share)."""
     hw, r = w.hw, w.precision.recipe
     wg = finetune.weight_grad_share(w)
     if shape is None:
@@ -195,19 +195,6 @@ class LayerTimes:
     recompute_s: Any
 
 
-def weight_cast_share(w: Workload, zero: Any, grad_accum: Any) -> Any:
-    """The share of a step's micro-batches that quantise the weights (advisor.engine ``weight_casts``): all of them,
-    or one in ``grad_accum`` where the stack casts once a step. Transformer Engine keeps the quantised copy from the
-    first micro-batch (megatron-core extensions/transformer_engine.py passes is_first_microbatch, which
-    pipeline_parallel/schedules.py resets once a step), except under ZeRO-3, which frees the gathered weight after
-    use, unless the weights are held quantised (low_precision_params: the optimizer step makes the copy)."""
-    eng = w.stack.engine
-    if w.precision.recipe is None or eng.weight_casts == "per_micro_batch":
-        return 1.0
-    once = (np.asarray(zero) < 3) | eng.low_precision_params
-    return np.where(once, 1.0 / np.asarray(grad_accum, dtype=float), 1.0)
-
-
 def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0,
                  etp: Any = 1.0, weight_casts: Any = 1.0) -> dict[str, tuple[Any, Any, Any]]:
     """(forward, backward, forward casts) GPU seconds of each linear of ``layer`` on one GPU (linear_pass_times);
@@ -220,7 +207,7 @@ def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any
 
 def first_cast_time(w: Workload, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0, share: Any = 1.0) -> Any:
     """GPU seconds one layer (the model's mean) adds to a step's first micro-batch quantising its weights beyond the
-    ``share`` of one cast that layer_times gives every micro-batch (weight_cast_share): 0 where each one casts."""
+    ``share`` of one cast that layer_times gives every micro-batch (advisor.weight_casts share): 0 where each one casts."""
     if w.precision.recipe is None or not np.any(np.asarray(share) < 1.0):
         return 0.0
     once = lambda k: sum(a[2] - b[2] for a, b in zip(layer_passes(w, k, tokens, tp, ep, etp, 1.0).values(),  # noqa: E731
@@ -234,9 +221,10 @@ def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any 
 
 
 def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: Any = 1.0, etp: Any = 1.0,
-                weight_casts: Any = 1.0) -> LayerTimes:
+                weight_casts: Any = 1.0, rerun_casts: Any = None) -> LayerTimes:
     """One layer's GPU seconds for one micro-batch of ``tokens`` tokens on one GPU, a step's mean where the weights
-    are quantised once a step (``weight_casts``: weight_cast_share)."""
+    are quantised once a step (``weight_casts``: advisor.weight_casts share); a recomputed forward casts
+    ``rerun_casts`` of them (rerun_share; None: as the forward)."""
     hw = w.hw
     passes = layer_passes(w, w.layer, tokens, tp, ep, etp, weight_casts)
     gemms = {name: p[0] for name, p in passes.items()}
@@ -266,7 +254,9 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
     if any(op in POINTWISE for op in ops):  # the pointwise ops a sub-module recomputation names apart
         parts.update({op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp, ep).items()})
     selective = selected(parts, ops, w.layer)
-    rc = rerun(as_mix(recompute, w.model.n_layers), fwd, selective)  # advisor.recompute: the policy's share
+    # a rerun forward casts the weights as the stack's cache lets it: fwd less the casts it does not repeat
+    cached = 0.0 if rerun_casts is None else (weight_casts - rerun_casts) * first_cast_time(w, tokens, tp, ep, etp, 0.0)
+    rc = rerun(as_mix(recompute, w.model.n_layers), fwd - cached, selective)  # advisor.recompute: the policy's share
     return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
 
 

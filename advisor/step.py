@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor import adapters, compute, host, mtp, optimizer
+from advisor import adapters, compute, host, mtp, optimizer, weight_casts
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
@@ -198,9 +198,9 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     tokens = c.micro_batch.astype(float) * w.seq_len / mesh.cp  # one rank's share of a micro-batch
     mem_layers = _held_layers(w, c, mesh, rank)
     pol = policy_mix(w, c, mesh, mem_layers)
-    casts = compute.weight_cast_share(w, c.zero, ga)
-    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts), tokens, pol,
-                                mesh.tp)
+    casts = weight_casts.share(w, c.zero, ga)
+    lt = adapters.with_adapters(w, compute.layer_times(w, tokens, mesh.tp, c.sp, pol, mesh.ep, mesh.etp, casts,
+                                                       weight_casts.rerun_share(w, c.zero)), tokens, pol, mesh.tp)
     head = compute.head_times(w, tokens, mesh.tp)
     # the busiest pipeline rank's layers (or the ``rank`` asked), and whether it holds the head and the embedding
     layers, on_head, on_embedding = pipeline.stage_layers(w.model, c, mesh, lt.fwd_s + lt.bwd_s + lt.recompute_s,

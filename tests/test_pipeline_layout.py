@@ -80,7 +80,7 @@ def test_rank_0_holds_what_megatron_schedules_and_never_more_than_every_micro_ba
 
 def test_a_step_s_first_micro_batch_casts_the_weights_in_full_on_every_stage_the_fill_passes():
     """Transformer Engine quantises the weights once a step, on the first micro-batch (megatron-core passes
-    is_first_microbatch; compute.weight_cast_share), and every stage the pipeline's fill passes runs that first
+    is_first_microbatch; advisor.weight_casts share), and every stage the pipeline's fill passes runs that first
     micro-batch, its full cast included, before it sends it on: the fill does not shrink with more micro-batches.
     DeepSeek-V3 in FP8 on 32 GB200s, pp 4 x dp 8 without EP (every expert's weights on each rank: 0.116 s of casts
     a step on its 16-layer rank, 2 F(1) - F(2) of the forward below): the bubble was (pp - 1) / m of that, so one
