@@ -212,7 +212,7 @@ NOT_YET_MET = {  # goal -> what the model measured when the mark was set (2026-1
     # give, costed as 1F1B with a 27% bubble (-32%) where that layout ran at VP 5 in the releases either side: 80% of 70
     # 2026-12-01 (21): Transformer Engine's fused cross-entropy, which the perf recipes run (perf_recipes/_common.py:68):
     # 80% -> 81.4% (MAPE 6.2% -> 6.0%; NVFP4's bias -8% -> -6%, MXFP8's +5% -> +7%)
-    "bridge tokens/s within 10 %": "81% of 70 rows compared (MAPE 6.0%, max 18%; FP8 5%, MXFP8 7%, NVFP4 7% biased "
+    "bridge tokens/s within 10 %": "81% of 70 rows compared (MAPE 5.9%, max 18%; FP8 5%, MXFP8 7%, NVFP4 7% biased "
                                    "slow, the NVFP4 405B rows on GB200 -10..-18%; recomputation is the least that fits)",
     # 2026-11-25, issue 22: with litgpt's blocks counted from its source (stack_profiles/litgpt.yaml) every row is under:
     # FSDP rows (Fabric's full-state-dict load peak) -1..-11%, PEFT bloomz +7%, single-GPU LoRA -7..-28% and QLoRA
