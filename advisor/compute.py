@@ -193,6 +193,9 @@ class LayerTimes:
     fwd_s: Any
     bwd_s: Any
     recompute_s: Any
+    # one whole cast of the layer's weights (weight_cast_time): what a step's first micro-batch pays beyond the share
+    # every micro-batch carries (advisor.weight_casts), as the pipeline's fill sees it
+    weight_cast_s: Any = 0.0
 
 
 def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0,
@@ -205,14 +208,13 @@ def layer_passes(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any
             for lin in layer.linears}
 
 
-def first_cast_time(w: Workload, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0, share: Any = 1.0) -> Any:
-    """GPU seconds one layer (the model's mean) adds to a step's first micro-batch quantising its weights beyond the
-    ``share`` of one cast that layer_times gives every micro-batch (advisor.weight_casts share): 0 where each one casts."""
-    if w.precision.recipe is None or not np.any(np.asarray(share) < 1.0):
+def weight_cast_time(w: Workload, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0) -> Any:
+    """GPU seconds one layer (the model's mean) takes to quantise all its weights once (0 without a recipe)."""
+    if w.precision.recipe is None:
         return 0.0
     once = lambda k: sum(a[2] - b[2] for a, b in zip(layer_passes(w, k, tokens, tp, ep, etp, 1.0).values(),  # noqa: E731
                                                      layer_passes(w, k, tokens, tp, ep, etp, 0.0).values()))
-    return (1.0 - share) * sum(k.count * once(k) for k in w.model.layers) / w.model.n_layers
+    return sum(k.count * once(k) for k in w.model.layers) / w.model.n_layers
 
 
 def layer_gemms(w: Workload, layer: DecoderLayer, tokens: Any, tp: Any, ep: Any = 1.0, etp: Any = 1.0) -> dict[str, Any]:
@@ -255,9 +257,10 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
         parts.update({op: mem_time(hw, b * tokens) for op, b in pointwise_bytes(w, tp, sp, ep).items()})
     selective = selected(parts, ops, w.layer)
     # a rerun forward casts the weights as the stack's cache lets it: fwd less the casts it does not repeat
-    cached = 0.0 if rerun_casts is None else (weight_casts - rerun_casts) * first_cast_time(w, tokens, tp, ep, etp, 0.0)
+    cast = weight_cast_time(w, tokens, tp, ep, etp)
+    cached = 0.0 if rerun_casts is None else (weight_casts - rerun_casts) * cast
     rc = rerun(as_mix(recompute, w.model.n_layers), fwd - cached, selective)  # advisor.recompute: the policy's share
-    return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc)
+    return LayerTimes(gemm_fwd, attn_fwd, ew_fwd, fwd, bwd, rc, cast)
 
 
 POINTWISE = ("norms", "mlp/act", "attention/latent")  # pointwise_bytes' ops

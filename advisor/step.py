@@ -253,7 +253,7 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
         off_f, off_b = adapters.activation_offload_exposed(w, kept * tokens * layers, layers * lt.fwd_s,
                                                            layers * (lt.bwd_s + lt.recompute_s))
-    first_cast = layers * compute.first_cast_time(w, tokens, mesh.tp, mesh.ep, mesh.etp, casts)  # the fill's (pipeline)
+    first_cast = layers * (1.0 - casts) * lt.weight_cast_s  # the step's first micro-batch's casts (the fill's: pipeline)
     cast = states.trained if half_base(w.finetune, w.precision, w.stack) else states.params  # a half base is not re-cast
     # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
     stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params

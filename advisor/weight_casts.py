@@ -1,6 +1,6 @@
 """When a low-precision recipe's weights are quantised (advisor.engine ``weight_casts``): the share of a step's
 micro-batches that cast them, and the share a recomputed forward casts again (advisor.compute layer_times,
-first_cast_time). Transformer Engine keeps the quantised copy from a step's first micro-batch: megatron-core passes
+weight_cast_time). Transformer Engine keeps the quantised copy from a step's first micro-batch: megatron-core passes
 is_first_microbatch (extensions/transformer_engine.py:1082-1089: True on the step's first forward, False after it,
 reset once a step by pipeline_parallel/schedules.py), so later micro-batches and every recomputed forward, which runs
 after its own forward, use the copy; except under ZeRO-3, which frees the gathered weight after use, unless the weights
