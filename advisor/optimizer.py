@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from advisor.compute import mem_time
 from advisor.training import Optimizer, Precision
 from advisor.workload import Workload
 
@@ -67,14 +68,13 @@ def step_time(w: Workload, params: Any, sharded_params: Any, master: Any, zero: 
         clipped = np.asarray(sharded_params if e.clip_grad_scope == "stepped" else params, dtype=float)
         per_clipped = e.clip_grad_bytes or CLIP_BYTES / (2.0 if w.precision is Precision.bf16 else 1.0)
         per_clipped = np.where(deepspeed, e.clip_grad_bytes_zero or per_clipped, per_clipped)
-        t = t + clipped * per_clipped / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+        t = t + mem_time(hw, clipped * per_clipped)
     if w.precision is Precision.fp16_mixed:  # the unscale: the clip's multiply where it folds in (clip_unscales)
         folded = e.clip_unscales | (deepspeed & e.clip_unscales_zero)
         scaler = GRAD_SCALER_BYTES - np.where(folded, UNSCALE_BYTES, 0.0)
         if not e.clip_grad_norm:  # the multiply by 1 / loss_scale alone, on the stepped grads, where it folds
-            t = t + np.where(folded, np.asarray(sharded_params, dtype=float), 0.0) * UNSCALE_BYTES / (
-                hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
-        t = t + params * scaler / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+            t = t + mem_time(hw, np.where(folded, np.asarray(sharded_params, dtype=float), 0.0) * UNSCALE_BYTES)
+        t = t + mem_time(hw, params * scaler)
     return t
 
 
@@ -107,5 +107,4 @@ def autocast_weights(w: Workload, master: Any) -> Any:
 def autocast_cast_time(w: Workload, params: Any, master: Any, grad_accum: Any) -> Any:
     """Seconds per step autocast spends re-casting the weights, once per micro-batch's forward."""
     hw = w.hw
-    return autocast_weights(w, master) * grad_accum * params * AUTOCAST_CAST_BYTES / (
-        hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+    return mem_time(hw, autocast_weights(w, master) * grad_accum * params * AUTOCAST_CAST_BYTES)

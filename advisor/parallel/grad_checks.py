@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from advisor.compute import mem_time
 from advisor.parallel.overlap import bucket_bytes
 
 SYNCS_PER_BUCKET = 2.0  # validate_result for isnan, then for isinf (param_and_grad_buffer.py:348-363)
@@ -35,5 +36,5 @@ def nan_check_seconds(w: Any, mesh: Any, states: Any, zero: Any) -> Any:
     size = states.dp_params * states.reduce_bytes  # the buffer's dtype: fp32 main gradients or the parameters'
     buckets = 1.0 if eng.gradient_reduction == "one_call" else np.maximum(np.ceil(size / bucket_bytes(
         w, mesh.dp, states.reduce_bytes)), 1.0)
-    read = size / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
+    read = mem_time(hw, size)
     return np.where(on, read + SYNCS_PER_BUCKET * buckets * op_costs(w)[0], 0.0)
