@@ -24,7 +24,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
-from advisor.export.megatron_shape import FLAGS_ONLY, constant_flags, model_shape, router_flags, unwritten_by
+from advisor.export.megatron_shape import MLA, constant_flags, model_shape, router_flags, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec, PositionKind
@@ -44,7 +44,7 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
         raise ExportError(f"seq_len={setup.seq_len} exceeds {model.name}'s {model.max_positions} learned positions")
     missing = unwritten_by(model, "megatron" if product == "Megatron-LM" else "megatron-bridge")
     if missing:
-        hint = "megatron" if set(missing) <= set(FLAGS_ONLY) else "accelerate or torchrun (--stack hf-trainer)"
+        hint = "megatron" if missing == [MLA] else "accelerate or torchrun (--stack hf-trainer)"
         raise ExportError(f"{model.name} has {', '.join(missing)}, which the {product} {writes} advisor writes do not "
                           f"describe: use --format {hint}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):

@@ -9,8 +9,6 @@ from __future__ import annotations
 from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind, RopeScaling
 
 MLA = "multi-head latent attention"
-# what Megatron-LM's flags write and Bridge's overrides do not: MLA's fields
-FLAGS_ONLY = (MLA,)
 
 
 def unwritten(model: ModelSpec) -> list[str]:
@@ -104,9 +102,8 @@ def router_flags(e: Experts) -> list:
 
 
 def unwritten_by(model: ModelSpec, fmt: str) -> list[str]:
-    """unwritten() for one Megatron format: Megatron-LM's flags write MLA (model_shape), Bridge's overrides do not
-    (FLAGS_ONLY)."""
-    return [f for f in unwritten(model) if not (f in FLAGS_ONLY and fmt == "megatron")]
+    """unwritten() for one Megatron format: Megatron-LM's flags write MLA (model_shape), Bridge's overrides do not."""
+    return [f for f in unwritten(model) if not (f == MLA and fmt == "megatron")]
 
 
 def model_shape(model: ModelSpec) -> list:
