@@ -27,8 +27,9 @@ import numpy as np
 from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
 from advisor.model.spec import PositionKind, QKNorm
-from advisor.parallel import context, expert, in_flight, no_sync
+from advisor.parallel import context, expert, no_sync
 from advisor.parallel.data import ModelStates
+from advisor.parallel.in_flight import in_flight_layers
 from advisor.precision import fp8_attention_saved
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
@@ -226,7 +227,7 @@ def quantised_inputs_saving(w: Workload, tp: Any, sp: Any, core_rerun: bool = Fa
 def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, tokens: Any, layers: Any,
               m: Optional[Mix] = None, in_flight: Any = None,
               saved: Optional[tuple[Any, Any]] = None) -> tuple[MemoryBreakdown, Overhead]:
-    """The memory parts of each plan (``m``, ``in_flight``, ``saved``: its policy_mix, in_flight.in_flight_layers and
+    """The memory parts of each plan (``m``, ``in_flight``, ``saved``: its policy_mix, in_flight_layers and
     saved_per_token under ``m``, where the caller has them already)."""
     t, pp = w.tables, mesh.pp
     m = policy_mix(w, c, mesh, layers) if m is None else m
@@ -235,7 +236,7 @@ def breakdown(w: Workload, c: Candidates, mesh: Mesh, states: ModelStates, token
     if w.eager:  # one b x s x s causal mask for the whole model, where the stack builds one
         outside = outside + t.attention_mask * c.micro_batch * w.seq_len ** 2
     if in_flight is None:
-        in_flight = in_flight.in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split, w.mtp_layers)
+        in_flight = in_flight_layers(w.model.n_layers, pp, mesh.v, c.schedule, c.grad_accum, c.pp_split, w.mtp_layers)
     if w.finetune.offloads_activations:  # the layer running and the one being copied stay; the rest wait on the CPU
         in_flight = np.minimum(in_flight, OFFLOAD_LAYERS_ON_GPU)
     first = kept * tokens * in_flight + outside  # the first stage holds the most micro-batches

@@ -37,7 +37,8 @@ from advisor import adapters, compute, host, mtp, optimizer, weight_casts
 from advisor.candidates import Candidates, Mesh
 from advisor.finetune import half_base
 from advisor.memory import MemoryBreakdown, Overhead, breakdown, policy_mix, saved_per_token
-from advisor.parallel import context, data, expert, in_flight, offload, overlap, pipeline, tensor
+from advisor.parallel import context, data, expert, offload, overlap, pipeline, tensor
+from advisor.parallel.in_flight import in_flight_last, in_flight_layers
 from advisor.recompute import Mix, rerun, selected
 from advisor.training import Recompute
 from advisor.workload import Workload
@@ -160,15 +161,15 @@ def _held_layers(w: Workload, c: Candidates, mesh: Mesh, rank: Optional[str]) ->
 
 def _in_flight(w: Workload, c: Candidates, mesh: Mesh, layers: Any, rank: Optional[str]) -> tuple[Any, Any]:
     """(layer-micro-batches of activations the rank costed holds at its peak, those beside its loss): the last rank's
-    own (its ``layers``, the MTP depths in: in_flight.in_flight_last), all of them beside its loss; else the first's
-    (in_flight.in_flight_layers), the last stage's one micro-batch of ``layers`` beside the loss (memory.breakdown)."""
+    own (its ``layers``, the MTP depths in: in_flight_last), all of them beside its loss; else the first's
+    (in_flight_layers), the last stage's one micro-batch of ``layers`` beside the loss (memory.breakdown)."""
     if rank == "last":  # its chunks but the last: the layout's ceil(L / (pp v)) or the uneven split's (L + 2) / (pp v)
         units = w.model.n_layers + np.where(pipeline.uneven(c), 2.0, 0.0)
         chunk = np.where(pipeline.uneven(c), units / (mesh.pp * mesh.v), np.ceil(units / (mesh.pp * mesh.v)))
-        return in_flight.in_flight_last(layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, chunk)
+        return in_flight_last(layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, chunk)
     # the first of two ranks costed apart (_staged) holds no loss: the last's is its own evaluation
-    return in_flight.in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split,
-                                     w.mtp_layers), None if rank == "first" else layers
+    return in_flight_layers(w.model.n_layers, mesh.pp, mesh.v, c.schedule, c.grad_accum, c.pp_split,
+                            w.mtp_layers), None if rank == "first" else layers
 
 
 def _layout(w: Workload) -> bool:
