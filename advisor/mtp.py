@@ -1,7 +1,7 @@
 """Multi-token prediction (MTP) as megatron-core 0.19.2 trains it (--mtp-num-layers D; DeepSeek-V3, Liu et al. 2024,
 arXiv 2412.19437 s.2.2): a training choice of the stack, not a part of the Hugging Face model (transformers' DeepseekV3
 drops the num_nextn_predict_layers weights), so an input (TrainingSetup.mtp_layers) that the stacks whose profile says
-``engine.mtp`` run and the rest refuse in one line.
+``engine.mtp`` run and the rest refuse in one line (advisor.stack Stack.mtp_refusal).
 
 Each depth k (transformer/multi_token_prediction.py MultiTokenPredictionLayer) looks the shared embedding up again for
 the tokens k ahead, norms it and the previous depth's hidden states (enorm, hnorm: RMSNorm or LayerNorm as the model's,
@@ -27,9 +27,7 @@ the logits x (1 + D)): the layer, eh_proj's GEMM and the logits, the norms left 
 
 from __future__ import annotations
 
-from typing import Optional
-
-from advisor.model import DecoderLayer, ModelSpec, PositionKind
+from advisor.model import DecoderLayer, ModelSpec
 
 NORMS = 3  # enorm, hnorm, final_layernorm (multi_token_prediction.py:983-993, :1049-1053)
 # the element-wise passes of a depth outside its layer, h-wide elements a token: the embedding lookup (1 write), three
@@ -79,20 +77,3 @@ def forward_flops_per_token(model: ModelSpec, depths: int, seq_len: int, kept: f
     routed = sum(lin.flops_per_token for lin in k.linears if lin.copies > 1)
     per = sum(k.flops_per_token(seq_len, causal=True).values()) - (1.0 - kept) * routed
     return depths * (per + 2.0 * 2 * h * h + 2.0 * h * model.vocab)
-
-
-def refusal(stack, model: Optional[ModelSpec], depths: int) -> Optional[str]:
-    """Why the stack does not train ``depths`` MTP depths (on the model, where given), one line; None where it does."""
-    if not depths:
-        return None
-    if not stack.engine.mtp:
-        from advisor.stack import list_stacks, load_stack
-
-        others = [n for n in list_stacks() if load_stack(n).engine.mtp]
-        return (f"--mtp-layers {depths}: stack {stack.name} does not train multi-token prediction: use --stack "
-                f"{' or '.join(others) or 'one whose profile sets engine.mtp'}, or --mtp-layers 0")
-    if model is not None and model.position is not PositionKind.rotary:
-        # Megatron-LM arguments.py:856-860: MTP with rope or no position embedding only
-        return (f"--mtp-layers {depths}: Megatron trains MTP with rotary positions only, and {model.name} has "
-                f"{model.position.value} positions: use --mtp-layers 0")
-    return None

@@ -28,6 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.forms import NO_BYTES, Form, LayerBytes, PerLayerBytes, form_value  # noqa: F401 (read from here too)
 from advisor.launch import LaunchFormat
 from advisor.model.layer import DecoderLayer
+from advisor.model.spec import ModelSpec, PositionKind
 from advisor.profiles import ProfileKind, to_yaml
 from advisor.unfused import Passes, RoutedUnfused, Rotary  # noqa: F401 (the profile's parts; read from here too)
 from advisor.spec import ProfileName, Spec, checked
@@ -193,6 +194,21 @@ class Stack(Spec):
         others = [n for n in list_stacks() if asked in load_stack(n).compile]
         return (f"--compile {asked}: stack {self.name}'s profile has no torch.compile measured: drop it"
                 + (f", or use --stack {' or '.join(others)}" if others else ""))
+
+    def mtp_refusal(self, model: Optional[ModelSpec], depths: int) -> Optional[str]:
+        """Why the stack does not train ``depths`` multi-token prediction depths (advisor.mtp; on the model, where
+        given), one line; None where it does: its profile's engine.mtp."""
+        if not depths:
+            return None
+        if not self.engine.mtp:
+            others = [n for n in list_stacks() if load_stack(n).engine.mtp]
+            return (f"--mtp-layers {depths}: stack {self.name} does not train multi-token prediction: use --stack "
+                    f"{' or '.join(others) or 'one whose profile sets engine.mtp'}, or --mtp-layers 0")
+        if model is not None and model.position is not PositionKind.rotary:
+            # Megatron-LM arguments.py:856-860: MTP with rope or no position embedding only
+            return (f"--mtp-layers {depths}: Megatron trains MTP with rotary positions only, and {model.name} has "
+                    f"{model.position.value} positions: use --mtp-layers 0")
+        return None
 
     def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: str = "none") -> "StackTables":
         """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions: eager

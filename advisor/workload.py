@@ -11,7 +11,6 @@ from typing import Optional
 from advisor.finetune import FULL, FineTune, Library, half_base, trainable_params
 from advisor.hardware import Hardware
 from advisor.model import DecoderLayer, ModelSpec, PositionKind
-from advisor import mtp
 from advisor.parallel import expert
 from advisor.peft_modules import fused_targets
 from advisor.precision import RecipeError, fp8_attention_choice
@@ -314,7 +313,7 @@ def trains_in(stack, setup, model: Optional[ModelSpec] = None) -> None:
     """The setup's MTP depths, precision and optimizer where the stack does not train in them (engine.mtp, precisions,
     optimizers), as a one-line StackError naming the stacks that do (and build ``model``)."""
     held, optimizers, asked = stack.engine.precisions, stack.engine.optimizers, setup.precision.value
-    if (no_mtp := mtp.refusal(stack, model, setup.mtp_layers)) is not None:
+    if (no_mtp := stack.mtp_refusal(model, setup.mtp_layers)) is not None:
         raise StackError(no_mtp)
     if held is not None and asked not in held:
         kin = [p for p in held if p.split("-")[0] == asked.split("-")[0] and p != "fp8-mixed"]  # the same kind first
