@@ -28,7 +28,7 @@ from advisor import adapters, compute
 from advisor.candidates import Candidates, Mesh
 from advisor.model.spec import PositionKind, QKNorm
 from advisor.parallel import context, expert, no_sync
-from advisor.parallel.data import ModelStates
+from advisor.parallel.model_states import ModelStates
 from advisor.parallel.in_flight import in_flight_layers
 from advisor.precision import fp8_attention_saved
 from advisor.recompute import Mix, kept_per_token, mix

@@ -27,7 +27,7 @@ def all_reduces(w: Any, zero: Any) -> Any:
 
 
 def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
-    """``states`` (advisor.parallel.data.ModelStates) with the backward's end in ``step_temporaries`` where the stack
+    """``states`` (advisor.parallel.model_states.ModelStates) with the backward's end in ``step_temporaries`` where the stack
     accumulates beside the half gradients: the largest of the stage's half ``.grad``, the step's own temporaries and,
     under ZeRO-1 over several ranks, all_gather_coalesced's flat input slice and outputs (after the step has freed
     its temporaries: zero.py:99-119)."""

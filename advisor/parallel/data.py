@@ -31,13 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from advisor import comm, mtp, optimizer
+from advisor import adapters, comm, mtp, optimizer
 from advisor.candidates import Candidates, Mesh
 from advisor.comm import Collective
-from advisor.compute import LayerTimes, mem_time
+from advisor.compute import LayerTimes
 from advisor.hardware import Hardware
 from advisor.layout import DataParallelKind, Schedule
 from advisor.parallel import accumulator, expert, fp8_gather, fsdp2, grad_checks, no_sync, pipeline, zero3, zero_buffers, zero_offload
+from advisor.parallel.model_states import ModelStates
 from advisor.parallel.overlap import Windows, bucket_bytes, edge_bucket_share, hidden, overlaps, zero1_edges  # noqa: F401
 from advisor.peft_modules import largest_transformers_module
 from advisor.recompute import mix
@@ -56,49 +57,6 @@ def violations(c: Candidates, hw: Hardware) -> dict[str, Any]:
         "hybrid shard needs ZeRO-3 and dp spanning more than one node": np.asarray(c.hybrid, dtype=bool) & (
             (c.zero != 3) | (c.dp <= g) | (c.dp % g != 0)),
     }
-
-
-@dataclass(frozen=True)
-class ModelStates:
-    """The busiest GPU's model states: parameters it computes with, and bytes it keeps of each state."""
-
-    params: Any  # parameters of the busiest stage on one TP rank (unsharded by data parallelism)
-    params_outside_layers: Any  # of those, outside the layers (embedding, LM head, final norm)
-    master: Any  # fp32 master weights beside half-precision weights and gradients
-    weight_bytes: Any  # per parameter
-    grad_bytes: Any
-    reduce_bytes: Any  # per parameter, as the gradient collectives move them
-    weights: Any  # bytes kept, sharded as the ZeRO stage says
-    grads: Any
-    optimizer_states: Any
-    gathered: Any  # ZeRO-3: the units gathered at once (current and prefetched)
-    grad_buffer: Any  # ZeRO-2/3: the unit's unsharded gradient being reduce-scattered (and its fp32 copy)
-    bucket_copy: Any  # DDP's flat gradient buckets beside .grad
-    autocast_copy: Any  # autocast's half-precision copy of every weight, kept from forward to backward
-    step_temporaries: Any  # the optimizer step's temporaries
-    head_grads: Any  # the V x h table's gradient (the last one a recomputed backward frees)
-    grads_persist: Any  # gradients alive through forward and backward
-    grad_params: Any = None  # parameters with gradients and optimizer states: all (None) or the adapters (LoRA)
-    expert_params: Any = 0.0  # of ``params``, the local routed experts' (advisor.parallel.expert): reduced over edp
-    stepped_params: Any = None  # parameters whose optimizer states this GPU keeps and steps (params / dp_shard dense)
-    gather_bytes: Any = None  # per parameter, as ZeRO-2/3 (FSDP) gathers them (advisor.parallel.fp8_gather); None: weight_bytes
-
-    @property
-    def trained(self) -> Any:
-        return self.params if self.grad_params is None else self.grad_params
-
-    @property
-    def dp_params(self) -> Any:
-        """Parameters whose gradients the data-parallel group reduces: the trained ones (the adapters under LoRA), all
-        but the routed experts (reduced over the expert data-parallel group)."""
-        return self.trained - self.expert_params
-
-    def zero_payloads(self, zero: Any) -> tuple[tuple[Collective, Any, Any], ...]:
-        """(collective, bytes a parameter, parameters) of ZeRO's reduce-scatter of the ``dp_params``' gradients and its
-        all-gather of every weight held under ZeRO-2/3 (a frozen base too; the routed experts apart), the updated ones under ZeRO-1."""
-        gather, gb = np.where(zero >= 2, self.params - self.expert_params, self.dp_params), self.gather_bytes
-        ag_bytes = self.weight_bytes if gb is None else np.where(zero >= 2, gb, self.weight_bytes)
-        return ((Collective.reduce_scatter, self.reduce_bytes, self.dp_params), (Collective.all_gather, ag_bytes, gather))
 
 
 def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool = False) -> ModelStates:
@@ -165,7 +123,6 @@ def model_states(w: Workload, c: Candidates, mesh: Mesh, layers: Any, last: bool
         # ZeRO's flat or partitioned buffers (not FSDP2's ZeRO-1 under PP: made in backward, _fsdp_param.py:802-813)
         grads_persist=(c.grad_accum > 1) | eng.gradients_persist | (zero >= 1) & ~(fsdp_pp & (zero == 1)), expert_params=experts,
         stepped_params=stepped, gather_bytes=(layers * p_layer * ub + outside * wb) / np.maximum(params, 1.0))
-    from advisor import adapters  # imported here: advisor.adapters imports this module
     states = adapters.model_states(w, c, mesh, layers, states) if w.finetune.adapters else states
     states = accumulator.apply(w, c, mesh, states)  # half .grad beside an fp32 accumulator (engine.grad_accumulator)
     return zero_buffers.apply(w, c, mesh, states)  # a ZeRO engine's buckets and step copies (engine.zero_buffers)

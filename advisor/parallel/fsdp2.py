@@ -4,19 +4,17 @@ of the replicas in every micro-batch (advisor.parallel.data costs the collective
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from advisor.candidates import Candidates
 from advisor.compute import mem_time
+from advisor.parallel.model_states import ModelStates
 from advisor.workload import Workload
 
-if TYPE_CHECKING:
-    from advisor.parallel.data import ModelStates
 
-
-def unit_copy_seconds(w: Workload, states: "ModelStates", zero: Any) -> Any:
+def unit_copy_seconds(w: Workload, states: ModelStates, zero: Any) -> Any:
     """Per micro-batch, the memory-bound copies an FSDP2 stack runs around each unit's collectives on the compute
     stream (``unit_copies``; torch 2.13 torch/distributed/fsdp/_fully_shard/): ``foreach_all_gather_copy_out`` (from
     ``FSDPParamGroup.wait_for_unshard``) copies each gathered byte into the parameters (split_with_sizes_copy: read +
@@ -32,7 +30,7 @@ def unit_copy_seconds(w: Workload, states: "ModelStates", zero: Any) -> Any:
     return np.where(zero >= 2, mem_time(w.hw, gathered + reduced), 0.0)
 
 
-def one_rank_copies(w: Workload, c: Candidates, states: "ModelStates", zero: Any, active: Any) -> Any:
+def one_rank_copies(w: Workload, c: Candidates, states: ModelStates, zero: Any, active: Any) -> Any:
     """Per step, the unit copies of a stack that wraps every unit in FSDP2 where nothing shards (engine.fsdp_at_one):
     a one-rank FSDP2 skips the all-gather but casts and copies each unit's parameters on the compute stream (torch
     2.13 _fsdp_param_group.py wait_for_unshard), its replicas' too (HSDP of one-rank shards, costed as DDP plans):
@@ -57,7 +55,7 @@ def replica_passes(w: Workload, c: Candidates) -> Any:
     return np.where(np.asarray(c.pp) > 1, 1.0, c.grad_accum)
 
 
-def replicas_per_micro_batch(w: Workload, states: "ModelStates", rs: Any, roots: tuple[Any, Any],
+def replicas_per_micro_batch(w: Workload, states: ModelStates, rs: Any, roots: tuple[Any, Any],
                              hsdp: Any) -> tuple[Any, tuple[Any, Any], Any]:
     """(the reduce-scatters of a pass, their roots, HSDP's all-reduce left for once a step): an FSDP2 stack's HSDP
     all-reduces each unit's reduced shard over the replicas in every micro-batch's post-backward, behind its

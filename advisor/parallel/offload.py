@@ -45,7 +45,7 @@ from advisor.candidates import Candidates, Mesh
 from advisor.hardware import Hardware
 from advisor.layout import Offload
 from advisor.parallel import zero_offload
-from advisor.parallel.data import ModelStates
+from advisor.parallel.model_states import ModelStates
 from advisor.recompute import Mix
 from advisor.stack import Stack
 from advisor.training import Precision

@@ -27,7 +27,7 @@ FP32 = 4.0  # bytes of the upcast gradient partition
 
 
 def apply(w: Any, c: Any, mesh: Any, states: Any) -> Any:
-    """``states`` (advisor.parallel.data.ModelStates) with the engine's buckets in ``grad_buffer`` (held through
+    """``states`` (advisor.parallel.model_states.ModelStates) with the engine's buckets in ``grad_buffer`` (held through
     backward; ZeRO-3's also through the step) and its step copies in ``step_temporaries``."""
     zb = w.stack.engine.zero_buffers
     if zb is None:
