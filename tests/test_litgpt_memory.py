@@ -17,7 +17,7 @@ from advisor.training import TrainingSetup
 from advisor.workload import Workload
 from advisor.adapters import saved_delta_per_token
 from validation.finetune import counter_scale, estimate_kwargs, load_finetune_runs
-from validation.validate import _estimate
+from validation.report import _estimate
 
 
 def _workload(targets: str, library: str = "litgpt", dropout: float = 0.05) -> Workload:

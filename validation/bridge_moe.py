@@ -37,7 +37,7 @@ from typing import Any, Optional
 from advisor.model import ModelSpec, load_model
 from advisor.parallel.pipeline import layout_fills
 from validation.datasets import DATA_DIR
-from validation.validate import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
+from validation.report import DatasetReport, Point, _estimate, _hardware, _report, ape_stats
 
 # Recomputation is not published: each row takes the least of these that the model predicts to fit (the run did)
 RECOMPUTE_LADDER = ("none", "selective", "full")

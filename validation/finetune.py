@@ -25,7 +25,7 @@ import yaml
 
 from advisor.model import ModelSpec, load_model, model_from_hf_dict
 from validation.datasets import DATA_DIR
-from validation.validate import DatasetReport, Point, _estimate, _report
+from validation.report import DatasetReport, Point, _estimate, _report
 
 # Hugging Face configs of the models the rows name (the model cards' config.json, the shapes the rows state)
 CONFIGS: dict[str, Any] = {

@@ -29,7 +29,7 @@ from advisor.precision import RECIPES
 from advisor.stack import load_stack
 from advisor.units import GiB
 from validation.datasets import DATA_DIR
-from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
+from validation.report import DatasetReport, Point, _estimate, _report, ape_stats
 
 # The stack the Megatron-Bridge rows are costed on: the one its performance tables ran, megatron-core as Bridge's
 # performance recipes set it (every Llama recipe calls _benchmark_common: bf16 gradient reduction; FP8/FP4 weights):

@@ -20,7 +20,7 @@ import yaml
 
 from advisor.model import ModelSpec, gpt2_like, llama_like
 from validation.datasets import DATA_DIR
-from validation.validate import DatasetReport, Point, _estimate, _report, ape_stats
+from validation.report import DatasetReport, Point, _estimate, _report, ape_stats
 
 # the stack each source's runs ran on; llm-foundry's tables were swept with v0.0.4 (FlashAttention 1), torchtitan's
 # performance.md rows with its mid-2024 code (the whole-sequence loss). Its norm is not knowable from what is here

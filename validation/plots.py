@@ -18,7 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from validation.validate import Point, Report  # noqa: E402
+from validation.report import Point  # noqa: E402
+from validation.validate import Report  # noqa: E402
 
 BAND = 0.10  # the +-10% band drawn around y = x
 DPI = 130

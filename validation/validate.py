@@ -18,21 +18,23 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import spearmanr
 
 from advisor import comm
-from advisor.api import Estimate, estimate
+from advisor.api import Estimate
 from advisor.comm import Collective
-from advisor.errors import AdvisorError
-from advisor.hardware import Hardware, load_hardware
 from advisor.units import MiB
-from validation import datasets as ds
+from validation import datasets as ds, lowprec, modern, validate_kernels
+from validation.bridge_moe import validate_bridge_moe
+from validation.finetune import validate_finetune
+from validation.report import (  # noqa: F401 (the datasets' shared parts; read from here too)
+    Comparison, DatasetReport, KindError, Point, Ranking, Result, _estimate, _hardware, _report, ape_stats)
+from validation.validate_multinode import validate_multinode
+
 
 @dataclass(frozen=True)
 class Goal:
@@ -105,69 +107,6 @@ RATIO_TOLERANCE = 0.10  # a seed ratio "agrees" when predicted/measured is withi
 NCCL_MIN_BYTES = 4 * MiB  # below this nccl-tests times are latency-bound and noisy; the goal is for >= 4 MiB
 
 
-class Result(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class Point(Result):
-    """One compared row: predicted and measured values of the dataset's quantity."""
-
-    label: str
-    kind: str  # plan kind, for the error-by-kind figure
-    predicted: float
-    measured: float
-    breakdown: dict[str, float] = Field(default_factory=dict)
-
-    @property
-    def error_pct(self) -> float:
-        return 100.0 * (self.predicted - self.measured) / self.measured
-
-
-class Comparison(Result):
-    """A measured direction of a seed: ``faster`` took less time than ``slower`` by ``measured_ratio``."""
-
-    faster: str
-    slower: str
-    measured_ratio: float
-    predicted_ratio: float
-    direction_ok: bool
-    ratio_error_pct: float  # predicted / measured - 1
-    agrees: bool
-    why: str
-
-
-class Ranking(Result):
-    groups: int
-    mean_rho: float
-    min_rho: float
-
-
-class KindError(Result):
-    n: int
-    mape_pct: float
-    mean_error_pct: float  # signed: > 0 the model is slow (pessimistic)
-
-
-class DatasetReport(Result):
-    name: str
-    description: str
-    quantity: str  # what the APE is of, with its unit
-    rows: int
-    compared: int
-    mape_pct: float
-    max_ape_pct: float
-    memory_mape_pct: Optional[float] = None
-    memory_max_ape_pct: Optional[float] = None
-    spearman: dict[str, Ranking] = Field(default_factory=dict)
-    comparisons: list[Comparison] = Field(default_factory=list)
-    rejected: dict[str, int] = Field(default_factory=dict)
-    extra: dict[str, float] = Field(default_factory=dict)
-    by_kind: dict[str, KindError] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=list)
-    points: list[Point] = Field(default_factory=list, exclude=True)
-    secondary: dict[str, list[Point]] = Field(default_factory=dict, exclude=True)  # e.g. published step times
-
-
 class Report(Result):
     datasets: list[DatasetReport]
     wall_s: float
@@ -182,37 +121,11 @@ class Report(Result):
                 for name, g in GOALS.items() if g.dataset in have}
 
 
-# --- shared helpers ---------------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
-def _hardware(name: str) -> Hardware:
-    return load_hardware(name)
-
-
-def _estimate(kw: dict, rejected: Counter) -> Optional[Estimate]:
-    """``advisor.estimate`` with the profile loaded once; a rejected plan is counted by its reason."""
-    kw = dict(kw)
-    if isinstance(kw["hw"], str):
-        kw["hw"] = _hardware(kw["hw"])
-    try:
-        return estimate(**kw)
-    except AdvisorError as exc:
-        rejected[str(exc).splitlines()[0]] += 1
-        return None
-
-
 def plan_kind(dp: int, tp: int, pp: int, zero: int = 0) -> str:
     parts = [n for n, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1] or ["1 GPU"]
     if zero and dp > 1:
         parts[0] = f"ZeRO-{zero} dp"
     return "+".join(parts)
-
-
-def ape_stats(points: list[Point]) -> tuple[float, float]:
-    """(mean, max) absolute percentage error; NaN when nothing was compared."""
-    if not points:
-        return math.nan, math.nan
-    ape = np.abs([p.error_pct for p in points])
-    return float(ape.mean()), float(ape.max())
 
 
 def rank_agreement(points: list[Point], key: Callable[[Point], tuple]) -> Ranking:
@@ -263,18 +176,6 @@ def compare(points: dict[str, Point], faster: str, slower: str, note: str = "") 
 
 def _point(label: str, kind: str, est: Estimate, measured: float) -> Point:
     return Point(label=label, kind=kind, predicted=est.step_time_s, measured=measured, breakdown=est.breakdown)
-
-
-def _report(name: str, description: str, quantity: str, rows: int, points: list[Point], rejected: Counter,
-            **kw) -> DatasetReport:
-    mape, mx = ape_stats(points)
-    errors = defaultdict(list)
-    for p in points:
-        errors[p.kind].append(p.error_pct)
-    by_kind = {k: KindError(n=len(e), mape_pct=float(np.mean(np.abs(e))), mean_error_pct=float(np.mean(e)))
-               for k, e in sorted(errors.items())}
-    return DatasetReport(name=name, description=description, quantity=quantity, rows=rows, compared=len(points),
-                         mape_pct=mape, max_ape_pct=mx, rejected=dict(rejected), points=points, by_kind=by_kind, **kw)
 
 
 def _seed_comparisons(yaml_name: str) -> list[dict]:
@@ -540,55 +441,11 @@ def validate_collectives() -> DatasetReport:
                    "all-reduce time (s)", len(points) + len(small), points, Counter(), notes=notes)
 
 
-def _kernels(name: str) -> Callable[[], DatasetReport]:
-    """A validator of validation.validate_kernels (which imports this module: imported when run)."""
-    def run() -> DatasetReport:
-        from validation import validate_kernels
-
-        return getattr(validate_kernels, name)()
-    return run
-
-
-def _modern() -> DatasetReport:
-    """validation.modern's validator (which imports this module: imported when run)."""
-    from validation import modern
-
-    return modern.validate_modern()
-
-
-def _lowprec(name: str) -> Callable[[], DatasetReport]:
-    """A validator of validation.lowprec (which imports this module: imported when run)."""
-    def run() -> DatasetReport:
-        from validation import lowprec
-
-        return getattr(lowprec, name)()
-    return run
-
-
-def _finetune() -> DatasetReport:
-    from validation.finetune import validate_finetune  # it imports this module: imported when run
-
-    return validate_finetune()
-
-
-def _multinode() -> DatasetReport:
-    from validation.validate_multinode import validate_multinode  # it imports this module: imported when run
-
-    return validate_multinode()
-
-
-def _bridge_moe() -> DatasetReport:
-    from validation.bridge_moe import validate_bridge_moe  # it imports this module: imported when run
-
-    return validate_bridge_moe()
-
-
 VALIDATORS = {"titan": validate_titan, "dgx": validate_dgx, "vtrain": validate_vtrain, "nccl": validate_nccl,
-              "collectives": validate_collectives, "a100-collectives": _kernels("validate_a100_collectives"),
-              "multinode": _multinode, "gemm": _kernels("validate_gemm"), "h100": validate_h100,
-              "published": validate_published, "modern": _modern, "lowprec": _lowprec("validate_lowprec"),
-              "bridge": _lowprec("validate_bridge"), "finetune": _finetune,
-              "bridge-moe": _bridge_moe}
+              "collectives": validate_collectives, "a100-collectives": validate_kernels.validate_a100_collectives,
+              "multinode": validate_multinode, "gemm": validate_kernels.validate_gemm, "h100": validate_h100,
+              "published": validate_published, "modern": modern.validate_modern, "lowprec": lowprec.validate_lowprec,
+              "bridge": lowprec.validate_bridge, "finetune": validate_finetune, "bridge-moe": validate_bridge_moe}
 
 
 def run(names: Optional[list[str]] = None) -> Report:

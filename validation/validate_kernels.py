@@ -28,7 +28,7 @@ from advisor import comm
 from advisor.compute import gemm_time
 from advisor.units import MiB
 from validation import datasets as ds
-from validation.validate import DatasetReport, Point, _hardware, _report
+from validation.report import DatasetReport, Point, _hardware, _report
 
 # Shapes of at least this many FLOPs (2mnk) enter a GPU/H100 ratio: a training step's linear layers
 # (m = 1024..8192 tokens, n and k of 128..16384); below it the kernels are latency-bound, where the faster GPU

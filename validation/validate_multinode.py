@@ -26,7 +26,7 @@ from advisor.comm import bus_factor, collective_time_and_path
 from advisor.hardware import Hardware
 from advisor.units import MiB
 from validation import datasets as ds
-from validation.validate import DatasetReport, Point, _hardware, _report
+from validation.report import DatasetReport, Point, _hardware, _report
 
 GOAL_FROM_BYTES = 64 * MiB
 RATIO_TOLERANCE_PCT = 15.0
