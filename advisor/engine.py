@@ -80,11 +80,10 @@ class Engine(Spec):
         description="ZeRO-3 gathers hide behind the pass (prefetch), the forward only (FSDP without backward "
                     "prefetch: torch 1.11's default) or one sub-module each (DeepSpeed)")
     zero3_gathered: Literal["layer", "submodule"] = Field(description="what ZeRO-3 holds gathered at once, twice")
-    zero3_calls: Optional[Zero3Calls] = Field(
-        default=None, description="per_submodule ZeRO-3: how its gathers and reduce-scatters are issued (None: one "
-                                  "call per pass, as zero_collectives says, shared out over the sub-modules)")
-    zero_buffers: Optional[ZeroBuffers] = Field(default=None, description="an optimizer-sharding ZeRO engine's "
-                                                "buckets and step copies (None: none costed beyond the states)")
+    zero3_calls: Optional[Zero3Calls] = Field(default=None, description="per_submodule ZeRO-3: how its gathers and "
+        "reduce-scatters are issued (None: one call per pass, as zero_collectives says, shared out over the sub-modules)")
+    zero_buffers: Optional[ZeroBuffers] = Field(default=None, description="an optimizer-sharding ZeRO engine's buckets "
+        "and step copies (None: none costed beyond the states)")
     gradient_bucket_copy: bool = Field(description="DDP keeps flat gradient buckets beside .grad")
     gradients_persist: bool = Field(description="gradients live in a buffer allocated before the first backward")
     device_syncs: Literal["per_step", "per_micro_batch", "per_phase"] = Field(description="the device is synchronised "
@@ -98,9 +97,8 @@ class Engine(Spec):
         "batches: reduce-scatter each, adding the shards; unsharded: FSDP1's no_sync before the last, each unit's unsharded "
         "gradient kept (advisor.parallel.no_sync); none: torch 1.11's FSDP drops the shards at the next backward")
     reduce_dtype: Literal["compute", "fp32"] = Field(default="compute", description="gradients reduced in the compute dtype, or fp32")
-    unit_grad_buffer: bool = Field(
-        default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its fp32 copy when reduced "
-                                   "in fp32) is alive while it is reduce-scattered")
+    unit_grad_buffer: bool = Field(default=False, description="ZeRO-2/3: the gathered unit's unsharded gradient (and its "
+        "fp32 copy when reduced in fp32) is alive while it is reduce-scattered")
     root_held: Literal["none", "output", "root"] = Field(default="none", description=(
         "ZeRO-3 per unit: what stays gathered from its forward into backward beside the blocks' units: FSDP2's [norm, "
         "lm_head] (reshard_after_forward=False), freed after its own backward (the larger of two units and one beside "
@@ -112,12 +110,10 @@ class Engine(Spec):
         "unsharded gradients in, cast to the reduce dtype; both on the compute stream (torch/distributed/fsdp/"
         "_fully_shard/_fsdp_collectives.py foreach_all_gather_copy_out, foreach_reduce_scatter_copy_in). False: the "
         "collectives work in place on flat buffers the parameters and gradients are views of (FSDP1, DeepSpeed)")
-    main_grads: Literal["compute", "fp32"] = Field(
-        default="compute", description="fp32: under half or mixed precision the gradients accumulate in a persistent "
-                                       "fp32 buffer (Megatron's main_grad with grad_reduce_in_fp32), 4 bytes a parameter")
-    param_gather_overlap: bool = Field(
-        default=False, description="ZeRO-1: the all-gather of the updated weights runs bucket by bucket beside the next "
-                                   "forward (Megatron's --overlap-param-gather) instead of after the step")
+    main_grads: Literal["compute", "fp32"] = Field(default="compute", description="fp32: under half or mixed precision "
+        "the gradients accumulate in a persistent fp32 buffer (Megatron's main_grad with grad_reduce_in_fp32), 4 bytes a parameter")
+    param_gather_overlap: bool = Field(default=False, description="ZeRO-1: the all-gather of the updated weights runs "
+        "bucket by bucket beside the next forward (Megatron's --overlap-param-gather) instead of after the step")
     selective: Optional[Selective] = Field(default=None, description="what selective recomputation reruns (None: none offered)")
     fsdp_param_dtype: Literal["storage", "half"] = Field(
         default="storage", description="half: under mixed precision, ZeRO-2/3 (FSDP) gathers the parameters in the half "
@@ -289,6 +285,10 @@ class Engine(Spec):
         "distributed optimizer, ZeRO-1: the shard's gradients down and its parameters up once a step, around the step)")
     moe_grouped_gemm: bool = Field(default=False, description="mixture of experts: each routed-expert linear runs "
         "its local experts as one grouped GEMM (Megatron --moe-grouped-gemm), else one GEMM per local expert")
+    moe_gemm_streams: int = Field(default=0, ge=0, le=64, description="where > 0, that grouped GEMM is one GEMM kernel per "
+        "local expert, in turn on this many CUDA streams (TE's multi-stream cuBLAS; advisor.parallel.expert gemm_calls)")
+    moe_one_kernel_under: list[RecipeName] = Field(default_factory=list, description="the low-precision recipes under "
+        "which its grouped GEMM is one kernel per linear all the same (Transformer Engine's fused grouped MLP)")
     ep_alltoall_overlap: Literal["none", "shared_experts", "batch"] = Field(
         default="none", description="by default, the expert-parallel dispatch and combine all-to-alls run exposed, "
                                     "beside the shared experts' GEMMs (Megatron --moe-shared-expert-overlap), or beside "

@@ -9,7 +9,8 @@ ep_per_node = min(ep, g / etp).
 Work (balanced routing): the dense layers' dp x cp x tp ranks of a stage hold dp micro-batches of tokens (1 / cp of each
 sequence a rank); every token goes to top-k experts, and the dp x cp x tp = edp x ep x etp ranks share that expert work
 evenly: one GPU does tokens x k x (expert FLOPs) / tp, its own tokens', what tensor parallelism alone would give. Its
-local experts run as one grouped GEMM per linear (the stack's ``moe_grouped_gemm``) or one GEMM each, of M = tokens x k
+local experts run as one grouped GEMM per linear (the stack's ``moe_grouped_gemm``; Transformer Engine's is one cuBLAS
+GEMM per expert on several streams: ``gemm_calls``) or one GEMM each, of M = tokens x k
 x ep x etp / (tp x E) rows: the existing GEMM efficiency (advisor.compute.gemm_eff) on the (n, k) shape, times M / (M +
 h0) for the thin M dimension, the same saturating form on rows that the profile fits on columns. Routing imbalance (the
 busiest rank's tokens over the balanced share, an explicit input: 1 by default, as Megatron-Bridge's published tables
@@ -145,8 +146,25 @@ def gemm_shape(w, lin: Linear, tokens: Any, tp: Any, ep: Any, etp: Any) -> tuple
     rows = tokens * lin.active * ep * etp / (tp * lin.copies) * busy
     key = math if math in hw.efficiency.matmul_max else "fp32"
     h0 = hw.efficiency.matmul_half_dim.get(key, 0.0)
-    kernels = 1.0 if w.stack.engine.moe_grouped_gemm else lin.copies / ep
-    return flops / (rows / (rows + h0)), n, k, kernels
+    return flops / (rows / (rows + h0)), n, k, gemm_calls(w, lin, ep)[0]
+
+
+def gemm_calls(w, lin: Linear, ep: Any) -> tuple[Any, Any]:
+    """(kernels whose fixed time one GEMM pass of a routed-expert linear pays in sequence, kernels it launches) on one
+    GPU of ``ep``. One GEMM per local expert, in sequence (Megatron's SequentialMLP), unless the stack groups them
+    (``moe_grouped_gemm``): then one kernel, or, where the stack's grouped GEMM is one cuBLAS GEMM per local expert on
+    ``moe_gemm_streams`` streams (Transformer Engine 2.14 and 2.20.2 general_grouped_gemm -> nvte_multi_tensor_gemm ->
+    multi_stream_cublas_gemm: GEMM i on compute stream i % 4, nvte_get_num_compute_streams a constant 4, no variable
+    sets it), one launch per local expert, the busiest stream's ceil(E_local / streams) fixed times in sequence (the
+    streams' kernels overlap their fixed time as they share the SMs for the FLOPs), save under the recipes of
+    ``moe_one_kernel_under`` (TE's fused grouped MLP: one grouped kernel per linear)."""
+    eng, r = w.stack.engine, w.precision.recipe
+    local = lin.copies / np.asarray(ep, dtype=float)
+    if not eng.moe_grouped_gemm:
+        return local, local
+    if eng.moe_gemm_streams and not (r is not None and r.name in eng.moe_one_kernel_under):
+        return np.ceil(local / eng.moe_gemm_streams), local
+    return 1.0, 1.0
 
 
 def permute_bytes(w, tokens: Any, tp: Any, sp: Any, ep: Any) -> tuple[Any, Any]:
