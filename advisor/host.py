@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from advisor.adapters import host_work
+from advisor.parallel import expert
 from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
 from advisor.workload import Workload
@@ -49,12 +50,25 @@ class LayerHostTimes:
         return self.fwd_s + self.bwd_s + self.recompute_s
 
 
-def layer_host_times(w: Workload, tp: Any, recompute: Any) -> LayerHostTimes:
+def expert_launches(w: Workload, ep: Any) -> Any:
+    """Host seconds a routed layer's grouped expert GEMMs take beyond one GEMM call each, forward (backward: twice,
+    dgrad and wgrad): Transformer Engine's C++ loop (libtransformer_engine multi_stream_cublas_gemm) launches one
+    cuBLAS GEMM per local expert (advisor.parallel.expert gemm_calls), each a CUDA launch (``kernel_launch_us``)
+    and no aten op; the first is the call the layer already counts. Its event records and waits are not counted."""
+    if not (w.layer.routed and w.stack.engine.moe_grouped_gemm):
+        return 0.0
+    more = sum(expert.gemm_calls(w, lin, ep)[1] - 1.0 for lin in expert.expert_linears(w.layer))
+    return more * w.hw.efficiency.kernel_launch_us * 1e-6
+
+
+def layer_host_times(w: Workload, tp: Any, recompute: Any, ep: Any = 1) -> LayerHostTimes:
     t = w.tables
     launch, extra = op_costs(w)
     # Forward issues one GEMM-like call per linear layer and one attention call (two eager bmm), backward two each.
     g_fwd = len(w.layer.linears) + (1 if w.attention is Attention.sdpa else 2)
     fwd, bwd = t.host_forward_ops * launch + g_fwd * extra, t.host_backward_ops * launch + 2 * g_fwd * extra
+    experts = expert_launches(w, ep)
+    fwd, bwd = fwd + experts, bwd + 2.0 * experts
     # a fine-tune's adapters and dequantisation: ops, and GEMM calls at a GEMM's cost (advisor.adapters.host_work)
     (fo, fg), (bo, bg) = host_work(w.layer, w.finetune, w.model.family, w.stack.engine.base_modules)
     fwd, bwd = fwd + fo * launch + fg * (launch + extra), bwd + bo * launch + bg * (launch + extra)

@@ -1,5 +1,5 @@
-"""Routed experts' GEMMs as Transformer Engine launches them (advisor.parallel.expert gemm_calls). megatron-core
-0.19.2 runs --moe-grouped-gemm with TE as TEGroupedMLP's te.pytorch.GroupedLinear
+"""Routed experts' GEMMs as Transformer Engine launches them (advisor.parallel.expert gemm_calls, advisor.host
+expert_launches). megatron-core 0.19.2 runs --moe-grouped-gemm with TE as TEGroupedMLP's te.pytorch.GroupedLinear
 (extensions/transformer_engine_spec_provider.py:75-85), whose general_grouped_gemm (TE 2.14 module/grouped_linear.py:207)
 reaches te_general_grouped_gemm ("For now, we only have multi-stream cublas backend", csrc/extensions/gemm.cpp) and
 libtransformer_engine.so's multi_stream_cublas_gemm: one nvte_cublas_gemm_v2 per local expert, GEMM i on compute
@@ -16,6 +16,7 @@ import pytest
 
 from advisor.compute import linear_pass_times
 from advisor.hardware import load_hardware
+from advisor.host import expert_launches
 from advisor.model import load_model
 from advisor.parallel import expert
 from advisor.stack import load_stack
@@ -26,6 +27,7 @@ QWEN = load_model("qwen3-30b-a3b")  # 128 routed experts of width 768, top-8: ga
 ROUTED = [lin for lin in QWEN.layer.linears if lin.copies > 1]
 H100 = load_hardware("dgx-h100")
 FIXED_S = 23.7e-6  # hardware_profiles/dgx-h100.yaml matmul_fixed_us bf16 (fitted to reference/h100/kernels.jsonl)
+LAUNCH_S = 4.0e-6  # hardware_profiles/dgx-h100.yaml kernel_launch_us
 
 
 def _workload(stack, precision: str = "bf16-mixed", hw=H100) -> Workload:
@@ -75,4 +77,12 @@ def test_qwen3_30b_on_16_h100s_by_hand():
 def test_bridge_mxfp8_runs_one_fused_grouped_kernel():
     w = _workload(load_stack("megatron-bridge-perf"), "mxfp8", load_hardware("dgx-b200"))
     assert all(expert.gemm_calls(w, lin, 8) == (1.0, 1.0) for lin in ROUTED)
+    assert expert_launches(w, 8) == 0.0
 
+
+def test_host_launches_one_cublas_gemm_per_local_expert():
+    """The C++ loop's launches past the one call the layer counts: 3 routed linears x (8 - 1) x 4 us at EP 16."""
+    w = _workload(load_stack("megatron-core"))
+    assert expert_launches(w, 16) == pytest.approx(3 * 7 * LAUNCH_S)
+    assert expert_launches(w, 128) == 0.0
+    assert expert_launches(_workload(_grouped_one_kernel("megatron-core")), 16) == 0.0
