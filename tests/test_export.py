@@ -161,12 +161,13 @@ def exportable(kind: str, case: str) -> bool:
         kind == "accelerate" and case in ("zero-offload-1gpu", "zero-infinity-nvme", "zero1-offload"))
 
 
-# the formats of the hf-trainer and megatron-deepspeed stacks; torchtitan and llm-foundry: tests/test_export_stacks.py
+# the formats of the hf-trainer and megatron-core stacks; torchtitan and llm-foundry: tests/test_export_stacks.py
 LEGACY = ("accelerate", "deepspeed", "megatron", "torchrun")
-# the stack each format's cases are costed in: the Hugging Face Trainer's launchers, and Megatron-DeepSpeed's flags
-# (the deepspeed and megatron-core stacks have their own cases: tests/test_export_stacks.py)
+# the stack each format's cases are costed in: the Hugging Face Trainer's launchers, and megatron-core's Megatron-LM flags
+# (megatron-deepspeed's script runs them under DeepSpeed's engine, with the fork's flags:
+# tests/test_export_megatron_deepspeed.py; the deepspeed stack: tests/test_export_stacks.py)
 LEGACY_STACK = {"accelerate": "hf-trainer", "deepspeed": "hf-trainer", "torchrun": "hf-trainer",
-                "megatron": "megatron-deepspeed"}
+                "megatron": "megatron-core"}
 # cases only megatron-core runs (megatron-deepspeed has no --pipeline-model-parallel-layout, TP overlap, flex dispatcher
 # or batch all-to-all overlap)
 CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", "megatron-cpu-offload",
@@ -178,11 +179,8 @@ CORE_ONLY = {"interleaved-layout", "tp-comm-overlap", "moe-flex-batch-overlap", 
 def stack_of(kind: str, case: str) -> str:
     """The stack a case is costed in: the DeepSpeed JSON of a pipelined or sequence-parallel plan is
     Megatron-DeepSpeed's (the Trainer runs TP as DeepSpeed's AutoTP only: stack_profiles/hf-trainer.yaml offers)."""
-    if kind == "deepspeed" and case in BEYOND_TRAINER:
-        return "megatron-deepspeed"
-    if kind == "megatron" and CASES[case][3].get("zero", 0) >= 2 and case not in OFFLOAD:
-        # ZeRO-2/3 in Megatron-LM's flags is Megatron-FSDP, megatron-core's engine (megatron-deepspeed's is DeepSpeed's)
-        return "megatron-core"
+    if kind == "deepspeed" and case in BEYOND_TRAINER or kind == "megatron" and case in OFFLOAD:
+        return "megatron-deepspeed"  # (megatron-core offloads only its distributed optimizer's states)
     return "megatron-core" if case in CORE_ONLY else LEGACY_STACK[kind]
 ALL = [(k, c) for k in LEGACY for c in CASES if exportable(k, c)]
 
@@ -236,26 +234,31 @@ def test_refuses_what_the_launcher_cannot_express(kind, case, message):
 
 
 @pytest.mark.parametrize("case", ["zero2-pure-bf16", "zero3-full-fp16", "hsdp"])
-def test_megatron_deepspeed_zero_2_3_is_not_written_as_megatron_fsdp(case):
+def test_megatron_deepspeed_zero_2_3_is_not_written_as_megatron_fsdp(case, tmp_path):
     """megatron-deepspeed costs ZeRO-2/3 as DeepSpeed's engine (stack_profiles/megatron-deepspeed.yaml zero3_calls:
     stage3.py per-tensor gathers; llama3-8b ZeRO-3 dp=8 on dgx-h100: 874.6 ms, 70.2 GiB), where the Megatron-LM flags
-    launch Megatron-FSDP (megatron-core's: 787.1 ms, 59.5 GiB): the megatron format refuses it, naming deepspeed's,
-    which a format-less export then writes."""
+    launch Megatron-FSDP (megatron-core's: 787.1 ms, 59.5 GiB): its megatron script runs DeepSpeed's stage (its JSON,
+    tests/test_export_megatron_deepspeed.py); a profile costing DeepSpeed's coordinator that launches no DeepSpeed
+    refuses it, naming the stack that does."""
     model, hw, plan, setup, ga, world = inputs(case)
-    with pytest.raises(ExportError, match="would launch Megatron-FSDP instead: use --format deepspeed"):
-        export("megatron", model, hw, plan, setup, ga, world, "megatron-deepspeed")
-    assert export(None, model, hw, plan, setup, ga, world, "megatron-deepspeed").kind == "deepspeed"
+    out = export(None, model, hw, plan, setup, ga, world, "megatron-deepspeed")
+    assert out.kind == "megatron" and f'"stage": {plan.zero}' in out.text and "--use-megatron-fsdp" not in out.text
     assert "--use-megatron-fsdp" in export("megatron", model, hw, plan, setup, ga, world, "megatron-core").text
+    bare = tmp_path / "md-flags.yaml"
+    bare.write_text("base: megatron-deepspeed\nname: md-flags\ndescription: its flags alone\nlaunch: [megatron]\n")
+    with pytest.raises(ExportError, match="would launch Megatron-FSDP instead: md-flags launches none of deepspeed"):
+        export("megatron", model, hw, plan, setup, ga, world, str(bare))
 
 
-def test_megatron_deepspeed_zero_2_with_cp_sends_the_user_to_no_format_that_refuses_it_too():
-    """With context parallelism, which the DeepSpeed JSON does not write, the megatron format's refusal said 'use
-    --format deepspeed', whose own said 'use --format megatron': it names what to change instead."""
+def test_megatron_deepspeed_zero_2_with_cp_names_what_to_change():
+    """With context parallelism, which the DeepSpeed JSON does not write and the fork's flags lack (--cp-comm-type), both
+    formats refuse it: the refusal names the stack that runs it."""
     model, hw, plan, setup, ga, world = inputs("zero2-pure-bf16")
     cp = Plan(dp=plan.dp // 2, cp=2, zero=plan.zero)
     setup = setup.model_copy(update={"grad_accum": ga * 2})
     for kind in ("megatron", None):
-        with pytest.raises(ExportError, match="the deepspeed JSON has no context parallelism: use --zero 1 or --cp 1$"):
+        with pytest.raises(ExportError, match="would pass --cp-comm-type, which Megatron-DeepSpeed's 2023 fork lacks .*"
+                                              "use --stack megatron-core$"):
             export(kind, model, hw, cp, setup, ga * 2, world, "megatron-deepspeed")
 
 

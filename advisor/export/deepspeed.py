@@ -34,9 +34,12 @@ FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "lo
 
 
 def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
-                   world_size: int, stack: Optional[Stack] = None) -> tuple[dict[str, Any], list[str]]:
+                   world_size: int, stack: Optional[Stack] = None,
+                   megatron: bool = False) -> tuple[dict[str, Any], list[str]]:
     """ds_config: train_batch_size = micro x grad_accum x dp (DeepSpeedConfig asserts this identity); ``stack``: the
-    one the plan was costed in, whose clipping it writes (none given: GRADIENT_CLIP)."""
+    one the plan was costed in, whose clipping it writes (none given: GRADIENT_CLIP); ``megatron``: the JSON beside
+    Megatron-DeepSpeed's flags, which carry the tensor and pipeline degrees and the checkpointing (_model_side's
+    sections and notes are a script of one's own: advisor.export.megatron_deepspeed)."""
     notes = []
     zero: dict[str, Any] = {"stage": plan.zero}
     if plan.zero >= 1:
@@ -59,6 +62,14 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
     zero.update(_offload(plan, notes))
     if plan.offload.value != "none":
         cfg["optimizer"] = json.loads(json.dumps(OFFLOAD_OPTIMIZER))
+    if not megatron:
+        _model_side(plan, setup, cfg, notes)
+    return cfg, notes
+
+
+def _model_side(plan: Plan, setup: TrainingSetup, cfg: dict[str, Any], notes: list[str]) -> None:
+    """What a training script of one's own does beside deepspeed.initialize: DeepSpeed's activation checkpointing,
+    AutoTP, the PipelineModule."""
     if setup.recompute != "none":
         k = setup.recompute_layers
         cfg["activation_checkpointing"] = {"partition_activations": bool(plan.sp and plan.tp > 1),
@@ -85,7 +96,6 @@ def deepspeed_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSe
                      + ") and train with engine.train_batch(); DeepSpeed runs 1F1B")
         if plan.schedule == "interleaved":
             raise ExportError("DeepSpeed's pipeline engine has no interleaved schedule", instead="megatron")
-    return cfg, notes
 
 
 def _no_clip(plan: Plan, zero: dict[str, Any], notes: list[str]) -> None:

@@ -24,6 +24,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
+from advisor.export.megatron_deepspeed import deepspeed_lines, refuse_for_fork, runs_deepspeed
 from advisor.export.megatron_shape import MLA, constant_flags, model_shape, router_flags, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
@@ -49,7 +50,7 @@ def refuse_unwritable(model: ModelSpec, plan: Plan, setup: TrainingSetup, produc
                           f"describe: use --format {hint}")
     if plan.schedule.value in ("zb-h1", "zb-v", "dualpipev"):
         raise ExportError(f"Megatron-Core 0.16.1 has no {plan.schedule.value} schedule: use 1f1b or interleaved")
-    if plan.zero >= 2 and stack is not None and stack.engine.zero3_calls is not None:
+    if plan.zero >= 2 and stack is not None and stack.engine.zero3_calls is not None and not runs_deepspeed(stack):
         # ZeRO-2/3 are written as Megatron-FSDP (_data_parallel), megatron-core's engine; a stack whose profile costs
         # DeepSpeed's coordinator (engine.zero3_calls: megatron-deepspeed's stage3.py per-tensor gathers) would launch
         # another engine than the estimate's, at other times and memory
@@ -97,7 +98,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     constants, unknown = constant_flags(model)  # RoPE's base and scaling, the norms' epsilon
     a += model_shape(model) + constants + _experts(model, plan, setup, notes, stack)
     notes += unknown
-    a += _precision(setup, notes) + _data_parallel(hw, plan, notes)
+    # under DeepSpeed's engine (Megatron-DeepSpeed) ZeRO, its overlap and hpZ are the JSON's (megatron_deepspeed)
+    a += _precision(setup, notes) + ([] if runs_deepspeed(stack) else _data_parallel(hw, plan, notes))
     a += ["--clip-grad", gradient_clip(stack)]  # as costed: 0.0 where the stack does not clip
     if not stack.engine.grad_nan_check and stack.engine.bucket_elements is not None:  # megatron-core's DDP, costed
         # without its per-bucket NaN check (megatron-bridge-perf): Megatron-LM runs it unless told (arguments.py:2735-2737)
@@ -109,6 +111,8 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
                      "(apex's without TE; torch's AdamW only without either): its step runs faster than estimated")
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
+    if runs_deepspeed(stack):
+        refuse_for_fork(model, plan, a, stack)
     return [str(x) for x in a], notes
 
 
@@ -292,15 +296,16 @@ def _data_parallel(hw: Hardware, plan: Plan, notes: list[str]) -> list[str]:
     return a
 
 
-def megatron_env(plan: Plan, notes: list[str]) -> dict[str, str | None]:
+def megatron_env(plan: Plan, notes: list[str], fsdp: bool = True) -> dict[str, str | None]:
     """Environment the launch needs (None = unset): CUDA_DEVICE_MAX_CONNECTIONS, as validate_args checks it.
 
     Tensor parallelism without FSDP: 1, so that each TP collective is queued ahead of the GEMM it overlaps
     (validate_args requires it before Blackwell; from Blackwell on it is no longer required, and 1 is still
     accepted). Megatron-FSDP: not 1 (validate_args asserts "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS
     value large than one"), so it is unset, leaving CUDA's default of 8, in case the user's shell exports 1.
+    ``fsdp`` False: ZeRO-2/3 are DeepSpeed's (Megatron-DeepSpeed), Megatron's tensor parallelism the same.
     """
-    if plan.zero >= 2:
+    if plan.zero >= 2 and fsdp:
         if plan.tp > 1 or plan.cp > 1:
             notes.append(f"Megatron-FSDP with tp={plan.tp}, cp={plan.cp}: TP/CP overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1 but "
                          "Megatron-FSDP refuses 1, so it is unset; TP communication may overlap less with compute")
@@ -322,8 +327,10 @@ def _env_lines(env: dict[str, str | None]) -> list[str]:
 def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
                     world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
+    stack = costed_stack(setup, stack)
     args, notes = megatron_args(model, hw, plan, setup, grad_accum, stack)
-    env = megatron_env(plan, notes)
+    env = megatron_env(plan, notes, fsdp=not runs_deepspeed(stack))
+    ds = deepspeed_lines(model, hw, plan, setup, grad_accum, world_size, stack, notes) if runs_deepspeed(stack) else []
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# Megatron-LM arguments (megatron/training/arguments.py); data, optimizer and checkpoint flags are yours.",
              f"# vocab: the tokenizer sets it ({model.vocab} here; Megatron pads it to a multiple of 128 x tp):",
@@ -336,7 +343,7 @@ def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
         take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
         lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
         i += take
-    lines += [")", *_env_lines(env),
-              " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py")) + ' "${MEGATRON_ARGS[@]}" "$@"']
+    lines += [")", *ds, *_env_lines(env), " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py"))
+              + ' "${MEGATRON_ARGS[@]}"' + (' "${DEEPSPEED_ARGS[@]}"' if ds else "") + ' "$@"']
     lines += [f"# note: {n}" for n in notes]
     return Exported("megatron_args.sh", "\n".join(lines) + "\n", tuple(notes))
