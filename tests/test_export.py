@@ -657,7 +657,7 @@ def _run_megatron_script(text: str, tmp_path, env: dict[str, str]) -> tuple[list
     script = tmp_path / "megatron_args.sh"
     script.write_text(text)
     run = subprocess.run(["bash", str(script)], env={"PATH": f"{bindir}:{os.environ['PATH']}", **env},
-                         capture_output=True, check=True)
+                         capture_output=True, check=True, cwd=tmp_path)  # Megatron-DeepSpeed's writes ds_config.json
     conn, *argv = run.stdout.decode().split("\0")[:-1]
     argv = argv[argv.index("pretrain_gpt.py") + 1:]
     return argv, ({} if conn == "<unset>" else {"CUDA_DEVICE_MAX_CONNECTIONS": conn})
