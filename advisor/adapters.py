@@ -165,16 +165,13 @@ def tp_collectives(w: Workload, sp: Any) -> Any:
     return np.where(np.asarray(sp, dtype=bool), float(len(modules)), 0.5 * row)
 
 
-# Activation offload moves each saved tensor to pinned host memory during forward and back during backward over the
-# GPU's host link: the profile's (host.pcie_GBps) where it describes its host side, else PCIe 4.0 x16 (31.5 GB/s per
-# direction, PCI-SIG), the link of every GPU of the fine-tuning profiles (none describes a host), at the ~80% a pinned
-# cudaMemcpyAsync reaches (CUDA samples' bandwidthTest, pinned, ~25-26 GB/s on Gen4 x16)
-HOST_LINK_BYTES_PER_S = 31.5e9 * 0.8
-
-
 def host_link_bytes_per_s(hw) -> float:
-    """Bytes per second one GPU copies to or from pinned host memory (the comment above)."""
-    return hw.host.pcie_bytes_per_s if hw.host is not None else HOST_LINK_BYTES_PER_S
+    """Bytes per second one GPU copies to or from pinned host memory: the profile's host link (host.pcie_GBps), over
+    which activation offload moves each saved tensor during forward and back during backward. A profile without a host
+    side costs no offload (advisor.api.check_host refuses --adapter-offload there, as --offload is refused)."""
+    if hw.host is None:
+        raise ValueError(f"hardware profile {hw.name} has no host side: no host link to offload over")
+    return hw.host.pcie_bytes_per_s
 
 
 def activation_offload_exposed(w: Workload, saved_bytes: Any, fwd_s: Any, bwd_s: Any) -> tuple[Any, Any]:

@@ -83,9 +83,9 @@ def resolve_precision(hardware: Hardware, precision: Optional[str], stack: Union
     return precision
 
 
-def finetune_of(o, method: Optional[str] = None, model: Optional[ModelSpec] = None):
+def finetune_of(o, method: Optional[str] = None, model: Optional[ModelSpec] = None, hw: Optional[Hardware] = None):
     """The options' FineTune (PEFT's default targets for ``model``'s family where none are given), or a one-line
-    PlanError naming the option ("auto" is plan's only)."""
+    PlanError naming the option ("auto" is plan's only, an offload ``hw`` cannot cost: check_host)."""
     if (method or o.method) == "auto":
         raise PlanError("--method auto picks a method by searching: use it with advisor plan (estimate and export "
                         "cost one method: full, lora or qlora)")
@@ -95,9 +95,21 @@ def finetune_of(o, method: Optional[str] = None, model: Optional[ModelSpec] = No
     except AdvisorError:
         library = "peft"  # an unknown stack is refused where the setup is built, in its own words
     try:
-        return o.finetune(method, model, library)
+        ft = o.finetune(method, model, library)
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None
+    if hw is not None:
+        check_host(hw, ft)
+    return ft
+
+
+def check_host(hardware: Hardware, ft) -> None:
+    """A fine-tune's CPU offload (--adapter-offload: the adapters' optimizer step on the CPU, the activations copied to
+    host memory) crosses the host link to the host's CPU and memory: as the plans' --offload (advisor.parallel.offload
+    NO_HOST), it is costed only where the hardware profile describes its host side."""
+    if ft.offload.value != "none" and hardware.host is None:
+        raise PlanError(f"--adapter-offload {ft.offload.value}: hardware profile {hardware.name} has no host side (its "
+                        "host link, CPU and memory): offload is not costed (add host: to the profile)")
 
 
 def build_inputs(model, hw, **given):
@@ -123,7 +135,7 @@ def build_inputs(model, hw, **given):
                               grad_accum=o.grad_accum, precision=precision, optimizer=o.optimizer,
                               attention=o.attention, recompute=o.recompute, recompute_layers=o.recompute_layers,
                               recompute_modules=modules_of(o.recompute_modules),
-                              stack=stack_name(o.stack), finetune=finetune_of(o, model=spec),
+                              stack=stack_name(o.stack), finetune=finetune_of(o, model=spec, hw=hardware),
                               **moe_setup(o))
         plan = Plan(dp=dp, tp=o.tp, pp=o.pp, zero=zero, hybrid_shard=(o.fsdp == "hybrid-shard"), sp=bool(o.sp),
                     schedule=o.schedule, virtual_stages=virtual_stages, data_parallel=o.data_parallel,
@@ -255,6 +267,7 @@ def estimate_plan(model: Union[str, Path, ModelSpec], hw: Union[str, Path, Hardw
     world = resolve_world(hardware, world_size, None, plan.world_size)  # whole nodes beyond one
     resolve_precision(hardware, setup.precision.value)  # the GPU runs it
     check_setup(spec, setup)
+    check_host(hardware, setup.finetune)
     asked = setup.stack if stack is None else stack
     auto = not isinstance(asked, Stack) and str(asked) == "auto"
     stack = plan_stack(asked, spec, hardware, setup, plan)

@@ -67,7 +67,8 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
         last = results[pick]
         fewest = f"; the fewest GPUs: {pick} on --gpus {worlds[pick][0]:,}" if worlds else ""
         last.method_choice = {"chosen": None, "steps_s": steps,
-                              "lines": [f"method auto: nothing fits, not even QLoRA with CPU offload{fewest}"]}
+                              "lines": ["method auto: nothing fits" + (", not even QLoRA with CPU offload" if "qlora+offload"
+                                                                     in results else "") + fewest]}
         return last
     if unloaded:  # each rung's best step without offload; one that fits only offloaded said so
         steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({s:.3g} s)"

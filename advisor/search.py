@@ -260,7 +260,7 @@ def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> T
         return TrainingSetup(seq_len=seq, global_batch=gb, precision=resolve_precision(hardware, o.precision, o.stack),
                              optimizer=o.optimizer, attention=o.attention, stack=stack_name(o.stack),
                              recompute="none" if o.recompute_modules is None else "selective", recompute_modules=modules_of(o.recompute_modules),
-                             finetune=api.finetune_of(o, model=spec),
+                             finetune=api.finetune_of(o, model=spec, hw=hardware),
                              **moe_setup(o))
     except Exception as exc:
         raise PlanError(format_validation_error(exc)) from None

@@ -4,6 +4,7 @@ torchtune and litgpt spell them, the memory of a frozen or quantised base, and t
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,10 +169,10 @@ def test_every_option_costs_finite_parts_and_offload_never_costs_memory(method, 
                                                                      precision, recompute, dropout):
     kw = dict(gpus=1, seq=512, method=method, lora_targets=targets, dora=dora, optimizer_8bit=bits8,
               lora_library=library, precision=precision, recompute=recompute, lora_dropout=dropout)
-    e = estimate("llama2-7b", "l40s", **kw)
+    e = estimate("llama2-7b", "dgx-a100", **kw)  # a profile with a host side: offload is costed there alone
     assert all(np.isfinite(v) and v >= 0 for v in e.memory.parts.values())
     assert all(np.isfinite(v) and v >= 0 for v in e.breakdown.values())
-    off = estimate("llama2-7b", "l40s", adapter_offload="optimizer+activations", **kw)
+    off = estimate("llama2-7b", "dgx-a100", adapter_offload="optimizer+activations", **kw)
     assert off.memory.peak_bytes <= e.memory.peak_bytes and off.step_time_s >= e.step_time_s * (1 - 1e-9)
 
 
@@ -203,16 +204,44 @@ def test_adapter_options_with_a_full_fine_tune_are_refused_not_ignored(kw, needl
     assert needle in str(exc.value) and "--method lora" in str(exc.value) and "\n" not in str(exc.value)
 
 
+# L4 with a host side for the tests (tests/configs/l4-host.yaml): PCIe 4.0 x16 (NVIDIA L4 datasheet) at the ~80% a
+# pinned copy reaches (31.5 GB/s per direction, PCI-SIG; ~25 GB/s: CUDA samples' bandwidthTest), the figure the
+# fine-tuning profiles' offload took before a profile without a host side refused it
+L4_HOST = str(Path(__file__).parent / "configs" / "l4-host.yaml")
+
+
 def test_adapter_offload_copies_over_the_profiles_own_host_link():
-    """Activation offload's copies take the GPU's host link: the profile's host.pcie_GBps where it describes its host
-    (dgx-h100: a Gen5 x16 link, 50 GB/s as a pinned copy reaches it), else PCIe 4.0 x16 at 80% (31.5 GB/s, PCI-SIG;
-    ~25 GB/s pinned: CUDA samples' bandwidthTest), the link of the fine-tuning GPUs, whose profiles describe no host."""
-    from advisor.adapters import HOST_LINK_BYTES_PER_S, host_link_bytes_per_s
+    """Activation offload's copies take the GPU's host link, the profile's host.pcie_GBps (dgx-h100: a Gen5 x16 link,
+    50 GB/s as a pinned copy reaches it; dgx-a100's 12.5)."""
+    from advisor.adapters import host_link_bytes_per_s
     from advisor.hardware import load_hardware
 
     assert host_link_bytes_per_s(load_hardware("dgx-h100")) == pytest.approx(50e9)
-    assert load_hardware("l40s").host is None and host_link_bytes_per_s(load_hardware("l40s")) == HOST_LINK_BYTES_PER_S
-    assert HOST_LINK_BYTES_PER_S == pytest.approx(25.2e9)
+    assert host_link_bytes_per_s(load_hardware("dgx-a100")) == pytest.approx(12.5e9)
+    assert host_link_bytes_per_s(load_hardware(L4_HOST)) == pytest.approx(25.2e9)
+
+
+@pytest.mark.parametrize("profile", ["l40s", "meta-grand-teton-h100"])
+def test_adapter_offload_without_a_host_side_is_refused_as_offload_is(profile):
+    """A profile with no host: section gives no host link, memory or CPU: the plans' --offload is refused there
+    (advisor.parallel.offload NO_HOST), and so is a fine-tune's --adapter-offload, which L40S's profile costed over an
+    assumed PCIe 4.0 link (224.5 ms for Llama 2 7B QLoRA at seq 512), in one line, by estimate and estimate_plan."""
+    from advisor.api import estimate_plan
+    from advisor.errors import AdvisorError
+
+    kw = dict(gpus=1, seq=512, method="qlora")
+    want = (f"--adapter-offload optimizer+activations: hardware profile {profile} has no host side (its host link, CPU "
+            "and memory): offload is not costed (add host: to the profile)")
+    with pytest.raises(AdvisorError) as err:
+        estimate("llama2-7b", profile, adapter_offload="optimizer+activations", **kw)
+    assert str(err.value) == want
+    with pytest.raises(AdvisorError, match="offload is not costed"):
+        estimate("llama2-7b", profile, offload="optimizer-cpu", zero=2, stack="deepspeed", gpus=1, seq=512)
+    e = estimate("llama2-7b", profile, **kw)  # a search's row, offload added: refused the same
+    setup = e.setup.model_copy(update={"finetune": e.setup.finetune.model_copy(update={"offload": "optimizer+activations"})})
+    with pytest.raises(AdvisorError) as err:
+        estimate_plan("llama2-7b", profile, e.plan, setup, 1)
+    assert str(err.value) == want
 
 
 def test_adapters_and_dequantisation_add_host_work_read_from_their_code():
@@ -366,15 +395,33 @@ def test_mfu_label_says_the_frozen_base_skips_its_weight_gradient():
 
 
 def test_plan_auto_names_the_fastest_without_offload_where_one_fits():
-    """Mistral 7B on one L4 at seq 2048: QLoRA with its optimizer and activations offloaded steps faster than QLoRA
-    (a larger micro-batch without recomputation), but offload comes last (issue 22), so the line names the fastest
-    rung without offload and says so; it said 'fastest that fits: qlora' beside 'qlora+offload 349 s'."""
+    """Mistral 7B on one L4 with a host side at seq 2048: QLoRA with its optimizer and activations offloaded steps
+    faster than QLoRA (a larger micro-batch without recomputation), but offload comes last (issue 22), so the line names
+    the fastest rung without offload and says so; it said 'fastest that fits: qlora' beside 'qlora+offload 349 s'."""
     from advisor.search import plan
 
-    choice = plan("mistral-7b", "l4", gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
+    choice = plan("mistral-7b", L4_HOST, gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
     steps = choice["steps_s"]
     assert steps["qlora+offload"] < steps["qlora"] < steps["lora"]
     assert choice["fastest"] == "qlora" and "fastest that fits without offload: qlora" in choice["lines"][0]
+
+
+def test_plan_auto_leaves_the_offload_rung_out_where_the_profile_has_no_host():
+    """The L4's own profile describes no host: the qlora+offload rung is not costed (it was, at 21.8 s, over an assumed
+    PCIe 4.0 link), and the methods line says why; LoRA and QLoRA are as with a host (24.2 s QLoRA), and the full
+    fine-tune fits nowhere (with a host, only ZeRO-Offload's plans fit it)."""
+    from advisor.search import plan
+
+    choice = plan("mistral-7b", "l4", gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
+    hosted = plan("mistral-7b", L4_HOST, gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
+    assert choice["steps_s"]["qlora+offload"] == ("not costed: --adapter-offload optimizer+activations: hardware "
+                                                  "profile l4 has no host side (its host link, CPU and memory): offload "
+                                                  "is not costed (add host: to the profile)")
+    assert hosted["steps_s"]["qlora+offload"] == pytest.approx(21.8, abs=0.05)
+    assert {m: choice["steps_s"][m] for m in ("lora", "qlora")} == {m: hosted["steps_s"][m] for m in ("lora", "qlora")}
+    assert choice["steps_s"]["full"] is None and hosted["steps_s"]["full"].startswith("fits only offloaded (")
+    assert choice["steps_s"]["qlora"] == pytest.approx(24.2, abs=0.05)
+    assert choice["chosen"] == hosted["chosen"] == "lora" and "qlora+offload not costed: " in choice["lines"][1]
 
 
 def test_adapters_on_a_mixture_of_experts_are_refused_naming_the_fix():
