@@ -93,7 +93,7 @@ BASE = ["--model", "llama3-8b", "--hw", "dgx-h100", "--gpus", "8", "--zero", "3"
 @pytest.mark.parametrize("stack,zero,first_line", [
     ("torchtitan", "3", "#!/bin/bash"),
     ("hf-trainer", "3", "# advisor export: llama3-8b"),
-    ("megatron-deepspeed", "1", "#!/bin/bash"),  # its ZeRO-3 is DeepSpeed's: the JSON (test_export.py)
+    ("megatron-deepspeed", "3", "#!/bin/bash"),  # DeepSpeed's ZeRO-3 under Megatron's flags (test_export_megatron_deepspeed.py)
     ("llm-foundry", "3", "# advisor export: llama3-8b"),
 ])
 def test_cli_without_format_writes_the_stacks_first(stack, zero, first_line):

@@ -2,7 +2,7 @@
 
 Model shape (and a mixture of experts' --num-experts, --moe-*; RoPE's base and scaling and the norms' epsilon, a note
 where one is not known), parallel degrees (with
---expert-model-parallel-size), batch, precision, recompute and data parallelism (distributed optimizer for ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP) become flags; data, tokenizer,
+--expert-model-parallel-size), batch, precision, recompute and data parallelism (distributed optimizer for ZeRO-1, Megatron-FSDP for ZeRO-2/3, optimizer instances for HSDP; DeepSpeed's ZeRO for Megatron-DeepSpeed: megatron_deepspeed.py) become flags; data, tokenizer,
 optimizer and checkpoint paths stay the user's. The environment Megatron-LM's validate_args checks
 (CUDA_DEVICE_MAX_CONNECTIONS) is set in the script. The notes are written into the script as comments.
 """

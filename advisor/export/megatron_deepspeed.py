@@ -82,7 +82,8 @@ def refuse_for_fork(model: ModelSpec, plan: Plan, args: list, stack: Stack) -> N
 
 def deepspeed_args(plan: Plan) -> list[str]:
     """DeepSpeed's launch arguments and the fork's ZeRO flags."""
-    # --deepspeed, --deepspeed_config: deepspeed.add_config_arguments (deepspeed/__init__.py _add_core_arguments)
+    # --deepspeed, --deepspeed_config: deepspeed.add_config_arguments (deepspeed 0.19.8 __init__.py:648), which adds them
+    # in _add_core_arguments (:628, :633); Megatron-DeepSpeed's parse_args extends its parser with it
     a = ["--deepspeed", "--deepspeed_config", CONFIG, "--zero-stage", str(plan.zero)]
     if plan.pp == 1:  # the fork builds GPTModelPipe, DeepSpeed's PipelineModule, without it; DeepSpeed's
         # PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (runtime/pipe/engine.py:77)
