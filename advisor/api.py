@@ -109,7 +109,8 @@ def check_host(hardware: Hardware, ft) -> None:
     NO_HOST), it is costed only where the hardware profile describes its host side."""
     if ft.offload.value != "none" and hardware.host is None:
         raise PlanError(f"--adapter-offload {ft.offload.value}: hardware profile {hardware.name} has no host side (its "
-                        "host link, CPU and memory): offload is not costed (add host: to the profile)")
+                        f"host link, CPU and memory): offload is not costed (measure it on the machine: advisor calibrate --host --base {hardware.name} "
+                        "--out FILE, then --hw FILE; or add host: to the profile)")
 
 
 def build_inputs(model, hw, **given):

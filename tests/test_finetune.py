@@ -231,7 +231,8 @@ def test_adapter_offload_without_a_host_side_is_refused_as_offload_is(profile):
 
     kw = dict(gpus=1, seq=512, method="qlora")
     want = (f"--adapter-offload optimizer+activations: hardware profile {profile} has no host side (its host link, CPU "
-            "and memory): offload is not costed (add host: to the profile)")
+            f"and memory): offload is not costed (measure it on the machine: advisor calibrate --host --base {profile} "
+            "--out FILE, then --hw FILE; or add host: to the profile)")
     with pytest.raises(AdvisorError) as err:
         estimate("llama2-7b", profile, adapter_offload="optimizer+activations", **kw)
     assert str(err.value) == want
@@ -416,7 +417,8 @@ def test_plan_auto_leaves_the_offload_rung_out_where_the_profile_has_no_host():
     hosted = plan("mistral-7b", L4_HOST, gpus=1, seq=2048, global_batch=16, method="auto", top=1).method_choice
     assert choice["steps_s"]["qlora+offload"] == ("not costed: --adapter-offload optimizer+activations: hardware "
                                                   "profile l4 has no host side (its host link, CPU and memory): offload "
-                                                  "is not costed (add host: to the profile)")
+                                                  "is not costed (measure it on the machine: advisor calibrate --host "
+                                                  "--base l4 --out FILE, then --hw FILE; or add host: to the profile)")
     assert hosted["steps_s"]["qlora+offload"] == pytest.approx(21.8, abs=0.05)
     assert {m: choice["steps_s"][m] for m in ("lora", "qlora")} == {m: hosted["steps_s"][m] for m in ("lora", "qlora")}
     assert choice["steps_s"]["full"] is None and hosted["steps_s"]["full"].startswith("fits only offloaded (")
