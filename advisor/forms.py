@@ -4,7 +4,7 @@ parallelism, ``whole`` never) and their value on a layer (advisor.model.layer.De
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -49,24 +49,36 @@ def form_value(form: Form, layer: DecoderLayer) -> float:
 
 @dataclass(frozen=True)
 class LayerBytes:
-    """Bytes per token of one layer, evaluated, by how tensor parallelism divides them."""
+    """Bytes per token of one layer, evaluated, by how tensor parallelism divides them; ``kv`` (saved tables only:
+    ``of(..., kv_groups=True)``) is the ``split`` part's kv_dim terms, which a TP rank holds whole KV heads of: kv_dim
+    over min(tp, kv heads) (megatron-core 0.19.2 transformer/attention.py:353-367: num_query_groups_per_partition 1
+    where num_query_groups < tp, each rank keeping one whole group's k and v; advisor.parallel.tensor replicates the KV
+    heads so for every stack)."""
 
     split: float
     sequence: float
     whole: float
     scores: float  # per head per key
+    kv: float = 0.0
+    kv_heads: float = np.inf
 
     @classmethod
-    def of(cls, b: PerLayerBytes, layer: DecoderLayer) -> "LayerBytes":
-        return cls(form_value(b.split, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores)
+    def of(cls, b: PerLayerBytes, layer: DecoderLayer, kv_groups: bool = False) -> "LayerBytes":
+        if not kv_groups:
+            return cls(form_value(b.split, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores)
+        kv = form_value({"kv_dim": b.split["kv_dim"]} if "kv_dim" in b.split else {}, layer)
+        rest = {d: v for d, v in b.split.items() if d != "kv_dim"}
+        return cls(form_value(rest, layer), form_value(b.sequence, layer), form_value(b.whole, layer), b.scores, kv,
+                   layer.kv_heads)
 
     def without_scores(self) -> "LayerBytes":
-        return LayerBytes(self.split, self.sequence, self.whole, 0.0)
+        return replace(self, scores=0.0)
 
     def per_gpu(self, tp: Any, sp: Any, scores_per_token: float = 0.0) -> Any:
         """Bytes per token on one TP rank; ``scores_per_token`` is heads x keys (0 where no scores are kept)."""
         tp = np.asarray(tp, dtype=float)
         out = (self.split + self.scores * scores_per_token) / tp
+        out = out + (self.kv / np.minimum(tp, self.kv_heads) if self.kv else 0.0)
         out = out + (self.sequence / np.where(sp, tp, 1.0) if self.sequence else 0.0)
         return out + self.whole
 

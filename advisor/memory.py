@@ -160,10 +160,9 @@ def checkpointed_qkv_kept(w: Workload, tp: Any) -> Any:
     normed = m.qk_norm is not QKNorm.none
     q_new = 1.0 if normed or layer.kv_heads < layer.n_heads else rotated
     k_new = 1.0 if normed else rotated
-    qkv = layer.q_dim + 2.0 * layer.kv_dim
+    qkv, kv = layer.q_dim + 2.0 * layer.kv_dim, layer.kv_dim / np.minimum(tp, layer.kv_heads)  # a rank's k (or v)
     fused = qkv / np.where(tp > layer.kv_heads, 1.0, tp)
-    return w.act_bytes * (fused + q_new * layer.q_dim / tp + k_new * layer.kv_dim / np.minimum(tp, layer.kv_heads)
-                          - qkv / tp)
+    return w.act_bytes * (fused + q_new * layer.q_dim / tp + k_new * kv - (layer.q_dim / tp + 2.0 * kv))
 
 
 def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0, fp8_core: Any = False) -> Any:
@@ -181,7 +180,8 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any 
     width = {"d_model": w.model.d_model, "q_dim": attn * layer.q_dim, "kv_dim": attn * layer.kv_dim,
              "d_ff": 0.0 if layer.routed else layer.d_ff, "routed_d_ff": routed, "latents": layer.latent_widths()["latents"]}
     on_sequence = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
-    split = {"d_model": on_sequence, "latents": on_sequence}
+    # k and v whole KV heads a rank (advisor.forms LayerBytes: min(tp, kv heads))
+    split = {"d_model": on_sequence, "latents": on_sequence, "kv_dim": np.minimum(tp, layer.kv_heads)}
     # a module rerunning the routed activation reruns its unfused clamp, whose copies it then does not keep either
     # (once, whichever modules name it; kept at all only where the policy keeps the routed path: saved_per_token)
     rerun = any("mlp/act" in sel.modules[m].recomputes for m in w.recompute_modules) and sel.routed == "kept"

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 
 PASSES = ("fprop", "dgrad", "wgrad")
@@ -273,7 +275,9 @@ def fp8_attention_saved(w, tp):
     if not w.fp8_attention or r is None or r.name not in FP8_ATTENTION_ORIENTATIONS:
         return 0.0
     layer = w.layer
-    qkv = layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)
-    out = layer.n_heads * layer.v_head if r.name in FP8_ATTENTION_O_QUANTISED else 0.0
+    # a rank's q heads and its whole KV heads (min(tp, kv heads): megatron-core attention.py:353-367)
+    tp = np.asarray(tp, dtype=float)
+    qkv = layer.n_heads * layer.d_head / tp + layer.kv_heads * (layer.d_head + layer.v_head) / np.minimum(tp, layer.kv_heads)
+    out = layer.n_heads * layer.v_head / tp if r.name in FP8_ATTENTION_O_QUANTISED else 0.0
     per_element = FP8_ATTENTION_ORIENTATIONS[r.name] * r.stored_bytes - w.act_bytes
-    return (1.0 - w.bf16_share) * (qkv * per_element + out * (r.stored_bytes - w.act_bytes)) / tp
+    return (1.0 - w.bf16_share) * (qkv * per_element + out * (r.stored_bytes - w.act_bytes))

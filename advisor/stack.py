@@ -240,12 +240,13 @@ class Stack(Spec):
         if k.latent and layer.latent is not None:  # MLA's kernels in place of the q/k/v layout terms (Kernels.latent)
             lat = pick(k.latent, "kernels.latent")
             ew_fwd, ew_bwd = ew_fwd.replacing_heads(lat.forward), ew_bwd.replacing_heads(lat.backward)
-        full = LayerBytes.of(saved.layer, layer)
-        selective = LayerBytes.of(saved.selective, layer) if saved.selective is not None else full.without_scores()
+        full = LayerBytes.of(saved.layer, layer, kv_groups=True)  # the saved k and v: whole KV heads a rank
+        selective = (LayerBytes.of(saved.selective, layer, kv_groups=True) if saved.selective is not None
+                     else full.without_scores())
         return StackTables(
             host.forward_ops, host.backward_ops, host.cpu_us_per_op, head.forward_ops, head.backward_ops,
             LayerBytes.of(ew_fwd, layer), LayerBytes.of(ew_bwd, layer), sc.forward, sc.backward,
-            loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer), selective,
+            loss.forward, loss.backward, full, LayerBytes.of(saved.full_recompute, layer, kv_groups=True), selective,
             form_value(saved.outside_layers, layer), saved.attention_mask, lg.held, lg.peak, k.vocab_padding,
             k.attention_efficiency, form_value(saved.norm_weight_inputs, layer), form_value(lg.held_per_token, layer),
             form_value(lg.peak_per_token, layer), lg.peak_per_head_weight,
