@@ -402,8 +402,9 @@ def test_routed_activations_as_each_stack_keeps_them():
                  for r in ("none", "selective"))
     # flash attention saves no scores, but megatron-core's core-attention checkpoint keeps linear_qkv's whole output (the
     # value a view of it) beside the normed, RoPE'd q and k (advisor.memory checkpointed_qkv_kept): 32 query heads and
-    # 4 KV heads of 128 (config.json), 2 x (4096 + 512) B a token more in each of the 48 layers
-    assert sel - none == pytest.approx(48 * 4096 * 2 * (4096 + 512), rel=1e-12)
+    # 4 KV heads of 128 (config.json), 2 x (4096 + 512) B a token more in each of the 48 layers, less the fp32 softmax
+    # statistics (4 B a head) the core run under no_grad does not keep (tensor_parallel/random.py:606)
+    assert sel - none == pytest.approx(48 * 4096 * (2 * (4096 + 512) - 4 * 32), rel=1e-12)
 
 
 # Megatron-LM's report, run in a subprocess on the megatron-core 0.19.2 tree (tests/test_export_stacks.py explains why)
