@@ -33,7 +33,7 @@ from advisor.parallel.in_flight import in_flight_layers
 from advisor.precision import fp8_attention_saved
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
-from advisor.unfused import routed_unfused
+from advisor.unfused import rotary_saved, routed_unfused
 from advisor.workload import Workload
 
 # NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
@@ -116,7 +116,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     # at the table's
     fp8_core = w.fp8_attention & (np.asarray(mesh.cp) <= 1)
     core = np.where(fp8_core, fp8_attention_saved(w, mesh.tp), 0.0)
-    full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core
+    rope = rotary_saved(w, c.micro_batch)  # the unfused YaRN RoPE's cos and sin, outside every checkpointed module
+    full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core + rope
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)
@@ -127,7 +128,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
         less = quantised_inputs_saving(w, mesh.tp, sp, core_rerun=True)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  + np.where(fp8_core, core, 0.0)
-                 + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0)
+                 + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0) + rope
                  - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0, fp8_core))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)

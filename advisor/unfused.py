@@ -59,6 +59,9 @@ class Rotary(Spec):
     plain: Passes = Field(default_factory=Passes)
     scaled: Passes = Field(default_factory=Passes)
     scaled_whole: Passes = Field(default_factory=Passes)
+    # the YaRN path's tensors of the rotated width kept per sequence position, not per head or per sample (the cos and
+    # sin it makes anew for q and for k, each saved by its product's backward), in the activation dtype
+    scaled_per_position: float = Field(default=0.0, ge=0, le=100)
     source: Optional[str] = None
 
 
@@ -106,3 +109,15 @@ def rotary_bytes(w: "Workload", tp: Any) -> tuple[Any, Any]:
         return r.plain.forward * per, r.plain.backward * per
     f = m.rotary_fraction
     return (f * r.scaled.forward + r.scaled_whole.forward) * per, (f * r.scaled.backward + r.scaled_whole.backward) * per
+
+
+def rotary_saved(w: "Workload", micro_batch: Any) -> Any:
+    """Bytes per token one GPU's layer keeps for the YaRN RoPE's backward beyond its tables (kernels.rotary
+    scaled_per_position): tensors of the rotated width a position, shared by the micro-batch's samples and kept whole
+    on every TP rank (attention runs the whole sequence's positions there), on the model's mean layer."""
+    m = w.model
+    yarn = m.rope_scaling is not None and m.rope_scaling.kind == "yarn"
+    if m.position is not PositionKind.rotary or m.latent is not None or not yarn:
+        return 0.0
+    per_position = w.stack.kernels.rotary.scaled_per_position * m.rotary_fraction * w.layer.d_head * w.act_bytes
+    return per_position * (1.0 - len(m.nope_layers) / m.n_layers) / np.asarray(micro_batch, dtype=float)
