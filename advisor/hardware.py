@@ -53,6 +53,9 @@ class GPU(Spec):
     )
     sm_count: Optional[int] = Field(default=None, ge=1, le=100_000, description="streaming multiprocessors (datasheet): "
                                     "what overlapped collectives take from a GEMM (advisor.parallel.tensor); None: not costed")
+    compute_capability: Optional[float] = Field(
+        default=None, ge=1.0, le=100.0, description="CUDA compute capability (sm_80: 8.0; NVIDIA's CUDA GPUs table): "
+        "the attention kernel a stack's library picks (advisor.memory flash_output_copy); None: not known, not costed")
     block_scaling: bool = Field(
         default=False, description="tensor cores that apply per-block scales inside the GEMM (Blackwell, sm_100+): "
                                    "MXFP8's blocks of 32 and NVFP4's blocks of 16 (advisor.precision)")

@@ -117,7 +117,8 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     fp8_core = w.fp8_attention & (np.asarray(mesh.cp) <= 1)
     core = np.where(fp8_core, fp8_attention_saved(w, mesh.tp), 0.0)
     rope = rotary_saved(w, c.micro_batch)  # the unfused YaRN RoPE's cos and sin, outside every checkpointed module
-    full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core + rope
+    flash = flash_output_copy(w, c.micro_batch, mesh.tp)  # an unchecked core's output twice (not under core_attn)
+    full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core + rope + flash
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
     # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)
@@ -128,7 +129,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
         less = quantised_inputs_saving(w, mesh.tp, sp, core_rerun=True)
     selective = (base.per_gpu(mesh.tp, sp, scores if base is t.saved_layer else 0.0) - less + delta
                  + np.where(fp8_core, core, 0.0)
-                 + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else 0.0) + rope
+                 + (checkpointed_qkv_kept(w, mesh.tp) if base is t.saved_selective else flash) + rope
                  - module_frees(w, mesh.tp, sp, mesh.ep, unfused.clamp_kept if unfused else 0.0, fp8_core))
     if unfused is not None:  # the permuted copies, the experts' outputs and the router's (advisor.parallel.expert)
         routed = expert.routed_saved(w, mesh, sp)
@@ -164,6 +165,26 @@ def checkpointed_qkv_kept(w: Workload, tp: Any) -> Any:
     qkv, kv = layer.q_dim + 2.0 * layer.kv_dim, layer.kv_dim / np.minimum(tp, layer.kv_heads)  # a rank's k (or v)
     fused = qkv / np.where(tp > layer.kv_heads, 1.0, tp)
     return w.act_bytes * (fused + q_new * layer.q_dim / tp + k_new * kv - (layer.q_dim / tp + 2.0 * kv))
+
+
+def flash_output_copy(w: Workload, micro_batch: Any, tp: Any) -> Any:
+    """Bytes per token on one TP rank of the attention output's second copy, where the stack's fused attention runs
+    FlashAttention (its profile's memory.flash_output_copy: the GPU's compute capability in its range, heads no wider
+    than the kernel takes, no learned sinks, which turn FlashAttention off) at micro-batch > 1: Transformer Engine's
+    FlashAttention.forward returns output.view(b, s, -1).transpose(0, 1).contiguous() for sbhd (2.20.2
+    attention/dot_product_attention/backends.py:1428, 1436; 2.14.0 :1135, 1143), a new tensor once b > 1 (a view at
+    b = 1), which linear_proj saves while flash-attn keeps its own bshd output for its backward. Not where the output
+    projection keeps a quantised copy in place of its input (engine.quantised_inputs original_not_under)."""
+    f, cc, layer = w.stack.memory.flash_output_copy, w.hw.gpu.compute_capability, w.layer
+    if f is None or cc is None or w.eager or not f.from_cc <= cc < f.below_cc or w.model.attention_sinks:
+        return 0.0
+    if max(layer.d_head, layer.v_head) > f.max_head_dim:
+        return 0.0
+    r, qi = w.precision.recipe, w.stack.engine.quantised_inputs
+    if r is not None and qi is not None and r.name in qi.original_not_under:
+        return 0.0
+    out = w.act_bytes * layer.n_heads * layer.v_head / np.asarray(tp, dtype=float)
+    return np.where(np.asarray(micro_batch) > 1, out, 0.0)
 
 
 def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any = 0.0, fp8_core: Any = False) -> Any:

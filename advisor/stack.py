@@ -132,9 +132,21 @@ class Kernels(Spec):
     latent: list[Traffic] = Field(default_factory=list)
 
 
+class FlashOutputCopy(Spec):
+    """Where the stack's fused attention runs FlashAttention (on GPUs of compute capability in [``from_cc``,
+    ``below_cc``)) and hands back a contiguous copy of its output in another layout at micro-batch > 1, which the
+    output projection saves beside the copy the kernel keeps (advisor.memory flash_output_copy)."""
+
+    from_cc: float = Field(ge=1.0, le=100.0)
+    below_cc: float = Field(ge=1.0, le=100.0)
+    max_head_dim: int = Field(default=256, ge=1, le=100_000)  # FlashAttention's widest (padded) head
+    source: Optional[str] = None
+
+
 class Memory(Spec):
     saved: list[Saved]
     logits: list[Logits]
+    flash_output_copy: Optional[FlashOutputCopy] = None
 
 
 # the --precision values each activation mode of the tables serves (advisor.precision: half is bf16 / fp16 throughout,
