@@ -136,7 +136,10 @@ def test_mla_keeps_its_latents_and_mla_up_proj_frees_and_reruns_them():
     mla_up_proj (CheckpointWithoutOutput around qkv_up_proj_and_rope_apply) frees q, k, v and the latents' copies and
     reruns q_b, kv_b and MLA's own forward kernels in backward."""
     t = _workload().tables
-    assert t.saved_layer.split == pytest.approx(2 * N * (QK + QK + V) + 2 * N * V + 4 * N + 6 * (8 * 2048 + 2048))
+    # k and v in the kv part, split over min(tp, KV heads): MLA's KV heads are its query heads (advisor.model.build)
+    assert t.saved_layer.kv_heads == N
+    assert t.saved_layer.split + t.saved_layer.kv == pytest.approx(2 * N * (QK + QK + V) + 2 * N * V + 4 * N
+                                                                   + 6 * (8 * 2048 + 2048))
     assert t.saved_layer.sequence == pytest.approx(8 * H + 8 + 2 * 2 * (QL + KVL))
     kw = dict(gpus=8, dp=1, ep=8, etp=1, pp=8, zero=1, seq=S, micro_batch=1, global_batch=8, stack="megatron-core",
               recompute="selective")
