@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advisor import adapters, compute
+from advisor import adapters
 from advisor.candidates import Candidates, Mesh
 from advisor.model.spec import PositionKind, QKNorm
 from advisor.parallel import context, expert, no_sync
