@@ -13,6 +13,7 @@ from advisor import optimizer
 from advisor.compute import LayerTimes, gemm_time, mem_time
 from advisor.finetune import (
     STATE_8BIT_BYTES,
+    FineTune,
     Library,
     Quant,
     adapter_params_per_layer,

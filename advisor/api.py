@@ -18,17 +18,17 @@ from advisor.errors import AdvisorError, PlanError, format_validation_error  # n
 from advisor.hardware import Hardware, load_hardware
 from advisor.layout import FSDP_TO_ZERO, TWO_CHUNK_SCHEDULES, ContextParallel, PipelineSplit, Plan, resolve_grad_accum
 from advisor.model import ModelSpec, load_model
-from advisor.options import DEFAULT_HEADROOM, EstimateOptions, modules_of, moe_setup, stack_name
+from advisor.options import EstimateOptions, modules_of, moe_setup, stack_name
 from advisor.peft_modules import targets_as_run
 from advisor.picks import collective_picks
 from advisor.results import Estimate, make_estimate
 from advisor.precision import canonical, check_gpu
-from advisor.stack import Stack, StackError, list_stacks, load_stack
+from advisor.stack import Stack, load_stack
 from advisor.stages import stage_note
 from advisor.step import evaluate
 from advisor.spec import checked
-from advisor.training import Precision, Recompute, TrainingSetup
-from advisor.workload import Workload, runs_model, stack_runs, stack_setup, why_not
+from advisor.training import Precision, TrainingSetup
+from advisor.workload import Workload, stack_setup
 
 
 

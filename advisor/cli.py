@@ -102,7 +102,7 @@ def plan(as_json: bool, top: int, explain: bool, export_kind, out, **kw) -> None
 
     refuse_out_over_an_input(out, model, hw, kw.get("stack"))
     if export_kind and as_json:  # as `advisor export` refuses it
-        _fail(f"--json does not apply with --export: the config is written in its own format (drop --json; or drop --export "
+        _fail("--json does not apply with --export: the config is written in its own format (drop --json; or drop --export "
               "for the ranking as JSON)")
     if export_kind and str(kw.get("stack")) == "any":  # a ranking over every stack, a file for one of them
         from advisor.export import stacks_launching

@@ -23,7 +23,7 @@ from advisor.admissible import valid_candidates
 from advisor.api import PlanError, resolve_precision, resolve_world
 from advisor.auto import model_parallel_partner, offloads_only
 from advisor.candidates import Candidates
-from advisor.constraints import drop_setup_violations, violations
+from advisor.constraints import drop_setup_violations
 from advisor.errors import AdvisorError, format_validation_error
 from advisor.explain import KIND_NAMES, decision_tree, explain, kind_codes
 from advisor.export import unwritable

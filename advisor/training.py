@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from advisor.finetune import FULL, FineTune
 from advisor.precision import Recipe, recipe
-from advisor.spec import ApiSpec, Spec
+from advisor.spec import ApiSpec
 
 
 class Name(str, Enum):

@@ -32,7 +32,6 @@ import collections
 import cProfile
 import functools
 import gc
-import io
 import json
 import os
 import pstats
