@@ -27,8 +27,8 @@ import yaml
 from advisor.export.common import Exported, ExportError, Plan, Precision, TrainingSetup, check, global_batch, header
 from advisor.export.megatron import (CP_COMM_TYPE, costed_stack, layout_chunks, megatron_env, pipeline_edge_layers,
                                      refuse_unwritable)
-from advisor.export.megatron_shape import (every_linear_biased, glu_fields, nope_pattern, position_type, rope_fields,
-                                           router_fields, windows)
+from advisor.export.megatron_shape import (every_linear_biased, glu_fields, nope_pattern, position_type, quick_glu,
+                                           rope_fields, router_fields, windows)
 from advisor.hardware import Hardware
 from advisor.model import MLPKind, ModelSpec, NormKind
 from advisor.stack import Stack
@@ -174,7 +174,7 @@ def _model_shape(model: ModelSpec) -> dict:
     (models/conversion/model_bridge.py CONFIG_MAPPING, rope_theta_from_hf), YaRN's rope_scaling
     (YARN_ROPE_SCALING_MAPPING, MLA_ROPE_SCALING_MAPPING) and Llama 3.1's (models/llama/llama_bridge.py): the
     model's own recipe already carries them (the header asks for it)."""
-    quick = model.experts is not None and model.experts.quick_glu
+    quick = quick_glu(model)
     m = {"num_layers": model.n_layers, "hidden_size": model.d_model, "ffn_hidden_size": model.d_ff,
          "num_attention_heads": model.n_heads, "num_query_groups": model.kv_heads,
          "gated_linear_unit": model.mlp is MLPKind.swiglu or quick,

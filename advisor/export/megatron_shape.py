@@ -11,6 +11,12 @@ from advisor.model import Experts, MLPKind, ModelSpec, NormKind, PositionKind, R
 MLA = "multi-head latent attention"
 
 
+def quick_glu(model: ModelSpec) -> bool:
+    """Whether the experts run GPT-OSS's quick-GELU GLU (advisor.model.spec Experts.quick_glu): Megatron's
+    --quick-geglu, Bridge's activation_func quick_gelu, each with glu_linear_offset 1 (glu_fields)."""
+    return model.experts is not None and model.experts.quick_glu
+
+
 def unwritten(model: ModelSpec) -> list[str]:
     """The shape features of a config.json family that model_shape has no flag for (a script without them
     would train another model)."""
@@ -32,7 +38,7 @@ def unwritten(model: ModelSpec) -> list[str]:
              "an LM-head bias": model.lm_head_bias,
              # --quick-geglu sets every MLP's activation (argument_utils.py:323-326): experts only where no layer is dense
              "a quick-GELU GLU on the experts beside dense SwiGLU layers": (
-                 model.experts is not None and model.experts.quick_glu and any(r.dense for r in model.layer_runs)),
+                 quick_glu(model) and any(r.dense for r in model.layer_runs)),
              # --qk-l2-norm puts megatron-core's L2Norm on every layer's q and k (gpt_layer_specs.py)
              "L2 q/k norms on the RoPE layers alone": model.qk_l2_norm and bool(model.nope_layers),
              **({} if model.experts is None else router_unwritten(model.experts))}
@@ -143,15 +149,14 @@ def glu_fields(model: ModelSpec) -> dict:
     (the same lines: the gate half clamped above, the linear half both ways, as GptOssExperts clamps them at
     swiglu_limit); the defaults left out."""
     e = model.experts
-    m: dict = {"glu_linear_offset": 1.0} if e is not None and e.quick_glu else {}
+    m: dict = {"glu_linear_offset": 1.0} if quick_glu(model) else {}
     return {**m, **({} if e is None or e.act_clamp is None else {"activation_func_clamp_value": e.act_clamp})}
 
 
 def mlp_flags(model: ModelSpec) -> list:
     """The MLP's activation: --swiglu (SiLU GLU), or GPT-OSS's experts' --quick-geglu (quick_gelu gated:
     argument_utils.py:323-326), with glu_fields() as flags."""
-    e = model.experts
-    a: list = ["--quick-geglu"] if e is not None and e.quick_glu else ["--swiglu"] if model.mlp is MLPKind.swiglu else []
+    a: list = ["--quick-geglu"] if quick_glu(model) else ["--swiglu"] if model.mlp is MLPKind.swiglu else []
     return a + as_flags(glu_fields(model))
 
 
