@@ -162,7 +162,7 @@ def checkpointed_qkv_kept(w: Workload, tp: Any) -> Any:
     normed = m.qk_norm is not QKNorm.none
     q_new = 1.0 if normed or layer.kv_heads < layer.n_heads else rotated
     k_new = 1.0 if normed else rotated
-    qkv, kv = layer.q_dim + 2.0 * layer.kv_dim, layer.kv_dim / np.minimum(tp, layer.kv_heads)  # a rank's k (or v)
+    qkv, kv = layer.qkv_dim, layer.kv_dim / np.minimum(tp, layer.kv_heads)  # a rank's k (or v)
     fused = qkv / np.where(tp > layer.kv_heads, 1.0, tp)
     return w.act_bytes * (fused + q_new * layer.q_dim / tp + k_new * kv - (layer.q_dim / tp + 2.0 * kv))
 

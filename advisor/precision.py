@@ -244,8 +244,7 @@ def fp8_attention_bytes(w, tokens, tp) -> tuple:
     row+col; O and dQ/dK/dV stay F16)."""
     layer, r = w.layer, w.precision.recipe
     q = w.stack.engine.quantise_bytes.get(r.name, r.quantise_bytes)
-    qkv = tokens * (layer.n_heads * layer.d_head + layer.kv_heads * (layer.d_head + layer.v_head)) / tp
-    return q * qkv, q * tokens * layer.n_heads * layer.v_head / tp
+    return q * (tokens * layer.qkv_dim / tp), q * tokens * layer.n_heads * layer.v_head / tp
 
 
 # What FP8 attention keeps for its backward, per quantised Q, K or V element: Transformer Engine 2.20.2 FusedAttnFunc

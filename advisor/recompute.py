@@ -54,7 +54,7 @@ def selected(parts: dict[str, Any], ops: tuple[str, ...], layer: Any) -> Any:
     total = 0.0
     for op in ops:
         if op == "attention/k":
-            total = total + parts.get("attention/qkv", 0.0) * layer.kv_dim / (layer.q_dim + 2.0 * layer.kv_dim)
+            total = total + parts.get("attention/qkv", 0.0) * layer.kv_dim / layer.qkv_dim
         else:
             total = total + parts[op]
     return total

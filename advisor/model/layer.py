@@ -188,6 +188,11 @@ class DecoderLayer:
         """Width of one of K and V per token (their mean where K and V differ: MLA's expanded keys and values)."""
         return self.kv_heads * (self.d_head + self.v_head) / 2 if self.d_v else self.kv_heads * self.d_head
 
+    @property
+    def qkv_dim(self) -> float:
+        """Width of Q, K and V together per token (the qkv linear's output): q_dim + 2 kv_dim."""
+        return self.q_dim + 2.0 * self.kv_dim
+
     def latent_widths(self) -> dict[str, int]:
         """Elements per token of MLA's tensors, all 0 without it: the query's rotated part (``q_rope``, heads x rope),
         kv_b's output (``kv_up``, heads x (nope + d_v)), the normed latents (``latents``, q and kv), the kv latent
