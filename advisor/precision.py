@@ -179,10 +179,9 @@ def check_gpu(r: Recipe, gpu_name: str, peaks: dict, block_scaling: bool) -> Opt
 FP8_ATTENTION = {"fp8-delayed": False, "fp8-tensorwise": True, "mxfp8": True}
 
 
-def fp8_attention_refusal(r: Optional[Recipe], asked: str, held: list, stack: str, gpu_name: str,
-                          block_scaling: bool) -> Optional[str]:
-    """Why --fp8-attention cannot run (one line): no FP8 recipe, a stack or recipe without FP8 attention, a GPU
-    before Blackwell under current scaling or MXFP8; None where it runs."""
+def fp8_attention_refusal(r: Optional[Recipe], asked: str, held: list, stack: str) -> Optional[str]:
+    """Why --fp8-attention cannot run on any GPU (one line): no FP8 recipe, a stack or recipe without FP8 attention;
+    None where it runs on some (the GPU's own refusals: fp8_attention_choice)."""
     if r is None or r.format != "fp8":
         return (f"--fp8-attention runs the attention core under an FP8 recipe, not {asked}: "
                 f"add --precision {held[0] if held else 'fp8-delayed'} or drop --fp8-attention")
@@ -194,9 +193,6 @@ def fp8_attention_refusal(r: Optional[Recipe], asked: str, held: list, stack: st
                 f"profile's engine.fp8_attention), not {name}: drop --fp8-attention or use another --precision or --stack")
     if FP8_ATTENTION.get(name) is None:
         return f"--fp8-attention: Transformer Engine runs no FP8 attention under {name}: drop --fp8-attention"
-    if FP8_ATTENTION[name] and not block_scaling:
-        return (f"--fp8-attention: cuDNN's FP8 attention under {name} needs Blackwell (sm_100+), not the {gpu_name}: "
-                "use --precision fp8-delayed or drop --fp8-attention")
     return None
 
 
@@ -217,16 +213,21 @@ def blackwell_only_attention(model) -> Optional[str]:
 def fp8_attention_choice(stack, setup, hw=None, model=None) -> bool:
     """Whether the setup runs FP8 attention (setup.fp8_attention), a RecipeError where the stack, the recipe, the
     GPU (``hw``, when given) or, on that GPU, the model's attention (``model``, when given) cannot run it."""
-    if setup.fp8_attention and setup.attention.value != "sdpa":
+    if not setup.fp8_attention:
+        return setup.fp8_attention
+    if setup.attention.value != "sdpa":
         raise RecipeError(f"--fp8-attention runs in the fused attention kernel: use --attention sdpa, not {setup.attention.value}")
-    args = (setup.precision.recipe, setup.precision.value, stack.engine.fp8_attention, stack.name,
-            hw.gpu.name if hw else "GPU")
-    if (setup.fp8_attention and hw is not None and model is not None and not hw.gpu.block_scaling
-            and (what := blackwell_only_attention(model)) and fp8_attention_refusal(*args, True) is None):
-        raise RecipeError(f"--fp8-attention: Transformer Engine runs {model.name}'s {what} in FP8 on Blackwell (sm_100+) "
-                          f"only, not the {args[-1]}: drop --fp8-attention")
-    if setup.fp8_attention and (why := fp8_attention_refusal(*args, hw is None or hw.gpu.block_scaling)):
+    r = setup.precision.recipe
+    if why := fp8_attention_refusal(r, setup.precision.value, stack.engine.fp8_attention, stack.name):
         raise RecipeError(why)
+    if hw is None or hw.gpu.block_scaling:
+        return setup.fp8_attention
+    if model is not None and (what := blackwell_only_attention(model)):
+        raise RecipeError(f"--fp8-attention: Transformer Engine runs {model.name}'s {what} in FP8 on Blackwell (sm_100+) "
+                          f"only, not the {hw.gpu.name}: drop --fp8-attention")
+    if FP8_ATTENTION[r.name]:
+        raise RecipeError(f"--fp8-attention: cuDNN's FP8 attention under {r.name} needs Blackwell (sm_100+), not the "
+                          f"{hw.gpu.name}: use --precision fp8-delayed or drop --fp8-attention")
     return setup.fp8_attention
 
 
