@@ -132,10 +132,7 @@ def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: flo
     header = (f"# Written by `advisor calibrate` on {info['date']} from {info['results']} (base profile {base}).\n"
               "# Datasheet figures come from the base; fitted (where measured): intra_node.fit, inter_node.fit, efficiency,\n"
               "# and the links' nccl_channels (calibration.fitted lists what this run fitted).\n")
-    path = cal.write_profile(hw, out_path, header)
-    for line in lines:
-        click.echo(line)
-    click.echo(f"wrote {path} (use it with --hw {path})")
+    _write(hw, out_path, header, lines)
 
 
 def _calibrate_host(out_path: Path, base: str, base_hw, name) -> None:
@@ -144,7 +141,6 @@ def _calibrate_host(out_path: Path, base: str, base_hw, name) -> None:
         import torch  # noqa: F401
     except ImportError:
         raise AdvisorError(TORCH_HINT) from None
-    from advisor import calibrate as cal
     from advisor.calibrate.host import measure
     from advisor.hardware import Host
 
@@ -153,6 +149,13 @@ def _calibrate_host(out_path: Path, base: str, base_hw, name) -> None:
     hw = base_hw.model_copy(update={"name": name or out_path.stem, "host": Host(**fields), "calibration": info})
     header = (f"# Written by `advisor calibrate --host` on {info['date']} (base profile {base}): the host side measured "
               "here, the rest the base's.\n")
+    _write(hw, out_path, header, lines)
+
+
+def _write(hw, out_path: Path, header: str, lines: list[str]) -> None:
+    """The calibrated profile written under its header, what the calibration says, and where the profile lies."""
+    from advisor import calibrate as cal
+
     path = cal.write_profile(hw, out_path, header)
     for line in lines:
         click.echo(line)
