@@ -9,6 +9,7 @@ micro_batch, global_batch, grad_accum, precision, optimizer, attention, recomput
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,7 +21,7 @@ from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
 
 __all__ = ["GRADIENT_CLIP", "gradient_clip", "RDZV_PORT", "ExportError", "Exported", "Layout", "Plan", "Precision", "Run", "TrainingSetup",
-           "check", "commented_yaml", "global_batch", "header", "node_layout"]
+           "argv_lines", "check", "commented_yaml", "global_batch", "header", "node_layout"]
 
 RDZV_PORT = 29500  # torchrun / accelerate default rendezvous port
 GRADIENT_CLIP = 1.0  # Megatron-LM's --clip-grad default; written into DeepSpeed too so both clip alike
@@ -70,6 +71,17 @@ def node_layout(hw: Hardware, world_size: int) -> Layout:
         raise ExportError(f"world size {world_size} is not a multiple of {g} GPUs per node ({hw.name}): "
                           "launchers start the same number of processes on every node")
     return Layout(world_size // g, g)
+
+
+def argv_lines(args: list[str]) -> list[str]:
+    """A launch script's bash array of arguments: one option a line, with its value where it has one (the next word
+    is not an option), each word shell-quoted."""
+    lines, i = [], 0
+    while i < len(args):
+        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
+        i += take
+    return lines
 
 
 def check(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,

@@ -20,6 +20,7 @@ from advisor.export.common import (
     Plan,
     Precision,
     TrainingSetup,
+    argv_lines,
     check,
     global_batch,
     header,
@@ -337,12 +338,7 @@ def megatron_config(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
              "#   e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model PATH,",
              f"#   or for synthetic data --tokenizer-type NullTokenizer --vocab-size {model.vocab - 1} --mock-data"
              " (NullTokenizer adds one EOD token)",
-             "MEGATRON_ARGS=("]
-    i = 0
-    while i < len(args):  # one flag per line, with its value when it has one
-        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
-        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
-        i += take
+             "MEGATRON_ARGS=(", *argv_lines(args)]
     lines += [")", *ds, *_env_lines(env), " ".join(torchrun_argv(hw, world_size, "pretrain_gpt.py"))
               + ' "${MEGATRON_ARGS[@]}"' + (' "${DEEPSPEED_ARGS[@]}"' if ds else "") + ' "$@"']
     lines += [f"# note: {n}" for n in notes]

@@ -15,10 +15,9 @@ schedule FSDP runs as ZeRO-1), nn.DataParallel.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any, Callable, Optional
 
-from advisor.export.common import Exported, ExportError, Precision, Run, check, header
+from advisor.export.common import Exported, ExportError, Precision, Run, argv_lines, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import PipelineSplit, Schedule
 from advisor.stack import Stack, load_stack
@@ -252,12 +251,7 @@ def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int, 
              "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
              "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",
              "# the allocator torchtitan's own launcher (run_train.sh) sets, which the memory estimate assumes",
-             f"export PYTORCH_ALLOC_CONF={ALLOC_CONF}", "TORCHTITAN_ARGS=("]
-    i = 0
-    while i < len(args):  # one option per line, with its value when it has one
-        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
-        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + take]))
-        i += take
+             f"export PYTORCH_ALLOC_CONF={ALLOC_CONF}", "TORCHTITAN_ARGS=(", *argv_lines(args)]
     launch = torchrun_argv(hw, world_size, "-m")
     # the activation-checkpoint subcommand comes last: tyro reads the options before it
     lines += [")", " ".join(launch) + f' torchtitan.train "${{TORCHTITAN_ARGS[@]}}" "$@" {RECOMPUTE[setup.recompute.value]}']
