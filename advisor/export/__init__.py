@@ -57,7 +57,7 @@ from advisor.export.megatron_shape import unwritten_by
 from advisor.export.nanotron import nanotron_config, nanotron_dict
 from advisor.export.torchrun import torchrun_argv, torchrun_command
 from advisor.export.torchtitan import CONFIGS as TORCHTITAN_CONFIGS, torchtitan_args, torchtitan_config
-from advisor.export.torchtitan_toml import FLAVORS as TORCHTITAN_FLAVORS, torchtitan_toml_config
+from advisor.export.torchtitan_toml import torchtitan_toml_config
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
 from advisor.plan_errors import plan_errors
@@ -82,8 +82,6 @@ EXPORTERS = {"accelerate": accelerate_config, "deepspeed": deepspeed_config, "me
 # the formats that build the model with Megatron's own layers from flags (megatron_shape.unwritten names what their
 # flags cannot say); every other format launches the Hugging Face modules of the model's config.json
 MEGATRON_FORMATS = ("megatron", "megatron-bridge")
-# the formats that run a model of torchtitan's registries only: the catalogue models each has a config for
-REGISTRIES = {"torchtitan": TORCHTITAN_CONFIGS, "torchtitan-toml": TORCHTITAN_FLAVORS}
 # the formats that write no LoRA adapters (Megatron-LM's pretrain_gpt.py has none; no torchtitan override reaches its
 # LoRAConverter): their exporters refuse an adapter plan, whatever the stack runs
 NO_ADAPTERS = ("megatron", "torchtitan")

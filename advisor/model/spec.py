@@ -277,10 +277,6 @@ class ModelSpec(ApiSpec):
         return any(k.routed for k in self.layers)
 
     @property
-    def params_per_layer(self) -> int:
-        return self.layer.n_params
-
-    @property
     def embedding_params(self) -> int:
         """Parameters outside the transformer layers (embeddings, final norm, untied head)."""
         return self.n_params - self.param_breakdown()["layers"]

@@ -271,11 +271,6 @@ def p2p_time(w: Workload, c: Candidates, mesh: Mesh, act_bytes: Any) -> Any:
     return out
 
 
-def bubble_fraction(mesh: Mesh) -> Any:
-    """The pipeline bubble in micro-batches of one stage: (pp - 1) / v."""
-    return np.where(mesh.pp > 1, (mesh.pp - 1.0) / mesh.v, 0.0)
-
-
 def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s: Any, fwd_s: Any, bwd_s: Any,
                 recompute_s: Any, first_cast_s: Any = 0.0) -> Any:
     """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their

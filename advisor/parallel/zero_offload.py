@@ -69,7 +69,6 @@ import numpy as np
 from advisor.parallel import zero_buffers
 
 FP32 = 4.0  # bytes of the fp32 gradient partition the boundary copies down (master_weights_and_grads_dtype)
-ADAM = 8.0  # DeepSpeedCPUAdam's exp_avg and exp_avg_sq in fp32 (cpu_adam.py:161-164)
 HALF = 2.0  # bytes of a bf16 master weight, gradient or moment under pure bf16 (module docstring)
 # the hardware profiles' memory-bound CPU Adam: fp32 parameter, gradient, momentum and variance read (16), parameter,
 # momentum and variance written (12), the half-precision copy written (2) (dgx-a100.yaml's cpu_adam_Gparams_per_s)

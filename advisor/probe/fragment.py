@@ -8,8 +8,7 @@ import yaml
 
 from advisor.model.layer import DecoderLayer
 from advisor.probe.core import Probed
-from advisor.stack import (HeadOps, HostOps, LayerBytes, Logits, PerElement, PerLayerBytes, Saved, Stack, Traffic,
-                           form_value)
+from advisor.stack import HeadOps, HostOps, LayerBytes, Logits, PerElement, PerLayerBytes, Saved, Stack, Traffic
 
 # Host CPU time per op is not measured by the probe (it is this machine's, not a training node's): the fragment
 # carries the shipped profile's figure (validation/probes/host_overhead.py, quiet runs) beside the probed op counts.
@@ -82,7 +81,3 @@ def saved_per_token(entry: dict, layer: DecoderLayer, which: str = "layer") -> f
         return 0.0
     v = LayerBytes.of(PerLayerBytes(**b), layer)
     return v.split + v.sequence + v.whole
-
-
-def form_per_token(form: dict, layer: DecoderLayer) -> float:
-    return form_value(form, layer)
