@@ -121,7 +121,6 @@ FP8_ATTENTION = {"deepseek_v3_pretrain_256gpu_gb300_fp8mx_config", "gpt_oss_120b
 EDGES_SPLIT = {"Qwen3_235B_a22B"}
 
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
-EXTRA_SYSTEMS = {"DGX-B300": "dgx-b300"}
 PRECISIONS = {"BF16": "bf16-mixed", "FP8": "fp8-tensorwise", "MXFP8": "mxfp8"}
 
 

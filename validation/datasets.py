@@ -184,10 +184,6 @@ class NcclRow(Row):
     busbw_GBps: float  # median; nccl-tests: algbw * 2(n-1)/n for all_reduce
 
     @property
-    def algbw_bytes_per_s(self) -> float:
-        return self.size_bytes / self.time_s
-
-    @property
     def hardware_profile(self) -> str:
         return "dgx-a100"
 

@@ -77,8 +77,6 @@ GEMM_TOLERANCE_PCT = 15.0
 # TE's 5B configuration (docs/features/low_precision_training: gemm profiling): M = 15872 tokens, hidden 4096
 TE_M = 15872
 TE_SHAPES = {"QKV": (4096, 12288), "AttnOut": (4096, 4096), "MLPUp": (4096, 16384), "MLPDown": (16384, 4096)}  # (k, n)
-TE_RECIPES = {"BF16": "bf16", "FP8Current": "fp8-tensorwise", "FP8Delayed": "fp8-delayed", "MXFP8": "mxfp8",
-              "NVFP4": "nvfp4", "FP8Block": "fp8-blockwise"}
 
 
 def load_lowprec() -> list[dict]:
