@@ -8,6 +8,7 @@ from typing import Optional
 from pydantic import Field
 
 from advisor.spec import Spec
+from advisor.units import GiB
 
 
 class Host(Spec):
@@ -27,7 +28,7 @@ class Host(Spec):
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_GiB * 2**30
+        return self.memory_GiB * GiB
 
     @property
     def pcie_bytes_per_s(self) -> float:

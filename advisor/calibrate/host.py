@@ -13,6 +13,8 @@ import os
 import time
 from typing import Optional
 
+from advisor.units import GiB
+
 COPY_BYTES = 256 * 2**20  # large enough that the copy's fixed cost is < 1% (PCIe latency is ~10 us)
 
 
@@ -63,7 +65,7 @@ def pinned_copy_GBps(nbytes: int = COPY_BYTES, iters: int = 5) -> Optional[tuple
 
 
 def host_memory_GiB() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
 
 
 def measure(base_host, gpus_per_node: int, n_params: int = 20_000_000) -> tuple[dict, list[str]]:
