@@ -223,7 +223,7 @@ def test_megatron_export_writes_the_moe_flags():
     from advisor.layout import resolve_grad_accum
 
     spec, hw, _, p, setup, world = build_inputs("mixtral-8x7b", "dgx-h100", gpus=16, tp=2, sp=True, zero=1, ep=8,
-                                                etp=1, seq=4096, global_batch=256, stack=MD)
+                                                etp=1, seq=4096, global_batch=256, stack="megatron-core")
     text = export("megatron", spec, hw, p, setup, resolve_grad_accum(setup, p)[0], world).text
     import re
     import shlex
@@ -532,7 +532,7 @@ def test_gpt_oss_clamp_and_expert_bias_cost_what_megatron_core_runs_unfused():
     from advisor import compute
     from advisor.stack import RoutedUnfused, load_stack
     from advisor.training import TrainingSetup
-    from advisor.unfused import routed_unfused
+    from advisor.unfused_bytes import routed_unfused
     from advisor.workload import Workload
 
     hw, k, h = load_hardware("gb200-nvl72"), 4, 2880
