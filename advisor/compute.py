@@ -38,7 +38,7 @@ from advisor.parallel import expert
 from advisor.precision import FP8_ATTENTION_EFFICIENCY, PASSES, Recipe, fp8_attention_bytes
 from advisor.recompute import as_mix, rerun, selected
 from advisor.training import Attention
-from advisor.unfused import rotary_bytes, routed_unfused
+from advisor.unfused_bytes import rotary_bytes, routed_unfused
 from advisor.workload import Workload
 
 
@@ -238,7 +238,7 @@ def layer_times(w: Workload, tokens: Any, tp: Any, sp: Any, recompute: Any, ep: 
                                   for k in w.model.layers) / w.model.n_layers for j in (0, 1))
     attn_fwd, attn_bwd = attention_core_time(w, tokens, tp)
     t = w.tables
-    rf, rb = rotary_bytes(w, tp)  # RoPE where the tables leave it out (advisor.unfused)
+    rf, rb = rotary_bytes(w, tp)  # RoPE where the tables leave it out (advisor.unfused_bytes)
     ew_fwd = mem_time(hw, (t.elementwise_forward.per_gpu(tp, sp) + rf) * tokens)
     ew_bwd = mem_time(hw, (t.elementwise_backward.per_gpu(tp, sp) + rb) * tokens)
     # backward: the input gradients, and the weight gradients where the weights train (a frozen base: none);

@@ -33,7 +33,7 @@ from advisor.parallel.in_flight import in_flight_layers
 from advisor.precision import fp8_attention_saved
 from advisor.recompute import Mix, kept_per_token, mix
 from advisor.units import GiB
-from advisor.unfused import rotary_saved, routed_unfused
+from advisor.unfused_bytes import rotary_saved, routed_unfused
 from advisor.workload import Workload
 
 # NCCL allocates per-communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers); a few hundred MiB
@@ -121,7 +121,7 @@ def saved_per_token(w: Workload, c: Candidates, mesh: Mesh, m: Mix) -> tuple[Any
     full = full - less + delta + gathered_inputs(w, mesh.tp, sp) + core + rope + flash
     modules = w.recompute_modules
     base = t.saved_selective if modules is None or "core_attn" in modules else t.saved_layer
-    # what a routed MLP's unfused steps keep (advisor.unfused.routed_unfused)
+    # what a routed MLP's unfused steps keep (advisor.unfused_bytes.routed_unfused)
     unfused = routed_unfused(w, mesh.tp, mesh.ep, mesh.etp) if w.layer.routed else None
     # core_attn's checkpoint keeps the BF16 q, k, v and runs the core without saving: the table's selective entry
     fp8_core = fp8_core & (base is t.saved_layer)
@@ -191,7 +191,7 @@ def module_frees(w: Workload, tp: Any, sp: Any, ep: Any = None, clamp_kept: Any 
     """Bytes per token one layer stops keeping under --recompute-modules, on one TP rank: each module's ``frees``
     (engine.selective.modules) at the layer's widths, in the activation dtype; d_model and MLA's latents split under
     sequence parallelism, the rest over TP; and ``clamp_kept``, what a routed activation's unfused clamp keeps
-    (advisor.unfused.routed_unfused), where a module reruns the activation. Where ``fp8_core`` (FP8 attention keeps its
+    (advisor.unfused_bytes.routed_unfused), where a module reruns the activation. Where ``fp8_core`` (FP8 attention keeps its
     own quantised q, k and v: advisor.precision fp8_attention_saved), the BF16 q, k and v mla_up_proj's checkpoint
     discards were kept by nothing: their widths free nothing."""
     if w.recompute_modules is None:

@@ -1,5 +1,5 @@
 """What megatron-core's attention keeps for backward beside its saved tables: the unfused YaRN RoPE's cos and sin
-(advisor.unfused.rotary_saved), and the softmax statistics its core_attn checkpoint does not keep (the selective
+(advisor.unfused_bytes.rotary_saved), and the softmax statistics its core_attn checkpoint does not keep (the selective
 tables of stack_profiles/megatron-core.yaml)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from advisor.memory import flash_output_copy
 from advisor.model import load_model
 from advisor.stack import load_stack
 from advisor.training import TrainingSetup
-from advisor.unfused import rotary_saved
+from advisor.unfused_bytes import rotary_saved
 from advisor.workload import Workload
 
 

@@ -1,4 +1,4 @@
-"""RoPE where a stack's element-wise tables leave it out (advisor.unfused.rotary_bytes) and YaRN's attention factor
+"""RoPE where a stack's element-wise tables leave it out (advisor.unfused_bytes.rotary_bytes) and YaRN's attention factor
 read from config.json as transformers derives it."""
 
 import json
@@ -10,7 +10,7 @@ from advisor.hardware import load_hardware
 from advisor.model import ModelError, RopeScaling, load_model
 from advisor.stack import load_stack
 from advisor.training import TrainingSetup
-from advisor.unfused import rotary_bytes
+from advisor.unfused_bytes import rotary_bytes
 from advisor.workload import Workload
 
 GPT_OSS_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
@@ -100,5 +100,5 @@ def test_unfused_yarn_rope_lengthens_a_gpt_oss_step_by_its_bytes():
     extra = 5 * 36 * 16384 * 4608 * 2 * (10 + 11) / (hw.gpu.memory_bandwidth_bytes_per_s * hw.efficiency.elementwise)
     assert yarn.step_time_s - plain.step_time_s == pytest.approx(extra, rel=0.02)
     # the products keep only cos and sin, made anew for q and for k (rope_utils.py:133-136): 4 x 64 bf16 elements a
-    # position of each micro-batch of 4 x 4096 tokens, in each of the 36 layers (advisor.unfused.rotary_saved)
+    # position of each micro-batch of 4 x 4096 tokens, in each of the 36 layers (advisor.unfused_bytes.rotary_saved)
     assert yarn.memory.peak_bytes - plain.memory.peak_bytes == pytest.approx(36 * 4096 * 4 * 64 * 2, rel=1e-12)

@@ -134,7 +134,7 @@ class RopeScaling(Spec):
     """RoPE's frequencies scaled for a longer context (config.json's rope_parameters, rope_scaling before transformers 5;
     transformers 5.23 modeling_rope_utils.py): its rope_type, its factor, the context the model was first trained on,
     Llama 3.1's low and high frequency factors, YaRN's betas and DeepSeek's mscales, each None where the config gives
-    none. No parameters; a YaRN runs megatron-core's RoPE unfused (advisor.unfused.rotary_bytes)."""
+    none. No parameters; a YaRN runs megatron-core's RoPE unfused (advisor.unfused_bytes.rotary_bytes)."""
 
     kind: str = Field(min_length=1, max_length=40, pattern=r"^[^\x00-\x1f\x7f]+$")  # linear, dynamic, yarn, llama3, ...
     factor: Optional[float] = Field(default=None, gt=0, le=1e6)
