@@ -186,6 +186,13 @@ def test_cli_cp_estimate_json_and_export():
                                  "--gpus", "8", "--cp", "4", "--cp-comm", "ulysses", "--seq", "32768",
                                  "--stack", "megatron-deepspeed"])
     assert r.exit_code == 0, r.output
+    # the fork runs Ulysses as DeepSpeed-Ulysses (--ds-sequence-parallel-size), not megatron-core's --cp-comm-type a2a
+    assert "--ds-sequence-parallel-size 4" in r.output and "--context-parallel-size" not in r.output
+    assert "--cp-comm-type" not in r.output
+    r = CliRunner().invoke(cli, ["export", "--format", "megatron", "--out", "-", "--model", "llama3-8b", "--hw", H100,
+                                 "--gpus", "8", "--cp", "4", "--cp-comm", "ulysses", "--seq", "32768",
+                                 "--stack", "megatron-core"])
+    assert r.exit_code == 0, r.output
     assert "--context-parallel-size 4" in r.output and "--cp-comm-type a2a" in r.output
     r = CliRunner().invoke(cli, ["export", "--format", "deepspeed", "--out", "-", "--model", "llama3-8b", "--hw", H100,
                                  "--gpus", "8", "--cp", "4", "--seq", "32768"])

@@ -250,16 +250,14 @@ def test_megatron_deepspeed_zero_2_3_is_not_written_as_megatron_fsdp(case, tmp_p
         export("megatron", model, hw, plan, setup, ga, world, str(bare))
 
 
-def test_megatron_deepspeed_zero_2_with_cp_names_what_to_change():
-    """With context parallelism, which the DeepSpeed JSON does not write and the fork's flags lack (--cp-comm-type), both
-    formats refuse it: the refusal names the stack that runs it."""
+def test_megatron_deepspeed_zero_2_with_ring_cp_writes_what_megatron_core_0_8_had():
+    """Ring context parallelism under the fork's script: --context-parallel-size alone (megatron-core 0.8.0's one
+    flavour; its config has no cp_comm_type, which the fork's parser lacks), its ZeRO-2 in the DeepSpeed JSON."""
     model, hw, plan, setup, ga, world = inputs("zero2-pure-bf16")
     cp = Plan(dp=plan.dp // 2, cp=2, zero=plan.zero)
     setup = setup.model_copy(update={"grad_accum": ga * 2})
-    for kind in ("megatron", None):
-        with pytest.raises(ExportError, match="would pass --cp-comm-type, which Megatron-DeepSpeed's 2023 fork lacks .*"
-                                              "use --stack megatron-core$"):
-            export(kind, model, hw, cp, setup, ga * 2, world, "megatron-deepspeed")
+    text = export("megatron", model, hw, cp, setup, ga * 2, world, "megatron-deepspeed").text
+    assert "    --context-parallel-size 2\n" in text and "--cp-comm-type" not in text and '"stage": 2' in text
 
 
 def test_refusals_are_one_line():

@@ -121,7 +121,6 @@ def test_zero3_under_tp_keeps_one_cuda_queue(tmp_path):
     ("mixtral-8x7b", dict(dp=16, ep=8, etp=1, zero=1), dict(global_batch=64, seq_len=4096),
      "--moe-ffn-hidden-size, --expert-tensor-parallel-size"),
     ("smollm3-3b", dict(dp=8, zero=1), dict(global_batch=64, seq_len=4096), "--no-rope-freq"),
-    ("llama3-8b", dict(dp=2, cp=4, zero=1), dict(global_batch=8, seq_len=131072), "--cp-comm-type"),
 ])
 def test_flags_the_fork_lacks_are_refused_in_one_line(model, plan_kw, setup_kw, flags):
     """A flag megatron-core 0.8.0 had no field for cannot be in the 2023 fork's parser: refused, naming each."""
@@ -134,6 +133,18 @@ def test_flags_the_fork_lacks_are_refused_in_one_line(model, plan_kw, setup_kw, 
     assert str(err.value) == (f"the {STACK} script of {model} would pass {flags}, which Megatron-DeepSpeed's 2023 fork "
                               "lacks (megatron-core 0.8.0 had no such field): use --stack megatron-core")
     export("megatron", m, hw, plan, setup, ga, world, "megatron-core")  # whose flags they are
+
+
+def test_context_parallelism_as_the_fork_runs_it():
+    """The fork splits sequences with DeepSpeed-Ulysses (--ds-sequence-parallel-size) where the plan's CP is Ulysses, and
+    with megatron-core 0.8's ring (--context-parallel-size alone) otherwise: never megatron-core's --cp-comm-type."""
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    setup = TrainingSetup(micro_batch=1, global_batch=8, seq_len=131072)
+    text = export("megatron", m, hw, Plan(dp=2, cp=4, zero=1, cp_comm="ulysses"), setup, 4, 8, STACK).text
+    assert "    --ds-sequence-parallel-size 4\n" in text
+    assert "--context-parallel-size" not in text and "--cp-comm-type" not in text
+    text = export("megatron", m, hw, Plan(dp=2, cp=4, zero=1, cp_comm="ring"), setup, 4, 8, STACK).text
+    assert "    --context-parallel-size 4\n" in text and "--cp-comm-type" not in text
 
 
 def test_what_megatron_core_0_8_had_is_written():

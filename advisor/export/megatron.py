@@ -25,7 +25,7 @@ from advisor.export.common import (
     global_batch,
     header,
 )
-from advisor.export.megatron_deepspeed import deepspeed_lines, refuse_for_fork, runs_deepspeed
+from advisor.export.megatron_deepspeed import deepspeed_lines, fork_context_parallel, refuse_for_fork, runs_deepspeed
 from advisor.export.megatron_shape import MLA, constant_flags, model_shape, router_flags, unwritten_by
 from advisor.export.torchrun import torchrun_argv
 from advisor.hardware import Hardware
@@ -113,6 +113,7 @@ def megatron_args(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSet
     if setup.attention.value == "eager":
         notes.append("eager attention: Megatron uses fused attention kernels; memory will be lower than estimated")
     if runs_deepspeed(stack):
+        a = fork_context_parallel(plan, a)
         refuse_for_fork(model, plan, a, stack)
     return [str(x) for x in a], notes
 

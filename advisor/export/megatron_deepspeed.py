@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from advisor.export.common import ExportError, Plan, TrainingSetup
+from advisor.export.common import ExportError, Plan, TrainingSetup, argv_lines
 from advisor.export.deepspeed import NOTES_KEY, deepspeed_dict
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
@@ -67,6 +67,18 @@ def runs_deepspeed(stack: Optional[Stack]) -> bool:
     return stack is not None and {"megatron", "deepspeed"} <= set(stack.launch)
 
 
+def fork_context_parallel(plan: Plan, args: list) -> list:
+    """The plan's context parallelism as the profile says the fork runs it (stack_profiles/megatron-deepspeed.yaml
+    context_parallel): the ring as --context-parallel-size alone (megatron-core 0.8.0's one flavour: its config has
+    context_parallel_size and no cp_comm_type), the Ulysses all-to-all as DeepSpeed-Ulysses' --ds-sequence-parallel-size
+    (the fork's own flag, its megatron/arguments.py: not checkable here) in place of both."""
+    if plan.cp <= 1:
+        return args
+    i = args.index("--context-parallel-size")  # followed by its size, --cp-comm-type and its value (_context_parallel)
+    cp = ["--ds-sequence-parallel-size", plan.cp] if plan.cp_comm.value == "ulysses" else ["--context-parallel-size", plan.cp]
+    return args[:i] + cp + args[i + 4:]
+
+
 def refuse_for_fork(model: ModelSpec, plan: Plan, args: list, stack: Stack) -> None:
     """One ExportError line for what the fork's pretrain_gpt.py cannot launch as costed: a flag it lacks (FORK_LACKS),
     the interleaved schedule (its pipeline is DeepSpeed's PipelineModule, which runs none)."""
@@ -105,10 +117,4 @@ def deepspeed_lines(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
              "# and --no-pipeline-parallel are the Megatron-DeepSpeed fork's flags (its megatron/arguments.py), not "
              "Megatron-LM's",
              "DEEPSPEED_ARGS=("]
-    args = deepspeed_args(plan)
-    i = 0
-    while i < len(args):
-        take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
-        lines.append("    " + " ".join(args[i:i + take]))
-        i += take
-    return lines + [")"]
+    return lines + argv_lines(deepspeed_args(plan)) + [")"]
