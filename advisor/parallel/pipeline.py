@@ -34,7 +34,9 @@
   "cut-in-half" DualPipe on pp ranks with 2 chunks each, i.e. DualPipe with PP = 2 pp): bubble
   (PP/2 - 1)(F&B + B - 3W) of chunk times, F&B = F + B for a dense model (no all-to-all to overlap);
   activations of pp + 1 micro-batches of a rank (Table 2's PP + 1), parameters once (the V's halves).
-  Each needs at least 2 x pp micro-batches (torch's schedules: as many as stages).
+  DualPipeV needs at least 2 x pp micro-batches (torch's ScheduleDualPipeV: as many as stages). ZB-V runs on fewer:
+  torch's ScheduleZBVZeroBubble blanks the actions of the micro-batches it lacks, and what that idles beyond the
+  steady state is replayed from its action lists (advisor.parallel.zbv).
 - Send/recv: each micro-batch sends its activation forward and its gradient back at every stage boundary, v
   times under interleaving. Megatron's scatter/gather optimisation (s.4.1; --scatter-gather-tensors-in-
   pipeline, on by default; the stack's ``pipeline_scatter_gather``): each TP rank sends 1/tp of the activation
@@ -67,6 +69,7 @@ from advisor.candidates import Candidates, Mesh, members_per_node
 from advisor.comm import Collective
 from advisor.layout import PipelineSplit, Schedule
 from advisor.model import ModelSpec
+from advisor.parallel import zbv as zbv_replay
 from advisor.workload import Workload
 
 
@@ -91,8 +94,11 @@ def violations(c: Candidates, model: ModelSpec) -> dict[str, Any]:
         "interleaved schedule needs pp > 1, 2 or more virtual stages and a layer in every chunk": interleaved & (
             (c.pp == 1) | (c.virtual_stages < 2) | (~edges & ~layout_fills(layers, c.pp * c.virtual_stages))),
         "interleaved schedule needs the micro-batch count divisible by pp": interleaved & (c.pp > 1) & ((c.grad_accum % c.pp) != 0),
-        "ZB-V and DualPipeV need pp > 1, layers divisible by 2 x pp and 2 x pp micro-batches": two & (
-            (c.pp == 1) | ((units % (2 * c.pp)) != 0) | (c.grad_accum < 2 * c.pp)),
+        "ZB-V and DualPipeV need pp > 1 and layers divisible by 2 x pp": two & ((c.pp == 1) | ((units % (2 * c.pp)) != 0)),
+        # torch 2.13's ScheduleDualPipeV raises under 2 x pp (pipelining/schedules.py:3439-3443); ScheduleZBVZeroBubble
+        # trims its warm-up instead (:3385-3394), costed by bubble_time
+        "DualPipeV needs 2 x pp micro-batches (torch's ScheduleDualPipeV: as many as stages)": (
+            (c.schedule == DUALPIPE_V) & (c.pp > 1) & (c.grad_accum < 2 * c.pp)),
         "uneven split needs layers + 2 (embedding, loss) divisible by pp x chunks": (c.pp_split == EDGES) & (c.pp > 1) & (
             (units % np.maximum(c.pp * chunks, 1)) != 0),
     }
@@ -299,6 +305,23 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
     zbv = (pp - 1.0) * np.maximum(f + b - 2.0 * w_, 0.0) / 2.0  # ZB-V: (p - 1)(F + B - 2W) of one of two chunks
     dual = (pp - 1.0) * np.maximum((f + b) + b - 3.0 * w_, 0.0) / 2.0  # DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2pp, chunks
+    zbv = zbv + _zbv_trimmed(pp, at(c.grad_accum), s_on == ZB_V, f - at(first_cast_s), b, w_)
     out = np.array(classic, dtype=float, copy=True)
     out[on] = np.where(s_on == ZB_H1, h1, np.where(s_on == ZB_V, zbv, dual))
+    return out
+
+
+def _zbv_trimmed(pp: Any, m: Any, is_zbv: Any, f: Any, b: Any, w_: Any) -> Any:
+    """What ZB-V idles on fewer than 2 x pp micro-batches beyond the steady state's bubble, replayed from torch's
+    action lists (advisor.parallel.zbv) with a chunk's F, B and W, half the rank's."""
+    out = np.zeros(np.shape(f))
+    few = is_zbv & (m < 2 * pp)
+    for p in {int(p) for p in pp[few]}:
+        of_p = few & (pp == p)
+        chunk = (f[of_p] / 2.0, b[of_p] / 2.0, w_[of_p] / 2.0)
+        steady, extra = zbv_replay.idle(p, 2 * p, *chunk), np.zeros(int(of_p.sum()))
+        for n in {int(n) for n in m[of_p]}:
+            rows = m[of_p] == n
+            extra[rows] = zbv_replay.trimmed_extra(p, n, *(x[rows] for x in chunk), steady=steady[rows])
+        out[of_p] = extra
     return out

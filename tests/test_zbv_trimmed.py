@@ -1,0 +1,65 @@
+"""ZB-V on fewer micro-batches than 2 x pp: torch 2.13's ScheduleZBVZeroBubble builds its action lists for
+max(2 pp - 1, n) micro-batches and blanks those of micro-batches n and beyond (torch/distributed/pipelining/
+schedules.py:3269-3394), refusing no count; ScheduleDualPipeV raises under 2 pp (:3439-3443). advisor.parallel.zbv
+ports the lists and replays them; bubble_time adds what the trimmed schedule idles beyond its steady state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+from advisor import estimate
+from advisor.errors import AdvisorError
+from advisor.parallel import zbv
+
+KIND = {_ComputationType.FORWARD: zbv.F, _ComputationType.BACKWARD_INPUT: zbv.I, _ComputationType.BACKWARD_WEIGHT: zbv.W}
+
+
+def _torch_order(pp: int, n: int) -> dict:
+    """torch's own pipeline_order, built over stand-in stages of rank 0 (its constructor reads these fields)."""
+    stages = [SimpleNamespace(stage_index=s, num_stages=2 * pp, group_size=pp, group_rank=0, submod=torch.nn.Linear(1, 1),
+                              is_first=s == 0, is_last=s == 2 * pp - 1) for s in (0, 2 * pp - 1)]
+    return ScheduleZBVZeroBubble(stages, n, loss_fn=lambda out, target: out).pipeline_order
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 5])
+def test_port_matches_torchs_action_lists_for_every_count(pp):
+    for n in range(1, 2 * pp + 2):  # torch builds every one of them: no count is refused
+        order = _torch_order(pp, n)
+        for rank in range(pp):
+            theirs = tuple((KIND[a.computation_type], a.stage_index, a.microbatch_index) for a in order[rank] if a is not None)
+            assert zbv.rank_actions(pp, n, rank) == theirs, (pp, n, rank)
+
+
+def test_replay_by_hand():
+    """One micro-batch crosses the 2 pp stages forward and back, then rank 0 runs its last W: with F = I = W = 1 on
+    pp = 4, 8 F + 8 I + the W at the V's turn (rank 3 runs 4W0 before 3I0) + the last W = 18; the steady state's idle
+    (n = 8: span 51 over a rank's 48) is 3, so one micro-batch idles 18 - 6 - 3 = 9 more, two fewer per micro-batch
+    added, none from n = 2 pp - 2 on."""
+    assert float(zbv.span(4, 1, 1.0, 1.0, 1.0)) == 18.0
+    assert float(zbv.span(4, 8, 1.0, 1.0, 1.0)) == 51.0
+    assert [float(zbv.trimmed_extra(4, n, 1.0, 1.0, 1.0)) for n in range(1, 9)] == [9, 7, 5, 3, 1, 0, 0, 0]
+    # vectorised over rows: each row its own F, I, W
+    rows = zbv.trimmed_extra(4, 1, np.array([1.0, 2.0]), np.array([1.0, 2.0]), np.array([1.0, 2.0]))
+    assert rows.tolist() == [9.0, 18.0]
+
+
+KW = dict(model="llama3-8b", hw="dgx-h100", gpus=8, pp=4, dp=2, micro_batch=1, seq=8192, stack="torchtitan")
+
+
+def test_estimate_costs_trimmed_zbv_between_its_steady_state_and_gpipe():
+    steady = estimate(**KW, grad_accum=8, schedule="zb-v").breakdown["pipeline_bubble"]
+    four = estimate(**KW, grad_accum=4, schedule="zb-v").breakdown["pipeline_bubble"]
+    one = estimate(**KW, grad_accum=1, schedule="zb-v").breakdown["pipeline_bubble"]
+    gpipe = estimate(**KW, grad_accum=1, schedule="gpipe").breakdown["pipeline_bubble"]
+    assert steady < four < one < gpipe
+    assert estimate(**KW, grad_accum=6, schedule="zb-v").breakdown["pipeline_bubble"] == pytest.approx(steady, rel=1e-12)
+
+
+def test_dualpipev_keeps_torchs_refusal():
+    with pytest.raises(AdvisorError, match=r"DualPipeV needs 2 x pp micro-batches \(torch's ScheduleDualPipeV"):
+        estimate(**KW, grad_accum=4, schedule="dualpipev")
