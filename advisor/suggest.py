@@ -90,12 +90,17 @@ def _stacks(s: PlanSearch, world: int, hw: Hardware) -> list:
     return [chosen] + ([mp] if mp is not None else [])
 
 
-def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None,
-             hw: Optional[Hardware] = None, compile: Optional[str] = None) -> tuple[float, Optional[str]]:
+def _batch(s: PlanSearch, world: int, seq: Optional[int] = None) -> int:
+    """The global batch a search on ``world`` GPUs runs: the default for that many, or the one given."""
+    return default_global_batch(world, seq or s.seq_len) if s.global_batch_defaulted else s.global_batch
+
+
+def _leanest(s: PlanSearch, world: int, seq: Optional[int] = None, hw: Optional[Hardware] = None,
+             compile: Optional[str] = None, gb: Optional[int] = None) -> tuple[float, Optional[str]]:
     """(least per-GPU memory of any plan on ``world`` GPUs, its label); (inf, None) when no layout is valid."""
     hw = hw or s.hardware
     seq = seq or s.seq_len
-    gb = default_global_batch(world, seq) if s.global_batch_defaulted else s.global_batch
+    gb = gb or _batch(s, world, seq)
     best: tuple[float, Optional[str]] = (float("inf"), None)
     for stack in _stacks(s, world, hw):
         # the batch all-to-all overlap changes no memory, and its rules (EP, no full recomputation) refuse the lean corner
@@ -174,6 +179,25 @@ def _adapters_fit(s: PlanSearch, search: Optional[Callable[..., PlanSearch]]) ->
     return None
 
 
+def _unaccumulated(s: PlanSearch) -> list[str]:
+    """Where a stack's FSDP keeps no gradients across micro-batches (engine.accumulation none: torch 1.11, whose
+    _prep_grads_for_backward drops a sharded gradient at the next backward) and the batch takes several a GPU, the
+    leanest plan costed is a DDP one: say why FSDP was not among them and whether one micro-batch a step fits."""
+    world, gb = s.world_size, _batch(s, s.world_size)
+    stacks = [st for st in _stacks(s, world, s.hardware) if st.engine.accumulation == "none"
+              and {"zero2", "zero3", "hsdp"} & set(st.engine.offers)]
+    if not stacks or gb <= world:
+        return []
+    name = " and ".join(st.name for st in stacks)
+    tip = (f"{name}'s FSDP is not among them: it keeps no gradients across micro-batches, so it runs one micro-batch "
+           f"a step, of {gb // world:,} samples a GPU at global batch {gb:,} on {_gpus(world)}")
+    ok, need, label = _fits(s, world, gb=world)
+    if label:
+        fits = "fits" if ok else f"still needs {need / GiB:,.1f} GiB per GPU"
+        tip += f"; --global-batch {world} (one sample a GPU a step) {fits} on {_gpus(world)} ({label}, micro batch 1)"
+    return [tip]
+
+
 def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = None) -> str:
     """What would fit, computed: the fewest GPUs, a shorter sequence, adapters in place of a full fine-tune (with
     ``search``, advisor.search.plan), a GPU with more memory; or the constraint that rejected every plan."""
@@ -182,8 +206,9 @@ def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = Non
         cap = s.hardware.gpu.memory_bytes * (1.0 - s.memory_headroom)
         ok, need, label = _fits(s, s.world_size)
         if label:
-            tips.append(f"even the leanest plan on {_gpus(s.world_size)} ({label}, micro batch 1) needs "
+            tips.append(f"even the leanest plan costed on {_gpus(s.world_size)} ({label}, micro batch 1) needs "
                         f"{need / GiB:,.1f} GiB per GPU, more than the {cap / GiB:,.1f} GiB usable")
+        tips.extend(_unaccumulated(s))
         found = min_fitting_world(s)
         if found:
             tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, micro batch 1)")

@@ -76,3 +76,18 @@ def test_lora_on_single_projections_names_the_targets_that_let_fused_stacks_in()
     assert any("with --stack megatron-core" in n for n in qv.notes())
     qkv = plan("llama3-8b", "dgx-a100", gpus=8, method="lora", lora_targets="qkv", top=2, stack="megatron-core")
     assert qkv.plans and not any("--lora-targets qkv" in n for n in qkv.notes())
+
+
+def test_torch_1_11_names_why_its_fsdp_is_not_the_leanest_plan():
+    """torch 1.11's FSDP keeps no gradients across micro-batches (fully_sharded_data_parallel.py
+    _prep_grads_for_backward; engine.accumulation none): at the default global batch of GPT-2 XL on two RTX 4090s, 512
+    (2**19 tokens / 1,024), each GPU's one micro-batch would hold 256 samples, so the lean corner (micro batch 1) costs
+    DDP only. The message called DDP "the leanest plan" with no word of FSDP, which one sample a GPU fits."""
+    msg = _suggestion(model="gpt2-xl", hw="rtx-4090", stack="torch-1.11")
+    assert "even the leanest plan costed on 2 GPUs (DDP dp=2, full recomputation, micro batch 1) needs 35.4 GiB" in msg
+    assert ("torch-1.11's FSDP is not among them: it keeps no gradients across micro-batches, so it runs one micro-batch "
+            "a step, of 256 samples a GPU at global batch 512 on 2 GPUs; --global-batch 2 (one sample a GPU a step) fits "
+            "on 2 GPUs (ZeRO-3 dp=2, full recomputation, micro batch 1)") in msg
+    assert plan("gpt2-xl", "rtx-4090", stack="torch-1.11", global_batch=2, top=1).plans[0].estimate.plan.zero == 3
+    # a stack that accumulates sharded gradients says nothing of it
+    assert "FSDP is not among them" not in _suggestion(model="llama3-8b", hw="rtx-4090", gpus=2, stack="hf-trainer")
