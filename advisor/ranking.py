@@ -26,7 +26,7 @@ from advisor.explain import KIND_NAMES
 from advisor.export import unwritable
 from advisor.hardware import Hardware
 from advisor.model import ModelSpec
-from advisor.results import Estimate
+from advisor.results import Estimate, position_note
 from advisor.stack import Stack, list_stacks, load_stack
 from advisor.training import TrainingSetup
 from advisor.units import fmt_count
@@ -181,6 +181,7 @@ class PlanSearch:
                            "auto or any ranks only stacks that write it")
         if self.model_spec.routed:
             out.append(moe_note(self.model_spec, self.setup))
+        out += [n for n in (position_note(self.model_spec, self.seq_len),) if n]
         price = self.hardware.price_per_gpu_hour_usd
         if price is not None and (self.objective == "cost" or self.tokens):
             out.append(f"cost: at ${price:.2f} a GPU-hour, profile {self.hardware.name}'s price_per_gpu_hour_usd (its "

@@ -58,6 +58,7 @@ def render_estimate(e) -> str:
           if e.usd_per_million_tokens is not None else []),
         *([e.moe] if e.moe else []),
         *([e.pipeline] if getattr(e, "pipeline", "") else []),
+        *([e.positions] if getattr(e, "positions", "") else []),
         "",
         "time breakdown (per step):",
     ]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from advisor.hardware import Hardware
 from advisor.layout import Layout, Plan
-from advisor.model import ModelSpec
+from advisor.model import ModelSpec, PositionKind
 from advisor.parallel.expert import moe_note
 from advisor.step import Evaluation
 from advisor.training import TrainingSetup
@@ -72,6 +72,19 @@ class Estimate(Result):
     moe: str = ""
     # how the layers sit on the pipeline ranks and which rank set the step (advisor.step.stage_note): estimate only
     pipeline: str = ""
+    # a RoPE model's sequence beyond its trained positions (position_note); "" within them
+    positions: str = ""
+
+
+def position_note(spec: ModelSpec, seq: int) -> str:
+    """A note where a RoPE model runs a sequence beyond the positions it was trained to (config.json's
+    max_position_embeddings, ModelSpec.max_positions): not an error, as learned positions are (advisor.api.check_seq),
+    since people extend a RoPE model's context; "" otherwise."""
+    if spec.position is not PositionKind.rotary or seq <= spec.max_positions:
+        return ""
+    return (f"positions: --seq {seq:,} exceeds the {spec.max_positions:,} positions {spec.name} was trained to "
+            "(max_position_embeddings, RoPE); advisor costs the sequence as given, with the RoPE its config sets "
+            "(extending the context, a larger RoPE base or a rope_scaling, is the run's to set)")
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
@@ -116,7 +129,7 @@ def make_estimate(spec: ModelSpec, hw: Hardware, stack: str, plan: Plan, setup: 
         usd_per_million_tokens=(hw.price_per_gpu_hour_usd * world * step / 3600.0 / tokens * 1e6
                                 if hw.price_per_gpu_hour_usd else None),
         collectives=collectives or {}, trainable_params=trainable_params(spec, setup.finetune),
-        host_memory_bytes=host_need, moe=moe_note(spec, setup),
+        host_memory_bytes=host_need, moe=moe_note(spec, setup), positions=position_note(spec, setup.seq_len),
     )
 
 
