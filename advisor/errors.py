@@ -37,6 +37,16 @@ def format_validation_error(exc: Exception) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")  # one line, even for keys or values with newlines
 
 
+def plain(value, sep: str = "") -> str:
+    """A number as its digits (``sep`` between each three): a whole float (a bound such as le=1e18) without its
+    exponent, 1000000000000000000 where repr and format(x, ",") write 1e+18; any other value as repr writes it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf") and value.is_integer()):
+        return repr(value)
+    return f"{int(value):,}".replace(",", sep)
+
+
 def _key(part) -> str:
     """A key as the user typed it; quoted when it is empty, padded or holds control characters."""
     text = str(part)

@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from advisor.errors import AdvisorError, format_validation_error
+from advisor.errors import AdvisorError, format_validation_error, plain
 from advisor.spec import Spec
 
 MAX_WORLD = 10_000_000  # the largest cluster the search accepts (10x today's largest training clusters)
@@ -58,14 +58,14 @@ def _first_error(exc: Exception) -> str:
     name = f"--{str(loc[0]).replace('_', '-')} " if loc else ""
     ctx, kind = err.get("ctx") or {}, err.get("type", "")
     words = {"greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
-             "less_than_equal": "must be at most {le:,}", "less_than": "must be less than {lt}",
+             "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
              "finite_number": "must be a finite number"}
-    if kind in words:
-        msg = words[kind].format(**ctx)
+    if kind in words:  # bounds with separators, never as 1e+18 (--tokens' le=1e18)
+        msg = words[kind].format(**{k: plain(v, ",") for k, v in ctx.items()})
     else:
         msg = format_validation_error(exc).partition(": ")[2] if loc else format_validation_error(exc)
         return f"{name.strip()}: {msg}" if loc else msg
-    return f"{name}{msg} (got {err.get('input')!r})"
+    return f"{name}{msg} (got {plain(err.get('input'))})"
 
 
 class Common(_Options):

@@ -202,3 +202,20 @@ def test_fp8_attention_under_bf16_names_the_recipe_that_runs_it_not_that_nothing
     with pytest.raises(AdvisorError, match=r"add --precision fp8-delayed or drop --fp8-attention\); no stack profile "
                                            r"runs it as asked$"):
         estimate("llama3-8b", "dgx-h100", gpus=8, fp8_attention=True)
+
+
+def test_a_float_bound_prints_its_digits_not_an_exponent():
+    """--tokens is bounded by le=1e18 (advisor/options.py Plan.tokens), a float: '{le:,}' wrote it 1e+18, and the value
+    given as repr wrote it 1e+19. Both now print as digits, the bound with separators as the integer bounds do."""
+    with pytest.raises(AdvisorError, match=re.escape(
+            "plan: --tokens must be at most 1,000,000,000,000,000,000 (got 10000000000000000000)")):
+        plan("gpt2-xl", "dgx-a100", tokens=1e19)
+    with pytest.raises(AdvisorError, match=re.escape("--global-batch must be at most 1,000,000,000 (got 10000000000)")):
+        plan("gpt2-xl", "dgx-a100", global_batch=10_000_000_000)
+    with pytest.raises(AdvisorError, match=re.escape("--lora-dropout must be less than 1 (got 1.5)")):
+        plan("gpt2-xl", "dgx-a100", method="lora", lora_dropout=1.5)
+    from advisor.errors import plain
+
+    assert (plain(1e18, ","), plain(0.5), plain(-8), plain(True), plain("a")) == (
+        "1,000,000,000,000,000,000", "0.5", "-8", "True", "'a'")
+
