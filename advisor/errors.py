@@ -29,12 +29,27 @@ def format_validation_error(exc: Exception) -> str:
             msg = "required key is missing"
         got = err.get("input")
         got_s = "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {_short(got)})"
+        if kind in WRONG_TYPE:  # the value and the fix in the message itself
+            msg, got_s = _wrong_type(kind, got), ""
         if got_s and isinstance(got, str) and repr(got) in msg:  # the message quotes the value already
             got_s = ""
         parts.append(f"{msg}{got_s}" if not err.get("loc") else f"{loc}: {msg}{got_s}")
     more = len(errors()) - 3
     text = "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
     return text.replace("\r", "\\r").replace("\n", "\\n")  # one line, even for keys or values with newlines
+
+
+# pydantic's wrong-type errors (pydantic_core's ErrorType), in its own leading words
+WRONG_TYPE = {"int_from_float": "a whole number", "int_type": "a valid integer", "float_type": "a valid number",
+              "string_type": "a valid string"}
+
+
+def _wrong_type(kind: str, got) -> str:
+    """'Input should be a valid string, not 42: write it in quotes': the value given and what to give instead."""
+    fix = ("give one, or leave it out for its default" if got is None else "round it" if kind == "int_from_float"
+           else "write it in quotes" if kind == "string_type" and isinstance(got, (int, float))
+           else f"give one {'string' if kind == 'string_type' else 'number'} in its place")
+    return f"Input should be {WRONG_TYPE[kind]}, not {_short(got)}: {fix}"
 
 
 def plain(value, sep: str = "") -> str:

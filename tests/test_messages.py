@@ -219,3 +219,27 @@ def test_a_float_bound_prints_its_digits_not_an_exponent():
     assert (plain(1e18, ","), plain(0.5), plain(-8), plain(True), plain("a")) == (
         "1,000,000,000,000,000,000", "0.5", "-8", "True", "'a'")
 
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tp=1.5), "estimate: --tp: Input should be a whole number, not 1.5: round it"),
+    (dict(micro_batch=None), "estimate: --micro-batch: Input should be a valid integer, not None: give one, or leave it out "
+                             "for its default"),
+    (dict(precision=5), "estimate: --precision: Input should be a valid string, not 5: write it in quotes"),
+    (dict(tp=[2]), "estimate: --tp: Input should be a valid integer, not [2]: give one number in its place"),
+    (dict(offload=("a",)), "estimate: --offload: Input should be a valid string, not ('a',): give one string in its place"),
+])
+def test_a_value_of_the_wrong_type_is_named_with_its_fix(kw, words):
+    """pydantic's wrong-type errors said what the value should be ('Input should be a valid integer, got a number with a
+    fractional part (got 1.5)', 'a valid string (got 5)') and not what to do: each now ends with the fix."""
+    with pytest.raises(AdvisorError, match=f"^{re.escape(words)}$"):
+        estimate("llama3-8b", "dgx-h100", gpus=8, **kw)
+
+
+def test_a_profile_key_of_the_wrong_type_is_named_with_its_fix(tmp_path):
+    from advisor.hardware import load_hardware
+
+    path = tmp_path / "hw.yaml"
+    path.write_text("base: dgx-h100\nname: 42\ndescription: d\n")
+    with pytest.raises(AdvisorError, match=re.escape("name: Input should be a valid string, not 42: write it in quotes")):
+        load_hardware(str(path))
