@@ -131,8 +131,14 @@ def _expert_figures(plan: Plan, one: Candidates, model: ModelSpec, stack: Option
     experts = (f"{model.experts.n_experts} experts of width {model.experts.d_ff_expert}" if model.experts
                else "no routed experts")
     across = plan.cp > 1 and not any(r in own for r in reasons)  # the stage's ranks EP is carved from
-    stage = f"dp x cp x tp = {plan.dp * plan.cp * plan.tp}" if across else f"dp x tp = {plan.dp * plan.tp}"
-    return [f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} (--ep 1 turns expert parallelism off)"]
+    ranks = plan.dp * plan.tp * (plan.cp if across else 1)
+    stage = f"dp x cp x tp = {ranks}" if across else f"dp x tp = {ranks}"
+    # the expert-parallel degrees the two divisibility rules (expert_layout.violations) leave at this etp
+    fits = [e for e in range(2, ranks // etp + 1) if model.experts and model.experts.n_experts % e == 0
+            and ranks % (e * etp) == 0]
+    fix = f"give --ep {', '.join(map(str, fits[:-1])) + ' or ' if len(fits) > 1 else ''}{fits[-1]}; " if fits and (
+        plan.ep not in fits) else ""
+    return [f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} ({fix}--ep 1 turns expert parallelism off)"]
 
 
 def _world_fix(plan: Plan, world_size: int, per_node: int) -> str:

@@ -243,3 +243,11 @@ def test_a_profile_key_of_the_wrong_type_is_named_with_its_fix(tmp_path):
     path.write_text("base: dgx-h100\nname: 42\ndescription: d\n")
     with pytest.raises(AdvisorError, match=re.escape("name: Input should be a valid string, not 42: write it in quotes")):
         load_hardware(str(path))
+
+
+def test_an_expert_parallel_degree_that_does_not_divide_names_the_ones_that_do():
+    """Mixtral 8x7B's 8 experts on dp x tp = 8 ranks: ep must divide both (expert_layout.violations; Megatron-LM
+    arguments.py num_experts % ep); --ep 3 was told only that --ep 1 turns EP off."""
+    with pytest.raises(AdvisorError, match=re.escape("ep=3, etp=1, dp x tp = 8, 8 experts of width 14336 (give --ep 2, 4 "
+                                                     "or 8; --ep 1 turns expert parallelism off)")):
+        estimate("mixtral-8x7b", "dgx-h100", gpus=8, ep=3)
