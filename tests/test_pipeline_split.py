@@ -94,15 +94,17 @@ def test_zero_bubble_formulas():
     """With F = B = W (backward = 2 forward, split evenly into input and weight gradients):
     1F1B: (p - 1)(F + B + W) = 7 x 3 = 21 (Narayanan et al. 2021, one stage per rank);
     ZB-H1: (p - 1)(F + B - W) = 7, a third of 1F1B's (Qi et al. 2023, arXiv 2401.10241, s.3.1);
-    ZB-V: (p - 1)(F + B - 2W) of a chunk = 0 (ibid. s.6: zero bubble when F = B = W);
+    ZB-V as torch's ScheduleZBVZeroBubble runs it (its action lists replayed, advisor.parallel.zbv): (p - 1)(F + B - W)
+    of a chunk = 7 x 0.5 = 3.5 (the paper's (p - 1)(F + B - 2W) = 0, ibid. s.6, is below any schedule's: rank p - 1
+    starts (p - 1) chunk forwards late with a rank's work to do);
     DualPipeV: (PP/2 - 1)(F&B + B - 3W) of a chunk, PP = 2p, F&B = F + B = 0 (DeepSeek-V3 report Table 2).
-    Recomputation joins B: F = 1, B = 2, W = 1 gives ZB-H1 7 x 2 = 14 and ZB-V 7 x (1 + 2 - 2) / 2 = 3.5."""
+    Recomputation joins B: F = 1, B = 2, W = 1 gives ZB-H1 7 x 2 = 14 and ZB-V 7 x (0.5 + 1 - 0.5) = 7."""
     assert _bubble("1f1b", 1.0, 2.0) == pytest.approx(21.0)
     assert _bubble("zb-h1", 1.0, 2.0) == pytest.approx(7.0)
-    assert _bubble("zb-v", 1.0, 2.0) == pytest.approx(0.0)
+    assert _bubble("zb-v", 1.0, 2.0) == pytest.approx(3.5)
     assert _bubble("dualpipev", 1.0, 2.0) == pytest.approx(0.0)
     assert _bubble("zb-h1", 1.0, 2.0, rc=1.0) == pytest.approx(14.0)
-    assert _bubble("zb-v", 1.0, 2.0, rc=1.0) == pytest.approx(3.5)
+    assert _bubble("zb-v", 1.0, 2.0, rc=1.0) == pytest.approx(7.0)
     assert _bubble("dualpipev", 1.0, 2.0, rc=1.0) == pytest.approx(7 * (1 + 2 + 2 - 3) / 2)
 
 

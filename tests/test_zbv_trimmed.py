@@ -1,7 +1,7 @@
 """ZB-V on fewer micro-batches than 2 x pp: torch 2.13's ScheduleZBVZeroBubble builds its action lists for
 max(2 pp - 1, n) micro-batches and blanks those of micro-batches n and beyond (torch/distributed/pipelining/
 schedules.py:3269-3394), refusing no count; ScheduleDualPipeV raises under 2 pp (:3439-3443). advisor.parallel.zbv
-ports the lists and replays them; bubble_time adds what the trimmed schedule idles beyond its steady state."""
+ports the lists and replays them, and bubble_time costs ZB-V's bubble so, trimmed or not."""
 
 from __future__ import annotations
 
@@ -37,27 +37,41 @@ def test_port_matches_torchs_action_lists_for_every_count(pp):
 
 def test_replay_by_hand():
     """One micro-batch crosses the 2 pp stages forward and back, then rank 0 runs its last W: with F = I = W = 1 on
-    pp = 4, 8 F + 8 I + the W at the V's turn (rank 3 runs 4W0 before 3I0) + the last W = 18; the steady state's idle
-    (n = 8: span 51 over a rank's 48) is 3, so one micro-batch idles 18 - 6 - 3 = 9 more, two fewer per micro-batch
-    added, none from n = 2 pp - 2 on."""
+    pp = 4, 8 F + 8 I + the W at the V's turn (rank 3 runs 4W0 before 3I0) + the last W = 18, a rank's work 6, so 12
+    idle; two fewer per micro-batch added, down to the steady state's 3 = (pp - 1)(F + I - W), where the paper's
+    (pp - 1)(F + I - 2W) = 0 is below any schedule's (rank 3 starts 3 F late, with a rank's work to do)."""
     assert float(zbv.span(4, 1, 1.0, 1.0, 1.0)) == 18.0
     assert float(zbv.span(4, 8, 1.0, 1.0, 1.0)) == 51.0
-    assert [float(zbv.trimmed_extra(4, n, 1.0, 1.0, 1.0)) for n in range(1, 9)] == [9, 7, 5, 3, 1, 0, 0, 0]
-    # vectorised over rows: each row its own F, I, W
-    rows = zbv.trimmed_extra(4, 1, np.array([1.0, 2.0]), np.array([1.0, 2.0]), np.array([1.0, 2.0]))
-    assert rows.tolist() == [9.0, 18.0]
+    assert [float(zbv.idle(4, n, 1.0, 1.0, 1.0)) for n in range(1, 11)] == [12, 10, 8, 6, 4, 3, 3, 3, 3, 3]
+    # vectorised over rows, each its own F, I, W; a chunk's first forward longer by its weight casts
+    assert zbv.idle(4, 1, np.array([1.0, 2.0]), np.array([1.0, 2.0]), np.array([1.0, 2.0])).tolist() == [12.0, 24.0]
+    assert float(zbv.idle(4, 1, 1.0, 1.0, 1.0, first=0.5)) == 12.0 + 8 * 0.5  # all 8 stages' first forwards in line
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 6, 8])
+def test_the_steady_state_idles_alike_from_2pp_minus_1_on(pp):
+    """bubble_time replays 2 pp micro-batches for any more (pipeline._zbv_replayed): the idle is the same for every
+    count from 2 pp - 1 to 4 pp, whatever F, I, W and first casts (random ones: seed 0)."""
+    rng = np.random.default_rng(0)
+    f, b, w, first = (rng.uniform(0.1, 3.0, 64) for _ in range(4))
+    ref = zbv.idle(pp, 2 * pp, f, b, w, first)
+    for n in range(2 * pp - 1, 4 * pp + 1):
+        assert zbv.idle(pp, n, f, b, w, first) == pytest.approx(ref, rel=1e-12, abs=1e-9)
 
 
 KW = dict(model="llama3-8b", hw="dgx-h100", gpus=8, pp=4, dp=2, micro_batch=1, seq=8192, stack="torchtitan")
 
 
 def test_estimate_costs_trimmed_zbv_between_its_steady_state_and_gpipe():
+    """Llama 3 8B on pp = 4 (torchtitan): ZB-V's bubble grows as the micro-batches fall below 2 pp - 1 = 7, and a single
+    micro-batch, which ZB-V runs with its W passes off the critical path, idles less than GPipe's."""
     steady = estimate(**KW, grad_accum=8, schedule="zb-v").breakdown["pipeline_bubble"]
     four = estimate(**KW, grad_accum=4, schedule="zb-v").breakdown["pipeline_bubble"]
     one = estimate(**KW, grad_accum=1, schedule="zb-v").breakdown["pipeline_bubble"]
     gpipe = estimate(**KW, grad_accum=1, schedule="gpipe").breakdown["pipeline_bubble"]
     assert steady < four < one < gpipe
-    assert estimate(**KW, grad_accum=6, schedule="zb-v").breakdown["pipeline_bubble"] == pytest.approx(steady, rel=1e-12)
+    assert estimate(**KW, grad_accum=7, schedule="zb-v").breakdown["pipeline_bubble"] == pytest.approx(steady, rel=1e-12)
+    assert estimate(**KW, grad_accum=64, schedule="zb-v").breakdown["pipeline_bubble"] == pytest.approx(steady, rel=1e-12)
 
 
 def test_dualpipev_keeps_torchs_refusal():

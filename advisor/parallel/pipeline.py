@@ -28,15 +28,17 @@
   bubble with W; with F the forward, B = W = half the backward (the two GEMMs of a linear layer's backward
   do equal work) plus the recomputation in B:
   ZB-H1 (Qi et al. 2023, arXiv 2401.10241, s.3.1 and Table 2): bubble (p - 1)(F + B - W), peak memory as 1F1B.
-  ZB-V (ibid. s.6, ScheduleZBVZeroBubble): two chunks per rank in a V; the bubble of ZB-H2, (p - 1)(F + B - 2W),
-  at the chunk level (each of F, B, W halved), never below 0; peak memory as 1F1B.
+  ZB-V (ibid. s.6, ScheduleZBVZeroBubble): two chunks per rank in a V, each of F, B, W halved; the paper gives it
+  ZB-H2's bubble, (p - 1)(F + B - 2W), 0 where F = B = W, which no schedule reaches (rank p - 1 starts (p - 1) F of
+  a chunk late with a rank's whole work to do). Costed as torch 2.13 runs it: its action lists replayed, each rank in
+  order, each action waiting on the one it needs (advisor.parallel.zbv): (p - 1)(F + B - W) of a chunk where
+  F = B = W, more where the passes differ; peak memory as 1F1B.
   DualPipeV (DeepSeek-V3 report, Liu et al. 2024, arXiv 2412.19437, Table 2; torch ScheduleDualPipeV, the
   "cut-in-half" DualPipe on pp ranks with 2 chunks each, i.e. DualPipe with PP = 2 pp): bubble
   (PP/2 - 1)(F&B + B - 3W) of chunk times, F&B = F + B for a dense model (no all-to-all to overlap);
   activations of pp + 1 micro-batches of a rank (Table 2's PP + 1), parameters once (the V's halves).
   DualPipeV needs at least 2 x pp micro-batches (torch's ScheduleDualPipeV: as many as stages). ZB-V runs on fewer:
-  torch's ScheduleZBVZeroBubble blanks the actions of the micro-batches it lacks, and what that idles beyond the
-  steady state is replayed from its action lists (advisor.parallel.zbv).
+  torch's ScheduleZBVZeroBubble blanks the actions of the micro-batches it lacks, which the replay runs as torch does.
 - Send/recv: each micro-batch sends its activation forward and its gradient back at every stage boundary, v
   times under interleaving. Megatron's scatter/gather optimisation (s.4.1; --scatter-gather-tensors-in-
   pipeline, on by default; the stack's ``pipeline_scatter_gather``): each TP rank sends 1/tp of the activation
@@ -303,25 +305,20 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     f, b, w_ = at(fwd_s) * scale + at(first_cast_s), (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
     pp, s_on = at(mesh.pp), at(sched)
     h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
-    zbv = (pp - 1.0) * np.maximum(f + b - 2.0 * w_, 0.0) / 2.0  # ZB-V: (p - 1)(F + B - 2W) of one of two chunks
     dual = (pp - 1.0) * np.maximum((f + b) + b - 3.0 * w_, 0.0) / 2.0  # DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2pp, chunks
-    zbv = zbv + _zbv_trimmed(pp, at(c.grad_accum), s_on == ZB_V, f - at(first_cast_s), b, w_)
+    zbv = _zbv_replayed(pp, at(c.grad_accum), s_on == ZB_V, f - at(first_cast_s), b, w_, at(first_cast_s))
     out = np.array(classic, dtype=float, copy=True)
     out[on] = np.where(s_on == ZB_H1, h1, np.where(s_on == ZB_V, zbv, dual))
     return out
 
 
-def _zbv_trimmed(pp: Any, m: Any, is_zbv: Any, f: Any, b: Any, w_: Any) -> Any:
-    """What ZB-V idles on fewer than 2 x pp micro-batches beyond the steady state's bubble, replayed from torch's
-    action lists (advisor.parallel.zbv) with a chunk's F, B and W, half the rank's."""
+def _zbv_replayed(pp: Any, m: Any, is_zbv: Any, f: Any, b: Any, w_: Any, first: Any) -> Any:
+    """ZB-V's idle as torch runs it, replayed from its action lists (advisor.parallel.zbv) with a chunk's F, B, W and
+    first cast, half the rank's. Beyond 2 x pp micro-batches the steady state adds none (the replay idles alike for
+    every count from 2 pp - 1 on: tests/test_zbv_trimmed.py), so 2 pp stands for more."""
     out = np.zeros(np.shape(f))
-    few = is_zbv & (m < 2 * pp)
-    for p in {int(p) for p in pp[few]}:
-        of_p = few & (pp == p)
-        chunk = (f[of_p] / 2.0, b[of_p] / 2.0, w_[of_p] / 2.0)
-        steady, extra = zbv_replay.idle(p, 2 * p, *chunk), np.zeros(int(of_p.sum()))
-        for n in {int(n) for n in m[of_p]}:
-            rows = m[of_p] == n
-            extra[rows] = zbv_replay.trimmed_extra(p, n, *(x[rows] for x in chunk), steady=steady[rows])
-        out[of_p] = extra
+    n_eff = np.minimum(m, 2 * pp).astype(int)
+    for p, n in {(int(p), int(n)) for p, n in zip(pp[is_zbv], n_eff[is_zbv])}:
+        rows = is_zbv & (pp == p) & (n_eff == n)
+        out[rows] = zbv_replay.idle(p, n, f[rows] / 2.0, b[rows] / 2.0, w_[rows] / 2.0, first[rows] / 2.0)
     return out

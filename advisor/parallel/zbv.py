@@ -2,13 +2,13 @@
 
 torch's ScheduleZBVZeroBubble (torch/distributed/pipelining/schedules.py:3269-3395, _calculate_single_rank_operations)
 builds each rank's action list for max(2 pp - 1, n) micro-batches and blanks the actions of micro-batches n and beyond
-(:3385-3394): it refuses no count, unlike ScheduleDualPipeV (:3439-3443) and Schedule1F1B (:1020-1024). The paper's
-bubble, (p - 1)(F + B - 2W) of a chunk (advisor.parallel.pipeline.bubble_time), is the steady state's; a trimmed
-schedule idles longer, as each warm-up and cool-down step it keeps waits on the stages around it. This module replays
-torch's action lists, each rank running its actions in order, each waiting on the action it depends on (F on the
-previous stage's F, I on the next stage's I or the last stage's own F, W on its own I), with F, I and W the same on
-every stage, and returns what the trimmed schedule idles beyond torch's own steady state (n = 2 pp), which the
-paper's formula then carries on top of."""
+(:3385-3394): it refuses no count, unlike ScheduleDualPipeV (:3439-3443) and Schedule1F1B (:1020-1024). This module
+replays torch's action lists, each rank running its actions in order (_PipelineScheduleRuntime runs its list so),
+each action waiting on the one it depends on (F on the previous stage's F, I on the next stage's I or the last
+stage's own F, W on its own I), with F, I and W the same on every stage and the sends and receives in the body's
+times (advisor.parallel.pipeline.bubble_time), and returns what a rank idles. A trimmed schedule idles longer than the
+steady state, as each warm-up and cool-down step it keeps waits on the stages around it; the steady state idles
+(p - 1)(F + I - W) where F = I = W, not the paper's (p - 1)(F + I - 2W) = 0."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def rank_actions(pp: int, n: int, rank: int) -> tuple[tuple[int, int, int], ...]
 
 @lru_cache(maxsize=64)
 def _events(pp: int, n: int) -> tuple[tuple[int, int, int, int], ...]:
-    """The actions of every rank in an order where each follows what it waits on: (rank, type, own index, index of
+    """The actions of every rank in an order where each follows what it waits on: (rank, type, micro-batch, index of
     the action it depends on or -1)."""
     lists = [rank_actions(pp, n, r) for r in range(pp)]
     index: dict[tuple[int, int, int], int] = {}
@@ -82,7 +82,7 @@ def _events(pp: int, n: int) -> tuple[tuple[int, int, int, int], ...]:
                 if dep is not None and dep not in index:
                     break
                 index[(kind, stage, m)] = len(order)
-                order.append((r, kind, len(order), -1 if dep is None else index[dep]))
+                order.append((r, kind, m, -1 if dep is None else index[dep]))
                 pos[r] += 1
                 moved = True
         if not moved:  # torch's lists always resolve; a stalled replay is a bug in the port
@@ -90,29 +90,22 @@ def _events(pp: int, n: int) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(order)
 
 
-def span(pp: int, n: int, f: Any, b: Any, w: Any) -> Any:
+def span(pp: int, n: int, f: Any, b: Any, w: Any, first: Any = 0.0) -> Any:
     """Seconds from the first forward to the last action of a ZB-V step over ``n`` micro-batches on ``pp`` ranks,
-    each chunk's F, I (input gradients) and W (weight gradients) taking ``f``, ``b`` and ``w`` (arrays alike)."""
-    f, b, w = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (f, b, w)))
+    each chunk's F, I (input gradients) and W (weight gradients) taking ``f``, ``b`` and ``w`` (arrays alike), a
+    chunk's first forward ``first`` more (the weight casts of a step: advisor.step's first_cast)."""
+    f, b, w, first = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (f, b, w, first)))
     dur = (f, b, w)
     free = [np.zeros(f.shape) for _ in range(pp)]
     done: list[Any] = []
-    for rank, kind, _, dep in _events(pp, n):
+    for rank, kind, m, dep in _events(pp, n):
         start = free[rank] if dep < 0 else np.maximum(free[rank], done[dep])
-        free[rank] = start + dur[kind]
+        free[rank] = start + dur[kind] + (first if kind == F and m == 0 else 0.0)
         done.append(free[rank])
     return np.max(np.stack(free), axis=0)
 
 
-def idle(pp: int, n: int, f: Any, b: Any, w: Any) -> Any:
-    """What a rank idles in a ZB-V step over ``n`` micro-batches: the span less its work, 2 n (f + b + w)."""
-    return span(pp, n, f, b, w) - 2.0 * n * (np.asarray(f) + b + w)
-
-
-def trimmed_extra(pp: int, n: int, f: Any, b: Any, w: Any, steady: Any = None) -> Any:
-    """What ZB-V idles on ``n`` < 2 pp micro-batches beyond its idle at 2 pp (``steady``, computed here if None),
-    never below 0."""
-    if n >= 2 * pp:
-        return np.zeros(np.shape(np.asarray(f) + b + w))
-    steady = idle(pp, 2 * pp, f, b, w) if steady is None else steady
-    return np.maximum(idle(pp, n, f, b, w) - steady, 0.0)
+def idle(pp: int, n: int, f: Any, b: Any, w: Any, first: Any = 0.0) -> Any:
+    """What a rank idles in a ZB-V step over ``n`` micro-batches: the span less its work, 2 n (f + b + w) (each
+    chunk's ``first`` cast counted idle, as the fill of the other schedules counts it: advisor.step's first_cast)."""
+    return span(pp, n, f, b, w, first) - 2.0 * n * (np.asarray(f) + b + w)
