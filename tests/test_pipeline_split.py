@@ -94,18 +94,20 @@ def test_zero_bubble_formulas():
     """With F = B = W (backward = 2 forward, split evenly into input and weight gradients):
     1F1B: (p - 1)(F + B + W) = 7 x 3 = 21 (Narayanan et al. 2021, one stage per rank);
     ZB-H1: (p - 1)(F + B - W) = 7, a third of 1F1B's (Qi et al. 2023, arXiv 2401.10241, s.3.1);
-    ZB-V as torch's ScheduleZBVZeroBubble runs it (its action lists replayed, advisor.parallel.zbv): (p - 1)(F + B - W)
-    of a chunk = 7 x 0.5 = 3.5 (the paper's (p - 1)(F + B - 2W) = 0, ibid. s.6, is below any schedule's: rank p - 1
-    starts (p - 1) chunk forwards late with a rank's work to do);
-    DualPipeV: (PP/2 - 1)(F&B + B - 3W) of a chunk, PP = 2p, F&B = F + B = 0 (DeepSeek-V3 report Table 2).
-    Recomputation joins B: F = 1, B = 2, W = 1 gives ZB-H1 7 x 2 = 14 and ZB-V 7 x (0.5 + 1 - 0.5) = 7."""
+    ZB-V and DualPipeV as torch's ScheduleZBVZeroBubble and ScheduleDualPipeV run them (their action lists replayed,
+    advisor.parallel.v_replay, tests/test_v_replay.py), chunks of F = B = W = 0.5: ZB-V (p - 1)(F + B - W) = 3.5, where
+    the paper's (p - 1)(F + B - 2W) = 0 (ibid. s.6) is below any schedule's (rank p - 1 starts (p - 1) chunk forwards
+    late with a rank's work to do); DualPipeV 2 (p - 1) F = 7, its F&B pairs run one after the other (DeepSeek-V3's
+    (PP/2 - 1)(F&B + B - 3W) = 0 overlaps them, Table 2).
+    Recomputation joins B: F = 1, B = 2, W = 1 gives ZB-H1 7 x 2 = 14, ZB-V 7 x (0.5 + 1 - 0.5) = 7 and DualPipeV
+    (4 p - 5) x 0.5 = 13.5."""
     assert _bubble("1f1b", 1.0, 2.0) == pytest.approx(21.0)
     assert _bubble("zb-h1", 1.0, 2.0) == pytest.approx(7.0)
     assert _bubble("zb-v", 1.0, 2.0) == pytest.approx(3.5)
-    assert _bubble("dualpipev", 1.0, 2.0) == pytest.approx(0.0)
+    assert _bubble("dualpipev", 1.0, 2.0) == pytest.approx(7.0)
     assert _bubble("zb-h1", 1.0, 2.0, rc=1.0) == pytest.approx(14.0)
     assert _bubble("zb-v", 1.0, 2.0, rc=1.0) == pytest.approx(7.0)
-    assert _bubble("dualpipev", 1.0, 2.0, rc=1.0) == pytest.approx(7 * (1 + 2 + 2 - 3) / 2)
+    assert _bubble("dualpipev", 1.0, 2.0, rc=1.0) == pytest.approx(13.5)
 
 
 def test_zero_bubble_schedules_only_where_the_stack_runs_them():
@@ -120,7 +122,7 @@ def test_zero_bubble_schedules_only_where_the_stack_runs_them():
     # DualPipeV keeps pp + 1 micro-batches of a rank's layers in flight against 1F1B's pp (DeepSeek-V3 Table 2)
     assert dual.memory.parts["activations"] > zbv.memory.parts["activations"] == pytest.approx(
         one_f.memory.parts["activations"], rel=1e-12)
-    # torch's ScheduleZBVZeroBubble runs 4 micro-batches on 8 stages, trimming its warm-up (tests/test_zbv_trimmed.py);
+    # torch's ScheduleZBVZeroBubble runs 4 micro-batches on 8 stages, trimming its warm-up (tests/test_v_replay.py);
     # its ScheduleDualPipeV raises
     assert estimate(**{**kw, "grad_accum": 4}, schedule="zb-v", stack="torchtitan").breakdown["pipeline_bubble"] > (
         zbv.breakdown["pipeline_bubble"])

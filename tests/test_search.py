@@ -360,7 +360,7 @@ def test_rows_pass_back_whole_zb_v_chunks_tp_overlap_without_tp_and_auto():
     """Rows the round trip found that did not pass back as they were: ZB-V's two chunks (the search records
     virtual_stages 2, estimate recorded 1); a TP=1 row of a search run with --tp-overlap (nothing to overlap);
     --stack auto deciding whether the model fits one GPU with plan's 5% headroom in both."""
-    zb = plan("llama2-7b", "azure-nd-h100-v5", gpus=8, stack="torchtitan", seq=256, global_batch=256, top=3)
+    zb = plan("llama2-7b", "azure-nd-h100-v5", gpus=8, stack="torchtitan", seq=256, global_batch=256, top=6)
     e = next(p.estimate for p in zb.plans if p.estimate.plan.schedule.value in ("zb-v", "dualpipev"))
     assert e.plan.virtual_stages == 2 and _again(zb, e).plan == e.plan
     ub = plan("gpt2-xl", "aws-p5e", gpus=1, stack="megatron-bridge-perf", global_batch=4, tp_overlap="userbuffers", top=1)

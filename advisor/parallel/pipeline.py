@@ -31,11 +31,13 @@
   ZB-V (ibid. s.6, ScheduleZBVZeroBubble): two chunks per rank in a V, each of F, B, W halved; the paper gives it
   ZB-H2's bubble, (p - 1)(F + B - 2W), 0 where F = B = W, which no schedule reaches (rank p - 1 starts (p - 1) F of
   a chunk late with a rank's whole work to do). Costed as torch 2.13 runs it: its action lists replayed, each rank in
-  order, each action waiting on the one it needs (advisor.parallel.zbv): (p - 1)(F + B - W) of a chunk where
+  order, each action waiting on the one it needs (advisor.parallel.v_replay): (p - 1)(F + B - W) of a chunk where
   F = B = W, more where the passes differ; peak memory as 1F1B.
   DualPipeV (DeepSeek-V3 report, Liu et al. 2024, arXiv 2412.19437, Table 2; torch ScheduleDualPipeV, the
-  "cut-in-half" DualPipe on pp ranks with 2 chunks each, i.e. DualPipe with PP = 2 pp): bubble
-  (PP/2 - 1)(F&B + B - 3W) of chunk times, F&B = F + B for a dense model (no all-to-all to overlap);
+  "cut-in-half" DualPipe on pp ranks with 2 chunks each, i.e. DualPipe with PP = 2 pp): the report's bubble,
+  (PP/2 - 1)(F&B + B - 3W) of chunk times, overlaps each pair of a forward and a backward; torch runs the pair one
+  after the other and sends after both (no stack here registers an overlapping OVERLAP_F_B function), and its
+  action lists replayed likewise (advisor.parallel.v_replay) idle 2 (p - 1) F of a chunk where F = B = W;
   activations of pp + 1 micro-batches of a rank (Table 2's PP + 1), parameters once (the V's halves).
   DualPipeV needs at least 2 x pp micro-batches (torch's ScheduleDualPipeV: as many as stages). ZB-V runs on fewer:
   torch's ScheduleZBVZeroBubble blanks the actions of the micro-batches it lacks, which the replay runs as torch does.
@@ -71,7 +73,7 @@ from advisor.candidates import Candidates, Mesh, members_per_node
 from advisor.comm import Collective
 from advisor.layout import PipelineSplit, Schedule
 from advisor.model import ModelSpec
-from advisor.parallel import zbv as zbv_replay
+from advisor.parallel import v_replay
 from advisor.workload import Workload
 
 
@@ -283,7 +285,7 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
                 recompute_s: Any, first_cast_s: Any = 0.0) -> Any:
     """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their
     collectives and send/recv); ``fwd_s``, ``bwd_s``, ``recompute_s``: its layers' compute, which the zero-bubble
-    formulas split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring); ``first_cast_s``: what
+    schedules split into F, B = recompute + backward / 2 and W = backward / 2 (module docstring); ``first_cast_s``: what
     the first micro-batch's forward adds to the body there where the weights are quantised once a step and the body
     holds a micro-batch's share of it (Transformer Engine's is_first_microbatch: every stage the fill passes casts in
     full before it sends the first micro-batch on, however many follow)."""
@@ -305,20 +307,21 @@ def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s
     f, b, w_ = at(fwd_s) * scale + at(first_cast_s), (at(recompute_s) + 0.5 * at(bwd_s)) * scale, 0.5 * at(bwd_s) * scale
     pp, s_on = at(mesh.pp), at(sched)
     h1 = (pp - 1.0) * np.maximum(f + b - w_, 0.0)  # ZB-H1: (p - 1)(F + B - W)
-    dual = (pp - 1.0) * np.maximum((f + b) + b - 3.0 * w_, 0.0) / 2.0  # DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2pp, chunks
-    zbv = _zbv_replayed(pp, at(c.grad_accum), s_on == ZB_V, f - at(first_cast_s), b, w_, at(first_cast_s))
+    v = _v_replayed(pp, at(c.grad_accum), s_on, f - at(first_cast_s), b, w_, at(first_cast_s))
     out = np.array(classic, dtype=float, copy=True)
-    out[on] = np.where(s_on == ZB_H1, h1, np.where(s_on == ZB_V, zbv, dual))
+    out[on] = np.where(s_on == ZB_H1, h1, v)
     return out
 
 
-def _zbv_replayed(pp: Any, m: Any, is_zbv: Any, f: Any, b: Any, w_: Any, first: Any) -> Any:
-    """ZB-V's idle as torch runs it, replayed from its action lists (advisor.parallel.zbv) with a chunk's F, B, W and
-    first cast, half the rank's. Beyond 2 x pp micro-batches the steady state adds none (the replay idles alike for
-    every count from 2 pp - 1 on: tests/test_zbv_trimmed.py), so 2 pp stands for more."""
+def _v_replayed(pp: Any, m: Any, sched: Any, f: Any, b: Any, w_: Any, first: Any) -> Any:
+    """ZB-V's and DualPipeV's idle as torch runs them, replayed from their action lists (advisor.parallel.v_replay)
+    with a chunk's F, B, W and first cast, half the rank's. Beyond 2 x pp micro-batches the steady state adds none
+    (the replay idles alike for every count from 2 pp on: tests/test_v_replay.py), so 2 pp stands for more."""
     out = np.zeros(np.shape(f))
     n_eff = np.minimum(m, 2 * pp).astype(int)
-    for p, n in {(int(p), int(n)) for p, n in zip(pp[is_zbv], n_eff[is_zbv])}:
-        rows = is_zbv & (pp == p) & (n_eff == n)
-        out[rows] = zbv_replay.idle(p, n, f[rows] / 2.0, b[rows] / 2.0, w_[rows] / 2.0, first[rows] / 2.0)
+    v = (sched == ZB_V) | (sched == DUALPIPE_V)
+    for p, n, s in {(int(p), int(n), int(s)) for p, n, s in zip(pp[v], n_eff[v], sched[v])}:
+        rows = v & (pp == p) & (n_eff == n) & (sched == s)
+        out[rows] = v_replay.idle(p, n, f[rows] / 2.0, b[rows] / 2.0, w_[rows] / 2.0, first[rows] / 2.0,
+                                  v_replay.ZBV if s == ZB_V else v_replay.DUALPIPEV)
     return out
