@@ -68,7 +68,8 @@ class GPU(Spec):
             if key not in allowed:
                 raise ValueError(f"unknown precision {key!r} in peak_tflops (use {sorted(allowed)})")
             if not (1e-3 <= val < 1e6):
-                raise ValueError(f"peak_tflops.{key}={val} must be a TFLOP/s figure in [0.001, 1e6)")
+                raise ValueError(f"peak_tflops.{key}={val:g} must be a TFLOP/s figure from 0.001 to below 1,000,000 "
+                                 "(the datasheet's dense figure, in TFLOP/s)")
         if "fp32" not in v:
             raise ValueError("peak_tflops needs at least fp32")
         return v

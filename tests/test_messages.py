@@ -251,3 +251,19 @@ def test_an_expert_parallel_degree_that_does_not_divide_names_the_ones_that_do()
     with pytest.raises(AdvisorError, match=re.escape("ep=3, etp=1, dp x tp = 8, 8 experts of width 14336 (give --ep 2, 4 "
                                                      "or 8; --ep 1 turns expert parallelism off)")):
         estimate("mixtral-8x7b", "dgx-h100", gpus=8, ep=3)
+
+
+def test_a_profile_section_given_as_a_number_and_a_peak_out_of_range_name_the_fix(tmp_path):
+    """'gpu: 5' said 'Input should be a valid dictionary or instance of GPU (got 5)', and a peak out of range wrote its
+    bound as 1e6: each now says what to write (hardware.py GPU.peak_tflops: the dense peak per precision)."""
+    from advisor.hardware import load_hardware
+
+    path = tmp_path / "hw.yaml"
+    for body, words in (("gpu: 5", "gpu: Input should be a mapping, not 5: give its keys under it, key: value"),
+                        ("gpu: {peak_tflops: 5}", "gpu.peak_tflops: Input should be a mapping, not 5: give its keys "
+                                                  "under it, key: value"),
+                        ("gpu: {peak_tflops: {fp32: 60, bf16: -5}}", "peak_tflops.bf16=-5 must be a TFLOP/s figure from "
+                         "0.001 to below 1,000,000 (the datasheet's dense figure, in TFLOP/s)")):
+        path.write_text(f"base: dgx-h100\nname: x\ndescription: d\n{body}\n")
+        with pytest.raises(AdvisorError, match=re.escape(words)):
+            load_hardware(str(path))
