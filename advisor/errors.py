@@ -41,13 +41,15 @@ def format_validation_error(exc: Exception) -> str:
 
 # pydantic's wrong-type errors (pydantic_core's ErrorType), in its own leading words
 WRONG_TYPE = {"int_from_float": "a whole number", "int_type": "a valid integer", "float_type": "a valid number",
-              "string_type": "a valid string", "dict_type": "a mapping", "model_type": "a mapping"}
+              "string_type": "a valid string", "dict_type": "a mapping", "model_type": "a mapping", "list_type": "a list"}
 
 
 def _wrong_type(kind: str, got) -> str:
     """'Input should be a valid string, not 42: write it in quotes': the value given and what to give instead."""
     fix = ("give one, or leave it out for its default" if got is None else "round it" if kind == "int_from_float"
            else "give its keys under it, key: value" if kind in ("dict_type", "model_type")
+           else f"write it as a list, [{got}]" if kind == "list_type" and isinstance(got, (str, int, float))
+           else "write it as a list, [a, b]" if kind == "list_type"
            else "write it in quotes" if kind == "string_type" and isinstance(got, (int, float))
            else f"give one {'string' if kind == 'string_type' else 'number'} in its place")
     return f"Input should be {WRONG_TYPE[kind]}, not {_short(got)}: {fix}"

@@ -267,3 +267,14 @@ def test_a_profile_section_given_as_a_number_and_a_peak_out_of_range_name_the_fi
         path.write_text(f"base: dgx-h100\nname: x\ndescription: d\n{body}\n")
         with pytest.raises(AdvisorError, match=re.escape(words)):
             load_hardware(str(path))
+
+
+def test_a_list_key_given_one_value_is_told_to_write_a_list(tmp_path):
+    """engine.offers: ddp in a stack profile said 'Input should be a valid list (got 'ddp')'."""
+    from advisor.stack import load_stack
+
+    path = tmp_path / "st.yaml"
+    path.write_text("name: x\ndescription: d\nbase: torch-1.11\nengine: {offers: ddp}\n")
+    with pytest.raises(AdvisorError, match=re.escape("engine.offers: Input should be a list, not 'ddp': write it as a "
+                                                     "list, [ddp]")):
+        load_stack(str(path))
