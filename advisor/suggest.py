@@ -186,7 +186,7 @@ def _unaccumulated(s: PlanSearch) -> list[str]:
     world, gb = s.world_size, _batch(s, s.world_size)
     stacks = [st for st in _stacks(s, world, s.hardware) if st.engine.accumulation == "none"
               and {"zero2", "zero3", "hsdp"} & set(st.engine.offers)]
-    if not stacks or gb <= world:
+    if not stacks or gb <= world or gb % world:  # one sample a GPU already, or a batch pure DP cannot split
         return []
     name = " and ".join(st.name for st in stacks)
     tip = (f"{name}'s FSDP is not among them: it keeps no gradients across micro-batches, so it runs one micro-batch "
