@@ -208,7 +208,7 @@ def suggest_fix(s: PlanSearch, search: Optional[Callable[..., PlanSearch]] = Non
         if label:
             tips.append(f"even the leanest plan costed on {_gpus(s.world_size)} ({label}, micro batch 1) needs "
                         f"{need / GiB:,.1f} GiB per GPU, more than the {cap / GiB:,.1f} GiB usable")
-        tips.extend(_unaccumulated(s))
+            tips.extend(_unaccumulated(s))  # why the plans costed hold no FSDP one, where they do not
         found = min_fitting_world(s)
         if found:
             tips.append(f"it fits on --gpus {found[0]:,} ({found[1]}, micro batch 1)")
