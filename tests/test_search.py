@@ -434,12 +434,11 @@ def test_vs_best_is_said_in_the_objectives_terms_over_gpu_counts():
 
     res = plan("kimi-k2", "gb300-nvl72", gpus="128:512", global_batch=4096, seq=4096, precision="mxfp8",
                objective="throughput", top=5)
-    # the best plan on another GPU count (since a pipeline's fill pays the first micro-batch's FP8 weight casts in
-    # full, the 128-GPU PP 8 plan ranks third, behind two 256-GPU ones)
+    # the best plan on another GPU count (the 256-GPU plans lead; the next GPU count is 512's, a step half as long)
     first = res.plans[0].estimate
     at, second = next((i, r.estimate) for i, r in enumerate(res.plans) if r.estimate.world_size != first.world_size)
     per_gpu = [e.tokens_per_s / e.world_size for e in (first, second)]
     assert per_gpu[0] >= per_gpu[1]
     said = float(res.plans[at].reason.split("% vs best")[0].rsplit("+", 1)[1])
     assert said == pytest.approx(100 * (per_gpu[0] / per_gpu[1] - 1), abs=0.06)  # printed to 0.1%
-    assert said < 100 * (second.step_time_s / first.step_time_s - 1) - 50  # not the step times' ratio
+    assert abs(said - 100 * (second.step_time_s / first.step_time_s - 1)) > 40  # not the step times' ratio
