@@ -56,8 +56,8 @@ FP32_GRAD = 4.0  # the fp32 gradient partition DeepSpeed accumulates in host mem
 # torch's CPU AdamW (foreach/for-loop) against its fused kernel on one core: 0.14 vs 0.70 Gparams/s measured by
 # `advisor calibrate --host` here (AMD EPYC, torch 2.13): FSDP's CPU step runs the former
 TORCH_CPU_ADAM_SLOWDOWN = 0.70 / 0.14
-NO_HOST = ("no host side in the hardware profile: offload is not costed (measure it on the machine: advisor calibrate --host --base "
-           "PROFILE --out FILE, then --hw FILE; or add host: to the profile)")
+NO_HOST = ("no host side in the hardware profile: offload is not costed (advisor calibrate --host on the machine "
+           "measures one)")
 
 
 def codes(c: Candidates) -> tuple[Any, Any, Any]:
