@@ -72,7 +72,9 @@ def estimate(as_json: bool, out, **kw) -> None:
     model, hw = kw.pop("model"), kw.pop("hw")
     refuse_out_over_an_input(out, model, hw, kw.get("stack"))
     result = run_estimate(model, hw, **kw)
-    text = json.dumps(result.model_dump(mode="json"), indent=2) if as_json else render_estimate(result)
+    asked = str(kw.get("stack") or "auto")  # a --stack FILE: its profile, which the result's name does not find again
+    text = (json.dumps(result.model_dump(mode="json"), indent=2) if as_json
+            else render_estimate(result, None if asked in ("auto", "any") else asked))
     _emit(out, text + "\n", "the estimate")
 
 

@@ -10,7 +10,6 @@ from advisor.errors import AdvisorError
 from advisor.hardware import Hardware, load_hardware
 from advisor.ranking import PlanSearch
 from advisor.search import plan
-from advisor.stack import load_stack
 from advisor.workload import Workload
 
 
@@ -56,7 +55,7 @@ def rank_precisions(model, hw, **kw) -> tuple[PlanSearch, list[tuple[str, Option
         r = recipe(name)
         what = "every GEMM in " + name
         if r is not None:  # the best plan's workload: its stack's BF16 edge layers and its casts' share
-            w = Workload.of(res.model_spec, res.hardware, load_stack(e.stack), e.setup)
+            w = Workload.of(res.model_spec, res.hardware, res.stack_named(e.stack), e.setup)
             edges, tail = w.bf16_edge_layers, r.name in w.stack.engine.bf16_tail
             kept = (f", the last {w.stack.engine.bf16_layers(r, w.model.n_layers)} layers in BF16" if tail
                     else f", {edges} layer at each end in BF16" if edges else "")

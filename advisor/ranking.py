@@ -96,6 +96,11 @@ class PlanSearch:
         """The stack every plan was costed in (the first of several under --stack any)."""
         return self.stacks[0]
 
+    def stack_named(self, name: str) -> Stack:
+        """The Stack a row names (its ``stack`` field holds the name): one this search costed, a profile read from a file
+        among them, which a name alone does not find again; else the built-in profile of that name."""
+        return next((s for s in self.stacks if s.name == name), None) or load_stack(name)
+
     @property
     def world_size(self) -> int:
         """The GPU count searched (the largest of a range)."""

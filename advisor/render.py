@@ -33,12 +33,13 @@ def _passes(e) -> str:
     return "frozen linears 2 x forward, adapters 3 x" if e.setup.finetune.adapters else "3 x forward"
 
 
-def render_estimate(e) -> str:
+def render_estimate(e, stack=None) -> str:
+    """``stack``: the Stack the estimate was costed in where a name does not find it (a --stack FILE's profile)."""
     lines = [
         f"{e.model} ({e.params / 1e9:.3f}B params) on {e.world_size}x {e.hw} ({e.nodes} node{'s' if e.nodes > 1 else ''})",
         f"plan: {e.label}   micro batch {e.setup.micro_batch} x grad accum {e.grad_accum} x dp {e.plan.dp} = "
         f"global batch {e.global_batch}, seq {e.setup.seq_len}, {e.setup.precision.value}, {e.setup.attention.value}, "
-        f"recompute {policy(e.setup, e.stack)}, {e.setup.optimizer.value}"
+        f"recompute {policy(e.setup, stack or e.stack)}, {e.setup.optimizer.value}"
         + (f", torch.compile of {e.setup.compile.replace(',', ' and ')}" if e.setup.compile != "none" else "")
         + (f", {e.setup.mtp_layers} MTP depth{'s' if e.setup.mtp_layers > 1 else ''}" if e.setup.mtp_layers else "")
         + (", FP8 attention" if e.setup.fp8_attention else ""),  # costed at the FP8 rate: say so, as the header does MTP
@@ -103,13 +104,16 @@ def _offloads_first_k(stack: str) -> bool:
     return load_stack(stack).engine.activation_offload == "first_k"
 
 
-def policy(setup, stack: str | None = None) -> str:
+def policy(setup, stack=None) -> str:
     """The checkpointing policy with its k where it takes one (advisor/recompute.py): under activation offload, where
-    the stack offloads the first k layers, k too (a search offloads half of them; estimate's default is 1)."""
+    the stack (a Stack, or a built-in name) offloads the first k layers, k too (a search offloads half of them;
+    estimate's default is 1)."""
     r, k = setup.recompute.value, setup.recompute_layers
     if setup.recompute_modules is not None:
         return f"{r}({','.join(setup.recompute_modules)})"
-    if r == "offload" and stack and _offloads_first_k(stack):
+    first_k = (stack.engine.activation_offload == "first_k" if hasattr(stack, "engine")
+               else bool(stack) and _offloads_first_k(stack))
+    if r == "offload" and first_k:
         return f"{r}({k})"
     return f"{r}({k})" if r in ("block", "every-k") or (r == "full" and k > 1) else r
 
@@ -118,7 +122,7 @@ def _columns(result) -> list[tuple[str, str, object]]:
     """(heading, alignment, value of an Estimate) of the ranking table; GPUs, efficiency and budget columns
     appear where the search has them."""
     cols = [("mb", ">", lambda e: str(e.setup.micro_batch)), ("ga", ">", lambda e: str(e.grad_accum)),
-            ("recompute", ">", lambda e: policy(e.setup, e.stack))]
+            ("recompute", ">", lambda e: policy(e.setup, result.stack_named(e.stack)))]
     if len(result.worlds) > 1:
         cols.insert(0, ("GPUs", ">", lambda e: f"{e.world_size:,}"))
     if len(result.stacks) > 1:

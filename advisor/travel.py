@@ -13,7 +13,6 @@ from itertools import product
 from typing import Optional
 
 from advisor.errors import AdvisorError
-from advisor.stack import load_stack
 
 
 # what the all-to-alls run beside under each overlap, in the note's words
@@ -30,7 +29,8 @@ def faster_travel(result, asked_dispatcher: Optional[str] = None, asked_overlap:
         return None
     from advisor.api import estimate_plan  # the note re-runs the API's own estimate
 
-    eng = load_stack(best.stack).engine
+    stack = result.stack_named(best.stack)  # a --stack FILE's profile is not found again by its name
+    eng = stack.engine
     dispatchers = [asked_dispatcher] if asked_dispatcher else list(eng.moe_dispatchers)
     overlaps = [asked_overlap] if asked_overlap else eng.ep_overlaps()
     now = (best.setup.moe_dispatcher or eng.moe_dispatchers[0], best.setup.moe_overlap or eng.ep_alltoall_overlap)
@@ -40,7 +40,7 @@ def faster_travel(result, asked_dispatcher: Optional[str] = None, asked_overlap:
             continue
         setup = best.setup.model_copy(update={"moe_dispatcher": d, "moe_overlap": o, "stack": best.stack})
         try:
-            est = estimate_plan(result.model_spec, result.hardware, best.plan, setup, best.world_size)
+            est = estimate_plan(result.model_spec, result.hardware, best.plan, setup, best.world_size, stack)
         except AdvisorError:  # Megatron refuses the pair for this plan
             continue
         if est.fits:
