@@ -12,6 +12,7 @@ fits at micro-batch 1 (doubling, then bisecting; at most the model's positions w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -67,8 +68,7 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
         last = results[pick]
         fewest = f"; the fewest GPUs: {pick} on --gpus {worlds[pick][0]:,}" if worlds else ""
         last.method_choice = {"chosen": None, "steps_s": steps,
-                              "lines": ["method auto: nothing fits" + (", not even QLoRA with CPU offload" if "qlora+offload"
-                                                                     in results else "") + fewest]}
+                              "lines": [f"method auto: {_none_fits(steps)}{fewest}"]}
         return last
     if unloaded:  # each rung's best step without offload; one that fits only offloaded said so
         steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({s:.3g} s)"
@@ -85,18 +85,40 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
     if not unloaded and chosen != "qlora+offload":
         why = (f"no method fits without offload; {chosen} fits with {best_offload(res)} on the CPU or "
                "NVMe (offload last, as the rule goes)")
+    skipped, skip_why = _skipped(steps)
+
     def fmt(n: str) -> str:
         s = steps.get(n)
-        return f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None else f"{n} {s}"
+        return (f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None
+                else f"{n} not costed" if n in skipped else f"{n} {s}")
     # where a rung fits without offload, the offloaded rungs are not candidates for the fastest (issue 22: offload
     # last), though their steps are printed: the line says so, or a faster qlora+offload would contradict it
     lines = [f"method auto: {chosen} ({why}); fastest that fits{' without offload' if unloaded else ''}: {fastest}",
-             "methods (best step of each): " + ", ".join(fmt(n) for n, _ in LADDER),
+             "methods (best step of each): " + ", ".join(fmt(n) for n, _ in LADDER)
+             + (f" ({skip_why})" if skipped else ""),
              f"{chosen} on {best.label}: largest micro-batch that fits at seq {best.setup.seq_len}: {mb}; "
              f"longest sequence that fits at micro-batch 1: {seq:,}"]
     res.method_choice = {"chosen": chosen, "fastest": fastest, "steps_s": steps, "largest_micro_batch": mb,
                          "longest_seq": seq, "lines": lines}
     return res
+
+
+def _skipped(steps: dict) -> tuple[list[str], str]:
+    """The rungs not costed (a mixture of experts: adapters on it are not costed, so its LoRA rungs are skipped, not
+    tried and found too large) and why, in the first one's words."""
+    skipped = [n for n, s in steps.items() if isinstance(s, str) and s.startswith("not costed")]
+    why = re.sub(r"^--method \S+: ", "", steps[skipped[0]].removeprefix("not costed: ").split("; use ")[0]) if skipped else ""
+    return skipped, why
+
+
+def _none_fits(steps: dict) -> str:
+    """Why no rung answered: every one costed and none fits, or the rungs that fit nowhere and those not costed."""
+    skipped, why = _skipped(steps)
+    if not skipped:
+        return "nothing fits, not even QLoRA with CPU offload"
+    costed = [n for n in steps if n not in skipped]
+    fit = (f"{' and '.join(costed)} {'does' if len(costed) == 1 else 'do'} not fit; " if costed else "")
+    return f"{fit}{', '.join(skipped)} not costed: {why}"
 
 
 def _unloaded(plans: list) -> list:

@@ -54,6 +54,22 @@ def test_method_auto_suggests_the_method_that_fits_on_the_fewest_gpus():
     assert "it fits on --gpus 704 (" in suggest_fix(found)
 
 
+def test_method_auto_on_a_mixture_of_experts_says_its_adapter_rungs_were_not_costed():
+    """Qwen3-30B-A3B on one A10G: adapters on a mixture of experts are not costed (advisor.workload), so only the full
+    rung is searched; the answer said "nothing fits, not even QLoRA with CPU offload", a QLoRA that was never tried.
+    Each rung is now named as it went: full fits on 32 GPUs (EP 32, the fewest), the LoRA rungs not costed, and why."""
+    found = plan("qwen3-30b-a3b", "a10g", gpus=1, method="auto")
+    line = found.method_choice["lines"][0]
+    assert not found.plans and "not even QLoRA" not in line
+    assert line == ("method auto: full does not fit; lora, qlora, qlora+offload not costed: adapters on qwen3-30b-a3b, "
+                    "a mixture of experts, are not costed (on any target, attention too: --lora-targets q,v); the "
+                    "fewest GPUs: full on --gpus 32")
+    fits = plan("qwen3-30b-a3b", "dgx-h100", gpus=8, method="auto", top=1).method_choice["lines"][1]
+    assert fits.startswith("methods (best step of each): full ") and fits.endswith(
+        ", lora not costed, qlora not costed, qlora+offload not costed (adapters on qwen3-30b-a3b, a mixture of "
+        "experts, are not costed (on any target, attention too: --lora-targets q,v))")
+
+
 def test_a_full_fine_tune_that_fits_nowhere_here_is_told_the_adapters_that_do():
     """Llama 2 7B on two RTX 4090s: a full fine-tune needs ~16 bytes a parameter (54 GB a GPU under ZeRO-3 dp=2), so
     nothing fits, but LoRA on a bf16 base (13.5 GB) does; the suggestion named more GPUs and an H100 only, not the
