@@ -57,6 +57,10 @@ def valid_candidates(spec: ModelSpec, hardware: Hardware, world: int, gb: int, a
     only the layouts with (True) or without (False) TP or PP; ``etp``: every plan at this expert TP (space.with_experts)."""
     if etp is not None and not spec.routed:
         raise PlanError(f"--etp {etp}: {spec.name} has no routed experts (a dense model): drop --etp")
+    if etp is not None and world % etp:  # ep x etp divides a pipeline stage's dp x cp x tp, world / pp (expert_layout)
+        raise PlanError(f"--etp {etp}: an expert tensor-parallel group lies within one pipeline stage's dp x cp x tp "
+                        f"ranks, and {world:,} GPUs hold no stage of a multiple of {etp}: give --etp a divisor of "
+                        f"{world:,}")
     multi = world > hardware.gpus_per_node
     pairs = layouts(world, spec, seq_len, stack)
     if model_parallel is not None:

@@ -33,7 +33,7 @@ from advisor.model import ModelSpec, load_model
 from advisor.options import DEFAULT_HEADROOM, MAX_WORLD, PlanOptions, modules_of, moe_setup, stack_name
 from advisor.ranking import OBJECTIVES, TIE_BAND, PlanSearch, RankedPlan, coarse, first_per_plan, objective_key  # noqa: F401
 from advisor.results import host_fits, make_estimate
-from advisor.space import default_global_batch
+from advisor.space import default_global_batch, held_worlds
 from advisor.precision import RecipeError
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
@@ -230,8 +230,8 @@ def _describing(spec: ModelSpec, hardware: Hardware, setup: TrainingSetup, left_
 
 
 def _worlds(o: PlanOptions, hw: Hardware) -> list[int]:
-    """The GPU counts to search: one, or the ladder A, 2A, 4A, ... <= B (each beyond one node a whole number
-    of nodes, and each a divisor of the largest, so one global batch suits them all)."""
+    """The GPU counts to search: one, or the ladder A, 2A, 4A, ... <= B (each beyond one node a whole number of nodes, a
+    divisor of the largest, so one global batch suits them all; those --cp and --etp divide, where any: admissible)."""
     if o.gpus is None or isinstance(o.gpus, int):
         world = resolve_world(hw, o.gpus, o.nodes, hw.gpus_per_node)
         if world > MAX_WORLD:
@@ -246,7 +246,7 @@ def _worlds(o: PlanOptions, hw: Hardware) -> list[int]:
         raise PlanError(f"--gpus {lo}:{hi}: {odd(lo)[0]} GPUs is not a whole number of {g}-GPU nodes of {hw.name}; start"
                         f" the range at {', '.join(map(str, starts)) + ' or ' if starts else ''}a multiple of {g}"
                         + (f" (--gpus {first}:{hi})" if first <= hi else ""))
-    return [lo * 2**k for k in range(64) if lo * 2**k <= hi]
+    return held_worlds([lo * 2**k for k in range(64) if lo * 2**k <= hi], o.cp, o.etp)
 
 
 def _setup(o: PlanOptions, spec: ModelSpec, hardware: Hardware, world: int) -> TrainingSetup:

@@ -277,3 +277,10 @@ def block_layers(spec: ModelSpec, c: Candidates) -> Any:
     v = np.where(c.schedule == Schedule.interleaved.code, c.virtual_stages, 1)
     chunk = np.maximum(np.ceil(spec.n_layers / (c.pp * v)), 1)
     return np.where(off, max(spec.n_layers // 2, 1), np.where(block, np.ceil(chunk / 2.0).astype(int), c.recompute_k))
+
+
+def held_worlds(ladder: list[int], *degrees: Optional[int]) -> list[int]:
+    """The GPU counts of a range that every given degree divides (plan's --cp and --etp split a pipeline stage's
+    ranks), or all of them where none does: the first count's search then refuses the degree, saying why
+    (advisor.admissible)."""
+    return [w for w in ladder if not any(w % d for d in degrees if d)] or ladder

@@ -173,6 +173,16 @@ def test_plan_cp_option_restricts_the_search():
         plan(model="llama3-8b", hw=H100, gpus=8, seq=32768, cp=16)
 
 
+def test_plan_cp_over_a_range_searches_the_counts_that_hold_it():
+    """--gpus 1:8 --cp 4 refused the whole range at its first count ("--cp 4: 2 GPUs hold no layout with cp=4") where
+    4 and 8 GPUs do: the counts that cp does not divide are not searched; where none does, the first's refusal."""
+    res = plan(model="llama3-8b", hw=H100, gpus="1:8", cp=4, top=3)
+    assert res.worlds == [4, 8] and res.plans and all(p.estimate.plan.cp == 4 for p in res.plans)
+    assert res.plans[0].estimate.step_time_s == plan(model="llama3-8b", hw=H100, gpus="4:8", cp=4, top=1).plans[0].estimate.step_time_s
+    with pytest.raises(AdvisorError, match="--cp 4: 2 GPUs hold no layout with cp=4"):
+        plan(model="llama3-8b", hw=H100, gpus="1:2", cp=4)
+
+
 def test_cli_cp_estimate_json_and_export():
     r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--hw", H100, "--gpus", "8", "--cp", "4",
                                  "--seq", "32768", "--stack", "megatron-deepspeed", "--json"])

@@ -704,3 +704,15 @@ def test_a_dense_model_under_tp_names_no_expert_collectives():
     e = estimate("llama3-8b", "dgx-h100", gpus=8, tp=2, pp=2, global_batch=64, stack="megatron-core")
     assert e.breakdown["comm/ep_alltoall"] == 0.0
     assert set(e.collectives) == {"tp", "dp_grad", "pp_p2p"}, e.collectives
+
+
+def test_plan_etp_that_no_stage_holds_is_one_line_naming_it():
+    """plan --etp 3 on 8 GPUs: every row broke a constraint, and the refusal counted them under "megatron-core's MoE
+    layer needs sequence parallelism under TP: add --sp" (a flag plan has not) beside "ep x etp does not divide"; an
+    expert tensor-parallel group lies within one stage's dp x cp x tp ranks (world / pp), so etp divides the world."""
+    with pytest.raises(AdvisorError, match=r"^--etp 3: an expert tensor-parallel group lies within one pipeline stage's "
+                                           r"dp x cp x tp ranks, and 8 GPUs hold no stage of a multiple of 3: give --etp "
+                                           r"a divisor of 8$"):
+        plan("qwen3-30b-a3b", "dgx-h100", gpus=8, etp=3)
+    res = plan("qwen3-30b-a3b", "dgx-h100", gpus="1:16", etp=4, top=3)  # a range: the counts 4 divides
+    assert res.worlds == [4, 8, 16] and all((p.estimate.plan.etp or p.estimate.plan.tp) == 4 for p in res.plans)
