@@ -773,3 +773,29 @@ def test_an_fsdp_costed_zero3_exported_as_deepspeed_says_it_runs_otherwise():
                for n in hf.notes)
     ds = api.launch_config("llama3-8b", "dgx-h100", stack="deepspeed", **kw)
     assert not any("costed as" in n for n in ds.notes)
+
+
+@pytest.mark.parametrize("fmt,name", [("torchtitan", "qwen3-30b-a3b"), ("torchtitan-toml", "qwen3-30b-a3b"),
+                                      ("torchtitan", "gpt-oss-120b")])
+def test_a_config_json_of_a_catalogue_model_exports_with_its_config_function(fmt, name, tmp_path):
+    """The Hugging Face config.json of Qwen/Qwen3-30B-A3B (the catalogue's own, advisor.model.hub_configs), saved in
+    its model folder, is named Qwen3-30B-A3B: torchtitan's exporters looked its config function up by that name and
+    refused it ("torchtitan 0.3.0 has no config function for Qwen3-30B-A3B"). A model of the catalogue's shape,
+    every field equal, is written as the catalogue's, with a note; the file is the catalogue model's but for the
+    header's name and that note."""
+    from advisor.model.hub_configs import HUB_CONFIGS
+
+    folder = tmp_path / name.upper()
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(HUB_CONFIGS[name]))
+    args = ["export", "--format", fmt, "--hw", "dgx-h100", "--gpus", "16", "--dp", "16", "--zero", "3", "--ep", "8",
+            "--seq", "4096", "--out", "-"]
+    mine = CliRunner().invoke(export_command, ["--model", str(folder)] + args[1:])
+    ref = CliRunner().invoke(export_command, ["--model", name] + args[1:])
+    assert mine.exit_code == 0 and ref.exit_code == 0, mine.output
+    note = (f"# note: {name.upper()} has the catalogue's {name} shape (every field of its config): written with {name}'s "
+            "config")
+    lines = mine.output.splitlines()  # the file, then the notes echoed (CliRunner mixes the streams)
+    assert note in lines and note.removeprefix("# ") in lines
+    assert [line.replace(name.upper(), name) for line in lines if not line.endswith(f"written with {name}'s config")
+            ] == ref.output.splitlines()

@@ -44,6 +44,7 @@ from advisor.export.common import (
     Exported,
     ExportError,
     Layout,
+    catalogued,
     Plan,
     TrainingSetup,
     global_batch,
@@ -97,7 +98,7 @@ def unwritable(stack: Stack, model: ModelSpec) -> list[str]:
     megatron_shape.model_shape; the overrides do not); torchtitan runs the config functions of its registries only
     (torchtitan.CONFIGS). Empty where a format launches Hugging Face modules."""
     formats = [f for f in stack.launch if f in EXPORTERS]
-    if formats == ["torchtitan"] and model.name not in TORCHTITAN_CONFIGS:
+    if formats == ["torchtitan"] and catalogued(model, TORCHTITAN_CONFIGS)[0].name not in TORCHTITAN_CONFIGS:
         return [f"no torchtitan config function (its registries: {', '.join(TORCHTITAN_CONFIGS)})"]
     if not formats or any(f not in MEGATRON_FORMATS for f in formats):
         return []

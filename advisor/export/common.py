@@ -15,7 +15,7 @@ from typing import Optional
 
 from advisor.errors import AdvisorError
 from advisor.hardware import Hardware
-from advisor.model import ModelSpec
+from advisor.model import ModelSpec, catalogue_twin
 from advisor.plan_errors import plan_errors
 from advisor.layout import Plan, resolve_grad_accum
 from advisor.training import Precision, TrainingSetup
@@ -190,3 +190,14 @@ def hf_recompute_note(setup: TrainingSetup) -> Optional[str]:
                        "script (every saved tensor on the host, nothing recomputed; transformers' "
                        "activation_checkpointing_enable(offload=True) also recomputes: another plan)",
             }.get(setup.recompute.value)
+
+
+def catalogued(model: ModelSpec, names) -> tuple[ModelSpec, list[str]]:
+    """``model`` under the catalogue name of its shape, where a format keys its settings by that name (torchtitan's
+    config functions) and the model's own is not among ``names`` (a config.json named after its folder), with a note
+    saying so; else ``model`` as it is."""
+    twin = catalogue_twin(model) if model.name not in names else None
+    if twin is None or twin not in names:
+        return model, []
+    return model.model_copy(update={"name": twin}), [f"{model.name} has the catalogue's {twin} shape (every field "
+                                                     f"of its config): written with {twin}'s config"]

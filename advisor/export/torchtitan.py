@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from advisor.export.common import Exported, ExportError, Precision, Run, argv_lines, check, header
+from advisor.export.common import Exported, ExportError, Precision, Run, argv_lines, catalogued, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.layout import PipelineSplit, Schedule
 from advisor.stack import Stack, load_stack
@@ -245,8 +245,10 @@ def torchtitan_args(r: Run, stack: Optional[Stack] = None) -> tuple[list[str], l
 
 def torchtitan_config(model, hw, plan, setup, grad_accum: int, world_size: int, stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
-    run = Run(model, hw, plan, setup, grad_accum, world_size)
+    twin, said = catalogued(model, CONFIGS)
+    run = Run(twin, hw, plan, setup, grad_accum, world_size)
     args, notes = torchtitan_args(run, stack)
+    notes = said + notes
     lines = ["#!/bin/bash", f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# torchtitan 0.3.0: a config function of the model's registry plus overrides (torchtitan/config/"
              "manager.py);", "# data, tokenizer (--hf-assets-path), optimizer and checkpoint options are yours.",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from advisor.export.common import Exported, ExportError, Run, check, header
+from advisor.export.common import Exported, ExportError, Run, catalogued, check, header
 from advisor.export.torchrun import torchrun_argv
 from advisor.export.torchtitan import SHARED_KEYS, _async_tp, refuse_common, shared_notes
 from advisor.parallel.fp8_gather import GATHER_RECIPES
@@ -126,9 +126,10 @@ def notes(r: Run, stack: Optional[Stack]) -> list[str]:
 def torchtitan_toml_config(model, hw, plan, setup, grad_accum: int, world_size: int,
                            stack: Optional[Stack] = None) -> Exported:
     check(model, hw, plan, setup, grad_accum, world_size)
-    run = Run(model, hw, plan, setup, grad_accum, world_size)
+    twin, said = catalogued(model, FLAVORS)
+    run = Run(twin, hw, plan, setup, grad_accum, world_size)
     body = sections(run, stack.engine.fsdp_float8_gather if stack is not None else "off")
-    said = notes(run, stack)
+    said += notes(run, stack)
     launch = " ".join(torchrun_argv(hw, world_size, "-m"))
     lines = [f"# {header(model, hw, plan, setup, grad_accum, world_size, peft=False)}",
              "# torchtitan 0.2 job file (config/job_config.py); data, tokenizer (hf_assets_path), optimizer and "

@@ -85,6 +85,14 @@ def list_models() -> list[str]:
     return list(CATALOGUE)
 
 
+def catalogue_twin(spec: ModelSpec) -> Optional[str]:
+    """The catalogue name of a model of ``spec``'s shape, every field but the name equal (a Hugging Face config.json of
+    a catalogue model is named after its file or folder: Qwen3-30B-A3B), or None."""
+    if spec.name in CATALOGUE:
+        return spec.name
+    return next((n for n, m in CATALOGUE.items() if m == spec.model_copy(update={"name": n})), None)
+
+
 def load_model(name_or_path: str | Path | ModelSpec) -> ModelSpec:
     """A catalogue name (``gpt2-xl``), or a path to a Hugging Face ``config.json``."""
     if isinstance(name_or_path, ModelSpec):  # built in Python (model_copy skips validation): checked again
