@@ -513,7 +513,10 @@ def test_ada_fp8_peaks_from_the_datasheets_and_a_profile_without_an_fp8_ceiling(
     est = estimate(hw="l4", precision="fp8-tensorwise", **kw)
     # costed: at twice BF16's peak, but its casts read and write 300 GB/s GDDR6 (the forward is no faster here)
     assert est.step_time_s > 0 and est.breakdown["compute/forward"] != estimate(hw="l4", **kw).breakdown["compute/forward"]
-    with pytest.raises(PlanError, match=r"the RTX-4090-24GB profile gives no fp8 peak \(gpu.peak_tflops.fp8"):
+    # the RTX 4090 is an Ada GPU (sm_89): the refusal is the profile's, and said so, not "FP8 needs Ada"
+    with pytest.raises(PlanError, match=r"the RTX-4090-24GB profile gives no fp8 peak \(gpu.peak_tflops.fp8; FP8 tensor "
+                                        r"cores are on Hopper and Ada \(sm_89\+\): where this GPU has them, a profile "
+                                        r"with its datasheet's dense fp8 rate there runs it\) \(profile rtx-4090\)$"):
         estimate(hw="rtx-4090", precision="fp8-tensorwise", **kw)
     with pytest.raises(PlanError, match="on Hopper or Ada use fp8-tensorwise"):
         estimate(hw="l40s", precision="mxfp8", **kw)
