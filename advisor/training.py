@@ -182,6 +182,14 @@ class TrainingSetup(ApiSpec):
                              f"offload checkpointing: add one of them (not --recompute {self.recompute.value}) or drop it")
         if self.recompute_modules is not None and len(set(self.recompute_modules)) != len(self.recompute_modules):
             raise ValueError(f"--recompute-modules {','.join(self.recompute_modules)} names a module twice")
+        quant = self.finetune.base_quant.value
+        if quant != "none" and self.precision.recipe is not None:
+            # bitsandbytes 0.49.0 nn/modules.py:555 and :1094: Linear4bit multiplies through bnb.matmul_4bit in its
+            # compute dtype (bf16 here), Linear8bitLt through bnb.matmul in int8; an FP8/FP4 recipe converts plain
+            # weights (torchao Float8Linear.from_float, Transformer Engine's te.Linear), not a packed quantised one
+            raise ValueError(f"--precision {self.precision.value} with a quantised base (--method "
+                             f"{self.finetune.method.value}, {quant}): bitsandbytes multiplies it in its compute dtype, "
+                             "never in the recipe's format: use --precision bf16-mixed, or --method lora on a bf16 base")
         return self
 
 

@@ -434,3 +434,22 @@ def test_adapters_on_a_mixture_of_experts_are_refused_naming_the_fix():
     with pytest.raises(AdvisorError, match=r"^--method qlora: adapters on mixtral-8x7b, a mixture of experts, are not "
                                            r"costed \(on any target, attention too: --lora-targets q,v\); use --method full$"):
         estimate("mixtral-8x7b", "dgx-h100", gpus=8, zero=3, method="qlora", seq=1024, global_batch=8)
+
+
+@pytest.mark.parametrize("method,quant,precision", [("qlora", None, "fp8-tensorwise"), ("lora", "int8", "fp8-delayed"),
+                                                    ("qlora", "nf4", "fp8-rowwise")])
+def test_a_quantised_base_under_an_fp8_recipe_is_refused(method, quant, precision):
+    """QLoRA on four L4s under --precision auto ranked fp8-delayed first, x1.16 bf16-mixed's tokens/s: its NF4 base's
+    GEMMs costed at the FP8 rate. bitsandbytes 0.49.0 multiplies a Linear4bit through bnb.matmul_4bit in its compute
+    dtype (nn/modules.py:555) and a Linear8bitLt through bnb.matmul in int8 (:1094); no recipe converts them."""
+    kw = dict(model="llama3-8b", hw="l4", gpus=4, zero=3, seq=2048, method=method, precision=precision,
+              **({"quant": quant} if quant else {}))
+    with pytest.raises(AdvisorError, match=rf"^--precision {precision} with a quantised base \(--method {method}, "
+                                           rf"{quant or 'nf4'}\): bitsandbytes multiplies it in its compute dtype"):
+        estimate(**kw)
+    assert estimate(**{**kw, "precision": "bf16-mixed"}).step_time_s > 0
+    assert estimate(**{**kw, "method": "lora", "quant": None}).step_time_s > 0  # a bf16 base under the recipe: costed
+    from advisor import rank_precisions
+
+    _, ranked = rank_precisions("llama3-8b", "l4", gpus=4, seq=2048, method="qlora", top=1)
+    assert ranked[0][0] == "bf16-mixed" and all("quantised base" in why for _, _, why in ranked[1:])
