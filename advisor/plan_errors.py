@@ -60,7 +60,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
     for why in ([fp32_without_fsdp(setup, stack), pure_half_needs_zero(setup, stack)] if stack is not None else []) + [
             BATCH_OVERLAP]:
         if why and why in refused and bool(refused[why][0]):
-            reasons.append(why)
+            reasons.append(why + (f": this plan has {', '.join(_batch_breaks(plan, setup))}" if why == BATCH_OVERLAP else ""))
     if stack is not None and runs_peft(setup.finetune, stack):  # LoRA targets its transformers modules hold apart
         try:
             peft_targets(model, setup.finetune, stack)
@@ -139,6 +139,16 @@ def _expert_figures(plan: Plan, one: Candidates, model: ModelSpec, stack: Option
     fix = f"give --ep {', '.join(map(str, fits[:-1])) + ' or ' if len(fits) > 1 else ''}{fits[-1]}; " if fits and (
         plan.ep not in fits) else ""
     return [f"ep={plan.ep}, etp={etp}{unset}, {stage}, {experts} ({fix}--ep 1 turns expert parallelism off)"]
+
+
+def _batch_breaks(plan: Plan, setup: TrainingSetup) -> list[str]:
+    """Which of BATCH_OVERLAP's conditions (advisor.constraints.setup_violations) the plan breaks, as its options say."""
+    out = [f"--ep {plan.ep}"] if plan.ep <= 1 else []
+    out += [f"--pp {plan.pp} without virtual stages"] if plan.pp > 1 and plan.chunks <= 1 else []
+    out += [f"--recompute {setup.recompute.value}"] if setup.recompute.value in ("full", "block", "every-k") else []
+    out += ["--recompute-modules moe"] if "moe" in (setup.recompute_modules or ()) else []
+    out += [f"--mtp-layers {setup.mtp_layers}"] if setup.mtp_layers > 1 else []
+    return out + ([f"--precision {setup.precision.value}"] if setup.precision.mode.value == "fp32" else [])
 
 
 def _world_fix(plan: Plan, world_size: int, per_node: int) -> str:

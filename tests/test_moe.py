@@ -594,21 +594,26 @@ def test_dropped_tokens_count_no_flops(cf):
     assert model_flops(full) - model_flops(dropping) == pytest.approx(lost, rel=1e-6)
 
 
-@pytest.mark.parametrize("plan_kw", [dict(gpus=16, tp=4, pp=2, ep=2, sp=True),  # a pipeline without virtual stages
-                                     dict(gpus=8, dp=8, ep=8, zero=1, recompute="full"),
-                                     dict(gpus=8, dp=8, ep=8, zero=1, recompute="block", recompute_layers=4),
-                                     dict(gpus=8, dp=8, ep=1, zero=1),
-                                     # :2710-2713 "MTP supports at most one layer"; :2701-2704 "only ... bf16 or fp16"
-                                     dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", mtp_layers=2),
-                                     dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", precision="fp32")])
-def test_the_batch_overlap_is_refused_where_megatron_core_asserts(plan_kw):
+@pytest.mark.parametrize("plan_kw,has", [
+    (dict(gpus=16, tp=4, pp=2, ep=2, sp=True), "--pp 2 without virtual stages"),
+    (dict(gpus=8, dp=8, ep=8, zero=1, recompute="full"), "--recompute full"),
+    (dict(gpus=8, dp=8, ep=8, zero=1, recompute="block", recompute_layers=4), "--recompute block"),
+    (dict(gpus=8, dp=8, ep=1, zero=1), "--ep 1"),
+    # :2710-2713 "MTP supports at most one layer"; :2701-2704 "only ... bf16 or fp16"
+    (dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", mtp_layers=2), "--mtp-layers 2"),
+    (dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", precision="fp32"), "--precision fp32"),
+    (dict(gpus=8, dp=8, ep=8, zero=1, stack="megatron-core", precision="fp32", mtp_layers=2, recompute="full"),
+     "--recompute full, --mtp-layers 2, --precision fp32")])
+def test_the_batch_overlap_is_refused_where_megatron_core_asserts(plan_kw, has):
     """megatron-core 0.19.2 transformer_config.py (overlap_moe_expert_parallel_comm): virtual stages under a pipeline,
     EP, no full recomputation nor a recompute method, at most one MTP depth, a bf16 or fp16 model; such plans were
     ranked, exported and refused by megatron."""
     from advisor import estimate
     from advisor.errors import AdvisorError
 
-    with pytest.raises(AdvisorError, match=r"--moe-overlap batch \(--overlap-moe-expert-parallel-comm\) runs with EP"):
+    # the refusal names what of the plan breaks it (it listed every condition, leaving the user to find which)
+    with pytest.raises(AdvisorError, match=r"--moe-overlap batch \(--overlap-moe-expert-parallel-comm\) runs with EP.*"
+                                           rf"\(megatron-core asserts\): this plan has {has}$"):
         estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", **plan_kw)
     assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1).step_time_s > 0
     assert estimate("mixtral-8x7b", "dgx-h100", moe_overlap="batch", gpus=8, dp=8, ep=8, zero=1, stack="megatron-core",
