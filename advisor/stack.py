@@ -222,6 +222,13 @@ class Stack(Spec):
                     f"{model.position.value} positions: use --mtp-layers 0")
         return None
 
+    def _describing(self, what: str, mode: str, attention: str, mlp: str, how: str) -> list[str]:
+        """The current shipped stacks (none superseded) whose ``what`` table (kernels.elementwise, memory.saved, ...) has
+        an entry for the case."""
+        part, key = what.split(".")
+        return [n for n in list_stacks() if n != self.name and (st := load_stack(n)).superseded_by is None and any(
+            e.matches(mode, attention, mlp, how) for e in getattr(getattr(st, part), key))]
+
     def tables(self, mode: str, attention: str, layer: DecoderLayer, compile: str = "none") -> "StackTables":
         """Every measured table of this stack resolved for one case and evaluated on one layer's dimensions: eager
         kernels, or those of its torch.compile for the parts ``compile`` names (--compile: model, the blocks; loss)."""
@@ -239,6 +246,10 @@ class Stack(Spec):
             # the precisions whose mode the stack has measured for this attention and MLP, as --precision names them
             held = [m for m in ("half", "mixed", "fp32") if m != mode and any(e.matches(m, attention, mlp, how) for e in entries)]
             hint = f"use --precision {' or '.join(PRECISIONS_OF_MODE[m] for m in held)}, " if held else ""
+            mlps = sorted({e.mlp for e in entries} - {"any"})
+            if mlps and mlp not in mlps:  # a profile of one model family (llm-foundry's MPT): its MLPs, not this one
+                raise StackError(f"stack {self.name}'s profile describes {' and '.join(mlps)} MLPs only ({what}), not a "
+                                 f"{mlp} MLP: use --stack {' or '.join(self._describing(what, mode, attention, mlp, how))}")
             raise StackError(f"stack {self.name} has no {what} entry for mode {mode}, {attention} attention and a "
                              f"{mlp} MLP{' compiled' if how == 'compiled' else ''}: {hint}add one to its profile or "
                              f"choose another --stack")

@@ -277,3 +277,22 @@ def test_the_unit_fsdp_keeps_gathered_into_backward(stack, gathered):
 
     wb = float(np.asarray(states.weight_bytes).ravel()[0])
     assert float(states.gathered[0]) == pytest.approx(gathered * wb, rel=1e-6)
+
+
+def test_a_profile_of_one_family_names_its_mlp_and_the_stacks_that_cost_the_model():
+    """llm-foundry's profile counts MPT's blocks only (stack_profiles/llm-foundry.yaml: kernels.elementwise mlp gelu).
+    Llama 3 8B there was refused with "no kernels.elementwise entry for mode mixed, sdpa attention and a swiglu MLP:
+    add one to its profile or choose another --stack", which read as a gap in the mixed-precision tables; it says the
+    profile is GELU-only and names the current stacks whose tables hold a SwiGLU MLP (none superseded)."""
+    from advisor import estimate
+    from advisor.errors import AdvisorError
+
+    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=8, dp=8, zero=3, seq=2048)
+    with pytest.raises(AdvisorError, match=r"^stack llm-foundry's profile describes gelu MLPs only \(kernels.elementwise\),"
+                                           r" not a swiglu MLP: use --stack deepspeed or hf-trainer or litgpt or "
+                                           r"megatron-bridge-perf or megatron-core or megatron-deepspeed or nanotron or "
+                                           r"torchtitan$"):
+        estimate(stack="llm-foundry", **kw)
+    for named in ("deepspeed", "torchtitan"):  # the stacks it names cost it
+        assert estimate(stack=named, **kw).step_time_s > 0
+    assert estimate(**{**kw, "model": "mpt-7b"}, stack="llm-foundry").step_time_s > 0  # its own family
