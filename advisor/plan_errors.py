@@ -103,6 +103,10 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
                           "--global-batch to micro-batch x dp x a multiple of pp)")
             elif stack is not None and reason == stage_micro_batches(stack):
                 reason = pipeline.too_few_micro_batches(plan, setup.micro_batch, grad_accum, stack.name)
+            elif stack is not None and reason == f"{stack.name} does not run the {plan.schedule.value} schedule":
+                others = _current_stacks(lambda st: plan.schedule.value in st.engine.zero_bubble)
+                reason = (f"{reason}: --schedule 1f1b or interleaved" + (f", or --stack {' or '.join(others)}" if others
+                          else f" (no shipped stack runs {plan.schedule.value}: a profile's engine.zero_bubble lists it)"))
             elif stack is not None and reason.startswith(f"{stack.name} does not offload "):
                 what, one = reason.rsplit(" ", 1)[-1], Candidates.of_plan(plan, setup, grad_accum)
                 others = _current_stacks(lambda st: what in st.engine.offloads and not any(

@@ -112,8 +112,14 @@ def test_zero_bubble_formulas():
 
 def test_zero_bubble_schedules_only_where_the_stack_runs_them():
     kw = dict(model="llama3-8b", hw=H100, gpus=8, pp=4, dp=2, micro_batch=1, grad_accum=8, seq=8192)
-    with pytest.raises(AdvisorError, match="megatron-deepspeed does not run the zb-v schedule"):
+    # the refusal names the schedules it runs and the stacks that run this one (it named neither)
+    with pytest.raises(AdvisorError, match="megatron-deepspeed does not run the zb-v schedule: --schedule 1f1b or "
+                                           "interleaved, or --stack torchtitan$"):
         estimate(**kw, schedule="zb-v", stack="megatron-deepspeed")
+    with pytest.raises(AdvisorError, match=r"megatron-core does not run the zb-h1 schedule: --schedule 1f1b or "
+                                           r"interleaved \(no shipped stack runs zb-h1: a profile's engine.zero_bubble lists "
+                                           r"it\)$"):
+        estimate(**kw, schedule="zb-h1", stack="megatron-core")
     one_f = estimate(**kw, stack="torchtitan")
     zbv = estimate(**kw, schedule="zb-v", stack="torchtitan")
     dual = estimate(**kw, schedule="dualpipev", stack="torchtitan")
