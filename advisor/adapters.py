@@ -239,6 +239,9 @@ def model_states(w: Workload, c: Any, mesh: Any, layers: Any, full: Any) -> Any:
     ddp = np.asarray(full.bucket_copy) > 0
     return replace(
         full, grad_params=trainable, weight_bytes=gathers, weights=base / base_shard + trainable * wb / z3, grads=grads,
+        # ZeRO-2/3's all-gather moves the quantised base as held (data.ModelStates.zero_payloads reads gather_bytes,
+        # which the full fine-tune's states set to its half-precision or float8 layers); an unquantised base: theirs
+        gather_bytes=gathers if quant > 0 else full.gather_bytes,
         optimizer_states=states, gathered=gathered + dequant_buffer(w) + np.zeros(np.shape(z3)),
         grad_buffer=np.where(zero >= 2, per_layer / mesh.tp * gb, 0.0),
         bucket_copy=np.where(ddp, trainable * gb, 0.0),
