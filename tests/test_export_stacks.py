@@ -750,7 +750,8 @@ def test_an_export_its_stack_cannot_cost_says_so_in_the_file():
     from advisor.api import launch_config
 
     out = launch_config("llama3-8b", "dgx-h100", gpus=8, dp=8, zero=3, stack="llm-foundry")
-    assert out.notes[-1].startswith("not a costed plan: stack llm-foundry has no kernels.elementwise entry")
+    assert out.notes[-1].startswith("not a costed plan: stack llm-foundry's profile describes gelu MLPs only "
+                                    "(kernels.elementwise), not a swiglu MLP")
     assert f"# note: {out.notes[-1]}" in out.text
 
 
