@@ -120,7 +120,8 @@ def violations(c: Candidates, model: ModelSpec, hw: Hardware, world_size: Any,
     that depend on the rest are kept, all False, so that the keys are those of a full check, in its order."""
     ones = np.ones(len(c), dtype=bool)
     # layout-level reasons (tensor, context, the pipeline's first) come before those that depend on the rest of the plan
-    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw), **context.violations(
+    beyond_kv = stack.engine.tp_beyond_kv_heads if stack is not None else "replicate"  # no stack: no stack's rule
+    out = {WORLD: c.world != world_size, **tensor.violations(c, model, hw, beyond_kv), **context.violations(
                c, model, seq_len, eager, stack.engine.sequence_split if stack else "cp_then_tp"),
            **pipeline.violations(c, model), **data.violations(c, hw), **offload.violations(c, hw, stack),
            **expert_layout.violations(c, model),

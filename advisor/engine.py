@@ -169,14 +169,14 @@ class Engine(Spec):
         "float8 (torchao enable_fsdp_float8_all_gather, tensorwise only: advisor.parallel.fp8_gather), each weight's amax "
         "all-reduced at its gather (per_gather) or all at once after the optimizer step (precomputed: torchao "
         "precompute_float8_dynamic_scale_for_fsdp); off: gathered in bf16, cast per use")
+    tp_beyond_kv_heads: Literal["replicate", "refuse"] = Field(default="refuse", description="tp above the KV heads (a "
+        "multiple of them): each rank keeps one KV head, tp / kv ranks replicating it, or refused (advisor.parallel.tensor)")
     quantised_inputs: Optional[QuantisedInputs] = Field(
-        default=None, description="under every low-precision recipe the linears keep their inputs for backward "
-                                  "quantised (Transformer Engine); None: only where the recipe itself does (advisor."
-                                  "precision saves_quantised_inputs)")
+        default=None, description="under every low-precision recipe the linears keep their inputs for backward quantised "
+        "(Transformer Engine); None: only where the recipe itself does (advisor.precision saves_quantised_inputs)")
     distributed: Literal["any", "fsdp_checkpointed"] = Field(
         default="any", description="the plans it runs on several devices: any it offers, or only sharding every unit "
-        "(ZeRO-3 / FSDP) with every layer checkpointed, and on one device none checkpointed (litgpt's fine-tuning "
-        "scripts)")
+        "(ZeRO-3 / FSDP) with every layer checkpointed, and on one device none checkpointed (litgpt's fine-tuning scripts)")
     methods: list[Literal[METHODS]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: ["full"], min_length=1, description="the fine-tuning methods it runs: full (every weight), lora "
         "(adapters on a frozen half-precision base), qlora (adapters on a quantised base); a profile that does not say "

@@ -26,12 +26,19 @@ def _current_stacks(runs) -> list[str]:
     return [n for n in list_stacks() if (st := load_stack(n)).superseded_by is None and runs(st)]
 
 
-def _tp_heads(reason: str, plan: Plan, model: ModelSpec, hw: Hardware) -> str:
-    """A TP-heads reason with the figures and the tp (up to the NVLink domain) that split the heads and KV heads."""
-    ok = [t for t in range(1, hw.domain_gpus + 1) if model.n_heads % t == 0
-          and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
-    return (f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={model.kv_heads} "
-            f"(tp that splits them: {', '.join(map(str, ok))})")
+def _tp_heads(reason: str, plan: Plan, model: ModelSpec, hw: Hardware, stack: Optional[Stack]) -> str:
+    """A TP-heads reason with the figures and the tp (up to the NVLink domain) that split the heads and KV heads, in
+    the stack's rule (engine.tp_beyond_kv_heads; without a stack, replicated); beyond the KV heads of a stack that
+    refuses them, the stacks that replicate them."""
+    kv, replicate = model.kv_heads, stack is None or stack.engine.tp_beyond_kv_heads == "replicate"
+    ok = [t for t in range(1, hw.domain_gpus + 1) if model.n_heads % t == 0 and (kv % t == 0 or (replicate and t % kv == 0))]
+    out = (f"{reason}: tp={plan.tp}, heads={model.n_heads}, kv heads={kv} "
+           f"(tp that splits them: {', '.join(map(str, ok))})")
+    if replicate or plan.tp <= kv or model.n_heads % plan.tp or plan.tp % kv:
+        return out
+    others = _current_stacks(lambda st: st.engine.tp_beyond_kv_heads == "replicate" and "tp" in st.engine.offers)
+    return (f"{out}; {stack.name} takes only a tp that divides the KV heads, replicating none: --tp {max(ok)}"
+            + (f", or --stack {' or '.join(others)}, which replicates each over tp / kv ranks" if others else ""))
 
 
 def _uneven_split(plan: Plan, model: ModelSpec) -> str:
@@ -79,7 +86,7 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
             elif reason.startswith("tp ") and "heads" in reason:  # one line for the heads, with the tp that divide them
                 if any(r.startswith("tp ") and "heads" in r for r in reasons):
                     continue
-                reason = _tp_heads(reason, plan, model, hw)
+                reason = _tp_heads(reason, plan, model, hw, stack)
             elif "heads" in reason:
                 cp = f", cp={plan.cp}" if plan.cp > 1 else ""
                 reason = f"{reason}: tp={plan.tp}{cp}, heads={model.n_heads}, kv heads={model.kv_heads}"

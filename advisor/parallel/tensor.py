@@ -59,15 +59,15 @@ from advisor.workload import Workload
 LAYER_COLLECTIVES, RECOMPUTE_COLLECTIVES = 4.0, 2.0
 
 
-def violations(c: Candidates, model: ModelSpec, hw: Hardware) -> dict[str, Any]:
-    """Constraint -> where a plan breaks it. Heads are split over the TP ranks; KV heads too, or replicated
-    when tp exceeds them (a whole number of ranks per KV head); TP needs the NVLink link of its domain (a node, or
-    a rack where NVLink joins several)."""
-    g, kv = hw.domain_gpus, model.kv_heads
+def violations(c: Candidates, model: ModelSpec, hw: Hardware, beyond_kv: str = "replicate") -> dict[str, Any]:
+    """Constraint -> where a plan breaks it. Heads are split over the TP ranks; KV heads too, or, where tp exceeds
+    them and the stack replicates them (``beyond_kv``: its engine.tp_beyond_kv_heads), a whole number of ranks per
+    KV head; TP needs the NVLink link of its domain (a node, or a rack where NVLink joins several)."""
+    g, kv, replicate = hw.domain_gpus, model.kv_heads, beyond_kv == "replicate"
     return {
         "tp does not divide the attention heads": (model.n_heads % c.tp) != 0,
-        "tp does not divide the KV heads": ((kv % c.tp) != 0) & (c.tp <= kv),
-        "tp > KV heads does not divide evenly": (c.tp > kv) & ((c.tp % kv) != 0),
+        "tp does not divide the KV heads": ((kv % c.tp) != 0) & ((c.tp <= kv) | (not replicate)),
+        "tp > KV heads does not divide evenly": (c.tp > kv) & ((c.tp % kv) != 0) & replicate,
         "tp spans nodes (TP needs the intra-node link; pass --allow-tp-across-nodes to force)": (
             (c.tp > g) & (not c.allow_tp_across_nodes)),
         # consecutive groups straddle a domain boundary only where the job spans more than one domain (TP 16 on 64 of
