@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
+from advisor.engine_parts import QuantisedInputs, UserBuffers  # noqa: F401 (the engine's parts; read from here too)
 from advisor.selective import Selective
 from advisor.spec import Spec
 from advisor.zero_engine import Zero3Calls, ZeroBuffers
@@ -21,31 +22,6 @@ DEFAULT_OFFERS = tuple(f for f in PLAN_FEATURES if f != "ep")
 CHECKPOINTING = ("none", "selective", "full", "block", "every-k", "offload")  # advisor.training.Recompute values
 OFFLOADS = ("optimizer-cpu", "optimizer-nvme", "params-cpu", "params-nvme")  # advisor.layout.Offload values
 METHODS = ("full", "lora", "qlora")  # advisor.finetune.FineTune.kind: every weight; adapters on a half / quantised base
-
-
-class UserBuffers(Spec):
-    """How Transformer Engine's userbuffers pipeline the sequence-parallel collectives with their GEMMs (Megatron
-    --tp-comm-overlap), per the layer's GEMM passes. Defaults: TE 2.13 module/base.py initialize_ub, whose
-    get_default_config gives ring_exchange (qkv/fc1 fprop all-gathers, proj/fc2 dgrad all-gathers: peer-to-peer copies
-    in tp steps, 1 SM) one method, pipeline (proj/fc2 fprop reduce-scatters) 16 SMs and 4 splits with the GEMM launched
-    on the other SMs (set_sm_margin), bulk (qkv/fc1 dgrad's input all-gather and wgrad's gradient reduce-scatter) 16
-    SMs beside a GEMM launched on every SM (no margin)."""
-
-    pipeline_sms: int = Field(default=16, ge=0, le=1024, description="SMs the pipelined reduce-scatter takes from its GEMM")
-    pipeline_splits: int = Field(default=4, ge=1, le=1024, description="chunks the pipelined GEMM and reduce-scatter run in")
-    bulk_sms: int = Field(default=16, ge=0, le=1024, description="SMs a bulk overlap's collective holds while it runs")
-    source: str = "Transformer Engine 2.13 module/base.py initialize_ub (get_default_config)"
-
-
-class QuantisedInputs(Spec):
-    """How the stack's linears keep their inputs for the wgrad GEMM under every low-precision recipe: quantised (the
-    recipe's ``stored_bytes``) instead of in half precision, except the sub-modules in ``original`` (advisor.model.layer
-    module names: qkv, out, fc1, fc2), which keep the half-precision input another op saves anyway (0 bytes more),
-    or, under the recipes in ``original_not_under``, a quantised copy beside it."""
-
-    original: list[str] = Field(default_factory=list)
-    original_not_under: list[str] = Field(default_factory=list)
-    source: Optional[str] = None
 
 
 class Engine(Spec):

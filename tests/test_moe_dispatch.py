@@ -469,8 +469,8 @@ def test_async_tp_under_auto_and_any():
 
 def test_async_tp_beyond_the_nvlink_domain_is_not_pipelined():
     """Symmetric memory maps the peers' buffers over NVLink: a TP group forced across nodes runs its collectives as
-    without async TP, and the estimate does not call them pipelined."""
-    kw = dict(model="llama3-8b", hw="dgx-h100", gpus=16, tp=16, dp=1, stack="torchtitan", allow_tp_across_nodes=True,
+    without async TP, and the estimate does not call them pipelined (Llama 2 7B: 32 KV heads, which torchtitan splits over tp 16)."""
+    kw = dict(model="llama2-7b", hw="dgx-h100", gpus=16, tp=16, dp=1, stack="torchtitan", allow_tp_across_nodes=True,
               global_batch=64, compile="model,loss")
     off, on = api.estimate(tp_overlap="none", **kw), api.estimate(tp_overlap="async", **kw)
     assert on.breakdown["comm/tp"] == pytest.approx(off.breakdown["comm/tp"])
