@@ -11,15 +11,9 @@ import sys
 
 import click
 
+from advisor.cli_errors import fail as _fail  # one line, exit code 2
 from advisor.cli_options import common_plan_options, fixed_plan_options, single_plan_options
 from advisor.export import KINDS as EXPORT_KINDS  # `plan --export` offers what `export --format` does
-
-EXIT_USAGE = 2
-
-
-def _fail(msg: str) -> None:
-    click.echo(f"error: {msg}", err=True)
-    sys.exit(EXIT_USAGE)
 
 
 class _Commands(click.Group):
@@ -302,46 +296,14 @@ _register_commands()
 
 
 def main(argv=None) -> None:
-    """Entry point: one-line errors with exit code 2 for bad input; --debug shows tracebacks."""
+    """Entry point: one-line errors with exit code 2 for bad input; --debug (before or after the command) shows
+    tracebacks (advisor.cli_errors)."""
     from advisor import allocator
-    from advisor.errors import AdvisorError
+    from advisor.cli_errors import run, take_debug
 
     allocator.tune()  # the search's temporaries reused, not page-faulted in anew (advisor/allocator.py)
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
-    try:
-        cli.main(args=args, prog_name="advisor", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.exceptions.NoArgsIsHelpError as exc:  # `advisor` or a group alone: the help, as click shows it
-        click.echo(exc.format_message())
-        sys.exit(0)
-    except click.ClickException as exc:  # one line, not click's usage block
-        if debug:
-            raise
-        msg = " ".join(exc.format_message().split())
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see '{ctx.command_path} --help')" if isinstance(exc, click.UsageError) and ctx is not None else ""
-        _fail(msg + hint)
-    except AdvisorError as exc:
-        if debug:
-            raise
-        _fail(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)
-    except (ValueError, OverflowError, MemoryError, RecursionError) as exc:
-        if debug:
-            raise
-        _fail(f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else 'invalid input'} (rerun with --debug for the traceback)")
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # a bug: say so in one line, traceback only with --debug
-        if debug:
-            raise
-        click.echo(f"internal error: {exc.__class__.__name__}: {exc} (rerun with --debug and report it)", err=True)
-        sys.exit(1)
+    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv))
+    run(cli, ["--debug", *args] if debug else args, "advisor", debug)
 
 
 if __name__ == "__main__":

@@ -89,15 +89,10 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
             _calibrate_host(out_path, base, base_hw, name)
         return
     # every option is checked before a sweep that can take minutes
-    judge_bytes = cal.parse_sizes(judge_from)[0]
+    judge_bytes = cal.parse_sizes(judge_from, "--judge-from")[0]
     from_ = list(from_) or None
     if from_ is None:
-        if min(cal.parse_sizes(sizes)) <= 0:
-            raise AdvisorError(f"--sizes {sizes!r}: sizes must be positive, e.g. 1K:1G")
-        if iters < 1 or warmup < 0:
-            raise AdvisorError(f"--iters {iters} / --warmup {warmup}: need at least 1 timed iteration and no negative warm-up")
-        if not (timeout_s > 0 and timeout_s < 1e6):
-            raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
+        _check_sweep(sizes, iters, warmup, timeout_s, base, base_hw)
         if nproc and not _under_torchrun():  # 0: the default, known once torch has counted the GPUs
             _check_at_least_two(nproc)
             check_nproc(nproc)
@@ -105,6 +100,26 @@ def calibrate(out, from_, base, name, nproc, backend, sizes, iters, warmup, time
     with lock_output(out_path) if not _follower() else contextlib.nullcontext():
         _calibrate(out_path, from_, base, base_hw, name, judge_bytes,
                    (nproc, backend, sizes, iters, warmup, timeout_s, compute))
+
+
+def _check_sweep(sizes: str, iters: int, warmup: int, timeout_s: float, base: str, base_hw) -> None:
+    """The sweep's numbers, refused in one line before any worker starts."""
+    from advisor.calibrate.measurements import MIN_TIME_S, parse_sizes
+
+    parsed = parse_sizes(sizes)
+    if min(parsed) <= 0:
+        raise AdvisorError(f"--sizes {sizes!r}: sizes must be positive, e.g. 1K:1G")
+    if max(parsed) > base_hw.gpu.memory_bytes:  # every rank holds at least one buffer of the size
+        raise AdvisorError(f"--sizes {sizes}: {max(parsed):.3g} bytes is more than a {base} GPU holds "
+                           f"({base_hw.gpu.memory_GiB:g} GiB); end the sizes below it, e.g. 1K:1G")
+    if iters < 1 or warmup < 0:
+        raise AdvisorError(f"--iters {iters} / --warmup {warmup}: need at least 1 timed iteration and no negative warm-up")
+    if not (timeout_s > 0 and timeout_s < 1e6):
+        raise AdvisorError(f"--timeout {timeout_s}: give the seconds without progress before a rank counts as hung (> 0)")
+    if (iters + warmup) * MIN_TIME_S > timeout_s:  # one measurement beats only when all its calls end (launch.py)
+        raise AdvisorError(f"--iters {iters} / --warmup {warmup}: at {MIN_TIME_S:g} s a call, less than any collective "
+                           f"takes, one size outlasts --timeout {timeout_s:g} s and counts as hung; give fewer --iters "
+                           "(10, the default, is enough)")
 
 
 def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: float, sweep: tuple) -> None:
@@ -239,19 +254,14 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
 
 
 def main(argv=None) -> None:
-    """`python -m advisor.cli_calibrate ...`: the same command, with one-line errors (exit code 2)."""
-    try:
-        calibrate.main(args=argv, prog_name="advisor calibrate", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(2)
-    except AdvisorError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    """`python -m advisor.cli_calibrate ...` (what torchrun starts on every rank): the same command, with `advisor`'s
+    one-line errors (exit code 2) and its --debug for the traceback (advisor.cli_errors). Under torchrun a rank other
+    than 0 names itself, so that the same refusal from every rank reads as theirs, not as one repeated."""
+    from advisor.cli_errors import run, take_debug
 
+    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv))
+    label = f" (rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']})" if _follower() else ""
+    run(calibrate, args, "advisor calibrate", debug, label)
 
 if __name__ == "__main__":
     main()

@@ -77,11 +77,13 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def read_text(path: str | Path, what: str, error: type[AdvisorError], limit: int = MAX_TEXT_BYTES) -> str:
+def read_text(path: str | Path, what: str, error: type[AdvisorError], limit: int = MAX_TEXT_BYTES,
+              real: str = "a few KB") -> str:
     """A user-named file's text, or one line naming the file and the problem: not a regular file (a FIFO is
     refused, never waited on; a device is never opened), larger than ``limit`` bytes (by its size, or while
-    reading: a file can grow, and /proc files say 0), unreadable, not UTF-8. Newlines as Path.read_text gives them."""
-    too_big = f"more than the {_size(limit)} a {what} may be (real ones are a few KB): give the right file"
+    reading: a file can grow, and /proc files say 0; ``real``: the size of real ones), unreadable, not UTF-8.
+    Newlines as Path.read_text gives them."""
+    too_big = f"more than the {_size(limit)} a {what} may be (real ones are {real}): give the right file"
     kind = not_a_file(path)
     if kind is not None:
         raise error(f"{path}: {kind}, not a file: give a {what}")

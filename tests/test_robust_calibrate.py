@@ -95,7 +95,7 @@ def test_out_is_checked_before_anything_runs(out, needle, tmp_path):
 
 
 BAD_OPTIONS = [
-    (["--sizes", "abc"], "cannot read 'ABC'"),
+    (["--sizes", "abc"], "--sizes 'abc': cannot read 'abc'"),
     (["--sizes", "1G:1K"], "need 0 < start <= end"),
     (["--sizes", "-1K"], "give sizes like 1K:1G"),
     (["--sizes", ""], "give sizes like 1K:1G"),
@@ -103,7 +103,7 @@ BAD_OPTIONS = [
     (["--nproc", "-3"], "at least 2 ranks"),
     (["--backend", "mpi"], "--backend"),
     (["--base", "dgx-a1OO"], "did you mean"),
-    pytest.param(["--judge-from", "x"], "cannot read 'X'"),
+    pytest.param(["--judge-from", "x"], "--judge-from 'x': cannot read 'x'"),
     pytest.param(["--timeout", "0"], "--timeout"),
     pytest.param(["--iters", "0"], "--iters"),
 ]

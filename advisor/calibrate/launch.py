@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -217,8 +218,12 @@ def _read(p: Path) -> str:
 def _last_line(log) -> str:
     log.flush()
     log.seek(0)
-    lines = [ln.strip() for ln in log.read().splitlines() if ln.strip()]
-    last = lines[-1][:300] if lines else "no output"
+    # torchrun-style rank prefixes off; the exception's own line rather than what a C++ error appends after it
+    # (torch's "Exception raised from ... <omitting python frames>", then a lone quote)
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in log.read().splitlines()]
+    lines = [ln for ln in lines if ln]
+    raised = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: |$)", ln)]
+    last = (raised or lines or ["no output"])[-1][:300]
     if "No module named 'advisor'" in last or "No module named 'torch'" in last:
         last += (" (workers import advisor and torch from this Python's installed packages, never from the "
                  "working directory: pip install -e . here)")

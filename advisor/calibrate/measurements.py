@@ -17,6 +17,13 @@ from typing import Optional
 import numpy as np
 
 from advisor.errors import AdvisorError
+from advisor.io import not_a_file, read_text
+
+# A sweep writes one row per link group, collective and size (advisor/calibrate/microbench.py:58-73: at most 8
+# groups (2 to 64 ranks in a node, one a node, all) x 5 collectives x 21 sizes (1K:1G, the default) = 840 rows)
+# and a few dozen kernel rows, each ~300 bytes: 35 rows on 2 CPU ranks at 1K:64K took 11 KB, the largest sweep
+# ~250 KB. read_text's 16 MiB bound (advisor/io.py:23) holds 60 of those.
+RESULTS_REAL = "at most a few hundred KB"
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -27,28 +34,33 @@ class CalibrationError(AdvisorError):
     """Measurements that cannot be read or fitted; one line for the user."""
 
 
-def parse_sizes(text: str) -> list[int]:
-    """'1K:1G' -> 1 KiB, 2 KiB, ... 1 GiB (doubling); '4M' -> [4 MiB]; '1K,8K' -> a list (binary units)."""
+def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
+    """'1K:1G' -> 1 KiB, 2 KiB, ... 1 GiB (doubling); '4M' -> [4 MiB]; '1K,8K' -> a list (binary units). A size that
+    cannot be read is one line naming ``flag`` (the option it came from) and the part it could not read."""
 
-    def one(s: str) -> int:
-        s = s.strip().upper().removesuffix("B").removesuffix("I")
+    def one(given: str) -> int:
+        s = given.strip().upper().removesuffix("B").removesuffix("I")
         mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
         try:
-            return int(float(s[:-1] if s[-1:] in ("K", "M", "G") else s) * mult)
+            value = float(s[:-1] if s[-1:] in ("K", "M", "G") else s) * mult
+            if not np.isfinite(value):
+                raise ValueError
+            return int(value)
         except ValueError:
-            raise CalibrationError(f"sizes: cannot read {s!r}; use e.g. 1K:1G, 4M, or 1K,64K,1M") from None
+            raise CalibrationError(f"{flag} {text!r}: cannot read {given.strip()!r}; use e.g. 1K:1G, 4M, or "
+                                   "1K,64K,1M (bytes, K/M/G binary)") from None
 
     if ":" in text:
         lo, hi = (one(x) for x in text.split(":", 1))
         if not 0 < lo <= hi:
-            raise CalibrationError(f"sizes {text}: need 0 < start <= end")
+            raise CalibrationError(f"{flag} {text}: need 0 < start <= end, e.g. 1K:1G")
         out = [lo]
         while out[-1] * 2 <= hi:
             out.append(out[-1] * 2)
         return out
     out = [one(x) for x in text.split(",") if x.strip()]
     if not out or min(out) < 0:
-        raise CalibrationError(f"sizes {text!r}: give sizes like 1K:1G")
+        raise CalibrationError(f"{flag} {text!r}: give sizes like 1K:1G")
     return out
 
 
@@ -68,13 +80,16 @@ def read_results(path: str | Path) -> list[dict]:
         if not files:
             raise CalibrationError(f"{p}: no .csv or .jsonl measurement files in this folder")
         return [row for f in files for row in read_results(f)]
-    if not p.is_file():
-        raise CalibrationError(f"measurements file {str(p)!r} not found")
+    if not p.is_file() and not_a_file(p) is None:  # missing (a FIFO, a device: read_text names it)
+        raise CalibrationError(f"measurements file {str(p)!r} not found: give a results JSONL, an nccl-tests CSV or "
+                               "a folder of them")
     if p.suffix == ".csv":
         return _read_nccl_tests_csv(p)
-    try:
-        lines = p.read_text().splitlines()
-    except UnicodeDecodeError:
+    try:  # bounded, regular files only: /dev/zero or a FIFO is refused, a 2 GB file not read into memory
+        lines = read_text(p, "results JSONL", CalibrationError, real=RESULTS_REAL).splitlines()
+    except CalibrationError as exc:
+        if "not UTF-8" not in str(exc):
+            raise
         raise CalibrationError(f"{p}: not a text file of JSON lines (results JSONL) or an nccl-tests CSV") from None
     rows = []
     last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
@@ -237,20 +252,20 @@ def _read_nccl_tests_csv(p: Path) -> list[dict]:
         raise CalibrationError(f"{p.name}: expected a name like all_reduce_<n>gpu.csv (nccl-tests sweep)")
     coll, n = m.group(1), int(m.group(2))
     rows = []
-    with p.open() as fh:
-        for i, rec in enumerate(csv.reader(fh), 1):
-            if not rec or not rec[0].strip().isdigit():
-                continue  # header
-            try:
-                times = [float(rec[k]) * 1e-9 for k in range(3, len(rec), 2) if rec[k].strip()]
-            except ValueError:
-                raise CalibrationError(f"{p}:{i}: the time columns (ns) must be numbers; fix or remove that line") from None
-            if not times:
-                raise CalibrationError(f"{p}:{i}: no time column (size,count,type,time(ns),busbw,...); fix or remove that line")
-            row = {"kind": "collective", "collective": coll, "link": "intra", "n_ranks": n,
-                   "size_bytes": float(rec[0]), "time_s": float(np.median(times)),
-                   "times_s": times, "status": "ok", "source": p.name}
-            rows.append(_check_row(row, f"{p}:{i}"))
+    text = read_text(p, "nccl-tests CSV", CalibrationError, real=RESULTS_REAL)
+    for i, rec in enumerate(csv.reader(text.splitlines()), 1):
+        if not rec or not rec[0].strip().isdigit():
+            continue  # header
+        try:
+            times = [float(rec[k]) * 1e-9 for k in range(3, len(rec), 2) if rec[k].strip()]
+        except ValueError:
+            raise CalibrationError(f"{p}:{i}: the time columns (ns) must be numbers; fix or remove that line") from None
+        if not times:
+            raise CalibrationError(f"{p}:{i}: no time column (size,count,type,time(ns),busbw,...); fix or remove that line")
+        row = {"kind": "collective", "collective": coll, "link": "intra", "n_ranks": n,
+               "size_bytes": float(rec[0]), "time_s": float(np.median(times)),
+               "times_s": times, "status": "ok", "source": p.name}
+        rows.append(_check_row(row, f"{p}:{i}"))
     return rows
 
 

@@ -27,7 +27,8 @@ def refuse_shipped(path: str | Path) -> Path:
         if p.parent == d.resolve():
             raise CalibrationError(f"{path}: refusing to overwrite a shipped profile directory; choose another --out path")
     if p.suffix not in (".yaml", ".yml"):
-        raise CalibrationError(f"{path}: --out must end in .yaml (the profile); results go beside it as .jsonl")
+        raise CalibrationError(f"{str(path) or repr('')}: --out must end in .yaml (the profile; results go beside it as "
+                               ".jsonl): give e.g. --out mynode.yaml")
     return p
 
 
@@ -35,6 +36,9 @@ def make_folder(path: Path) -> None:
     """The folder of --out, created if missing; a one-line error where it cannot be."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where the folder would be (or on the way to it)
+        raise CalibrationError(f"--out {path}: {path.parent} is not a folder (a file is in the way); choose another "
+                               "--out") from None
     except OSError as exc:
         raise CalibrationError(f"--out {path}: cannot create the folder {path.parent} ({exc.strerror or exc}); "
                                "choose a writable folder") from None
