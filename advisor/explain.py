@@ -17,7 +17,7 @@ from advisor.layout import DataParallelKind, Plan
 from advisor.model import ModelSpec
 from advisor.parallel import offload
 from advisor.results import Estimate
-from advisor.units import GiB
+from advisor.units import GiB, fmt_seconds_3g
 from advisor.stack import Stack, load_stack
 from advisor.training import Mode
 
@@ -141,7 +141,7 @@ def why_faster(e: Estimate, stack: Stack, other: tuple[dict, int], name: str) ->
     gap = {k: parts.get(k, 0.0) - v for k, v in e.breakdown.items()}
     compute = sum(gap.pop(k, 0.0) for k in ("compute/forward", "compute/backward", "compute/recompute"))
     saved = sorted([(compute, "compute")] + [(v, PART_WORDS.get(k, k)) for k, v in gap.items()], reverse=True)[:2]
-    said = [(f"{v:.3g} s less {what}", what) for v, what in saved if v > 0.05 * max(saved[0][0], 1e-30)]
+    said = [(f"{fmt_seconds_3g(v)} less {what}", what) for v, what in saved if v > 0.05 * max(saved[0][0], 1e-30)]
     engine = stack.engine
     if e.plan.zero >= engine.half_from_zero and engine.fsdp_param_dtype == "half" and e.setup.precision.mode is Mode.mixed:
         stages = "/".join(str(z) for z in range(engine.half_from_zero, 4))
@@ -192,12 +192,12 @@ def explain(e: Estimate, hw: Hardware, tree: dict, best_time: float, best_by_kin
 
     def versus(k: str) -> str:
         t = best_by_kind.get(k)
-        return f" ({KIND_NAMES[k]}'s best {t:.3g} s, +{100 * (t / e.step_time_s - 1):.1f}%)" if t and t > e.step_time_s else ""
+        return f" ({KIND_NAMES[k]}'s best {fmt_seconds_3g(t)}, +{100 * (t / e.step_time_s - 1):.1f}%)" if t and t > e.step_time_s else ""
 
     if kind == "cp":
         best_other = min((t for k, t in best_by_kind.items() if k != "cp"), default=None)
         if best_other and best_other > e.step_time_s:
-            words.append(f"the best plan without CP takes {best_other:.3g} s (+{100 * (best_other / e.step_time_s - 1):.1f}%)")
+            words.append(f"the best plan without CP takes {fmt_seconds_3g(best_other)} (+{100 * (best_other / e.step_time_s - 1):.1f}%)")
     rule = {"ddp": "DDP first", "pp": "PP first without NVLink", "3d": "DP+PP+TP+ZeRO-1 on a slow network"}
     overruled = ((first == "ddp" and kind == "zero") or (first == "pp" and kind in ("tp", "zero"))
                  or (first == "3d" and kind in ("zero", "ddp")))

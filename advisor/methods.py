@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.units import fmt_seconds_3g
 
 # the order of the rule, each with the options it sets
 LADDER = (("full", {}), ("lora", {}), ("qlora", {}), ("qlora+offload", {"adapter_offload": "optimizer+activations"}))
@@ -71,7 +72,7 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
                               "lines": [f"method auto: {_none_fits(steps)}{fewest}"]}
         return last
     if unloaded:  # each rung's best step without offload; one that fits only offloaded said so
-        steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({s:.3g} s)"
+        steps = {n: plain[n] if n in unloaded else f"fits only offloaded ({fmt_seconds_3g(s)})"
                  if isinstance(s, float) and "+" not in n else s for n, s in steps.items()}
     chosen, fastest = fitting[0], min(fitting, key=lambda n: steps[n])
     res = results[chosen]
@@ -89,7 +90,7 @@ def plan_auto(plan: Callable[..., Any], model: Any, hw: Any, given: dict[str, An
 
     def fmt(n: str) -> str:
         s = steps.get(n)
-        return (f"{n} {s:.3g} s" if isinstance(s, float) else f"{n} does not fit" if s is None
+        return (f"{n} {fmt_seconds_3g(s)}" if isinstance(s, float) else f"{n} does not fit" if s is None
                 else f"{n} not costed" if n in skipped else f"{n} {s}")
     # where a rung fits without offload, the offloaded rungs are not candidates for the fastest (issue 22: offload
     # last), though their steps are printed: the line says so, or a faster qlora+offload would contradict it

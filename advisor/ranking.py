@@ -29,7 +29,7 @@ from advisor.model import ModelSpec
 from advisor.results import Estimate, position_note
 from advisor.stack import Stack, list_stacks, load_stack
 from advisor.training import TrainingSetup
-from advisor.units import fmt_count
+from advisor.units import fmt_count, fmt_seconds_3g
 
 # Plans whose step times differ by less than this are a tie as far as the model can tell: the smallest step-time error
 # `advisor validate` reports for a whole training stack on measured runs is 5.2% MAPE (llm-foundry's published runs;
@@ -203,7 +203,7 @@ class PlanSearch:
             kinds = sorted(self.best_by_kind.items(), key=lambda kv: kv[1])
             on = {k: f" on {n:,} GPUs" if len(self.worlds) > 1 else "" for k, n in self.kind_worlds.items()}
             out.append("fastest fitting plan of each kind: " + ", ".join(
-                f"{KIND_NAMES[k]} {v:.3g} s{on.get(k, '')}" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "")
+                f"{KIND_NAMES[k]} {fmt_seconds_3g(v)}{on.get(k, '')}" + (f" (+{100 * (v / best - 1):.1f}%)" if v > best * 1.0005 else "")
                 for k, v in kinds))
         return out
 

@@ -38,6 +38,7 @@ from advisor.precision import RecipeError
 from advisor.stack import Stack, StackError, list_stacks, load_stack
 from advisor.step import Evaluation, evaluate
 from advisor.training import TrainingSetup
+from advisor.units import fmt_seconds_3g
 from advisor.workload import Workload, stack_runs, stack_setup
 
 
@@ -195,9 +196,8 @@ def _model_parallel_that_pays(found: list["_Found"], spec: ModelSpec, hardware: 
             f.rejected[PAYS_NOT.format(stack=name)] = int(slower.sum())
         f.fits = f.fits & ~slower
         i, kept = int(idx[np.argmin(ref_key)]), kept + int(f.fits.sum())
-        value = (f"{float(ref.need[i]) / 2**30:.3g} GiB" if o.objective == "memory"
-                 else f"{float(ref.out.time.total[i]):.3g} s")
-        bests.append(f"{ref.plans.plan(i).label()} at {value}")
+        bests.append(f"{ref.plans.plan(i).label()} at " + (f"{float(ref.need[i]) / 2**30:.3g} GiB" if o.objective ==
+                     "memory" else fmt_seconds_3g(float(ref.out.time.total[i]))))
     if not bests:
         return None
     one = len(bests) == 1

@@ -38,6 +38,10 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_seconds(t: float) -> str:
+    """A step's time: 5.165 s, 12.30 ms, 45.2 us; from 10,000 s (2.8 h) on in hours, days or years (fmt_duration),
+    never a 16036492.260 s."""
+    if t >= 1e4:
+        return fmt_duration(t)
     if t >= 1:
         return f"{t:.3f} s"
     if t >= 1e-3:
@@ -45,17 +49,32 @@ def fmt_seconds(t: float) -> str:
     return f"{t * 1e6:.1f} us"
 
 
+def fmt_seconds_3g(t: float) -> str:
+    """Seconds to three significant figures (1.82 s, 0.0123 s), as the notes compare step times; from 1,000 s on
+    in minutes, hours, days or years, below 0.1 ms (where .3g turns to 1e-05) in us: never 1.6e+07 s."""
+    if t >= 1000:
+        return fmt_duration(t)
+    return f"{t:.3g} s" if t >= 1e-4 else fmt_seconds(t)
+
+
+YEAR_S = 365.25 * 86400.0  # a Julian year
+
+
 def fmt_duration(t: float) -> str:
-    """A long duration in the largest whole unit: 3.2 h, 12.5 d."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+    """A long duration in the largest whole unit: 3.2 h, 12.5 d, 312,199 y (whole years from a thousand on, with
+    their thousands: plain digits, never 1e+05)."""
+    for unit, size in (("y", YEAR_S), ("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
         if t >= size:
-            return f"{t / size:.1f} {unit}"
+            return f"{t / size:,.{0 if t >= 1000 * size else 1}f} {unit}"
     return fmt_seconds(t)
 
 
 def fmt_count(n: float) -> str:
-    """A large count as --tokens takes it (powers of 1000): 1T, 300B, 2.5M; below a thousand, the number."""
-    for unit, size in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.3g}"
+    """A large count as --tokens takes it (powers of 1000): 1T, 300B, 2.5M, 999P; below a thousand, the number; from
+    10^18 on, a power of ten (1e18, 2.5e21), never 1e+03P."""
+    for unit, size in (("", 1.0), ("K", 1e3), ("M", 1e6), ("B", 1e9), ("T", 1e12), ("P", 1e15)):
+        text = f"{n / size:.3g}"
+        if abs(float(text)) < 1000:  # rounded: 999.7T is 1P, not 1e+03T
+            return text + unit
+    mantissa, exponent = f"{n:.2e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"

@@ -132,7 +132,7 @@ def test_zero_bubble_schedules_only_where_the_stack_runs_them():
     # its ScheduleDualPipeV raises
     assert estimate(**{**kw, "grad_accum": 4}, schedule="zb-v", stack="torchtitan").breakdown["pipeline_bubble"] > (
         zbv.breakdown["pipeline_bubble"])
-    with pytest.raises(AdvisorError, match="DualPipeV needs 2 x pp micro-batches"):
+    with pytest.raises(AdvisorError, match="torchtitan's dualpipev schedule runs 4 micro-batches a step on 8 pipeline"):
         estimate(**{**kw, "grad_accum": 4}, schedule="dualpipev", stack="torchtitan")
 
 

@@ -99,5 +99,10 @@ def test_estimate_costs_trimmed_zbv_between_its_steady_state_and_gpipe():
 
 
 def test_dualpipev_keeps_torchs_refusal():
-    with pytest.raises(AdvisorError, match=r"DualPipeV needs 2 x pp micro-batches \(torch's ScheduleDualPipeV"):
+    """torch 2.13's ScheduleDualPipeV raises below 2 x pp micro-batches (pipelining/schedules.py:3439-3443): said once,
+    in torchtitan's words with the figures and the fix, not also as the general rule (two reasons for one refusal)."""
+    with pytest.raises(AdvisorError) as exc:
         estimate(**KW, grad_accum=4, schedule="dualpipev")
+    assert str(exc.value) == ("invalid plan: torchtitan's dualpipev schedule runs 4 micro-batches a step on 8 pipeline "
+                              "stages (pp=4), where torch.distributed.pipelining needs at least 8: set --grad-accum 8 or "
+                              "more (--global-batch 16), or lower --pp")
