@@ -77,14 +77,26 @@ class Estimate(Result):
 
 
 def position_note(spec: ModelSpec, seq: int) -> str:
-    """A note where a RoPE model runs a sequence beyond the positions it was trained to (config.json's
-    max_position_embeddings, ModelSpec.max_positions): not an error, as learned positions are (advisor.api.check_seq),
-    since people extend a RoPE model's context; "" otherwise."""
-    if spec.position is not PositionKind.rotary or seq <= spec.max_positions:
+    """A note where a RoPE or ALiBi model runs a sequence beyond the positions it was trained to (ModelSpec.max_positions,
+    from config.json): not an error, as learned positions are (advisor.api.check_seq), since neither has a table of
+    positions: people extend a RoPE model's context, and ALiBi's distance bias extrapolates; "" otherwise."""
+    if spec.position is PositionKind.learned or seq <= spec.max_positions:
         return ""
-    return (f"positions: --seq {seq:,} exceeds the {spec.max_positions:,} positions {spec.name} was trained to "
-            "(max_position_embeddings, RoPE); advisor costs the sequence as given, with the RoPE its config sets "
-            "(extending the context, a larger RoPE base or a rope_scaling, is the run's to set)")
+    head = f"positions: --seq {seq:,} exceeds the {spec.max_positions:,} positions {spec.name} was trained to"
+    if spec.position is PositionKind.rotary:
+        return (f"{head} (max_position_embeddings, RoPE); advisor costs the sequence as given, with the RoPE its config "
+                "sets (extending the context, a larger RoPE base or a rope_scaling, is the run's to set)")
+    alibi = (f"{head} ({ALIBI_LENGTH_KEY.get(spec.family, 'max_position_embeddings')}, ALiBi); ALiBi biases each head's "
+             "scores by distance and has no table of positions, so it runs longer sequences than it was trained on "
+             "(how well it extrapolates is the run's to check); advisor costs the sequence as given")
+    if spec.family == "mpt":  # transformers/models/mpt/modeling_mpt.py:317 builds the bias max_seq_len long
+        return (f"{alibi}, but transformers' MptModel builds the bias only max_seq_len long and fails on a longer "
+                f"sequence: set max_seq_len to {seq:,} or more in the config (it adds no weights)")
+    return alibi
+
+
+# the config.json key of an ALiBi family's trained length (advisor/model/families/gpt.py: mpt, bloom, falcon's default)
+ALIBI_LENGTH_KEY = {"mpt": "max_seq_len", "bloom": "seq_length"}
 
 
 def dominant_part(breakdown: dict[str, float]) -> str:
