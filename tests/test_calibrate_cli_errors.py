@@ -149,3 +149,27 @@ def test_a_dead_workers_reason_is_its_exception_not_what_torch_appends(tmp_path)
                       "[rank0]: frame #16: _start + 0x21\n[rank0]: \"\n")
     assert _last_line(log).startswith("TypeError: ones(): argument 'size' failed to unpack")
     assert _last_line(io.StringIO("one\nlast words\n")) == "last words"
+
+
+def test_out_that_is_a_symbolic_link_is_refused_not_written_through(tmp_path):
+    """--out naming a symbolic link is refused, as every --out is (advisor.atomic write_atomic): refuse_shipped resolved
+    the path, so the profile was written over the link's target (a link planted at a shared --out redirects a run)."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from advisor.cli_calibrate import calibrate
+
+    src = tmp_path / "csv"
+    src.mkdir()
+    a100 = Path("/work/shared/reference/a100-nccl")  # as tests/test_calibrate.py reads it
+    for k in (2, 4, 8):
+        lines = (a100 / f"all_reduce_{k}gpu.csv").read_text().splitlines()
+        (src / f"all_reduce_{k}gpu.csv").write_text("\n".join([lines[0]] + lines[1::32]) + "\n")
+    target = tmp_path / "victim.yaml"
+    target.write_text("keep: me\n")
+    link = tmp_path / "link.yaml"
+    os.symlink(target, link)
+    res = CliRunner().invoke(calibrate, ["--from", str(src), "--out", str(link)])
+    assert isinstance(res.exception, AdvisorError) and "is a symbolic link (to " in str(res.exception)
+    assert target.read_text() == "keep: me\n" and link.is_symlink()

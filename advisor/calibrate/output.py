@@ -22,9 +22,11 @@ def refuse_shipped(path: str | Path) -> Path:
     """Calibration never overwrites a shipped profile (hardware_profiles/)."""
     from advisor.hardware import profile_dirs
 
-    p = Path(path).expanduser().resolve()
+    # the path as given, made absolute but not resolved: a symbolic link at --out is refused by write_atomic (its
+    # target named), never written through; the shipped folders are compared on the resolved path
+    p = Path(os.path.abspath(Path(path).expanduser()))
     for d in profile_dirs():
-        if p.parent == d.resolve():
+        if p.resolve().parent == d.resolve() or p.parent.resolve() == d.resolve():
             raise CalibrationError(f"{path}: refusing to overwrite a shipped profile directory; choose another --out path")
     if p.suffix not in (".yaml", ".yml"):
         raise CalibrationError(f"{str(path) or repr('')}: --out must end in .yaml (the profile; results go beside it as "
