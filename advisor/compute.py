@@ -47,9 +47,10 @@ def recipe_key(hw: Hardware, r: Recipe) -> str:
     return r.name if r.name in hw.efficiency.matmul_max else r.format
 
 
-def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernels: float = 1.0) -> Any:
+def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernels: float = 1.0, floors: Any = 0.0) -> Any:
     """GPU seconds of a recipe's low-precision GEMMs: the format's peak at the recipe's calibrated efficiency (its
-    half dims and fixed time those of the format where the profile gives none for the recipe)."""
+    half dims and fixed time those of the format where the profile gives none for the recipe); ``floors`` more
+    kernels queued in sequence pay the kernel floor each (as ``gemm_time``)."""
     e, key = hw.efficiency, recipe_key(hw, r)
     # a format the profile gives no shape terms for (fp4) takes the BF16 kernels' (the same tile shapes and launch)
     h0 = next((e.matmul_half_dim[x] for x in (key, r.format, "bf16") if x in e.matmul_half_dim), 0.0)
@@ -59,6 +60,7 @@ def recipe_gemm_time(hw: Hardware, r: Recipe, flops: Any, n: Any, k: Any, kernel
     top = next(e.matmul_max[x] for x in (key, r.format, "bf16", "fp32") if e.matmul_max.get(x) is not None)
     eff = top * n / (n + h0) * k / (k + h0)
     fixed = next((e.matmul_fixed_us[x] for x in (key, r.format, "bf16") if x in e.matmul_fixed_us), 0.0) * 1e-6 * kernels
+    fixed = fixed + e.kernel_floor_us(key, r.format, "bf16") * 1e-6 * np.asarray(floors, dtype=float)
     return flops / (hw.gpu.peak_flops_per_s(r.format) * eff) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
 
@@ -117,11 +119,13 @@ def gemm_eff(hw: Hardware, math: str, n: Any, k: Any) -> Any:
     return e.matmul_max[key] * n / (n + h0) * k / (k + h0)
 
 
-def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any, kernels: float = 1.0) -> Any:
+def gemm_time(hw: Hardware, math: str, flops: Any, n: Any, k: Any, kernels: float = 1.0, floors: Any = 0.0) -> Any:
     """GPU seconds of ``kernels`` GEMM kernels doing ``flops`` in all: FLOPs at the shape's efficiency plus
-    the fixed time each kernel pays (``matmul_fixed_us``: fitted, e.g. 24 us for bf16 on an H100)."""
+    the fixed time each kernel pays (``matmul_fixed_us``: fitted, e.g. 24 us for bf16 on an H100), and ``floors``
+    more kernels queued behind them with no launch gap, each at the GPU's kernel floor (``matmul_kernel_floor_us``)."""
     key = math if math in hw.efficiency.matmul_max else "fp32"
     fixed = hw.efficiency.matmul_fixed_us.get(key, 0.0) * 1e-6 * kernels
+    fixed = fixed + hw.efficiency.kernel_floor_us(key) * 1e-6 * np.asarray(floors, dtype=float)
     return flops / (hw.gpu.peak_flops_per_s(math) * gemm_eff(hw, math, n, k)) + np.where(np.asarray(flops) > 0, fixed, 0.0)
 
 

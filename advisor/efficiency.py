@@ -12,7 +12,8 @@ from advisor.spec import Spec
 
 # per-precision efficiency figures that are not fractions: (upper bound, what the number is)
 _EFFICIENCY_RANGES = {"matmul_half_dim": (1e7, "a GEMM size in [0, 1e7]"),
-                      "matmul_fixed_us": (1e4, "microseconds in [0, 10000]")}
+                      "matmul_fixed_us": (1e4, "microseconds in [0, 10000]"),
+                      "matmul_kernel_floor_us": (1e4, "microseconds in [0, 10000]")}
 
 
 # the keys of a GPU's per-precision efficiencies: a math precision (gpu.peak_tflops') or a low-precision recipe
@@ -41,6 +42,12 @@ class ComputeEfficiency(Spec):
         default_factory=dict,
         description="GPU time every GEMM kernel pays beyond its FLOPs (ramp-up, wave tail), per math precision; "
                     "absent = 0",
+    )
+    matmul_kernel_floor_us: dict[str, float] = Field(
+        default_factory=dict,
+        description="GPU time of one more GEMM kernel queued behind others with no launch gap between them (timed as "
+                    "CUDA-graph replays), per math precision: what each further kernel of a multi-stream grouped GEMM "
+                    "pays in sequence; absent = matmul_fixed_us",
     )
     memory_bandwidth: float = Field(ge=1e-6, le=1.0, description="fraction of HBM bandwidth reached by copies")
     elementwise_bandwidth: Optional[float] = Field(
@@ -83,7 +90,15 @@ class ComputeEfficiency(Spec):
                 raise ValueError(f"optimizer_bandwidth lacks {', '.join(sorted(missing))} (fractions of HBM bandwidth)")
         return v
 
-    @field_validator("matmul_half_dim", "matmul_fixed_us")
+    def kernel_floor_us(self, *keys: str) -> float:
+        """The first of ``keys`` the profile gives a kernel floor for, else the first it gives a fixed time for, else 0."""
+        for table in (self.matmul_kernel_floor_us, self.matmul_fixed_us):
+            hit = next((table[k] for k in keys if k in table), None)
+            if hit is not None:
+                return hit
+        return 0.0
+
+    @field_validator("matmul_half_dim", "matmul_fixed_us", "matmul_kernel_floor_us")
     @classmethod
     def _in_range(cls, v: dict[str, float], info) -> dict[str, float]:
         _known_keys(v, info.field_name)

@@ -3,6 +3,8 @@ efficiencies from kernel and optimizer measurements (no torch here; advisor.cali
 
 - matmul: per precision, t = F / (peak * matmul_max * n/(n+h) * k/(k+h)) + matmul_fixed_us, on the shapes
   that are not at the host's floor (HOST_FLOOR_FACTOR);
+- matmul rows timed on the GPU alone (``"timing": "cuda_graph"``: kernels replayed with no launch gap, as
+  NVIDIA aiconfigurator's tables are) at thin M: matmul_kernel_floor_us (``fit_kernel_floor``);
 - fused attention (sdpa_fwd rows): attention_max and attention_half_sd;
 - memory_bandwidth from copies (bytes read + written / s over the datasheet);
 - optimizer bandwidth from optimizer steps at 28 bytes/param for AdamW (read p, g, m, v; write p, m, v
@@ -45,7 +47,7 @@ def fit_matmul(rows: list[dict], hw: Hardware, skipped: Optional[list[str]] = No
     out: dict[str, tuple[float, float, float, FitReport]] = {}
     by_math: dict[str, list[dict]] = {}
     for r in rows:
-        if r.get("kind") == "matmul" and r.get("status", "ok") == "ok":
+        if r.get("kind") == "matmul" and r.get("status", "ok") == "ok" and r.get("timing") != GPU_TIMING:
             by_math.setdefault(r.get("math") or _math_of(r), []).append(r)
     for math, rs in sorted(by_math.items()):
         # a low-precision recipe's GEMMs (advisor.precision, e.g. fp8-tensorwise through torch._scaled_mm) are
@@ -88,6 +90,44 @@ def _fit_matmul_math(math: str, rs: list[dict], peak: float) -> tuple[float, flo
                     [(int(a), int(b), int(c), round(float(e), 3)) for a, b, c, e in zip(m[gpu], k[gpu], nn[gpu], rel)
                      if abs(e) > OUTLIER_REL], note=note)
     return round(float(x[0]), 4), round(float(x[1]), 1), round(float(x[2]), 1), rep
+
+
+# A matmul row timed with no host between kernels (CUDA-graph replays timed by CUDA events): its time is the GPU's alone
+GPU_TIMING = "cuda_graph"
+# The thin GEMMs the kernel floor is fitted on: M below the 1024 tokens a training step's dense linears start at
+# (validation/data/build_from_aiconfigurator.py keeps m 1024..8192 for those), where the per-kernel time weighs most.
+FLOOR_MAX_M = 1024
+
+
+def fit_kernel_floor(rows: list[dict], hw: Hardware) -> dict[str, tuple[float, FitReport]]:
+    """Per precision, matmul_kernel_floor_us: the ``floor`` of t = F / (peak * max * n/(n+h) * k/(k+h) * m/(m+h)) +
+    floor over the GPU-timed rows (``GPU_TIMING``) of M < FLOOR_MAX_M, with the profile's own max and half dim (what
+    advisor.parallel.expert costs a thin expert GEMM with), fitted in log space. The GPU's time per GEMM kernel with no
+    launch gap, where a per-call sweep's matmul_fixed_us also holds the host's."""
+    from scipy.optimize import least_squares
+
+    out: dict[str, tuple[float, FitReport]] = {}
+    e = hw.efficiency
+    by_math: dict[str, list[dict]] = {}
+    for r in rows:
+        if (r.get("kind") == "matmul" and r.get("status", "ok") == "ok" and r.get("timing") == GPU_TIMING
+                and float(r["m"]) < FLOOR_MAX_M):
+            by_math.setdefault(r.get("math") or _math_of(r), []).append(r)
+    for math, rs in sorted(by_math.items()):
+        if math not in e.matmul_max or len(rs) < MIN_MATMUL_POINTS:
+            continue  # no shape terms to fit it beside, or too few rows to check one parameter
+        m, k, nn = (np.array([float(r[c]) for r in rs]) for c in ("m", "k", "n"))
+        t = np.array([float(r["time_s"]) for r in rs])
+        h = e.matmul_half_dim.get(math, 0.0)
+        compute = 2 * m * k * nn / (hw.gpu.peak_flops_per_s(math) * e.matmul_max[math] * nn / (nn + h) * k / (k + h)
+                                    * m / (m + h))
+        x = least_squares(lambda x: np.log((compute + x[0] * 1e-6) / t), [3.0], bounds=([0.0], [1e4])).x
+        pred = compute + x[0] * 1e-6
+        rel = pred / t - 1
+        out[math] = (round(float(x[0]), 1), FitReport(f"matmul kernel floor {math}", len(t), float(log_r2(pred, t)),
+                                                      float(np.abs(rel).max()), float(np.abs(rel).mean()),
+                                                      note=f"M < {FLOOR_MAX_M}, GPU-timed ({GPU_TIMING})"))
+    return out
 
 
 def fit_bandwidths(rows: list[dict], hw: Hardware) -> tuple[Optional[float], dict[str, float], list[str]]:
@@ -180,6 +220,13 @@ def fit_efficiency(rows: list[dict], hw: Hardware, ledger: Optional[Ledger] = No
         led.fitted.append(f"efficiency.matmul {math}")
     for why in skipped:
         led.skip(why)
+    for math, (floor, rep) in fit_kernel_floor(rows, hw).items():
+        led.lines.append(f"{rep.line()}: {floor:.1f} us per kernel")
+        if rep.explains_nothing:
+            led.reject(f"efficiency.matmul_kernel_floor {math}", rep, hw.name)
+            continue
+        eff["matmul_kernel_floor_us"][math] = floor
+        led.fitted.append(f"efficiency.matmul_kernel_floor {math}")
     att = fit_attention(rows, hw, eff["matmul_fixed_us"].get("bf16", 0.0))
     if att is not None:
         led.lines.append(f"{att[2].line()}: max {att[0]:.3f}, half_sd {att[1]:.0f}")
