@@ -25,7 +25,7 @@ DATASET_FILES = [
     "multinode_collectives.yaml",
     "published_runs_normalised.csv", "published_runs_skipped.csv", "aiconfigurator_gemm.csv",
     "aiconfigurator_nccl_a100.csv", "deepspeed_engine_probe.txt", "published_runs_modern.yaml",
-    "lowprec_runs.yaml", "megatron_bridge_performance.csv", "finetune_runs.yaml",
+    "lowprec_runs.yaml", "megatron_bridge_performance.csv", "finetune_runs.yaml", "aiconfigurator_gemm_small.csv",
 ]
 PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
 
@@ -34,7 +34,7 @@ PROFILES = {p.stem for p in (ROOT / "hardware_profiles").glob("*.yaml")}
     (ds.load_titan_seed, 3), (ds.load_dgx_seed, 4), (ds.load_vtrain, 1440), (ds.load_nccl_a100, 7 * 1024),
     (ds.load_h100_single, 3), (ds.load_published_runs, 27), (ds.load_published_runs_raw, 59),
     (ds.load_published_collectives, 36), (ds.load_multinode_collectives, 38), (ds.load_aiconfigurator_gemm, 4 * 1296),
-    (ds.load_aiconfigurator_nccl_a100, 4 * 3 * 21),
+    (ds.load_aiconfigurator_nccl_a100, 4 * 3 * 21), (ds.load_aiconfigurator_gemm_small, 4 * 17 * 8 * 8),
 ])
 def test_row_counts(loader, n_rows):
     assert len(loader()) == n_rows

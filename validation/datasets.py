@@ -221,6 +221,11 @@ def load_aiconfigurator_gemm() -> list[KernelGemmRow]:
     return [KernelGemmRow(**rec) for rec in _read_csv("aiconfigurator_gemm.csv")]
 
 
+def load_aiconfigurator_gemm_small() -> list[KernelGemmRow]:
+    """The same harness's thin GEMMs: m 1..768, n and k the powers of two 128..16384 (build_from_aiconfigurator)."""
+    return [KernelGemmRow(**rec) for rec in _read_csv("aiconfigurator_gemm_small.csv")]
+
+
 def load_aiconfigurator_nccl_a100() -> list[KernelCollectiveRow]:
     return [KernelCollectiveRow(**rec) for rec in _read_csv("aiconfigurator_nccl_a100.csv")]
 

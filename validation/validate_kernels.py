@@ -15,7 +15,13 @@ B200 and H200 and its NCCL 2.27 collectives on 2, 4 and 8 A100s (validation/data
   comm model, whose link was fitted to all-reduce alone (the vTrain node's nccl-tests sweep): the other three
   collectives are an independent test of the bus factors and of one link fit serving every collective.
 
-Nothing is fitted here; ``gemm_efficiency_ratio`` is the one number each of those profiles takes from this data.
+- ``kernel_floor``: the GPU's time per GEMM kernel with no launch gap (each profile's ``matmul_kernel_floor_us``),
+  fitted to the thin GEMMs (m 1..768) by advisor.calibrate.compute fit_kernel_floor, what ``advisor calibrate --from``
+  runs on rows marked ``"timing": "cuda_graph"``: this harness's times hold no host (its fastest GEMM, 2.5 us on every
+  GPU, is below what PyTorch takes to issue one call: the profiles' kernel_launch_us 4 us alone). ``validate_gemm``
+  scores those rows against the profile's thin-GEMM model with that floor (in-sample: one number per GPU).
+
+``gemm_efficiency_ratio`` and ``kernel_floor`` are the numbers the profiles take from this data.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from advisor import comm
+from advisor.calibrate.compute import FLOOR_MAX_M, GPU_TIMING, fit_kernel_floor
 from advisor.compute import gemm_time
 from advisor.units import MiB
 from validation import datasets as ds
@@ -67,6 +74,29 @@ def gemm_efficiency_ratio(gpu: str = "a100") -> tuple[float, float, float, int]:
     return _ratio_stats(_shared_shapes(ds.load_aiconfigurator_gemm(), gpu))
 
 
+def _floor_rows(gpu: str) -> list[dict]:
+    """The GPU's thin-GEMM rows as calibration rows (advisor.calibrate.measurements' matmul kind), GPU-timed."""
+    return [{"kind": "matmul", "m": r.m, "n": r.n, "k": r.k, "math": r.math, "time_s": r.time_s, "timing": GPU_TIMING}
+            for r in ds.load_aiconfigurator_gemm_small() if r.gpu == gpu]
+
+
+def kernel_floor(gpu: str):
+    """(matmul_kernel_floor_us, its FitReport) of one timed GPU (a key of GEMM_GPU_PROFILES), fp16, with the shape terms
+    of the GPU's profile."""
+    return fit_kernel_floor(_floor_rows(gpu), _hardware(ds.GEMM_GPU_PROFILES[gpu]))["fp16"]
+
+
+def _thin_points(gpu: str, floor_us: float) -> list[Point]:
+    """The thin GEMMs against the profile's routed-expert model: shape terms, M / (M + h0), one kernel at ``floor_us``."""
+    hw = _hardware(ds.GEMM_GPU_PROFILES[gpu])
+    rs = _floor_rows(gpu)
+    m, n, k, t = (np.array([r[c] for r in rs], dtype=float) for c in ("m", "n", "k", "time_s"))
+    h0 = hw.efficiency.matmul_half_dim["fp16"]
+    pred = gemm_time(hw, "fp16", 2.0 * m * n * k / (m / (m + h0)), n, k, kernels=0.0) + floor_us * 1e-6
+    return [Point(label=f"{gpu} {int(a)}x{int(b)}x{int(c)}", kind=f"{gpu} m < {FLOOR_MAX_M} (kernel floor)",
+                  predicted=float(p), measured=float(x)) for a, b, c, p, x in zip(m, n, k, pred, t)]
+
+
 def validate_gemm() -> DatasetReport:
     """How well one number carries the H100's GEMM timings to the A100: per training-sized shape, the A100 time
     predicted as the H100's x (H100 peak / A100 peak) / the median ratio, against the A100's measured time; and
@@ -97,6 +127,12 @@ def validate_gemm() -> DatasetReport:
         extra.update({f"{g}_over_h100_efficiency_median": m_, f"{g}_over_h100_efficiency_p25": lo_,
                       f"{g}_over_h100_efficiency_p75": hi_, f"{g}_ratio_shapes": n_,
                       f"{g}_profile_median_error_pct": gap[g][0], f"{g}_profile_median_error_without_fixed_pct": gap[g][1]})
+    floors = {g: kernel_floor(g) for g in ds.GEMM_GPU_PROFILES}
+    for g, (floor, rep) in floors.items():
+        points += _thin_points(g, floor)
+        hw = _hardware(ds.GEMM_GPU_PROFILES[g])
+        extra.update({f"{g}_kernel_floor_us": floor, f"{g}_kernel_floor_mape_pct": 100.0 * rep.mean_rel_err,
+                      f"{g}_profile_kernel_floor_us": hw.efficiency.kernel_floor_us("fp16")})
     notes = [f"one harness timed both GPUs: the A100 reaches {med:.3f}x the H100's fraction of peak (median of {shapes} "
              f"shapes >= {GEMM_SHAPES_MIN_FLOPS:.0e} FLOPs, quartiles {lo:.3f}..{hi:.3f}), so dgx-a100's GEMM "
              "efficiency is dgx-h100's fit times that median; the points are the per-shape spread around it",
@@ -108,8 +144,13 @@ def validate_gemm() -> DatasetReport:
               f"quartiles {lo_:.3f}..{hi_:.3f}), which {ds.GEMM_GPU_PROFILES[g]}'s half-precision GEMM rate takes; its "
               f"profile sits {gap[g][0]:+.0f}% from this harness ({gap[g][1]:+.1f}% without the fixed time)"
               for g, (m_, lo_, hi_, n_) in others.items()]
-    return _report("gemm", "aiconfigurator fp16 GEMMs on A100 and H100 (one harness): the A100 from the H100 by one ratio",
-                   "A100 GEMM time (s)", len(rows), points, Counter(), extra=extra, notes=notes)
+    notes.append("thin GEMMs (m 1..768, aiconfigurator_gemm_small.csv; GPU-timed, no launch gap): per-kernel floor "
+                 + ", ".join(f"{g.upper()} {f:.1f} us" for g, (f, _) in floors.items())
+                 + f" (fit_kernel_floor, with each profile's shape terms and M / (M + h0); in-sample), against the "
+                 f"profiles' per-call matmul_fixed_us {_hardware('dgx-h100').efficiency.matmul_fixed_us['fp16']:.1f} us")
+    return _report("gemm", "aiconfigurator fp16 GEMMs on A100, H100, B200, H200 (one harness): the A100 from the H100 "
+                   "by one ratio; thin GEMMs at each GPU's kernel floor", "GEMM time (s)", len(rows) +
+                   len(ds.load_aiconfigurator_gemm_small()), points, Counter(), extra=extra, notes=notes)
 
 
 def validate_a100_collectives() -> DatasetReport:

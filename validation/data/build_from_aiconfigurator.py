@@ -1,4 +1,5 @@
-"""Rebuild aiconfigurator_gemm.csv and aiconfigurator_nccl_a100.csv from NVIDIA's aiconfigurator wheel.
+"""Rebuild aiconfigurator_gemm.csv, aiconfigurator_gemm_small.csv and aiconfigurator_nccl_a100.csv from NVIDIA's
+aiconfigurator wheel.
 
 Run from the repository root:
     pip download --no-deps aiconfigurator==0.4.0 -d /tmp/aic
@@ -13,6 +14,9 @@ units changed, nothing else:
   through PyTorch (``kernel_source`` torch_flow, ``gemm_dtype`` float16): an (m x k) @ (k x n)
   matmul, ``latency`` in ms. Kept: m (tokens) 1024..8192, n and k from 128 to 16384: the shapes a
   training step's linear layers have (the table also has m down to 1 and n, k of 32..65536, inference shapes).
+  aiconfigurator_gemm_small.csv: the same rows at m 1..768 (every m the table has below 1024) and n, k the powers of
+  two 128..16384, the thin GEMMs of a routed expert's few tokens, to which the GPU's per-kernel time
+  (efficiency.matmul_kernel_floor_us) is fitted (validation/validate_kernels.py kernel_floor).
 - Collectives: ``systems/data/a100_sxm/nccl/2.27.3/nccl_perf.txt``, NCCL 2.27.3 on 2, 4 and 8 A100-SXM4-80GB
   of one NVSwitch node, ``nccl_dtype`` half: ``message_size`` is in elements of the whole buffer (the nccl-tests
   "size" / 2 bytes: its all-reduce busbw at 512 MiB, 222 GB/s on 8 GPUs, matches the vTrain node's 230 GB/s
@@ -58,6 +62,22 @@ def gemm_rows(source: Path) -> list[list]:
     return out
 
 
+# the powers of two of n and k kept at small m: the 8 of the 18 training-sized values that span them, at 1/5 the rows
+SMALL_NK = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def gemm_small_rows(source: Path) -> list[list]:
+    out = []
+    for gpu, member in GEMM_FILES.items():
+        for r in _reader(source, member):
+            if r["kernel_source"] != "torch_flow" or r["gemm_dtype"] != "float16":
+                continue
+            m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+            if m < 1024 and n in SMALL_NK and k in SMALL_NK:
+                out.append([gpu, m, n, k, "fp16", repr(float(r["latency"]) * 1e-3)])
+    return out
+
+
 def nccl_rows(source: Path) -> list[list]:
     return [[COLLECTIVE[r["op_name"]], int(r["num_gpus"]), int(r["message_size"]) * 2, repr(float(r["latency"]) * 1e-3)]
             for r in _reader(source, NCCL_FILE) if r["nccl_dtype"] == "half"]
@@ -68,8 +88,10 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     source = Path(argv[0])
     n = _write_csv("aiconfigurator_gemm.csv", ["gpu", "m", "n", "k", "math", "time_s"], gemm_rows(source))
+    s = _write_csv("aiconfigurator_gemm_small.csv", ["gpu", "m", "n", "k", "math", "time_s"], gemm_small_rows(source))
     c = _write_csv("aiconfigurator_nccl_a100.csv", ["collective", "n_gpus", "size_bytes", "time_s"], nccl_rows(source))
-    print(f"aiconfigurator_gemm.csv: {n} rows; aiconfigurator_nccl_a100.csv: {c} rows")
+    print(f"aiconfigurator_gemm.csv: {n} rows; aiconfigurator_gemm_small.csv: {s} rows; "
+          f"aiconfigurator_nccl_a100.csv: {c} rows")
 
 
 if __name__ == "__main__":
