@@ -246,7 +246,8 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     ep_s = ep.layers_s if ep is not None else 0.0
     per_layer = lt.fwd_s + lt.bwd_s + lt.recompute_s
     per_layer = per_layer + cp.layer_s if np.ndim(cp.layer_s) else per_layer
-    body = np.maximum(layers * per_layer + tp.layers_s + ep_s, layers * hosts.total_s) + p2p
+    body, first_cast = pipeline.fill(layers * per_layer + tp.layers_s + ep_s, layers * hosts.total_s, p2p,
+                                     layers * (1.0 - casts) * lt.weight_cast_s)
     bwd_wall = windows.last_backward_s + windows.idle_backward_s  # the last backward, its idle behind the host too
     ep_grad = (expert.grad_time(w, c, mesh, states, np.where(np.asarray(c.overlap, dtype=bool), bwd_wall, 0.0))
                if ep is not None else np.zeros(np.shape(ga)))
@@ -254,7 +255,6 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     if w.finetune.offloads_activations:  # saved tensors to the CPU and back, beyond the pass they overlap
         off_f, off_b = adapters.activation_offload_exposed(w, kept * tokens * layers, layers * lt.fwd_s,
                                                            layers * (lt.bwd_s + lt.recompute_s))
-    first_cast = layers * (1.0 - casts) * lt.weight_cast_s  # the step's first micro-batch's casts (the fill's: pipeline)
     cast = states.trained if half_base(w.finetune, w.precision, w.stack) else states.params  # a half base is not re-cast
     # the parameters whose optimizer states this GPU steps: the adapters' share, or its dense shard and its experts'
     stepped = states.trained / mesh.dp_shard if w.finetune.adapters else states.stepped_params

@@ -281,6 +281,14 @@ def p2p_time(w: Workload, c: Candidates, mesh: Mesh, act_bytes: Any) -> Any:
     return out
 
 
+def fill(gpu_s: Any, host_s: Any, p2p_s: Any, first_cast_s: Any) -> tuple[Any, Any]:
+    """(one micro-batch through the busiest rank's layers, the longer of its GPU work and the host's issuing, plus its
+    send/recv; what the step's first micro-batch adds to it, the one the pipeline's fill passes: ``first_cast_s``, its
+    weight casts beyond a micro-batch's share, on the GPU side, which a host-bound body's time does not hide)."""
+    body = np.maximum(gpu_s, host_s) + p2p_s
+    return body, np.maximum(gpu_s + first_cast_s, host_s) + p2p_s - body
+
+
 def bubble_time(model: ModelSpec, c: Candidates, mesh: Mesh, layers: Any, body_s: Any, fwd_s: Any, bwd_s: Any,
                 recompute_s: Any, first_cast_s: Any = 0.0) -> Any:
     """Seconds of bubble per step. ``body_s``: one micro-batch through the busiest rank's layers (with their
