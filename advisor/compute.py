@@ -69,20 +69,20 @@ def linear_pass_times(w: Workload, lin: Linear, tokens: Any, tp: Any, shape: Opt
     """(forward, backward, quantisation in forward) GPU seconds of one linear for ``tokens`` tokens on one TP rank.
     Without a recipe: the forward GEMM at the precision's math, backward twice it, no casts. A frozen base (LoRA,
     QLoRA: advisor.finetune) computes its input gradients only, not its weight gradients. ``shape``: (FLOPs, n, k,
-    kernels) where another module shapes the GEMM (routed experts: advisor.parallel.expert.gemm_shape), with
+    kernels, kernel floors) where another module shapes the GEMM (routed experts: advisor.parallel.expert.gemm_shape), with
     ``weights`` weight matrices of n x k to cast; ``weight_casts``: the share of micro-batches that cast them
     (advisor.weight_casts share)."""
     hw, r = w.hw, w.precision.recipe
     wg = finetune.weight_grad_share(w)
     if shape is None:
-        flops, (n, k), kernels = lin.rank_flops_per_token(tp) * tokens, lin.gemm_dims(tp), 1.0
+        flops, (n, k), kernels, floors = lin.rank_flops_per_token(tp) * tokens, lin.gemm_dims(tp), 1.0, 0.0
     else:
-        flops, n, k, kernels = shape
+        flops, n, k, kernels, floors = shape
     if r is None:
-        f = gemm_time(hw, w.math, flops, n, k, kernels)
+        f = gemm_time(hw, w.math, flops, n, k, kernels, floors)
         return f, (1.0 + wg) * f, 0.0
-    bf16 = gemm_time(hw, "bf16", flops, n, k, kernels)
-    low = recipe_gemm_time(hw, r, flops, n, k, kernels)
+    bf16 = gemm_time(hw, "bf16", flops, n, k, kernels, floors)
+    low = recipe_gemm_time(hw, r, flops, n, k, kernels, floors)
     rows = flops / (2.0 * n * k)  # the GEMM's M: the tokens it multiplies (routed copies for experts)
     # the layers the stack keeps in BF16 at each end (Megatron's first_last_layers_bf16; advisor.workload) are spread
     # over all layers: the per-layer time is the mean of the model's layers

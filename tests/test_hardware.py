@@ -117,14 +117,17 @@ def test_gcp_a3_mega_is_dgx_h100_with_its_own_network():
 
 def test_dgx_h200_is_dgx_h100_with_its_own_gpu_memory_and_nvlink_fit():
     """dgx-h200.yaml gives only what differs from dgx-h100.yaml: the H200's memory, its NVSwitch fit (the H200 sweeps),
-    the half-precision GEMM rate (aiconfigurator's H200/H100 ratio) and no price; the rest is inherited."""
+    the half-precision GEMM rate (aiconfigurator's H200/H100 ratio), the GPU's per-kernel floor (its thin GEMMs in the
+    same tables: 3.4 us, the H100's 3.7) and no price; the rest is inherited."""
     h200, h100 = load_hardware("dgx-h200"), load_hardware("dgx-h100")
     assert h200.gpu.peak_tflops == h100.gpu.peak_tflops and h200.gpus_per_node == h100.gpus_per_node
     assert h200.inter_node == h100.inter_node  # no H200 multi-node sweep: the DGX H100 network and its fit
     assert h200.intra_node.bandwidth_GBps == h100.intra_node.bandwidth_GBps and h200.intra_node.fit != h100.intra_node.fit
     assert h200.intra_node.fit.ll_bandwidth_ratio == 0.0  # its fit replaces dgx-h100's whole: no low-latency path
-    same = {k: v for k, v in h200.efficiency.model_dump().items() if k != "matmul_max"}
-    assert same == {k: v for k, v in h100.efficiency.model_dump().items() if k != "matmul_max"}
+    own = ("matmul_max", "matmul_kernel_floor_us")
+    same = {k: v for k, v in h200.efficiency.model_dump().items() if k not in own}
+    assert same == {k: v for k, v in h100.efficiency.model_dump().items() if k not in own}
+    assert (h200.efficiency.matmul_kernel_floor_us["bf16"], h100.efficiency.matmul_kernel_floor_us["bf16"]) == (3.4, 3.7)
     assert h200.price_per_gpu_hour_usd is None and h100.price_per_gpu_hour_usd == 4.0
 
 

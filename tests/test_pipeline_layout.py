@@ -84,7 +84,10 @@ def test_a_step_s_first_micro_batch_casts_the_weights_in_full_on_every_stage_the
     micro-batch, its full cast included, before it sends it on: the fill does not shrink with more micro-batches.
     DeepSeek-V3 in FP8 on 32 GB200s, pp 4 x dp 8 without EP (every expert's weights on each rank: 0.116 s of casts
     a step on its 16-layer rank, 2 F(1) - F(2) of the forward below): the bubble was (pp - 1) / m of that, so one
-    micro-batch more made the step shorter (m 1 -> 2: 2.524 -> 2.514 s)."""
+    micro-batch more made the step shorter (m 1 -> 2: 2.524 -> 2.514 s). Its 256 local experts' GEMMs at the B200's
+    kernel floor leave the host's launches the longer side of each micro-batch (host_overhead 0.041 s at m 1): the
+    fill's first micro-batch then lasts the longer of the host's issuing and the GPU's work with the full cast
+    (advisor.parallel.pipeline fill), not the host's plus a cast it hides."""
     from advisor import estimate
 
     kw = dict(gpus=32, tp=1, pp=4, dp=8, zero=1, micro_batch=1, seq=1024, precision="fp8-delayed",
@@ -92,6 +95,7 @@ def test_a_step_s_first_micro_batch_casts_the_weights_in_full_on_every_stage_the
     runs = {m: estimate("deepseek-v3", "gb200-nvl72", grad_accum=m, **kw) for m in (1, 2, 8)}
     cast = 2 * runs[1].breakdown["compute/forward"] - runs[2].breakdown["compute/forward"]
     assert cast == pytest.approx(0.116, abs=0.001)
+    assert runs[1].breakdown["host_overhead"] == pytest.approx(0.041, abs=0.001)
     for m in (2, 8):
         assert runs[m].breakdown["pipeline_bubble"] == pytest.approx(runs[1].breakdown["pipeline_bubble"], rel=1e-9)
     assert runs[1].step_time_s < runs[2].step_time_s < runs[8].step_time_s
