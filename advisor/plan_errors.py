@@ -52,11 +52,10 @@ def _uneven_split(plan: Plan, model: ModelSpec) -> str:
             f"layers + 2 on pp={plan.pp} x {plan.chunks} chunks (or the layers divide evenly: drop --pp-split)")
 
 
-def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
-                stack: Optional[Stack] = None) -> list[str]:
-    """One-line reasons a single plan is invalid (empty when valid)."""
-    grad_accum, batch_err = resolve_grad_accum(setup, plan)
-    reasons = [batch_err] if batch_err else []
+def _setup_reasons(plan: Plan, setup: TrainingSetup, model: ModelSpec, stack: Optional[Stack], grad_accum: int) -> list[str]:
+    """The plan's reasons that come from the setup beside it (adapters, TP overlap, the stack's precision and batch
+    overlap rules, LoRA targets, SP at tp 1), before its layout's own (plan_errors)."""
+    reasons: list[str] = []
     if adapters_refuse_model_parallel(setup, stack) and (plan.tp > 1 or plan.pp > 1):
         reasons.append(ADAPTERS)
     if bool(overlap_without_sp(setup, plan.tp, plan.sp)):
@@ -77,6 +76,14 @@ def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware
         # Megatron silently turns it off at tp 1 (megatron/training/arguments.py); saying so beats costing
         # a plan the user did not mean
         reasons.append("sequence parallel needs tp > 1 (it splits activations across the TP group): drop --sp or set --tp")
+    return reasons
+
+
+def plan_errors(plan: Plan, setup: TrainingSetup, model: ModelSpec, hw: Hardware, world_size: int,
+                stack: Optional[Stack] = None) -> list[str]:
+    """One-line reasons a single plan is invalid (empty when valid)."""
+    grad_accum, batch_err = resolve_grad_accum(setup, plan)
+    reasons = ([batch_err] if batch_err else []) + _setup_reasons(plan, setup, model, stack, grad_accum)
     bad = violations(Candidates.of_plan(plan, setup, grad_accum), model, hw, world_size, stack, setup.seq_len,
                      setup.attention.value == "eager")
     for reason, flag in bad.items():
