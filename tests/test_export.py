@@ -382,6 +382,34 @@ def test_accelerate_config_loads(case, tmp_path, monkeypatch):
         assert ds.zero_stage == 1 and ds.gradient_accumulation_steps == ga
 
 
+@pytest.mark.parametrize("precision, backend, mxfp8", [("mxfp8", "TE", True), ("fp8-delayed", "TE", False),
+                                                       ("fp8-tensorwise", "AO", False)])
+def test_accelerate_fp8_config_reaches_the_recipe_kwargs(precision, backend, mxfp8, tmp_path, monkeypatch):
+    """Every FP8 recipe hf-trainer trains in (stack_profiles/hf-trainer.yaml precisions) reaches accelerate's own recipe
+    kwargs through `accelerate launch`: fp8_config's keys become ACCELERATE_FP8_* (commands/launch.py:1272-1277,
+    utils/launch.py:82-97), which TERecipeKwargs reads (utils/dataclasses.py:435-436); use_mxfp8_block_scaling makes
+    apply_fp8_autowrap build MXFP8BlockScaling instead of DelayedScaling (utils/transformer_engine.py:165-177)."""
+    pytest.importorskip("accelerate")
+    from accelerate.utils import TERecipeKwargs
+
+    res = CliRunner().invoke(export_command, ["--format", "accelerate", "--model", "llama3-8b", "--hw", "dgx-b200",
+                                              "--gpus", "8", "--dp", "8", "--zero", "3", "--precision", precision,
+                                              "--out", str(tmp_path / "acc.yaml")])
+    assert res.exit_code == 0, res.output
+    monkeypatch.setattr("accelerate.utils.launch.is_fp8_available", lambda: True)
+    env = _accelerate_launch_env(tmp_path / "acc.yaml")
+    assert env["ACCELERATE_MIXED_PRECISION"] == "fp8" and env["ACCELERATE_FP8_BACKEND"] == backend
+    assert env.get("ACCELERATE_FP8_USE_MXFP8_BLOCK_SCALING") == ("True" if mxfp8 else None)
+    if backend != "TE":
+        return
+    monkeypatch.setattr("accelerate.utils.dataclasses.is_transformer_engine_available", lambda: True)
+    for key, value in env.items():
+        if key.startswith("ACCELERATE_FP8_"):
+            monkeypatch.setenv(key, value)
+    kwargs = TERecipeKwargs().to_kwargs()  # what apply_fp8_autowrap passes to Transformer Engine's recipe
+    assert bool(kwargs.get("use_mxfp8_block_scaling", False)) is mxfp8
+
+
 def test_accelerate_wraps_each_decoder_layer_without_a_class_name(monkeypatch):
     """The export writes TRANSFORMER_BASED_WRAP and no fsdp_transformer_layer_cls_to_wrap: accelerate takes the model's
     _no_split_modules (utils/dataclasses.py:2085-2090), one FSDP unit per decoder layer (engine.zero3_gathered: layer)."""

@@ -687,13 +687,13 @@ def test_experts_split_by_tp_without_ep_say_what_comm_ep_alltoall_holds():
     from advisor.explain import NO_EP_WORDS, PART_WORDS
     from advisor.search import plan
 
-    kw = dict(gpus=64, tp=2, zero=3, global_batch=1280, micro_batch=8, seq=4096, precision="nvfp4", stack="hf-trainer")
+    kw = dict(gpus=64, tp=2, zero=3, global_batch=1280, micro_batch=8, seq=4096, precision="mxfp8", stack="hf-trainer")
     e = estimate("gpt-oss-120b", "gb200-nvl72", **kw)
     assert (e.layout.ep, e.layout.etp) == (1, 2) and e.breakdown["comm/ep_alltoall"] > 0.05 * e.step_time_s
     # 8 x 4096 tokens x top-4 copies x 2880 x 2 bytes (bf16 activations) = 720 MiB, over the 2 etp ranks
     assert e.collectives["ep"].startswith("all-gather of 720.00 MiB over 2 GPUs")
     assert e.collectives["ep"].endswith("(no EP: the experts split over 2 ranks, each MoE layer)")
-    row = plan("gpt-oss-120b", "gb200-nvl72", gpus=64, global_batch=1280, seq=4096, precision="nvfp4", top=1,
+    row = plan("gpt-oss-120b", "gb200-nvl72", gpus=64, global_batch=1280, seq=4096, precision="mxfp8", top=1,
                stack="hf-trainer").plans[0]
     assert row.estimate.layout.ep == 1 and f"largest overhead {NO_EP_WORDS}" in row.reason
     assert PART_WORDS["comm/ep_alltoall"] not in row.reason

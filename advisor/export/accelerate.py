@@ -42,8 +42,11 @@ NO_CLIP_PLUGIN = ("the plan was costed without gradient clipping, which accelera
 
 
 # accelerate 1.15's fp8_config backends (utils/dataclasses.py): TERecipeKwargs (Transformer Engine's DelayedScaling,
-# fp8_format HYBRID) and AORecipeKwargs (torchao Float8LinearConfig(), i.e. tensorwise)
-ACCELERATE_FP8 = {"fp8-delayed": {"backend": "TE", "fp8_format": "HYBRID"}, "fp8-tensorwise": {"backend": "AO"}}
+# fp8_format HYBRID; MXFP8BlockScaling where use_mxfp8_block_scaling, :406, 435-436 and utils/transformer_engine.py:165-177)
+# and AORecipeKwargs (torchao Float8LinearConfig(), i.e. tensorwise). `accelerate launch` turns each fp8_config key
+# into ACCELERATE_FP8_<KEY> (commands/launch.py:1272-1277, utils/launch.py:82-97), which the recipe kwargs read
+ACCELERATE_FP8 = {"fp8-delayed": {"backend": "TE", "fp8_format": "HYBRID"}, "fp8-tensorwise": {"backend": "AO"},
+                  "mxfp8": {"backend": "TE", "use_mxfp8_block_scaling": True}}
 
 
 def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingSetup, grad_accum: int,
@@ -57,8 +60,8 @@ def accelerate_dict(model: ModelSpec, hw: Hardware, plan: Plan, setup: TrainingS
     recipe = setup.precision.recipe
     if recipe is not None and recipe.name not in ACCELERATE_FP8:
         raise ExportError(f"--precision {recipe.name}: accelerate's fp8_config runs Transformer Engine's delayed "
-                          "scaling or torchao's tensorwise float8 only: use fp8-delayed or fp8-tensorwise, or "
-                          "--format megatron")
+                          "scaling or MXFP8 or torchao's tensorwise float8 only: use fp8-delayed, mxfp8 or "
+                          "fp8-tensorwise, or --format megatron")
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
                            "mixed_precision": "fp8" if recipe is not None else ACCELERATE_PRECISION[setup.precision]}
     if setup.precision is Precision.bf16 and plan.zero == 1:  # DeepSpeed plugin: bf16 with fp32 master weights
