@@ -159,7 +159,7 @@ def recipe(name: str) -> Optional[Recipe]:
 def check_gpu(r: Recipe, gpu_name: str, peaks: dict, block_scaling: bool) -> Optional[str]:
     """Why a GPU cannot run a recipe (one line), or None."""
     if r.format not in peaks:
-        # the profile's word, not the GPU's: the RTX 4090 is an Ada GPU (sm_89) whose profile gives no FP8 rate
+        # the profile's word, not the GPU's: an Ada GPU (sm_89) has FP8 tensor cores its profile may not rate
         has = "Hopper and Ada (sm_89+)" if r.format == "fp8" else "Blackwell (sm_100+)"
         return (f"--precision {r.name}: the {gpu_name} profile gives no {r.format} peak (gpu.peak_tflops.{r.format}; "
                 f"{r.format.upper()} tensor cores are on {has}: where this GPU has them, a profile with its datasheet's "

@@ -531,11 +531,16 @@ def test_ada_fp8_peaks_from_the_datasheets_and_a_profile_without_an_fp8_ceiling(
     est = estimate(hw="l4", precision="fp8-tensorwise", **kw)
     # costed: at twice BF16's peak, but its casts read and write 300 GB/s GDDR6 (the forward is no faster here)
     assert est.step_time_s > 0 and est.breakdown["compute/forward"] != estimate(hw="l4", **kw).breakdown["compute/forward"]
-    # the RTX 4090 is an Ada GPU (sm_89): the refusal is the profile's, and said so, not "FP8 needs Ada"
-    with pytest.raises(PlanError, match=r"the RTX-4090-24GB profile gives no fp8 peak \(gpu.peak_tflops.fp8; FP8 tensor "
+    # the RTX 4090 (Ada, sm_89): the whitepaper's FP8 with FP32 accumulate, 330.3 dense (its FP16-accumulate 660.6 is
+    # not what training's cuBLASLt FP8 GEMMs run), twice its bf16 165.2
+    assert load_hardware("rtx-4090").gpu.peak_tflops["fp8"] == 330.3
+    assert estimate(hw="rtx-4090", precision="fp8-tensorwise", method="lora", **kw).step_time_s > 0
+    # a profile without an FP8 peak (the RTX 3090, Ampere sm_86): the refusal is the profile's, and said so
+    with pytest.raises(PlanError, match=r"the RTX-3090-24GB profile gives no fp8 peak \(gpu.peak_tflops.fp8; FP8 tensor "
                                         r"cores are on Hopper and Ada \(sm_89\+\): where this GPU has them, a profile "
-                                        r"with its datasheet's dense fp8 rate there runs it\) \(profile rtx-4090\)$"):
-        estimate(hw="rtx-4090", precision="fp8-tensorwise", **kw)
+                                        r"with its datasheet's dense fp8 rate there runs it\) \(profile "
+                                        r"rtx-3090-nvlink\)$"):
+        estimate(hw="rtx-3090-nvlink", precision="fp8-tensorwise", **kw)
     with pytest.raises(PlanError, match="on Hopper or Ada use fp8-tensorwise"):
         estimate(hw="l40s", precision="mxfp8", **kw)
 
