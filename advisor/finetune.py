@@ -119,10 +119,10 @@ def parse_targets(text: str) -> tuple[str, ...]:
     """``q_proj,v_proj``, ``all-linear``, ``query,value,head``, ``q_proj,output_proj,w1,w2,w3,output`` -> the
     canonical targets, sorted; a name none of the libraries use is a one-line error listing them."""
     out: set[str] = set()
-    for raw in str(text).replace(" ", ",").split(","):
-        name = raw.strip()
-        if not name:
-            continue
+    if "," in str(text) and any(not item.strip() for item in str(text).split(",")):  # "q_proj,,v_proj": a slip
+        raise ValueError(f"--lora-targets {str(text)!r} has an empty item: name a module between each pair of commas, "
+                         "e.g. q_proj,v_proj")
+    for name in str(text).replace(",", " ").split():  # "q_proj, v_proj" and "q_proj v_proj" as well
         key = name if name in ALIASES else name.lower()
         if key not in ALIASES:
             raise ValueError(f"unknown LoRA target {name!r}: use PEFT's module names (q_proj, k_proj, v_proj, o_proj, "

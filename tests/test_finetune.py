@@ -87,6 +87,21 @@ def test_unknown_target_is_one_line():
     assert "\n" not in str(e.value) and "q_porj" in str(e.value)
 
 
+@pytest.mark.parametrize("targets", ["q_proj,,v_proj", "q_proj,v_proj,", ",", ["q_proj", "", "v_proj"]])
+def test_an_empty_target_is_refused_naming_the_value(targets):
+    """`--lora-targets q_proj,,v_proj` trained q and v as if the slip were not there: an empty item between commas (or
+    PEFT's list with an empty name) is refused in one line naming what was given; spaces still separate names."""
+    from _robust import assert_one_line_error
+
+    shown = ",".join(targets) if isinstance(targets, list) else targets
+    with pytest.raises(AdvisorError) as e:
+        estimate("llama2-7b", "dgx-a100", gpus=1, method="lora", lora_targets=targets)
+    assert "\n" not in str(e.value) and f"--lora-targets {shown!r} has an empty item" in str(e.value)
+    assert_one_line_error(["estimate", "--model", "llama2-7b", "--hw", "dgx-a100", "--gpus", "1", "--method", "lora",
+                           "--lora-targets", shown], f"--lora-targets {shown!r} has an empty item")
+    assert parse_targets("q_proj, v_proj") == parse_targets("q_proj v_proj") == ("q", "v")
+
+
 def test_nf4_bytes_per_weight():
     """bitsandbytes 0.41.1: 4 bits + fp32 absmax per 64 (0.5625 B); double quant: 8-bit absmax per 64 and an fp32
     constant per 256 blocks (0.5159 B)."""
