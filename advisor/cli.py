@@ -302,7 +302,7 @@ def main(argv=None) -> None:
     from advisor.cli_errors import run, take_debug
 
     allocator.tune()  # the search's temporaries reused, not page-faulted in anew (advisor/allocator.py)
-    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv))
+    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv), cli)
     run(cli, ["--debug", *args] if debug else args, "advisor", debug)
 
 

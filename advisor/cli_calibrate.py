@@ -259,7 +259,7 @@ def main(argv=None) -> None:
     than 0 names itself, so that the same refusal from every rank reads as theirs, not as one repeated."""
     from advisor.cli_errors import run, take_debug
 
-    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv))
+    args, debug = take_debug(list(sys.argv[1:] if argv is None else argv), calibrate)
     label = f" (rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']})" if _follower() else ""
     run(calibrate, args, "advisor calibrate", debug, label)
 

@@ -62,7 +62,28 @@ def run(command: click.Command, args: list[str], prog_name: str, debug: bool, la
         sys.exit(1)
 
 
-def take_debug(args: list[str]) -> tuple[list[str], bool]:
-    """``args`` without ``--debug`` wherever it was given (after the command too: `advisor calibrate --debug ...`),
-    and whether it was."""
-    return [a for a in args if a != "--debug"], "--debug" in args
+def take_debug(args: list[str], command: click.Command) -> tuple[list[str], bool]:
+    """``args`` without ``--debug`` wherever it stands as a flag (before the command or after it: `advisor calibrate
+    --debug ...`), and whether it did. A ``--debug`` that is the value of an option of ``command`` (or of the
+    sub-command named) taking one (`--out --debug`: click takes the next token whole, core.py _match_long_opt), or
+    that follows ``--``, is an argument, and stays."""
+    out, debug, values, i = [], False, _value_options(command), 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:], debug
+        if a == "--debug":
+            debug, i = True, i + 1
+            continue
+        if isinstance(command, click.Group) and a in command.commands:  # the sub-command: its own options from here
+            command = command.commands[a]
+            values = _value_options(command)
+        take = 1 + values.get(a, 0)
+        out, i = out + args[i:i + take], i + take
+    return out, debug
+
+
+def _value_options(command: click.Command) -> dict[str, int]:
+    """The option names of ``command`` that take values -> how many tokens each takes (not flags or counts)."""
+    return {name: p.nargs for p in command.params if isinstance(p, click.Option) and not (p.is_flag or p.count)
+            for name in p.opts}

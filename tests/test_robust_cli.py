@@ -158,6 +158,27 @@ def test_debug_shows_the_traceback():
     assert "gpt2-xll" in str(exc.value)
 
 
+def test_debug_as_an_options_value_is_that_value(tmp_path, monkeypatch):
+    """take_debug stripped every literal --debug: `--out --debug` lost its value ("Option '--out' requires an
+    argument") and turned tracebacks on. Only a --debug that stands as a flag is taken; an option's value (click takes
+    the next token whole) or anything after `--` stays an argument."""
+    from advisor.cli import cli
+    from advisor.cli_calibrate import calibrate
+    from advisor.cli_errors import take_debug
+
+    tried("cli")
+    est = ["estimate", "--model", "gpt2", "--hw", "dgx-a100", "--gpus", "1"]
+    assert take_debug([*est, "--out", "--debug"], cli) == ([*est, "--out", "--debug"], False)
+    assert take_debug(["--debug", *est, "--debug", "--out", "--debug"], cli) == ([*est, "--out", "--debug"], True)
+    assert take_debug(["profiles", "show", "--debug", "dgx-a100"], cli) == (["profiles", "show", "dgx-a100"], True)
+    assert take_debug([*est, "--", "--debug"], cli) == ([*est, "--", "--debug"], False)
+    assert take_debug(["--out", "--debug", "--debug"], calibrate) == (["--out", "--debug"], True)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main([*est, "--out", "--debug"])
+    assert (code, err) == (0, "wrote the estimate to --debug\n")  # the file named --debug, no traceback mode
+    assert "step time" in (tmp_path / "--debug").read_text()
+
+
 def test_no_arguments_prints_help():
     code, out, err = run_main([])
     assert code == 0 and "estimate" in out and not err
