@@ -122,6 +122,21 @@ def _check_sweep(sizes: str, iters: int, warmup: int, timeout_s: float, base: st
                            "(10, the default, is enough)")
 
 
+def _check_host_sizes(sizes: str, ranks: int) -> None:
+    """A gloo sweep on CPU: --sizes against host memory (_check_sweep checked them against the base's GPU), as every
+    local rank holds at least one buffer of the size (microbench.time_collective's x) in this machine's RAM."""
+    from advisor.calibrate.host import host_memory_GiB
+    from advisor.calibrate.measurements import parse_sizes
+    from advisor.units import GiB
+
+    largest, memory = max(parse_sizes(sizes)), host_memory_GiB()
+    if ranks * largest > memory * GiB:
+        fit = 1 << int(memory * GiB // ranks).bit_length() - 1  # the largest power of 2 that every rank holds
+        end = next(f"{fit >> e}{u}" for u, e in (("G", 30), ("M", 20), ("K", 10), ("", 0)) if fit >= 1 << e)
+        raise AdvisorError(f"--sizes {sizes}: {ranks} gloo ranks each hold a {largest:.3g}-byte buffer in this "
+                           f"machine's memory ({memory:.1f} GiB); end the sizes at {end} or below, e.g. 1K:{end}")
+
+
 def _calibrate(out_path: Path, from_, base: str, base_hw, name, judge_bytes: float, sweep: tuple) -> None:
     from advisor import calibrate as cal
 
@@ -218,6 +233,8 @@ def _measure(results: Path, nproc, backend, sizes, iters, warmup, timeout_s, com
     _check_at_least_two(nproc)
     if backend == "nccl" and not under_torchrun and nproc > gpus:
         raise AdvisorError(f"--nproc {nproc} with nccl but only {gpus} GPUs visible")
+    if backend == "gloo":  # gloo's buffers are CPU tensors (microbench.run_worker): this machine's ranks share its RAM
+        _check_host_sizes(sizes, int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if under_torchrun else nproc)
     # rank 0 alone writes the results and reads them to resume (advisor.calibrate.run_worker broadcasts what it read):
     # under torchrun the other ranks leave the file alone, which on a shared filesystem is rank 0's own
     leader = not _follower()

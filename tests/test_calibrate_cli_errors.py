@@ -113,6 +113,32 @@ def test_bad_sweep_numbers_are_refused_before_any_worker(opts, needles, tmp_path
     assert "exit 97" not in err and time.perf_counter() - t < 30
 
 
+@pytest.mark.parametrize("backend", ["gloo", "auto"])
+def test_gloo_sizes_are_checked_against_host_memory(backend, tmp_path, monkeypatch):
+    """--sizes were checked against the base's GPU (80 GiB for dgx-a100) only: on a CPU-only gloo sweep the buffers are
+    CPU tensors (advisor.calibrate.microbench run_worker), each local rank holding one of the size, so --sizes 1K:64G
+    with 2 ranks started workers on a 23 GiB machine. Now host memory (os.sysconf, advisor.calibrate.host) bounds
+    ranks x size before any worker starts; auto is gloo where no GPU is visible."""
+    pytest.importorskip("torch")
+    import torch
+
+    import advisor.calibrate.host as host
+    import advisor.calibrate.launch as launch
+    from advisor.cli_calibrate import _check_host_sizes
+
+    tried("calibrate")
+    monkeypatch.setattr(launch, "_WORKER", "import sys; sys.exit(97)")
+    monkeypatch.setattr(host, "host_memory_GiB", lambda: 1.5)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # 2 x 1 GiB > 1.5 GiB, though an A100 80GB holds it; 1.5 GiB / 2 ranks: 512 MiB each at most
+    assert_one_line_error(["calibrate", "--out", str(tmp_path / "o.yaml"), "--nproc", "2", "--backend", backend,
+                           "--sizes", "1K:1G"], "--sizes 1K:1G: 2 gloo ranks each hold a 1.07e+09-byte buffer in this "
+                           "machine's memory (1.5 GiB); end the sizes at 512M or below, e.g. 1K:512M")
+    _check_host_sizes("1K:512M", 2)  # 1 GiB of the 1.5: runs
+    with pytest.raises(AdvisorError, match="end the sizes at 256M or below"):
+        _check_host_sizes("4M,1G", 4)
+
+
 def test_measurement_files_that_are_no_files_or_too_large(tmp_path):
     """read_results goes through advisor.io.read_text: only regular files, at most 16 MiB (advisor/io.py:23)."""
     tried("calibrate", 4)
