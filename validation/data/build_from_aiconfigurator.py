@@ -50,16 +50,21 @@ def _reader(source: Path, member: str):
     return csv.DictReader(io.StringIO((source / member).read_text()))
 
 
-def gemm_rows(source: Path) -> list[list]:
+def _gemm_rows(source: Path, keep) -> list[list]:
+    """The fp16 torch_flow GEMM rows of every GPU whose (m, n, k) ``keep`` takes, latency in seconds."""
     out = []
     for gpu, member in GEMM_FILES.items():
         for r in _reader(source, member):
             if r["kernel_source"] != "torch_flow" or r["gemm_dtype"] != "float16":
                 continue
             m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
-            if 1024 <= m <= 8192 and 128 <= n <= 16384 and 128 <= k <= 16384:
+            if keep(m, n, k):
                 out.append([gpu, m, n, k, "fp16", repr(float(r["latency"]) * 1e-3)])
     return out
+
+
+def gemm_rows(source: Path) -> list[list]:
+    return _gemm_rows(source, lambda m, n, k: 1024 <= m <= 8192 and 128 <= n <= 16384 and 128 <= k <= 16384)
 
 
 # the powers of two of n and k kept at small m: the 8 of the 18 training-sized values that span them, at 1/5 the rows
@@ -67,15 +72,7 @@ SMALL_NK = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def gemm_small_rows(source: Path) -> list[list]:
-    out = []
-    for gpu, member in GEMM_FILES.items():
-        for r in _reader(source, member):
-            if r["kernel_source"] != "torch_flow" or r["gemm_dtype"] != "float16":
-                continue
-            m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
-            if m < 1024 and n in SMALL_NK and k in SMALL_NK:
-                out.append([gpu, m, n, k, "fp16", repr(float(r["latency"]) * 1e-3)])
-    return out
+    return _gemm_rows(source, lambda m, n, k: m < 1024 and n in SMALL_NK and k in SMALL_NK)
 
 
 def nccl_rows(source: Path) -> list[list]:
