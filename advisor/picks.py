@@ -68,6 +68,11 @@ def _tp_pick(w: Workload, c: Candidates, mesh: Mesh, tp: float, one) -> str:
                  "linear-async": "; the column linears' gathers and backward reduce-scatters issued async_op "
                                  "beside a GEMM, the row linears' forward reduce-scatters exposed"}.get(
             w.tp_overlap, "; pipelined with the GEMMs they feed (async TP: symmetric-memory copies, no SMs taken)")
+    if tp > w.model.kv_heads and w.stack.engine.tp_beyond_kv_heads == "replicate":  # tensor.kv_group_gathers
+        qkv = act * w.layer.qkv_dim / w.model.d_model
+        text += (f"; tp {tp:g} > {w.model.kv_heads} KV heads: each layer's q/k/v output re-gathered whole, "
+                 + "; ".join(describe(x, tp, qkv, w.hw, one(mesh.tp_per_node))
+                             for x in (Collective.all_gather, Collective.reduce_scatter)) + ", not overlapped")
     return text
 
 

@@ -218,8 +218,8 @@ def _evaluate(w: Workload, c: Candidates, rank: Optional[str] = None) -> Evaluat
     cp = context.time(w, c, mesh, tokens, *(compute.attention_core_time(w, tokens, mesh.tp) if np.any(mesh.cp > 1) else (0.0, 0.0)))
     hosts = host.layer_host_times(w, mesh.tp, pol, mesh.ep)
     mb = micro_batch(w, mesh, layers, lt, head, tp, hosts, on_head, ep, moe, np.maximum(on_head, on_embedding), cp)
-    inline = replace(lt, fwd_s=lt.fwd_s + 2.0 * tp.per_layer_collective_s + cp.fwd_s, bwd_s=lt.bwd_s + tp.backward_layer_s
-                     + cp.bwd_s, recompute_s=lt.recompute_s + pol.full * 2.0 * tp.per_layer_collective_s + cp.recompute_s)
+    inline = replace(lt, fwd_s=lt.fwd_s + tp.forward_layer_s + cp.fwd_s, bwd_s=lt.bwd_s + tp.backward_layer_s
+                     + cp.bwd_s, recompute_s=lt.recompute_s + pol.full * tp.forward_layer_s + cp.recompute_s)
     if ep is not None:  # the all-to-alls in line with the MoE layers' compute (their share of the stage's layers)
         frac = moe / layers
         inline = replace(inline, fwd_s=inline.fwd_s + frac * ep.per_layer_fwd_s, bwd_s=inline.bwd_s + frac * ep.per_layer_bwd_s,

@@ -88,11 +88,20 @@ class TensorParallelTime:
     lm_head_s: Any
     loss_s: Any
     backward_share: Any = 1.0  # the layer's backward collectives' exposed share (tp_backward_overlap), else 1
+    kv_gather_s: Any = 0.0  # one layer's q/k/v re-gather beyond the KV heads (kv_group_gathers), forward
+    kv_scatter_s: Any = 0.0  # and its backward reduce-scatter
+    kv_layers_s: Any = 0.0  # every layer's, recomputed forwards included (part of layers_s)
+    kv_layers_fwd_s: Any = 0.0  # every layer's forward ones
+
+    @property
+    def forward_layer_s(self) -> Any:
+        """One layer's forward collectives, in line with its forward GEMMs."""
+        return 2.0 * self.per_layer_collective_s + self.kv_gather_s
 
     @property
     def backward_layer_s(self) -> Any:
         """One layer's backward collectives in line with its backward GEMMs: what they leave exposed."""
-        return 2.0 * self.backward_share * self.per_layer_collective_s
+        return 2.0 * self.backward_share * self.per_layer_collective_s + self.kv_scatter_s
 
     @property
     def head_s(self) -> Any:
@@ -100,8 +109,8 @@ class TensorParallelTime:
 
     @property
     def fwd_s(self) -> Any:
-        """The layers' forward collectives (2 of the layer's 4 or 6)."""
-        return self.layers_s * 2.0 / self.collectives_per_layer
+        """The layers' forward collectives (2 of the layer's 4 or 6, and the q/k/v re-gathers)."""
+        return (self.layers_s - self.kv_layers_s) * 2.0 / self.collectives_per_layer + self.kv_layers_fwd_s
 
     @property
     def after_fwd_s(self) -> Any:
@@ -235,6 +244,20 @@ def async_share(w: Workload, gemms: dict, ag: Any, rs: Any, tp: Any, act: Any) -
     return np.where(ag + rs > 0, exposed / np.maximum(2.0 * n * (ag + rs), 1e-30), 1.0)
 
 
+def kv_group_gathers(w: Workload, tp: Any, tokens: Any, mesh: Mesh) -> tuple[Any, Any]:
+    """(forward, backward) seconds of one layer's q/k/v regathered where tp exceeds the KV heads and the stack
+    replicates them (engine.tp_beyond_kv_heads): megatron-core 0.19.2 splits linear_qkv's "q1 q2 k1 v1 | q3 q4 k2 v2"
+    columns evenly over the TP ranks, so a rank holds no whole KV group; it all-gathers the qkv output along its last
+    dimension and keeps its group's slice (transformer/attention.py:1839-1858,
+    all_gather_last_dim_from_tensor_parallel_region), a synchronous all-gather of the whole [s, b, q + 2 kv] output
+    whose backward reduce-scatters its gradient (tensor_parallel/mappings.py:393-401). 0 where tp <= KV heads."""
+    beyond = (np.asarray(tp) > w.model.kv_heads) & (w.stack.engine.tp_beyond_kv_heads == "replicate")
+    size = tokens * w.layer.qkv_dim * w.act_bytes
+    ag = comm.collective_time(Collective.all_gather, tp, size, w.hw, mesh.tp_per_node, where=beyond)
+    rs = comm.collective_time(Collective.reduce_scatter, tp, size, w.hw, mesh.tp_per_node, where=beyond)
+    return np.where(beyond, ag, 0.0), np.where(beyond, rs, 0.0)
+
+
 def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms: Any = None) -> TensorParallelTime:
     hw, tp, sp = w.hw, mesh.tp, np.asarray(c.sp, dtype=bool)
     on = tp > 1
@@ -271,8 +294,11 @@ def time(w: Workload, c: Candidates, mesh: Mesh, tokens: Any, layers: Any, gemms
     loss = 3.0 * (1 + d) * comm.collective_time(Collective.all_reduce, tp, tokens * 4.0, hw, mesh.tp_per_node, where=on)
     head = np.where(sp, ag_rs, ar) * (1 + d) + (d * comm.collective_time(Collective.all_gather, tp, act, hw, mesh.tp_per_node,
                                                                            where=on) if d else 0.0)
+    kv_ag, kv_rs = kv_group_gathers(w, tp, tokens, mesh)
+    kv_layers = layers * (kv_ag * (1.0 + rerun) + kv_rs)
     return TensorParallelTime(per_layer_collective_s=np.where(on, per, 0.0), collectives_per_layer=n,
-                              layers_s=np.where(on, layers * n * per, 0.0),
+                              layers_s=np.where(on, layers * n * per, 0.0) + kv_layers,
                               embedding_s=np.where(on, np.where(sp, 0.5 * ag_rs, ar), 0.0),
                               lm_head_s=np.where(on, head, 0.0), loss_s=np.where(on, loss, 0.0),
-                              backward_share=backward)
+                              backward_share=backward, kv_gather_s=kv_ag, kv_scatter_s=kv_rs, kv_layers_s=kv_layers,
+                              kv_layers_fwd_s=layers * kv_ag)
